@@ -1,0 +1,1 @@
+//! gridlease market rules (in progress).

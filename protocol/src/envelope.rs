@@ -1,0 +1,626 @@
+//! Signed envelopes: `Signed<T>` = payload bytes + signer + signature.
+//!
+//! The signature covers `"gridlease\0" || version || domain tag || "\0" || len(network) ||
+//! network || payload`. The domain tag differs per message kind, so an offer signature can never
+//! be replayed as a receipt, and the network id is bound in, so a devnet message is worthless on
+//! another network. Verification checks the exact received payload bytes with
+//! `verify_strict` *before* decoding them; nothing is ever re-encoded to verify.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use ed25519_dalek::{Signature, VerifyingKey};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest as _, Sha256};
+
+use crate::codec::{self, CodecError};
+use crate::identity::{NodeKey, PublicKey};
+use crate::types::Digest;
+
+/// Version of the envelope and signing layout. Bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Envelope bytes beyond the payload: version, kind, network id, signer, signature, lengths.
+pub const ENVELOPE_OVERHEAD: usize = 2 + 1 + 1 + NetworkId::MAX_LEN + 32 + 64 + 8;
+
+/// The kinds of signed message. Each has its own domain tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum MessageKind {
+    /// A provider's offer (gossip).
+    Offer,
+    /// A renter's proposed lease terms.
+    LeaseRequest,
+    /// The provider's signature over the same terms.
+    LeaseAccept,
+    /// The provider's refusal, with a reason.
+    LeaseReject,
+    /// Provider-signed metered usage.
+    UsageReport,
+    /// Renter-signed cumulative payment.
+    PaymentReceipt,
+    /// Either side closing a lease.
+    LeaseClose,
+    /// A provider's GPU benchmark result.
+    BenchReport,
+}
+
+impl MessageKind {
+    /// The domain-separation tag signed in front of every payload of this kind.
+    pub const fn domain_tag(self) -> &'static str {
+        match self {
+            Self::Offer => "gridlease/v1/offer",
+            Self::LeaseRequest => "gridlease/v1/lease-request",
+            Self::LeaseAccept => "gridlease/v1/lease-accept",
+            Self::LeaseReject => "gridlease/v1/lease-reject",
+            Self::UsageReport => "gridlease/v1/usage-report",
+            Self::PaymentReceipt => "gridlease/v1/payment-receipt",
+            Self::LeaseClose => "gridlease/v1/lease-close",
+            Self::BenchReport => "gridlease/v1/bench-report",
+        }
+    }
+}
+
+/// Which market a message belongs to (`devnet`, or a named network). 1-32 of `[a-z0-9-]`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct NetworkId(String);
+
+/// A string that is not a valid network id.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid network id {0:?}: use 1-32 characters of a-z, 0-9 and '-'")]
+pub struct InvalidNetworkId(pub String);
+
+impl NetworkId {
+    /// Longest network id.
+    pub const MAX_LEN: usize = 32;
+
+    /// The local development network.
+    pub fn devnet() -> Self {
+        Self("devnet".to_string())
+    }
+
+    /// Validates and wraps a network name.
+    pub fn new(name: &str) -> Result<Self, InvalidNetworkId> {
+        let ok = !name.is_empty()
+            && name.len() <= Self::MAX_LEN
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if ok {
+            Ok(Self(name.to_string()))
+        } else {
+            Err(InvalidNetworkId(name.to_string()))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for NetworkId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::new(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for NetworkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for NetworkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NetworkId({})", self.0)
+    }
+}
+
+impl std::str::FromStr for NetworkId {
+    type Err = InvalidNetworkId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+/// A 64-byte ed25519 signature as it travels.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SignatureBytes(pub [u8; 64]);
+
+impl fmt::Debug for SignatureBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sig({}..)", hex::encode(&self.0[..8]))
+    }
+}
+
+impl Serialize for SignatureBytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // A fixed-size byte string: no length prefix in bincode.
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(64)?;
+        for b in &self.0 {
+            t.serialize_element(b)?;
+        }
+        t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for SignatureBytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = SignatureBytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("64 signature bytes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = [0u8; 64];
+                for (i, slot) in out.iter_mut().enumerate() {
+                    *slot = seq
+                        .next_element()?
+                        .ok_or_else(|| serde::de::Error::invalid_length(i, &self))?;
+                }
+                Ok(SignatureBytes(out))
+            }
+        }
+        d.deserialize_tuple(64, V)
+    }
+}
+
+/// A message type that travels signed. Implemented for every wire message in [`crate::messages`].
+pub trait WireMessage: Serialize + DeserializeOwned + Sized {
+    /// Which kind (and so which domain tag).
+    const KIND: MessageKind;
+    /// Cap on the encoded payload.
+    const MAX_BYTES: usize;
+    /// Encodes with this kind's cap.
+    fn encode_payload(&self) -> Result<Vec<u8>, CodecError>;
+    /// Decodes with this kind's cap, rejecting trailing bytes.
+    fn decode_payload(bytes: &[u8]) -> Result<Self, CodecError>;
+}
+
+/// Implements [`WireMessage`] with a literal cap (const generics need a concrete value).
+macro_rules! wire_message {
+    ($ty:ty, $kind:expr, $max:expr) => {
+        impl $crate::envelope::WireMessage for $ty {
+            const KIND: $crate::envelope::MessageKind = $kind;
+            const MAX_BYTES: usize = $max;
+            fn encode_payload(&self) -> Result<Vec<u8>, $crate::codec::CodecError> {
+                $crate::codec::encode::<Self, { $max }>(self)
+            }
+            fn decode_payload(bytes: &[u8]) -> Result<Self, $crate::codec::CodecError> {
+                $crate::codec::decode::<Self, { $max }>(bytes)
+            }
+        }
+    };
+}
+pub(crate) use wire_message;
+
+/// Why an envelope was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    /// The envelope or its payload failed to decode.
+    #[error("undecodable {kind:?}: {source}")]
+    Codec {
+        /// The kind expected.
+        kind: MessageKind,
+        /// The codec error.
+        #[source]
+        source: CodecError,
+    },
+    /// Another protocol version.
+    #[error("unsupported protocol version {got} (this node speaks {PROTOCOL_VERSION})")]
+    UnsupportedVersion {
+        /// The version received.
+        got: u16,
+    },
+    /// Another kind of message than expected.
+    #[error("expected a {expected:?} message, got {got:?}")]
+    WrongKind {
+        /// What the caller expected.
+        expected: MessageKind,
+        /// What the envelope says.
+        got: MessageKind,
+    },
+    /// Signed for another network.
+    #[error("message is for network {got}, this node is on {expected}")]
+    WrongNetwork {
+        /// This node's network.
+        expected: NetworkId,
+        /// The envelope's network.
+        got: NetworkId,
+    },
+    /// The signer field is not a usable ed25519 public key.
+    #[error("signer is not a valid ed25519 public key")]
+    BadSignerKey,
+    /// The signature does not verify (strictly) over the received bytes.
+    #[error("signature does not verify for signer {signer}")]
+    BadSignature {
+        /// The claimed signer.
+        signer: PublicKey,
+    },
+}
+
+/// The untyped signed envelope, exactly as it travels.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Envelope layout version ([`PROTOCOL_VERSION`]).
+    pub version: u16,
+    /// Message kind; selects the domain tag.
+    pub kind: MessageKind,
+    /// The network the signer meant this for.
+    pub network: NetworkId,
+    /// Who signed.
+    pub signer: PublicKey,
+    /// ed25519 signature over [`signing_input`].
+    pub signature: SignatureBytes,
+    /// The encoded message, verified before it is decoded.
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+}
+
+/// The exact bytes an envelope's signature covers.
+pub fn signing_input(kind: MessageKind, network: &NetworkId, payload: &[u8]) -> Vec<u8> {
+    let tag = kind.domain_tag().as_bytes();
+    let net = network.as_str().as_bytes();
+    let mut out = Vec::with_capacity(10 + 2 + tag.len() + 2 + net.len() + payload.len());
+    out.extend_from_slice(b"gridlease\0");
+    out.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    out.extend_from_slice(tag);
+    out.push(0);
+    // NetworkId::MAX_LEN is 32, so the length fits a byte.
+    out.push(net.len() as u8);
+    out.extend_from_slice(net);
+    out.extend_from_slice(payload);
+    out
+}
+
+impl Envelope {
+    /// Decodes an envelope, refusing more than `max_payload` + overhead bytes.
+    pub fn from_bytes(bytes: &[u8], kind: MessageKind) -> Result<Self, EnvelopeError> {
+        codec::decode::<Self, { codec::MAX_FRAME_BYTES }>(bytes)
+            .map_err(|source| EnvelopeError::Codec { kind, source })
+    }
+
+    /// Encodes the envelope.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, CodecError> {
+        codec::encode::<Self, { codec::MAX_FRAME_BYTES }>(self)
+    }
+
+    /// The content id: SHA-256 of the signed input. Independent of the signature bytes, so
+    /// a re-signed or malleated copy of the same content has the same id.
+    pub fn content_digest(&self) -> Digest {
+        Digest(Sha256::digest(signing_input(self.kind, &self.network, &self.payload)).into())
+    }
+
+    /// The cheap checks that need no cryptography: version, kind, network.
+    fn check_header(
+        &self,
+        expected: MessageKind,
+        network: &NetworkId,
+    ) -> Result<(), EnvelopeError> {
+        if self.version != PROTOCOL_VERSION {
+            return Err(EnvelopeError::UnsupportedVersion { got: self.version });
+        }
+        if self.kind != expected {
+            return Err(EnvelopeError::WrongKind {
+                expected,
+                got: self.kind,
+            });
+        }
+        if &self.network != network {
+            return Err(EnvelopeError::WrongNetwork {
+                expected: network.clone(),
+                got: self.network.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn verify_signature(&self) -> Result<(), EnvelopeError> {
+        let key =
+            VerifyingKey::from_bytes(&self.signer.0).map_err(|_| EnvelopeError::BadSignerKey)?;
+        let sig = Signature::from_bytes(&self.signature.0);
+        let input = signing_input(self.kind, &self.network, &self.payload);
+        key.verify_strict(&input, &sig)
+            .map_err(|_| EnvelopeError::BadSignature {
+                signer: self.signer,
+            })
+    }
+}
+
+/// A typed signed message. Holding one says nothing about validity: call [`Signed::verify`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct Signed<T> {
+    envelope: Envelope,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for Signed<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Signed")
+            .field("kind", &self.envelope.kind)
+            .field("signer", &self.envelope.signer)
+            .field("payload_len", &self.envelope.payload.len())
+            .finish()
+    }
+}
+
+impl<T> Serialize for Signed<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.envelope.serialize(s)
+    }
+}
+
+impl<'de, T> Deserialize<'de> for Signed<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self {
+            envelope: Envelope::deserialize(d)?,
+            _t: PhantomData,
+        })
+    }
+}
+
+/// A message whose signature verified and whose payload decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verified<T> {
+    /// Who signed it.
+    pub signer: PublicKey,
+    /// The decoded message.
+    pub message: T,
+    /// The content id ([`Envelope::content_digest`]).
+    pub digest: Digest,
+}
+
+impl<T: WireMessage> Signed<T> {
+    /// Encodes and signs `message` for `network`.
+    pub fn sign(key: &NodeKey, network: &NetworkId, message: &T) -> Result<Self, CodecError> {
+        let payload = message.encode_payload()?;
+        let signature = key.sign_raw(&signing_input(T::KIND, network, &payload));
+        Ok(Self {
+            envelope: Envelope {
+                version: PROTOCOL_VERSION,
+                kind: T::KIND,
+                network: network.clone(),
+                signer: key.public(),
+                signature: SignatureBytes(signature),
+                payload,
+            },
+            _t: PhantomData,
+        })
+    }
+
+    /// Wraps an untyped envelope; the kind is checked again at verification.
+    pub fn from_envelope(envelope: Envelope) -> Self {
+        Self {
+            envelope,
+            _t: PhantomData,
+        }
+    }
+
+    /// Decodes from the wire, refusing more than `T::MAX_BYTES` plus envelope overhead.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, EnvelopeError> {
+        let max = T::MAX_BYTES + ENVELOPE_OVERHEAD;
+        if bytes.len() > max {
+            return Err(EnvelopeError::Codec {
+                kind: T::KIND,
+                source: CodecError::TooLarge {
+                    len: bytes.len(),
+                    max,
+                },
+            });
+        }
+        Envelope::from_bytes(bytes, T::KIND).map(Self::from_envelope)
+    }
+
+    /// Encodes for the wire.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, CodecError> {
+        self.envelope.to_bytes()
+    }
+
+    /// The envelope as it travels.
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+
+    /// Consumes into the untyped envelope.
+    pub fn into_envelope(self) -> Envelope {
+        self.envelope
+    }
+
+    /// Who claims to have signed (not yet verified).
+    pub fn signer(&self) -> PublicKey {
+        self.envelope.signer
+    }
+
+    /// Checks header, then the strict signature over the exact payload bytes, then decodes.
+    pub fn verify(&self, network: &NetworkId) -> Result<Verified<T>, EnvelopeError> {
+        self.envelope.check_header(T::KIND, network)?;
+        self.check_payload_len()?;
+        self.envelope.verify_signature()?;
+        self.decode_verified()
+    }
+
+    fn check_payload_len(&self) -> Result<(), EnvelopeError> {
+        if self.envelope.payload.len() > T::MAX_BYTES {
+            return Err(EnvelopeError::Codec {
+                kind: T::KIND,
+                source: CodecError::TooLarge {
+                    len: self.envelope.payload.len(),
+                    max: T::MAX_BYTES,
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn decode_verified(&self) -> Result<Verified<T>, EnvelopeError> {
+        let message =
+            T::decode_payload(&self.envelope.payload).map_err(|source| EnvelopeError::Codec {
+                kind: T::KIND,
+                source,
+            })?;
+        Ok(Verified {
+            signer: self.envelope.signer,
+            message,
+            digest: self.envelope.content_digest(),
+        })
+    }
+
+    /// Verifies many envelopes at once with ed25519 batch verification, falling back to
+    /// one-by-one strict verification when the batch fails, so one bad signature never hides
+    /// good ones. Results are in input order.
+    ///
+    /// Strictness: like `verify_strict`, keys and `R` values of small order are refused before
+    /// the batch. The batch equation is not cofactored, and it does not detect an `R` that
+    /// carries a torsion component on top of a valid point; such a signature can only be made
+    /// by the key holder and never changes the content id, which ignores signature bytes.
+    pub fn verify_batch(
+        items: &[&Self],
+        network: &NetworkId,
+    ) -> Vec<Result<Verified<T>, EnvelopeError>> {
+        let mut results: Vec<Option<Result<Verified<T>, EnvelopeError>>> =
+            (0..items.len()).map(|_| None).collect();
+        let mut idx = Vec::with_capacity(items.len());
+        let mut inputs = Vec::with_capacity(items.len());
+        let mut sigs = Vec::with_capacity(items.len());
+        let mut keys = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let pre = item
+                .envelope
+                .check_header(T::KIND, network)
+                .and_then(|()| item.check_payload_len())
+                .and_then(|()| batch_precheck(&item.envelope));
+            match pre {
+                Ok(key) => {
+                    idx.push(i);
+                    inputs.push(signing_input(
+                        item.envelope.kind,
+                        &item.envelope.network,
+                        &item.envelope.payload,
+                    ));
+                    sigs.push(Signature::from_bytes(&item.envelope.signature.0));
+                    keys.push(key);
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        let batch_ok = !idx.is_empty() && ed25519_dalek::verify_batch(&refs, &sigs, &keys).is_ok();
+        for &i in &idx {
+            let item = items[i];
+            let r = if batch_ok {
+                item.decode_verified()
+            } else {
+                item.envelope
+                    .verify_signature()
+                    .and_then(|()| item.decode_verified())
+            };
+            results[i] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(EnvelopeError::BadSignerKey)))
+            .collect()
+    }
+}
+
+/// Refuses what `verify_strict` refuses cheaply: undecodable or small-order keys and `R`s.
+fn batch_precheck(env: &Envelope) -> Result<VerifyingKey, EnvelopeError> {
+    let key = VerifyingKey::from_bytes(&env.signer.0).map_err(|_| EnvelopeError::BadSignerKey)?;
+    let bad = || EnvelopeError::BadSignature { signer: env.signer };
+    if key.is_weak() {
+        return Err(bad());
+    }
+    let mut r = [0u8; 32];
+    r.copy_from_slice(&env.signature.0[..32]);
+    let point = curve25519_dalek::edwards::CompressedEdwardsY(r)
+        .decompress()
+        .ok_or_else(bad)?;
+    if point.is_small_order() {
+        return Err(bad());
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::CloseReason;
+    use crate::messages::LeaseClose;
+    use crate::types::{LeaseId, Timestamp};
+
+    fn close() -> LeaseClose {
+        LeaseClose {
+            lease_id: LeaseId(Digest([9; 32])),
+            reason: CloseReason::RenterStop,
+            at: Timestamp(1_700_000_000_000),
+            exit_code: None,
+        }
+    }
+
+    #[test]
+    fn sign_then_verify() {
+        let key = NodeKey::from_secret([1; 32]);
+        let net = NetworkId::devnet();
+        let signed = Signed::sign(&key, &net, &close()).unwrap();
+        let v = signed.verify(&net).unwrap();
+        assert_eq!(v.message, close());
+        assert_eq!(v.signer, key.public());
+        let bytes = signed.to_bytes().unwrap();
+        let back = Signed::<LeaseClose>::from_bytes(&bytes).unwrap();
+        assert_eq!(back.verify(&net).unwrap().message, close());
+    }
+
+    #[test]
+    fn other_network_is_rejected() {
+        let key = NodeKey::from_secret([1; 32]);
+        let signed = Signed::sign(&key, &NetworkId::devnet(), &close()).unwrap();
+        let err = signed
+            .verify(&NetworkId::new("mainnet").unwrap())
+            .unwrap_err();
+        assert!(matches!(err, EnvelopeError::WrongNetwork { .. }), "{err}");
+        // Relabelling the network breaks the signature.
+        let mut env = signed.into_envelope();
+        env.network = NetworkId::new("mainnet").unwrap();
+        let err = Signed::<LeaseClose>::from_envelope(env)
+            .verify(&NetworkId::new("mainnet").unwrap())
+            .unwrap_err();
+        assert!(matches!(err, EnvelopeError::BadSignature { .. }), "{err}");
+    }
+
+    #[test]
+    fn network_ids_are_validated() {
+        assert!(NetworkId::new("devnet").is_ok());
+        assert!(NetworkId::new("my-net-2").is_ok());
+        for bad in ["", "Dev", "a b", "x".repeat(33).as_str(), "ü"] {
+            assert!(NetworkId::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn batch_verification_matches_single_verification() {
+        let net = NetworkId::devnet();
+        let keys: Vec<NodeKey> = (0..8u8)
+            .map(|i| NodeKey::from_secret([i + 1; 32]))
+            .collect();
+        let mut signed: Vec<Signed<LeaseClose>> = keys
+            .iter()
+            .map(|k| Signed::sign(k, &net, &close()).unwrap())
+            .collect();
+        let refs: Vec<&Signed<LeaseClose>> = signed.iter().collect();
+        assert!(Signed::verify_batch(&refs, &net).iter().all(Result::is_ok));
+        // Corrupt one: only that one fails, the others still verify.
+        signed[3].envelope.signature.0[40] ^= 1;
+        let refs: Vec<&Signed<LeaseClose>> = signed.iter().collect();
+        let results = Signed::verify_batch(&refs, &net);
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.is_ok(), i != 3, "item {i}: {r:?}");
+        }
+    }
+}

@@ -1,0 +1,694 @@
+//! Every wire message. All travel inside a [`crate::envelope::Signed`] envelope.
+//!
+//! Rules for this module: no floats (rates are integers in stated units), maps are `BTreeMap`,
+//! amounts are integer micro-units (1 unit = 1_000_000 micro-units), times are
+//! [`Timestamp`] (unix ms). Every message that could be replayed carries a lease id plus a
+//! sequence number, or a nonce plus an expiry. Each message has a byte cap (`MAX_*_BYTES`) and a
+//! shape check ([`Shape::check_shape`]) for counts and string lengths; market rules (prices,
+//! expiry, monotonicity) live in `gridlease-contracts`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::{MessageKind, NetworkId, wire_message};
+use crate::identity::PublicKey;
+use crate::types::{Digest, LeaseId, OfferId, Timestamp};
+
+/// Cap on an encoded [`Offer`].
+pub const MAX_OFFER_BYTES: usize = 16 * 1024;
+/// Cap on an encoded [`LeaseRequest`].
+pub const MAX_LEASE_REQUEST_BYTES: usize = 48 * 1024;
+/// Cap on an encoded [`LeaseAccept`] (the terms plus GPU assignment).
+pub const MAX_LEASE_ACCEPT_BYTES: usize = 49 * 1024;
+/// Cap on an encoded [`LeaseReject`].
+pub const MAX_LEASE_REJECT_BYTES: usize = 1024;
+/// Cap on an encoded [`UsageReport`].
+pub const MAX_USAGE_REPORT_BYTES: usize = 1024;
+/// Cap on an encoded [`PaymentReceipt`].
+pub const MAX_PAYMENT_RECEIPT_BYTES: usize = 512;
+/// Cap on an encoded [`LeaseClose`].
+pub const MAX_LEASE_CLOSE_BYTES: usize = 512;
+/// Cap on an encoded [`BenchReport`].
+pub const MAX_BENCH_REPORT_BYTES: usize = 1024;
+
+/// Most GPUs one offer may list.
+pub const MAX_GPUS_PER_OFFER: usize = 16;
+/// Longest GPU model name.
+pub const MAX_MODEL_LEN: usize = 64;
+/// Longest driver / CUDA / tool version string.
+pub const MAX_VERSION_LEN: usize = 32;
+/// Longest region label.
+pub const MAX_REGION_LEN: usize = 32;
+/// Most dialable addresses in an offer.
+pub const MAX_OFFER_ADDRS: usize = 8;
+/// Longest address (a multiaddr in text form).
+pub const MAX_ADDR_LEN: usize = 256;
+/// Most image prefixes in a sandbox allow-list.
+pub const MAX_IMAGE_PREFIXES: usize = 16;
+/// Longest image reference.
+pub const MAX_IMAGE_LEN: usize = 256;
+/// Most command arguments.
+pub const MAX_ARGS: usize = 128;
+/// Most bytes over all command arguments.
+pub const MAX_COMMAND_BYTES: usize = 16 * 1024;
+/// Most environment variables.
+pub const MAX_ENV: usize = 64;
+/// Most bytes over all environment keys and values.
+pub const MAX_ENV_BYTES: usize = 16 * 1024;
+/// Most GPU digests in an accept.
+pub const MAX_ASSIGNED_GPUS: usize = MAX_GPUS_PER_OFFER;
+
+/// A message whose counts or string lengths are out of bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {problem}")]
+pub struct ShapeError {
+    /// The offending field.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// Structural bounds of a message: counts and string lengths, nothing market-specific.
+pub trait Shape {
+    /// Checks the bounds.
+    fn check_shape(&self) -> Result<(), ShapeError>;
+}
+
+fn max_len(field: &'static str, s: &str, max: usize) -> Result<(), ShapeError> {
+    if s.len() > max {
+        return Err(ShapeError {
+            field,
+            problem: format!("{} bytes, at most {max} allowed", s.len()),
+        });
+    }
+    Ok(())
+}
+
+fn non_empty(field: &'static str, s: &str) -> Result<(), ShapeError> {
+    if s.trim().is_empty() {
+        return Err(ShapeError {
+            field,
+            problem: "must not be empty".into(),
+        });
+    }
+    Ok(())
+}
+
+fn max_count(field: &'static str, n: usize, max: usize) -> Result<(), ShapeError> {
+    if n > max {
+        return Err(ShapeError {
+            field,
+            problem: format!("{n} entries, at most {max} allowed"),
+        });
+    }
+    Ok(())
+}
+
+fn non_zero(field: &'static str, v: u64) -> Result<(), ShapeError> {
+    if v == 0 {
+        return Err(ShapeError {
+            field,
+            problem: "must not be zero".into(),
+        });
+    }
+    Ok(())
+}
+
+/// CUDA compute capability, e.g. 8.9 for Ada.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ComputeCapability {
+    /// Major version.
+    pub major: u8,
+    /// Minor version.
+    pub minor: u8,
+}
+
+/// One physical GPU as the provider describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSpec {
+    /// Marketing name, e.g. `NVIDIA GeForce RTX 4090`.
+    pub model: String,
+    /// Total memory in MiB.
+    pub vram_mib: u32,
+    /// SHA-256 of the NVML UUID: stable per card without revealing the UUID.
+    pub uuid_digest: Digest,
+    /// CUDA compute capability.
+    pub compute_capability: ComputeCapability,
+    /// Driver version string.
+    pub driver_version: String,
+    /// Highest CUDA version the driver supports.
+    pub cuda_version: String,
+    /// PCIe generation of the link.
+    pub pcie_gen: u8,
+    /// PCIe lanes.
+    pub pcie_width: u8,
+    /// Enforced power limit in watts.
+    pub power_limit_w: u32,
+}
+
+impl Shape for GpuSpec {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        non_empty("gpu.model", &self.model)?;
+        max_len("gpu.model", &self.model, MAX_MODEL_LEN)?;
+        max_len("gpu.driver_version", &self.driver_version, MAX_VERSION_LEN)?;
+        max_len("gpu.cuda_version", &self.cuda_version, MAX_VERSION_LEN)?;
+        non_zero("gpu.vram_mib", u64::from(self.vram_mib))
+    }
+}
+
+/// Whether benchmark numbers were measured by this node's benchmark or merely declared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Attestation {
+    /// Produced by the node's own GPU benchmark (still self-reported: renters can re-measure).
+    Measured,
+    /// Typed in by the operator (`--dev-gpus`); shown to users as "unverified".
+    Declared,
+}
+
+/// GPU benchmark results. Rates are integers: GFLOP/s and MB/s.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// Dense fp32 GEMM, GFLOP/s (1 TFLOPS = 1000).
+    pub fp32_gflops: u32,
+    /// Dense fp16 GEMM with fp32 accumulate, GFLOP/s.
+    pub fp16_gflops: u32,
+    /// Device memory bandwidth (read + write), MB/s.
+    pub device_mem_mbps: u32,
+    /// Pinned host-to-device bandwidth, MB/s.
+    pub h2d_mbps: u32,
+    /// Name and version of the tool that produced the numbers.
+    pub tool_version: String,
+    /// When it ran.
+    pub measured_at: Timestamp,
+    /// Measured or declared.
+    pub attestation: Attestation,
+}
+
+impl Shape for BenchReport {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        max_len("bench.tool_version", &self.tool_version, MAX_VERSION_LEN)
+    }
+}
+
+/// A GPU in an offer, with its benchmark.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferedGpu {
+    /// What the card is.
+    pub spec: GpuSpec,
+    /// How fast it is, and whether that was measured.
+    pub bench: BenchReport,
+}
+
+/// Host resources that come with each leased GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ResourcesPerGpu {
+    /// CPU in millicores (1000 = one core).
+    pub cpu_millicores: u32,
+    /// Memory in MiB.
+    pub ram_mib: u32,
+    /// Writable scratch disk in GiB.
+    pub disk_gib: u32,
+    /// Network bandwidth in Mbit/s (0 with network policy `None`).
+    pub net_mbps: u32,
+}
+
+impl ResourcesPerGpu {
+    /// True when every field is at most `other`'s.
+    pub fn fits_within(&self, other: &Self) -> bool {
+        self.cpu_millicores <= other.cpu_millicores
+            && self.ram_mib <= other.ram_mib
+            && self.disk_gib <= other.disk_gib
+            && self.net_mbps <= other.net_mbps
+    }
+}
+
+/// What network a tenant container gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum NetworkPolicy {
+    /// No network at all.
+    None,
+    /// Outbound internet through a dedicated bridge; no LAN, no inter-container traffic.
+    Egress,
+}
+
+/// The provider's sandbox rules.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPolicy {
+    /// Most network a lease may ask for.
+    pub network: NetworkPolicy,
+    /// Images allowed, as reference prefixes; empty means any image.
+    pub image_prefixes: Vec<String>,
+}
+
+impl SandboxPolicy {
+    /// True when `image` may run under this policy.
+    pub fn allows_image(&self, image: &str) -> bool {
+        self.image_prefixes.is_empty() || self.image_prefixes.iter().any(|p| image.starts_with(p))
+    }
+
+    /// True when a lease asking for `wanted` is allowed.
+    pub fn allows_network(&self, wanted: NetworkPolicy) -> bool {
+        wanted <= self.network
+    }
+}
+
+/// A provider's signed offer, gossiped to the whole network.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offer {
+    /// The provider; must equal the envelope's signer.
+    pub provider: PublicKey,
+    /// Strictly increasing per provider; a higher sequence replaces every lower one.
+    pub seq: u64,
+    /// When it was signed.
+    pub created_at: Timestamp,
+    /// After this the offer is dead; providers re-announce before it.
+    pub expires_at: Timestamp,
+    /// The GPUs offered (1..=16); a lease takes some of them.
+    pub gpus: Vec<OfferedGpu>,
+    /// Host resources per leased GPU.
+    pub per_gpu: ResourcesPerGpu,
+    /// Asking price per GPU-hour, micro-units.
+    pub price_per_gpu_hour: u64,
+    /// Shortest lease accepted, seconds.
+    pub min_duration_s: u32,
+    /// Longest lease accepted, seconds.
+    pub max_duration_s: u32,
+    /// Minimum billed seconds of any lease.
+    pub min_billed_s: u32,
+    /// Seconds between usage reports.
+    pub usage_interval_s: u32,
+    /// Most seconds of usage the renter may owe before the provider stops the lease.
+    pub pay_ahead_s: u32,
+    /// Sandbox rules.
+    pub sandbox: SandboxPolicy,
+    /// Where to reach the provider (multiaddrs), possibly via a relay.
+    pub addrs: Vec<String>,
+    /// Free-form region label, e.g. `eu-west`.
+    pub region: String,
+}
+
+impl Shape for Offer {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        if self.gpus.is_empty() {
+            return Err(ShapeError {
+                field: "gpus",
+                problem: "an offer lists at least one GPU".into(),
+            });
+        }
+        max_count("gpus", self.gpus.len(), MAX_GPUS_PER_OFFER)?;
+        for g in &self.gpus {
+            g.spec.check_shape()?;
+            g.bench.check_shape()?;
+        }
+        max_count(
+            "sandbox.image_prefixes",
+            self.sandbox.image_prefixes.len(),
+            MAX_IMAGE_PREFIXES,
+        )?;
+        for p in &self.sandbox.image_prefixes {
+            max_len("sandbox.image_prefixes", p, MAX_IMAGE_LEN)?;
+        }
+        max_count("addrs", self.addrs.len(), MAX_OFFER_ADDRS)?;
+        for a in &self.addrs {
+            max_len("addrs", a, MAX_ADDR_LEN)?;
+        }
+        max_len("region", &self.region, MAX_REGION_LEN)?;
+        non_zero("usage_interval_s", u64::from(self.usage_interval_s))?;
+        non_zero("max_duration_s", u64::from(self.max_duration_s))
+    }
+}
+
+/// The terms of a lease. Proposed by the renter in a [`LeaseRequest`]; the provider signs the
+/// identical terms in a [`LeaseAccept`]. Both signatures over the same terms make the lease;
+/// its id is the hash of the canonical encoding of these terms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseTerms {
+    /// Network the lease lives on.
+    pub network: NetworkId,
+    /// The offer taken.
+    pub offer_id: OfferId,
+    /// That offer's sequence number.
+    pub offer_seq: u64,
+    /// Who runs the container.
+    pub provider: PublicKey,
+    /// Who pays.
+    pub renter: PublicKey,
+    /// How many of the offer's GPUs.
+    pub gpu_count: u16,
+    /// Host resources per GPU asked for (at most the offer's).
+    pub per_gpu: ResourcesPerGpu,
+    /// Price per GPU-hour in micro-units (at least the offer's ask).
+    pub price_per_gpu_hour: u64,
+    /// Requested duration, seconds: the container is stopped at start + this.
+    pub duration_s: u32,
+    /// Minimum billed seconds (from the offer).
+    pub min_billed_s: u32,
+    /// Seconds between usage reports (from the offer).
+    pub usage_interval_s: u32,
+    /// Pay-ahead window, seconds: the most unpaid usage the provider tolerates.
+    pub pay_ahead_s: u32,
+    /// Seconds the provider waits for a silent renter before stopping.
+    pub grace_s: u32,
+    /// Most the renter will pay in total, micro-units; the provider stops at this.
+    pub max_total: u64,
+    /// Network access for the container.
+    pub network_policy: NetworkPolicy,
+    /// Container image reference.
+    pub image: String,
+    /// Command and arguments; empty runs the image's own entrypoint/cmd.
+    pub command: Vec<String>,
+    /// Environment variables.
+    pub env: BTreeMap<String, String>,
+    /// Renter's nonce; a request is idempotent by (renter, nonce).
+    pub nonce: u64,
+    /// When the renter made the request.
+    pub created_at: Timestamp,
+}
+
+impl Shape for LeaseTerms {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        non_zero("gpu_count", u64::from(self.gpu_count))?;
+        max_count("gpu_count", usize::from(self.gpu_count), MAX_GPUS_PER_OFFER)?;
+        non_empty("image", &self.image)?;
+        max_len("image", &self.image, MAX_IMAGE_LEN)?;
+        max_count("command", self.command.len(), MAX_ARGS)?;
+        let cmd_bytes: usize = self.command.iter().map(String::len).sum();
+        if cmd_bytes > MAX_COMMAND_BYTES {
+            return Err(ShapeError {
+                field: "command",
+                problem: format!("{cmd_bytes} bytes, at most {MAX_COMMAND_BYTES} allowed"),
+            });
+        }
+        max_count("env", self.env.len(), MAX_ENV)?;
+        let env_bytes: usize = self.env.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if env_bytes > MAX_ENV_BYTES {
+            return Err(ShapeError {
+                field: "env",
+                problem: format!("{env_bytes} bytes, at most {MAX_ENV_BYTES} allowed"),
+            });
+        }
+        for k in self.env.keys() {
+            let valid = !k.is_empty()
+                && !k.as_bytes()[0].is_ascii_digit()
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                return Err(ShapeError {
+                    field: "env",
+                    problem: format!("{k:?} is not a valid variable name"),
+                });
+            }
+        }
+        non_zero("duration_s", u64::from(self.duration_s))?;
+        non_zero("usage_interval_s", u64::from(self.usage_interval_s))
+    }
+}
+
+/// A renter's request: the proposed terms, valid until `expires_at`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRequest {
+    /// The proposed terms.
+    pub terms: LeaseTerms,
+    /// The provider must not accept after this.
+    pub expires_at: Timestamp,
+}
+
+impl Shape for LeaseRequest {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        self.terms.check_shape()
+    }
+}
+
+/// The provider's acceptance: its signature over the same terms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAccept {
+    /// Hash of the terms.
+    pub lease_id: LeaseId,
+    /// The terms, identical to the request's.
+    pub terms: LeaseTerms,
+    /// Which GPUs (UUID digests) the lease gets.
+    pub gpus: Vec<Digest>,
+    /// When the provider accepted; the lease clock starts when the container runs.
+    pub accepted_at: Timestamp,
+}
+
+impl Shape for LeaseAccept {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        self.terms.check_shape()?;
+        max_count("gpus", self.gpus.len(), MAX_ASSIGNED_GPUS)
+    }
+}
+
+/// Why a provider refused a request. Machine-readable; the CLI prints each one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RejectReason {
+    /// The provider holds no such offer.
+    UnknownOffer,
+    /// The offer was replaced; the current sequence is given.
+    StaleOffer {
+        /// The provider's current sequence.
+        current_seq: u64,
+    },
+    /// The offer expired.
+    OfferExpired,
+    /// The request itself expired before it was handled.
+    RequestExpired,
+    /// The terms name another provider.
+    WrongProvider,
+    /// The price is below the ask.
+    PriceBelowAsk {
+        /// The ask per GPU-hour, micro-units.
+        ask: u64,
+    },
+    /// Not enough free GPUs.
+    NoCapacity {
+        /// GPUs free now.
+        free: u16,
+    },
+    /// Duration outside the offer's bounds.
+    DurationOutOfBounds {
+        /// Shortest accepted.
+        min_s: u32,
+        /// Longest accepted.
+        max_s: u32,
+    },
+    /// Terms that differ from the offer (interval, window, minimum billing, resources).
+    TermsMismatch {
+        /// The offending field.
+        field: String,
+    },
+    /// The sandbox policy does not allow this image.
+    ImageNotAllowed,
+    /// The sandbox policy does not allow this network access.
+    NetworkNotAllowed,
+    /// The budget cap cannot pay even the minimum billed time.
+    BudgetTooSmall {
+        /// The cost of the minimum billed time.
+        needed: u64,
+    },
+    /// The renter reused a nonce for different terms.
+    DuplicateNonce,
+    /// The request is structurally invalid.
+    Malformed {
+        /// What is wrong.
+        detail: String,
+    },
+    /// The provider failed internally; try another offer.
+    Internal,
+}
+
+/// The provider's refusal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseReject {
+    /// The id the terms would have had.
+    pub lease_id: LeaseId,
+    /// The request's nonce, echoed.
+    pub nonce: u64,
+    /// Why.
+    pub reason: RejectReason,
+    /// When.
+    pub at: Timestamp,
+}
+
+impl Shape for LeaseReject {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        match &self.reason {
+            RejectReason::TermsMismatch { field: d } | RejectReason::Malformed { detail: d } => {
+                max_len("reason", d, 256)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Provider-signed metered usage. Totals are cumulative since the container started, so a
+/// lost report loses nothing; per-interval fields describe `[interval_start, interval_end)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageReport {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// 1, 2, 3, ... strictly increasing.
+    pub seq: u64,
+    /// Start of the interval.
+    pub interval_start: Timestamp,
+    /// End of the interval.
+    pub interval_end: Timestamp,
+    /// Wall-clock milliseconds the container has run, cumulative.
+    pub wall_ms: u64,
+    /// GPU-milliseconds (wall x leased GPUs), cumulative.
+    pub gpu_ms: u64,
+    /// CPU-milliseconds consumed, cumulative.
+    pub cpu_ms: u64,
+    /// GPU energy in millijoules, cumulative.
+    pub energy_mj: u64,
+    /// Network bytes received, cumulative.
+    pub net_rx_bytes: u64,
+    /// Network bytes sent, cumulative.
+    pub net_tx_bytes: u64,
+    /// Mean GPU utilization over the interval, per mille.
+    pub gpu_util_permille: u16,
+    /// Peak VRAM used in the interval, MiB.
+    pub vram_peak_mib: u32,
+    /// Peak container memory in the interval, MiB.
+    pub mem_peak_mib: u32,
+    /// What the provider computes as due in total, micro-units; the renter recomputes it.
+    pub amount_due: u64,
+    /// Set once the container has exited.
+    pub exit_code: Option<i32>,
+}
+
+impl Shape for UsageReport {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        non_zero("seq", self.seq)?;
+        if self.interval_end < self.interval_start {
+            return Err(ShapeError {
+                field: "interval_end",
+                problem: "before interval_start".into(),
+            });
+        }
+        if self.gpu_util_permille > 1000 {
+            return Err(ShapeError {
+                field: "gpu_util_permille",
+                problem: format!("{} is over 1000", self.gpu_util_permille),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Renter-signed, cumulative payment: "I owe you `total_paid` for this lease".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentReceipt {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// 1, 2, 3, ... strictly increasing.
+    pub seq: u64,
+    /// Cumulative amount, micro-units; strictly increasing.
+    pub total_paid: u64,
+    /// Cumulative wall-clock milliseconds of usage this amount covers.
+    pub covers_wall_ms: u64,
+    /// The usage report this answers.
+    pub usage_seq: u64,
+    /// When the renter signed it.
+    pub issued_at: Timestamp,
+}
+
+impl Shape for PaymentReceipt {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        non_zero("seq", self.seq)
+    }
+}
+
+/// Why a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CloseReason {
+    /// The requested duration ran out.
+    Expired,
+    /// The renter asked to stop.
+    RenterStop,
+    /// The provider's operator stopped it.
+    ProviderStop,
+    /// The container exited by itself.
+    ContainerExited,
+    /// Receipts fell behind usage by more than the pay-ahead window.
+    PaymentLagging,
+    /// The renter stopped answering for longer than the grace period.
+    RenterUnreachable,
+    /// The provider stopped reporting usage.
+    ProviderUnreachable,
+    /// The provider reported usage the renter found implausible.
+    ImplausibleUsage,
+    /// The renter sent an invalid receipt.
+    BadReceipt,
+    /// The renter's budget cap was reached.
+    BudgetExhausted,
+    /// The container could not be started.
+    StartFailed,
+}
+
+/// Either side closing a lease. Idempotent: closing a closed lease changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseClose {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Why.
+    pub reason: CloseReason,
+    /// When.
+    pub at: Timestamp,
+    /// The container's exit code, when it exited.
+    pub exit_code: Option<i32>,
+}
+
+impl Shape for LeaseClose {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        Ok(())
+    }
+}
+
+wire_message!(Offer, MessageKind::Offer, MAX_OFFER_BYTES);
+wire_message!(
+    LeaseRequest,
+    MessageKind::LeaseRequest,
+    MAX_LEASE_REQUEST_BYTES
+);
+wire_message!(
+    LeaseAccept,
+    MessageKind::LeaseAccept,
+    MAX_LEASE_ACCEPT_BYTES
+);
+wire_message!(
+    LeaseReject,
+    MessageKind::LeaseReject,
+    MAX_LEASE_REJECT_BYTES
+);
+wire_message!(
+    UsageReport,
+    MessageKind::UsageReport,
+    MAX_USAGE_REPORT_BYTES
+);
+wire_message!(
+    PaymentReceipt,
+    MessageKind::PaymentReceipt,
+    MAX_PAYMENT_RECEIPT_BYTES
+);
+wire_message!(LeaseClose, MessageKind::LeaseClose, MAX_LEASE_CLOSE_BYTES);
+wire_message!(
+    BenchReport,
+    MessageKind::BenchReport,
+    MAX_BENCH_REPORT_BYTES
+);
+
+impl LeaseTerms {
+    /// The canonical encoding: what the lease id hashes.
+    pub fn canonical_bytes(&self) -> Result<Vec<u8>, crate::codec::CodecError> {
+        crate::codec::encode::<Self, MAX_LEASE_REQUEST_BYTES>(self)
+    }
+
+    /// The lease id: SHA-256 over the domain tag and the canonical term bytes.
+    pub fn lease_id(&self) -> Result<LeaseId, crate::codec::CodecError> {
+        Ok(LeaseId(Digest::of(
+            "gridlease/v1/lease-terms",
+            &self.canonical_bytes()?,
+        )))
+    }
+}
