@@ -1,1 +1,25 @@
-//! gridlease market rules (in progress).
+//! gridlease market rules.
+//!
+//! What this crate is for: money ([`money`]), per-second billing ([`billing`]), offer and lease
+//! term validation ([`terms`]), the lease state machine ([`lease`]) and the payment channel
+//! ([`channel`]). The node and the simulator both run exactly this code.
+//!
+//! What it must never do: read the clock, draw randomness on its own, or perform I/O. Time and
+//! randomness are parameters; every function here is deterministic. It depends on
+//! `gridlease-protocol` only, never on tokio, libp2p, bollard or rusqlite.
+
+pub mod billing;
+pub mod channel;
+pub mod lease;
+pub mod money;
+pub mod terms;
+
+pub use billing::{Tariff, cost, interval_charge};
+pub use channel::{
+    Decision, ProviderChannel, ReceiptError, RenterChannel, UsageError, check_usage,
+};
+pub use lease::{Actor, Lease, LeaseEvent, LeaseState, TransitionError};
+pub use money::{Money, MoneyError};
+pub use terms::{
+    AcceptError, OfferError, ProviderView, check_accept, check_request, validate_offer,
+};

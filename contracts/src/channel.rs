@@ -1,0 +1,670 @@
+//! The payment channel of one lease: signed usage reports one way, signed cumulative receipts
+//! the other.
+//!
+//! Protocol: every `usage_interval_s` the provider sends a [`UsageReport`] with cumulative
+//! meters. The renter checks it ([`RenterChannel::on_usage`]) and answers with a
+//! [`PaymentReceipt`] whose `total_paid` is exactly what the tariff says is due for the reported
+//! wall time (capped at the budget). The renter therefore pays in arrears and never prepays: a
+//! vanished provider costs it nothing beyond usage it was shown. The provider runs at most
+//! `pay_ahead_s` seconds of usage on credit: [`ProviderChannel::decide`] says stop as soon as
+//! what is due exceeds what is paid by more than the cost of that window, or the renter has been
+//! silent past the grace period, or the budget is spent. So the provider's loss is bounded by
+//! one window, and the renter's by what implausible reports can claim (wall time is bounded by
+//! the renter's own clock, see [`check_usage`]).
+//!
+//! Final statement: the last valid receipt. Both ledgers book exactly its `total_paid`.
+
+use gridlease_protocol::{
+    CloseReason, LeaseId, LeaseTerms, PaymentReceipt, PublicKey, Timestamp, UsageReport,
+};
+
+use crate::billing::Tariff;
+use crate::money::{Money, MoneyError};
+
+/// Extra wall time a report may claim beyond the renter's own elapsed clock, ms: covers clock
+/// skew and the time between the provider's accept and the renter seeing it.
+pub const WALL_CLOCK_TOLERANCE_MS: u64 = 2_000;
+
+/// Why a receipt is refused by the provider.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReceiptError {
+    /// For another lease.
+    #[error("receipt is for lease {got}, expected {expected}")]
+    WrongLease {
+        /// Expected.
+        expected: LeaseId,
+        /// Received.
+        got: LeaseId,
+    },
+    /// Not signed by the lease's renter.
+    #[error("receipt signed by {signer}, not by the renter")]
+    WrongSigner {
+        /// Signer.
+        signer: PublicKey,
+    },
+    /// Sequence not above the last one: replayed or reordered.
+    #[error("receipt seq {got} is not above the last accepted seq {last}")]
+    StaleSeq {
+        /// Last accepted seq.
+        last: u64,
+        /// Received seq.
+        got: u64,
+    },
+    /// Amount not above the last one.
+    #[error("receipt total {got} is not above the last accepted total {last}")]
+    NotIncreasing {
+        /// Last accepted total.
+        last: Money,
+        /// Received total.
+        got: Money,
+    },
+    /// Amount beyond the agreed budget.
+    #[error("receipt total {got} exceeds the budget cap {cap}")]
+    OverBudget {
+        /// Received total.
+        got: Money,
+        /// Budget.
+        cap: Money,
+    },
+}
+
+/// What the provider should do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Keep running.
+    Continue,
+    /// Stop the container and close the lease for this reason.
+    Stop(CloseReason),
+}
+
+/// The provider's side of the channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderChannel {
+    lease_id: LeaseId,
+    renter: PublicKey,
+    tariff: Tariff,
+    pay_ahead_s: u32,
+    grace_s: u32,
+    last: Option<PaymentReceipt>,
+    last_heard: Timestamp,
+}
+
+impl ProviderChannel {
+    /// A channel for a lease whose container started at `started_at`.
+    pub fn new(lease_id: LeaseId, terms: &LeaseTerms, started_at: Timestamp) -> Self {
+        Self {
+            lease_id,
+            renter: terms.renter,
+            tariff: Tariff::of(terms),
+            pay_ahead_s: terms.pay_ahead_s,
+            grace_s: terms.grace_s,
+            last: None,
+            last_heard: started_at,
+        }
+    }
+
+    /// Restores a channel from its last accepted receipt (after a restart).
+    pub fn restore(mut self, last: Option<PaymentReceipt>, last_heard: Timestamp) -> Self {
+        self.last = last;
+        self.last_heard = self.last_heard.max(last_heard);
+        self
+    }
+
+    /// The tariff.
+    pub fn tariff(&self) -> &Tariff {
+        &self.tariff
+    }
+
+    /// Validates a receipt from `signer` received at `now`. On success returns the amount newly
+    /// paid (to book), and the receipt becomes the final statement so far.
+    pub fn accept_receipt(
+        &mut self,
+        signer: &PublicKey,
+        receipt: &PaymentReceipt,
+        now: Timestamp,
+    ) -> Result<Money, ReceiptError> {
+        if receipt.lease_id != self.lease_id {
+            return Err(ReceiptError::WrongLease {
+                expected: self.lease_id,
+                got: receipt.lease_id,
+            });
+        }
+        if signer != &self.renter {
+            return Err(ReceiptError::WrongSigner { signer: *signer });
+        }
+        let got = Money::from_micros(receipt.total_paid);
+        let (last_seq, last_total) = self.last.as_ref().map_or((0, Money::ZERO), |r| {
+            (r.seq, Money::from_micros(r.total_paid))
+        });
+        if receipt.seq <= last_seq {
+            return Err(ReceiptError::StaleSeq {
+                last: last_seq,
+                got: receipt.seq,
+            });
+        }
+        if got <= last_total {
+            return Err(ReceiptError::NotIncreasing {
+                last: last_total,
+                got,
+            });
+        }
+        if got > self.tariff.max_total {
+            return Err(ReceiptError::OverBudget {
+                got,
+                cap: self.tariff.max_total,
+            });
+        }
+        self.last = Some(receipt.clone());
+        self.last_heard = self.last_heard.max(now);
+        Ok(got.saturating_sub(last_total))
+    }
+
+    /// Notes that the renter was heard from (any valid message), resetting the grace timer.
+    pub fn heard_from_renter(&mut self, now: Timestamp) {
+        self.last_heard = self.last_heard.max(now);
+    }
+
+    /// Total paid so far (the final statement if the lease ended now).
+    pub fn paid(&self) -> Money {
+        self.last
+            .as_ref()
+            .map_or(Money::ZERO, |r| Money::from_micros(r.total_paid))
+    }
+
+    /// The last valid receipt.
+    pub fn last_receipt(&self) -> Option<&PaymentReceipt> {
+        self.last.as_ref()
+    }
+
+    /// Due for `wall_ms` of usage minus paid: what the provider stands to lose now.
+    pub fn unpaid_exposure(&self, wall_ms: u64) -> Result<Money, MoneyError> {
+        Ok(self.tariff.due(wall_ms)?.saturating_sub(self.paid()))
+    }
+
+    /// The most the provider can be owed before it must stop: the cost of one window.
+    pub fn exposure_bound(&self) -> Result<Money, MoneyError> {
+        self.tariff.window_cost(u64::from(self.pay_ahead_s))
+    }
+
+    /// Stop or continue, given `wall_ms` of usage so far and the time now.
+    pub fn decide(&self, wall_ms: u64, now: Timestamp) -> Result<Decision, MoneyError> {
+        if self.tariff.due(wall_ms)? >= self.tariff.max_total
+            && wall_ms >= self.tariff.budget_exhausted_after_ms()
+        {
+            return Ok(Decision::Stop(CloseReason::BudgetExhausted));
+        }
+        if self.unpaid_exposure(wall_ms)? > self.exposure_bound()? {
+            return Ok(Decision::Stop(CloseReason::PaymentLagging));
+        }
+        if now.ms_since(self.last_heard) > u64::from(self.grace_s) * 1000 {
+            return Ok(Decision::Stop(CloseReason::RenterUnreachable));
+        }
+        Ok(Decision::Continue)
+    }
+}
+
+/// Why a renter refuses a usage report.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsageError {
+    /// For another lease.
+    #[error("usage report is for another lease")]
+    WrongLease,
+    /// Not signed by the provider.
+    #[error("usage report signed by {signer}, not by the provider")]
+    WrongSigner {
+        /// Signer.
+        signer: PublicKey,
+    },
+    /// Sequence not above the last.
+    #[error("usage seq {got} is not above {last}")]
+    StaleSeq {
+        /// Last seq.
+        last: u64,
+        /// Received.
+        got: u64,
+    },
+    /// A cumulative meter went backwards.
+    #[error("cumulative meter `{meter}` went backwards")]
+    MeterDecreased {
+        /// Which meter.
+        meter: &'static str,
+    },
+    /// More wall time than has elapsed (or than the lease allows).
+    #[error("{claimed_ms} ms of wall time claimed, at most {allowed_ms} ms possible")]
+    WallTimeInflated {
+        /// Claimed.
+        claimed_ms: u64,
+        /// Possible.
+        allowed_ms: u64,
+    },
+    /// More GPU time than wall time x GPUs.
+    #[error("{claimed_ms} GPU-ms claimed, at most {allowed_ms} possible")]
+    GpuTimeInflated {
+        /// Claimed.
+        claimed_ms: u64,
+        /// Possible.
+        allowed_ms: u64,
+    },
+    /// The provider's amount due differs from the tariff's.
+    #[error("provider claims {claimed} due, the tariff says {expected}")]
+    AmountMismatch {
+        /// Claimed.
+        claimed: Money,
+        /// Computed.
+        expected: Money,
+    },
+    /// Arithmetic overflow.
+    #[error(transparent)]
+    Money(#[from] MoneyError),
+}
+
+/// Checks a usage report against the previous one and the renter's own clock.
+/// `elapsed_ms` is how long the lease has existed by the renter's clock (since it saw the
+/// acceptance); a provider can never bill more wall time than that, plus a small tolerance.
+pub fn check_usage(
+    terms: &LeaseTerms,
+    lease_id: LeaseId,
+    prev: Option<&UsageReport>,
+    report: &UsageReport,
+    signer: &PublicKey,
+    elapsed_ms: u64,
+) -> Result<(), UsageError> {
+    if report.lease_id != lease_id {
+        return Err(UsageError::WrongLease);
+    }
+    if signer != &terms.provider {
+        return Err(UsageError::WrongSigner { signer: *signer });
+    }
+    if let Some(p) = prev {
+        if report.seq <= p.seq {
+            return Err(UsageError::StaleSeq {
+                last: p.seq,
+                got: report.seq,
+            });
+        }
+        for (meter, before, now) in [
+            ("wall_ms", p.wall_ms, report.wall_ms),
+            ("gpu_ms", p.gpu_ms, report.gpu_ms),
+            ("cpu_ms", p.cpu_ms, report.cpu_ms),
+            ("energy_mj", p.energy_mj, report.energy_mj),
+            ("net_rx_bytes", p.net_rx_bytes, report.net_rx_bytes),
+            ("net_tx_bytes", p.net_tx_bytes, report.net_tx_bytes),
+            ("amount_due", p.amount_due, report.amount_due),
+        ] {
+            if now < before {
+                return Err(UsageError::MeterDecreased { meter });
+            }
+        }
+    } else if report.seq == 0 {
+        return Err(UsageError::StaleSeq { last: 0, got: 0 });
+    }
+    let allowed_ms = elapsed_ms.saturating_add(WALL_CLOCK_TOLERANCE_MS).min(
+        u64::from(terms.duration_s)
+            .saturating_mul(1000)
+            .saturating_add(WALL_CLOCK_TOLERANCE_MS),
+    );
+    if report.wall_ms > allowed_ms {
+        return Err(UsageError::WallTimeInflated {
+            claimed_ms: report.wall_ms,
+            allowed_ms,
+        });
+    }
+    let gpu_allowed = report.wall_ms.saturating_mul(u64::from(terms.gpu_count));
+    if report.gpu_ms > gpu_allowed {
+        return Err(UsageError::GpuTimeInflated {
+            claimed_ms: report.gpu_ms,
+            allowed_ms: gpu_allowed,
+        });
+    }
+    let expected = Tariff::of(terms).due(report.wall_ms)?;
+    let claimed = Money::from_micros(report.amount_due);
+    let final_expected = Tariff::of(terms).final_due(report.wall_ms)?;
+    // The final report (container exited) may apply the minimum billed duration.
+    let ok = claimed == expected || (report.exit_code.is_some() && claimed == final_expected);
+    if !ok {
+        return Err(UsageError::AmountMismatch { claimed, expected });
+    }
+    Ok(())
+}
+
+/// The renter's side of the channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenterChannel {
+    lease_id: LeaseId,
+    terms: LeaseTerms,
+    last_usage: Option<UsageReport>,
+    last_receipt: Option<PaymentReceipt>,
+}
+
+impl RenterChannel {
+    /// A channel for an accepted lease.
+    pub fn new(lease_id: LeaseId, terms: LeaseTerms) -> Self {
+        Self {
+            lease_id,
+            terms,
+            last_usage: None,
+            last_receipt: None,
+        }
+    }
+
+    /// Restores from persisted state after a restart.
+    pub fn restore(
+        mut self,
+        last_usage: Option<UsageReport>,
+        last_receipt: Option<PaymentReceipt>,
+    ) -> Self {
+        self.last_usage = last_usage;
+        self.last_receipt = last_receipt;
+        self
+    }
+
+    /// Total paid so far.
+    pub fn paid(&self) -> Money {
+        self.last_receipt
+            .as_ref()
+            .map_or(Money::ZERO, |r| Money::from_micros(r.total_paid))
+    }
+
+    /// The last receipt signed.
+    pub fn last_receipt(&self) -> Option<&PaymentReceipt> {
+        self.last_receipt.as_ref()
+    }
+
+    /// The last usage report accepted.
+    pub fn last_usage(&self) -> Option<&UsageReport> {
+        self.last_usage.as_ref()
+    }
+
+    /// Handles a verified usage report from `signer`. Returns the receipt to sign and send
+    /// (`None` if nothing new is due), or why the report is refused; a refused report books
+    /// nothing and the renter should close the lease with
+    /// [`CloseReason::ImplausibleUsage`].
+    pub fn on_usage(
+        &mut self,
+        report: &UsageReport,
+        signer: &PublicKey,
+        elapsed_ms: u64,
+        now: Timestamp,
+    ) -> Result<Option<PaymentReceipt>, UsageError> {
+        check_usage(
+            &self.terms,
+            self.lease_id,
+            self.last_usage.as_ref(),
+            report,
+            signer,
+            elapsed_ms,
+        )?;
+        self.last_usage = Some(report.clone());
+        let due =
+            Money::from_micros(report.amount_due).min(Money::from_micros(self.terms.max_total));
+        if due <= self.paid() {
+            return Ok(None);
+        }
+        let receipt = PaymentReceipt {
+            lease_id: self.lease_id,
+            seq: self.last_receipt.as_ref().map_or(1, |r| r.seq + 1),
+            total_paid: due.micros(),
+            covers_wall_ms: report.wall_ms,
+            usage_seq: report.seq,
+            issued_at: now,
+        };
+        self.last_receipt = Some(receipt.clone());
+        Ok(Some(receipt))
+    }
+
+    /// What the renter has paid beyond the usage it has been shown (always zero in this
+    /// arrears scheme unless reports were inflated within tolerance).
+    pub fn prepaid_exposure(&self, shown_wall_ms: u64) -> Result<Money, MoneyError> {
+        Ok(self
+            .paid()
+            .saturating_sub(Tariff::of(&self.terms).due(shown_wall_ms)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::fixtures::{self, T0};
+    use gridlease_protocol::{Digest, NodeKey, OfferId};
+    use proptest::prelude::*;
+
+    struct Fx {
+        provider: PublicKey,
+        renter: PublicKey,
+        terms: LeaseTerms,
+        id: LeaseId,
+    }
+
+    /// 3.60 per GPU-hour = 1000 micro-units per GPU-second; 1 GPU; window 60 s; interval 10 s.
+    fn fx() -> Fx {
+        let p = NodeKey::from_secret([1; 32]).public();
+        let r = NodeKey::from_secret([2; 32]).public();
+        let offer = fixtures::offer(p, 1, 1, 3_600_000);
+        let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, r, 1, 600);
+        let id = terms.lease_id().unwrap();
+        Fx {
+            provider: p,
+            renter: r,
+            terms,
+            id,
+        }
+    }
+
+    fn report(f: &Fx, seq: u64, wall_ms: u64) -> UsageReport {
+        let mut u = fixtures::usage(f.id, seq, wall_ms, 1);
+        u.amount_due = Tariff::of(&f.terms).due(wall_ms).unwrap().micros();
+        u
+    }
+
+    #[test]
+    fn receipts_flow_and_final_statement_is_the_last_receipt() {
+        let f = fx();
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        let mut provider = ProviderChannel::new(f.id, &f.terms, T0);
+        let mut booked = Money::ZERO;
+        for seq in 1..=5u64 {
+            let wall = seq * 10_000;
+            let r = renter
+                .on_usage(&report(&f, seq, wall), &f.provider, wall, T0.plus_ms(wall))
+                .unwrap()
+                .unwrap();
+            booked = booked
+                .checked_add(
+                    provider
+                        .accept_receipt(&f.renter, &r, T0.plus_ms(wall))
+                        .unwrap(),
+                )
+                .unwrap();
+        }
+        assert_eq!(provider.paid(), Money::from_micros(50_000));
+        assert_eq!(renter.paid(), provider.paid());
+        assert_eq!(booked, provider.paid());
+    }
+
+    #[test]
+    fn replayed_or_decreasing_receipts_are_rejected() {
+        let f = fx();
+        let mut p = ProviderChannel::new(f.id, &f.terms, T0);
+        let r1 = fixtures::receipt(f.id, 1, 10_000, 10_000);
+        let r2 = fixtures::receipt(f.id, 2, 20_000, 20_000);
+        p.accept_receipt(&f.renter, &r1, T0).unwrap();
+        p.accept_receipt(&f.renter, &r2, T0).unwrap();
+        assert!(matches!(
+            p.accept_receipt(&f.renter, &r2, T0),
+            Err(ReceiptError::StaleSeq { .. })
+        ));
+        assert!(matches!(
+            p.accept_receipt(&f.renter, &r1, T0),
+            Err(ReceiptError::StaleSeq { .. })
+        ));
+        let lower = fixtures::receipt(f.id, 3, 15_000, 30_000);
+        assert!(matches!(
+            p.accept_receipt(&f.renter, &lower, T0),
+            Err(ReceiptError::NotIncreasing { .. })
+        ));
+        let other = fixtures::receipt(LeaseId(Digest([0; 32])), 3, 30_000, 30_000);
+        assert!(matches!(
+            p.accept_receipt(&f.renter, &other, T0),
+            Err(ReceiptError::WrongLease { .. })
+        ));
+        let forged = fixtures::receipt(f.id, 3, 30_000, 30_000);
+        assert!(matches!(
+            p.accept_receipt(&f.provider, &forged, T0),
+            Err(ReceiptError::WrongSigner { .. })
+        ));
+        let greedy = fixtures::receipt(f.id, 3, f.terms.max_total + 1, 30_000);
+        assert!(matches!(
+            p.accept_receipt(&f.renter, &greedy, T0),
+            Err(ReceiptError::OverBudget { .. })
+        ));
+        // Nothing of the rejected receipts was booked.
+        assert_eq!(p.paid(), Money::from_micros(20_000));
+    }
+
+    #[test]
+    fn provider_stops_when_receipts_lag_beyond_the_window() {
+        let f = fx();
+        let mut p = ProviderChannel::new(f.id, &f.terms, T0);
+        // Window 60 s = 60_000 micro-units. Paid for 10 s.
+        p.accept_receipt(
+            &f.renter,
+            &fixtures::receipt(f.id, 1, 10_000, 10_000),
+            T0.plus_secs(10),
+        )
+        .unwrap();
+        assert_eq!(
+            p.decide(70_000, T0.plus_secs(11)).unwrap(),
+            Decision::Continue
+        );
+        assert_eq!(
+            p.decide(70_999, T0.plus_secs(11)).unwrap(),
+            Decision::Continue
+        );
+        assert_eq!(
+            p.decide(71_000, T0.plus_secs(11)).unwrap(),
+            Decision::Stop(CloseReason::PaymentLagging)
+        );
+        assert!(p.unpaid_exposure(70_999).unwrap() <= p.exposure_bound().unwrap());
+    }
+
+    #[test]
+    fn silent_renter_is_cut_off_after_grace() {
+        let f = fx();
+        let p = ProviderChannel::new(f.id, &f.terms, T0);
+        let grace = u64::from(f.terms.grace_s);
+        assert_eq!(
+            p.decide(0, T0.plus_secs(grace)).unwrap(),
+            Decision::Continue
+        );
+        assert_eq!(
+            p.decide(0, T0.plus_secs(grace + 1)).unwrap(),
+            Decision::Stop(CloseReason::RenterUnreachable)
+        );
+    }
+
+    #[test]
+    fn budget_exhaustion_stops_the_lease() {
+        let mut f = fx();
+        f.terms.max_total = 30_000; // 30 s of use
+        let p = ProviderChannel::new(f.id, &f.terms, T0);
+        assert_eq!(p.decide(29_999, T0).unwrap(), Decision::Continue);
+        assert_eq!(
+            p.decide(30_000, T0).unwrap(),
+            Decision::Stop(CloseReason::BudgetExhausted)
+        );
+    }
+
+    #[test]
+    fn inflated_usage_is_refused_and_nothing_is_paid() {
+        let f = fx();
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        renter
+            .on_usage(&report(&f, 1, 10_000), &f.provider, 10_000, T0)
+            .unwrap();
+        // Claims 60 s after 20 s.
+        let inflated = report(&f, 2, 60_000);
+        assert!(matches!(
+            renter.on_usage(&inflated, &f.provider, 20_000, T0),
+            Err(UsageError::WallTimeInflated { .. })
+        ));
+        let mut gpu = report(&f, 2, 20_000);
+        gpu.gpu_ms = 40_000;
+        assert!(matches!(
+            renter.on_usage(&gpu, &f.provider, 20_000, T0),
+            Err(UsageError::GpuTimeInflated { .. })
+        ));
+        let mut amount = report(&f, 2, 20_000);
+        amount.amount_due += 1;
+        assert!(matches!(
+            renter.on_usage(&amount, &f.provider, 20_000, T0),
+            Err(UsageError::AmountMismatch { .. })
+        ));
+        let mut back = report(&f, 2, 20_000);
+        back.cpu_ms = 0;
+        assert!(matches!(
+            renter.on_usage(&back, &f.provider, 20_000, T0),
+            Err(UsageError::MeterDecreased { meter: "cpu_ms" })
+        ));
+        assert!(matches!(
+            renter.on_usage(&report(&f, 1, 10_000), &f.provider, 20_000, T0),
+            Err(UsageError::StaleSeq { .. })
+        ));
+        assert!(matches!(
+            renter.on_usage(&report(&f, 2, 20_000), &f.renter, 20_000, T0),
+            Err(UsageError::WrongSigner { .. })
+        ));
+        assert_eq!(renter.paid(), Money::from_micros(10_000));
+    }
+
+    #[test]
+    fn final_report_may_apply_minimum_billing() {
+        let f = fx();
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        let mut last = report(&f, 1, 5_000);
+        last.exit_code = Some(0);
+        last.amount_due = Tariff::of(&f.terms).final_due(5_000).unwrap().micros();
+        let r = renter
+            .on_usage(&last, &f.provider, 5_000, T0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.total_paid, 60_000);
+    }
+
+    proptest! {
+        /// However usage grows and whenever receipts arrive, a provider that follows `decide`
+        /// never has more than one window of cost (plus one second) unpaid.
+        #[test]
+        fn provider_exposure_is_bounded_by_one_window(
+            paid_upto in proptest::collection::vec(0u64..600_000, 1..20),
+            step_ms in 100u64..5_000,
+        ) {
+            let f = fx();
+            let mut p = ProviderChannel::new(f.id, &f.terms, T0);
+            let mut seq = 0;
+            let mut wall = 0u64;
+            let mut paid_marks = paid_upto.clone();
+            paid_marks.sort_unstable();
+            loop {
+                if p.decide(wall, T0).unwrap() != Decision::Continue {
+                    break;
+                }
+                prop_assert!(p.unpaid_exposure(wall).unwrap() <= p.exposure_bound().unwrap());
+                if let Some(&m) = paid_marks.first()
+                    && m <= wall
+                {
+                    paid_marks.remove(0);
+                    let due = p.tariff().due(m).unwrap();
+                    if due > p.paid() {
+                        seq += 1;
+                        p.accept_receipt(&f.renter, &fixtures::receipt(f.id, seq, due.micros(), m), T0).unwrap();
+                    }
+                }
+                wall += step_ms;
+                if wall > 600_000 { break; }
+            }
+            let window = p.exposure_bound().unwrap();
+            let one_step = p.tariff().window_cost(step_ms / 1000 + 1).unwrap();
+            prop_assert!(p.unpaid_exposure(wall).unwrap() <= window.checked_add(one_step).unwrap());
+        }
+    }
+}
