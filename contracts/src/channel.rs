@@ -631,6 +631,39 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever receipts a renter (honest, buggy or hostile) sends, the provider only ever
+        /// accepts strictly increasing (seq, total) pairs; every replay of an accepted receipt and
+        /// every older receipt is rejected, and the booked sum equals the final statement.
+        #[test]
+        fn replayed_or_older_receipts_are_always_rejected(
+            raw in proptest::collection::vec((0u64..20, 0u64..200_000), 1..60),
+        ) {
+            let f = fx();
+            let mut p = ProviderChannel::new(f.id, &f.terms, T0);
+            let mut accepted: Vec<PaymentReceipt> = Vec::new();
+            let mut booked = Money::ZERO;
+            for (seq, total) in raw {
+                let r = fixtures::receipt(f.id, seq, total, 0);
+                let before = p.last_receipt().cloned();
+                match p.accept_receipt(&f.renter, &r, T0) {
+                    Ok(delta) => {
+                        if let Some(b) = &before {
+                            prop_assert!(r.seq > b.seq && r.total_paid > b.total_paid);
+                        }
+                        booked = booked.checked_add(delta).unwrap();
+                        accepted.push(r);
+                    }
+                    Err(_) => prop_assert_eq!(p.last_receipt().cloned(), before),
+                }
+            }
+            for old in &accepted {
+                prop_assert!(p.accept_receipt(&f.renter, old, T0).is_err());
+            }
+            prop_assert_eq!(booked, p.paid());
+        }
+    }
+
+    proptest! {
         /// However usage grows and whenever receipts arrive, a provider that follows `decide`
         /// never has more than one window of cost (plus one second) unpaid.
         #[test]

@@ -10,6 +10,7 @@
 
 pub mod billing;
 pub mod channel;
+pub mod ingest;
 pub mod lease;
 pub mod money;
 pub mod terms;

@@ -292,10 +292,14 @@ impl Envelope {
         codec::encode::<Self, { codec::MAX_FRAME_BYTES }>(self)
     }
 
-    /// The content id: SHA-256 of the signed input. Independent of the signature bytes, so
-    /// a re-signed or malleated copy of the same content has the same id.
+    /// The content id: SHA-256 of the signer and the signed input. Independent of the
+    /// signature bytes, so a malleated signature over the same content has the same id; bound
+    /// to the signer, so nobody can claim another key's content under this id.
     pub fn content_digest(&self) -> Digest {
-        Digest(Sha256::digest(signing_input(self.kind, &self.network, &self.payload)).into())
+        let mut h = Sha256::new();
+        h.update(self.signer.0);
+        h.update(signing_input(self.kind, &self.network, &self.payload));
+        Digest(h.finalize().into())
     }
 
     /// The cheap checks that need no cryptography: version, kind, network.
@@ -443,6 +447,18 @@ impl<T: WireMessage> Signed<T> {
         self.envelope.check_header(T::KIND, network)?;
         self.check_payload_len()?;
         self.envelope.verify_signature()?;
+        self.decode_verified()
+    }
+
+    /// Checks the header and decodes the payload WITHOUT checking the signature. Only for
+    /// content whose [`Envelope::content_digest`] the caller has already verified (a dedup
+    /// cache of re-announced offers); anything else must use [`Signed::verify`].
+    pub fn decode_already_verified(
+        &self,
+        network: &NetworkId,
+    ) -> Result<Verified<T>, EnvelopeError> {
+        self.envelope.check_header(T::KIND, network)?;
+        self.check_payload_len()?;
         self.decode_verified()
     }
 
