@@ -147,8 +147,7 @@ impl OfferIngestor {
         }
         out.into_iter()
             .map(|r| {
-                let r =
-                    r.unwrap_or_else(|| Err(IngestError::Envelope(EnvelopeError::BadSignerKey)));
+                let r = r.unwrap_or(Err(IngestError::Envelope(EnvelopeError::BadSignerKey)));
                 r.and_then(|v| {
                     validate_offer(&v.message, &v.signer, now)?;
                     Ok(v)

@@ -1,6 +1,8 @@
 //! Property tests over every wire message: round trips, tamper detection, domain and network
 //! separation, hostile bytes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::collections::BTreeMap;
 
 use gridlease_protocol::codec::{self, CodecError};
