@@ -296,10 +296,15 @@ impl Envelope {
     /// signature bytes, so a malleated signature over the same content has the same id; bound
     /// to the signer, so nobody can claim another key's content under this id.
     pub fn content_digest(&self) -> Digest {
-        let mut h = Sha256::new();
-        h.update(self.signer.0);
-        h.update(signing_input(self.kind, &self.network, &self.payload));
-        Digest(h.finalize().into())
+        content_digest_of(
+            &self.signer,
+            &signing_input(self.kind, &self.network, &self.payload),
+        )
+    }
+
+    /// The exact bytes this envelope's signature covers.
+    pub fn signing_input(&self) -> Vec<u8> {
+        signing_input(self.kind, &self.network, &self.payload)
     }
 
     /// The cheap checks that need no cryptography: version, kind, network.
@@ -326,15 +331,125 @@ impl Envelope {
         Ok(())
     }
 
-    fn verify_signature(&self) -> Result<(), EnvelopeError> {
-        let key =
-            VerifyingKey::from_bytes(&self.signer.0).map_err(|_| EnvelopeError::BadSignerKey)?;
+    fn verify_signature(&self, key: &VerifyingKey, input: &[u8]) -> Result<(), EnvelopeError> {
         let sig = Signature::from_bytes(&self.signature.0);
-        let input = signing_input(self.kind, &self.network, &self.payload);
-        key.verify_strict(&input, &sig)
+        key.verify_strict(input, &sig)
             .map_err(|_| EnvelopeError::BadSignature {
                 signer: self.signer,
             })
+    }
+}
+
+fn content_digest_of(signer: &PublicKey, input: &[u8]) -> Digest {
+    let mut h = Sha256::new();
+    h.update(signer.0);
+    h.update(input);
+    Digest(h.finalize().into())
+}
+
+/// A bounded cache of decompressed verifying keys. Decompressing a public key costs about a
+/// tenth of a verification, and offers come from a bounded set of providers that re-announce,
+/// so nodes keep one of these next to their ingestion path.
+#[derive(Debug)]
+pub struct KeyCache {
+    capacity: usize,
+    keys: std::collections::HashMap<PublicKey, VerifyingKey>,
+    order: std::collections::VecDeque<PublicKey>,
+}
+
+impl KeyCache {
+    /// A cache of at most `capacity` keys (FIFO eviction).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            keys: std::collections::HashMap::new(),
+            order: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The verifying key for `signer`, decompressed once. Refuses bytes that are not a point
+    /// and keys of small order (as `verify_strict` would).
+    pub fn get(&mut self, signer: &PublicKey) -> Result<VerifyingKey, EnvelopeError> {
+        if let Some(k) = self.keys.get(signer) {
+            return Ok(*k);
+        }
+        let key = VerifyingKey::from_bytes(&signer.0).map_err(|_| EnvelopeError::BadSignerKey)?;
+        if key.is_weak() {
+            return Err(EnvelopeError::BadSignerKey);
+        }
+        self.keys.insert(*signer, key);
+        self.order.push_back(*signer);
+        if self.order.len() > self.capacity
+            && let Some(old) = self.order.pop_front()
+        {
+            self.keys.remove(&old);
+        }
+        Ok(key)
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// What a node remembers to make verification cheaper: decompressed keys, and which exact
+/// (content, signature) pairs already verified. Both bounded (FIFO eviction).
+///
+/// A re-announced offer is byte-identical to one verified before (ed25519 signatures are
+/// deterministic), so its signature check can be skipped; an entry matches only the same
+/// content id (signer included) with the same signature bytes, and enters the cache only after
+/// a successful verification, so an unverified variant is never let through.
+#[derive(Debug)]
+pub struct VerifyCache {
+    keys: KeyCache,
+    capacity: usize,
+    seen: std::collections::HashMap<Digest, SignatureBytes>,
+    order: std::collections::VecDeque<Digest>,
+}
+
+impl VerifyCache {
+    /// Remembers up to `keys` provider keys and `verified` verified messages.
+    pub fn new(keys: usize, verified: usize) -> Self {
+        Self {
+            keys: KeyCache::new(keys),
+            capacity: verified,
+            seen: std::collections::HashMap::new(),
+            order: std::collections::VecDeque::new(),
+        }
+    }
+
+    fn already_verified(&self, digest: &Digest, sig: &SignatureBytes) -> bool {
+        self.seen.get(digest) == Some(sig)
+    }
+
+    fn remember(&mut self, digest: Digest, sig: SignatureBytes) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.seen.insert(digest, sig).is_none() {
+            self.order.push_back(digest);
+            if self.order.len() > self.capacity
+                && let Some(old) = self.order.pop_front()
+            {
+                self.seen.remove(&old);
+            }
+        }
+    }
+
+    /// Verified messages remembered.
+    pub fn remembered(&self) -> usize {
+        self.order.len()
+    }
+
+    /// The key cache.
+    pub fn keys(&mut self) -> &mut KeyCache {
+        &mut self.keys
     }
 }
 
@@ -444,22 +559,41 @@ impl<T: WireMessage> Signed<T> {
 
     /// Checks header, then the strict signature over the exact payload bytes, then decodes.
     pub fn verify(&self, network: &NetworkId) -> Result<Verified<T>, EnvelopeError> {
-        self.envelope.check_header(T::KIND, network)?;
-        self.check_payload_len()?;
-        self.envelope.verify_signature()?;
-        self.decode_verified()
+        self.verify_cached(network, &mut KeyCache::new(1))
     }
 
-    /// Checks the header and decodes the payload WITHOUT checking the signature. Only for
-    /// content whose [`Envelope::content_digest`] the caller has already verified (a dedup
-    /// cache of re-announced offers); anything else must use [`Signed::verify`].
-    pub fn decode_already_verified(
+    /// [`Signed::verify`], taking the signer's decompressed key from `keys`.
+    pub fn verify_cached(
         &self,
         network: &NetworkId,
+        keys: &mut KeyCache,
     ) -> Result<Verified<T>, EnvelopeError> {
         self.envelope.check_header(T::KIND, network)?;
         self.check_payload_len()?;
-        self.decode_verified()
+        let key = keys.get(&self.envelope.signer)?;
+        let input = self.envelope.signing_input();
+        self.envelope.verify_signature(&key, &input)?;
+        self.decode_verified(content_digest_of(&self.envelope.signer, &input))
+    }
+
+    /// [`Signed::verify`] through a [`VerifyCache`]: a message identical (content, signer and
+    /// signature) to one verified before skips the signature check; anything else is verified
+    /// strictly and remembered.
+    pub fn verify_with(
+        &self,
+        network: &NetworkId,
+        cache: &mut VerifyCache,
+    ) -> Result<Verified<T>, EnvelopeError> {
+        self.envelope.check_header(T::KIND, network)?;
+        self.check_payload_len()?;
+        let input = self.envelope.signing_input();
+        let digest = content_digest_of(&self.envelope.signer, &input);
+        if !cache.already_verified(&digest, &self.envelope.signature) {
+            let key = cache.keys.get(&self.envelope.signer)?;
+            self.envelope.verify_signature(&key, &input)?;
+            cache.remember(digest, self.envelope.signature);
+        }
+        self.decode_verified(digest)
     }
 
     fn check_payload_len(&self) -> Result<(), EnvelopeError> {
@@ -475,7 +609,7 @@ impl<T: WireMessage> Signed<T> {
         Ok(())
     }
 
-    fn decode_verified(&self) -> Result<Verified<T>, EnvelopeError> {
+    fn decode_verified(&self, digest: Digest) -> Result<Verified<T>, EnvelopeError> {
         let message =
             T::decode_payload(&self.envelope.payload).map_err(|source| EnvelopeError::Codec {
                 kind: T::KIND,
@@ -484,7 +618,7 @@ impl<T: WireMessage> Signed<T> {
         Ok(Verified {
             signer: self.envelope.signer,
             message,
-            digest: self.envelope.content_digest(),
+            digest,
         })
     }
 
@@ -492,76 +626,77 @@ impl<T: WireMessage> Signed<T> {
     /// one-by-one strict verification when the batch fails, so one bad signature never hides
     /// good ones. Results are in input order.
     ///
-    /// Strictness: like `verify_strict`, keys and `R` values of small order are refused before
-    /// the batch. The batch equation is not cofactored, and it does not detect an `R` that
-    /// carries a torsion component on top of a valid point; such a signature can only be made
-    /// by the key holder and never changes the content id, which ignores signature bytes.
+    /// Strictness: keys of small order are refused, as `verify_strict` does. The batch equation
+    /// is not cofactored and does not check `R` for small order or a torsion component, which
+    /// `verify_strict` does; the only signatures accepted here and refused there are ones that
+    /// only the key holder can make (a malleated `R`), and they never change the content id,
+    /// which ignores signature bytes.
     pub fn verify_batch(
         items: &[&Self],
         network: &NetworkId,
+    ) -> Vec<Result<Verified<T>, EnvelopeError>> {
+        Self::verify_batch_cached(items, network, &mut VerifyCache::new(items.len(), 0))
+    }
+
+    /// [`Signed::verify_batch`] through a [`VerifyCache`]: messages verified before skip the
+    /// batch; the rest are batch-verified and remembered.
+    pub fn verify_batch_cached(
+        items: &[&Self],
+        network: &NetworkId,
+        cache: &mut VerifyCache,
     ) -> Vec<Result<Verified<T>, EnvelopeError>> {
         let mut results: Vec<Option<Result<Verified<T>, EnvelopeError>>> =
             (0..items.len()).map(|_| None).collect();
         let mut idx = Vec::with_capacity(items.len());
         let mut inputs = Vec::with_capacity(items.len());
+        let mut digests = Vec::with_capacity(items.len());
         let mut sigs = Vec::with_capacity(items.len());
-        let mut keys = Vec::with_capacity(items.len());
+        let mut vks = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let pre = item
-                .envelope
+            let env = &item.envelope;
+            if let Err(e) = env
                 .check_header(T::KIND, network)
                 .and_then(|()| item.check_payload_len())
-                .and_then(|()| batch_precheck(&item.envelope));
-            match pre {
+            {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            let input = env.signing_input();
+            let digest = content_digest_of(&env.signer, &input);
+            if cache.already_verified(&digest, &env.signature) {
+                results[i] = Some(item.decode_verified(digest));
+                continue;
+            }
+            match cache.keys.get(&env.signer) {
                 Ok(key) => {
                     idx.push(i);
-                    inputs.push(signing_input(
-                        item.envelope.kind,
-                        &item.envelope.network,
-                        &item.envelope.payload,
-                    ));
-                    sigs.push(Signature::from_bytes(&item.envelope.signature.0));
-                    keys.push(key);
+                    inputs.push(input);
+                    digests.push(digest);
+                    sigs.push(Signature::from_bytes(&env.signature.0));
+                    vks.push(key);
                 }
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
         let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-        let batch_ok = !idx.is_empty() && ed25519_dalek::verify_batch(&refs, &sigs, &keys).is_ok();
-        for &i in &idx {
+        let batch_ok = !idx.is_empty() && ed25519_dalek::verify_batch(&refs, &sigs, &vks).is_ok();
+        for (n, &i) in idx.iter().enumerate() {
             let item = items[i];
-            let r = if batch_ok {
-                item.decode_verified()
+            let ok = batch_ok || item.envelope.verify_signature(&vks[n], &inputs[n]).is_ok();
+            results[i] = Some(if ok {
+                cache.remember(digests[n], item.envelope.signature);
+                item.decode_verified(digests[n])
             } else {
-                item.envelope
-                    .verify_signature()
-                    .and_then(|()| item.decode_verified())
-            };
-            results[i] = Some(r);
+                Err(EnvelopeError::BadSignature {
+                    signer: item.envelope.signer,
+                })
+            });
         }
         results
             .into_iter()
             .map(|r| r.unwrap_or(Err(EnvelopeError::BadSignerKey)))
             .collect()
     }
-}
-
-/// Refuses what `verify_strict` refuses cheaply: undecodable or small-order keys and `R`s.
-fn batch_precheck(env: &Envelope) -> Result<VerifyingKey, EnvelopeError> {
-    let key = VerifyingKey::from_bytes(&env.signer.0).map_err(|_| EnvelopeError::BadSignerKey)?;
-    let bad = || EnvelopeError::BadSignature { signer: env.signer };
-    if key.is_weak() {
-        return Err(bad());
-    }
-    let mut r = [0u8; 32];
-    r.copy_from_slice(&env.signature.0[..32]);
-    let point = curve25519_dalek::edwards::CompressedEdwardsY(r)
-        .decompress()
-        .ok_or_else(bad)?;
-    if point.is_small_order() {
-        return Err(bad());
-    }
-    Ok(key)
 }
 
 #[cfg(test)]
@@ -617,6 +752,24 @@ mod tests {
         for bad in ["", "Dev", "a b", "x".repeat(33).as_str(), "ü"] {
             assert!(NetworkId::new(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn small_order_signer_keys_are_refused_by_single_and_batch_paths() {
+        let net = NetworkId::devnet();
+        let key = NodeKey::from_secret([1; 32]);
+        let mut env = Signed::sign(&key, &net, &close()).unwrap().into_envelope();
+        // The identity point: a valid encoding of a key of small order.
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        env.signer = PublicKey(identity);
+        let weak = Signed::<LeaseClose>::from_envelope(env);
+        assert!(matches!(
+            weak.verify(&net),
+            Err(EnvelopeError::BadSignerKey)
+        ));
+        let r = Signed::verify_batch(&[&weak], &net);
+        assert!(matches!(r[0], Err(EnvelopeError::BadSignerKey)));
     }
 
     #[test]

@@ -16,8 +16,8 @@ pub mod types;
 
 pub use codec::CodecError;
 pub use envelope::{
-    Envelope, EnvelopeError, MessageKind, NetworkId, PROTOCOL_VERSION, Signed, Verified,
-    WireMessage,
+    Envelope, EnvelopeError, KeyCache, MessageKind, NetworkId, PROTOCOL_VERSION, Signed, Verified,
+    VerifyCache, WireMessage,
 };
 pub use identity::{IdentityError, NodeKey, PeerId, PublicKey};
 pub use messages::*;
