@@ -4,7 +4,7 @@
 //! statements are printed. No network and no container: those are the node's and the sandbox's.
 //!
 //! `cargo run -p gridlease-contracts --example lease_walkthrough`
-#![allow(clippy::print_stdout)]
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::process::ExitCode;
 
