@@ -11,8 +11,8 @@
 //!   (providers re-announcing), the steady state of the gossip network.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
-use std::hint::black_box;
 use cpu_time::ThreadTime as Instant;
+use std::hint::black_box;
 
 use ed25519_dalek::{Signature, Signer, SigningKey};
 use gridlease_contracts::ingest::OfferIngestor;
@@ -105,11 +105,28 @@ fn main() {
     }
 
     let ratio = |v: &[f64]| median(v.iter().zip(&raw).map(|(a, r)| a / r).collect());
-    println!("rounds: {ROUNDS}, thread CPU time; medians of per-round rates (offers per CPU-second) and of per-round ratios to raw");
+    println!(
+        "rounds: {ROUNDS}, thread CPU time; medians of per-round rates (offers per CPU-second) and of per-round ratios to raw"
+    );
     println!("{:<28} {:>12} {:>8}", "variant", "offers/s", "x raw");
-    println!("{:<28} {:>12.0} {:>8.2}", "raw verify_strict", median(raw.clone()), 1.0);
-    println!("{:<28} {:>12.0} {:>8.2}", "ingest single", median(single.clone()), ratio(&single));
-    println!("{:<28} {:>12.0} {:>8.2}", "ingest batch64 new", median(batch.clone()), ratio(&batch));
+    println!(
+        "{:<28} {:>12.0} {:>8.2}",
+        "raw verify_strict",
+        median(raw.clone()),
+        1.0
+    );
+    println!(
+        "{:<28} {:>12.0} {:>8.2}",
+        "ingest single",
+        median(single.clone()),
+        ratio(&single)
+    );
+    println!(
+        "{:<28} {:>12.0} {:>8.2}",
+        "ingest batch64 new",
+        median(batch.clone()),
+        ratio(&batch)
+    );
     println!(
         "{:<28} {:>12.0} {:>8.2}",
         "ingest batch64 half re-ann.",
