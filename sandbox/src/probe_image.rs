@@ -76,16 +76,30 @@ impl Sandbox {
     /// Creates (or re-creates) the probe image from [`rootfs_tar`].
     pub async fn build_probe_image(&self) -> Result<(), SandboxError> {
         let tag = probe_image_tag();
-        let (repo, version) = crate::runtime::split_reference(&tag);
         let rootfs = rootfs_tar().map_err(|e| SandboxError::Build {
             image: tag.clone(),
             message: format!("building the rootfs tar: {e}"),
         })?;
+        self.import_image(&tag, rootfs, &["ENTRYPOINT [\"/probe\"]"])
+            .await?;
+        tracing::info!(image = %tag, "probe image created");
+        Ok(())
+    }
+
+    /// Imports a root filesystem tar as image `tag`, applying Dockerfile-style `changes`
+    /// (e.g. `ENTRYPOINT [...]`, `ENV K=V`). No registry, no build context.
+    pub async fn import_image(
+        &self,
+        tag: &str,
+        rootfs: Vec<u8>,
+        changes: &[&str],
+    ) -> Result<(), SandboxError> {
+        let (repo, version) = crate::runtime::split_reference(tag);
         let opts = CreateImageOptionsBuilder::default()
             .from_src("-")
             .repo(repo)
             .tag(version)
-            .changes(vec!["ENTRYPOINT [\"/probe\"]".to_string()])
+            .changes(changes.iter().map(|c| c.to_string()).collect())
             .build();
         let mut stream = self.docker().create_image(
             Some(opts),
@@ -95,17 +109,16 @@ impl Sandbox {
         while let Some(ev) = stream.next().await {
             let ev = ev.map_err(|source| SandboxError::Docker {
                 op: "import_image",
-                target: tag.clone(),
+                target: tag.to_string(),
                 source,
             })?;
             if let Some(msg) = ev.error_detail.and_then(|d| d.message) {
                 return Err(SandboxError::Build {
-                    image: tag.clone(),
+                    image: tag.to_string(),
                     message: msg,
                 });
             }
         }
-        tracing::info!(image = %tag, "probe image created");
         Ok(())
     }
 }

@@ -314,3 +314,44 @@ async fn inspect_shows_every_hardening_setting() {
     assert_eq!(labels["gridlease.node"], spec.node_id);
     assert!(labels.contains_key("gridlease.expires_at"));
 }
+
+/// An image whose config sets LD_PRELOAD (the CVE-2024-0132 / CVE-2025-23266 pattern) is
+/// refused by `ensure_image` and by `create`; renter env touching NVIDIA_* is refused too.
+#[tokio::test]
+async fn ld_preload_images_and_nvidia_env_are_refused() {
+    let Some(sb) = common::sandbox_or_skip("preload").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let evil = format!("{}:1", unique("gl-test-preload"));
+    let rootfs = gridlease_sandbox::probe_image::rootfs_tar().unwrap();
+    sb.import_image(
+        &evil,
+        rootfs,
+        &["ENTRYPOINT [\"/probe\"]", "ENV LD_PRELOAD=/tmp/x.so"],
+    )
+    .await
+    .unwrap();
+    cleanup.images.push(evil.clone());
+
+    let err = sb.ensure_image(&evil, |_| {}).await.unwrap_err();
+    assert!(err.to_string().contains("LD_PRELOAD"), "{err}");
+    let spec = probe_spec(&evil, &unique("node"), &["exit", "0"]);
+    let err = sb.create(&spec).await.unwrap_err();
+    assert!(
+        matches!(err, gridlease_sandbox::SandboxError::Image { .. }),
+        "{err}"
+    );
+
+    let mut spec = probe_spec(&image, &unique("node"), &["exit", "0"]);
+    spec.env
+        .insert("NVIDIA_VISIBLE_DEVICES".into(), "all".into());
+    let err = sb.create(&spec).await.unwrap_err();
+    assert!(
+        matches!(err, gridlease_sandbox::SandboxError::Spec { .. }),
+        "{err}"
+    );
+    // The clean probe image passes the same check.
+    sb.ensure_image(&image, |_| {}).await.unwrap();
+}

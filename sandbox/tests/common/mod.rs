@@ -83,13 +83,15 @@ pub fn probe_spec(image: &str, node: &str, args: &[&str]) -> SandboxSpec {
 pub struct Cleanup {
     pub containers: Vec<String>,
     pub networks: Vec<String>,
+    pub images: Vec<String>,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let containers = std::mem::take(&mut self.containers);
         let networks = std::mem::take(&mut self.networks);
-        if containers.is_empty() && networks.is_empty() {
+        let images = std::mem::take(&mut self.images);
+        if containers.is_empty() && networks.is_empty() && images.is_empty() {
             return;
         }
         let _ = std::thread::spawn(move || {
@@ -104,6 +106,16 @@ impl Drop for Cleanup {
                     }
                     for n in &networks {
                         let _ = sb.remove_network(n).await;
+                    }
+                    for i in &images {
+                        let _ = sb
+                            .docker()
+                            .remove_image(
+                                i,
+                                None::<bollard::query_parameters::RemoveImageOptions>,
+                                None,
+                            )
+                            .await;
                     }
                 }
             });
