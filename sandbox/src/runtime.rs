@@ -300,23 +300,41 @@ impl Sandbox {
         follow: bool,
         max_bytes: usize,
     ) -> Result<String, SandboxError> {
+        let mut out = Vec::new();
+        self.logs_with(id, follow, max_bytes, |chunk| out.extend_from_slice(chunk))
+            .await?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Streams stdout+stderr chunks to `on_chunk` (e.g. for the CLI to render live), following
+    /// until the container exits if `follow`, and stopping after `max_bytes` in total. Returns
+    /// the number of bytes delivered.
+    pub async fn logs_with(
+        &self,
+        id: &str,
+        follow: bool,
+        max_bytes: usize,
+        mut on_chunk: impl FnMut(&[u8]),
+    ) -> Result<usize, SandboxError> {
         let opts = LogsOptionsBuilder::default()
             .follow(follow)
             .stdout(true)
             .stderr(true)
             .build();
         let mut stream = self.docker.logs(id, Some(opts));
-        let mut out = Vec::new();
+        let mut delivered = 0usize;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(docker_err("logs", id))?;
             let bytes = chunk.into_bytes();
-            let room = max_bytes.saturating_sub(out.len());
-            out.extend_from_slice(&bytes[..bytes.len().min(room)]);
-            if out.len() >= max_bytes {
+            let room = max_bytes.saturating_sub(delivered);
+            let take = bytes.len().min(room);
+            on_chunk(&bytes[..take]);
+            delivered += take;
+            if delivered >= max_bytes {
                 break;
             }
         }
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        Ok(delivered)
     }
 
     /// Deadline watcher: sends SIGTERM `grace` before `deadline`, then SIGKILL at `deadline` if

@@ -53,6 +53,68 @@ pub struct SandboxSpec {
     pub run_as_root: bool,
 }
 
+/// Provider-side limits that are not part of the lease terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderLimits {
+    /// Most processes/threads per container.
+    pub pids_limit: u32,
+    /// Largest `/tmp` scratch in MiB (tmpfs pages count against the memory limit anyway).
+    pub max_scratch_mib: u32,
+    /// Name of the egress bridge (see `Sandbox::ensure_egress_network`).
+    pub egress_network: String,
+}
+
+impl Default for ProviderLimits {
+    fn default() -> Self {
+        Self {
+            pids_limit: 1024,
+            max_scratch_mib: 16 * 1024,
+            egress_network: "gridlease-egress".to_string(),
+        }
+    }
+}
+
+impl SandboxSpec {
+    /// The spec for an accepted lease: resources are `per_gpu x gpu_count` (at least one
+    /// unit for CPU-only leases); scratch is the lease's disk capped by memory and the
+    /// provider's maximum (tmpfs lives in the memory cgroup).
+    pub fn from_terms(
+        lease_id: LeaseId,
+        terms: &gridlease_protocol::LeaseTerms,
+        node_id: &str,
+        expires_at: Timestamp,
+        gpu_uuids: Vec<String>,
+        limits: &ProviderLimits,
+    ) -> Self {
+        let units = u32::from(terms.gpu_count.max(1));
+        let memory_mib = terms.per_gpu.ram_mib.saturating_mul(units);
+        let scratch_mib = terms
+            .per_gpu
+            .disk_gib
+            .saturating_mul(units)
+            .saturating_mul(1024)
+            .min(memory_mib)
+            .min(limits.max_scratch_mib)
+            .max(1);
+        Self {
+            lease_id,
+            node_id: node_id.to_string(),
+            expires_at,
+            image: terms.image.clone(),
+            command: terms.command.clone(),
+            env: terms.env.clone(),
+            gpu_uuids,
+            cpu_millicores: terms.per_gpu.cpu_millicores.saturating_mul(units),
+            memory_mib,
+            pids_limit: limits.pids_limit,
+            scratch_mib,
+            network: terms.network_policy,
+            egress_network: limits.egress_network.clone(),
+            run_as_root: false,
+        }
+    }
+}
+
 /// Why a spec or image was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
@@ -450,6 +512,31 @@ mod tests {
         assert_eq!(hc.network_mode.as_deref(), Some("gridlease-egress"));
         s.egress_network = "host".into();
         assert_eq!(build_create_body(&s), Err(SpecError::NoEgressNetwork));
+    }
+
+    #[test]
+    fn from_terms_scales_per_gpu_resources() {
+        use gridlease_protocol::{NodeKey, OfferId, fixtures};
+        let provider = NodeKey::from_secret([1; 32]).public();
+        let renter = NodeKey::from_secret([2; 32]).public();
+        let offer = fixtures::offer(provider, 1, 2, 400_000);
+        let terms = fixtures::terms(OfferId(Digest::of("t", b"o")), &offer, renter, 2, 3600);
+        let limits = ProviderLimits::default();
+        let s = SandboxSpec::from_terms(
+            LeaseId(Digest::of("t", b"x")),
+            &terms,
+            "node",
+            Timestamp(9),
+            vec![],
+            &limits,
+        );
+        let units = u32::from(terms.gpu_count.max(1));
+        assert_eq!(s.cpu_millicores, terms.per_gpu.cpu_millicores * units);
+        assert_eq!(s.memory_mib, terms.per_gpu.ram_mib * units);
+        assert!(s.scratch_mib <= s.memory_mib);
+        assert_eq!(s.image, terms.image);
+        assert_eq!(s.network, terms.network_policy);
+        assert_eq!(s.pids_limit, limits.pids_limit);
     }
 
     #[test]

@@ -127,3 +127,39 @@ async fn unreachable_daemon_error_says_how_to_fix_it() {
     assert!(msg.contains("Is dockerd running"), "{msg}");
     assert!(msg.contains("/var/run/docker.sock"), "{msg}");
 }
+
+/// Logs follow a running container and are bounded.
+#[tokio::test]
+async fn logs_follow_until_exit_and_are_bounded() {
+    let Some(sb) = common::sandbox_or_skip("logs").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let spec = probe_spec(
+        &image,
+        &unique("node"),
+        &[
+            "sentinel", "one", "sleep", "0.5", "sentinel", "two", "exit", "3",
+        ],
+    );
+    let id = sb.create(&spec).await.unwrap();
+    cleanup.containers.push(id.clone());
+    sb.start(&id).await.unwrap();
+    // Following from the start returns only once the container has exited.
+    let all = sb.logs(&id, true, 1 << 16).await.unwrap();
+    assert!(
+        all.contains("SENTINEL one") && all.contains("SENTINEL two"),
+        "{all}"
+    );
+    let exit = sb.wait(&id).await.unwrap();
+    assert_eq!(exit.exit_code, 3);
+    assert!(!exit.oom_killed);
+    let mut chunks = Vec::new();
+    let n = sb
+        .logs_with(&id, false, 5, |c| chunks.extend_from_slice(c))
+        .await
+        .unwrap();
+    assert_eq!(n, 5);
+    assert_eq!(chunks, b"SENTI");
+}
