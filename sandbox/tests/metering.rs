@@ -8,7 +8,8 @@ mod common;
 use std::time::Instant;
 
 use common::{Cleanup, probe_spec, unique};
-use gridlease_sandbox::meter::{Meter, meter_run};
+use gridlease_sandbox::gpu::{GpuProbe, ScriptedProbe};
+use gridlease_sandbox::meter::{GpuSample, Meter, meter_run};
 use gridlease_sandbox::runtime::now_ms;
 
 /// The probe burns exactly 5 CPU-seconds on one thread (it measures its own thread CPU clock),
@@ -33,8 +34,22 @@ async fn one_cpu_for_five_seconds_is_metered_as_five_cpu_seconds() {
 
     sb.start(&id).await.unwrap();
     let t0 = Instant::now();
-    let mut meter = Meter::new(now_ms(), 0);
-    let (exit, _, samples) = meter_run(&sb, &id, &mut meter, &[], None).await.unwrap();
+    // GPU side through the sampler trait with a scripted GPU (CI has none): one declared GPU
+    // at 40% utilization using 1234 MiB.
+    let mut gpus = ScriptedProbe::from_dev_spec("Test GPU:8GiB:0.10").unwrap();
+    let uuid = gpus.list().unwrap()[0].uuid.clone();
+    gpus.set_sample(
+        &uuid,
+        GpuSample {
+            util_percent: 40,
+            vram_used_mib: 1234,
+            energy_mj: 1000,
+        },
+    );
+    let mut meter = Meter::new(now_ms(), 1);
+    let (exit, daemon_totals, samples) = meter_run(&sb, &id, &mut meter, &[uuid], Some(&gpus))
+        .await
+        .unwrap();
     let local_wall_ms = t0.elapsed().as_millis() as u64;
     // Totals from the meter's own clock (finish(None)), to compare with the daemon's times.
     let totals = meter.finish(now_ms(), None);
@@ -58,4 +73,13 @@ async fn one_cpu_for_five_seconds_is_metered_as_five_cpu_seconds() {
         totals.wall_ms
     );
     assert!(totals.mem_peak_mib < 128);
+    // meter_run's own totals use the daemon's run time.
+    assert_eq!(Some(daemon_totals.wall_ms), exit.run_ms);
+    assert_eq!(daemon_totals.gpu_ms, daemon_totals.wall_ms);
+    assert_eq!(daemon_totals.vram_peak_mib, 1234);
+    assert_eq!(daemon_totals.gpu_util_permille, 400);
+    assert_eq!(
+        daemon_totals.energy_mj, 0,
+        "constant energy counter: nothing consumed"
+    );
 }
