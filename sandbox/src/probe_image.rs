@@ -63,14 +63,51 @@ pub fn rootfs_tar() -> std::io::Result<Vec<u8>> {
 }
 
 impl Sandbox {
-    /// Builds `gridlease-probe:<version>` unless it is already present. Returns the tag.
+    /// Creates `gridlease-probe:<version>` unless it is already present. Returns the tag.
+    ///
+    /// Parallel test processes on one host would otherwise all import at once and leave
+    /// dangling copies; a lock file (`create_new`, stale after 60 s) in the temp dir lets one
+    /// process import while the others wait and re-check the tag.
     pub async fn ensure_probe_image(&self) -> Result<String, SandboxError> {
         let tag = probe_image_tag();
-        if self.docker().inspect_image(&tag).await.is_ok() {
-            return Ok(tag);
+        let lock = std::env::temp_dir().join(format!(
+            "gridlease-probe-{}.lock",
+            env!("CARGO_PKG_VERSION")
+        ));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            if self.docker().inspect_image(&tag).await.is_ok() {
+                return Ok(tag);
+            }
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&lock)
+            {
+                Ok(_) => {
+                    let result = self.build_probe_image().await;
+                    let _ = std::fs::remove_file(&lock);
+                    result?;
+                    return Ok(tag);
+                }
+                Err(_) if std::time::Instant::now() > deadline => {
+                    // Give up waiting on someone else; import ourselves.
+                    self.build_probe_image().await?;
+                    return Ok(tag);
+                }
+                Err(_) => {
+                    let stale = std::fs::metadata(&lock)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > std::time::Duration::from_secs(60));
+                    if stale {
+                        let _ = std::fs::remove_file(&lock);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
         }
-        self.build_probe_image().await?;
-        Ok(tag)
     }
 
     /// Creates (or re-creates) the probe image from [`rootfs_tar`].
