@@ -163,3 +163,30 @@ async fn logs_follow_until_exit_and_are_bounded() {
     assert_eq!(n, 5);
     assert_eq!(chunks, b"SENTI");
 }
+
+/// A pull that fails surfaces as an error (no panic, no hang). The "registry" is a listener
+/// this test starts on loopback that closes every connection; nothing else is contacted.
+#[tokio::test]
+async fn failed_pull_is_an_error() {
+    let Some(sb) = common::sandbox_or_skip("pull").await else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(20) {
+            drop(conn);
+        }
+    });
+    let image = format!("127.0.0.1:{port}/gridlease-test/{}:1", unique("img"));
+    let mut events = 0usize;
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        sb.ensure_image(&image, |_| events += 1),
+    )
+    .await
+    .expect("pull did not finish within 60 s");
+    let err = result.unwrap_err();
+    println!("events={events} err={err}");
+    assert!(err.to_string().contains(&image), "{err}");
+}
