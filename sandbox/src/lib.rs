@@ -3,7 +3,7 @@
 //! What this crate is for: running a renter's container under a hardened Docker spec with
 //! exactly the leased GPUs ([`spec`], [`runtime`]), metering what it uses ([`meter`]), building
 //! the registry-free probe image used by tests ([`probe_image`]), and describing and
-//! benchmarking the provider's GPUs ([`gpu`], [`bench`]).
+//! benchmarking the provider's GPUs ([`gpu`], [`bench`](mod@bench)).
 //!
 //! What it must never do: give a tenant container privileges, host namespaces, host paths or
 //! the Docker socket; widen GPU access beyond the leased UUIDs; panic when there is no GPU,
