@@ -1,0 +1,334 @@
+//! gridlease probe: the test workload for sandbox tests, packed into a FROM-scratch image.
+//!
+//! Built by `sandbox/build.rs` as a static binary with no crate dependencies; the few libc
+//! functions it needs are declared below. Arguments are a list of steps run in order:
+//!
+//!   burn N S        N threads, each burning S CPU-seconds (thread CPU clock, so the amount of
+//!                   CPU is exact even when the host is busy)
+//!   alloc M         allocate and touch M MiB, keep it
+//!   write PATH      write a file; prints `WRITE path=PATH result=ok|<ERRNO>`
+//!   sentinel TEXT   print `SENTINEL TEXT`
+//!   sleep S         sleep S seconds (fractions allowed)
+//!   ignore-term     ignore SIGTERM from now on (to test kill after grace)
+//!   forkbomb N      try N forks; prints `FORK ok=<n> failed=<n>`
+//!   connect IP:PORT try a TCP connect (2 s timeout); prints `CONNECT addr=.. result=ok|<ERRNO>`
+//!   whoami          print `WHOAMI uid=.. euid=..`
+//!   escape          try each escape, one `ESCAPE <name>=<outcome>` line per attempt
+//!   exit C          exit with code C
+//!
+//! Every line is flushed immediately so logs show progress even if the process is killed.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+#[allow(non_camel_case_types)]
+type c_int = i32;
+#[allow(non_camel_case_types)]
+type c_long = i64;
+
+#[repr(C)]
+struct Timespec {
+    tv_sec: c_long,
+    tv_nsec: c_long,
+}
+
+unsafe extern "C" {
+    fn mount(src: *const u8, target: *const u8, fstype: *const u8, flags: u64, data: *const u8)
+    -> c_int;
+    fn unshare(flags: c_int) -> c_int;
+    fn syscall(num: c_long, ...) -> c_long;
+    fn fork() -> c_int;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+    fn _exit(code: c_int) -> !;
+    fn getuid() -> u32;
+    fn geteuid() -> u32;
+    fn signal(sig: c_int, handler: usize) -> usize;
+    fn clock_gettime(clock: c_int, ts: *mut Timespec) -> c_int;
+    fn sleep(secs: u32) -> u32;
+    fn chroot(path: *const u8) -> c_int;
+}
+
+const CLONE_NEWUSER: c_int = 0x1000_0000;
+const CLONE_NEWNS: c_int = 0x0002_0000;
+const SYS_KEYCTL: c_long = 250;
+const KEYCTL_JOIN_SESSION_KEYRING: c_long = 1;
+const SIGTERM: c_int = 15;
+const SIG_IGN: usize = 1;
+const CLOCK_THREAD_CPUTIME_ID: c_int = 3;
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn errno_name() -> String {
+    io_errno(&std::io::Error::last_os_error())
+}
+
+fn io_errno(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => {
+            let names = [
+                (1, "EPERM"),
+                (2, "ENOENT"),
+                (11, "EAGAIN"),
+                (12, "ENOMEM"),
+                (13, "EACCES"),
+                (22, "EINVAL"),
+                (30, "EROFS"),
+                (101, "ENETUNREACH"),
+                (110, "ETIMEDOUT"),
+                (111, "ECONNREFUSED"),
+                (113, "EHOSTUNREACH"),
+            ];
+            names
+                .iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| (*v).to_string())
+                .unwrap_or_else(|| format!("E{n}"))
+        }
+        None if e.kind() == std::io::ErrorKind::TimedOut => "ETIMEDOUT".into(),
+        None => format!("{:?}", e.kind()),
+    }
+}
+
+fn thread_cpu_secs() -> f64 {
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid, writable timespec.
+    unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+fn burn(threads: u32, secs: f64) {
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let start = thread_cpu_secs();
+                let mut x: u64 = 1;
+                while thread_cpu_secs() - start < secs {
+                    for _ in 0..10_000 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    std::hint::black_box(x);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+    say(&format!("BURN threads={threads} secs={secs}"));
+}
+
+fn cstr(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+fn status_field(name: &str) -> String {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for line in s.lines() {
+        if let Some(rest) = line.strip_prefix(name) {
+            if let Some(v) = rest.strip_prefix(':') {
+                return v.trim().to_string();
+            }
+        }
+    }
+    "unknown".into()
+}
+
+fn escape() {
+    say(&format!("ESCAPE capeff={}", status_field("CapEff")));
+    say(&format!("ESCAPE capbnd={}", status_field("CapBnd")));
+    say(&format!("ESCAPE nonewprivs={}", status_field("NoNewPrivs")));
+    say(&format!("ESCAPE seccomp={}", status_field("Seccomp")));
+    // SAFETY: getuid/geteuid have no preconditions.
+    let (uid, euid) = unsafe { (getuid(), geteuid()) };
+    say(&format!("ESCAPE uid={uid} euid={euid}"));
+
+    // Safety guard: with any effective capability this is not a hardened sandbox (e.g. someone
+    // ran the probe in a root shell on the host). Report that and do not try mount/chroot/etc.,
+    // which would succeed and change the host. A test seeing this line fails on `capeff` anyway.
+    let capeff = status_field("CapEff");
+    if capeff.trim_start_matches('0') != "" {
+        say("ESCAPE refused=has-capabilities");
+        say("ESCAPE done");
+        return;
+    }
+
+    let (src, dst, fs) = (cstr("none"), cstr("/tmp"), cstr("tmpfs"));
+    // SAFETY: all pointers are NUL-terminated strings that outlive the call; data may be NULL.
+    let r = unsafe { mount(src.as_ptr(), dst.as_ptr(), fs.as_ptr(), 0, std::ptr::null()) };
+    say(&format!("ESCAPE mount={}", if r == 0 { "ok".into() } else { errno_name() }));
+
+    // SAFETY: unshare only takes flags.
+    let r = unsafe { unshare(CLONE_NEWUSER) };
+    say(&format!("ESCAPE unshare_user={}", if r == 0 { "ok".into() } else { errno_name() }));
+    // SAFETY: as above.
+    let r = unsafe { unshare(CLONE_NEWNS) };
+    say(&format!("ESCAPE unshare_mnt={}", if r == 0 { "ok".into() } else { errno_name() }));
+
+    let name = cstr("gridlease-escape");
+    // SAFETY: keyctl(KEYCTL_JOIN_SESSION_KEYRING, name) reads a NUL-terminated string.
+    let r = unsafe { syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, name.as_ptr()) };
+    say(&format!("ESCAPE keyctl={}", if r >= 0 { "ok".into() } else { errno_name() }));
+
+    let root = cstr("/tmp");
+    // SAFETY: path is NUL-terminated.
+    let r = unsafe { chroot(root.as_ptr()) };
+    say(&format!("ESCAPE chroot={}", if r == 0 { "ok".into() } else { errno_name() }));
+
+    let w = std::fs::write("/escape-rootfs-write", b"x");
+    say(&format!(
+        "ESCAPE rootfs_write={}",
+        match w {
+            Ok(()) => "ok".into(),
+            Err(e) => io_errno(&e),
+        }
+    ));
+
+    for sock in ["/var/run/docker.sock", "/run/docker.sock"] {
+        let present = std::fs::symlink_metadata(sock).is_ok();
+        say(&format!(
+            "ESCAPE docker_sock path={sock} {}",
+            if present { "present" } else { "absent" }
+        ));
+    }
+
+    // The image carries a setuid-root copy of this binary at /suid.
+    match std::process::Command::new("/suid").arg("whoami").output() {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let euid = text
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("euid="))
+                .unwrap_or("unknown")
+                .to_string();
+            say(&format!("ESCAPE setuid_euid={euid}"));
+        }
+        Err(e) => say(&format!("ESCAPE setuid_euid=spawn-failed-{}", io_errno(&e))),
+    }
+    say("ESCAPE done");
+}
+
+fn forkbomb(n: u32) {
+    let mut ok = 0u32;
+    let mut failed = 0u32;
+    let mut pids = Vec::new();
+    for _ in 0..n {
+        // SAFETY: the child only calls async-signal-safe sleep and _exit.
+        let pid = unsafe { fork() };
+        if pid == 0 {
+            // SAFETY: child process: sleep then exit without running destructors.
+            unsafe {
+                sleep(3);
+                _exit(0)
+            }
+        } else if pid > 0 {
+            ok += 1;
+            pids.push(pid);
+        } else {
+            failed += 1;
+        }
+    }
+    say(&format!("FORK ok={ok} failed={failed}"));
+    for pid in pids {
+        let mut st: c_int = 0;
+        // SAFETY: waiting on our own child with a valid status pointer.
+        unsafe { waitpid(pid, &mut st, 0) };
+    }
+}
+
+fn connect(addr: &str) {
+    let result = match addr.parse::<std::net::SocketAddr>() {
+        Ok(sa) => match std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(2)) {
+            Ok(_) => "ok".to_string(),
+            Err(e) => io_errno(&e),
+        },
+        Err(_) => "bad-address".into(),
+    };
+    say(&format!("CONNECT addr={addr} result={result}"));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut i = 0;
+    let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    while i < args.len() {
+        let step = args[i].as_str();
+        i += 1;
+        match step {
+            "burn" => {
+                let n = arg(i).parse().unwrap_or(1);
+                let s = arg(i + 1).parse().unwrap_or(1.0);
+                i += 2;
+                burn(n, s);
+            }
+            "alloc" => {
+                let mib: usize = arg(i).parse().unwrap_or(0);
+                i += 1;
+                for _ in 0..mib {
+                    let mut v = vec![0u8; 1 << 20];
+                    for p in (0..v.len()).step_by(4096) {
+                        v[p] = 1;
+                    }
+                    held.push(v);
+                }
+                say(&format!("ALLOC mib={mib} ok"));
+            }
+            "write" => {
+                let p = arg(i);
+                i += 1;
+                let r = match std::fs::write(&p, b"gridlease") {
+                    Ok(()) => "ok".into(),
+                    Err(e) => io_errno(&e),
+                };
+                say(&format!("WRITE path={p} result={r}"));
+            }
+            "sentinel" => {
+                say(&format!("SENTINEL {}", arg(i)));
+                i += 1;
+            }
+            "sleep" => {
+                let s: f64 = arg(i).parse().unwrap_or(1.0);
+                i += 1;
+                let end = Instant::now() + Duration::from_secs_f64(s);
+                while Instant::now() < end {
+                    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+                }
+            }
+            "ignore-term" => {
+                // SAFETY: installing SIG_IGN for SIGTERM is always valid.
+                unsafe { signal(SIGTERM, SIG_IGN) };
+                say("IGNORE-TERM");
+            }
+            "forkbomb" => {
+                let n = arg(i).parse().unwrap_or(1000);
+                i += 1;
+                forkbomb(n);
+            }
+            "connect" => {
+                connect(&arg(i));
+                i += 1;
+            }
+            "whoami" => {
+                // SAFETY: no preconditions.
+                let (uid, euid) = unsafe { (getuid(), geteuid()) };
+                say(&format!("WHOAMI uid={uid} euid={euid}"));
+            }
+            "escape" => escape(),
+            "exit" => {
+                let c = arg(i).parse().unwrap_or(0);
+                std::process::exit(c);
+            }
+            other => {
+                say(&format!("UNKNOWN step={other}"));
+                std::process::exit(2);
+            }
+        }
+    }
+    drop(held);
+}

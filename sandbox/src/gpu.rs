@@ -1,0 +1,581 @@
+//! GPU inventory: the [`GpuProbe`] trait, NVML ([`NvmlProbe`]) and scripted ([`ScriptedProbe`],
+//! also behind `--dev-gpus`) implementations, and conversion to protocol types.
+//!
+//! Invariant: no NVIDIA library or no GPU is an error value ([`GpuError::NoGpu`]), never a
+//! panic; the node then runs renter-only. Scripted GPUs are always [`Attestation::Declared`].
+
+use std::collections::BTreeMap;
+
+use gridlease_protocol::{
+    Attestation, BenchReport, ComputeCapability, Digest, GpuSpec, OfferedGpu, Timestamp,
+};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::Clock;
+use serde::{Deserialize, Serialize};
+
+use crate::meter::{GpuSample, GpuSampleError, GpuSampler};
+
+/// Domain tag for the UUID digest published in offers.
+pub const UUID_DIGEST_DOMAIN: &str = "gridlease/v1/gpu-uuid";
+
+/// Inventory or sampling failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No NVIDIA driver/library or no device: the node can only rent.
+    #[error("no NVIDIA GPU found ({detail})")]
+    NoGpu {
+        /// Why (e.g. the dlopen error for libnvidia-ml.so.1).
+        detail: String,
+    },
+    /// An NVML call failed.
+    #[error("nvml {op} failed for gpu {gpu}: {source}")]
+    Nvml {
+        /// Which call.
+        op: &'static str,
+        /// Index or UUID.
+        gpu: String,
+        /// NVML's error.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// Asked about a GPU this probe does not have.
+    #[error("unknown gpu {uuid}")]
+    UnknownGpu {
+        /// The UUID asked for.
+        uuid: String,
+    },
+    /// A `--dev-gpus` spec did not parse.
+    #[error("invalid --dev-gpus entry {entry:?}: {reason}")]
+    BadDevSpec {
+        /// The offending entry.
+        entry: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// One GPU as the provider's machine reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// Device index.
+    pub index: u32,
+    /// Marketing name.
+    pub name: String,
+    /// NVML UUID (`GPU-...`). Private to the provider: offers carry only its digest.
+    pub uuid: String,
+    /// Total VRAM, MiB.
+    pub vram_mib: u32,
+    /// Driver version.
+    pub driver_version: String,
+    /// Highest CUDA version the driver supports, e.g. `12.8`.
+    pub cuda_version: String,
+    /// Compute capability.
+    pub compute_capability: ComputeCapability,
+    /// Current PCIe generation.
+    pub pcie_gen: u8,
+    /// Current PCIe width (lanes).
+    pub pcie_width: u8,
+    /// Enforced power limit, watts.
+    pub power_limit_w: u32,
+    /// Current graphics / SM / memory clocks, MHz (0 if unknown).
+    pub clocks_mhz: [u32; 3],
+    /// Maximum graphics / SM / memory clocks, MHz (0 if unknown).
+    pub max_clocks_mhz: [u32; 3],
+    /// GPU utilization now, percent.
+    pub util_percent: u32,
+    /// Board energy counter, millijoules (None if the board does not report it).
+    pub energy_mj: Option<u64>,
+    /// Declared price per GPU-hour in micro-units (`--dev-gpus` only).
+    pub price_micros_per_hour: Option<u64>,
+    /// Whether this inventory came from the driver (Measured) or was typed in (Declared).
+    pub attestation: Attestation,
+}
+
+/// `Digest::of("gridlease/v1/gpu-uuid", uuid bytes)`.
+pub fn uuid_digest(uuid: &str) -> Digest {
+    Digest::of(UUID_DIGEST_DOMAIN, uuid.as_bytes())
+}
+
+impl GpuInfo {
+    /// The protocol description of this GPU.
+    pub fn to_spec(&self) -> GpuSpec {
+        GpuSpec {
+            model: self.name.clone(),
+            vram_mib: self.vram_mib,
+            uuid_digest: uuid_digest(&self.uuid),
+            compute_capability: self.compute_capability,
+            driver_version: self.driver_version.clone(),
+            cuda_version: self.cuda_version.clone(),
+            pcie_gen: self.pcie_gen,
+            pcie_width: self.pcie_width,
+            power_limit_w: self.power_limit_w,
+        }
+    }
+
+    /// The offer entry. A declared GPU never carries a measured benchmark: its bench is
+    /// replaced by a zero [`Attestation::Declared`] report.
+    pub fn to_offered(&self, bench: Option<BenchReport>, now: Timestamp) -> OfferedGpu {
+        let bench = match (self.attestation, bench) {
+            (Attestation::Measured, Some(b)) => b,
+            (_, b) => BenchReport {
+                attestation: Attestation::Declared,
+                measured_at: now,
+                tool_version: b
+                    .map(|b| b.tool_version)
+                    .unwrap_or_else(|| "declared".into()),
+                fp32_gflops: 0,
+                fp16_gflops: 0,
+                device_mem_mbps: 0,
+                h2d_mbps: 0,
+            },
+        };
+        OfferedGpu {
+            spec: self.to_spec(),
+            bench,
+        }
+    }
+}
+
+/// Source of the GPU inventory.
+pub trait GpuProbe: Send + Sync {
+    /// All GPUs, or [`GpuError::NoGpu`].
+    fn list(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    /// Current utilization, VRAM used and energy of one GPU.
+    fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError>;
+}
+
+/// NVML-backed probe. Holds the library handle; devices are looked up per call (a `Device`
+/// borrows `Nvml`).
+pub struct NvmlProbe {
+    nvml: Nvml,
+}
+
+impl std::fmt::Debug for NvmlProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NvmlProbe")
+    }
+}
+
+impl NvmlProbe {
+    /// Loads NVML. Any failure (library missing, driver not loaded, ...) is
+    /// [`GpuError::NoGpu`].
+    pub fn new() -> Result<Self, GpuError> {
+        match Nvml::init() {
+            Ok(nvml) => Ok(Self { nvml }),
+            Err(e) => Err(GpuError::NoGpu {
+                detail: format!("NVML unavailable: {e}"),
+            }),
+        }
+    }
+}
+
+fn nvml_err(
+    op: &'static str,
+    gpu: impl ToString,
+) -> impl FnOnce(nvml_wrapper::error::NvmlError) -> GpuError {
+    let gpu = gpu.to_string();
+    move |source| GpuError::Nvml { op, gpu, source }
+}
+
+fn clamp_u8(v: u32) -> u8 {
+    u8::try_from(v).unwrap_or(u8::MAX)
+}
+
+impl GpuProbe for NvmlProbe {
+    fn list(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(nvml_err("device_count", "-"))?;
+        if count == 0 {
+            return Err(GpuError::NoGpu {
+                detail: "NVML reports 0 devices".into(),
+            });
+        }
+        let driver = self
+            .nvml
+            .sys_driver_version()
+            .map_err(nvml_err("sys_driver_version", "-"))?;
+        let cuda = self
+            .nvml
+            .sys_cuda_driver_version()
+            .map(|v| {
+                format!(
+                    "{}.{}",
+                    nvml_wrapper::cuda_driver_version_major(v),
+                    nvml_wrapper::cuda_driver_version_minor(v)
+                )
+            })
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for i in 0..count {
+            let d = self
+                .nvml
+                .device_by_index(i)
+                .map_err(nvml_err("device_by_index", i))?;
+            let cc = d
+                .cuda_compute_capability()
+                .map_err(nvml_err("cuda_compute_capability", i))?;
+            let mem = d.memory_info().map_err(nvml_err("memory_info", i))?;
+            let clock = |c: Clock| d.clock_info(c).unwrap_or(0);
+            let max_clock = |c: Clock| d.max_clock_info(c).unwrap_or(0);
+            out.push(GpuInfo {
+                index: i,
+                name: d.name().map_err(nvml_err("name", i))?,
+                uuid: d.uuid().map_err(nvml_err("uuid", i))?,
+                vram_mib: u32::try_from(mem.total / (1024 * 1024)).unwrap_or(u32::MAX),
+                driver_version: driver.clone(),
+                cuda_version: cuda.clone(),
+                compute_capability: ComputeCapability {
+                    major: u8::try_from(cc.major).unwrap_or(0),
+                    minor: u8::try_from(cc.minor).unwrap_or(0),
+                },
+                pcie_gen: clamp_u8(d.current_pcie_link_gen().unwrap_or(0)),
+                pcie_width: clamp_u8(d.current_pcie_link_width().unwrap_or(0)),
+                power_limit_w: d.enforced_power_limit().unwrap_or(0) / 1000,
+                clocks_mhz: [
+                    clock(Clock::Graphics),
+                    clock(Clock::SM),
+                    clock(Clock::Memory),
+                ],
+                max_clocks_mhz: [
+                    max_clock(Clock::Graphics),
+                    max_clock(Clock::SM),
+                    max_clock(Clock::Memory),
+                ],
+                util_percent: d.utilization_rates().map(|u| u.gpu).unwrap_or(0),
+                energy_mj: d.total_energy_consumption().ok(),
+                price_micros_per_hour: None,
+                attestation: Attestation::Measured,
+            });
+        }
+        Ok(out)
+    }
+
+    fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError> {
+        let d = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(nvml_err("device_by_uuid", uuid))?;
+        let util = d
+            .utilization_rates()
+            .map_err(nvml_err("utilization_rates", uuid))?;
+        let mem = d.memory_info().map_err(nvml_err("memory_info", uuid))?;
+        Ok(GpuSample {
+            util_percent: util.gpu,
+            vram_used_mib: u32::try_from(mem.used / (1024 * 1024)).unwrap_or(u32::MAX),
+            energy_mj: d.total_energy_consumption().unwrap_or(0),
+        })
+    }
+}
+
+impl GpuSampler for NvmlProbe {
+    fn sample(&self, uuid: &str) -> Result<GpuSample, GpuSampleError> {
+        GpuProbe::sample(self, uuid).map_err(|e| GpuSampleError {
+            uuid: uuid.to_string(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+/// A scripted inventory for tests and `--dev-gpus`. Every GPU is [`Attestation::Declared`].
+#[derive(Clone, Debug, Default)]
+pub struct ScriptedProbe {
+    gpus: Vec<GpuInfo>,
+    samples: BTreeMap<String, GpuSample>,
+}
+
+/// One `--dev-gpus` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevGpu {
+    /// Name, e.g. `RTX 4090`.
+    pub name: String,
+    /// VRAM, MiB.
+    pub vram_mib: u32,
+    /// Price per GPU-hour, micro-units (`0.40` -> 400000).
+    pub price_micros_per_hour: u64,
+}
+
+/// Parses a decimal price like `0.40` into micro-units (at most 6 decimals, no sign, no
+/// exponent). Integers only: no float is involved.
+pub fn parse_price_micros(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    if int.is_empty() && frac.is_empty() {
+        return Err("empty price".into());
+    }
+    if !int.chars().all(|c| c.is_ascii_digit()) || !frac.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!("price {s:?} is not a plain decimal number"));
+    }
+    if frac.len() > 6 {
+        return Err(format!("price {s:?} has more than 6 decimals"));
+    }
+    let int: u64 = if int.is_empty() {
+        0
+    } else {
+        int.parse()
+            .map_err(|_| format!("price {s:?} is too large"))?
+    };
+    let mut frac_padded = frac.to_string();
+    while frac_padded.len() < 6 {
+        frac_padded.push('0');
+    }
+    let frac: u64 = frac_padded
+        .parse()
+        .map_err(|_| "bad decimals".to_string())?;
+    int.checked_mul(1_000_000)
+        .and_then(|v| v.checked_add(frac))
+        .ok_or_else(|| format!("price {s:?} is too large"))
+}
+
+/// Parses `24GiB` or `24576MiB` into MiB.
+pub fn parse_vram_mib(s: &str) -> Result<u32, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("GiB") {
+        (n, 1024u64)
+    } else if let Some(n) = s.strip_suffix("MiB") {
+        (n, 1)
+    } else {
+        return Err(format!("VRAM {s:?} must end in GiB or MiB"));
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("VRAM {s:?} is not a whole number"))?;
+    let mib = n
+        .checked_mul(mult)
+        .filter(|v| *v > 0 && *v <= u64::from(u32::MAX));
+    mib.map(|v| v as u32)
+        .ok_or_else(|| format!("VRAM {s:?} is out of range"))
+}
+
+/// Parses `--dev-gpus`: comma-separated `name:VRAM:price-per-hour`, e.g.
+/// `"RTX 4090:24GiB:0.40,RTX 3090:24GiB:0.25"`.
+pub fn parse_dev_gpus(spec: &str) -> Result<Vec<DevGpu>, GpuError> {
+    let mut out = Vec::new();
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let bad = |reason: String| GpuError::BadDevSpec {
+            entry: entry.to_string(),
+            reason,
+        };
+        let parts: Vec<&str> = entry.split(':').collect();
+        let [name, vram, price] = parts[..] else {
+            return Err(bad(
+                "expected name:VRAM:price, e.g. RTX 4090:24GiB:0.40".into()
+            ));
+        };
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(bad("empty name".into()));
+        }
+        out.push(DevGpu {
+            name: name.to_string(),
+            vram_mib: parse_vram_mib(vram).map_err(bad)?,
+            price_micros_per_hour: parse_price_micros(price).map_err(bad)?,
+        });
+    }
+    if out.is_empty() {
+        return Err(GpuError::BadDevSpec {
+            entry: spec.to_string(),
+            reason: "no GPUs given".into(),
+        });
+    }
+    Ok(out)
+}
+
+impl ScriptedProbe {
+    /// A probe returning exactly `gpus` (their attestation is forced to Declared).
+    pub fn new(gpus: Vec<GpuInfo>) -> Self {
+        let gpus = gpus
+            .into_iter()
+            .map(|mut g| {
+                g.attestation = Attestation::Declared;
+                g
+            })
+            .collect();
+        Self {
+            gpus,
+            samples: BTreeMap::new(),
+        }
+    }
+
+    /// From a `--dev-gpus` spec. UUIDs are synthetic and deterministic (`GPU-de000000-...`).
+    pub fn from_dev_spec(spec: &str) -> Result<Self, GpuError> {
+        let gpus = parse_dev_gpus(spec)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| GpuInfo {
+                index: i as u32,
+                uuid: format!("GPU-de{i:06x}-0000-4000-8000-{:012x}", i),
+                name: g.name,
+                vram_mib: g.vram_mib,
+                driver_version: "declared".into(),
+                cuda_version: String::new(),
+                compute_capability: ComputeCapability { major: 0, minor: 0 },
+                pcie_gen: 0,
+                pcie_width: 0,
+                power_limit_w: 0,
+                clocks_mhz: [0; 3],
+                max_clocks_mhz: [0; 3],
+                util_percent: 0,
+                energy_mj: None,
+                price_micros_per_hour: Some(g.price_micros_per_hour),
+                attestation: Attestation::Declared,
+            })
+            .collect();
+        Ok(Self::new(gpus))
+    }
+
+    /// Scripts what [`GpuProbe::sample`] returns for `uuid`.
+    pub fn set_sample(&mut self, uuid: &str, sample: GpuSample) {
+        self.samples.insert(uuid.to_string(), sample);
+    }
+}
+
+impl GpuProbe for ScriptedProbe {
+    fn list(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        if self.gpus.is_empty() {
+            return Err(GpuError::NoGpu {
+                detail: "scripted inventory is empty".into(),
+            });
+        }
+        Ok(self.gpus.clone())
+    }
+
+    fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError> {
+        if !self.gpus.iter().any(|g| g.uuid == uuid) {
+            return Err(GpuError::UnknownGpu {
+                uuid: uuid.to_string(),
+            });
+        }
+        Ok(self.samples.get(uuid).copied().unwrap_or_default())
+    }
+}
+
+impl GpuSampler for ScriptedProbe {
+    fn sample(&self, uuid: &str) -> Result<GpuSample, GpuSampleError> {
+        GpuProbe::sample(self, uuid).map_err(|e| GpuSampleError {
+            uuid: uuid.to_string(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_gpus_parse() {
+        let g = parse_dev_gpus("RTX 4090:24GiB:0.40, RTX 3090:24576MiB:0.25").unwrap();
+        assert_eq!(
+            g,
+            vec![
+                DevGpu {
+                    name: "RTX 4090".into(),
+                    vram_mib: 24576,
+                    price_micros_per_hour: 400_000
+                },
+                DevGpu {
+                    name: "RTX 3090".into(),
+                    vram_mib: 24576,
+                    price_micros_per_hour: 250_000
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn dev_gpus_reject_garbage() {
+        for bad in [
+            "",
+            "RTX:24GiB",
+            "RTX:24GB:0.4",
+            "RTX:24GiB:-1",
+            "RTX:24GiB:1e3",
+            "RTX:24GiB:0.1234567",
+            ":24GiB:1",
+            "RTX:0GiB:1",
+            "RTX:24GiB:.",
+        ] {
+            assert!(parse_dev_gpus(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn prices_are_exact_integers() {
+        assert_eq!(parse_price_micros("0.40"), Ok(400_000));
+        assert_eq!(parse_price_micros("12"), Ok(12_000_000));
+        assert_eq!(parse_price_micros(".5"), Ok(500_000));
+        assert_eq!(parse_price_micros("0.000001"), Ok(1));
+        assert!(parse_price_micros("99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn scripted_gpus_are_declared_and_convert_to_protocol() {
+        let p = ScriptedProbe::from_dev_spec("RTX 4090:24GiB:0.40").unwrap();
+        let gpus = p.list().unwrap();
+        assert_eq!(gpus[0].attestation, Attestation::Declared);
+        assert!(gpus[0].uuid.starts_with("GPU-"));
+        let spec = gpus[0].to_spec();
+        assert_eq!(spec.vram_mib, 24576);
+        assert_eq!(
+            spec.uuid_digest,
+            Digest::of("gridlease/v1/gpu-uuid", gpus[0].uuid.as_bytes())
+        );
+        // Even a "measured" bench handed in is replaced: declared GPUs are never Measured.
+        let measured = BenchReport {
+            fp32_gflops: 80_000,
+            fp16_gflops: 160_000,
+            device_mem_mbps: 1,
+            h2d_mbps: 1,
+            tool_version: "x".into(),
+            measured_at: Timestamp(1),
+            attestation: Attestation::Measured,
+        };
+        let offered = gpus[0].to_offered(Some(measured), Timestamp(5));
+        assert_eq!(offered.bench.attestation, Attestation::Declared);
+        assert_eq!(offered.bench.fp32_gflops, 0);
+        // The generated UUID is acceptable to the container spec.
+        let body = crate::spec::build_create_body(&crate::spec::SandboxSpec {
+            lease_id: gridlease_protocol::LeaseId(Digest::of("t", b"x")),
+            node_id: "n".into(),
+            expires_at: Timestamp(1),
+            image: "i".into(),
+            command: vec![],
+            env: Default::default(),
+            gpu_uuids: vec![gpus[0].uuid.clone()],
+            cpu_millicores: 1000,
+            memory_mib: 64,
+            pids_limit: 10,
+            scratch_mib: 10,
+            network: gridlease_protocol::NetworkPolicy::None,
+            egress_network: String::new(),
+            run_as_root: false,
+        });
+        assert!(body.is_ok());
+    }
+
+    #[test]
+    fn scripted_samples_and_unknown_gpu() {
+        let mut p = ScriptedProbe::from_dev_spec("A:1GiB:1").unwrap();
+        let uuid = p.list().unwrap()[0].uuid.clone();
+        p.set_sample(
+            &uuid,
+            GpuSample {
+                util_percent: 50,
+                vram_used_mib: 10,
+                energy_mj: 7,
+            },
+        );
+        assert_eq!(GpuProbe::sample(&p, &uuid).unwrap().util_percent, 50);
+        assert!(matches!(
+            GpuProbe::sample(&p, "GPU-0"),
+            Err(GpuError::UnknownGpu { .. })
+        ));
+        assert!(matches!(
+            ScriptedProbe::new(vec![]).list(),
+            Err(GpuError::NoGpu { .. })
+        ));
+    }
+}

@@ -1,0 +1,23 @@
+//! gridlease sandbox: everything that touches the provider's machine.
+//!
+//! What this crate is for: running a renter's container under a hardened Docker spec with
+//! exactly the leased GPUs ([`spec`], [`runtime`]), metering what it uses ([`meter`]), building
+//! the registry-free probe image used by tests ([`probe_image`]), and describing and
+//! benchmarking the provider's GPUs ([`gpu`], [`bench`](mod@bench)).
+//!
+//! What it must never do: give a tenant container privileges, host namespaces, host paths or
+//! the Docker socket; widen GPU access beyond the leased UUIDs; panic when there is no GPU,
+//! no CUDA or no Docker. It does not depend on the node crate or decide money.
+
+pub mod bench;
+pub mod docker;
+pub mod gpu;
+pub mod meter;
+pub mod probe_image;
+pub mod runtime;
+pub mod spec;
+pub mod time;
+
+pub use docker::{ConnectError, connect};
+pub use runtime::{ExitInfo, PullProgress, ReconcileReport, Sandbox, SandboxError};
+pub use spec::{SandboxSpec, SpecError, build_create_body};

@@ -1,0 +1,161 @@
+//! The probe image: a static test binary in a from-scratch image created from an in-memory
+//! tar, so tests and `devnet` need no registry.
+//!
+//! Image layout: `/probe` (0755, the entrypoint), `/suid` (the same binary, setuid root, mode
+//! 04755, for the setuid escape test) and an empty `/tmp`.
+//!
+//! Why the import API (`POST /images/create?fromSrc=-`, i.e. `docker import`) and not
+//! `build_image`: a `FROM scratch` + `COPY` build through the legacy builder works, but on this
+//! engine (20.10, API 1.41) it dropped the setuid bit from `/suid` (observed: mode 0755 in the
+//! built image), which would make the setuid escape test pass vacuously. Import keeps the tar
+//! headers' mode bits exactly; the entrypoint is set with a `changes` instruction.
+
+use bollard::query_parameters::CreateImageOptionsBuilder;
+use futures_util::StreamExt;
+
+use crate::runtime::{Sandbox, SandboxError};
+
+/// The static probe binary compiled by `build.rs` from `probe/main.rs`.
+pub static PROBE_BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gridlease-probe"));
+
+/// Image tag: `gridlease-probe:<crate version>`.
+pub fn probe_image_tag() -> String {
+    format!("gridlease-probe:{}", env!("CARGO_PKG_VERSION"))
+}
+
+fn append(
+    tar: &mut tar::Builder<Vec<u8>>,
+    path: &str,
+    mode: u32,
+    kind: tar::EntryType,
+    data: &[u8],
+) -> std::io::Result<()> {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(data.len() as u64);
+    tar.append_data(&mut h, path, data)
+}
+
+/// The image root filesystem as an in-memory tar. Mode bits (including setuid on `/suid`) and
+/// root ownership are set in the tar headers.
+pub fn rootfs_tar() -> std::io::Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    append(&mut tar, "tmp/", 0o1777, tar::EntryType::Directory, &[])?;
+    append(
+        &mut tar,
+        "probe",
+        0o755,
+        tar::EntryType::Regular,
+        PROBE_BINARY,
+    )?;
+    append(
+        &mut tar,
+        "suid",
+        0o4755,
+        tar::EntryType::Regular,
+        PROBE_BINARY,
+    )?;
+    tar.into_inner()
+}
+
+impl Sandbox {
+    /// Creates `gridlease-probe:<version>` unless it is already present. Returns the tag.
+    ///
+    /// Parallel test processes on one host would otherwise all import at once and leave
+    /// dangling copies; a lock file (`create_new`, stale after 60 s) in the temp dir lets one
+    /// process import while the others wait and re-check the tag.
+    pub async fn ensure_probe_image(&self) -> Result<String, SandboxError> {
+        let tag = probe_image_tag();
+        let lock = std::env::temp_dir().join(format!(
+            "gridlease-probe-{}.lock",
+            env!("CARGO_PKG_VERSION")
+        ));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            if self.docker().inspect_image(&tag).await.is_ok() {
+                return Ok(tag);
+            }
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&lock)
+            {
+                Ok(_) => {
+                    let result = self.build_probe_image().await;
+                    let _ = std::fs::remove_file(&lock);
+                    result?;
+                    return Ok(tag);
+                }
+                Err(_) if std::time::Instant::now() > deadline => {
+                    // Give up waiting on someone else; import ourselves.
+                    self.build_probe_image().await?;
+                    return Ok(tag);
+                }
+                Err(_) => {
+                    let stale = std::fs::metadata(&lock)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > std::time::Duration::from_secs(60));
+                    if stale {
+                        let _ = std::fs::remove_file(&lock);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Creates (or re-creates) the probe image from [`rootfs_tar`].
+    pub async fn build_probe_image(&self) -> Result<(), SandboxError> {
+        let tag = probe_image_tag();
+        let rootfs = rootfs_tar().map_err(|e| SandboxError::Build {
+            image: tag.clone(),
+            message: format!("building the rootfs tar: {e}"),
+        })?;
+        self.import_image(&tag, rootfs, &["ENTRYPOINT [\"/probe\"]"])
+            .await?;
+        tracing::info!(image = %tag, "probe image created");
+        Ok(())
+    }
+
+    /// Imports a root filesystem tar as image `tag`, applying Dockerfile-style `changes`
+    /// (e.g. `ENTRYPOINT [...]`, `ENV K=V`). No registry, no build context.
+    pub async fn import_image(
+        &self,
+        tag: &str,
+        rootfs: Vec<u8>,
+        changes: &[&str],
+    ) -> Result<(), SandboxError> {
+        let (repo, version) = crate::runtime::split_reference(tag);
+        let opts = CreateImageOptionsBuilder::default()
+            .from_src("-")
+            .repo(repo)
+            .tag(version)
+            .changes(changes.iter().map(|c| c.to_string()).collect())
+            .build();
+        let mut stream = self.docker().create_image(
+            Some(opts),
+            Some(bollard::body_full(bytes::Bytes::from(rootfs))),
+            None,
+        );
+        while let Some(ev) = stream.next().await {
+            let ev = ev.map_err(|source| SandboxError::Docker {
+                op: "import_image",
+                target: tag.to_string(),
+                source,
+            })?;
+            if let Some(msg) = ev.error_detail.and_then(|d| d.message) {
+                return Err(SandboxError::Build {
+                    image: tag.to_string(),
+                    message: msg,
+                });
+            }
+        }
+        Ok(())
+    }
+}

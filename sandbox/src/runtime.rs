@@ -1,0 +1,536 @@
+//! Container lifecycle: ensure image, create, start, wait, logs, deadline stop, remove, and crash
+//! reconciliation. Every tenant container comes from [`crate::spec::build_create_body`].
+//!
+//! Lifecycle per lease: `ensure_image` -> `create` -> `start` -> (`wait` | `enforce_deadline`)
+//! -> `remove`. `reconcile` runs once at node start-up, before any new lease.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bollard::Docker;
+use bollard::models::{ContainerInspectResponse, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, KillContainerOptionsBuilder,
+    ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use gridlease_protocol::{LeaseId, Timestamp};
+
+use crate::spec::{self, LABEL_LEASE, LABEL_NODE, SandboxSpec, SpecError};
+
+/// A Docker operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The spec or the image was refused before anything was created.
+    #[error("sandbox spec refused for lease {lease_id}: {source}")]
+    Spec {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Why.
+        #[source]
+        source: SpecError,
+    },
+    /// The image was refused (it sets `LD_PRELOAD`).
+    #[error("image refused: {source}")]
+    Image {
+        /// Why.
+        #[source]
+        source: SpecError,
+    },
+    /// A Docker API call failed.
+    #[error("docker {op} failed for {target}: {source}")]
+    Docker {
+        /// Which call.
+        op: &'static str,
+        /// Container, image or network it was about.
+        target: String,
+        /// What the daemon said.
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// Pulling an image reported an error in its progress stream.
+    #[error("pulling {image} failed: {message}")]
+    Pull {
+        /// The image.
+        image: String,
+        /// The daemon's message.
+        message: String,
+    },
+    /// Building an image reported an error.
+    #[error("building {image} failed: {message}")]
+    Build {
+        /// The image.
+        image: String,
+        /// The daemon's message.
+        message: String,
+    },
+}
+
+fn docker_err(
+    op: &'static str,
+    target: &str,
+) -> impl FnOnce(bollard::errors::Error) -> SandboxError {
+    let target = target.to_string();
+    move |source| SandboxError::Docker { op, target, source }
+}
+
+/// One progress event while pulling an image, for the CLI to render.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PullProgress {
+    /// Layer id, if the event is about a layer.
+    pub layer: Option<String>,
+    /// Status text (`Downloading`, `Pull complete`, ...).
+    pub status: String,
+    /// Bytes done, if known.
+    pub current: Option<i64>,
+    /// Bytes total, if known.
+    pub total: Option<i64>,
+}
+
+/// How a container ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Exit code (137 after SIGKILL, including the OOM killer).
+    pub exit_code: i64,
+    /// Whether the kernel OOM killer killed a process in the container.
+    pub oom_killed: bool,
+    /// Container run time from the daemon's `StartedAt`/`FinishedAt`, if both parse.
+    pub run_ms: Option<u64>,
+    /// `FinishedAt` as unix milliseconds, if it parses.
+    pub finished_at: Option<Timestamp>,
+}
+
+/// What [`Sandbox::reconcile`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Containers removed because their lease is not live: (container id, lease label).
+    pub removed: Vec<(String, String)>,
+    /// Live leases that have no container: the node marks them failed.
+    pub missing: Vec<LeaseId>,
+    /// Containers kept because their lease is live.
+    pub kept: Vec<(String, LeaseId)>,
+}
+
+/// Pure planning step of reconciliation: given `(container id, lease label)` pairs found for
+/// this node and the live lease set, which containers to remove and which leases are missing.
+pub fn plan_reconcile(
+    found: &[(String, Option<String>)],
+    live: &BTreeSet<LeaseId>,
+) -> ReconcileReport {
+    let mut report = ReconcileReport::default();
+    let mut seen = BTreeSet::new();
+    for (id, label) in found {
+        let lease = label.as_deref().and_then(|l| l.parse::<LeaseId>().ok());
+        match lease {
+            Some(l) if live.contains(&l) => {
+                seen.insert(l);
+                report.kept.push((id.clone(), l));
+            }
+            _ => report
+                .removed
+                .push((id.clone(), label.clone().unwrap_or_default())),
+        }
+    }
+    report.missing = live.iter().filter(|l| !seen.contains(l)).copied().collect();
+    report
+}
+
+/// Unix milliseconds now (edge code only; pure code takes `now` as a parameter).
+pub fn now_ms() -> Timestamp {
+    Timestamp(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    )
+}
+
+/// The sandbox: a negotiated Docker client plus the operations the node needs.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    docker: Docker,
+}
+
+impl Sandbox {
+    /// Wraps an already negotiated client (see [`crate::docker::connect`]).
+    pub fn new(docker: Docker) -> Self {
+        Self { docker }
+    }
+
+    /// Connects to the local daemon and negotiates the API version.
+    pub async fn connect() -> Result<Self, crate::docker::ConnectError> {
+        Ok(Self::new(crate::docker::connect().await?))
+    }
+
+    /// The underlying client.
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// Makes sure `image` is present (pulling it if needed, reporting progress) and refuses it
+    /// if its config sets `LD_PRELOAD`.
+    pub async fn ensure_image(
+        &self,
+        image: &str,
+        mut on_progress: impl FnMut(PullProgress),
+    ) -> Result<(), SandboxError> {
+        let inspected = match self.docker.inspect_image(image).await {
+            Ok(i) => i,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
+                tracing::info!(image, "pulling image");
+                let (repo, tag) = split_reference(image);
+                let opts = CreateImageOptionsBuilder::default()
+                    .from_image(repo)
+                    .tag(tag)
+                    .build();
+                let mut stream = self.docker.create_image(Some(opts), None, None);
+                while let Some(ev) = stream.next().await {
+                    let ev = ev.map_err(docker_err("pull", image))?;
+                    if let Some(err) = ev.error_detail.and_then(|d| d.message) {
+                        return Err(SandboxError::Pull {
+                            image: image.to_string(),
+                            message: err,
+                        });
+                    }
+                    on_progress(PullProgress {
+                        layer: ev.id,
+                        status: ev.status.unwrap_or_default(),
+                        current: ev.progress_detail.as_ref().and_then(|p| p.current),
+                        total: ev.progress_detail.as_ref().and_then(|p| p.total),
+                    });
+                }
+                self.docker
+                    .inspect_image(image)
+                    .await
+                    .map_err(docker_err("inspect_image", image))?
+            }
+            Err(e) => return Err(docker_err("inspect_image", image)(e)),
+        };
+        spec::check_image_config(image, inspected.config.as_ref())
+            .map_err(|source| SandboxError::Image { source })
+    }
+
+    /// Creates the hardened container for `spec` (image must be present; see
+    /// [`Sandbox::ensure_image`], which also applies the `LD_PRELOAD` check). Returns its id.
+    pub async fn create(&self, spec: &SandboxSpec) -> Result<String, SandboxError> {
+        let body = spec::build_create_body(spec).map_err(|source| SandboxError::Spec {
+            lease_id: spec.lease_id,
+            source,
+        })?;
+        // Re-check the image config right before create so a re-tagged image can't slip in.
+        let img = self
+            .docker
+            .inspect_image(&spec.image)
+            .await
+            .map_err(docker_err("inspect_image", &spec.image))?;
+        spec::check_image_config(&spec.image, img.config.as_ref())
+            .map_err(|source| SandboxError::Image { source })?;
+        let name = spec::container_name(spec);
+        let opts = CreateContainerOptionsBuilder::default().name(&name).build();
+        let created = self
+            .docker
+            .create_container(Some(opts), body)
+            .await
+            .map_err(docker_err("create_container", &name))?;
+        tracing::info!(lease = %spec.lease_id, container = %created.id, "container created");
+        Ok(created.id)
+    }
+
+    /// Starts a created container.
+    pub async fn start(&self, id: &str) -> Result<(), SandboxError> {
+        self.docker
+            .start_container(id, None)
+            .await
+            .map_err(docker_err("start_container", id))
+    }
+
+    /// Waits for the container to exit and reports exit code, OOM kill and run time.
+    pub async fn wait(&self, id: &str) -> Result<ExitInfo, SandboxError> {
+        let mut stream = self.docker.wait_container(id, None);
+        // One item arrives when the container stops; a non-zero exit comes as an error.
+        match stream.next().await {
+            None | Some(Ok(_)) => {}
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { .. })) => {}
+            Some(Err(e)) => return Err(docker_err("wait_container", id)(e)),
+        }
+        self.exit_info(id).await
+    }
+
+    /// Exit information from `inspect` (valid once the container has stopped).
+    pub async fn exit_info(&self, id: &str) -> Result<ExitInfo, SandboxError> {
+        let info = self.inspect(id).await?;
+        let state = info.state.unwrap_or_default();
+        let started = state
+            .started_at
+            .as_deref()
+            .and_then(crate::time::parse_rfc3339_ns);
+        let finished = state
+            .finished_at
+            .as_deref()
+            .and_then(crate::time::parse_rfc3339_ns);
+        let run_ms = match (started, finished) {
+            (Some(s), Some(f)) if f >= s => Some(((f - s) / 1_000_000) as u64),
+            _ => None,
+        };
+        Ok(ExitInfo {
+            exit_code: state.exit_code.unwrap_or(-1),
+            oom_killed: state.oom_killed.unwrap_or(false),
+            run_ms,
+            finished_at: finished
+                .filter(|f| *f > 0)
+                .map(|f| Timestamp((f / 1_000_000) as u64)),
+        })
+    }
+
+    /// `docker inspect`.
+    pub async fn inspect(&self, id: &str) -> Result<ContainerInspectResponse, SandboxError> {
+        self.docker
+            .inspect_container(id, None)
+            .await
+            .map_err(docker_err("inspect_container", id))
+    }
+
+    /// Collects stdout+stderr, following until the container exits or `max_bytes` have been
+    /// read (the rest is dropped, so a chatty tenant cannot exhaust provider memory).
+    pub async fn logs(
+        &self,
+        id: &str,
+        follow: bool,
+        max_bytes: usize,
+    ) -> Result<String, SandboxError> {
+        let mut out = Vec::new();
+        self.logs_with(id, follow, max_bytes, |chunk| out.extend_from_slice(chunk))
+            .await?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Streams stdout+stderr chunks to `on_chunk` (e.g. for the CLI to render live), following
+    /// until the container exits if `follow`, and stopping after `max_bytes` in total. Returns
+    /// the number of bytes delivered.
+    pub async fn logs_with(
+        &self,
+        id: &str,
+        follow: bool,
+        max_bytes: usize,
+        mut on_chunk: impl FnMut(&[u8]),
+    ) -> Result<usize, SandboxError> {
+        let opts = LogsOptionsBuilder::default()
+            .follow(follow)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let mut stream = self.docker.logs(id, Some(opts));
+        let mut delivered = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(docker_err("logs", id))?;
+            let bytes = chunk.into_bytes();
+            let room = max_bytes.saturating_sub(delivered);
+            let take = bytes.len().min(room);
+            on_chunk(&bytes[..take]);
+            delivered += take;
+            if delivered >= max_bytes {
+                break;
+            }
+        }
+        Ok(delivered)
+    }
+
+    /// Deadline watcher: sends SIGTERM `grace` before `deadline`, then SIGKILL at `deadline` if
+    /// the container still runs, so it is stopped by the deadline whatever the tenant does.
+    /// Returns when the container is no longer running.
+    pub async fn enforce_deadline(
+        &self,
+        id: &str,
+        deadline: Timestamp,
+        grace: Duration,
+    ) -> Result<(), SandboxError> {
+        let grace_ms = grace.as_millis() as u64;
+        let term_at = Timestamp(deadline.0.saturating_sub(grace_ms));
+        sleep_until(term_at).await;
+        if self.is_running(id).await? {
+            tracing::info!(container = id, deadline = %deadline, "lease ending: SIGTERM");
+            self.signal(id, "SIGTERM").await?;
+        }
+        sleep_until(deadline).await;
+        if self.is_running(id).await? {
+            tracing::info!(container = id, deadline = %deadline, "lease ended: SIGKILL");
+            self.signal(id, "SIGKILL").await?;
+        }
+        // Wait for the daemon to record the stop.
+        let _ = self.wait(id).await?;
+        Ok(())
+    }
+
+    async fn is_running(&self, id: &str) -> Result<bool, SandboxError> {
+        let info = self.inspect(id).await?;
+        Ok(info.state.and_then(|s| s.running).unwrap_or(false))
+    }
+
+    async fn signal(&self, id: &str, signal: &str) -> Result<(), SandboxError> {
+        let opts = KillContainerOptionsBuilder::default()
+            .signal(signal)
+            .build();
+        match self.docker.kill_container(id, Some(opts)).await {
+            Ok(()) => Ok(()),
+            // 409: not running any more; that is the goal.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(()),
+            Err(e) => Err(docker_err("kill_container", id)(e)),
+        }
+    }
+
+    /// Removes a container (forcefully: kills it if still running). Missing is not an error.
+    pub async fn remove(&self, id: &str) -> Result<(), SandboxError> {
+        let opts = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        match self.docker.remove_container(id, Some(opts)).await {
+            Ok(()) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(e) => Err(docker_err("remove_container", id)(e)),
+        }
+    }
+
+    /// Containers labelled with `gridlease.node=<node_id>`: (id, lease label).
+    pub async fn list_node_containers(
+        &self,
+        node_id: &str,
+    ) -> Result<Vec<(String, Option<String>)>, SandboxError> {
+        let mut filters = HashMap::new();
+        filters.insert("label", vec![format!("{LABEL_NODE}={node_id}")]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let list = self
+            .docker
+            .list_containers(Some(opts))
+            .await
+            .map_err(docker_err("list_containers", node_id))?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let lease = c.labels.as_ref().and_then(|l| l.get(LABEL_LEASE).cloned());
+                c.id.map(|id| (id, lease))
+            })
+            .collect())
+    }
+
+    /// After a node crash: removes this node's containers whose lease is not live, and reports
+    /// live leases without a container (to be marked failed).
+    pub async fn reconcile(
+        &self,
+        node_id: &str,
+        live: &BTreeSet<LeaseId>,
+    ) -> Result<ReconcileReport, SandboxError> {
+        let found = self.list_node_containers(node_id).await?;
+        let report = plan_reconcile(&found, live);
+        for (id, lease) in &report.removed {
+            tracing::warn!(container = %id, lease = %lease, node = node_id, "removing orphan container");
+            self.remove(id).await?;
+        }
+        for lease in &report.missing {
+            tracing::warn!(lease = %lease, node = node_id, "live lease has no container");
+        }
+        Ok(report)
+    }
+
+    /// Creates (if missing) the egress bridge: inter-container traffic disabled
+    /// (`enable_icc=false`). Returns its id. Host-LAN and metadata blocking need host firewall
+    /// rules and are not done here (see docs/security-model.md).
+    pub async fn ensure_egress_network(&self, name: &str) -> Result<String, SandboxError> {
+        if let Ok(n) = self.docker.inspect_network(name, None).await {
+            return Ok(n.id.unwrap_or_default());
+        }
+        let mut options = HashMap::new();
+        options.insert(
+            "com.docker.network.bridge.enable_icc".to_string(),
+            "false".to_string(),
+        );
+        let mut labels = HashMap::new();
+        labels.insert("gridlease.egress".to_string(), "true".to_string());
+        let req = NetworkCreateRequest {
+            name: name.to_string(),
+            driver: Some("bridge".to_string()),
+            internal: Some(false),
+            attachable: Some(false),
+            options: Some(options),
+            labels: Some(labels),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_network(req)
+            .await
+            .map_err(docker_err("create_network", name))?;
+        Ok(created.id)
+    }
+
+    /// Removes a network; missing is not an error.
+    pub async fn remove_network(&self, name: &str) -> Result<(), SandboxError> {
+        match self.docker.remove_network(name).await {
+            Ok(()) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(e) => Err(docker_err("remove_network", name)(e)),
+        }
+    }
+}
+
+async fn sleep_until(at: Timestamp) {
+    let now = now_ms();
+    if at > now {
+        tokio::time::sleep(Duration::from_millis(at.ms_since(now))).await;
+    }
+}
+
+/// Splits `repo[:tag]` (a registry port is not a tag); default tag `latest`.
+pub fn split_reference(image: &str) -> (&str, &str) {
+    if image.contains('@') {
+        return (image, "");
+    }
+    match image.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+        _ => (image, "latest"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::Digest;
+
+    #[test]
+    fn split_reference_handles_ports_and_tags() {
+        assert_eq!(split_reference("ubuntu"), ("ubuntu", "latest"));
+        assert_eq!(split_reference("ubuntu:22.04"), ("ubuntu", "22.04"));
+        assert_eq!(split_reference("reg:5000/x/y"), ("reg:5000/x/y", "latest"));
+        assert_eq!(split_reference("reg:5000/x/y:1"), ("reg:5000/x/y", "1"));
+    }
+
+    #[test]
+    fn plan_reconcile_removes_orphans_and_flags_missing() {
+        let a = LeaseId(Digest::of("t", b"a"));
+        let b = LeaseId(Digest::of("t", b"b"));
+        let c = LeaseId(Digest::of("t", b"c"));
+        let found = vec![
+            ("ca".to_string(), Some(a.to_string())),
+            ("cb".to_string(), Some(b.to_string())),
+            ("cx".to_string(), Some("garbage".to_string())),
+            ("cn".to_string(), None),
+        ];
+        let live = BTreeSet::from([a, c]);
+        let r = plan_reconcile(&found, &live);
+        assert_eq!(r.kept, vec![("ca".to_string(), a)]);
+        let removed: Vec<_> = r.removed.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(removed, vec!["cb", "cx", "cn"]);
+        assert_eq!(r.missing, vec![c]);
+    }
+}

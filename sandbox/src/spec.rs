@@ -1,0 +1,557 @@
+//! The hardened container spec: a pure function from a [`SandboxSpec`] to the Docker create body.
+//!
+//! Invariant: every tenant container is created from [`build_create_body`]; nothing else in the
+//! crate builds a `HostConfig`. See `docs/security-model.md` for why each setting is there.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, ImageConfig};
+use gridlease_protocol::{LeaseId, NetworkPolicy, Timestamp};
+
+/// Label carrying the lease id (hex).
+pub const LABEL_LEASE: &str = "gridlease.lease_id";
+/// Label carrying the node id that owns the container.
+pub const LABEL_NODE: &str = "gridlease.node";
+/// Label carrying the lease expiry, unix milliseconds.
+pub const LABEL_EXPIRES: &str = "gridlease.expires_at";
+/// The unprivileged user tenants run as (`nobody:nogroup`).
+pub const NOBODY: &str = "65534:65534";
+/// Where the writable, size-limited scratch tmpfs is mounted.
+pub const SCRATCH_PATH: &str = "/tmp";
+
+/// Everything the sandbox needs to run one lease's container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxSpec {
+    /// The lease this container belongs to.
+    pub lease_id: LeaseId,
+    /// The node that owns the container (its peer id as text).
+    pub node_id: String,
+    /// When the lease ends; the container is stopped by then.
+    pub expires_at: Timestamp,
+    /// Image reference.
+    pub image: String,
+    /// Command (replaces the image's `CMD`; empty keeps it).
+    pub command: Vec<String>,
+    /// Renter environment; may not touch `LD_PRELOAD` or `NVIDIA_*`.
+    pub env: BTreeMap<String, String>,
+    /// Leased GPU UUIDs (NVML form, `GPU-…`); empty for CPU-only.
+    pub gpu_uuids: Vec<String>,
+    /// CPU quota in millicores (1000 = one core).
+    pub cpu_millicores: u32,
+    /// Memory limit in MiB; swap is disabled (memory == memory+swap).
+    pub memory_mib: u32,
+    /// Most processes/threads in the container.
+    pub pids_limit: u32,
+    /// Size of the writable `/tmp` scratch tmpfs in MiB (counts against memory).
+    pub scratch_mib: u32,
+    /// Network policy.
+    pub network: NetworkPolicy,
+    /// Bridge network name for [`NetworkPolicy::Egress`]; ignored for `None`.
+    pub egress_network: String,
+    /// Run as root inside the container (still no capabilities, no-new-privileges). Off by
+    /// default; some images need it to write to their own paths. Providers may refuse it.
+    pub run_as_root: bool,
+}
+
+/// Provider-side limits that are not part of the lease terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderLimits {
+    /// Most processes/threads per container.
+    pub pids_limit: u32,
+    /// Largest `/tmp` scratch in MiB (tmpfs pages count against the memory limit anyway).
+    pub max_scratch_mib: u32,
+    /// Name of the egress bridge (see `Sandbox::ensure_egress_network`).
+    pub egress_network: String,
+}
+
+impl Default for ProviderLimits {
+    fn default() -> Self {
+        Self {
+            pids_limit: 1024,
+            max_scratch_mib: 16 * 1024,
+            egress_network: "gridlease-egress".to_string(),
+        }
+    }
+}
+
+impl SandboxSpec {
+    /// The spec for an accepted lease: resources are `per_gpu x gpu_count` (at least one
+    /// unit for CPU-only leases); scratch is the lease's disk capped by memory and the
+    /// provider's maximum (tmpfs lives in the memory cgroup).
+    pub fn from_terms(
+        lease_id: LeaseId,
+        terms: &gridlease_protocol::LeaseTerms,
+        node_id: &str,
+        expires_at: Timestamp,
+        gpu_uuids: Vec<String>,
+        limits: &ProviderLimits,
+    ) -> Self {
+        let units = u32::from(terms.gpu_count.max(1));
+        let memory_mib = terms.per_gpu.ram_mib.saturating_mul(units);
+        let scratch_mib = terms
+            .per_gpu
+            .disk_gib
+            .saturating_mul(units)
+            .saturating_mul(1024)
+            .min(memory_mib)
+            .min(limits.max_scratch_mib)
+            .max(1);
+        Self {
+            lease_id,
+            node_id: node_id.to_string(),
+            expires_at,
+            image: terms.image.clone(),
+            command: terms.command.clone(),
+            env: terms.env.clone(),
+            gpu_uuids,
+            cpu_millicores: terms.per_gpu.cpu_millicores.saturating_mul(units),
+            memory_mib,
+            pids_limit: limits.pids_limit,
+            scratch_mib,
+            network: terms.network_policy,
+            egress_network: limits.egress_network.clone(),
+            run_as_root: false,
+        }
+    }
+}
+
+/// Why a spec or image was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    /// The renter tried to set a variable that controls GPU or loader behaviour.
+    #[error("environment variable {name} may not be set by the renter")]
+    ForbiddenEnv {
+        /// The variable.
+        name: String,
+    },
+    /// A variable name is empty or contains `=` or NUL.
+    #[error("invalid environment variable name {name:?}")]
+    BadEnvName {
+        /// The variable.
+        name: String,
+    },
+    /// The image's own config sets `LD_PRELOAD` (CVE-2024-0132 / CVE-2025-23266 pattern).
+    #[error("image {image} sets LD_PRELOAD in its config; refused")]
+    ImagePreload {
+        /// The image.
+        image: String,
+    },
+    /// A limit is zero or too large for Docker.
+    #[error("limit {field} = {value} is out of range")]
+    BadLimit {
+        /// Which limit.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// A GPU UUID does not look like an NVML UUID.
+    #[error("gpu uuid {uuid:?} is not of the form GPU-<hex and dashes>")]
+    BadGpuUuid {
+        /// The UUID.
+        uuid: String,
+    },
+    /// Egress requested without a network name.
+    #[error("network policy egress needs a bridge network name")]
+    NoEgressNetwork,
+}
+
+/// True for names the renter may not set: the loader's preload hooks and everything the NVIDIA
+/// container toolkit reads (`NVIDIA_VISIBLE_DEVICES`, `NVIDIA_DRIVER_CAPABILITIES`, ...).
+pub fn is_forbidden_env(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper == "LD_PRELOAD"
+        || upper == "LD_LIBRARY_PATH"
+        || upper == "LD_AUDIT"
+        || upper.starts_with("NVIDIA_")
+        || upper.starts_with("CUDA_VISIBLE_DEVICES")
+}
+
+/// Checks the renter environment.
+pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), SpecError> {
+    for name in env.keys() {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(SpecError::BadEnvName { name: name.clone() });
+        }
+        if is_forbidden_env(name) {
+            return Err(SpecError::ForbiddenEnv { name: name.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses images whose config sets `LD_PRELOAD` (or `LD_AUDIT`) in their environment.
+pub fn check_image_config(image: &str, config: Option<&ImageConfig>) -> Result<(), SpecError> {
+    let env = config.and_then(|c| c.env.as_ref());
+    for kv in env.into_iter().flatten() {
+        let name = kv
+            .split('=')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_uppercase();
+        if name == "LD_PRELOAD" || name == "LD_AUDIT" {
+            return Err(SpecError::ImagePreload {
+                image: image.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn valid_gpu_uuid(uuid: &str) -> bool {
+    let Some(rest) = uuid
+        .strip_prefix("GPU-")
+        .or_else(|| uuid.strip_prefix("MIG-"))
+    else {
+        return false;
+    };
+    !rest.is_empty() && rest.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+}
+
+/// The value forced into `NVIDIA_VISIBLE_DEVICES`: the leased UUIDs, or `void` for none, so the
+/// image's own value can never widen access.
+pub fn visible_devices(gpu_uuids: &[String]) -> String {
+    if gpu_uuids.is_empty() {
+        "void".to_string()
+    } else {
+        gpu_uuids.join(",")
+    }
+}
+
+/// The container name for a lease (unique per lease and node).
+pub fn container_name(spec: &SandboxSpec) -> String {
+    format!("gridlease-{}", spec.lease_id)
+}
+
+/// Builds the hardened create body. Pure: no Docker call, no clock.
+pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, SpecError> {
+    validate_env(&spec.env)?;
+    for uuid in &spec.gpu_uuids {
+        if !valid_gpu_uuid(uuid) {
+            return Err(SpecError::BadGpuUuid { uuid: uuid.clone() });
+        }
+    }
+    if spec.cpu_millicores == 0 {
+        return Err(SpecError::BadLimit {
+            field: "cpu_millicores",
+            value: 0,
+        });
+    }
+    if spec.memory_mib < 8 {
+        return Err(SpecError::BadLimit {
+            field: "memory_mib",
+            value: u64::from(spec.memory_mib),
+        });
+    }
+    if spec.pids_limit == 0 {
+        return Err(SpecError::BadLimit {
+            field: "pids_limit",
+            value: 0,
+        });
+    }
+    if spec.scratch_mib == 0 {
+        return Err(SpecError::BadLimit {
+            field: "scratch_mib",
+            value: 0,
+        });
+    }
+
+    let memory_bytes = i64::from(spec.memory_mib) * 1024 * 1024;
+    let nano_cpus = i64::from(spec.cpu_millicores) * 1_000_000;
+
+    let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    // Forced last so they win over anything else (Docker applies create-time env over image env).
+    env.push(format!(
+        "NVIDIA_VISIBLE_DEVICES={}",
+        visible_devices(&spec.gpu_uuids)
+    ));
+    if !spec.gpu_uuids.is_empty() {
+        env.push("NVIDIA_DRIVER_CAPABILITIES=compute,utility".to_string());
+    }
+
+    let device_requests = if spec.gpu_uuids.is_empty() {
+        None
+    } else {
+        Some(vec![DeviceRequest {
+            driver: Some("nvidia".to_string()),
+            count: None,
+            device_ids: Some(spec.gpu_uuids.clone()),
+            capabilities: Some(vec![vec!["gpu".to_string()]]),
+            options: None,
+        }])
+    };
+
+    let network_mode = match spec.network {
+        NetworkPolicy::None => "none".to_string(),
+        NetworkPolicy::Egress => {
+            if spec.egress_network.is_empty() || spec.egress_network == "host" {
+                return Err(SpecError::NoEgressNetwork);
+            }
+            spec.egress_network.clone()
+        }
+    };
+
+    let mut tmpfs = HashMap::new();
+    tmpfs.insert(
+        SCRATCH_PATH.to_string(),
+        format!("rw,noexec,nosuid,nodev,size={}m", spec.scratch_mib),
+    );
+
+    let host_config = HostConfig {
+        privileged: Some(false),
+        cap_drop: Some(vec!["ALL".to_string()]),
+        cap_add: None,
+        // No `seccomp=` entry: the daemon applies its default profile.
+        security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(tmpfs),
+        pids_limit: Some(i64::from(spec.pids_limit)),
+        memory: Some(memory_bytes),
+        memory_swap: Some(memory_bytes),
+        nano_cpus: Some(nano_cpus),
+        init: Some(true),
+        network_mode: Some(network_mode),
+        // Host namespaces: explicitly private.
+        ipc_mode: Some("private".to_string()),
+        pid_mode: Some(String::new()),
+        uts_mode: Some(String::new()),
+        userns_mode: Some(String::new()),
+        // No host paths of any kind, ever (so never the Docker socket).
+        binds: None,
+        mounts: None,
+        volumes_from: None,
+        devices: None,
+        device_cgroup_rules: None,
+        device_requests,
+        publish_all_ports: Some(false),
+        port_bindings: None,
+        auto_remove: Some(false),
+        oom_kill_disable: Some(false),
+        ..Default::default()
+    };
+
+    let mut labels = HashMap::new();
+    labels.insert(LABEL_LEASE.to_string(), spec.lease_id.to_string());
+    labels.insert(LABEL_NODE.to_string(), spec.node_id.clone());
+    labels.insert(LABEL_EXPIRES.to_string(), spec.expires_at.0.to_string());
+
+    Ok(ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        cmd: if spec.command.is_empty() {
+            None
+        } else {
+            Some(spec.command.clone())
+        },
+        env: Some(env),
+        user: Some(if spec.run_as_root {
+            "0:0".to_string()
+        } else {
+            NOBODY.to_string()
+        }),
+        labels: Some(labels),
+        network_disabled: Some(spec.network == NetworkPolicy::None),
+        attach_stdin: Some(false),
+        open_stdin: Some(false),
+        tty: Some(false),
+        host_config: Some(host_config),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::Digest;
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            lease_id: LeaseId(Digest::of("test", b"lease")),
+            node_id: "node-1".into(),
+            expires_at: Timestamp(1_700_000_000_000),
+            image: "gridlease-probe:0.1.0".into(),
+            command: vec!["sleep".into(), "1".into()],
+            env: BTreeMap::from([("HELLO".to_string(), "world".to_string())]),
+            gpu_uuids: vec![
+                "GPU-11111111-2222-3333-4444-555555555555".into(),
+                "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into(),
+            ],
+            cpu_millicores: 1500,
+            memory_mib: 256,
+            pids_limit: 64,
+            scratch_mib: 32,
+            network: NetworkPolicy::None,
+            egress_network: String::new(),
+            run_as_root: false,
+        }
+    }
+
+    #[test]
+    fn gpu_device_request_is_exactly_the_leased_uuids() {
+        let body = build_create_body(&spec()).unwrap();
+        let hc = body.host_config.unwrap();
+        let reqs = hc.device_requests.unwrap();
+        assert_eq!(reqs.len(), 1);
+        let r = &reqs[0];
+        assert_eq!(r.driver.as_deref(), Some("nvidia"));
+        assert_eq!(r.count, None, "count would grant GPUs beyond the UUID list");
+        assert_eq!(
+            r.device_ids.as_deref(),
+            Some(
+                &[
+                    "GPU-11111111-2222-3333-4444-555555555555".to_string(),
+                    "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".to_string()
+                ][..]
+            )
+        );
+        assert_eq!(r.capabilities, Some(vec![vec!["gpu".to_string()]]));
+        assert!(r.options.is_none());
+        assert!(hc.runtime.is_none(), "no nvidia runtime shortcut");
+        assert!(hc.devices.is_none());
+        let env = body.env.unwrap();
+        let vis: Vec<_> = env
+            .iter()
+            .filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+            .collect();
+        assert_eq!(
+            vis,
+            vec![
+                "NVIDIA_VISIBLE_DEVICES=GPU-11111111-2222-3333-4444-555555555555,GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+            ]
+        );
+    }
+
+    #[test]
+    fn no_gpus_means_no_device_request_and_void_visible_devices() {
+        let mut s = spec();
+        s.gpu_uuids.clear();
+        let body = build_create_body(&s).unwrap();
+        assert!(body.host_config.unwrap().device_requests.is_none());
+        assert!(
+            body.env
+                .unwrap()
+                .contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string())
+        );
+    }
+
+    #[test]
+    fn hardening_settings_are_all_present() {
+        let body = build_create_body(&spec()).unwrap();
+        assert_eq!(body.user.as_deref(), Some(NOBODY));
+        let hc = body.host_config.unwrap();
+        assert_eq!(hc.privileged, Some(false));
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert!(hc.cap_add.is_none());
+        assert_eq!(
+            hc.security_opt,
+            Some(vec!["no-new-privileges:true".to_string()])
+        );
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(
+            hc.tmpfs.unwrap().get("/tmp").map(String::as_str),
+            Some("rw,noexec,nosuid,nodev,size=32m")
+        );
+        assert_eq!(hc.pids_limit, Some(64));
+        assert_eq!(hc.memory, Some(256 * 1024 * 1024));
+        assert_eq!(hc.memory_swap, hc.memory);
+        assert_eq!(hc.nano_cpus, Some(1_500_000_000));
+        assert_eq!(hc.init, Some(true));
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert!(hc.binds.is_none() && hc.mounts.is_none() && hc.volumes_from.is_none());
+        assert_ne!(hc.pid_mode.as_deref(), Some("host"));
+        assert_ne!(hc.ipc_mode.as_deref(), Some("host"));
+        assert_ne!(hc.uts_mode.as_deref(), Some("host"));
+        assert_ne!(hc.userns_mode.as_deref(), Some("host"));
+        let labels = body.labels.unwrap();
+        assert_eq!(labels[LABEL_NODE], "node-1");
+        assert_eq!(labels[LABEL_EXPIRES], "1700000000000");
+        assert_eq!(labels[LABEL_LEASE].len(), 64);
+    }
+
+    #[test]
+    fn renter_env_cannot_touch_preload_or_nvidia() {
+        for bad in [
+            "LD_PRELOAD",
+            "ld_preload",
+            "NVIDIA_VISIBLE_DEVICES",
+            "NVIDIA_DRIVER_CAPABILITIES",
+            "LD_LIBRARY_PATH",
+        ] {
+            let mut s = spec();
+            s.env.insert(bad.to_string(), "x".into());
+            assert_eq!(
+                build_create_body(&s),
+                Err(SpecError::ForbiddenEnv { name: bad.into() })
+            );
+        }
+    }
+
+    #[test]
+    fn images_with_ld_preload_are_refused() {
+        let cfg = ImageConfig {
+            env: Some(vec!["PATH=/bin".into(), "LD_PRELOAD=/evil.so".into()]),
+            ..Default::default()
+        };
+        assert!(matches!(
+            check_image_config("evil:1", Some(&cfg)),
+            Err(SpecError::ImagePreload { .. })
+        ));
+        let ok = ImageConfig {
+            env: Some(vec!["PATH=/bin".into()]),
+            ..Default::default()
+        };
+        assert!(check_image_config("ok:1", Some(&ok)).is_ok());
+        assert!(check_image_config("ok:1", None).is_ok());
+    }
+
+    #[test]
+    fn egress_uses_the_named_bridge_and_needs_one() {
+        let mut s = spec();
+        s.network = NetworkPolicy::Egress;
+        assert_eq!(build_create_body(&s), Err(SpecError::NoEgressNetwork));
+        s.egress_network = "gridlease-egress".into();
+        let hc = build_create_body(&s).unwrap().host_config.unwrap();
+        assert_eq!(hc.network_mode.as_deref(), Some("gridlease-egress"));
+        s.egress_network = "host".into();
+        assert_eq!(build_create_body(&s), Err(SpecError::NoEgressNetwork));
+    }
+
+    #[test]
+    fn from_terms_scales_per_gpu_resources() {
+        use gridlease_protocol::{NodeKey, OfferId, fixtures};
+        let provider = NodeKey::from_secret([1; 32]).public();
+        let renter = NodeKey::from_secret([2; 32]).public();
+        let offer = fixtures::offer(provider, 1, 2, 400_000);
+        let terms = fixtures::terms(OfferId(Digest::of("t", b"o")), &offer, renter, 2, 3600);
+        let limits = ProviderLimits::default();
+        let s = SandboxSpec::from_terms(
+            LeaseId(Digest::of("t", b"x")),
+            &terms,
+            "node",
+            Timestamp(9),
+            vec![],
+            &limits,
+        );
+        let units = u32::from(terms.gpu_count.max(1));
+        assert_eq!(s.cpu_millicores, terms.per_gpu.cpu_millicores * units);
+        assert_eq!(s.memory_mib, terms.per_gpu.ram_mib * units);
+        assert!(s.scratch_mib <= s.memory_mib);
+        assert_eq!(s.image, terms.image);
+        assert_eq!(s.network, terms.network_policy);
+        assert_eq!(s.pids_limit, limits.pids_limit);
+    }
+
+    #[test]
+    fn bad_uuid_and_zero_limits_are_refused() {
+        let mut s = spec();
+        s.gpu_uuids = vec!["all".into()];
+        assert!(matches!(
+            build_create_body(&s),
+            Err(SpecError::BadGpuUuid { .. })
+        ));
+        let mut s = spec();
+        s.pids_limit = 0;
+        assert!(matches!(
+            build_create_body(&s),
+            Err(SpecError::BadLimit { .. })
+        ));
+    }
+}

@@ -1,0 +1,146 @@
+//! Shared helpers for the Docker-backed tests.
+//!
+//! Docker unreachable: with `GRIDLEASE_REQUIRE_DOCKER=1` (set by `.ci/run`) the test FAILS with
+//! a clear message; otherwise it prints a note and skips. Every test uses unique names (pid +
+//! time + counter) and a [`Cleanup`] guard that removes its containers and networks on drop,
+//! also when the test panics, so tests can run in parallel processes.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+// Test support code: a panic is a test failure with a clear location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gridlease_protocol::{Digest, LeaseId, NetworkPolicy, Timestamp};
+use gridlease_sandbox::{ExitInfo, Sandbox, SandboxSpec};
+
+/// Connects, or skips / fails according to `GRIDLEASE_REQUIRE_DOCKER`.
+pub async fn sandbox_or_skip(test: &str) -> Option<Sandbox> {
+    match Sandbox::connect().await {
+        Ok(sb) => Some(sb),
+        Err(e) => {
+            if std::env::var("GRIDLEASE_REQUIRE_DOCKER").as_deref() == Ok("1") {
+                panic!("{test}: GRIDLEASE_REQUIRE_DOCKER=1 but Docker is unreachable: {e}");
+            }
+            eprintln!(
+                "{test}: SKIPPED, Docker is unreachable ({e}); set GRIDLEASE_REQUIRE_DOCKER=1 to make this a failure"
+            );
+            None
+        }
+    }
+}
+
+/// Returns early from the test when Docker is unreachable and not required.
+#[macro_export]
+macro_rules! docker_or_skip {
+    ($name:expr) => {
+        match common::sandbox_or_skip($name).await {
+            Some(sb) => sb,
+            None => return,
+        }
+    };
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A name unique across parallel test processes.
+pub fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{nanos}-{n}", std::process::id())
+}
+
+pub fn lease(tag: &str) -> LeaseId {
+    LeaseId(Digest::of("gridlease-test-lease", unique(tag).as_bytes()))
+}
+
+/// A probe spec with small limits; the caller adjusts fields.
+pub fn probe_spec(image: &str, node: &str, args: &[&str]) -> SandboxSpec {
+    SandboxSpec {
+        lease_id: lease("lease"),
+        node_id: node.to_string(),
+        expires_at: Timestamp(u64::MAX / 2),
+        image: image.to_string(),
+        command: args.iter().map(|s| s.to_string()).collect(),
+        env: BTreeMap::new(),
+        gpu_uuids: vec![],
+        cpu_millicores: 1000,
+        memory_mib: 128,
+        pids_limit: 64,
+        scratch_mib: 16,
+        network: NetworkPolicy::None,
+        egress_network: String::new(),
+        run_as_root: false,
+    }
+}
+
+/// Removes containers and networks on drop (panic included), on its own runtime thread.
+#[derive(Default)]
+pub struct Cleanup {
+    pub containers: Vec<String>,
+    pub networks: Vec<String>,
+    pub images: Vec<String>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let containers = std::mem::take(&mut self.containers);
+        let networks = std::mem::take(&mut self.networks);
+        let images = std::mem::take(&mut self.images);
+        if containers.is_empty() && networks.is_empty() && images.is_empty() {
+            return;
+        }
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(sb) = Sandbox::connect().await {
+                    for c in &containers {
+                        let _ = sb.remove(c).await;
+                    }
+                    for n in &networks {
+                        let _ = sb.remove_network(n).await;
+                    }
+                    for i in &images {
+                        let _ = sb
+                            .docker()
+                            .remove_image(
+                                i,
+                                None::<bollard::query_parameters::RemoveImageOptions>,
+                                None,
+                            )
+                            .await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Creates, starts and waits for a probe container; returns (id, exit, logs).
+pub async fn run_to_exit(
+    sb: &Sandbox,
+    spec: &SandboxSpec,
+    cleanup: &mut Cleanup,
+) -> (String, ExitInfo, String) {
+    let id = sb.create(spec).await.unwrap();
+    cleanup.containers.push(id.clone());
+    sb.start(&id).await.unwrap();
+    let exit = sb.wait(&id).await.unwrap();
+    let logs = sb.logs(&id, false, 1 << 20).await.unwrap();
+    (id, exit, logs)
+}
+
+/// The value of `ESCAPE <key>=<value>` in the probe output.
+pub fn escape_value(logs: &str, key: &str) -> Option<String> {
+    let prefix = format!("ESCAPE {key}=");
+    logs.lines()
+        .find_map(|l| l.trim().strip_prefix(&prefix).map(|v| v.trim().to_string()))
+}

@@ -1,0 +1,357 @@
+//! Escape suite: the probe tries each escape inside a hardened container and the test asserts
+//! the outcome. Runs against the real Docker daemon.
+
+// Helpers outside #[test] fns: a panic is a test failure with a clear location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+mod common;
+
+use std::net::TcpListener;
+
+use common::{Cleanup, escape_value, probe_spec, run_to_exit, unique};
+use gridlease_protocol::NetworkPolicy;
+
+async fn escape_run(test: &str) -> Option<String> {
+    let sb = common::sandbox_or_skip(test).await?;
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let spec = probe_spec(&image, &unique("node"), &["escape"]);
+    let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
+    println!("{logs}");
+    assert_eq!(exit.exit_code, 0, "probe failed: {logs}");
+    assert!(logs.contains("ESCAPE done"), "probe did not finish: {logs}");
+    Some(logs)
+}
+
+#[tokio::test]
+async fn effective_capabilities_are_empty_and_setuid_gives_no_root() {
+    let Some(logs) = escape_run("caps").await else {
+        return;
+    };
+    assert_eq!(
+        escape_value(&logs, "capeff").as_deref(),
+        Some("0000000000000000")
+    );
+    assert_eq!(
+        escape_value(&logs, "capbnd").as_deref(),
+        Some("0000000000000000")
+    );
+    assert_eq!(escape_value(&logs, "nonewprivs").as_deref(), Some("1"));
+    assert_eq!(
+        escape_value(&logs, "seccomp").as_deref(),
+        Some("2"),
+        "default seccomp filter"
+    );
+    assert!(logs.contains("ESCAPE uid=65534 euid=65534"), "{logs}");
+    // /suid is setuid root in the image; no-new-privileges must keep euid at 65534.
+    assert_eq!(escape_value(&logs, "setuid_euid").as_deref(), Some("65534"));
+}
+
+/// Control for the setuid test: the same `/suid` in a container *without* our hardening (only
+/// a non-root user) does get euid 0, so the test above would fail if hardening were missing.
+#[tokio::test]
+async fn setuid_control_without_hardening_gets_root() {
+    let Some(sb) = common::sandbox_or_skip("suid-control").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let name = unique("gl-suid-control");
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image),
+        entrypoint: Some(vec!["/suid".into()]),
+        cmd: Some(vec!["whoami".into()]),
+        user: Some("65534:65534".into()),
+        host_config: Some(bollard::models::HostConfig {
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let opts = bollard::query_parameters::CreateContainerOptionsBuilder::default()
+        .name(&name)
+        .build();
+    let id = sb
+        .docker()
+        .create_container(Some(opts), body)
+        .await
+        .unwrap()
+        .id;
+    cleanup.containers.push(id.clone());
+    sb.start(&id).await.unwrap();
+    sb.wait(&id).await.unwrap();
+    let logs = sb.logs(&id, false, 4096).await.unwrap();
+    assert!(
+        logs.contains("WHOAMI uid=65534 euid=0"),
+        "setuid bit missing from the probe image: {logs}"
+    );
+}
+
+#[tokio::test]
+async fn mount_unshare_keyctl_and_chroot_fail() {
+    let Some(logs) = escape_run("syscalls").await else {
+        return;
+    };
+    assert_eq!(escape_value(&logs, "mount").as_deref(), Some("EPERM"));
+    assert_eq!(
+        escape_value(&logs, "unshare_user").as_deref(),
+        Some("EPERM")
+    );
+    assert_eq!(escape_value(&logs, "unshare_mnt").as_deref(), Some("EPERM"));
+    assert_eq!(escape_value(&logs, "keyctl").as_deref(), Some("EPERM"));
+    assert_eq!(escape_value(&logs, "chroot").as_deref(), Some("EPERM"));
+}
+
+#[tokio::test]
+async fn root_fs_is_read_only_and_no_docker_socket() {
+    let Some(logs) = escape_run("rootfs").await else {
+        return;
+    };
+    assert_eq!(
+        escape_value(&logs, "rootfs_write").as_deref(),
+        Some("EROFS")
+    );
+    assert!(
+        logs.contains("ESCAPE docker_sock path=/var/run/docker.sock absent"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("ESCAPE docker_sock path=/run/docker.sock absent"),
+        "{logs}"
+    );
+}
+
+#[tokio::test]
+async fn scratch_tmpfs_is_writable_but_root_is_not() {
+    let Some(sb) = common::sandbox_or_skip("scratch").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let spec = probe_spec(
+        &image,
+        &unique("node"),
+        &["write", "/tmp/ok", "write", "/etc-x"],
+    );
+    let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
+    assert_eq!(exit.exit_code, 0, "{logs}");
+    assert!(logs.contains("WRITE path=/tmp/ok result=ok"), "{logs}");
+    assert!(logs.contains("WRITE path=/etc-x result=EROFS"), "{logs}");
+}
+
+#[tokio::test]
+async fn fork_bomb_stops_at_pids_limit_and_host_is_fine() {
+    let Some(sb) = common::sandbox_or_skip("forkbomb").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let mut spec = probe_spec(
+        &image,
+        &unique("node"),
+        &["forkbomb", "500", "sentinel", "after"],
+    );
+    spec.pids_limit = 32;
+    let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
+    println!("{logs}");
+    let line = logs
+        .lines()
+        .find(|l| l.starts_with("FORK "))
+        .expect("no FORK line");
+    let field = |k: &str| -> u32 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (ok, failed) = (field("ok="), field("failed="));
+    assert!(ok < 32, "forks beyond the pids limit succeeded: {line}");
+    assert!(failed >= 500 - 32, "fork bomb was not stopped: {line}");
+    assert!(logs.contains("SENTINEL after"), "{logs}");
+    assert_eq!(exit.exit_code, 0);
+    // The host can still fork.
+    let st = std::process::Command::new("true").status().unwrap();
+    assert!(st.success());
+}
+
+#[tokio::test]
+async fn memory_past_limit_is_oom_killed_with_137() {
+    let Some(sb) = common::sandbox_or_skip("oom").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let mut spec = probe_spec(
+        &image,
+        &unique("node"),
+        &["alloc", "256", "sentinel", "survived"],
+    );
+    spec.memory_mib = 64;
+    let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
+    assert!(exit.oom_killed, "OOMKilled not reported: {exit:?} {logs}");
+    assert_eq!(exit.exit_code, 137);
+    assert!(!logs.contains("SENTINEL survived"), "{logs}");
+    // The daemon and this process are fine: another container runs normally.
+    let spec = probe_spec(&image, &unique("node"), &["sentinel", "alive", "exit", "0"]);
+    let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
+    assert_eq!(exit.exit_code, 0);
+    assert!(logs.contains("SENTINEL alive"));
+}
+
+/// Reachability: the only target is a listener this test starts on the gateway IP of a Docker
+/// network this test creates. A container on that network (egress policy) reaches it, which
+/// proves the listener is reachable; the same probe with network `none` does not.
+#[tokio::test]
+async fn network_none_reaches_nothing() {
+    let Some(sb) = common::sandbox_or_skip("netnone").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let net = unique("gl-test-net");
+    sb.ensure_egress_network(&net).await.unwrap();
+    cleanup.networks.push(net.clone());
+    let info = sb.docker().inspect_network(&net, None).await.unwrap();
+    let gateway = info
+        .ipam
+        .and_then(|i| i.config)
+        .and_then(|c| c.into_iter().find_map(|c| c.gateway))
+        .expect("network has a gateway");
+    let listener = TcpListener::bind((gateway.as_str(), 0)).unwrap();
+    let target = listener.local_addr().unwrap().to_string();
+    let accepted = std::thread::spawn(move || {
+        listener.set_nonblocking(false).unwrap();
+        listener.accept().is_ok()
+    });
+
+    let node = unique("node");
+    let mut control = probe_spec(&image, &node, &["connect", &target]);
+    control.network = NetworkPolicy::Egress;
+    control.egress_network = net.clone();
+    let (_, _, logs) = run_to_exit(&sb, &control, &mut cleanup).await;
+    assert!(
+        logs.contains(&format!("CONNECT addr={target} result=ok")),
+        "control container could not reach the test listener: {logs}"
+    );
+    assert!(accepted.join().unwrap());
+
+    let isolated = probe_spec(&image, &node, &["connect", &target]);
+    let (_, _, logs) = run_to_exit(&sb, &isolated, &mut cleanup).await;
+    let line = logs
+        .lines()
+        .find(|l| l.starts_with("CONNECT"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with(&format!("CONNECT addr={target} result=")),
+        "{logs}"
+    );
+    assert!(
+        !line.ends_with("result=ok"),
+        "network none reached the host: {line}"
+    );
+}
+
+#[tokio::test]
+async fn inspect_shows_every_hardening_setting() {
+    let Some(sb) = common::sandbox_or_skip("inspect").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let spec = probe_spec(&image, &unique("node"), &["exit", "0"]);
+    let id = sb.create(&spec).await.unwrap();
+    cleanup.containers.push(id.clone());
+    let info = sb.inspect(&id).await.unwrap();
+    let hc = info.host_config.unwrap();
+    let cfg = info.config.unwrap();
+    assert_eq!(hc.privileged, Some(false));
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert!(hc.cap_add.unwrap_or_default().is_empty());
+    assert_eq!(
+        hc.security_opt,
+        Some(vec!["no-new-privileges:true".to_string()])
+    );
+    assert_eq!(hc.readonly_rootfs, Some(true));
+    let tmpfs = hc.tmpfs.unwrap();
+    assert_eq!(
+        tmpfs.get("/tmp").map(String::as_str),
+        Some("rw,noexec,nosuid,nodev,size=16m")
+    );
+    assert_eq!(hc.pids_limit, Some(64));
+    assert_eq!(hc.memory, Some(128 * 1024 * 1024));
+    assert_eq!(hc.memory_swap, Some(128 * 1024 * 1024));
+    assert_eq!(hc.nano_cpus, Some(1_000_000_000));
+    assert_eq!(hc.init, Some(true));
+    assert_eq!(hc.network_mode.as_deref(), Some("none"));
+    assert!(hc.binds.unwrap_or_default().is_empty());
+    assert!(hc.mounts.unwrap_or_default().is_empty());
+    assert!(
+        info.mounts.unwrap_or_default().is_empty(),
+        "no mounts at all"
+    );
+    assert!(hc.devices.unwrap_or_default().is_empty());
+    for (name, mode) in [
+        ("pid", hc.pid_mode),
+        ("ipc", hc.ipc_mode),
+        ("uts", hc.uts_mode),
+        ("userns", hc.userns_mode),
+    ] {
+        assert_ne!(
+            mode.as_deref(),
+            Some("host"),
+            "{name} namespace is the host's"
+        );
+    }
+    assert_eq!(cfg.user.as_deref(), Some("65534:65534"));
+    let env = cfg.env.unwrap_or_default();
+    assert!(
+        env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()),
+        "{env:?}"
+    );
+    let labels = cfg.labels.unwrap();
+    assert_eq!(labels["gridlease.lease_id"], spec.lease_id.to_string());
+    assert_eq!(labels["gridlease.node"], spec.node_id);
+    assert!(labels.contains_key("gridlease.expires_at"));
+}
+
+/// An image whose config sets LD_PRELOAD (the CVE-2024-0132 / CVE-2025-23266 pattern) is
+/// refused by `ensure_image` and by `create`; renter env touching NVIDIA_* is refused too.
+#[tokio::test]
+async fn ld_preload_images_and_nvidia_env_are_refused() {
+    let Some(sb) = common::sandbox_or_skip("preload").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let evil = format!("{}:1", unique("gl-test-preload"));
+    let rootfs = gridlease_sandbox::probe_image::rootfs_tar().unwrap();
+    sb.import_image(
+        &evil,
+        rootfs,
+        &["ENTRYPOINT [\"/probe\"]", "ENV LD_PRELOAD=/tmp/x.so"],
+    )
+    .await
+    .unwrap();
+    cleanup.images.push(evil.clone());
+
+    let err = sb.ensure_image(&evil, |_| {}).await.unwrap_err();
+    assert!(err.to_string().contains("LD_PRELOAD"), "{err}");
+    let spec = probe_spec(&evil, &unique("node"), &["exit", "0"]);
+    let err = sb.create(&spec).await.unwrap_err();
+    assert!(
+        matches!(err, gridlease_sandbox::SandboxError::Image { .. }),
+        "{err}"
+    );
+
+    let mut spec = probe_spec(&image, &unique("node"), &["exit", "0"]);
+    spec.env
+        .insert("NVIDIA_VISIBLE_DEVICES".into(), "all".into());
+    let err = sb.create(&spec).await.unwrap_err();
+    assert!(
+        matches!(err, gridlease_sandbox::SandboxError::Spec { .. }),
+        "{err}"
+    );
+    // The clean probe image passes the same check.
+    sb.ensure_image(&image, |_| {}).await.unwrap();
+}
