@@ -101,6 +101,8 @@ pub(super) struct EventLoop {
     /// Inbound requests waiting for a lease write, by lease id.
     waiting: HashMap<LeaseId, Vec<ResponseChannel<LeaseRpcResponse>>>,
     unflushed: Vec<(OfferId, Signed<Offer>, Offer, Timestamp)>,
+    /// When each held offer was last accepted from gossip (bounded by the book: swept with it).
+    last_accepted: HashMap<OfferId, Timestamp>,
 }
 
 impl EventLoop {
@@ -137,6 +139,7 @@ impl EventLoop {
             pending_rpcs: HashMap::new(),
             waiting: HashMap::new(),
             unflushed: Vec::new(),
+            last_accepted: HashMap::new(),
         }
     }
 
@@ -312,6 +315,8 @@ impl EventLoop {
     fn announce(&mut self) {
         let now = clock::now();
         self.book.evict_expired(now);
+        let book = &self.book;
+        self.last_accepted.retain(|id, _| book.get(id).is_some());
         let Some(template) = self.provider.template.clone() else {
             return;
         };
@@ -619,11 +624,19 @@ impl EventLoop {
             return Verdict::Ignore(OfferIgnore::PeerRateLimited);
         }
         let verdict = gossip::check_offer(data, &self.config.network, &self.book, now);
-        if let Verdict::Accept(v) = &verdict
-            && v.admission != Admission::Refresh
-            && !self.provider_limits.check(&v.offer.provider, now)
-        {
-            return Verdict::Ignore(OfferIgnore::ProviderRateLimited);
+        if let Verdict::Accept(v) = &verdict {
+            if v.admission == Admission::Refresh {
+                let min =
+                    u64::try_from(self.config.min_refresh_interval().as_millis()).unwrap_or(0);
+                if let Some(last) = self.last_accepted.get(&v.id)
+                    && now.ms_since(*last) < min
+                {
+                    return Verdict::Ignore(OfferIgnore::RecentlyRefreshed);
+                }
+            } else if !self.provider_limits.check(&v.offer.provider, now) {
+                return Verdict::Ignore(OfferIgnore::ProviderRateLimited);
+            }
+            self.last_accepted.insert(v.id, now);
         }
         verdict
     }

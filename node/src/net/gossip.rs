@@ -12,9 +12,12 @@
 //!    Reject; book full of longer-lived offers -> Ignore
 //! 6. per-provider rate limit on new sequences -> Ignore
 //!
+//! 7. a refresh (the held offer again, byte for byte) already forwarded less than half an
+//!    announce period ago -> Ignore
+//!
 //! `Reject` applies gossipsub's P4 penalty to the propagation source; `Ignore` drops the
-//! message without penalty. A refresh (the held offer again, byte for byte) is accepted and
-//! forwarded, because re-announcement is how late joiners learn live offers.
+//! message without penalty. A refresh is otherwise accepted and forwarded, because
+//! re-announcement is how late joiners learn live offers.
 
 use std::time::Duration;
 
@@ -45,9 +48,25 @@ pub fn offer_topic(network: &NetworkId) -> IdentTopic {
     IdentTopic::new(format!("gridlease/v1/offers/{network}"))
 }
 
-/// Message id = SHA-256 of the data: identical re-announcements dedupe, whoever forwards them.
+/// Message id = SHA-256 over the publisher's signed gossipsub header (source, sequence number)
+/// and the data. Copies of one announcement dedupe on every path; two announcements never share
+/// an id unless they carry identical bytes from the same publisher with the same sequence.
+///
+/// Why not SHA-256 of the data alone: libp2p-gossipsub 0.50.1 refuses to publish a message id
+/// that is in its duplicate cache, and `DuplicateCache::contains` does not expire entries (only
+/// `insert` sweeps). On a quiet network a provider's identical re-announcement would be refused
+/// as `Duplicate` forever, and late joiners would never learn the offer. Re-announcements are
+/// instead deduplicated by the application: a refresh of a held offer is forwarded at most once
+/// per half announce period (see `OfferIgnore::RecentlyRefreshed`).
 pub fn message_id(m: &gossipsub::Message) -> MessageId {
-    MessageId::from(Sha256::digest(&m.data).to_vec())
+    let mut h = Sha256::new();
+    h.update(b"gridlease/v1/gossip-id\0");
+    if let Some(source) = &m.source {
+        h.update(source.to_bytes());
+    }
+    h.update(m.sequence_number.unwrap_or(0).to_be_bytes());
+    h.update(&m.data);
+    MessageId::from(h.finalize().to_vec())
 }
 
 /// Score thresholds. One invalid offer costs -10 (below `gossip_threshold`: no gossip exchanged
@@ -116,7 +135,6 @@ pub fn behaviour(
         .message_id_fn(message_id)
         .max_transmit_size(MAX_TRANSMIT_SIZE)
         .heartbeat_interval(config.heartbeat)
-        // Identical re-announcements must get through once per announce period.
         .duplicate_cache_time(config.duplicate_cache_time())
         .build()
         .map_err(|e| BuildError::Gossip(e.to_string()))?;
@@ -158,6 +176,9 @@ pub enum OfferIgnore {
     /// The book is full of longer-lived offers.
     #[error("offer book full")]
     BookFull,
+    /// A refresh of an offer that was already refreshed less than half an announce period ago.
+    #[error("offer refreshed too recently")]
+    RecentlyRefreshed,
 }
 
 /// A verified offer ready for the book.

@@ -126,10 +126,15 @@ impl NodeConfig {
         c
     }
 
-    /// Gossipsub's duplicate cache must be shorter than the announce period, or identical
-    /// re-announcements are dropped as duplicates and late joiners never hear them.
+    /// How long gossipsub remembers message ids (ids are per announcement, see
+    /// [`gossip::message_id`]).
     pub fn duplicate_cache_time(&self) -> Duration {
-        (self.announce_period / 2).min(Duration::from_secs(60))
+        Duration::from_secs(60)
+    }
+
+    /// A held offer's refresh is forwarded at most once per this interval.
+    pub fn min_refresh_interval(&self) -> Duration {
+        self.announce_period / 2
     }
 }
 
