@@ -14,4 +14,5 @@ pub mod dev_gpus;
 pub mod env_vars;
 pub mod home;
 pub mod net;
+pub mod renter;
 pub mod store;
