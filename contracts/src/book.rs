@@ -10,13 +10,14 @@
 //! - the book is bounded: when full, expired offers go first, then the offer that expires
 //!   soonest, but only if the newcomer lives longer; otherwise the newcomer is refused.
 //!
-//! Pure: time is a parameter, iteration order is deterministic (`BTreeMap`).
+//! Pure: time is a parameter; results do not depend on hash-map iteration order (searches scan a
+//! vector and sort with a total order, ties broken by offer id).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gridlease_protocol::{Offer, OfferId, PublicKey, Signed, Timestamp};
 
-use crate::query::{OfferSummary, Query};
+use crate::query::{Field, Numbers, OfferSummary, Query};
 
 /// Default capacity of a book.
 pub const DEFAULT_BOOK_CAPACITY: usize = 200_000;
@@ -85,13 +86,74 @@ pub enum BookError {
     },
 }
 
+/// Interned lower-cased strings (model lists, regions), reference counted so the table never
+/// outgrows the book.
+#[derive(Clone, Debug, Default)]
+struct Interner {
+    strings: Vec<String>,
+    refs: Vec<u32>,
+    ids: HashMap<String, u32>,
+    free: Vec<u32>,
+}
+
+impl Interner {
+    fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.ids.get(s) {
+            self.refs[id as usize] += 1;
+            return id;
+        }
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.strings[id as usize] = s.to_string();
+                self.refs[id as usize] = 1;
+                id
+            }
+            None => {
+                self.strings.push(s.to_string());
+                self.refs.push(1);
+                u32::try_from(self.strings.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.ids.insert(s.to_string(), id);
+        id
+    }
+
+    fn release(&mut self, id: u32) {
+        let i = id as usize;
+        self.refs[i] -= 1;
+        if self.refs[i] == 0 {
+            let s = std::mem::take(&mut self.strings[i]);
+            self.ids.remove(&s);
+            self.free.push(id);
+        }
+    }
+}
+
+/// The hot part of an entry, scanned by searches: plain integers and interned text ids.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    numbers: Numbers,
+    expires_at: Timestamp,
+    model: u32,
+    region: u32,
+    id: OfferId,
+    provider: PublicKey,
+}
+
 /// The index of live offers.
+///
+/// Entries live in a `BTreeMap` by provider; a dense vector of [`Slot`]s mirrors them so that a
+/// search is a linear scan over ~120-byte records without pointer chasing. Text conditions are
+/// evaluated once per distinct interned string per search.
 #[derive(Clone, Debug)]
 pub struct OfferBook {
     capacity: usize,
     by_provider: BTreeMap<PublicKey, BookEntry>,
     by_id: BTreeMap<OfferId, PublicKey>,
     by_expiry: BTreeSet<(Timestamp, PublicKey)>,
+    slots: Vec<Slot>,
+    slot_of: HashMap<PublicKey, usize>,
+    text: Interner,
 }
 
 impl Default for OfferBook {
@@ -108,6 +170,9 @@ impl OfferBook {
             by_provider: BTreeMap::new(),
             by_id: BTreeMap::new(),
             by_expiry: BTreeSet::new(),
+            slots: Vec::new(),
+            slot_of: HashMap::new(),
+            text: Interner::default(),
         }
     }
 
@@ -197,13 +262,24 @@ impl OfferBook {
         }
         self.remove(&offer.provider);
         let provider = offer.provider;
+        let summary = OfferSummary::of(&offer);
+        let slot = Slot {
+            numbers: summary.numbers,
+            expires_at: offer.expires_at,
+            model: self.text.intern(&summary.models_lower),
+            region: self.text.intern(&summary.region_lower),
+            id,
+            provider,
+        };
+        self.slot_of.insert(provider, self.slots.len());
+        self.slots.push(slot);
         self.by_id.insert(id, provider);
         self.by_expiry.insert((offer.expires_at, provider));
         self.by_provider.insert(
             provider,
             BookEntry {
                 id,
-                summary: OfferSummary::of(&offer),
+                summary,
                 offer,
                 signed,
                 received_at: now,
@@ -217,6 +293,14 @@ impl OfferBook {
         let entry = self.by_provider.remove(provider)?;
         self.by_id.remove(&entry.id);
         self.by_expiry.remove(&(entry.offer.expires_at, *provider));
+        if let Some(i) = self.slot_of.remove(provider) {
+            let slot = self.slots.swap_remove(i);
+            self.text.release(slot.model);
+            self.text.release(slot.region);
+            if let Some(moved) = self.slots.get(i) {
+                self.slot_of.insert(moved.provider, i);
+            }
+        }
         Some(entry)
     }
 
@@ -236,26 +320,67 @@ impl OfferBook {
     /// The live offers matching `query` at `now`, in the query's order (ties by offer id), at
     /// most `limit` of them.
     pub fn search(&self, query: &Query, now: Timestamp, limit: usize) -> Vec<&BookEntry> {
-        let mut hits: Vec<&BookEntry> = self
-            .by_provider
-            .values()
-            .filter(|e| e.offer.expires_at > now && query.matches(&e.summary))
-            .collect();
-        let order = |a: &&BookEntry, b: &&BookEntry| {
-            query
-                .sort
-                .compare(&a.summary, &b.summary)
-                .then_with(|| a.id.cmp(&b.id))
-        };
         if limit == 0 {
             return Vec::new();
         }
+        // Numeric and boolean conditions first: they are a few integer compares.
+        let numeric: Vec<_> = query.conditions.iter().filter(|c| !c.is_text()).collect();
+        let text: Vec<_> = query.conditions.iter().filter(|c| c.is_text()).collect();
+        // Per distinct string and field: 0 = not evaluated, 1 = matches, 2 = does not.
+        let table = if text.is_empty() {
+            0
+        } else {
+            self.text.strings.len()
+        };
+        let mut memo = [vec![0u8; table], vec![0u8; table]];
+        let mut text_ok = |id: u32, field: Field| -> bool {
+            let m = &mut memo[usize::from(field == Field::Region)];
+            let i = id as usize;
+            if m[i] == 0 {
+                let s = &self.text.strings[i];
+                let ok = text
+                    .iter()
+                    .filter(|c| c.field == field)
+                    .all(|c| c.matches_text(s));
+                m[i] = if ok { 1 } else { 2 };
+            }
+            m[i] == 1
+        };
+        let has_gpu_text = text.iter().any(|c| c.field == Field::Gpu);
+        let has_region_text = text.iter().any(|c| c.field == Field::Region);
+        let mut hits: Vec<&Slot> = Vec::new();
+        for slot in &self.slots {
+            if slot.expires_at <= now {
+                continue;
+            }
+            if !numeric
+                .iter()
+                .all(|c| c.matches_numbers(&slot.numbers).unwrap_or(false))
+            {
+                continue;
+            }
+            if has_gpu_text && !text_ok(slot.model, Field::Gpu) {
+                continue;
+            }
+            if has_region_text && !text_ok(slot.region, Field::Region) {
+                continue;
+            }
+            hits.push(slot);
+        }
+        let order = |a: &&Slot, b: &&Slot| {
+            query
+                .sort
+                .compare(&a.numbers, &b.numbers)
+                .then_with(|| a.id.cmp(&b.id))
+        };
         if hits.len() > limit {
             hits.select_nth_unstable_by(limit - 1, order);
             hits.truncate(limit);
         }
         hits.sort_unstable_by(order);
-        hits
+        hits.iter()
+            .filter_map(|s| self.by_provider.get(&s.provider))
+            .collect()
     }
 }
 
@@ -351,6 +476,65 @@ mod tests {
         book.admit(s, o, id, T0).unwrap();
         assert_eq!(book.len(), 2);
         assert!(book.by_provider(&keys[0].public()).is_none());
+    }
+
+    #[test]
+    fn search_equals_a_naive_filter() {
+        let mut book = OfferBook::default();
+        let mut x: u64 = 7;
+        for i in 1..=200u32 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let mut secret = [0u8; 32];
+            secret[..4].copy_from_slice(&i.to_le_bytes());
+            let k = NodeKey::from_secret(secret);
+            let mut offer = fixtures::offer(
+                k.public(),
+                1,
+                1 + (x >> 60) as u8 % 4,
+                100_000 + (x >> 40) % 500_000,
+            );
+            offer.expires_at = T0.plus_secs(10 + (x >> 20) % 100);
+            offer.region = ["eu-west", "us-east", "ap"][(x >> 10) as usize % 3].into();
+            if x.is_multiple_of(2) {
+                offer.gpus[0].spec.model = "NVIDIA GeForce RTX 3090".into();
+            }
+            let s = Signed::sign(&k, &NetworkId::devnet(), &offer).unwrap();
+            let id = OfferId(s.envelope().content_digest());
+            book.admit(s, offer, id, T0).unwrap();
+            if i.is_multiple_of(7) {
+                book.remove(&k.public());
+            }
+        }
+        let now = T0.plus_secs(50);
+        for q in [
+            "",
+            "gpu~4090",
+            "gpu~3090 region=us-east price<=0.4",
+            "region~eu gpus>=2 sort:-price",
+            "gpu!=x region!=ap",
+            "price>0.2 price<0.5 sort:price_per_tflop",
+        ] {
+            let query = Query::parse(q).unwrap();
+            let fast: Vec<OfferId> = book
+                .search(&query, now, usize::MAX)
+                .iter()
+                .map(|e| e.id)
+                .collect();
+            let mut naive: Vec<&BookEntry> = book
+                .iter()
+                .filter(|e| e.offer.expires_at > now && query.matches(&e.summary))
+                .collect();
+            naive.sort_by(|a, b| {
+                query
+                    .sort
+                    .compare(&a.summary.numbers, &b.summary.numbers)
+                    .then_with(|| a.id.cmp(&b.id))
+            });
+            let naive: Vec<OfferId> = naive.iter().map(|e| e.id).collect();
+            assert_eq!(fast, naive, "{q}");
+        }
     }
 
     #[test]

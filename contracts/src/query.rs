@@ -19,8 +19,17 @@ use crate::money::Money;
 /// condition that holds for the summary holds for every GPU a lease on the offer could get.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OfferSummary {
+    /// The numbers (a small `Copy` struct the book scans).
+    pub numbers: Numbers,
     /// Lower-cased model names of the offer's GPUs, joined by `|`.
     pub models_lower: String,
+    /// Lower-cased region.
+    pub region_lower: String,
+}
+
+/// The numeric part of an [`OfferSummary`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Numbers {
     /// Smallest VRAM, MiB.
     pub vram_mib: u32,
     /// Smallest fp16 rate, GFLOP/s.
@@ -31,6 +40,8 @@ pub struct OfferSummary {
     pub mem_mbps: u32,
     /// True when every GPU's benchmark was measured, not declared.
     pub verified: bool,
+    /// Egress allowed.
+    pub egress: bool,
     /// GPUs in the offer.
     pub gpus: u32,
     /// Price per GPU-hour, micro-units.
@@ -45,10 +56,6 @@ pub struct OfferSummary {
     pub disk_gib: u32,
     /// Longest lease, seconds.
     pub max_duration_s: u32,
-    /// Egress allowed.
-    pub egress: bool,
-    /// Lower-cased region.
-    pub region_lower: String,
     /// Best compute capability, as `major * 10 + minor`.
     pub compute_capability: u32,
     /// Creation time of the offer (unix ms): sort key `age`.
@@ -77,35 +84,37 @@ impl OfferSummary {
             .collect::<Vec<_>>()
             .join("|");
         Self {
-            models_lower,
-            vram_mib: min(&|g| g.spec.vram_mib),
-            fp16_gflops,
-            fp32_gflops: min(&|g| g.bench.fp32_gflops),
-            mem_mbps: min(&|g| g.bench.device_mem_mbps),
-            verified: !offer.gpus.is_empty()
-                && offer
+            numbers: Numbers {
+                vram_mib: min(&|g| g.spec.vram_mib),
+                fp16_gflops,
+                fp32_gflops: min(&|g| g.bench.fp32_gflops),
+                mem_mbps: min(&|g| g.bench.device_mem_mbps),
+                verified: !offer.gpus.is_empty()
+                    && offer
+                        .gpus
+                        .iter()
+                        .all(|g| g.bench.attestation == Attestation::Measured),
+                egress: offer.sandbox.network == NetworkPolicy::Egress,
+                gpus: u32::try_from(offer.gpus.len()).unwrap_or(u32::MAX),
+                price,
+                price_per_tflop,
+                cpu_millicores: offer.per_gpu.cpu_millicores,
+                ram_mib: offer.per_gpu.ram_mib,
+                disk_gib: offer.per_gpu.disk_gib,
+                max_duration_s: offer.max_duration_s,
+                compute_capability: offer
                     .gpus
                     .iter()
-                    .all(|g| g.bench.attestation == Attestation::Measured),
-            gpus: u32::try_from(offer.gpus.len()).unwrap_or(u32::MAX),
-            price,
-            price_per_tflop,
-            cpu_millicores: offer.per_gpu.cpu_millicores,
-            ram_mib: offer.per_gpu.ram_mib,
-            disk_gib: offer.per_gpu.disk_gib,
-            max_duration_s: offer.max_duration_s,
-            egress: offer.sandbox.network == NetworkPolicy::Egress,
+                    .map(|g| {
+                        u32::from(g.spec.compute_capability.major) * 10
+                            + u32::from(g.spec.compute_capability.minor)
+                    })
+                    .max()
+                    .unwrap_or(0),
+                created_at: offer.created_at.0,
+            },
+            models_lower,
             region_lower: offer.region.to_lowercase(),
-            compute_capability: offer
-                .gpus
-                .iter()
-                .map(|g| {
-                    u32::from(g.spec.compute_capability.major) * 10
-                        + u32::from(g.spec.compute_capability.minor)
-                })
-                .max()
-                .unwrap_or(0),
-            created_at: offer.created_at.0,
         }
     }
 }
@@ -263,7 +272,7 @@ impl Field {
         }
     }
 
-    fn number(self, s: &OfferSummary) -> u64 {
+    fn number(self, s: &Numbers) -> u64 {
         match self {
             // Nearest GiB: a 24 564 MiB card is a 24 GiB card.
             Self::Vram => (u64::from(s.vram_mib) + 512) / 1024,
@@ -304,31 +313,49 @@ pub struct Condition {
 impl Condition {
     /// True when the summary satisfies this condition.
     pub fn matches(&self, s: &OfferSummary) -> bool {
+        match self.matches_numbers(&s.numbers) {
+            Some(v) => v,
+            None => self.matches_text(match self.field {
+                Field::Gpu => &s.models_lower,
+                _ => &s.region_lower,
+            }),
+        }
+    }
+
+    /// The verdict for a numeric or boolean condition; `None` for a text condition.
+    pub fn matches_numbers(&self, s: &Numbers) -> Option<bool> {
         match &self.value {
-            Value::Number(v) => self.op.holds(self.field.number(s).cmp(v)),
+            Value::Number(v) => Some(self.op.holds(self.field.number(s).cmp(v))),
             Value::Bool(v) => {
                 let actual = match self.field {
                     Field::Verified => s.verified,
                     Field::Egress => s.egress,
-                    _ => return false,
+                    _ => return Some(false),
                 };
-                self.op.holds(actual.cmp(v))
+                Some(self.op.holds(actual.cmp(v)))
             }
-            Value::Text(v) => {
-                let actual = match self.field {
-                    Field::Gpu => &s.models_lower,
-                    Field::Region => &s.region_lower,
-                    _ => return false,
-                };
-                match self.op {
-                    Op::Contains => actual.contains(v.as_str()),
-                    // A multi-GPU offer equals a model when one of its GPUs has that name.
-                    Op::Eq => actual.split('|').any(|m| m == v),
-                    Op::Ne => !actual.split('|').any(|m| m == v),
-                    _ => false,
-                }
-            }
+            Value::Text(_) => None,
         }
+    }
+
+    /// True when the text condition holds for `actual`, the lower-cased text of its field
+    /// (models joined by `|` for `gpu`, the region for `region`). False for other conditions.
+    pub fn matches_text(&self, actual: &str) -> bool {
+        let Value::Text(v) = &self.value else {
+            return false;
+        };
+        match self.op {
+            Op::Contains => actual.contains(v.as_str()),
+            // A multi-GPU offer equals a model when one of its GPUs has that name.
+            Op::Eq => actual.split('|').any(|m| m == v),
+            Op::Ne => !actual.split('|').any(|m| m == v),
+            _ => false,
+        }
+    }
+
+    /// True for conditions on text fields (`gpu`, `region`).
+    pub fn is_text(&self) -> bool {
+        matches!(self.value, Value::Text(_))
     }
 }
 
@@ -394,7 +421,7 @@ impl SortKey {
     }
 
     /// Compares two summaries under this order. Ties are left to the caller.
-    pub fn compare(&self, a: &OfferSummary, b: &OfferSummary) -> Ordering {
+    pub fn compare(&self, a: &Numbers, b: &Numbers) -> Ordering {
         let ord = match self.field {
             SortField::Price => a.price.cmp(&b.price),
             SortField::Fp16Tflops => a.fp16_gflops.cmp(&b.fp16_gflops),
@@ -587,22 +614,30 @@ impl Query {
     }
 }
 
-/// Whitespace-separated tokens with their byte offsets.
+/// Whitespace-separated tokens with their byte offsets; whitespace inside double quotes does
+/// not split (`gpu="rtx 4090"`).
 fn tokens(input: &str) -> impl Iterator<Item = (usize, &str)> {
-    let mut rest = input;
-    let mut offset = 0;
+    let mut pos = 0;
     std::iter::from_fn(move || {
+        let rest = &input[pos..];
         let trimmed = rest.trim_start();
-        offset += rest.len() - trimmed.len();
+        pos += rest.len() - trimmed.len();
         if trimmed.is_empty() {
             return None;
         }
-        let len = trimmed.find(char::is_whitespace).unwrap_or(trimmed.len());
-        let tok = &trimmed[..len];
-        let at = offset;
-        rest = &trimmed[len..];
-        offset += len;
-        Some((at, tok))
+        let mut in_quote = false;
+        let mut len = trimmed.len();
+        for (i, c) in trimmed.char_indices() {
+            if c == '"' {
+                in_quote = !in_quote;
+            } else if c.is_whitespace() && !in_quote {
+                len = i;
+                break;
+            }
+        }
+        let at = pos;
+        pos += len;
+        Some((at, &trimmed[..len]))
     })
 }
 
@@ -678,7 +713,17 @@ fn parse_condition(start: usize, token: &str) -> Result<Condition, QueryError> {
             if !matches!(op, Op::Eq | Op::Ne | Op::Contains) {
                 return Err(op_err());
             }
-            Value::Text(raw.to_lowercase())
+            let text = match raw.strip_prefix('"') {
+                Some(quoted) => match quoted.strip_suffix('"') {
+                    Some(inner) if !inner.contains('"') => inner,
+                    _ => return Err(bad_value("text, quoted as \"..\" when it has spaces")),
+                },
+                None if raw.contains('"') => {
+                    return Err(bad_value("text, quoted as \"..\" when it has spaces"));
+                }
+                None => raw,
+            };
+            Value::Text(text.to_lowercase())
         }
         Kind::Bool => {
             if !matches!(op, Op::Eq | Op::Ne) {
@@ -759,6 +804,8 @@ mod tests {
             ("region=EU-west", true),
             ("region~east", false),
             ("gpu=nvidia geforce rtx 4090", false), // a space splits terms
+            ("gpu=\"nvidia geforce rtx 4090\"", true),
+            ("gpu=\"NVIDIA GeForce RTX 3090\"", false),
             ("egress=false", true),
             ("price_per_tflop<=0.003", true),
         ] {
@@ -808,6 +855,10 @@ mod tests {
         let e = Query::parse(input).unwrap_err();
         assert_eq!(&input[e.start..e.end], "24.5");
 
+        let input = "gpu=\"rtx 4090 vram>=24";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "\"rtx 4090 vram>=24");
+
         let input = "price<=1 sort:cheapest";
         let e = Query::parse(input).unwrap_err();
         assert_eq!(&input[e.start..e.end], "cheapest");
@@ -830,9 +881,14 @@ mod tests {
         assert!(Query::parse("sort:price sort:age").is_err());
         let a = summary(100);
         let b = summary(200);
-        assert_eq!(SortKey::DEFAULT.compare(&a, &b), Ordering::Less);
         assert_eq!(
-            SortKey::parse("-price").unwrap().compare(&a, &b),
+            SortKey::DEFAULT.compare(&a.numbers, &b.numbers),
+            Ordering::Less
+        );
+        assert_eq!(
+            SortKey::parse("-price")
+                .unwrap()
+                .compare(&a.numbers, &b.numbers),
             Ordering::Greater
         );
     }
