@@ -38,7 +38,7 @@ pub struct NodeArgs {
     pub announce_secs: u64,
 }
 
-/// Runs the node until Ctrl-C.
+/// Runs the node until Ctrl-C or SIGTERM.
 pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
     let h = Home::open(home)?;
     let store = h.open_store()?;
@@ -56,7 +56,7 @@ pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
     config.external_addrs = args.external_addrs;
     config.mdns = !args.no_mdns;
     config.announce_period = std::time::Duration::from_secs(args.announce_secs.max(1));
-    config.offer_ttl = config.announce_period * 10;
+    config.offer_ttl = NodeConfig::ttl_for(config.announce_period);
     if let Some(spec) = &args.dev_gpus {
         let gpus = DevGpus::parse(spec)?;
         let groups = gpus.groups();
@@ -78,9 +78,12 @@ pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
         .context("cannot start the network")?;
     tracing::info!(peer = %node.client.peer_id(), %network, "node running");
     let mut events = node.events.subscribe();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot install the SIGTERM handler")?;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
             ev = events.recv() => match ev {
                 Ok(NetworkEvent::Listening { addr }) => tracing::info!(%addr, "listening"),
                 Ok(NetworkEvent::OfferAdmitted { id, seq, .. }) => {

@@ -17,6 +17,7 @@ use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, Swarm, autonat, dcutr, identify, kad, mdns, noise, relay, tcp, yamux};
 use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, BehaviourEvent};
@@ -35,8 +36,6 @@ const OFFER_FLUSH_MAX: usize = 1024;
 const OFFER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
 /// Most tracked peers in each rate limiter.
 const RATE_KEYS: usize = 10_000;
-/// Capacity of the internal completion channel (store writes finishing).
-const INTERNAL_QUEUE: usize = 256;
 
 /// Builds the swarm: TCP + QUIC, noise, yamux, DNS, relay client, the composite behaviour.
 pub(super) fn build_swarm(
@@ -89,8 +88,8 @@ pub(super) struct EventLoop {
     book: OfferBook,
     provider: ProviderState,
     commands: mpsc::Receiver<Command>,
-    internal_tx: mpsc::Sender<Internal>,
-    internal_rx: mpsc::Receiver<Internal>,
+    /// Lease writes in flight; each yields the completion to answer the renter with.
+    tasks: JoinSet<Internal>,
     events: broadcast::Sender<NetworkEvent>,
     cancel: CancellationToken,
     peer_limits: RateLimiter<PeerId>,
@@ -118,7 +117,6 @@ impl EventLoop {
         events: broadcast::Sender<NetworkEvent>,
         cancel: CancellationToken,
     ) -> Self {
-        let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE);
         Self {
             topic: gossip::offer_topic(&config.network),
             peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
@@ -130,8 +128,7 @@ impl EventLoop {
             book,
             provider,
             commands,
-            internal_tx,
-            internal_rx,
+            tasks: JoinSet::new(),
             events,
             cancel,
             listen_addrs: Vec::new(),
@@ -195,7 +192,10 @@ impl EventLoop {
             tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => break,
-                Some(done) = self.internal_rx.recv() => self.on_internal(done),
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
+                    Ok(done) => self.on_internal(done),
+                    Err(e) => tracing::error!(error = %e, "lease write task failed"),
+                },
                 cmd = self.commands.recv() => match cmd {
                     Some(cmd) => self.on_command(cmd),
                     None => break,
@@ -719,18 +719,15 @@ impl EventLoop {
                 let nonce = stored.lease.terms.nonce;
                 self.waiting.entry(lease_id).or_default().push(channel);
                 let store = self.store.clone();
-                let done = self.internal_tx.clone();
-                tokio::spawn(async move {
+                self.tasks.spawn(async move {
                     let result = store.call(move |s| s.insert_lease(&stored)).await;
-                    let _ = done
-                        .send(Internal::LeasePersisted {
-                            renter,
-                            nonce,
-                            lease_id,
-                            accept,
-                            result,
-                        })
-                        .await;
+                    Internal::LeasePersisted {
+                        renter,
+                        nonce,
+                        lease_id,
+                        accept,
+                        result,
+                    }
                 });
             }
         }

@@ -117,13 +117,21 @@ impl NodeConfig {
         c.listen = vec![loopback_tcp()];
         c.mdns = false;
         c.announce_period = announce_period;
-        c.offer_ttl = announce_period * 10;
+        c.offer_ttl = Self::ttl_for(announce_period);
         c.heartbeat = Duration::from_millis(100).min(announce_period / 2);
         c.provider_rate = RateLimit {
             burst: 20,
             per_token: announce_period / 10,
         };
         c
+    }
+
+    /// The offer lifetime for an announce period: ten periods, at most the protocol's
+    /// [`gridlease_contracts::terms::MAX_OFFER_TTL_S`].
+    pub fn ttl_for(announce_period: Duration) -> Duration {
+        (announce_period * 10).min(Duration::from_secs(
+            gridlease_contracts::terms::MAX_OFFER_TTL_S,
+        ))
     }
 
     /// How long gossipsub remembers message ids (ids are per announcement, see
