@@ -1,6 +1,6 @@
 //! The `gridlease` binary: parse, set up tracing, dispatch. Logic lives in the library.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -14,6 +14,7 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let home = cli.home_dir();
     let result = match cli.command {

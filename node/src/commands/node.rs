@@ -85,7 +85,6 @@ pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
             ev = events.recv() => match ev {
-                Ok(NetworkEvent::Listening { addr }) => tracing::info!(%addr, "listening"),
                 Ok(NetworkEvent::OfferAdmitted { id, seq, .. }) => {
                     tracing::info!(offer = %id.short(), seq, "offer learned");
                 }
