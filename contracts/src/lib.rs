@@ -9,10 +9,12 @@
 //! `gridlease-protocol` only, never on tokio, libp2p, bollard or rusqlite.
 
 pub mod billing;
+pub mod book;
 pub mod channel;
 pub mod ingest;
 pub mod lease;
 pub mod money;
+pub mod query;
 pub mod terms;
 
 pub use billing::{Tariff, cost, interval_charge};

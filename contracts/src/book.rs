@@ -1,0 +1,557 @@
+//! The offer book: every live offer this node knows, one per provider.
+//!
+//! Rules (DESIGN.md section 4, `Offer::seq`):
+//! - an offer is admitted only after [`crate::terms::validate_offer`] passed;
+//! - a higher sequence from the same provider replaces the held offer;
+//! - the same sequence with the same content is a *refresh* (providers re-announce because
+//!   gossip has no replay); the same sequence with other content is *equivocation*;
+//! - a lower sequence is a *replay*;
+//! - expired offers are evicted ([`OfferBook::evict_expired`]) and never returned by a search;
+//! - the book is bounded: when full, expired offers go first, then the offer that expires
+//!   soonest, but only if the newcomer lives longer; otherwise the newcomer is refused.
+//!
+//! Pure: time is a parameter; results do not depend on hash-map iteration order (searches scan a
+//! vector and sort with a total order, ties broken by offer id).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use gridlease_protocol::{Offer, OfferId, PublicKey, Signed, Timestamp};
+
+use crate::query::{Field, Numbers, OfferSummary, Query};
+
+/// Default capacity of a book.
+pub const DEFAULT_BOOK_CAPACITY: usize = 200_000;
+
+/// One live offer as the book holds it.
+#[derive(Clone, Debug)]
+pub struct BookEntry {
+    /// The offer's id (content digest of its envelope).
+    pub id: OfferId,
+    /// The decoded offer.
+    pub offer: Offer,
+    /// The signed envelope, exactly as received: what is persisted and re-served.
+    pub signed: Signed<Offer>,
+    /// What queries look at.
+    pub summary: OfferSummary,
+    /// When this node first admitted this sequence.
+    pub received_at: Timestamp,
+}
+
+/// What [`OfferBook::admit`] would do with an offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// First offer from this provider.
+    New,
+    /// A higher sequence than the held one.
+    Newer {
+        /// The held sequence.
+        held_seq: u64,
+    },
+    /// The held offer again, byte for byte (a re-announcement).
+    Refresh,
+}
+
+/// Why the book refuses an offer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BookError {
+    /// A lower sequence than the held offer.
+    #[error("replayed offer: sequence {got} from {provider}, {held} already held")]
+    Replay {
+        /// The provider.
+        provider: PublicKey,
+        /// Sequence received.
+        got: u64,
+        /// Sequence held.
+        held: u64,
+    },
+    /// The same sequence with other content.
+    #[error("equivocation: provider {provider} signed two different offers with sequence {seq}")]
+    Equivocation {
+        /// The provider.
+        provider: PublicKey,
+        /// The sequence.
+        seq: u64,
+    },
+    /// The offer is already expired.
+    #[error("offer expired at {expires_at}")]
+    Expired {
+        /// Its expiry.
+        expires_at: Timestamp,
+    },
+    /// The book is full of offers that live longer.
+    #[error("offer book full ({capacity} offers)")]
+    Full {
+        /// The capacity.
+        capacity: usize,
+    },
+}
+
+/// Interned lower-cased strings (model lists, regions), reference counted so the table never
+/// outgrows the book.
+#[derive(Clone, Debug, Default)]
+struct Interner {
+    strings: Vec<String>,
+    refs: Vec<u32>,
+    ids: HashMap<String, u32>,
+    free: Vec<u32>,
+}
+
+impl Interner {
+    fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.ids.get(s) {
+            self.refs[id as usize] += 1;
+            return id;
+        }
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.strings[id as usize] = s.to_string();
+                self.refs[id as usize] = 1;
+                id
+            }
+            None => {
+                self.strings.push(s.to_string());
+                self.refs.push(1);
+                u32::try_from(self.strings.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.ids.insert(s.to_string(), id);
+        id
+    }
+
+    fn release(&mut self, id: u32) {
+        let i = id as usize;
+        self.refs[i] -= 1;
+        if self.refs[i] == 0 {
+            let s = std::mem::take(&mut self.strings[i]);
+            self.ids.remove(&s);
+            self.free.push(id);
+        }
+    }
+}
+
+/// The hot part of an entry, scanned by searches: plain integers and interned text ids.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    numbers: Numbers,
+    expires_at: Timestamp,
+    model: u32,
+    region: u32,
+    id: OfferId,
+    provider: PublicKey,
+}
+
+/// The index of live offers.
+///
+/// Entries live in a `BTreeMap` by provider; a dense vector of [`Slot`]s mirrors them so that a
+/// search is a linear scan over ~120-byte records without pointer chasing. Text conditions are
+/// evaluated once per distinct interned string per search.
+#[derive(Clone, Debug)]
+pub struct OfferBook {
+    capacity: usize,
+    by_provider: BTreeMap<PublicKey, BookEntry>,
+    by_id: BTreeMap<OfferId, PublicKey>,
+    by_expiry: BTreeSet<(Timestamp, PublicKey)>,
+    slots: Vec<Slot>,
+    slot_of: HashMap<PublicKey, usize>,
+    text: Interner,
+}
+
+impl Default for OfferBook {
+    fn default() -> Self {
+        Self::with_capacity(DEFAULT_BOOK_CAPACITY)
+    }
+}
+
+impl OfferBook {
+    /// An empty book holding at most `capacity` offers (at least 1).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            by_provider: BTreeMap::new(),
+            by_id: BTreeMap::new(),
+            by_expiry: BTreeSet::new(),
+            slots: Vec::new(),
+            slot_of: HashMap::new(),
+            text: Interner::default(),
+        }
+    }
+
+    /// Offers held.
+    pub fn len(&self) -> usize {
+        self.by_provider.len()
+    }
+
+    /// True when no offer is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_provider.is_empty()
+    }
+
+    /// The offer held for `provider`.
+    pub fn by_provider(&self, provider: &PublicKey) -> Option<&BookEntry> {
+        self.by_provider.get(provider)
+    }
+
+    /// The offer with this id, if it is still the provider's current one.
+    pub fn get(&self, id: &OfferId) -> Option<&BookEntry> {
+        self.by_id.get(id).and_then(|p| self.by_provider.get(p))
+    }
+
+    /// Every held offer, by provider key.
+    pub fn iter(&self) -> impl Iterator<Item = &BookEntry> {
+        self.by_provider.values()
+    }
+
+    /// What admitting an offer with this id would do, without changing the book.
+    pub fn check(
+        &self,
+        offer: &Offer,
+        id: &OfferId,
+        now: Timestamp,
+    ) -> Result<Admission, BookError> {
+        if offer.expires_at <= now {
+            return Err(BookError::Expired {
+                expires_at: offer.expires_at,
+            });
+        }
+        match self.by_provider.get(&offer.provider) {
+            None => Ok(Admission::New),
+            Some(held) if offer.seq > held.offer.seq => Ok(Admission::Newer {
+                held_seq: held.offer.seq,
+            }),
+            Some(held) if offer.seq < held.offer.seq => Err(BookError::Replay {
+                provider: offer.provider,
+                got: offer.seq,
+                held: held.offer.seq,
+            }),
+            Some(held) if held.id == *id => Ok(Admission::Refresh),
+            Some(_) => Err(BookError::Equivocation {
+                provider: offer.provider,
+                seq: offer.seq,
+            }),
+        }
+    }
+
+    /// Admits an offer that passed [`crate::terms::validate_offer`]. `id` must be the envelope's
+    /// content digest. A refresh changes nothing.
+    pub fn admit(
+        &mut self,
+        signed: Signed<Offer>,
+        offer: Offer,
+        id: OfferId,
+        now: Timestamp,
+    ) -> Result<Admission, BookError> {
+        let admission = self.check(&offer, &id, now)?;
+        if admission == Admission::Refresh {
+            return Ok(admission);
+        }
+        if admission == Admission::New && self.by_provider.len() >= self.capacity {
+            self.evict_expired(now);
+            if self.by_provider.len() >= self.capacity {
+                let soonest = self.by_expiry.first().copied();
+                match soonest {
+                    Some((exp, provider)) if exp < offer.expires_at => {
+                        self.remove(&provider);
+                    }
+                    _ => {
+                        return Err(BookError::Full {
+                            capacity: self.capacity,
+                        });
+                    }
+                }
+            }
+        }
+        self.remove(&offer.provider);
+        let provider = offer.provider;
+        let summary = OfferSummary::of(&offer);
+        let slot = Slot {
+            numbers: summary.numbers,
+            expires_at: offer.expires_at,
+            model: self.text.intern(&summary.models_lower),
+            region: self.text.intern(&summary.region_lower),
+            id,
+            provider,
+        };
+        self.slot_of.insert(provider, self.slots.len());
+        self.slots.push(slot);
+        self.by_id.insert(id, provider);
+        self.by_expiry.insert((offer.expires_at, provider));
+        self.by_provider.insert(
+            provider,
+            BookEntry {
+                id,
+                summary,
+                offer,
+                signed,
+                received_at: now,
+            },
+        );
+        Ok(admission)
+    }
+
+    /// Removes the offer of `provider`, returning it.
+    pub fn remove(&mut self, provider: &PublicKey) -> Option<BookEntry> {
+        let entry = self.by_provider.remove(provider)?;
+        self.by_id.remove(&entry.id);
+        self.by_expiry.remove(&(entry.offer.expires_at, *provider));
+        if let Some(i) = self.slot_of.remove(provider) {
+            let slot = self.slots.swap_remove(i);
+            self.text.release(slot.model);
+            self.text.release(slot.region);
+            if let Some(moved) = self.slots.get(i) {
+                self.slot_of.insert(moved.provider, i);
+            }
+        }
+        Some(entry)
+    }
+
+    /// Drops every offer expired at `now`; returns how many.
+    pub fn evict_expired(&mut self, now: Timestamp) -> usize {
+        let mut n = 0;
+        while let Some(&(exp, provider)) = self.by_expiry.first() {
+            if exp > now {
+                break;
+            }
+            self.remove(&provider);
+            n += 1;
+        }
+        n
+    }
+
+    /// The live offers matching `query` at `now`, in the query's order (ties by offer id), at
+    /// most `limit` of them.
+    pub fn search(&self, query: &Query, now: Timestamp, limit: usize) -> Vec<&BookEntry> {
+        if limit == 0 {
+            return Vec::new();
+        }
+        // Numeric and boolean conditions first: they are a few integer compares.
+        let numeric: Vec<_> = query.conditions.iter().filter(|c| !c.is_text()).collect();
+        let text: Vec<_> = query.conditions.iter().filter(|c| c.is_text()).collect();
+        // Per distinct string and field: 0 = not evaluated, 1 = matches, 2 = does not.
+        let table = if text.is_empty() {
+            0
+        } else {
+            self.text.strings.len()
+        };
+        let mut memo = [vec![0u8; table], vec![0u8; table]];
+        let mut text_ok = |id: u32, field: Field| -> bool {
+            let m = &mut memo[usize::from(field == Field::Region)];
+            let i = id as usize;
+            if m[i] == 0 {
+                let s = &self.text.strings[i];
+                let ok = text
+                    .iter()
+                    .filter(|c| c.field == field)
+                    .all(|c| c.matches_text(s));
+                m[i] = if ok { 1 } else { 2 };
+            }
+            m[i] == 1
+        };
+        let has_gpu_text = text.iter().any(|c| c.field == Field::Gpu);
+        let has_region_text = text.iter().any(|c| c.field == Field::Region);
+        let mut hits: Vec<&Slot> = Vec::new();
+        for slot in &self.slots {
+            if slot.expires_at <= now {
+                continue;
+            }
+            if !numeric
+                .iter()
+                .all(|c| c.matches_numbers(&slot.numbers).unwrap_or(false))
+            {
+                continue;
+            }
+            if has_gpu_text && !text_ok(slot.model, Field::Gpu) {
+                continue;
+            }
+            if has_region_text && !text_ok(slot.region, Field::Region) {
+                continue;
+            }
+            hits.push(slot);
+        }
+        let order = |a: &&Slot, b: &&Slot| {
+            query
+                .sort
+                .compare(&a.numbers, &b.numbers)
+                .then_with(|| a.id.cmp(&b.id))
+        };
+        if hits.len() > limit {
+            hits.select_nth_unstable_by(limit - 1, order);
+            hits.truncate(limit);
+        }
+        hits.sort_unstable_by(order);
+        hits.iter()
+            .filter_map(|s| self.by_provider.get(&s.provider))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::fixtures::{self, T0};
+    use gridlease_protocol::{NetworkId, NodeKey};
+
+    fn signed(key: &NodeKey, seq: u64, price: u64, ttl_s: u64) -> (Signed<Offer>, Offer, OfferId) {
+        let mut offer = fixtures::offer(key.public(), seq, 1, price);
+        offer.expires_at = T0.plus_secs(ttl_s);
+        let s = Signed::sign(key, &NetworkId::devnet(), &offer).unwrap();
+        let id = OfferId(s.envelope().content_digest());
+        (s, offer, id)
+    }
+
+    fn admit(
+        book: &mut OfferBook,
+        key: &NodeKey,
+        seq: u64,
+        price: u64,
+    ) -> Result<Admission, BookError> {
+        let (s, o, id) = signed(key, seq, price, 300);
+        book.admit(s, o, id, T0)
+    }
+
+    #[test]
+    fn newer_replaces_older_and_replays_are_refused() {
+        let k = NodeKey::from_secret([1; 32]);
+        let mut book = OfferBook::default();
+        assert_eq!(admit(&mut book, &k, 5, 100), Ok(Admission::New));
+        assert_eq!(admit(&mut book, &k, 5, 100), Ok(Admission::Refresh));
+        assert!(matches!(
+            admit(&mut book, &k, 5, 101),
+            Err(BookError::Equivocation { seq: 5, .. })
+        ));
+        assert!(matches!(
+            admit(&mut book, &k, 4, 100),
+            Err(BookError::Replay {
+                got: 4,
+                held: 5,
+                ..
+            })
+        ));
+        assert_eq!(
+            admit(&mut book, &k, 6, 90),
+            Ok(Admission::Newer { held_seq: 5 })
+        );
+        assert_eq!(book.len(), 1);
+        assert_eq!(book.by_provider(&k.public()).unwrap().offer.seq, 6);
+        // The old id no longer resolves.
+        let (_, _, old_id) = signed(&k, 5, 100, 300);
+        assert!(book.get(&old_id).is_none());
+    }
+
+    #[test]
+    fn expired_offers_are_evicted_and_never_found() {
+        let mut book = OfferBook::default();
+        let a = NodeKey::from_secret([1; 32]);
+        let b = NodeKey::from_secret([2; 32]);
+        let (s, o, id) = signed(&a, 1, 100, 10);
+        book.admit(s, o, id, T0).unwrap();
+        let (s, o, id) = signed(&b, 1, 200, 100);
+        book.admit(s, o, id, T0).unwrap();
+        let q = Query::default();
+        assert_eq!(book.search(&q, T0.plus_secs(20), 10).len(), 1);
+        assert_eq!(book.evict_expired(T0.plus_secs(20)), 1);
+        assert_eq!(book.len(), 1);
+        let (s, o, id) = signed(&a, 2, 100, 10);
+        assert!(matches!(
+            book.admit(s, o, id, T0.plus_secs(20)),
+            Err(BookError::Expired { .. })
+        ));
+    }
+
+    #[test]
+    fn bounded_book_evicts_the_soonest_expiring() {
+        let mut book = OfferBook::with_capacity(2);
+        let keys: Vec<NodeKey> = (1..=3).map(|i| NodeKey::from_secret([i; 32])).collect();
+        let (s, o, id) = signed(&keys[0], 1, 100, 50);
+        book.admit(s, o, id, T0).unwrap();
+        let (s, o, id) = signed(&keys[1], 1, 100, 100);
+        book.admit(s, o, id, T0).unwrap();
+        // A shorter-lived newcomer is refused.
+        let (s, o, id) = signed(&keys[2], 1, 100, 40);
+        assert!(matches!(
+            book.admit(s, o, id, T0),
+            Err(BookError::Full { .. })
+        ));
+        // A longer-lived one replaces the soonest-expiring.
+        let (s, o, id) = signed(&keys[2], 1, 100, 200);
+        book.admit(s, o, id, T0).unwrap();
+        assert_eq!(book.len(), 2);
+        assert!(book.by_provider(&keys[0].public()).is_none());
+    }
+
+    #[test]
+    fn search_equals_a_naive_filter() {
+        let mut book = OfferBook::default();
+        let mut x: u64 = 7;
+        for i in 1..=200u32 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let mut secret = [0u8; 32];
+            secret[..4].copy_from_slice(&i.to_le_bytes());
+            let k = NodeKey::from_secret(secret);
+            let mut offer = fixtures::offer(
+                k.public(),
+                1,
+                1 + (x >> 60) as u8 % 4,
+                100_000 + (x >> 40) % 500_000,
+            );
+            offer.expires_at = T0.plus_secs(10 + (x >> 20) % 100);
+            offer.region = ["eu-west", "us-east", "ap"][(x >> 10) as usize % 3].into();
+            if x.is_multiple_of(2) {
+                offer.gpus[0].spec.model = "NVIDIA GeForce RTX 3090".into();
+            }
+            let s = Signed::sign(&k, &NetworkId::devnet(), &offer).unwrap();
+            let id = OfferId(s.envelope().content_digest());
+            book.admit(s, offer, id, T0).unwrap();
+            if i.is_multiple_of(7) {
+                book.remove(&k.public());
+            }
+        }
+        let now = T0.plus_secs(50);
+        for q in [
+            "",
+            "gpu~4090",
+            "gpu~3090 region=us-east price<=0.4",
+            "region~eu gpus>=2 sort:-price",
+            "gpu!=x region!=ap",
+            "price>0.2 price<0.5 sort:price_per_tflop",
+        ] {
+            let query = Query::parse(q).unwrap();
+            let fast: Vec<OfferId> = book
+                .search(&query, now, usize::MAX)
+                .iter()
+                .map(|e| e.id)
+                .collect();
+            let mut naive: Vec<&BookEntry> = book
+                .iter()
+                .filter(|e| e.offer.expires_at > now && query.matches(&e.summary))
+                .collect();
+            naive.sort_by(|a, b| {
+                query
+                    .sort
+                    .compare(&a.summary.numbers, &b.summary.numbers)
+                    .then_with(|| a.id.cmp(&b.id))
+            });
+            let naive: Vec<OfferId> = naive.iter().map(|e| e.id).collect();
+            assert_eq!(fast, naive, "{q}");
+        }
+    }
+
+    #[test]
+    fn search_sorts_and_limits() {
+        let mut book = OfferBook::default();
+        for i in 1..=20u8 {
+            let k = NodeKey::from_secret([i; 32]);
+            admit(&mut book, &k, 1, u64::from(i) * 10_000).unwrap();
+        }
+        let q = Query::parse("price<=0.1").unwrap();
+        let hits = book.search(&q, T0, 3);
+        let prices: Vec<u64> = hits.iter().map(|e| e.offer.price_per_gpu_hour).collect();
+        assert_eq!(prices, vec![10_000, 20_000, 30_000]);
+        let q = Query::parse("price<=0.1 sort:-price").unwrap();
+        let hits = book.search(&q, T0, 100);
+        assert_eq!(hits.len(), 10);
+        assert_eq!(hits[0].offer.price_per_gpu_hour, 100_000);
+        assert!(book.search(&q, T0, 0).is_empty());
+    }
+}

@@ -1,0 +1,911 @@
+//! The offer search language: `gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=true`.
+//!
+//! A query is a whitespace-separated list of conditions, all of which must hold (AND), plus at
+//! most one `sort:KEY` term. A condition is `FIELD OP VALUE` with no spaces inside. Parse errors
+//! carry the byte span of the offending token so a CLI can point at it ([`QueryError::render`]).
+//! The full reference is `docs/search.md`.
+//!
+//! Matching works on an [`OfferSummary`], the numbers a query can ask about, computed once per
+//! offer when it enters the book, so a search is a scan over plain integers.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use gridlease_protocol::{Attestation, NetworkPolicy, Offer};
+
+use crate::money::Money;
+
+/// What a query can ask about one offer. Per-GPU numbers describe the offer's weakest GPU, so a
+/// condition that holds for the summary holds for every GPU a lease on the offer could get.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfferSummary {
+    /// The numbers (a small `Copy` struct the book scans).
+    pub numbers: Numbers,
+    /// Lower-cased model names of the offer's GPUs, joined by `|`.
+    pub models_lower: String,
+    /// Lower-cased region.
+    pub region_lower: String,
+}
+
+/// The numeric part of an [`OfferSummary`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Numbers {
+    /// Smallest VRAM, MiB.
+    pub vram_mib: u32,
+    /// Smallest fp16 rate, GFLOP/s.
+    pub fp16_gflops: u32,
+    /// Smallest fp32 rate, GFLOP/s.
+    pub fp32_gflops: u32,
+    /// Smallest device memory bandwidth, MB/s.
+    pub mem_mbps: u32,
+    /// True when every GPU's benchmark was measured, not declared.
+    pub verified: bool,
+    /// Egress allowed.
+    pub egress: bool,
+    /// GPUs in the offer.
+    pub gpus: u32,
+    /// Price per GPU-hour, micro-units.
+    pub price: u64,
+    /// Price per GPU-hour per fp16 TFLOPS, micro-units (`u64::MAX` without a benchmark).
+    pub price_per_tflop: u64,
+    /// CPU millicores per GPU.
+    pub cpu_millicores: u32,
+    /// RAM per GPU, MiB.
+    pub ram_mib: u32,
+    /// Disk per GPU, GiB.
+    pub disk_gib: u32,
+    /// Longest lease, seconds.
+    pub max_duration_s: u32,
+    /// Best compute capability, as `major * 10 + minor`.
+    pub compute_capability: u32,
+    /// Creation time of the offer (unix ms): sort key `age`.
+    pub created_at: u64,
+}
+
+impl OfferSummary {
+    /// Computes the summary of `offer`.
+    pub fn of(offer: &Offer) -> Self {
+        let min = |f: &dyn Fn(&gridlease_protocol::OfferedGpu) -> u32| {
+            offer.gpus.iter().map(f).min().unwrap_or(0)
+        };
+        let fp16_gflops = min(&|g| g.bench.fp16_gflops);
+        let price = offer.price_per_gpu_hour;
+        let price_per_tflop = if fp16_gflops == 0 {
+            u64::MAX
+        } else {
+            // price (micro/h) / (gflops / 1000) = price * 1000 / gflops; u128 cannot overflow.
+            let v = u128::from(price) * 1000 / u128::from(fp16_gflops);
+            u64::try_from(v).unwrap_or(u64::MAX)
+        };
+        let models_lower = offer
+            .gpus
+            .iter()
+            .map(|g| g.spec.model.to_lowercase())
+            .collect::<Vec<_>>()
+            .join("|");
+        Self {
+            numbers: Numbers {
+                vram_mib: min(&|g| g.spec.vram_mib),
+                fp16_gflops,
+                fp32_gflops: min(&|g| g.bench.fp32_gflops),
+                mem_mbps: min(&|g| g.bench.device_mem_mbps),
+                verified: !offer.gpus.is_empty()
+                    && offer
+                        .gpus
+                        .iter()
+                        .all(|g| g.bench.attestation == Attestation::Measured),
+                egress: offer.sandbox.network == NetworkPolicy::Egress,
+                gpus: u32::try_from(offer.gpus.len()).unwrap_or(u32::MAX),
+                price,
+                price_per_tflop,
+                cpu_millicores: offer.per_gpu.cpu_millicores,
+                ram_mib: offer.per_gpu.ram_mib,
+                disk_gib: offer.per_gpu.disk_gib,
+                max_duration_s: offer.max_duration_s,
+                compute_capability: offer
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        u32::from(g.spec.compute_capability.major) * 10
+                            + u32::from(g.spec.compute_capability.minor)
+                    })
+                    .max()
+                    .unwrap_or(0),
+                created_at: offer.created_at.0,
+            },
+            models_lower,
+            region_lower: offer.region.to_lowercase(),
+        }
+    }
+}
+
+/// A comparison operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `=`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+    /// `~` (case-insensitive substring; text fields only)
+    Contains,
+}
+
+impl Op {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Eq => "=",
+            Self::Ne => "!=",
+            Self::Lt => "<",
+            Self::Le => "<=",
+            Self::Gt => ">",
+            Self::Ge => ">=",
+            Self::Contains => "~",
+        }
+    }
+
+    fn holds(self, ord: Ordering) -> bool {
+        match self {
+            Self::Eq => ord == Ordering::Equal,
+            Self::Ne => ord != Ordering::Equal,
+            Self::Lt => ord == Ordering::Less,
+            Self::Le => ord != Ordering::Greater,
+            Self::Gt => ord == Ordering::Greater,
+            Self::Ge => ord != Ordering::Less,
+            Self::Contains => false,
+        }
+    }
+}
+
+/// The kind of value a field takes, and how its text is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Free text; `=`, `!=`, `~`.
+    Text,
+    /// `true` / `false`; `=`, `!=`.
+    Bool,
+    /// A decimal number scaled by the field's factor; all comparisons but `~`.
+    Number,
+}
+
+/// A field a condition can test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// GPU model name (text).
+    Gpu,
+    /// VRAM per GPU, GiB (rounded to the nearest GiB from MiB).
+    Vram,
+    /// Price per GPU-hour, units (e.g. `0.45`).
+    Price,
+    /// fp16 TFLOPS.
+    Fp16Tflops,
+    /// fp32 TFLOPS.
+    Fp32Tflops,
+    /// Device memory bandwidth, GB/s.
+    MemBw,
+    /// Price per GPU-hour per fp16 TFLOPS, units.
+    PricePerTflop,
+    /// Every GPU's benchmark measured (bool).
+    Verified,
+    /// GPUs in the offer.
+    Gpus,
+    /// CPU cores per GPU.
+    Cpu,
+    /// RAM per GPU, GiB.
+    Ram,
+    /// Disk per GPU, GiB.
+    Disk,
+    /// Longest lease, hours.
+    Hours,
+    /// Egress network allowed (bool).
+    Egress,
+    /// Region label (text).
+    Region,
+    /// Compute capability, e.g. `8.9`.
+    Cc,
+}
+
+impl Field {
+    /// Every field with its query name.
+    pub const ALL: [(&'static str, Field); 16] = [
+        ("gpu", Field::Gpu),
+        ("vram", Field::Vram),
+        ("price", Field::Price),
+        ("fp16_tflops", Field::Fp16Tflops),
+        ("fp32_tflops", Field::Fp32Tflops),
+        ("mem_bw", Field::MemBw),
+        ("price_per_tflop", Field::PricePerTflop),
+        ("verified", Field::Verified),
+        ("gpus", Field::Gpus),
+        ("cpu", Field::Cpu),
+        ("ram", Field::Ram),
+        ("disk", Field::Disk),
+        ("hours", Field::Hours),
+        ("egress", Field::Egress),
+        ("region", Field::Region),
+        ("cc", Field::Cc),
+    ];
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, f)| *f)
+    }
+
+    /// The query name.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            Self::Gpu | Self::Region => Kind::Text,
+            Self::Verified | Self::Egress => Kind::Bool,
+            _ => Kind::Number,
+        }
+    }
+
+    /// How many summary units one unit of the query value is, and how many decimals it takes.
+    fn scale(self) -> (u64, u32) {
+        match self {
+            // price: micro-units
+            Self::Price | Self::PricePerTflop => (1_000_000, 6),
+            // GFLOP/s and MB/s summary values from TFLOPS and GB/s
+            Self::Fp16Tflops | Self::Fp32Tflops | Self::MemBw => (1000, 3),
+            Self::Cpu => (1000, 3),
+            Self::Hours => (3600, 0),
+            Self::Cc => (10, 1),
+            Self::Vram | Self::Ram | Self::Gpus | Self::Disk => (1, 0),
+            Self::Gpu | Self::Region | Self::Verified | Self::Egress => (1, 0),
+        }
+    }
+
+    fn number(self, s: &Numbers) -> u64 {
+        match self {
+            // Nearest GiB: a 24 564 MiB card is a 24 GiB card.
+            Self::Vram => (u64::from(s.vram_mib) + 512) / 1024,
+            Self::Ram => (u64::from(s.ram_mib) + 512) / 1024,
+            Self::Price => s.price,
+            Self::PricePerTflop => s.price_per_tflop,
+            Self::Fp16Tflops => u64::from(s.fp16_gflops),
+            Self::Fp32Tflops => u64::from(s.fp32_gflops),
+            Self::MemBw => u64::from(s.mem_mbps),
+            Self::Gpus => u64::from(s.gpus),
+            Self::Cpu => u64::from(s.cpu_millicores),
+            Self::Disk => u64::from(s.disk_gib),
+            Self::Hours => u64::from(s.max_duration_s),
+            Self::Cc => u64::from(s.compute_capability),
+            Self::Gpu | Self::Region | Self::Verified | Self::Egress => 0,
+        }
+    }
+}
+
+/// The right-hand side of a condition, already in summary units.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Value {
+    Text(String),
+    Bool(bool),
+    Number(u64),
+}
+
+/// One `FIELD OP VALUE` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    /// The field tested.
+    pub field: Field,
+    /// The operator.
+    pub op: Op,
+    value: Value,
+}
+
+impl Condition {
+    /// True when the summary satisfies this condition.
+    pub fn matches(&self, s: &OfferSummary) -> bool {
+        match self.matches_numbers(&s.numbers) {
+            Some(v) => v,
+            None => self.matches_text(match self.field {
+                Field::Gpu => &s.models_lower,
+                _ => &s.region_lower,
+            }),
+        }
+    }
+
+    /// The verdict for a numeric or boolean condition; `None` for a text condition.
+    pub fn matches_numbers(&self, s: &Numbers) -> Option<bool> {
+        match &self.value {
+            Value::Number(v) => Some(self.op.holds(self.field.number(s).cmp(v))),
+            Value::Bool(v) => {
+                let actual = match self.field {
+                    Field::Verified => s.verified,
+                    Field::Egress => s.egress,
+                    _ => return Some(false),
+                };
+                Some(self.op.holds(actual.cmp(v)))
+            }
+            Value::Text(_) => None,
+        }
+    }
+
+    /// True when the text condition holds for `actual`, the lower-cased text of its field
+    /// (models joined by `|` for `gpu`, the region for `region`). False for other conditions.
+    pub fn matches_text(&self, actual: &str) -> bool {
+        let Value::Text(v) = &self.value else {
+            return false;
+        };
+        match self.op {
+            Op::Contains => actual.contains(v.as_str()),
+            // A multi-GPU offer equals a model when one of its GPUs has that name.
+            Op::Eq => actual.split('|').any(|m| m == v),
+            Op::Ne => !actual.split('|').any(|m| m == v),
+            _ => false,
+        }
+    }
+
+    /// True for conditions on text fields (`gpu`, `region`).
+    pub fn is_text(&self) -> bool {
+        matches!(self.value, Value::Text(_))
+    }
+}
+
+/// A sort order for results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SortKey {
+    /// The field sorted by.
+    pub field: SortField,
+    /// Largest first.
+    pub descending: bool,
+}
+
+/// Fields results can be sorted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortField {
+    /// Price per GPU-hour.
+    Price,
+    /// fp16 TFLOPS.
+    Fp16Tflops,
+    /// fp32 TFLOPS.
+    Fp32Tflops,
+    /// Price per fp16 TFLOPS.
+    PricePerTflop,
+    /// VRAM.
+    Vram,
+    /// Creation time (`age` ascending = newest first).
+    Age,
+}
+
+impl SortKey {
+    /// The default order: cheapest first.
+    pub const DEFAULT: Self = Self {
+        field: SortField::Price,
+        descending: false,
+    };
+
+    /// Parses `price`, `-fp16_tflops`, `price_per_tflop`, ... (a leading `-` means descending).
+    pub fn parse(text: &str) -> Result<Self, QueryError> {
+        Self::parse_at(text, 0)
+    }
+
+    fn parse_at(text: &str, offset: usize) -> Result<Self, QueryError> {
+        let (descending, name) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text.strip_prefix('+').unwrap_or(text)),
+        };
+        let field = match name.to_ascii_lowercase().as_str() {
+            "price" => SortField::Price,
+            "fp16_tflops" => SortField::Fp16Tflops,
+            "fp32_tflops" => SortField::Fp32Tflops,
+            "price_per_tflop" => SortField::PricePerTflop,
+            "vram" => SortField::Vram,
+            "age" => SortField::Age,
+            _ => {
+                return Err(QueryError {
+                    start: offset,
+                    end: offset + text.len(),
+                    kind: QueryErrorKind::UnknownSortKey(text.to_string()),
+                });
+            }
+        };
+        Ok(Self { field, descending })
+    }
+
+    /// Compares two summaries under this order. Ties are left to the caller.
+    pub fn compare(&self, a: &Numbers, b: &Numbers) -> Ordering {
+        let ord = match self.field {
+            SortField::Price => a.price.cmp(&b.price),
+            SortField::Fp16Tflops => a.fp16_gflops.cmp(&b.fp16_gflops),
+            SortField::Fp32Tflops => a.fp32_gflops.cmp(&b.fp32_gflops),
+            SortField::PricePerTflop => a.price_per_tflop.cmp(&b.price_per_tflop),
+            SortField::Vram => a.vram_mib.cmp(&b.vram_mib),
+            // Newest first when ascending by age.
+            SortField::Age => b.created_at.cmp(&a.created_at),
+        };
+        if self.descending { ord.reverse() } else { ord }
+    }
+}
+
+/// A parsed query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Query {
+    /// Conditions, all of which must hold.
+    pub conditions: Vec<Condition>,
+    /// Result order.
+    pub sort: SortKey,
+}
+
+impl Default for Query {
+    fn default() -> Self {
+        Self {
+            conditions: Vec::new(),
+            sort: SortKey::DEFAULT,
+        }
+    }
+}
+
+/// What is wrong with a query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueryErrorKind {
+    /// No operator in a term.
+    MissingOperator(String),
+    /// A field name that does not exist.
+    UnknownField(String),
+    /// An operator the field does not support.
+    OperatorNotSupported {
+        /// The field.
+        field: &'static str,
+        /// The operator.
+        op: &'static str,
+    },
+    /// A value that is not of the field's type.
+    BadValue {
+        /// The field.
+        field: &'static str,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// Nothing after the operator.
+    MissingValue,
+    /// An unknown sort key.
+    UnknownSortKey(String),
+    /// Two sort terms.
+    DuplicateSort,
+    /// Too many terms.
+    TooManyTerms,
+}
+
+/// A parse error with the byte span of the offending token.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} (at byte {start})")]
+pub struct QueryError {
+    /// First byte of the offending token.
+    pub start: usize,
+    /// One past its last byte.
+    pub end: usize,
+    /// What is wrong.
+    pub kind: QueryErrorKind,
+}
+
+/// Most conditions in one query.
+pub const MAX_TERMS: usize = 32;
+
+impl fmt::Display for QueryErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MissingOperator(t) => write!(
+                f,
+                "`{t}` is not a condition: write FIELD OP VALUE, e.g. price<=0.45"
+            ),
+            Self::UnknownField(n) => {
+                let names: Vec<&str> = Field::ALL.iter().map(|(n, _)| *n).collect();
+                write!(f, "unknown field `{n}`; known: {}", names.join(", "))
+            }
+            Self::OperatorNotSupported { field, op } => {
+                write!(f, "field `{field}` does not support `{op}`")
+            }
+            Self::BadValue { field, expected } => {
+                write!(f, "field `{field}` expects {expected}")
+            }
+            Self::MissingValue => write!(f, "missing value after the operator"),
+            Self::UnknownSortKey(k) => write!(
+                f,
+                "unknown sort key `{k}`; known: price, fp16_tflops, fp32_tflops, \
+                 price_per_tflop, vram, age (prefix `-` for descending)"
+            ),
+            Self::DuplicateSort => write!(f, "only one sort term is allowed"),
+            Self::TooManyTerms => write!(f, "more than {MAX_TERMS} terms"),
+        }
+    }
+}
+
+impl QueryError {
+    /// The query with a caret line under the offending token, for terminals.
+    pub fn render(&self, input: &str) -> String {
+        let width = self.end.saturating_sub(self.start).max(1);
+        let lead = input
+            .get(..self.start)
+            .map_or(self.start, |s| s.chars().count());
+        let marks = input
+            .get(self.start..self.end)
+            .map_or(width, |s| s.chars().count().max(1));
+        format!(
+            "{input}\n{}{}\nerror: {}",
+            " ".repeat(lead),
+            "^".repeat(marks),
+            self.kind
+        )
+    }
+}
+
+/// Reads a non-negative decimal with at most `decimals` fractional digits, scaled by `scale`.
+fn parse_scaled(text: &str, scale: u64, decimals: u32) -> Option<u64> {
+    let (int, frac) = match text.split_once('.') {
+        Some((i, f)) => (i, f),
+        None => (text, ""),
+    };
+    if int.is_empty() && frac.is_empty() {
+        return None;
+    }
+    if !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let frac_len = u32::try_from(frac.len()).ok()?;
+    if frac_len > decimals {
+        return None;
+    }
+    let int_v: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let frac_v: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
+    // scale / 10^frac_len is exact: scale is a multiple of 10^decimals where decimals > 0.
+    let frac_scale = scale / 10u64.checked_pow(frac_len)?;
+    int_v
+        .checked_mul(scale)?
+        .checked_add(frac_v.checked_mul(frac_scale)?)
+}
+
+impl Query {
+    /// Parses a query. The empty string matches every offer.
+    pub fn parse(input: &str) -> Result<Self, QueryError> {
+        let mut q = Self::default();
+        let mut sort_seen = false;
+        let mut count = 0usize;
+        for (start, token) in tokens(input) {
+            count += 1;
+            let err = |kind| QueryError {
+                start,
+                end: start + token.len(),
+                kind,
+            };
+            if count > MAX_TERMS {
+                return Err(err(QueryErrorKind::TooManyTerms));
+            }
+            if let Some(key) = token
+                .strip_prefix("sort:")
+                .or_else(|| token.strip_prefix("sort="))
+            {
+                if sort_seen {
+                    return Err(err(QueryErrorKind::DuplicateSort));
+                }
+                sort_seen = true;
+                q.sort = SortKey::parse_at(key, start + 5)?;
+                continue;
+            }
+            q.conditions.push(parse_condition(start, token)?);
+        }
+        Ok(q)
+    }
+
+    /// True when every condition holds.
+    pub fn matches(&self, s: &OfferSummary) -> bool {
+        self.conditions.iter().all(|c| c.matches(s))
+    }
+}
+
+/// Whitespace-separated tokens with their byte offsets; whitespace inside double quotes does
+/// not split (`gpu="rtx 4090"`).
+fn tokens(input: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut pos = 0;
+    std::iter::from_fn(move || {
+        let rest = &input[pos..];
+        let trimmed = rest.trim_start();
+        pos += rest.len() - trimmed.len();
+        if trimmed.is_empty() {
+            return None;
+        }
+        let mut in_quote = false;
+        let mut len = trimmed.len();
+        for (i, c) in trimmed.char_indices() {
+            if c == '"' {
+                in_quote = !in_quote;
+            } else if c.is_whitespace() && !in_quote {
+                len = i;
+                break;
+            }
+        }
+        let at = pos;
+        pos += len;
+        Some((at, &trimmed[..len]))
+    })
+}
+
+fn parse_condition(start: usize, token: &str) -> Result<Condition, QueryError> {
+    let op_at = token
+        .find(['=', '!', '<', '>', '~'])
+        .ok_or_else(|| QueryError {
+            start,
+            end: start + token.len(),
+            kind: QueryErrorKind::MissingOperator(token.to_string()),
+        })?;
+    let name = &token[..op_at];
+    let after = &token[op_at..];
+    let (op, op_len) = if after.starts_with("<=") {
+        (Op::Le, 2)
+    } else if after.starts_with(">=") {
+        (Op::Ge, 2)
+    } else if after.starts_with("!=") {
+        (Op::Ne, 2)
+    } else if after.starts_with("==") {
+        (Op::Eq, 2)
+    } else if after.starts_with('<') {
+        (Op::Lt, 1)
+    } else if after.starts_with('>') {
+        (Op::Gt, 1)
+    } else if after.starts_with('=') {
+        (Op::Eq, 1)
+    } else if after.starts_with('~') {
+        (Op::Contains, 1)
+    } else {
+        return Err(QueryError {
+            start: start + op_at,
+            end: start + op_at + 1,
+            kind: QueryErrorKind::MissingOperator(token.to_string()),
+        });
+    };
+    let field = Field::from_name(name).ok_or_else(|| QueryError {
+        start,
+        end: start + op_at.max(1),
+        kind: if name.is_empty() {
+            QueryErrorKind::MissingOperator(token.to_string())
+        } else {
+            QueryErrorKind::UnknownField(name.to_string())
+        },
+    })?;
+    let value_at = start + op_at + op_len;
+    let raw = &token[op_at + op_len..];
+    let op_err = || QueryError {
+        start: start + op_at,
+        end: value_at,
+        kind: QueryErrorKind::OperatorNotSupported {
+            field: field.name(),
+            op: op.as_str(),
+        },
+    };
+    if raw.is_empty() {
+        return Err(QueryError {
+            start,
+            end: value_at,
+            kind: QueryErrorKind::MissingValue,
+        });
+    }
+    let bad_value = |expected| QueryError {
+        start: value_at,
+        end: value_at + raw.len(),
+        kind: QueryErrorKind::BadValue {
+            field: field.name(),
+            expected,
+        },
+    };
+    let value = match field.kind() {
+        Kind::Text => {
+            if !matches!(op, Op::Eq | Op::Ne | Op::Contains) {
+                return Err(op_err());
+            }
+            let text = match raw.strip_prefix('"') {
+                Some(quoted) => match quoted.strip_suffix('"') {
+                    Some(inner) if !inner.contains('"') => inner,
+                    _ => return Err(bad_value("text, quoted as \"..\" when it has spaces")),
+                },
+                None if raw.contains('"') => {
+                    return Err(bad_value("text, quoted as \"..\" when it has spaces"));
+                }
+                None => raw,
+            };
+            Value::Text(text.to_lowercase())
+        }
+        Kind::Bool => {
+            if !matches!(op, Op::Eq | Op::Ne) {
+                return Err(op_err());
+            }
+            match raw.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "1" => Value::Bool(true),
+                "false" | "no" | "0" => Value::Bool(false),
+                _ => return Err(bad_value("true or false")),
+            }
+        }
+        Kind::Number => {
+            if op == Op::Contains {
+                return Err(op_err());
+            }
+            let (scale, decimals) = field.scale();
+            let v = if field == Field::Price || field == Field::PricePerTflop {
+                raw.parse::<Money>().ok().map(Money::micros)
+            } else {
+                parse_scaled(raw, scale, decimals)
+            };
+            match v {
+                Some(v) => Value::Number(v),
+                None => {
+                    return Err(bad_value(match decimals {
+                        0 => "a whole number",
+                        _ => "a decimal number",
+                    }));
+                }
+            }
+        }
+    };
+    Ok(Condition { field, op, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::NodeKey;
+    use gridlease_protocol::fixtures;
+
+    fn summary(price: u64) -> OfferSummary {
+        let key = NodeKey::from_secret([3; 32]);
+        OfferSummary::of(&fixtures::offer(key.public(), 1, 2, price))
+    }
+
+    #[test]
+    fn the_issue_example_parses_and_matches() {
+        let q =
+            Query::parse("gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=false gpus>=2")
+                .unwrap();
+        assert_eq!(q.conditions.len(), 6);
+        assert!(q.matches(&summary(400_000)));
+        assert!(!q.matches(&summary(450_001)));
+        let q = Query::parse("verified=true").unwrap();
+        assert!(!q.matches(&summary(1)), "declared GPUs are not verified");
+    }
+
+    #[test]
+    fn every_operator_on_numbers() {
+        let s = summary(400_000);
+        for (q, want) in [
+            ("price=0.4", true),
+            ("price!=0.4", false),
+            ("price<0.4", false),
+            ("price<=0.4", true),
+            ("price>0.39", true),
+            ("price>=0.41", false),
+            ("gpus==2", true),
+            ("cc>=8.9", true),
+            ("cc>8.9", false),
+            ("fp16_tflops>=165.2", true),
+            ("fp16_tflops>165.2", false),
+            ("hours>=24", true),
+            ("cpu>=8", true),
+            ("ram>=32", true),
+            ("mem_bw>=1000", true),
+            ("region=EU-west", true),
+            ("region~east", false),
+            ("gpu=nvidia geforce rtx 4090", false), // a space splits terms
+            ("gpu=\"nvidia geforce rtx 4090\"", true),
+            ("gpu=\"NVIDIA GeForce RTX 3090\"", false),
+            ("egress=false", true),
+            ("price_per_tflop<=0.003", true),
+        ] {
+            let parsed = Query::parse(q);
+            let parsed = match parsed {
+                Ok(p) => p,
+                Err(e) if q.contains(' ') => {
+                    assert!(matches!(e.kind, QueryErrorKind::MissingOperator(_)));
+                    continue;
+                }
+                Err(e) => panic!("{q}: {e}"),
+            };
+            assert_eq!(parsed.matches(&s), want, "{q}");
+        }
+    }
+
+    #[test]
+    fn errors_point_at_the_offending_token() {
+        let input = "gpu~4090  vrma>=24 price<=0.45";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "vrma");
+        assert!(matches!(e.kind, QueryErrorKind::UnknownField(_)));
+        let rendered = e.render(input);
+        assert!(rendered.contains("\n          ^^^^\n"), "{rendered}");
+
+        let input = "price<=cheap";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "cheap");
+
+        let input = "vram>=24 gpu>=4090";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], ">=");
+
+        let input = "vram>=24 4090";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "4090");
+
+        let input = "vram>= 24";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(e.kind, QueryErrorKind::MissingValue);
+
+        let input = "verified=maybe";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "maybe");
+
+        let input = "vram>=24.5";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "24.5");
+
+        let input = "gpu=\"rtx 4090 vram>=24";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "\"rtx 4090 vram>=24");
+
+        let input = "price<=1 sort:cheapest";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "cheapest");
+    }
+
+    #[test]
+    fn sort_keys() {
+        let q = Query::parse("sort:-fp16_tflops").unwrap();
+        assert_eq!(
+            q.sort,
+            SortKey {
+                field: SortField::Fp16Tflops,
+                descending: true
+            }
+        );
+        assert_eq!(
+            SortKey::parse("price_per_tflop").unwrap().field,
+            SortField::PricePerTflop
+        );
+        assert!(Query::parse("sort:price sort:age").is_err());
+        let a = summary(100);
+        let b = summary(200);
+        assert_eq!(
+            SortKey::DEFAULT.compare(&a.numbers, &b.numbers),
+            Ordering::Less
+        );
+        assert_eq!(
+            SortKey::parse("-price")
+                .unwrap()
+                .compare(&a.numbers, &b.numbers),
+            Ordering::Greater
+        );
+    }
+
+    #[test]
+    fn empty_query_matches_everything() {
+        let q = Query::parse("   ").unwrap();
+        assert!(q.matches(&summary(5)));
+    }
+
+    #[test]
+    fn scaled_numbers() {
+        assert_eq!(parse_scaled("1.5", 1000, 3), Some(1500));
+        assert_eq!(parse_scaled(".5", 1000, 3), Some(500));
+        assert_eq!(parse_scaled("1.2345", 1000, 3), None);
+        assert_eq!(parse_scaled("-1", 1000, 3), None);
+        assert_eq!(parse_scaled("", 1000, 3), None);
+        assert_eq!(parse_scaled("99999999999999999999", 1, 0), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! Shared helpers of the benchmark binaries: real nodes on loopback with temporary homes.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use gridlease_node::home::Home;
+use gridlease_node::net::{Node, NodeConfig};
+use gridlease_node::store::{Store, StoreHandle};
+use gridlease_protocol::{NetworkId, PeerId};
+use libp2p::Multiaddr;
+
+pub struct BenchNode {
+    pub node: Node,
+    pub addr: Multiaddr,
+    pub peer: PeerId,
+    pub store: StoreHandle,
+}
+
+pub async fn start(root: &Path, name: &str, config: NodeConfig) -> BenchNode {
+    let home = root.join(name);
+    let h = Home::init(&home, &config.network).unwrap();
+    let store = StoreHandle::spawn(Store::open(&h.db_path()).unwrap());
+    let node = Node::start(h.key, config, store.clone()).await.unwrap();
+    let addr = node.client.listen_addrs().await.unwrap()[0].clone();
+    BenchNode {
+        peer: node.client.peer_id(),
+        node,
+        addr,
+        store,
+    }
+}
+
+pub fn config(announce: Duration) -> NodeConfig {
+    NodeConfig::local(NetworkId::devnet(), announce)
+}
+
+pub async fn connect(a: &BenchNode, b: &BenchNode) {
+    a.node.client.dial(b.addr.clone()).await.unwrap().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ab = a
+            .node
+            .client
+            .connected_peers()
+            .await
+            .unwrap()
+            .contains(&b.peer);
+        let ba = b
+            .node
+            .client
+            .connected_peers()
+            .await
+            .unwrap()
+            .contains(&a.peer);
+        if ab && ba {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "connect timed out");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Percentile (nearest rank) of sorted samples.
+pub fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn report(what: &str, mut samples: Vec<Duration>) -> String {
+    samples.sort();
+    format!(
+        "{what}: n={} p50={:.3} ms p90={:.3} ms p99={:.3} ms min={:.3} ms max={:.3} ms",
+        samples.len(),
+        ms(pct(&samples, 50.0)),
+        ms(pct(&samples, 90.0)),
+        ms(pct(&samples, 99.0)),
+        ms(samples[0]),
+        ms(samples[samples.len() - 1]),
+    )
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}

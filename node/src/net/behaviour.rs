@@ -1,0 +1,108 @@
+//! The composite libp2p behaviour of a gridlease node.
+
+// The derive generates `BehaviourEvent` with one undocumented variant per field.
+#![allow(missing_docs)]
+
+use std::time::Duration;
+
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::{
+    StreamProtocol, autonat, dcutr, gossipsub, identify, identity, kad, mdns, ping, relay,
+    request_response,
+};
+
+use super::codec::{LEASE_PROTOCOL, LeaseCodec};
+use super::gossip;
+use super::{BuildError, NodeConfig};
+
+/// Identify protocol version string.
+pub const IDENTIFY_PROTOCOL: &str = "/gridlease/1.0.0";
+/// Kademlia protocol name (a private DHT, not the IPFS one).
+pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/gridlease/kad/1.0.0");
+
+/// Every protocol a node speaks. Field order is the order events are polled in.
+#[derive(NetworkBehaviour)]
+pub struct Behaviour {
+    /// Offer gossip on `gridlease/v1/offers/<network>`, application-validated, peer-scored.
+    pub gossipsub: gossipsub::Behaviour,
+    /// Lease negotiation (`/gridlease/lease/1`), length-prefixed bincode frames.
+    pub lease: request_response::Behaviour<LeaseCodec>,
+    /// Peer discovery and routing; server mode on relay/bootstrap nodes, automatic elsewhere.
+    pub kad: kad::Behaviour<kad::store::MemoryStore>,
+    /// Exchanges listen/observed addresses and protocols; feeds kad and external addresses.
+    pub identify: identify::Behaviour,
+    /// Liveness.
+    pub ping: ping::Behaviour,
+    /// LAN discovery; off in tests and on WAN-only nodes.
+    pub mdns: Toggle<mdns::tokio::Behaviour>,
+    /// Reservations on relays, so providers behind NAT are reachable.
+    pub relay_client: relay::client::Behaviour,
+    /// Hole punching over relayed connections.
+    pub dcutr: dcutr::Behaviour,
+    /// Tests which of our addresses are reachable from outside.
+    pub autonat_client: autonat::v2::client::Behaviour,
+    /// Relay server (`--relay-server` only).
+    pub relay_server: Toggle<relay::Behaviour>,
+    /// AutoNAT dial-back server (`--relay-server` only).
+    pub autonat_server: Toggle<autonat::v2::server::Behaviour>,
+}
+
+impl Behaviour {
+    /// Builds the behaviour for `key` under `config`.
+    pub fn new(
+        key: &identity::Keypair,
+        relay_client: relay::client::Behaviour,
+        config: &NodeConfig,
+    ) -> Result<Self, BuildError> {
+        let peer_id = key.public().to_peer_id();
+        let gossipsub = gossip::behaviour(key, config)?;
+        let lease = request_response::Behaviour::with_codec(
+            LeaseCodec,
+            [(LEASE_PROTOCOL, request_response::ProtocolSupport::Full)],
+            request_response::Config::default()
+                .with_request_timeout(config.request_timeout)
+                .with_max_concurrent_streams(config.max_concurrent_lease_streams),
+        );
+        let mut kad_config = kad::Config::new(KAD_PROTOCOL);
+        kad_config.set_query_timeout(Duration::from_secs(30));
+        let mut kad =
+            kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
+        if config.relay_server {
+            kad.set_mode(Some(kad::Mode::Server));
+        }
+        let identify = identify::Behaviour::new(
+            identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
+                .with_agent_version(format!("gridlease/{}", env!("CARGO_PKG_VERSION"))),
+        );
+        let mdns = if config.mdns {
+            Some(
+                mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)
+                    .map_err(|e| BuildError::Transport(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        let (relay_server, autonat_server) = if config.relay_server {
+            (
+                Some(relay::Behaviour::new(peer_id, relay::Config::default())),
+                Some(autonat::v2::server::Behaviour::default()),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            gossipsub,
+            lease,
+            kad,
+            identify,
+            ping: ping::Behaviour::new(ping::Config::new()),
+            mdns: Toggle::from(mdns),
+            relay_client,
+            dcutr: dcutr::Behaviour::new(peer_id),
+            autonat_client: autonat::v2::client::Behaviour::default(),
+            relay_server: Toggle::from(relay_server),
+            autonat_server: Toggle::from(autonat_server),
+        })
+    }
+}

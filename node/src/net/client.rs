@@ -1,0 +1,323 @@
+//! The cloneable handle to the network actor, and the renter's side of negotiation.
+
+use std::sync::Arc;
+
+use gridlease_contracts::book::BookEntry;
+use gridlease_contracts::query::Query;
+use gridlease_contracts::terms::{AcceptError, check_accept};
+use gridlease_contracts::{Actor, Lease, LeaseEvent};
+use gridlease_protocol::{
+    CodecError, EnvelopeError, LeaseAccept, LeaseId, LeaseReject, LeaseRequest, LeaseTerms,
+    NetworkId, NodeKey, OfferId, PeerId, RejectReason, Signed, Timestamp,
+};
+use libp2p::Multiaddr;
+use tokio::sync::{mpsc, oneshot};
+
+use super::codec::{LeaseRpc, LeaseRpcResponse};
+use super::provider::{OfferTemplate, OwnOffer};
+use crate::store::{Role, StoreError, StoreHandle, StoredLease};
+
+/// A request to the event loop. Every variant carries its reply channel.
+#[derive(Debug)]
+pub(crate) enum Command {
+    ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
+    Dial(Multiaddr, oneshot::Sender<Result<(), String>>),
+    ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
+    MeshPeers(oneshot::Sender<Vec<PeerId>>),
+    PeerScore(PeerId, oneshot::Sender<Option<f64>>),
+    Search {
+        query: Query,
+        limit: usize,
+        reply: oneshot::Sender<Vec<BookEntry>>,
+    },
+    Offer(OfferId, oneshot::Sender<Option<BookEntry>>),
+    BookLen(oneshot::Sender<usize>),
+    SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
+    OwnOffer(oneshot::Sender<Option<OwnOffer>>),
+    Announce(oneshot::Sender<()>),
+    PublishRaw(Vec<u8>, oneshot::Sender<Result<(), String>>),
+    LeaseRpc {
+        peer: PeerId,
+        addrs: Vec<Multiaddr>,
+        rpc: LeaseRpc,
+        reply: oneshot::Sender<Result<LeaseRpcResponse, String>>,
+    },
+}
+
+/// Why a negotiation failed (a rejection is not a failure: see [`NegotiationOutcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NegotiationError {
+    /// The request could not be delivered or answered.
+    #[error("lease request to {peer} failed: {detail}")]
+    Network {
+        /// The provider.
+        peer: PeerId,
+        /// Why.
+        detail: String,
+    },
+    /// The provider's answer does not verify.
+    #[error("provider's answer does not verify: {0}")]
+    BadSignature(#[from] EnvelopeError),
+    /// The acceptance does not match what was asked.
+    #[error("provider's acceptance is not valid: {0}")]
+    BadAccept(#[from] AcceptError),
+    /// A rejection for another request.
+    #[error("provider's rejection does not answer this request")]
+    BadReject,
+    /// The terms could not be encoded or signed.
+    #[error("cannot sign the request: {0}")]
+    Codec(#[from] CodecError),
+    /// The lease could not be stored.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The provider key does not map to a peer id.
+    #[error("provider key is not a valid peer id")]
+    BadProvider,
+    /// The network task has stopped.
+    #[error("the network task has stopped")]
+    Closed,
+}
+
+/// The result of a negotiation.
+#[derive(Debug, Clone)]
+pub enum NegotiationOutcome {
+    /// Both signatures exist and the lease is stored on this side.
+    Accepted {
+        /// The lease id (hash of the terms).
+        lease_id: LeaseId,
+        /// The renter's signed request.
+        request: Signed<LeaseRequest>,
+        /// The provider's signed acceptance.
+        accept: Signed<LeaseAccept>,
+    },
+    /// The provider refused.
+    Rejected {
+        /// Why.
+        reason: RejectReason,
+        /// The signed refusal.
+        reject: Signed<LeaseReject>,
+    },
+}
+
+/// Handle to a running node's network task.
+#[derive(Clone, Debug)]
+pub struct Client {
+    tx: mpsc::Sender<Command>,
+    network: NetworkId,
+    key: Arc<NodeKey>,
+    store: StoreHandle,
+}
+
+impl Client {
+    pub(crate) fn new(
+        tx: mpsc::Sender<Command>,
+        network: NetworkId,
+        key: Arc<NodeKey>,
+        store: StoreHandle,
+    ) -> Self {
+        Self {
+            tx,
+            network,
+            key,
+            store,
+        }
+    }
+
+    async fn ask<R>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<R>) -> Command,
+    ) -> Result<R, NegotiationError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| NegotiationError::Closed)?;
+        rx.await.map_err(|_| NegotiationError::Closed)
+    }
+
+    /// This node's peer id.
+    pub fn peer_id(&self) -> PeerId {
+        self.key.peer_id()
+    }
+
+    /// This node's key (for signing requests).
+    pub fn key(&self) -> &NodeKey {
+        &self.key
+    }
+
+    /// The network.
+    pub fn network(&self) -> &NetworkId {
+        &self.network
+    }
+
+    /// The store.
+    pub fn store(&self) -> &StoreHandle {
+        &self.store
+    }
+
+    /// Listen addresses, with `/p2p/<id>`; waits until at least one is bound.
+    pub async fn listen_addrs(&self) -> Result<Vec<Multiaddr>, NegotiationError> {
+        self.ask(Command::ListenAddrs).await
+    }
+
+    /// Dials an address; resolves when the dial was started (connection events follow).
+    pub async fn dial(&self, addr: Multiaddr) -> Result<Result<(), String>, NegotiationError> {
+        self.ask(|r| Command::Dial(addr, r)).await
+    }
+
+    /// Connected peers.
+    pub async fn connected_peers(&self) -> Result<Vec<PeerId>, NegotiationError> {
+        self.ask(Command::ConnectedPeers).await
+    }
+
+    /// Peers in our gossipsub mesh for the offer topic.
+    pub async fn mesh_peers(&self) -> Result<Vec<PeerId>, NegotiationError> {
+        self.ask(Command::MeshPeers).await
+    }
+
+    /// Gossipsub's score of a peer.
+    pub async fn peer_score(&self, peer: PeerId) -> Result<Option<f64>, NegotiationError> {
+        self.ask(|r| Command::PeerScore(peer, r)).await
+    }
+
+    /// Live offers matching `query`, in its order, at most `limit`.
+    pub async fn search(
+        &self,
+        query: Query,
+        limit: usize,
+    ) -> Result<Vec<BookEntry>, NegotiationError> {
+        self.ask(|reply| Command::Search {
+            query,
+            limit,
+            reply,
+        })
+        .await
+    }
+
+    /// One offer from the book.
+    pub async fn offer(&self, id: OfferId) -> Result<Option<BookEntry>, NegotiationError> {
+        self.ask(|r| Command::Offer(id, r)).await
+    }
+
+    /// Offers held.
+    pub async fn book_len(&self) -> Result<usize, NegotiationError> {
+        self.ask(Command::BookLen).await
+    }
+
+    /// Sets (or withdraws, with `None`) what this node offers; a new offer is signed with a new
+    /// sequence and announced at once.
+    pub async fn set_offer(
+        &self,
+        template: Option<OfferTemplate>,
+    ) -> Result<Option<OwnOffer>, NegotiationError> {
+        self.ask(|r| Command::SetOffer(template, r)).await
+    }
+
+    /// The current own offer.
+    pub async fn own_offer(&self) -> Result<Option<OwnOffer>, NegotiationError> {
+        self.ask(Command::OwnOffer).await
+    }
+
+    /// Runs one announce round now (what the timer does every announce period).
+    pub async fn announce(&self) -> Result<(), NegotiationError> {
+        self.ask(Command::Announce).await
+    }
+
+    /// Publishes raw bytes on the offer topic, unvalidated. For tests and fault injection only.
+    pub async fn publish_raw(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<Result<(), String>, NegotiationError> {
+        self.ask(|r| Command::PublishRaw(bytes, r)).await
+    }
+
+    /// Sends one RPC on the lease stream and returns the raw answer.
+    pub async fn lease_rpc(
+        &self,
+        peer: PeerId,
+        addrs: Vec<Multiaddr>,
+        rpc: LeaseRpc,
+    ) -> Result<LeaseRpcResponse, NegotiationError> {
+        self.ask(|reply| Command::LeaseRpc {
+            peer,
+            addrs,
+            rpc,
+            reply,
+        })
+        .await?
+        .map_err(|detail| NegotiationError::Network { peer, detail })
+    }
+
+    /// The renter's negotiation: signs `terms` as a request valid until `expires_at`, sends it
+    /// to the provider, verifies the answer (provider's signature, identical terms, lease id,
+    /// GPU count) and stores the lease before returning. `addrs` are dial hints (e.g. the
+    /// offer's addresses).
+    pub async fn negotiate(
+        &self,
+        terms: LeaseTerms,
+        expires_at: Timestamp,
+        addrs: Vec<Multiaddr>,
+    ) -> Result<NegotiationOutcome, NegotiationError> {
+        let request = Signed::sign(
+            &self.key,
+            &self.network,
+            &LeaseRequest {
+                terms: terms.clone(),
+                expires_at,
+            },
+        )?;
+        self.negotiate_signed(request, terms, addrs).await
+    }
+
+    /// [`Client::negotiate`] with an already signed request (retries resend the same bytes).
+    pub async fn negotiate_signed(
+        &self,
+        request: Signed<LeaseRequest>,
+        terms: LeaseTerms,
+        addrs: Vec<Multiaddr>,
+    ) -> Result<NegotiationOutcome, NegotiationError> {
+        let peer = terms
+            .provider
+            .peer_id()
+            .map_err(|_| NegotiationError::BadProvider)?;
+        let answer = self
+            .lease_rpc(peer, addrs, LeaseRpc::Propose(request.clone()))
+            .await?;
+        match answer {
+            LeaseRpcResponse::Accepted(accept) => {
+                let v = accept.verify(&self.network)?;
+                let lease_id = check_accept(&terms, &v.message, &v.signer)?;
+                let now = crate::clock::now();
+                let mut lease = Lease::propose(lease_id, terms);
+                // The renter records the provider's acceptance as the provider's event.
+                lease
+                    .apply(LeaseEvent::Accept, Actor::Provider, v.message.accepted_at)
+                    .map_err(|_| NegotiationError::BadReject)?;
+                let stored = StoredLease {
+                    role: Role::Renter,
+                    lease,
+                    request: request.clone(),
+                    accept: Some(accept.clone()),
+                    gpus: v.message.gpus.clone(),
+                    created_at: now,
+                };
+                self.store.call(move |s| s.insert_lease(&stored)).await?;
+                Ok(NegotiationOutcome::Accepted {
+                    lease_id,
+                    request,
+                    accept,
+                })
+            }
+            LeaseRpcResponse::Rejected(reject) => {
+                let v = reject.verify(&self.network)?;
+                if v.signer != terms.provider || v.message.nonce != terms.nonce {
+                    return Err(NegotiationError::BadReject);
+                }
+                Ok(NegotiationOutcome::Rejected {
+                    reason: v.message.reason,
+                    reject,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The lease negotiation stream: `/gridlease/lease/1`, request-response with length-prefixed
+//! bincode frames.
+//!
+//! Frame = 4-byte big-endian length + body (see `gridlease_protocol::codec::frame_header`).
+//! The length is checked against the direction's cap *before* the body is allocated; the body is
+//! decoded with the same cap and trailing bytes are refused. Signed payloads inside are verified
+//! by the event loop (requests) or the client (responses), not here.
+
+use std::io;
+
+use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use gridlease_protocol::codec::{self, check_frame_header, frame_header};
+use gridlease_protocol::envelope::ENVELOPE_OVERHEAD;
+use gridlease_protocol::{
+    LeaseAccept, LeaseReject, LeaseRequest, MAX_LEASE_ACCEPT_BYTES, MAX_LEASE_REQUEST_BYTES, Signed,
+};
+use libp2p::StreamProtocol;
+use serde::{Deserialize, Serialize};
+
+/// The protocol name of the lease stream.
+pub const LEASE_PROTOCOL: StreamProtocol = StreamProtocol::new("/gridlease/lease/1");
+
+/// Cap on a request frame body: the largest request envelope plus the enum tag.
+pub const MAX_REQUEST_FRAME: usize = MAX_LEASE_REQUEST_BYTES + ENVELOPE_OVERHEAD + 16;
+/// Cap on a response frame body: the largest response envelope plus the enum tag.
+pub const MAX_RESPONSE_FRAME: usize = MAX_LEASE_ACCEPT_BYTES + ENVELOPE_OVERHEAD + 16;
+
+/// What a renter sends to a provider. Later issues add usage, receipts and closing here.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LeaseRpc {
+    /// A signed lease request.
+    Propose(Signed<LeaseRequest>),
+}
+
+/// What the provider answers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LeaseRpcResponse {
+    /// The provider's signature over the requested terms.
+    Accepted(Signed<LeaseAccept>),
+    /// A signed refusal with a reason.
+    Rejected(Signed<LeaseReject>),
+}
+
+/// The length-prefixed bincode codec for [`LeaseRpc`] / [`LeaseRpcResponse`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeaseCodec;
+
+fn invalid(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// Reads one frame of at most `max` body bytes; the cap is checked before allocating.
+pub async fn read_frame<T: AsyncRead + Unpin + Send>(
+    io: &mut T,
+    max: usize,
+) -> io::Result<Vec<u8>> {
+    let mut header = [0u8; 4];
+    io.read_exact(&mut header).await?;
+    let len = check_frame_header(header, max).map_err(invalid)?;
+    let mut body = vec![0u8; len];
+    io.read_exact(&mut body).await?;
+    Ok(body)
+}
+
+/// Writes one frame and closes the write side.
+pub async fn write_frame<T: AsyncWrite + Unpin + Send>(
+    io: &mut T,
+    body: &[u8],
+    max: usize,
+) -> io::Result<()> {
+    let header = frame_header(body.len(), max).map_err(invalid)?;
+    io.write_all(&header).await?;
+    io.write_all(body).await?;
+    io.close().await
+}
+
+impl libp2p::request_response::Codec for LeaseCodec {
+    type Protocol = StreamProtocol;
+    type Request = LeaseRpc;
+    type Response = LeaseRpcResponse;
+
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<LeaseRpc>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        let body = read_frame(io, MAX_REQUEST_FRAME).await?;
+        codec::decode::<LeaseRpc, MAX_REQUEST_FRAME>(&body).map_err(invalid)
+    }
+
+    async fn read_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+    ) -> io::Result<LeaseRpcResponse>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        let body = read_frame(io, MAX_RESPONSE_FRAME).await?;
+        codec::decode::<LeaseRpcResponse, MAX_RESPONSE_FRAME>(&body).map_err(invalid)
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: LeaseRpc,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        let body = codec::encode::<LeaseRpc, MAX_REQUEST_FRAME>(&req).map_err(invalid)?;
+        write_frame(io, &body, MAX_REQUEST_FRAME).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        res: LeaseRpcResponse,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        let body = codec::encode::<LeaseRpcResponse, MAX_RESPONSE_FRAME>(&res).map_err(invalid)?;
+        write_frame(io, &body, MAX_RESPONSE_FRAME).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::io::Cursor;
+
+    #[tokio::test]
+    async fn oversized_length_is_refused_before_allocation() {
+        let mut bytes = Vec::from(u32::MAX.to_be_bytes());
+        bytes.extend_from_slice(&[0; 8]);
+        let err = read_frame(&mut Cursor::new(bytes), MAX_REQUEST_FRAME)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[tokio::test]
+    async fn frames_round_trip_and_truncation_fails() {
+        let mut buf = Cursor::new(Vec::new());
+        write_frame(&mut buf, b"hello", 16).await.unwrap();
+        let bytes = buf.into_inner();
+        let got = read_frame(&mut Cursor::new(bytes.clone()), 16)
+            .await
+            .unwrap();
+        assert_eq!(got, b"hello");
+        let err = read_frame(&mut Cursor::new(bytes[..6].to_vec()), 16)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(read_frame(&mut Cursor::new(bytes), 4).await.is_err());
+    }
+}

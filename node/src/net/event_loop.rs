@@ -1,0 +1,784 @@
+//! The task that owns the swarm. See the module docs of [`crate::net`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gridlease_contracts::book::{Admission, OfferBook};
+use gridlease_contracts::query::Query;
+use gridlease_protocol::{
+    Digest, LeaseId, LeaseRequest, NodeKey, Offer, OfferId, PeerId, PublicKey, RejectReason,
+    Signed, Timestamp,
+};
+use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance};
+use libp2p::multiaddr::Protocol;
+use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
+use libp2p::swarm::SwarmEvent;
+use libp2p::{Multiaddr, Swarm, autonat, dcutr, identify, kad, mdns, noise, relay, tcp, yamux};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::behaviour::{Behaviour, BehaviourEvent};
+use super::client::Command;
+use super::codec::{LeaseRpc, LeaseRpcResponse};
+use super::gossip::{self, OfferIgnore, Verdict};
+use super::provider::{self, Decision, OwnOffer, ProviderState};
+use super::ratelimit::RateLimiter;
+use super::{BuildError, NetworkEvent, NodeConfig};
+use crate::clock;
+use crate::store::{StoreError, StoreHandle};
+
+/// Most offers buffered for the next store flush.
+const OFFER_FLUSH_MAX: usize = 1024;
+/// How often admitted offers are written to the store.
+const OFFER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
+/// Most tracked peers in each rate limiter.
+const RATE_KEYS: usize = 10_000;
+
+/// Builds the swarm: TCP + QUIC, noise, yamux, DNS, relay client, the composite behaviour.
+pub(super) fn build_swarm(
+    key: &NodeKey,
+    config: &NodeConfig,
+) -> Result<Swarm<Behaviour>, BuildError> {
+    let t = |e: &dyn std::fmt::Display| BuildError::Transport(e.to_string());
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(key.keypair().clone())
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .map_err(|e| t(&e))?
+        .with_quic()
+        .with_dns()
+        .map_err(|e| t(&e))?
+        .with_relay_client(noise::Config::new, yamux::Config::default)
+        .map_err(|e| t(&e))?
+        .with_behaviour(|kp, relay_client| {
+            Behaviour::new(kp, relay_client, config)
+                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
+        })
+        .map_err(|e| t(&e))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_connection_timeout))
+        .build();
+    Ok(swarm)
+}
+
+/// Work finished off the loop that needs the swarm to complete.
+#[derive(Debug)]
+enum Internal {
+    /// A provider lease was committed (or failed to be).
+    LeasePersisted {
+        renter: PublicKey,
+        nonce: u64,
+        lease_id: LeaseId,
+        accept: Signed<gridlease_protocol::LeaseAccept>,
+        result: Result<(), StoreError>,
+    },
+}
+
+pub(super) struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    key: Arc<NodeKey>,
+    config: NodeConfig,
+    topic: IdentTopic,
+    store: StoreHandle,
+    book: OfferBook,
+    provider: ProviderState,
+    commands: mpsc::Receiver<Command>,
+    /// Lease writes in flight; each yields the completion to answer the renter with.
+    tasks: JoinSet<Internal>,
+    events: broadcast::Sender<NetworkEvent>,
+    cancel: CancellationToken,
+    peer_limits: RateLimiter<PeerId>,
+    provider_limits: RateLimiter<PublicKey>,
+    listen_addrs: Vec<Multiaddr>,
+    listen_waiters: Vec<oneshot::Sender<Vec<Multiaddr>>>,
+    pending_rpcs: HashMap<OutboundRequestId, oneshot::Sender<Result<LeaseRpcResponse, String>>>,
+    /// Inbound requests waiting for a lease write, by lease id.
+    waiting: HashMap<LeaseId, Vec<ResponseChannel<LeaseRpcResponse>>>,
+    unflushed: Vec<(OfferId, Signed<Offer>, Offer, Timestamp)>,
+    /// When each held offer was last accepted from gossip (bounded by the book: swept with it).
+    last_accepted: HashMap<OfferId, Timestamp>,
+}
+
+impl EventLoop {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        swarm: Swarm<Behaviour>,
+        key: Arc<NodeKey>,
+        config: NodeConfig,
+        store: StoreHandle,
+        book: OfferBook,
+        provider: ProviderState,
+        commands: mpsc::Receiver<Command>,
+        events: broadcast::Sender<NetworkEvent>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            topic: gossip::offer_topic(&config.network),
+            peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
+            provider_limits: RateLimiter::new(config.provider_rate, RATE_KEYS),
+            swarm,
+            key,
+            config,
+            store,
+            book,
+            provider,
+            commands,
+            tasks: JoinSet::new(),
+            events,
+            cancel,
+            listen_addrs: Vec::new(),
+            listen_waiters: Vec::new(),
+            pending_rpcs: HashMap::new(),
+            waiting: HashMap::new(),
+            unflushed: Vec::new(),
+            last_accepted: HashMap::new(),
+        }
+    }
+
+    /// Binds the listen addresses, registers external addresses and dials bootstrap peers.
+    pub(super) fn start_listening(&mut self) -> Result<(), BuildError> {
+        for addr in self.config.listen.clone() {
+            self.swarm
+                .listen_on(addr.clone())
+                .map_err(|e| BuildError::Listen {
+                    addr,
+                    detail: e.to_string(),
+                })?;
+        }
+        for addr in self.config.external_addrs.clone() {
+            self.swarm.add_external_address(addr);
+        }
+        if self.config.relay_server && self.config.external_addrs.is_empty() {
+            // relay 0.22 only serves HOP once it has a confirmed external address. Without a
+            // configured public address we serve anyway: an operator who asked for a relay wants
+            // one, and AutoNAT confirmations may never come on a private test network.
+            if let Some(relay) = self.swarm.behaviour_mut().relay_server.as_mut() {
+                relay.set_status(Some(relay::Status::Enable));
+            }
+            tracing::info!("relay server enabled without a configured external address");
+        }
+        for addr in self.config.bootstrap.clone() {
+            if let Some(Protocol::P2p(peer)) = addr.iter().last() {
+                self.swarm
+                    .behaviour_mut()
+                    .kad
+                    .add_address(&peer, addr.clone());
+            }
+            if let Err(e) = self.swarm.dial(addr.clone()) {
+                tracing::warn!(%addr, error = %e, "cannot dial bootstrap peer");
+            }
+        }
+        Ok(())
+    }
+
+    fn emit(&self, event: NetworkEvent) {
+        // No subscriber is fine; a lagging one loses old events.
+        let _ = self.events.send(event);
+    }
+
+    pub(super) async fn run(mut self) {
+        let mut announce = tokio::time::interval(self.config.announce_period);
+        announce.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut flush = tokio::time::interval(OFFER_FLUSH_PERIOD);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut kad_walk = tokio::time::interval(Duration::from_secs(300));
+        kad_walk.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => break,
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
+                    Ok(done) => self.on_internal(done),
+                    Err(e) => tracing::error!(error = %e, "lease write task failed"),
+                },
+                cmd = self.commands.recv() => match cmd {
+                    Some(cmd) => self.on_command(cmd),
+                    None => break,
+                },
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                _ = announce.tick() => self.announce(),
+                _ = flush.tick() => self.flush_offers(),
+                _ = kad_walk.tick() => {
+                    // Random walk to keep the routing table fresh; no known peers is fine.
+                    let _ = self.swarm.behaviour_mut().kad.bootstrap();
+                }
+            }
+        }
+        self.flush_offers();
+        tracing::info!("network loop stopped");
+    }
+
+    // ---- commands ------------------------------------------------------------------------
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::ListenAddrs(reply) => {
+                if self.listen_addrs.is_empty() {
+                    self.listen_waiters.push(reply);
+                } else {
+                    let _ = reply.send(self.listen_addrs.clone());
+                }
+            }
+            Command::Dial(addr, reply) => {
+                let _ = reply.send(self.swarm.dial(addr).map_err(|e| e.to_string()));
+            }
+            Command::ConnectedPeers(reply) => {
+                let _ = reply.send(self.swarm.connected_peers().copied().collect());
+            }
+            Command::MeshPeers(reply) => {
+                let hash = self.topic.hash();
+                let peers = self
+                    .swarm
+                    .behaviour()
+                    .gossipsub
+                    .mesh_peers(&hash)
+                    .copied()
+                    .collect();
+                let _ = reply.send(peers);
+            }
+            Command::PeerScore(peer, reply) => {
+                let _ = reply.send(self.swarm.behaviour().gossipsub.peer_score(&peer));
+            }
+            Command::Search {
+                query,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(self.search(&query, limit));
+            }
+            Command::Offer(id, reply) => {
+                let _ = reply.send(self.book.get(&id).cloned());
+            }
+            Command::BookLen(reply) => {
+                let _ = reply.send(self.book.len());
+            }
+            Command::SetOffer(template, reply) => {
+                self.provider.template = template;
+                self.provider.current = None;
+                if self.provider.template.is_some() {
+                    self.announce();
+                } else {
+                    self.book.remove(&self.key.public());
+                }
+                let _ = reply.send(self.provider.current.clone());
+            }
+            Command::OwnOffer(reply) => {
+                let _ = reply.send(self.provider.current.clone());
+            }
+            Command::Announce(reply) => {
+                self.announce();
+                let _ = reply.send(());
+            }
+            Command::PublishRaw(bytes, reply) => {
+                let r = self
+                    .swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .publish(self.topic.clone(), bytes)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(r);
+            }
+            Command::LeaseRpc {
+                peer,
+                addrs,
+                rpc,
+                reply,
+            } => {
+                for a in addrs {
+                    self.swarm.add_peer_address(peer, a);
+                }
+                let id = self.swarm.behaviour_mut().lease.send_request(&peer, rpc);
+                self.pending_rpcs.insert(id, reply);
+            }
+        }
+    }
+
+    fn search(&self, query: &Query, limit: usize) -> Vec<gridlease_contracts::book::BookEntry> {
+        let now = clock::now();
+        self.book
+            .search(query, now, limit)
+            .into_iter()
+            .cloned()
+            .collect()
+    }
+
+    // ---- own offer -----------------------------------------------------------------------
+
+    /// Re-signs the own offer when it is missing or close to expiry, publishes it, and sweeps
+    /// expired offers from the book.
+    fn announce(&mut self) {
+        let now = clock::now();
+        self.book.evict_expired(now);
+        let book = &self.book;
+        self.last_accepted.retain(|id, _| book.get(id).is_some());
+        let Some(template) = self.provider.template.clone() else {
+            return;
+        };
+        let ttl_ms = u64::try_from(self.config.offer_ttl.as_millis()).unwrap_or(u64::MAX);
+        let margin = u64::try_from((self.config.announce_period * 2).as_millis()).unwrap_or(0);
+        let stale = match &self.provider.current {
+            None => true,
+            Some(cur) => cur.offer.expires_at.ms_since(now) <= margin,
+        };
+        if stale {
+            let seq = self.provider.next_seq(now);
+            let addrs = self.advertised_addrs();
+            let offer = template.offer(self.key.public(), seq, now, ttl_ms, addrs);
+            let signed = match Signed::sign(&self.key, &self.config.network, &offer) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot sign own offer");
+                    return;
+                }
+            };
+            let id = OfferId(signed.envelope().content_digest());
+            if let Err(e) = self.book.admit(signed.clone(), offer.clone(), id, now) {
+                tracing::warn!(error = %e, "own offer not admitted to own book");
+            }
+            let persisted = signed.clone();
+            let submitted = self.store.try_submit(move |s| {
+                if let Err(e) = s.put_own_offer(id, &persisted, seq) {
+                    tracing::error!(error = %e, "cannot persist own offer");
+                }
+            });
+            if !submitted {
+                tracing::warn!("store queue full; own offer sequence not persisted this round");
+            }
+            self.provider.current = Some(OwnOffer { signed, offer, id });
+            self.emit(NetworkEvent::OfferPublished { id, seq });
+        }
+        let Some(cur) = &self.provider.current else {
+            return;
+        };
+        let bytes = match cur.signed.to_bytes() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode own offer");
+                return;
+            }
+        };
+        match self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(self.topic.clone(), bytes)
+        {
+            Ok(_) => tracing::debug!(seq = cur.offer.seq, "offer announced"),
+            Err(gossipsub::PublishError::Duplicate) => {}
+            Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => {
+                tracing::debug!("no peers to announce to yet");
+            }
+            Err(e) => tracing::warn!(error = %e, "offer announce failed"),
+        }
+    }
+
+    /// Our addresses as text for the offer: external ones first, then listen addresses.
+    fn advertised_addrs(&self) -> Vec<String> {
+        let me = *self.swarm.local_peer_id();
+        let mut out: Vec<String> = self
+            .swarm
+            .external_addresses()
+            .chain(self.listen_addrs.iter())
+            .map(|a| with_peer(a.clone(), me).to_string())
+            .filter(|s| s.len() <= gridlease_protocol::MAX_ADDR_LEN)
+            .collect();
+        out.dedup();
+        out.truncate(gridlease_protocol::MAX_OFFER_ADDRS);
+        out
+    }
+
+    fn flush_offers(&mut self) {
+        if self.unflushed.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.unflushed);
+        let now = clock::now();
+        let n = batch.len();
+        let ok = self.store.try_submit(move |s| {
+            if let Err(e) = s.put_offers(&batch, now) {
+                tracing::warn!(error = %e, "cannot persist offers");
+            }
+        });
+        if !ok {
+            // Offers are re-announced; losing a cache write costs a slower warm start only.
+            tracing::warn!(offers = n, "store queue full; offer cache write skipped");
+        }
+    }
+
+    // ---- internal completions -------------------------------------------------------------
+
+    fn on_internal(&mut self, done: Internal) {
+        match done {
+            Internal::LeasePersisted {
+                renter,
+                nonce,
+                lease_id,
+                accept,
+                result,
+            } => {
+                let waiters = self.waiting.remove(&lease_id).unwrap_or_default();
+                let response = match result {
+                    Ok(()) => {
+                        self.provider
+                            .persisted(renter, nonce, lease_id, accept.clone());
+                        self.emit(NetworkEvent::LeaseAccepted { lease_id, renter });
+                        LeaseRpcResponse::Accepted(accept)
+                    }
+                    Err(e) => {
+                        tracing::error!(lease = %lease_id, error = %e, "cannot persist lease");
+                        self.provider.persist_failed(renter, nonce, lease_id);
+                        let reason = match e {
+                            StoreError::NonceConflict { .. } => RejectReason::DuplicateNonce,
+                            _ => RejectReason::Internal,
+                        };
+                        provider::reject(
+                            &self.key,
+                            &self.config.network,
+                            lease_id,
+                            nonce,
+                            reason,
+                            clock::now(),
+                        )
+                    }
+                };
+                for ch in waiters {
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .lease
+                        .send_response(ch, response.clone());
+                }
+            }
+        }
+    }
+
+    // ---- swarm events ----------------------------------------------------------------------
+
+    /// The one place where swarm events become node events.
+    fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let me = *self.swarm.local_peer_id();
+                let addr = with_peer(address, me);
+                tracing::info!(%addr, "listening");
+                self.listen_addrs.push(addr.clone());
+                for w in self.listen_waiters.drain(..) {
+                    let _ = w.send(self.listen_addrs.clone());
+                }
+                self.emit(NetworkEvent::Listening { addr });
+            }
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                num_established,
+                endpoint,
+                ..
+            } if num_established.get() == 1 => {
+                tracing::debug!(peer = %peer_id, addr = %endpoint.get_remote_address(), "connected");
+                self.emit(NetworkEvent::PeerConnected { peer: peer_id });
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                ..
+            } => {
+                self.emit(NetworkEvent::PeerDisconnected { peer: peer_id });
+            }
+            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                tracing::debug!(peer = ?peer_id, error = %error, "outgoing connection failed");
+            }
+            SwarmEvent::ExternalAddrConfirmed { address } => {
+                tracing::info!(%address, "external address confirmed");
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(e)) => self.on_gossip(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Lease(e)) => self.on_lease(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) => {
+                let kad_proto = super::behaviour::KAD_PROTOCOL;
+                if info.protocols.contains(&kad_proto) {
+                    for addr in info.listen_addrs {
+                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    }
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
+                for (peer, addr) in found {
+                    if !self.swarm.is_connected(&peer) {
+                        self.swarm.add_peer_address(peer, addr.clone());
+                        let _ = self.swarm.dial(addr);
+                    }
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::RelayClient(
+                relay::client::Event::ReservationReqAccepted { relay_peer_id, .. },
+            )) => {
+                self.emit(NetworkEvent::RelayReservation {
+                    relay: relay_peer_id,
+                });
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::AutonatClient(autonat::v2::client::Event {
+                tested_addr,
+                result,
+                ..
+            })) => {
+                self.emit(NetworkEvent::NatProbe {
+                    addr: tested_addr,
+                    reachable: result.is_ok(),
+                });
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event {
+                remote_peer_id,
+                result: Ok(_),
+            })) => {
+                self.emit(NetworkEvent::HolePunched {
+                    peer: remote_peer_id,
+                });
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::RoutingUpdated {
+                peer, ..
+            })) => {
+                tracing::trace!(%peer, "kad routing updated");
+            }
+            _ => {}
+        }
+    }
+
+    fn on_gossip(&mut self, event: gossipsub::Event) {
+        match event {
+            gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            } => {
+                let verdict = self.validate(&propagation_source, &message.data);
+                let acceptance = match verdict {
+                    Verdict::Accept(valid) => {
+                        let now = clock::now();
+                        let valid = *valid;
+                        let (id, provider, seq) = (valid.id, valid.offer.provider, valid.offer.seq);
+                        match self
+                            .book
+                            .admit(valid.signed.clone(), valid.offer.clone(), id, now)
+                        {
+                            Ok(Admission::Refresh) => {
+                                self.emit(NetworkEvent::OfferRefreshed {
+                                    id,
+                                    from: propagation_source,
+                                });
+                            }
+                            Ok(_) => {
+                                if self.unflushed.len() < OFFER_FLUSH_MAX {
+                                    self.unflushed.push((id, valid.signed, valid.offer, now));
+                                }
+                                self.emit(NetworkEvent::OfferAdmitted {
+                                    id,
+                                    provider,
+                                    seq,
+                                    from: propagation_source,
+                                });
+                            }
+                            Err(e) => tracing::debug!(error = %e, "offer not admitted"),
+                        }
+                        MessageAcceptance::Accept
+                    }
+                    Verdict::Reject(why) => {
+                        tracing::debug!(peer = %propagation_source, reason = %why, "offer rejected");
+                        self.emit(NetworkEvent::OfferRejected {
+                            from: propagation_source,
+                            reason: why.to_string(),
+                        });
+                        MessageAcceptance::Reject
+                    }
+                    Verdict::Ignore(why) => {
+                        tracing::debug!(peer = %propagation_source, reason = %why, "offer ignored");
+                        self.emit(NetworkEvent::OfferIgnored {
+                            from: propagation_source,
+                            reason: why,
+                        });
+                        MessageAcceptance::Ignore
+                    }
+                };
+                self.swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .report_message_validation_result(&message_id, &propagation_source, acceptance);
+            }
+            gossipsub::Event::Subscribed { peer_id, topic } if topic == self.topic.hash() => {
+                self.emit(NetworkEvent::PeerSubscribed { peer: peer_id });
+            }
+            _ => {}
+        }
+    }
+
+    fn validate(&mut self, from: &PeerId, data: &[u8]) -> Verdict {
+        let now = clock::now();
+        if !self.peer_limits.check(from, now) {
+            return Verdict::Ignore(OfferIgnore::PeerRateLimited);
+        }
+        let verdict = gossip::check_offer(data, &self.config.network, &self.book, now);
+        if let Verdict::Accept(v) = &verdict {
+            if v.admission == Admission::Refresh {
+                let min =
+                    u64::try_from(self.config.min_refresh_interval().as_millis()).unwrap_or(0);
+                if let Some(last) = self.last_accepted.get(&v.id)
+                    && now.ms_since(*last) < min
+                {
+                    return Verdict::Ignore(OfferIgnore::RecentlyRefreshed);
+                }
+            } else if !self.provider_limits.check(&v.offer.provider, now) {
+                return Verdict::Ignore(OfferIgnore::ProviderRateLimited);
+            }
+            self.last_accepted.insert(v.id, now);
+        }
+        verdict
+    }
+
+    fn on_lease(&mut self, event: request_response::Event<LeaseRpc, LeaseRpcResponse>) {
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => {
+                    self.on_lease_request(peer, request, channel);
+                }
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => {
+                    if let Some(reply) = self.pending_rpcs.remove(&request_id) {
+                        let _ = reply.send(Ok(response));
+                    }
+                }
+            },
+            request_response::Event::OutboundFailure {
+                request_id, error, ..
+            } => {
+                if let Some(reply) = self.pending_rpcs.remove(&request_id) {
+                    let _ = reply.send(Err(error.to_string()));
+                }
+            }
+            request_response::Event::InboundFailure { peer, error, .. } => {
+                tracing::debug!(%peer, %error, "inbound lease request failed");
+            }
+            request_response::Event::ResponseSent { .. } => {}
+        }
+    }
+
+    fn on_lease_request(
+        &mut self,
+        peer: PeerId,
+        request: LeaseRpc,
+        channel: ResponseChannel<LeaseRpcResponse>,
+    ) {
+        let now = clock::now();
+        let LeaseRpc::Propose(signed) = request;
+        let decision = match self.verify_request(&peer, &signed) {
+            Ok(verified) => {
+                self.provider
+                    .decide(&self.key, &self.config.network, &signed, verified, now)
+            }
+            Err((lease_id, nonce, reason)) => Decision::Respond(provider::reject(
+                &self.key,
+                &self.config.network,
+                lease_id,
+                nonce,
+                reason,
+                now,
+            )),
+        };
+        match decision {
+            Decision::Respond(response) => {
+                if let LeaseRpcResponse::Rejected(r) = &response
+                    && let Ok(v) = r.verify(&self.config.network)
+                {
+                    self.emit(NetworkEvent::LeaseRejected {
+                        peer,
+                        reason: v.message.reason,
+                    });
+                }
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .lease
+                    .send_response(channel, response);
+            }
+            Decision::Wait { lease_id } => {
+                self.waiting.entry(lease_id).or_default().push(channel);
+            }
+            Decision::Persist { stored, accept } => {
+                let lease_id = stored.lease.id;
+                let renter = stored.lease.terms.renter;
+                let nonce = stored.lease.terms.nonce;
+                self.waiting.entry(lease_id).or_default().push(channel);
+                let store = self.store.clone();
+                self.tasks.spawn(async move {
+                    let result = store.call(move |s| s.insert_lease(&stored)).await;
+                    Internal::LeasePersisted {
+                        renter,
+                        nonce,
+                        lease_id,
+                        accept,
+                        result,
+                    }
+                });
+            }
+        }
+    }
+
+    /// Verifies a request's envelope and that it was signed by the peer that sent it.
+    fn verify_request(
+        &self,
+        peer: &PeerId,
+        signed: &Signed<LeaseRequest>,
+    ) -> Result<gridlease_protocol::Verified<LeaseRequest>, (LeaseId, u64, RejectReason)> {
+        let blank = LeaseId(Digest::default());
+        let v = signed.verify(&self.config.network).map_err(|e| {
+            (
+                blank,
+                0,
+                RejectReason::Malformed {
+                    detail: truncate(e.to_string()),
+                },
+            )
+        })?;
+        let lease_id = v.message.terms.lease_id().unwrap_or(blank);
+        let nonce = v.message.terms.nonce;
+        match PublicKey::from_peer_id(peer) {
+            Ok(k) if k == v.signer => Ok(v),
+            _ => Err((
+                lease_id,
+                nonce,
+                RejectReason::Malformed {
+                    detail: "request not signed by the sending peer".into(),
+                },
+            )),
+        }
+    }
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > 200 {
+        let mut cut = 200;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+fn with_peer(addr: Multiaddr, peer: PeerId) -> Multiaddr {
+    if matches!(addr.iter().last(), Some(Protocol::P2p(_))) {
+        addr
+    } else {
+        addr.with(Protocol::P2p(peer))
+    }
+}

@@ -1,0 +1,238 @@
+//! Offer gossip: topic, gossipsub configuration, peer scoring and offer validation.
+//!
+//! Validation order (cheapest first), answered to gossipsub as Accept / Reject / Ignore:
+//! 1. per-propagation-peer rate limit (CPU bound on signature checks) -> Ignore
+//! 2. envelope decode with the offer cap -> Reject
+//! 3. header (version, kind, network id), strict signature over the received bytes, payload
+//!    decode -> Reject
+//! 4. `validate_offer` (shape, signer == provider, expiry, TTL, field ranges) -> Reject, except an
+//!    offer that expired less than the allowed clock skew ago -> Ignore (it may have expired in
+//!    flight)
+//! 5. the book: replayed (lower) sequence or equivocation (same sequence, other content) ->
+//!    Reject; book full of longer-lived offers -> Ignore
+//! 6. per-provider rate limit on new sequences -> Ignore
+//!
+//! 7. a refresh (the held offer again, byte for byte) already forwarded less than half an
+//!    announce period ago -> Ignore
+//!
+//! `Reject` applies gossipsub's P4 penalty to the propagation source; `Ignore` drops the
+//! message without penalty. A refresh is otherwise accepted and forwarded, because
+//! re-announcement is how late joiners learn live offers.
+
+use std::time::Duration;
+
+use gridlease_contracts::book::{Admission, BookError, OfferBook};
+use gridlease_contracts::terms::{MAX_CLOCK_SKEW_S, OfferError, validate_offer};
+use gridlease_protocol::envelope::ENVELOPE_OVERHEAD;
+use gridlease_protocol::{
+    EnvelopeError, MAX_OFFER_BYTES, NetworkId, Offer, OfferId, Signed, Timestamp,
+};
+use libp2p::gossipsub::{
+    self, IdentTopic, MessageAuthenticity, MessageId, PeerScoreParams, PeerScoreThresholds,
+    TopicScoreParams, ValidationMode,
+};
+use libp2p::identity;
+use sha2::{Digest as _, Sha256};
+
+use super::{BuildError, NodeConfig};
+
+/// Gossipsub framing allowance on top of the signed offer (protobuf fields, topic, gossipsub's
+/// own signature and key).
+const GOSSIP_FRAMING: usize = 4096;
+
+/// Largest gossipsub RPC accepted: one capped offer envelope plus framing.
+pub const MAX_TRANSMIT_SIZE: usize = MAX_OFFER_BYTES + ENVELOPE_OVERHEAD + GOSSIP_FRAMING;
+
+/// The versioned offer topic of `network`.
+pub fn offer_topic(network: &NetworkId) -> IdentTopic {
+    IdentTopic::new(format!("gridlease/v1/offers/{network}"))
+}
+
+/// Message id = SHA-256 over the publisher's signed gossipsub header (source, sequence number)
+/// and the data. Copies of one announcement dedupe on every path; two announcements never share
+/// an id unless they carry identical bytes from the same publisher with the same sequence.
+///
+/// Why not SHA-256 of the data alone: libp2p-gossipsub 0.50.1 refuses to publish a message id
+/// that is in its duplicate cache, and `DuplicateCache::contains` does not expire entries (only
+/// `insert` sweeps). On a quiet network a provider's identical re-announcement would be refused
+/// as `Duplicate` forever, and late joiners would never learn the offer. Re-announcements are
+/// instead deduplicated by the application: a refresh of a held offer is forwarded at most once
+/// per half announce period (see `OfferIgnore::RecentlyRefreshed`).
+pub fn message_id(m: &gossipsub::Message) -> MessageId {
+    let mut h = Sha256::new();
+    h.update(b"gridlease/v1/gossip-id\0");
+    if let Some(source) = &m.source {
+        h.update(source.to_bytes());
+    }
+    h.update(m.sequence_number.unwrap_or(0).to_be_bytes());
+    h.update(&m.data);
+    MessageId::from(h.finalize().to_vec())
+}
+
+/// Score thresholds. One invalid offer costs -10 (below `gossip_threshold`: no gossip exchanged
+/// with that peer), two cost -40, three -90 (below `graylist_threshold`: everything from the
+/// peer is ignored). Honest peers can earn at most +10 (`topic_score_cap`), so a few invalid
+/// messages always dominate good behaviour.
+pub fn thresholds() -> PeerScoreThresholds {
+    PeerScoreThresholds {
+        gossip_threshold: -10.0,
+        publish_threshold: -50.0,
+        graylist_threshold: -80.0,
+        accept_px_threshold: 5.0,
+        opportunistic_graft_threshold: 3.0,
+    }
+}
+
+/// Score parameters for the offer topic.
+pub fn score_params(network: &NetworkId) -> PeerScoreParams {
+    let topic = TopicScoreParams {
+        topic_weight: 1.0,
+        // P1: time in mesh, up to +1 after 10 s.
+        time_in_mesh_weight: 0.1,
+        time_in_mesh_quantum: Duration::from_secs(1),
+        time_in_mesh_cap: 10.0,
+        // P2: first deliveries of valid offers, up to +5.
+        first_message_deliveries_weight: 0.5,
+        first_message_deliveries_decay: gossipsub::score_parameter_decay(Duration::from_secs(600)),
+        first_message_deliveries_cap: 10.0,
+        // P3/P3b off: offers are sparse and bursty; a quiet mesh peer is not a bad peer.
+        mesh_message_deliveries_weight: 0.0,
+        mesh_failure_penalty_weight: 0.0,
+        // P4: invalid offers, squared; decays to zero over about an hour.
+        invalid_message_deliveries_weight: -10.0,
+        invalid_message_deliveries_decay: gossipsub::score_parameter_decay(Duration::from_secs(
+            3600,
+        )),
+        ..TopicScoreParams::default()
+    };
+    let mut params = PeerScoreParams {
+        topic_score_cap: 10.0,
+        app_specific_weight: 1.0,
+        // Several honest nodes behind one NAT or on one host are normal on a GPU market
+        // (farms, devnets); only large colocations are penalised, loopback never.
+        ip_colocation_factor_threshold: 16.0,
+        ..PeerScoreParams::default()
+    };
+    params
+        .ip_colocation_factor_whitelist
+        .insert(std::net::IpAddr::from([127, 0, 0, 1]));
+    params
+        .ip_colocation_factor_whitelist
+        .insert(std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST));
+    params.topics.insert(offer_topic(network).hash(), topic);
+    params
+}
+
+/// The gossipsub behaviour: signed gossipsub messages, strict mode, application validation,
+/// content ids, capped size, scoring.
+pub fn behaviour(
+    key: &identity::Keypair,
+    config: &NodeConfig,
+) -> Result<gossipsub::Behaviour, BuildError> {
+    let gs_config = gossipsub::ConfigBuilder::default()
+        .validation_mode(ValidationMode::Strict)
+        .validate_messages()
+        .message_id_fn(message_id)
+        .max_transmit_size(MAX_TRANSMIT_SIZE)
+        .heartbeat_interval(config.heartbeat)
+        .duplicate_cache_time(config.duplicate_cache_time())
+        .build()
+        .map_err(|e| BuildError::Gossip(e.to_string()))?;
+    let mut gs = gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gs_config)
+        .map_err(|e| BuildError::Gossip(e.to_string()))?;
+    gs.with_peer_score(score_params(&config.network), thresholds())
+        .map_err(BuildError::Gossip)?;
+    gs.subscribe(&offer_topic(&config.network))
+        .map_err(|e| BuildError::Gossip(e.to_string()))?;
+    Ok(gs)
+}
+
+/// Why an offer was rejected (the sender is penalised).
+#[derive(Debug, thiserror::Error)]
+pub enum OfferRejection {
+    /// Undecodable, wrong network, bad signature.
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeError),
+    /// Breaks an offer rule.
+    #[error(transparent)]
+    Invalid(#[from] OfferError),
+    /// Replayed sequence or equivocation.
+    #[error(transparent)]
+    Book(BookError),
+}
+
+/// Why an offer was ignored (dropped without penalty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OfferIgnore {
+    /// The forwarding peer is over its message rate.
+    #[error("forwarding peer over its rate")]
+    PeerRateLimited,
+    /// The provider is announcing new offers too fast.
+    #[error("provider announcing too fast")]
+    ProviderRateLimited,
+    /// Expired within the clock-skew allowance (may have expired in flight).
+    #[error("expired in flight")]
+    JustExpired,
+    /// The book is full of longer-lived offers.
+    #[error("offer book full")]
+    BookFull,
+    /// A refresh of an offer that was already refreshed less than half an announce period ago.
+    #[error("offer refreshed too recently")]
+    RecentlyRefreshed,
+}
+
+/// A verified offer ready for the book.
+#[derive(Debug)]
+pub struct ValidOffer {
+    /// As received.
+    pub signed: Signed<Offer>,
+    /// Decoded.
+    pub offer: Offer,
+    /// Content id.
+    pub id: OfferId,
+    /// What the book will do.
+    pub admission: Admission,
+}
+
+/// The verdict on one gossiped offer.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Valid: admit and forward.
+    Accept(Box<ValidOffer>),
+    /// Invalid: penalise the sender.
+    Reject(OfferRejection),
+    /// Drop quietly.
+    Ignore(OfferIgnore),
+}
+
+/// Steps 2-5 of the validation (rate limits are the caller's, they need mutable state).
+pub fn check_offer(data: &[u8], network: &NetworkId, book: &OfferBook, now: Timestamp) -> Verdict {
+    let signed = match Signed::<Offer>::from_bytes(data) {
+        Ok(s) => s,
+        Err(e) => return Verdict::Reject(e.into()),
+    };
+    let verified = match signed.verify(network) {
+        Ok(v) => v,
+        Err(e) => return Verdict::Reject(e.into()),
+    };
+    if let Err(e) = validate_offer(&verified.message, &verified.signer, now) {
+        if let OfferError::Expired { expires_at, .. } = e
+            && now.ms_since(expires_at) <= MAX_CLOCK_SKEW_S * 1000
+        {
+            return Verdict::Ignore(OfferIgnore::JustExpired);
+        }
+        return Verdict::Reject(e.into());
+    }
+    let id = OfferId(verified.digest);
+    match book.check(&verified.message, &id, now) {
+        Ok(admission) => Verdict::Accept(Box::new(ValidOffer {
+            signed,
+            offer: verified.message,
+            id,
+            admission,
+        })),
+        Err(BookError::Full { .. }) => Verdict::Ignore(OfferIgnore::BookFull),
+        Err(BookError::Expired { .. }) => Verdict::Ignore(OfferIgnore::JustExpired),
+        Err(e) => Verdict::Reject(OfferRejection::Book(e)),
+    }
+}

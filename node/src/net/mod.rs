@@ -1,0 +1,377 @@
+//! The network actor.
+//!
+//! One task ([`event_loop::EventLoop`]) owns the libp2p `Swarm`, the offer book and the provider
+//! state. Everything else holds a cloneable [`Client`] that sends a [`Command`] over a bounded
+//! channel and awaits a `oneshot` reply. The loop turns swarm events into [`NetworkEvent`]s,
+//! broadcast on a bounded channel (slow subscribers lag and lose events, the loop never waits).
+//!
+//! Invariant: the loop never blocks on SQLite. Reads happen before it starts; writes go to the
+//! store thread ([`crate::store::StoreHandle`]) and completions come back as internal messages.
+
+pub mod behaviour;
+pub mod client;
+pub mod codec;
+mod event_loop;
+pub mod gossip;
+pub mod provider;
+pub mod ratelimit;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gridlease_contracts::book::{DEFAULT_BOOK_CAPACITY, OfferBook};
+use gridlease_contracts::terms::validate_offer;
+use gridlease_protocol::{NetworkId, NodeKey, OfferId, PeerId, PublicKey, RejectReason, Timestamp};
+use libp2p::Multiaddr;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use behaviour::{Behaviour, BehaviourEvent};
+pub use client::{Client, NegotiationError, NegotiationOutcome};
+pub use provider::{OfferTemplate, OwnOffer};
+pub use ratelimit::RateLimit;
+
+use crate::clock;
+use crate::store::{Role, StoreError, StoreHandle};
+
+/// Capacity of the command channel.
+pub const COMMAND_QUEUE: usize = 256;
+/// Capacity of the event broadcast channel.
+pub const EVENT_QUEUE: usize = 4096;
+
+/// Node network settings. [`NodeConfig::new`] gives production defaults; tests shorten the
+/// periods.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// The market.
+    pub network: NetworkId,
+    /// Addresses to listen on.
+    pub listen: Vec<Multiaddr>,
+    /// Peers to dial at start (`/ip4/../tcp/../p2p/<id>`).
+    pub bootstrap: Vec<Multiaddr>,
+    /// Run relay server, AutoNAT server and kad server mode.
+    pub relay_server: bool,
+    /// Publicly reachable addresses of this node (confirmed external addresses).
+    pub external_addrs: Vec<Multiaddr>,
+    /// LAN discovery.
+    pub mdns: bool,
+    /// How often the own offer is re-announced (and the book swept).
+    pub announce_period: Duration,
+    /// Lifetime of the own offer; re-signed with a new sequence when less than two announce
+    /// periods remain.
+    pub offer_ttl: Duration,
+    /// Gossipsub heartbeat.
+    pub heartbeat: Duration,
+    /// Connections without traffic close after this.
+    pub idle_connection_timeout: Duration,
+    /// Lease request timeout.
+    pub request_timeout: Duration,
+    /// Concurrent lease streams per connection.
+    pub max_concurrent_lease_streams: usize,
+    /// Most offers in the book.
+    pub book_capacity: usize,
+    /// New offers (new sequences) per provider.
+    pub provider_rate: RateLimit,
+    /// Gossip messages validated per forwarding peer.
+    pub peer_rate: RateLimit,
+    /// What this node offers as a provider.
+    pub offer: Option<OfferTemplate>,
+}
+
+impl NodeConfig {
+    /// Production defaults on `network`: listen on TCP and QUIC on all interfaces, port 0.
+    pub fn new(network: NetworkId) -> Self {
+        Self {
+            network,
+            listen: Vec::new(),
+            bootstrap: Vec::new(),
+            relay_server: false,
+            external_addrs: Vec::new(),
+            mdns: true,
+            announce_period: Duration::from_secs(60),
+            offer_ttl: Duration::from_secs(600),
+            heartbeat: Duration::from_secs(1),
+            // Longer than the longest usage interval (300 s) times three: a lease's own traffic
+            // keeps its connection alive.
+            idle_connection_timeout: Duration::from_secs(15 * 60),
+            request_timeout: Duration::from_secs(30),
+            max_concurrent_lease_streams: 64,
+            book_capacity: DEFAULT_BOOK_CAPACITY,
+            provider_rate: RateLimit {
+                burst: 10,
+                per_token: Duration::from_secs(10),
+            },
+            peer_rate: RateLimit {
+                burst: 2000,
+                per_token: Duration::from_millis(2),
+            },
+            offer: None,
+        }
+    }
+
+    /// Loopback-only settings for tests and benchmarks: TCP on 127.0.0.1, no mDNS, fast
+    /// heartbeat and announce period.
+    pub fn local(network: NetworkId, announce_period: Duration) -> Self {
+        let mut c = Self::new(network);
+        c.listen = vec![loopback_tcp()];
+        c.mdns = false;
+        c.announce_period = announce_period;
+        c.offer_ttl = Self::ttl_for(announce_period);
+        c.heartbeat = Duration::from_millis(100).min(announce_period / 2);
+        c.provider_rate = RateLimit {
+            burst: 20,
+            per_token: announce_period / 10,
+        };
+        c
+    }
+
+    /// The offer lifetime for an announce period: ten periods, at most the protocol's
+    /// [`gridlease_contracts::terms::MAX_OFFER_TTL_S`].
+    pub fn ttl_for(announce_period: Duration) -> Duration {
+        (announce_period * 10).min(Duration::from_secs(
+            gridlease_contracts::terms::MAX_OFFER_TTL_S,
+        ))
+    }
+
+    /// How long gossipsub remembers message ids (ids are per announcement, see
+    /// [`gossip::message_id`]).
+    pub fn duplicate_cache_time(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+
+    /// A held offer's refresh is forwarded at most once per this interval.
+    pub fn min_refresh_interval(&self) -> Duration {
+        self.announce_period / 2
+    }
+}
+
+/// `/ip4/127.0.0.1/tcp/0`.
+pub fn loopback_tcp() -> Multiaddr {
+    Multiaddr::from(std::net::Ipv4Addr::LOCALHOST).with(libp2p::multiaddr::Protocol::Tcp(0))
+}
+
+/// Failures building the swarm.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Transport setup failed.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// Gossipsub configuration was refused.
+    #[error("gossipsub: {0}")]
+    Gossip(String),
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr}: {detail}")]
+    Listen {
+        /// The address.
+        addr: Multiaddr,
+        /// Why.
+        detail: String,
+    },
+    /// Loading state from the store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What the node reports. Broadcast; a lagging subscriber loses events, never the loop.
+#[derive(Clone, Debug)]
+pub enum NetworkEvent {
+    /// Listening on a new address.
+    Listening {
+        /// The address (with `/p2p/<id>` appended).
+        addr: Multiaddr,
+    },
+    /// A connection to a peer is up.
+    PeerConnected {
+        /// The peer.
+        peer: PeerId,
+    },
+    /// The last connection to a peer closed.
+    PeerDisconnected {
+        /// The peer.
+        peer: PeerId,
+    },
+    /// A peer subscribed to the offer topic.
+    PeerSubscribed {
+        /// The peer.
+        peer: PeerId,
+    },
+    /// A new or newer offer entered the book.
+    OfferAdmitted {
+        /// Its id.
+        id: OfferId,
+        /// Its provider.
+        provider: PublicKey,
+        /// Its sequence.
+        seq: u64,
+        /// Who forwarded it (this node for its own offers).
+        from: PeerId,
+    },
+    /// A held offer was re-announced.
+    OfferRefreshed {
+        /// Its id.
+        id: OfferId,
+        /// Who forwarded it.
+        from: PeerId,
+    },
+    /// An offer was rejected; the forwarding peer was penalised.
+    OfferRejected {
+        /// Who forwarded it.
+        from: PeerId,
+        /// Why, in words.
+        reason: String,
+    },
+    /// An offer was dropped without penalty.
+    OfferIgnored {
+        /// Who forwarded it.
+        from: PeerId,
+        /// Why.
+        reason: gossip::OfferIgnore,
+    },
+    /// This node published its offer.
+    OfferPublished {
+        /// Its id.
+        id: OfferId,
+        /// Its sequence.
+        seq: u64,
+    },
+    /// Provider: a lease was accepted and stored.
+    LeaseAccepted {
+        /// The lease.
+        lease_id: gridlease_protocol::LeaseId,
+        /// The renter.
+        renter: PublicKey,
+    },
+    /// Provider: a request was refused.
+    LeaseRejected {
+        /// The renter's peer.
+        peer: PeerId,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// A relay accepted our reservation.
+    RelayReservation {
+        /// The relay.
+        relay: PeerId,
+    },
+    /// AutoNAT tested one of our addresses.
+    NatProbe {
+        /// The address.
+        addr: Multiaddr,
+        /// Reachable from outside.
+        reachable: bool,
+    },
+    /// A direct connection was established by hole punching.
+    HolePunched {
+        /// The peer.
+        peer: PeerId,
+    },
+}
+
+/// A running node: its client, its events, its task.
+#[derive(Debug)]
+pub struct Node {
+    /// Send commands here.
+    pub client: Client,
+    /// Subscribe to events here.
+    pub events: broadcast::Sender<NetworkEvent>,
+    /// Cancels the loop.
+    pub cancel: CancellationToken,
+    /// The loop task.
+    pub task: JoinHandle<()>,
+}
+
+impl Node {
+    /// Loads persisted offers and leases, builds the swarm, starts listening and spawns the
+    /// event loop.
+    pub async fn start(
+        key: NodeKey,
+        config: NodeConfig,
+        store: StoreHandle,
+    ) -> Result<Self, BuildError> {
+        let key = Arc::new(key);
+        let now = clock::now();
+        let network = config.network.clone();
+        let stored_offers = store.call(move |s| s.live_offers(now)).await?;
+        let own = store.call(|s| s.own_offer()).await?;
+        let leases = store.call(|s| s.leases(Some(Role::Provider))).await?;
+
+        let mut book = OfferBook::with_capacity(config.book_capacity);
+        let mut restored = 0usize;
+        for o in stored_offers {
+            // Re-verify: the database is not a trust boundary we skip.
+            let Ok(v) = o.signed.verify(&network) else {
+                continue;
+            };
+            if validate_offer(&v.message, &v.signer, now).is_err() {
+                continue;
+            }
+            if book
+                .admit(o.signed, v.message, OfferId(v.digest), o.received_at)
+                .is_ok()
+            {
+                restored += 1;
+            }
+        }
+        let mut provider = provider::ProviderState::new(config.offer.clone());
+        if let Some(own) = own
+            && let Ok(v) = own.verify(&network)
+            && v.signer == key.public()
+        {
+            provider.last_seq = v.message.seq;
+            if config.offer.is_some() && validate_offer(&v.message, &v.signer, now).is_ok() {
+                provider.current = Some(OwnOffer {
+                    signed: own,
+                    offer: v.message,
+                    id: OfferId(v.digest),
+                });
+            }
+        }
+        for l in &leases {
+            provider.restore(l);
+        }
+        tracing::info!(
+            offers = restored,
+            leases = leases.len(),
+            "state restored from the store"
+        );
+
+        let swarm = event_loop::build_swarm(&key, &config)?;
+        let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
+        let (events, _) = broadcast::channel(EVENT_QUEUE);
+        let cancel = CancellationToken::new();
+        let client = Client::new(cmd_tx, network, key.clone(), store.clone());
+        let mut el = event_loop::EventLoop::new(
+            swarm,
+            key,
+            config,
+            store,
+            book,
+            provider,
+            cmd_rx,
+            events.clone(),
+            cancel.clone(),
+        );
+        el.start_listening()?;
+        let peer = client.peer_id();
+        let span = tracing::info_span!("network", peer = %peer);
+        let task = tokio::spawn(tracing::Instrument::instrument(el.run(), span));
+        Ok(Self {
+            client,
+            events,
+            cancel,
+            task,
+        })
+    }
+
+    /// Stops the loop and waits for it.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Current time (the network edge reads the clock, the rules never do).
+pub fn now() -> Timestamp {
+    clock::now()
+}

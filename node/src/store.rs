@@ -1,0 +1,956 @@
+//! The node's SQLite database (`gridlease.db` in the home directory).
+//!
+//! - WAL journal, `synchronous=FULL` (leases and receipts must survive power loss once
+//!   acknowledged), foreign keys on, a busy timeout.
+//! - Schema migrations keyed by `PRAGMA user_version`; the file is tagged with
+//!   `PRAGMA application_id`. A database from a newer gridlease, a foreign database or a
+//!   corrupted file is an error that names the file; the store never resets anything by itself.
+//! - Every multi-row change runs in one transaction.
+//!
+//! [`Store`] is synchronous. Async code talks to it through [`StoreHandle`], which runs the store
+//! on its own thread behind a bounded queue, so SQLite never blocks the network event loop.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+
+use gridlease_contracts::{Actor, Lease, LeaseEvent, LeaseState};
+use gridlease_protocol::{
+    Digest, LeaseAccept, LeaseId, LeaseRequest, Offer, OfferId, Signed, Timestamp,
+};
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+/// `PRAGMA application_id` of a gridlease database ("grls").
+pub const APPLICATION_ID: i32 = 0x6772_6c73;
+
+/// Migrations, in order; `user_version` is the number applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: initial schema.
+    r#"
+    CREATE TABLE meta (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) STRICT;
+
+    -- Offers held in the book (one per provider), exactly as received.
+    CREATE TABLE offers (
+        provider    BLOB PRIMARY KEY,
+        offer_id    BLOB NOT NULL UNIQUE,
+        seq         INTEGER NOT NULL,
+        expires_at  INTEGER NOT NULL,
+        received_at INTEGER NOT NULL,
+        envelope    BLOB NOT NULL
+    ) STRICT;
+    CREATE INDEX offers_expiry ON offers(expires_at);
+
+    -- This node's own offers as a provider: the sequence must never go backwards.
+    CREATE TABLE own_offer (
+        id        INTEGER PRIMARY KEY CHECK (id = 1),
+        seq       INTEGER NOT NULL,
+        offer_id  BLOB NOT NULL,
+        envelope  BLOB NOT NULL
+    ) STRICT;
+
+    CREATE TABLE peers (
+        peer_id   TEXT PRIMARY KEY,
+        addrs     TEXT NOT NULL,
+        last_seen INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE leases (
+        lease_id   BLOB PRIMARY KEY,
+        role       TEXT NOT NULL CHECK (role IN ('provider', 'renter')),
+        provider   BLOB NOT NULL,
+        renter     BLOB NOT NULL,
+        nonce      INTEGER NOT NULL,
+        offer_id   BLOB NOT NULL,
+        gpu_count  INTEGER NOT NULL,
+        duration_s INTEGER NOT NULL,
+        request    BLOB NOT NULL,
+        accept     BLOB,
+        state      TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        UNIQUE (role, renter, nonce)
+    ) STRICT;
+
+    CREATE TABLE lease_gpus (
+        lease_id    BLOB NOT NULL REFERENCES leases(lease_id),
+        uuid_digest BLOB NOT NULL,
+        PRIMARY KEY (lease_id, uuid_digest)
+    ) STRICT;
+
+    CREATE TABLE lease_history (
+        lease_id BLOB NOT NULL REFERENCES leases(lease_id),
+        seq      INTEGER NOT NULL,
+        at       INTEGER NOT NULL,
+        actor    TEXT NOT NULL,
+        event    TEXT NOT NULL,
+        to_state TEXT NOT NULL,
+        PRIMARY KEY (lease_id, seq)
+    ) STRICT;
+
+    CREATE TABLE usage_reports (
+        lease_id    BLOB NOT NULL REFERENCES leases(lease_id),
+        seq         INTEGER NOT NULL,
+        envelope    BLOB NOT NULL,
+        received_at INTEGER NOT NULL,
+        PRIMARY KEY (lease_id, seq)
+    ) STRICT;
+
+    CREATE TABLE receipts (
+        lease_id    BLOB NOT NULL REFERENCES leases(lease_id),
+        seq         INTEGER NOT NULL,
+        total_paid  INTEGER NOT NULL,
+        envelope    BLOB NOT NULL,
+        received_at INTEGER NOT NULL,
+        PRIMARY KEY (lease_id, seq)
+    ) STRICT;
+
+    -- Double-entry ledger; amounts in micro-units.
+    CREATE TABLE ledger (
+        id           INTEGER PRIMARY KEY,
+        lease_id     BLOB NOT NULL REFERENCES leases(lease_id),
+        counterparty BLOB NOT NULL,
+        account      TEXT NOT NULL,
+        debit        INTEGER NOT NULL DEFAULT 0 CHECK (debit >= 0),
+        credit       INTEGER NOT NULL DEFAULT 0 CHECK (credit >= 0),
+        receipt_seq  INTEGER,
+        at           INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX ledger_lease ON ledger(lease_id);
+    "#,
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error("database {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+        /// The SQLite error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The file is not a readable SQLite database, or fails its integrity check.
+    #[error(
+        "database {path} is corrupted ({detail}); move it away and restore a backup (nothing was changed)"
+    )]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite reported.
+        detail: String,
+    },
+    /// Written by a newer gridlease.
+    #[error(
+        "database {path} has schema version {found}, this gridlease understands up to {supported}; upgrade gridlease"
+    )]
+    NewerSchema {
+        /// The database file.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// Ours.
+        supported: i64,
+    },
+    /// Some other application's database.
+    #[error("database {path} belongs to another application (application_id {found:#x})")]
+    ForeignDatabase {
+        /// The database file.
+        path: PathBuf,
+        /// Its id.
+        found: i32,
+    },
+    /// A stored blob did not decode.
+    #[error("database {path}: stored {what} does not decode: {detail}")]
+    BadRow {
+        /// The database file.
+        path: PathBuf,
+        /// What was being read.
+        what: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// A uniqueness rule: the renter's nonce is already used for other terms.
+    #[error("lease {lease_id} conflicts with an existing lease for the same renter nonce")]
+    NonceConflict {
+        /// The lease that could not be stored.
+        lease_id: LeaseId,
+    },
+    /// The store thread is gone.
+    #[error("the store thread has stopped")]
+    Closed,
+}
+
+/// Which side of a lease this node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// This node runs the container.
+    Provider,
+    /// This node pays.
+    Renter,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Provider => "provider",
+            Self::Renter => "renter",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "provider" => Some(Self::Provider),
+            "renter" => Some(Self::Renter),
+            _ => None,
+        }
+    }
+}
+
+/// A lease as stored: both signed halves and the state.
+#[derive(Clone, Debug)]
+pub struct StoredLease {
+    /// Provider or renter.
+    pub role: Role,
+    /// The lease (terms, state, history).
+    pub lease: Lease,
+    /// The renter's signed request.
+    pub request: Signed<LeaseRequest>,
+    /// The provider's signed acceptance.
+    pub accept: Option<Signed<LeaseAccept>>,
+    /// GPUs assigned (UUID digests).
+    pub gpus: Vec<Digest>,
+    /// When this node stored it.
+    pub created_at: Timestamp,
+}
+
+/// An offer as stored.
+#[derive(Clone, Debug)]
+pub struct StoredOffer {
+    /// The envelope as received.
+    pub signed: Signed<Offer>,
+    /// When this node admitted it.
+    pub received_at: Timestamp,
+}
+
+/// The synchronous store.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn i64_of(v: u64) -> i64 {
+    // Timestamps, sequences and amounts are far below 2^63; saturate rather than wrap.
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn u64_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path` and migrates it.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let path = path.to_path_buf();
+        let conn = Connection::open(&path).map_err(|source| classify(&path, source))?;
+        let mut store = Self { conn, path };
+        store.configure()?;
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn err(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        |source| classify(&self.path, source)
+    }
+
+    fn configure(&mut self) -> Result<(), StoreError> {
+        let e = self.err();
+        self.conn
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(&e)?;
+        // Reading the header first surfaces "file is not a database" as Corrupt.
+        let check: String = self
+            .conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(&e)?;
+        if check != "ok" {
+            return Err(StoreError::Corrupt {
+                path: self.path.clone(),
+                detail: check,
+            });
+        }
+        let mode: String = self
+            .conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(&e)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(path = %self.path.display(), mode, "WAL journal not available");
+        }
+        self.conn
+            .execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
+            .map_err(&e)?;
+        Ok(())
+    }
+
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let e = |source| classify(&path, source);
+        let app_id: i32 = self
+            .conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(e)?;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(e)?;
+        if app_id != 0 && app_id != APPLICATION_ID {
+            return Err(StoreError::ForeignDatabase {
+                path,
+                found: app_id,
+            });
+        }
+        if app_id == 0 && version == 0 {
+            // A fresh file must be empty: refuse to adopt someone else's tables.
+            let tables: i64 = self
+                .conn
+                .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+                .map_err(e)?;
+            if tables != 0 {
+                return Err(StoreError::ForeignDatabase {
+                    path,
+                    found: app_id,
+                });
+            }
+        }
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                path,
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        for (i, sql) in MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(usize::try_from(version).unwrap_or(0))
+        {
+            let tx = self.conn.transaction().map_err(e)?;
+            tx.execute_batch(sql).map_err(e)?;
+            tx.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {};",
+                i + 1
+            ))
+            .map_err(e)?;
+            tx.commit().map_err(e)?;
+            tracing::info!(path = %path.display(), version = i + 1, "database migrated");
+        }
+        Ok(())
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sets a metadata value.
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO meta(key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// Reads a metadata value.
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(self.err())
+    }
+
+    /// Upserts offers held in the book (one row per provider) and deletes the expired ones, in
+    /// one transaction.
+    pub fn put_offers(
+        &mut self,
+        offers: &[(OfferId, Signed<Offer>, Offer, Timestamp)],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let e = |source| classify(&path, source);
+        let tx = self.conn.transaction().map_err(e)?;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO offers(provider, offer_id, seq, expires_at, received_at, envelope)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT(provider) DO UPDATE SET offer_id = excluded.offer_id,
+                        seq = excluded.seq, expires_at = excluded.expires_at,
+                        received_at = excluded.received_at, envelope = excluded.envelope
+                     WHERE excluded.seq >= offers.seq",
+                )
+                .map_err(e)?;
+            for (id, signed, offer, received_at) in offers {
+                let bytes = signed.to_bytes().map_err(|err| StoreError::BadRow {
+                    path: path.clone(),
+                    what: "offer",
+                    detail: err.to_string(),
+                })?;
+                // Another provider's older offer may hold this id only if contents collide,
+                // which a content hash rules out; drop a stale row with the same id first.
+                tx.execute(
+                    "DELETE FROM offers WHERE offer_id = ?1 AND provider != ?2",
+                    params![&id.0.0[..], &offer.provider.0[..]],
+                )
+                .map_err(e)?;
+                stmt.execute(params![
+                    &offer.provider.0[..],
+                    &id.0.0[..],
+                    i64_of(offer.seq),
+                    i64_of(offer.expires_at.0),
+                    i64_of(received_at.0),
+                    bytes
+                ])
+                .map_err(e)?;
+            }
+        }
+        tx.execute("DELETE FROM offers WHERE expires_at <= ?1", [i64_of(now.0)])
+            .map_err(e)?;
+        tx.commit().map_err(e)
+    }
+
+    /// Offers not expired at `now`, as received.
+    pub fn live_offers(&self, now: Timestamp) -> Result<Vec<StoredOffer>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT envelope, received_at FROM offers WHERE expires_at > ?1")
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([i64_of(now.0)], |r| {
+                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+            })
+            .map_err(self.err())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (bytes, received_at) = row.map_err(self.err())?;
+            let signed =
+                Signed::<Offer>::from_bytes(&bytes).map_err(|err| self.bad_row("offer", err))?;
+            out.push(StoredOffer {
+                signed,
+                received_at: Timestamp(u64_of(received_at)),
+            });
+        }
+        Ok(out)
+    }
+
+    fn bad_row(&self, what: &'static str, err: impl std::fmt::Display) -> StoreError {
+        StoreError::BadRow {
+            path: self.path.clone(),
+            what,
+            detail: err.to_string(),
+        }
+    }
+
+    /// Records this node's own newest offer (its sequence must never go backwards).
+    pub fn put_own_offer(
+        &mut self,
+        id: OfferId,
+        signed: &Signed<Offer>,
+        seq: u64,
+    ) -> Result<(), StoreError> {
+        let bytes = signed
+            .to_bytes()
+            .map_err(|err| self.bad_row("own offer", err))?;
+        self.conn
+            .execute(
+                "INSERT INTO own_offer(id, seq, offer_id, envelope) VALUES (1, ?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET seq = excluded.seq, offer_id = excluded.offer_id,
+                    envelope = excluded.envelope WHERE excluded.seq > own_offer.seq",
+                params![i64_of(seq), &id.0.0[..], bytes],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// This node's own newest offer.
+    pub fn own_offer(&self) -> Result<Option<Signed<Offer>>, StoreError> {
+        let bytes: Option<Vec<u8>> = self
+            .conn
+            .query_row("SELECT envelope FROM own_offer WHERE id = 1", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(self.err())?;
+        bytes
+            .map(|b| Signed::<Offer>::from_bytes(&b).map_err(|err| self.bad_row("own offer", err)))
+            .transpose()
+    }
+
+    /// Records a peer's addresses.
+    pub fn put_peer(
+        &mut self,
+        peer_id: &str,
+        addrs: &[String],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO peers(peer_id, addrs, last_seen) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(peer_id) DO UPDATE SET addrs = excluded.addrs,
+                    last_seen = excluded.last_seen",
+                params![peer_id, addrs.join(" "), i64_of(now.0)],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// Known peers, most recently seen first, at most `limit`.
+    pub fn peers(&self, limit: usize) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT peer_id, addrs FROM peers ORDER BY last_seen DESC LIMIT ?1")
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
+                let addrs: String = r.get(1)?;
+                Ok((
+                    r.get::<_, String>(0)?,
+                    addrs.split_whitespace().map(str::to_string).collect(),
+                ))
+            })
+            .map_err(self.err())?;
+        rows.collect::<Result<_, _>>().map_err(self.err())
+    }
+
+    /// Stores a new lease with its GPUs and its history so far, in one transaction. Storing the
+    /// identical lease again is a no-op; another lease with the same (role, renter, nonce) is
+    /// [`StoreError::NonceConflict`].
+    pub fn insert_lease(&mut self, l: &StoredLease) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let e = |source| classify(&path, source);
+        let id = &l.lease.id.0.0[..];
+        let request = l
+            .request
+            .to_bytes()
+            .map_err(|err| self.bad_row("request", err))?;
+        let accept = l
+            .accept
+            .as_ref()
+            .map(|a| a.to_bytes())
+            .transpose()
+            .map_err(|err| self.bad_row("accept", err))?;
+        let t = &l.lease.terms;
+        let tx = self.conn.transaction().map_err(e)?;
+        let existing: Option<Vec<u8>> = tx
+            .query_row(
+                "SELECT lease_id FROM leases WHERE role = ?1 AND renter = ?2 AND nonce = ?3",
+                params![l.role.as_str(), &t.renter.0[..], i64_of(t.nonce)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(e)?;
+        match existing {
+            Some(other) if other == id => return Ok(()),
+            Some(_) => {
+                return Err(StoreError::NonceConflict {
+                    lease_id: l.lease.id,
+                });
+            }
+            None => {}
+        }
+        tx.execute(
+            "INSERT INTO leases(lease_id, role, provider, renter, nonce, offer_id, gpu_count,
+                duration_s, request, accept, state, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                id,
+                l.role.as_str(),
+                &t.provider.0[..],
+                &t.renter.0[..],
+                i64_of(t.nonce),
+                &t.offer_id.0.0[..],
+                i64::from(t.gpu_count),
+                i64::from(t.duration_s),
+                request,
+                accept,
+                l.lease.state.as_str(),
+                i64_of(l.created_at.0),
+            ],
+        )
+        .map_err(e)?;
+        for g in &l.gpus {
+            tx.execute(
+                "INSERT INTO lease_gpus(lease_id, uuid_digest) VALUES (?1, ?2)",
+                params![id, &g.0[..]],
+            )
+            .map_err(e)?;
+        }
+        for (seq, h) in l.lease.history.iter().enumerate() {
+            tx.execute(
+                "INSERT INTO lease_history(lease_id, seq, at, actor, event, to_state)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    id,
+                    i64::try_from(seq).unwrap_or(i64::MAX),
+                    i64_of(h.at.0),
+                    actor_str(h.actor),
+                    event_str(&h.event),
+                    h.to.as_str()
+                ],
+            )
+            .map_err(e)?;
+        }
+        tx.commit().map_err(e)
+    }
+
+    /// Every stored lease in `role` (all roles with `None`), oldest first.
+    pub fn leases(&self, role: Option<Role>) -> Result<Vec<StoredLease>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT lease_id, role, request, accept, state, created_at FROM leases
+                 WHERE ?1 IS NULL OR role = ?1 ORDER BY created_at, lease_id",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([role.map(Role::as_str)], |r| {
+                Ok((
+                    r.get::<_, Vec<u8>>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Vec<u8>>(2)?,
+                    r.get::<_, Option<Vec<u8>>>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                ))
+            })
+            .map_err(self.err())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, role, request, accept, state, created_at) = row.map_err(self.err())?;
+            out.push(self.decode_lease(id, &role, &request, accept, &state, created_at)?);
+        }
+        Ok(out)
+    }
+
+    /// One lease by id.
+    pub fn lease(&self, id: &LeaseId) -> Result<Option<StoredLease>, StoreError> {
+        Ok(self.leases(None)?.into_iter().find(|l| l.lease.id == *id))
+    }
+
+    fn decode_lease(
+        &self,
+        id: Vec<u8>,
+        role: &str,
+        request: &[u8],
+        accept: Option<Vec<u8>>,
+        state: &str,
+        created_at: i64,
+    ) -> Result<StoredLease, StoreError> {
+        let id_arr: [u8; 32] = id
+            .as_slice()
+            .try_into()
+            .map_err(|_| self.bad_row("lease id", "not 32 bytes"))?;
+        let lease_id = LeaseId(Digest(id_arr));
+        let role = Role::parse(role).ok_or_else(|| self.bad_row("lease role", role))?;
+        let request = Signed::<LeaseRequest>::from_bytes(request)
+            .map_err(|err| self.bad_row("request", err))?;
+        let accept = accept
+            .map(|a| Signed::<LeaseAccept>::from_bytes(&a))
+            .transpose()
+            .map_err(|err| self.bad_row("accept", err))?;
+        // The request was verified before it was stored; decode its payload for the terms.
+        let terms = gridlease_protocol::WireMessage::decode_payload(&request.envelope().payload)
+            .map(|r: LeaseRequest| r.terms)
+            .map_err(|err| self.bad_row("request payload", err))?;
+        let mut lease = Lease::propose(lease_id, terms);
+        lease.state = state
+            .parse::<LeaseState>()
+            .map_err(|_| self.bad_row("lease state", state))?;
+        let mut gpus = Vec::new();
+        {
+            let mut stmt = self
+                .conn
+                .prepare_cached(
+                    "SELECT uuid_digest FROM lease_gpus WHERE lease_id = ?1 ORDER BY uuid_digest",
+                )
+                .map_err(self.err())?;
+            let rows = stmt
+                .query_map([&id_arr[..]], |r| r.get::<_, Vec<u8>>(0))
+                .map_err(self.err())?;
+            for row in rows {
+                let b = row.map_err(self.err())?;
+                let arr: [u8; 32] = b
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| self.bad_row("gpu digest", "not 32 bytes"))?;
+                gpus.push(Digest(arr));
+            }
+        }
+        Ok(StoredLease {
+            role,
+            lease,
+            request,
+            accept,
+            gpus,
+            created_at: Timestamp(u64_of(created_at)),
+        })
+    }
+
+    /// Number of rows in the lease state history of `id`.
+    pub fn history_len(&self, id: &LeaseId) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM lease_history WHERE lease_id = ?1",
+                [&id.0.0[..]],
+                |r| r.get(0),
+            )
+            .map_err(self.err())?;
+        Ok(u64_of(n))
+    }
+}
+
+fn actor_str(a: Actor) -> &'static str {
+    match a {
+        Actor::Renter => "renter",
+        Actor::Provider => "provider",
+        Actor::Local => "local",
+    }
+}
+
+fn event_str(e: &LeaseEvent) -> String {
+    format!("{e:?}")
+}
+
+/// Maps SQLite's "not a database" / "corrupt" codes to [`StoreError::Corrupt`].
+fn classify(path: &Path, source: rusqlite::Error) -> StoreError {
+    use rusqlite::ffi::ErrorCode;
+    if let rusqlite::Error::SqliteFailure(f, msg) = &source
+        && matches!(f.code, ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt)
+    {
+        return StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: msg.clone().unwrap_or_else(|| f.to_string()),
+        };
+    }
+    StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Store) + Send>;
+
+/// Queue depth of the store thread.
+pub const STORE_QUEUE: usize = 1024;
+
+/// An async handle to a [`Store`] running on its own thread. Cloneable; the thread stops when
+/// the last handle is dropped.
+#[derive(Clone, Debug)]
+pub struct StoreHandle {
+    tx: mpsc::SyncSender<Job>,
+}
+
+impl StoreHandle {
+    /// Moves `store` onto a new thread.
+    pub fn spawn(mut store: Store) -> Self {
+        let (tx, rx) = mpsc::sync_channel::<Job>(STORE_QUEUE);
+        let name = format!("store:{}", store.path.display());
+        let spawned = thread::Builder::new()
+            .name("gridlease-store".into())
+            .spawn(move || {
+                let span = tracing::info_span!("store", db = %name);
+                let _guard = span.enter();
+                while let Ok(job) = rx.recv() {
+                    job(&mut store);
+                }
+            });
+        if let Err(err) = spawned {
+            tracing::error!(error = %err, "cannot spawn the store thread");
+        }
+        Self { tx }
+    }
+
+    /// Runs `f` on the store thread and awaits its result. Waits for room in the queue on a
+    /// blocking-pool thread, so a full queue never blocks an async worker.
+    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Store) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let job: Job = Box::new(move |s| {
+            let _ = reply.send(f(s));
+        });
+        match self.tx.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(job)) => {
+                let tx = self.tx.clone();
+                tokio::task::spawn_blocking(move || tx.send(job))
+                    .await
+                    .map_err(|_| StoreError::Closed)?
+                    .map_err(|_| StoreError::Closed)?;
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => return Err(StoreError::Closed),
+        }
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Queues `f` without waiting; returns false (and drops the job) when the queue is full.
+    /// For best-effort writes such as caching gossiped offers.
+    pub fn try_submit<F>(&self, f: F) -> bool
+    where
+        F: FnOnce(&mut Store) + Send + 'static,
+    {
+        self.tx.try_send(Box::new(f)).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::fixtures::{self, T0};
+    use gridlease_protocol::{NetworkId, NodeKey};
+
+    #[test]
+    fn fresh_database_migrates_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        {
+            let mut s = Store::open(&p).unwrap();
+            s.set_meta("network", "devnet").unwrap();
+        }
+        let s = Store::open(&p).unwrap();
+        assert_eq!(s.meta("network").unwrap().as_deref(), Some("devnet"));
+        let v: i64 = s
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let mode: String = s
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let sync: i64 = s
+            .conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(sync, 2, "FULL");
+    }
+
+    #[test]
+    fn newer_schema_is_refused_without_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        drop(Store::open(&p).unwrap());
+        {
+            let c = Connection::open(&p).unwrap();
+            c.execute_batch("PRAGMA user_version = 99").unwrap();
+        }
+        let err = Store::open(&p).unwrap_err();
+        assert!(
+            matches!(err, StoreError::NewerSchema { found: 99, .. }),
+            "{err}"
+        );
+        let c = Connection::open(&p).unwrap();
+        let v: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, 99);
+    }
+
+    #[test]
+    fn garbage_file_is_corrupt_not_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        let junk = vec![0x5a_u8; 8192];
+        std::fs::write(&p, &junk).unwrap();
+        let err = Store::open(&p).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("corrupted"));
+        assert_eq!(std::fs::read(&p).unwrap(), junk);
+    }
+
+    #[test]
+    fn foreign_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        {
+            let c = Connection::open(&p).unwrap();
+            c.execute_batch("CREATE TABLE t(x)").unwrap();
+        }
+        assert!(matches!(
+            Store::open(&p).unwrap_err(),
+            StoreError::ForeignDatabase { .. }
+        ));
+    }
+
+    #[test]
+    fn offers_and_leases_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        let net = NetworkId::devnet();
+        let provider = NodeKey::from_secret([1; 32]);
+        let renter = NodeKey::from_secret([2; 32]);
+        let offer = fixtures::offer(provider.public(), 3, 2, 400_000);
+        let signed = Signed::sign(&provider, &net, &offer).unwrap();
+        let id = OfferId(signed.envelope().content_digest());
+        let mut s = Store::open(&p).unwrap();
+        s.put_offers(&[(id, signed.clone(), offer.clone(), T0)], T0)
+            .unwrap();
+        assert_eq!(s.live_offers(T0).unwrap().len(), 1);
+        assert_eq!(s.live_offers(offer.expires_at).unwrap().len(), 0);
+
+        let terms = fixtures::terms(id, &offer, renter.public(), 1, 600);
+        let lease_id = terms.lease_id().unwrap();
+        let request = Signed::sign(
+            &renter,
+            &net,
+            &LeaseRequest {
+                terms: terms.clone(),
+                expires_at: T0.plus_secs(30),
+            },
+        )
+        .unwrap();
+        let mut lease = Lease::propose(lease_id, terms.clone());
+        lease
+            .apply(LeaseEvent::Accept, Actor::Provider, T0)
+            .unwrap();
+        let stored = StoredLease {
+            role: Role::Provider,
+            lease,
+            request,
+            accept: None,
+            gpus: vec![offer.gpus[0].spec.uuid_digest],
+            created_at: T0,
+        };
+        s.insert_lease(&stored).unwrap();
+        s.insert_lease(&stored).unwrap();
+        drop(s);
+        let s = Store::open(&p).unwrap();
+        let all = s.leases(Some(Role::Provider)).unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].lease.terms, terms);
+        assert_eq!(all[0].lease.state, LeaseState::Accepted);
+        assert_eq!(all[0].gpus, stored.gpus);
+        assert_eq!(s.history_len(&lease_id).unwrap(), 1);
+        assert!(s.leases(Some(Role::Renter)).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,167 @@
+//! The `gridlease` binary: `init`, errors, and two real `gridlease node` processes on loopback.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gridlease"));
+    c.env_remove("GRIDLEASE_HOME").env("RUST_LOG", "info");
+    c
+}
+
+fn init(home: &Path) {
+    let out = bin().args(["init", "--home"]).arg(home).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn init_twice_refuses_to_overwrite_the_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    let out = bin()
+        .args(["init", "--network", "testnet", "--home"])
+        .arg(&home)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("network testnet"), "{stdout}");
+    assert!(stdout.contains("peer id 12D3"), "{stdout}");
+    let key = std::fs::read(home.join("identity.key")).unwrap();
+
+    let out = bin().args(["init", "--home"]).arg(&home).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refusing to overwrite"), "{stderr}");
+    assert_eq!(std::fs::read(home.join("identity.key")).unwrap(), key);
+}
+
+#[test]
+fn gridlease_home_works_like_home_and_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("env-home");
+    let out = bin()
+        .arg("init")
+        .env("GRIDLEASE_HOME", &home)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(home.join("identity.key").exists());
+
+    let out = bin()
+        .args(["node", "--no-mdns", "--dev-gpus", "RTX 4090:24GiB"])
+        .env("GRIDLEASE_HOME", &home)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--dev-gpus entry \"RTX 4090:24GiB\""),
+        "{stderr}"
+    );
+
+    let out = bin()
+        .args(["node", "--home"])
+        .arg(dir.path().join("nothing"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("run `gridlease init"), "{stderr}");
+}
+
+/// A child process whose stderr lines arrive on a bounded channel.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(cmd: &mut Command) -> Self {
+        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::sync_channel(1024);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    fn wait_line(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no line containing {needle:?}: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn two_node_processes_bootstrap_and_share_an_offer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    init(&a);
+    init(&b);
+    let provider = Proc::spawn(
+        bin()
+            .args([
+                "node",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--no-mdns",
+                "--announce-secs",
+                "1",
+                "--dev-gpus",
+                "RTX 4090:24GiB:0.40,RTX 3090:24GiB:0.25",
+                "--home",
+            ])
+            .arg(&a),
+    );
+    let line = provider.wait_line("listening");
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .expect("listening line names the address")
+        .to_string();
+    assert!(addr.contains("/p2p/12D3"), "{line}");
+    let renter = Proc::spawn(
+        bin()
+            .args([
+                "node",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--no-mdns",
+                "--bootstrap",
+                &addr,
+                "--home",
+            ])
+            .arg(&b),
+    );
+    renter.wait_line("offer learned");
+}

@@ -1,0 +1,184 @@
+//! Helpers for in-process multi-node tests on loopback: real swarms through the real builder
+//! (tcp + noise + yamux), temporary homes, waiting on events or state with deadlines.
+
+// Test support: a failed setup step is a test failure, so unwrapping is the point.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gridlease_node::home::Home;
+use gridlease_node::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
+use gridlease_node::store::{Store, StoreHandle};
+use gridlease_protocol::fixtures;
+use gridlease_protocol::{NetworkId, NodeKey, Offer, PeerId, PublicKey, Timestamp};
+use libp2p::Multiaddr;
+use tokio::sync::broadcast;
+
+pub const ANNOUNCE: Duration = Duration::from_millis(1000);
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+pub struct TestNode {
+    pub node: Node,
+    pub addr: Multiaddr,
+    pub peer: PeerId,
+    pub key_public: PublicKey,
+    pub store: StoreHandle,
+    pub home: PathBuf,
+    pub events: broadcast::Receiver<NetworkEvent>,
+}
+
+pub fn net() -> NetworkId {
+    NetworkId::devnet()
+}
+
+pub fn config() -> NodeConfig {
+    NodeConfig::local(net(), ANNOUNCE)
+}
+
+/// A template of `gpus` declared GPUs at `price` micro-units per GPU-hour.
+pub fn template(gpus: u8, price: u64) -> OfferTemplate {
+    let offered = (0..gpus).map(fixtures::gpu).collect();
+    OfferTemplate::new(offered, price)
+}
+
+/// Starts a node with a fresh home under `root`.
+pub async fn start(root: &Path, name: &str, config: NodeConfig) -> TestNode {
+    let home = root.join(name);
+    Home::init(&home, &config.network).unwrap();
+    start_from_home(&home, config).await
+}
+
+/// Starts (or restarts) the node whose home is `home`.
+pub async fn start_from_home(home: &Path, config: NodeConfig) -> TestNode {
+    let h = Home::open(home).unwrap();
+    let key_public = h.key.public();
+    let store = StoreHandle::spawn(Store::open(&h.db_path()).unwrap());
+    let node = Node::start(h.key, config, store.clone()).await.unwrap();
+    let events = node.events.subscribe();
+    let addr = node.client.listen_addrs().await.unwrap()[0].clone();
+    TestNode {
+        peer: node.client.peer_id(),
+        node,
+        addr,
+        key_public,
+        store,
+        home: home.to_path_buf(),
+        events,
+    }
+}
+
+/// Stops a node and waits until its pending store writes are done.
+pub async fn stop(n: TestNode) -> PathBuf {
+    let store = n.store.clone();
+    n.node.shutdown().await;
+    // The store queue is FIFO: once this runs, every earlier write has committed.
+    store.call(|_| Ok(())).await.unwrap();
+    n.home
+}
+
+/// Polls `cond` until it holds or the deadline passes.
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits for the first event matching `pred` (lagging is tolerated: state checks back it up).
+pub async fn wait_event<T>(
+    rx: &mut broadcast::Receiver<NetworkEvent>,
+    mut pred: impl FnMut(&NetworkEvent) -> Option<T>,
+) -> T {
+    let fut = async {
+        loop {
+            match rx.recv().await {
+                Ok(ev) => {
+                    if let Some(t) = pred(&ev) {
+                        return t;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("event channel closed"),
+            }
+        }
+    };
+    tokio::time::timeout(DEADLINE, fut)
+        .await
+        .expect("timed out waiting for an event")
+}
+
+/// Connects `a` to `b` and waits until both see the connection.
+pub async fn connect(a: &TestNode, b: &TestNode) {
+    a.node.client.dial(b.addr.clone()).await.unwrap().unwrap();
+    let (ca, cb) = (a.node.client.clone(), b.node.client.clone());
+    let (pa, pb) = (a.peer, b.peer);
+    eventually("connection", || {
+        let (ca, cb) = (ca.clone(), cb.clone());
+        async move {
+            ca.connected_peers().await.unwrap().contains(&pb)
+                && cb.connected_peers().await.unwrap().contains(&pa)
+        }
+    })
+    .await;
+}
+
+/// Waits until every node's offer-topic mesh holds min(its connections, 4) peers.
+pub async fn wait_mesh(nodes: &[TestNode]) {
+    for n in nodes {
+        let c = n.node.client.clone();
+        eventually("gossip mesh", || {
+            let c = c.clone();
+            async move {
+                let conns = c.connected_peers().await.unwrap().len();
+                let mesh = c.mesh_peers().await.unwrap().len();
+                conns > 0 && mesh >= conns.min(4)
+            }
+        })
+        .await;
+    }
+}
+
+/// An offer by `key` valid from now for `ttl_s` seconds.
+pub fn live_offer(key: &NodeKey, seq: u64, price: u64, now: Timestamp, ttl_s: u64) -> Offer {
+    let mut o = fixtures::offer(key.public(), seq, 1, price);
+    o.created_at = now;
+    o.expires_at = now.plus_secs(ttl_s);
+    o
+}
+
+/// A tiny seeded generator (xorshift64*), so topologies are reproducible.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}

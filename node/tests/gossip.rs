@@ -1,0 +1,279 @@
+//! Offer gossip between real swarms on loopback.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use gridlease_node::clock;
+use gridlease_node::net::NetworkEvent;
+use gridlease_node::net::gossip::thresholds;
+use gridlease_protocol::envelope::Envelope;
+use gridlease_protocol::{NetworkId, NodeKey, Offer, OfferId, PeerId, Signed};
+
+async fn learn_everywhere(nodes: &mut [TestNode], provider: usize) {
+    let offer = nodes[provider]
+        .node
+        .client
+        .set_offer(Some(template(2, 350_000)))
+        .await
+        .unwrap()
+        .expect("own offer");
+    let id = offer.id;
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if i == provider {
+            continue;
+        }
+        wait_event(&mut n.events, |e| match e {
+            NetworkEvent::OfferAdmitted { id: got, .. } if *got == id => Some(()),
+            _ => None,
+        })
+        .await;
+        assert!(n.node.client.offer(id).await.unwrap().is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_nodes_in_a_line_all_learn_a_new_offer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..20 {
+        nodes.push(start(dir.path(), &format!("n{i}"), config()).await);
+    }
+    for i in 0..19 {
+        connect(&nodes[i], &nodes[i + 1]).await;
+    }
+    wait_mesh(&nodes).await;
+    // The provider sits at one end: the offer crosses 19 hops.
+    learn_everywhere(&mut nodes, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_nodes_in_a_random_topology_all_learn_a_new_offer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x5eed_0001);
+    let mut nodes = Vec::new();
+    for i in 0..20 {
+        nodes.push(start(dir.path(), &format!("n{i}"), config()).await);
+    }
+    // A random tree (connected) plus 10 random extra edges, from a fixed seed.
+    let mut edges = BTreeSet::new();
+    for i in 1..20 {
+        edges.insert((rng.below(i), i));
+    }
+    while edges.len() < 29 {
+        let (a, b) = (rng.below(20), rng.below(20));
+        if a != b {
+            edges.insert((a.min(b), a.max(b)));
+        }
+    }
+    for (a, b) in edges {
+        connect(&nodes[a], &nodes[b]).await;
+    }
+    wait_mesh(&nodes).await;
+    let provider = rng.below(20);
+    learn_everywhere(&mut nodes, provider).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_joiner_learns_live_offers_within_one_announce_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..4 {
+        nodes.push(start(dir.path(), &format!("n{i}"), config()).await);
+    }
+    for i in 0..3 {
+        connect(&nodes[i], &nodes[i + 1]).await;
+    }
+    wait_mesh(&nodes).await;
+    learn_everywhere(&mut nodes, 0).await;
+    let id = nodes[0].node.client.own_offer().await.unwrap().unwrap().id;
+
+    // Joins at the far end, after the offer was published: gossip has no replay, so only the
+    // provider's re-announcement can reach it.
+    let mut late = start(dir.path(), "late", config()).await;
+    connect(&late, &nodes[3]).await;
+    let joined = tokio::time::Instant::now();
+    wait_event(&mut late.events, |e| match e {
+        NetworkEvent::OfferAdmitted { id: got, .. } if *got == id => Some(()),
+        _ => None,
+    })
+    .await;
+    let took = joined.elapsed();
+    // One announce period, plus mesh formation (a few heartbeats) and propagation.
+    assert!(
+        took <= ANNOUNCE * 2,
+        "late joiner learned the offer after {took:?}"
+    );
+    assert!(late.node.client.offer(id).await.unwrap().is_some());
+}
+
+/// Re-encodes an envelope after `f` tampered with it.
+fn tampered(signed: &Signed<Offer>, f: impl FnOnce(&mut Envelope)) -> Vec<u8> {
+    let mut env = signed.envelope().clone();
+    f(&mut env);
+    env.to_bytes().unwrap()
+}
+
+async fn rejected_by(node: &mut TestNode, from: PeerId) -> String {
+    wait_event(&mut node.events, |e| match e {
+        NetworkEvent::OfferRejected { from: f, reason } if *f == from => Some(reason.clone()),
+        _ => None,
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_offers_are_rejected_everywhere_and_their_senders_lose_score() {
+    let dir = tempfile::tempdir().unwrap();
+    // Honest line h0 - h1 - h2; each attacker is connected to h0 and h1.
+    let mut honest = Vec::new();
+    for i in 0..3 {
+        honest.push(start(dir.path(), &format!("h{i}"), config()).await);
+    }
+    connect(&honest[0], &honest[1]).await;
+    connect(&honest[1], &honest[2]).await;
+    let mut attackers = Vec::new();
+    for i in 0..4 {
+        let a = start(dir.path(), &format!("a{i}"), config()).await;
+        connect(&a, &honest[0]).await;
+        connect(&a, &honest[1]).await;
+        attackers.push(a);
+    }
+    wait_mesh(&honest).await;
+    wait_mesh(&attackers).await;
+
+    let now = clock::now();
+    let net = net();
+    let keys: Vec<NodeKey> = (0..4).map(|i| NodeKey::from_secret([40 + i; 32])).collect();
+
+    // 1. bad signature
+    let good = Signed::sign(&keys[0], &net, &live_offer(&keys[0], 1, 100_000, now, 300)).unwrap();
+    let bad_sig = tampered(&good, |e| e.signature.0[7] ^= 1);
+    // 2. wrong network id (correctly signed for another network)
+    let other = NetworkId::new("othernet").unwrap();
+    let wrong_net = Signed::sign(
+        &keys[1],
+        &other,
+        &live_offer(&keys[1], 1, 100_000, now, 300),
+    )
+    .unwrap()
+    .to_bytes()
+    .unwrap();
+    // 3. expired well beyond the clock-skew allowance
+    let mut old = live_offer(&keys[2], 1, 100_000, now, 300);
+    old.created_at = gridlease_protocol::Timestamp(now.0 - 900_000);
+    old.expires_at = gridlease_protocol::Timestamp(now.0 - 300_000);
+    let expired = Signed::sign(&keys[2], &net, &old)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    // 4. replayed sequence: seq 10 is accepted, then seq 9 is a replay
+    let seq10 = Signed::sign(&keys[3], &net, &live_offer(&keys[3], 10, 100_000, now, 300)).unwrap();
+    let seq9 = Signed::sign(&keys[3], &net, &live_offer(&keys[3], 9, 90_000, now, 300))
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+
+    let seq10_id = OfferId(seq10.envelope().content_digest());
+    attackers[3]
+        .node
+        .client
+        .publish_raw(seq10.to_bytes().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    for h in honest.iter_mut() {
+        wait_event(&mut h.events, |e| match e {
+            NetworkEvent::OfferAdmitted { id, .. } if *id == seq10_id => Some(()),
+            _ => None,
+        })
+        .await;
+    }
+
+    let cases = [
+        ("bad signature", bad_sig, "signature"),
+        ("wrong network", wrong_net, "network"),
+        ("expired", expired, "expired"),
+        ("replayed sequence", seq9, "replayed"),
+    ];
+    for (i, (what, bytes, needle)) in cases.into_iter().enumerate() {
+        let a = attackers[i].peer;
+        attackers[i]
+            .node
+            .client
+            .publish_raw(bytes)
+            .await
+            .unwrap()
+            .unwrap();
+        for h in honest.iter_mut().take(2) {
+            let reason = rejected_by(h, a).await;
+            assert!(reason.contains(needle), "{what}: {reason}");
+            let score = h.node.client.peer_score(a).await.unwrap().unwrap();
+            assert!(score < 0.0, "{what}: score of the sender is {score}");
+        }
+    }
+    // h2 is not connected to any attacker: h0 and h1 never forwarded the invalid offers.
+    let mut seen_by_h2 = Vec::new();
+    while let Ok(ev) = honest[2].events.try_recv() {
+        if let NetworkEvent::OfferRejected { reason, .. } = ev {
+            seen_by_h2.push(reason);
+        }
+    }
+    assert!(seen_by_h2.is_empty(), "h2 saw {seen_by_h2:?}");
+    for h in &honest {
+        assert_eq!(h.node.client.book_len().await.unwrap(), 1, "only seq 10");
+        let held = h.node.client.offer(seq10_id).await.unwrap().unwrap();
+        assert_eq!(held.offer.seq, 10);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_invalid_offers_does_not_stop_honest_offers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..5 {
+        nodes.push(start(dir.path(), &format!("n{i}"), config()).await);
+    }
+    for i in 0..4 {
+        connect(&nodes[i], &nodes[i + 1]).await;
+    }
+    let flooder = start(dir.path(), "flooder", config()).await;
+    connect(&flooder, &nodes[0]).await;
+    connect(&flooder, &nodes[1]).await;
+    wait_mesh(&nodes).await;
+
+    let net = net();
+    let now = clock::now();
+    let key = NodeKey::from_secret([66; 32]);
+    let flood = tokio::spawn({
+        let client = flooder.node.client.clone();
+        async move {
+            for seq in 0..1000u64 {
+                let s = Signed::sign(&key, &net, &live_offer(&key, seq, 1, now, 300)).unwrap();
+                let bytes = tampered(&s, |e| e.signature.0[0] ^= 0xff);
+                // The flooder's own queue may refuse some; that is its problem.
+                let _ = client.publish_raw(bytes).await.unwrap();
+            }
+        }
+    });
+    // Honest provider at the far end publishes while the flood is on.
+    learn_everywhere(&mut nodes, 4).await;
+    flood.await.unwrap();
+    let score = nodes[0]
+        .node
+        .client
+        .peer_score(flooder.peer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        score < thresholds().graylist_threshold,
+        "flooder score {score} should be below the graylist threshold"
+    );
+    for n in &nodes {
+        assert_eq!(n.node.client.book_len().await.unwrap(), 1);
+    }
+}

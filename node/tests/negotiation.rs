@@ -1,0 +1,259 @@
+//! Lease negotiation between real nodes on loopback, and restarts from the home directory.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use gridlease_contracts::LeaseState;
+use gridlease_contracts::book::BookEntry;
+use gridlease_node::clock;
+use gridlease_node::net::{NegotiationOutcome, NetworkEvent, NodeConfig};
+use gridlease_node::renter::{LeaseAsk, offer_addrs, terms_for};
+use gridlease_node::store::Role;
+use gridlease_protocol::{LeaseTerms, RejectReason};
+
+fn provider_config(gpus: u8, price: u64) -> NodeConfig {
+    let mut c = config();
+    c.offer = Some(template(gpus, price));
+    c
+}
+
+fn ask(gpus: u16, nonce: u64) -> LeaseAsk {
+    LeaseAsk {
+        gpu_count: gpus,
+        duration_s: 600,
+        image: "gridlease-probe:0.1.0".into(),
+        command: vec!["burn".into(), "15".into()],
+        env: BTreeMap::new(),
+        max_total: 10_000_000,
+        grace_s: 30,
+        nonce,
+    }
+}
+
+/// Provider with `gpus` GPUs at 0.35/h and a renter that has learned its offer.
+async fn market(root: &std::path::Path, gpus: u8) -> (TestNode, TestNode, BookEntry) {
+    let provider = start(root, "provider", provider_config(gpus, 350_000)).await;
+    let mut renter = start(root, "renter", config()).await;
+    connect(&renter, &provider).await;
+    let p = provider.key_public;
+    let id = wait_event(&mut renter.events, |e| match e {
+        NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => Some(*id),
+        _ => None,
+    })
+    .await;
+    let entry = renter.node.client.offer(id).await.unwrap().unwrap();
+    (provider, renter, entry)
+}
+
+fn terms(renter: &TestNode, entry: &BookEntry, ask: &LeaseAsk) -> LeaseTerms {
+    terms_for(&net(), entry, renter.key_public, ask, clock::now())
+}
+
+async fn negotiate(renter: &TestNode, entry: &BookEntry, t: LeaseTerms) -> NegotiationOutcome {
+    renter
+        .node
+        .client
+        .negotiate(t, clock::now().plus_secs(60), offer_addrs(entry))
+        .await
+        .unwrap()
+}
+
+fn rejected(o: NegotiationOutcome) -> RejectReason {
+    match o {
+        NegotiationOutcome::Rejected { reason, .. } => reason,
+        NegotiationOutcome::Accepted { lease_id, .. } => panic!("accepted {lease_id:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_lease_is_stored_with_identical_signed_terms_on_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, entry) = market(dir.path(), 2).await;
+    let t = terms(&renter, &entry, &ask(1, 1));
+    let NegotiationOutcome::Accepted {
+        lease_id,
+        request,
+        accept,
+    } = negotiate(&renter, &entry, t.clone()).await
+    else {
+        panic!("rejected");
+    };
+    assert_eq!(lease_id, t.lease_id().unwrap());
+    let on_provider = provider
+        .store
+        .call(move |s| s.lease(&lease_id))
+        .await
+        .unwrap()
+        .expect("provider stored the lease before answering");
+    let on_renter = renter
+        .store
+        .call(move |s| s.lease(&lease_id))
+        .await
+        .unwrap()
+        .expect("renter stored the lease");
+    assert_eq!(on_provider.role, Role::Provider);
+    assert_eq!(on_renter.role, Role::Renter);
+    for side in [&on_provider, &on_renter] {
+        assert_eq!(side.lease.terms, t);
+        assert_eq!(side.lease.state, LeaseState::Accepted);
+        assert_eq!(
+            side.request.to_bytes().unwrap(),
+            request.to_bytes().unwrap()
+        );
+        assert_eq!(
+            side.accept.as_ref().unwrap().to_bytes().unwrap(),
+            accept.to_bytes().unwrap()
+        );
+        assert_eq!(side.gpus.len(), 1);
+    }
+    let v = accept.verify(&net()).unwrap();
+    assert_eq!(v.signer, provider.key_public);
+    assert_eq!(v.message.terms, t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_carry_their_reason_and_nonces_are_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, entry) = market(dir.path(), 2).await;
+
+    // Price below the ask.
+    let mut cheap = terms(&renter, &entry, &ask(1, 10));
+    cheap.price_per_gpu_hour = 349_999;
+    assert_eq!(
+        rejected(negotiate(&renter, &entry, cheap).await),
+        RejectReason::PriceBelowAsk { ask: 350_000 }
+    );
+
+    // Accepted; the very same signed request again gets the very same acceptance.
+    let t = terms(&renter, &entry, &ask(1, 11));
+    let first = negotiate(&renter, &entry, t.clone()).await;
+    let NegotiationOutcome::Accepted {
+        lease_id,
+        request,
+        accept,
+        ..
+    } = first
+    else {
+        panic!("rejected");
+    };
+    let again = renter
+        .node
+        .client
+        .negotiate_signed(request.clone(), t.clone(), offer_addrs(&entry))
+        .await
+        .unwrap();
+    let NegotiationOutcome::Accepted {
+        lease_id: again_id,
+        accept: again_accept,
+        ..
+    } = again
+    else {
+        panic!("idempotent retry rejected");
+    };
+    assert_eq!(again_id, lease_id);
+    assert_eq!(again_accept.to_bytes().unwrap(), accept.to_bytes().unwrap());
+    let leases = provider
+        .store
+        .call(|s| s.leases(Some(Role::Provider)))
+        .await
+        .unwrap();
+    assert_eq!(leases.len(), 1, "the retry did not create a second lease");
+
+    // Same nonce, other terms.
+    let mut other = t.clone();
+    other.duration_s = 1200;
+    assert_eq!(
+        rejected(negotiate(&renter, &entry, other).await),
+        RejectReason::DuplicateNonce
+    );
+
+    // One of two GPUs is leased: asking for two finds no capacity.
+    assert_eq!(
+        rejected(negotiate(&renter, &entry, terms(&renter, &entry, &ask(2, 12))).await),
+        RejectReason::NoCapacity { free: 1 }
+    );
+
+    // The provider changes its offer: the old one is stale.
+    let new = provider
+        .node
+        .client
+        .set_offer(Some(template(2, 400_000)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(new.offer.seq > entry.offer.seq);
+    assert_eq!(
+        rejected(negotiate(&renter, &entry, terms(&renter, &entry, &ask(1, 13))).await),
+        RejectReason::StaleOffer {
+            current_seq: new.offer.seq
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_nodes_still_know_their_leases_and_offers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, entry) = market(dir.path(), 2).await;
+    let t = terms(&renter, &entry, &ask(1, 7));
+    let NegotiationOutcome::Accepted {
+        lease_id,
+        request,
+        accept,
+    } = negotiate(&renter, &entry, t.clone()).await
+    else {
+        panic!("rejected");
+    };
+    let provider_home = stop(provider).await;
+    let renter_home = stop(renter).await;
+
+    // The renter comes back alone: its book and its lease are there, without any peer.
+    let renter = start_from_home(&renter_home, config()).await;
+    let held = renter.node.client.offer(entry.id).await.unwrap();
+    assert!(held.is_some(), "offer book restored from the store");
+    let mine = renter
+        .store
+        .call(|s| s.leases(Some(Role::Renter)))
+        .await
+        .unwrap();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0].lease.id, lease_id);
+
+    // The provider comes back: same offer, same lease, and the retry is still idempotent.
+    let provider = start_from_home(&provider_home, provider_config(2, 350_000)).await;
+    let own = provider.node.client.own_offer().await.unwrap().unwrap();
+    assert_eq!(
+        own.id, entry.id,
+        "the unexpired own offer is kept across restarts"
+    );
+    let theirs = provider
+        .store
+        .call(|s| s.leases(Some(Role::Provider)))
+        .await
+        .unwrap();
+    assert_eq!(theirs.len(), 1);
+    assert_eq!(theirs[0].lease.id, lease_id);
+    connect(&renter, &provider).await;
+    let again = renter
+        .node
+        .client
+        .negotiate_signed(request, t, vec![provider.addr.clone()])
+        .await
+        .unwrap();
+    let NegotiationOutcome::Accepted {
+        accept: again_accept,
+        ..
+    } = again
+    else {
+        panic!("retry after restart rejected");
+    };
+    assert_eq!(again_accept.to_bytes().unwrap(), accept.to_bytes().unwrap());
+    // Its GPU is still held: a two-GPU request finds one free.
+    assert_eq!(
+        rejected(negotiate(&renter, &entry, terms(&renter, &entry, &ask(2, 8))).await),
+        RejectReason::NoCapacity { free: 1 }
+    );
+}
