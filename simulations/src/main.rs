@@ -1,0 +1,2 @@
+//! `gridlease-sim`: the market simulator's command line.
+fn main() {}
