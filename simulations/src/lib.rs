@@ -12,6 +12,8 @@
 pub mod engine;
 pub mod market;
 pub mod metrics;
+pub mod output;
+pub mod plot;
 pub mod rng;
 pub mod scenario;
 pub mod zi;

@@ -76,6 +76,8 @@ struct Snapshot {
     free: u16,
     available: bool,
     price: u64,
+    /// Latest lease end the offer allows (its `created_at + max_duration_s`), sim ms.
+    until: u64,
 }
 
 struct Provider {
@@ -181,6 +183,8 @@ pub struct RunResult {
     pub channel_reports: u64,
     /// Lease requests the provider refused (stale view, capacity gone, duration).
     pub rejected_requests: u64,
+    /// Jobs submitted again after their lease failed (crash) or was refused (fraud).
+    pub resubmitted: u64,
     /// Leases started.
     pub leases: u64,
     /// Largest unpaid amount at the close of one lease, micro-units.
@@ -372,6 +376,7 @@ impl<'s> Market<'s> {
                 events: 0,
                 channel_reports: 0,
                 rejected_requests: 0,
+                resubmitted: 0,
                 leases: 0,
                 max_at_risk: 0,
                 bound_violations: 0,
@@ -436,6 +441,7 @@ impl<'s> Market<'s> {
             free: pr.free,
             available: pr.available(),
             price: pr.ask.micros(),
+            until: now.saturating_add(u64::from(pr.offer.max_duration_s) * 1000),
         };
         self.q.schedule(
             now + d,
@@ -774,6 +780,11 @@ impl<'s> Market<'s> {
         self.schedule_arrival(r, now);
         let job = self.new_job(r, now);
         self.bucket_at(now).arrivals += 1;
+        self.enqueue(r, job, now);
+    }
+
+    /// A job starts looking for a provider: patience clock, first match attempt, queue.
+    fn enqueue(&mut self, r: usize, job: u32, now: u64) {
         self.integrate(now);
         self.waiting_len += 1;
         let patience = self.sc.renter[self.renters[r].group].patience_mean_minutes;
@@ -821,7 +832,7 @@ impl<'s> Market<'s> {
     }
 
     /// Visible, feasible offers for `job`, cheapest first: (price, provider).
-    fn candidates(&mut self, job: u32, limit_per_class: usize) -> Vec<(u64, u32)> {
+    fn candidates(&mut self, job: u32, limit_per_class: usize, now: u64) -> Vec<(u64, u32)> {
         let j = self.jobs[job as usize];
         let mut out = std::mem::take(&mut self.scratch);
         out.clear();
@@ -837,7 +848,10 @@ impl<'s> Market<'s> {
                 let Some(v) = self.providers[p as usize].vis else {
                     continue;
                 };
-                if v.free >= j.gpus && self.trusted(j.renter, v.identity) {
+                if v.free >= j.gpus
+                    && now + u64::from(j.duration_s) * 1000 <= v.until
+                    && self.trusted(j.renter, v.identity)
+                {
                     out.push((price, p));
                     n += 1;
                 }
@@ -848,7 +862,7 @@ impl<'s> Market<'s> {
     }
 
     fn match_posted(&mut self, job: u32, now: u64) -> bool {
-        let cands = self.candidates(job, CANDIDATES_PER_CLASS);
+        let cands = self.candidates(job, CANDIDATES_PER_CLASS, now);
         let mut done = false;
         for &(price, p) in &cands {
             if self.request(job, p as usize, Money::from_micros(price), now) {
@@ -1056,6 +1070,27 @@ impl<'s> Market<'s> {
         }
         self.refresh_offer(p, now);
         self.publish(p, now);
+        if out.caught || out.reason == CloseReason::ProviderUnreachable {
+            // The renter still needs the rest of its job: it submits it again.
+            let left_s = (u64::from(rec.lease.terms.duration_s) * 1000)
+                .saturating_sub(out.real_wall_ms)
+                / 1000;
+            if left_s >= 60 {
+                let gpus = rec.lease.terms.gpu_count;
+                self.resubmit(rec.renter as usize, left_s as u32, rec.valuation, gpus, now);
+            }
+        }
+    }
+
+    fn resubmit(&mut self, r: usize, duration_s: u32, valuation: Money, gpus: u16, now: u64) {
+        let job = self.new_job(r, now);
+        let j = &mut self.jobs[job as usize];
+        j.duration_s = duration_s;
+        j.valuation = valuation;
+        j.gpus = gpus;
+        j.defaults = false;
+        self.result.resubmitted += 1;
+        self.enqueue(r, job, now);
     }
 
     fn on_visible(&mut self, p: usize, snap: Snapshot, now: u64) {
@@ -1119,12 +1154,15 @@ impl<'s> Market<'s> {
             let Some(v) = self.providers[p].vis else {
                 break;
             };
-            if !(v.available && v.free > 0) {
+            // Once the freed GPUs are taken, the other renters racing for them would only be
+            // refused; they are not modelled as requests.
+            if !(v.available && v.free > 0) || self.providers[p].free == 0 {
                 kept.push(job);
                 break;
             }
             let fits = self.class_vram[self.providers[p].class] >= j.min_vram
                 && v.free >= j.gpus
+                && now + u64::from(j.duration_s) * 1000 <= v.until
                 && (self.sc.matching != Matching::Posted || v.price <= j.valuation.micros())
                 && self.trusted(j.renter, v.identity);
             if !(fits && self.try_match(job, now)) {
@@ -1147,7 +1185,7 @@ impl<'s> Market<'s> {
             return;
         }
         let max = self.sc.auction.max_bidders as usize;
-        let cands = self.candidates(job, max);
+        let cands = self.candidates(job, max, now);
         let mut bids = Vec::with_capacity(cands.len().min(max));
         for &(_, p) in cands.iter().take(max) {
             let pr = &mut self.providers[p as usize];
@@ -1242,9 +1280,10 @@ fn run_channel(
     let duration = u64::from(terms.duration_s) * 1000;
     let interval = u64::from(terms.usage_interval_s) * 1000;
     let stops = stops_at.unwrap_or(u64::MAX);
-    let bound = pc
-        .exposure_bound()
-        .and_then(|b| b.checked_add(tariff.window_cost(u64::from(terms.usage_interval_s))?))
+    // The provider stops at the first report where more than one window is unpaid, so at most
+    // one window plus one report interval of usage is ever unpaid.
+    let bound = tariff
+        .window_cost(u64::from(terms.pay_ahead_s) + u64::from(terms.usage_interval_s))
         .unwrap_or(Money::from_micros(u64::MAX));
     let mut seq = 0;
     let mut prev_end = 0;
