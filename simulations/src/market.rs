@@ -38,7 +38,7 @@ const DAY_MS: u64 = 24 * HOUR_MS;
 /// Longest lease an always-on provider offers, seconds.
 const MAX_OFFER_DURATION_S: u64 = 30 * 24 * 3600;
 /// Waiting jobs examined per newly visible offer.
-const WAIT_SCAN: usize = 256;
+const WAIT_SCAN: usize = 64;
 /// Offers considered per class when a renter searches.
 const CANDIDATES_PER_CLASS: usize = 8;
 
@@ -50,7 +50,7 @@ enum Ev {
     /// A waiting job's patience runs out.
     Patience { job: u32, generation: u32 },
     /// A provider's published offer state reaches renters.
-    OfferVisible { provider: u32, snap: Snapshot },
+    OfferVisible { provider: u32, slot: u32 },
     /// A lease ends (time computed by the channel at start).
     LeaseEnd { lease: u32 },
     /// Provider comes online / goes offline (availability pattern).
@@ -212,11 +212,14 @@ pub struct Market<'s> {
     renters: Vec<Renter>,
     jobs: Vec<Job>,
     free_jobs: Vec<u32>,
-    waiting: VecDeque<u32>,
+    /// Waiting jobs per home class (the smallest class that fits them), oldest first.
+    waiting: Vec<VecDeque<u32>>,
     waiting_len: u64,
     leases: Vec<Option<LeaseRec>>,
     free_leases: Vec<u32>,
     book: Vec<BTreeSet<(u64, u32)>>,
+    snaps: Vec<Snapshot>,
+    free_snaps: Vec<u32>,
     cda: Vec<DoubleAuction<u64>>,
     auction_bids: Vec<Vec<SealedBid<u32>>>,
     next_identity: u32,
@@ -352,11 +355,13 @@ impl<'s> Market<'s> {
             renters,
             jobs: Vec::new(),
             free_jobs: Vec::new(),
-            waiting: VecDeque::new(),
+            waiting: vec![VecDeque::new(); classes],
             waiting_len: 0,
             leases: Vec::new(),
             free_leases: Vec::new(),
             book: vec![BTreeSet::new(); classes],
+            snaps: Vec::new(),
+            free_snaps: Vec::new(),
             cda: (0..classes).map(|_| DoubleAuction::new()).collect(),
             auction_bids: Vec::new(),
             next_identity,
@@ -443,11 +448,22 @@ impl<'s> Market<'s> {
             price: pr.ask.micros(),
             until: now.saturating_add(u64::from(pr.offer.max_duration_s) * 1000),
         };
+        // Snapshots wait in a slab so that queue entries stay small (the heap is the hot spot).
+        let slot = match self.free_snaps.pop() {
+            Some(i) => {
+                self.snaps[i as usize] = snap;
+                i
+            }
+            None => {
+                self.snaps.push(snap);
+                (self.snaps.len() - 1) as u32
+            }
+        };
         self.q.schedule(
             now + d,
             Ev::OfferVisible {
                 provider: p as u32,
-                snap,
+                slot,
             },
         );
     }
@@ -604,7 +620,9 @@ impl<'s> Market<'s> {
             match ev {
                 Ev::JobArrival { renter } => self.on_arrival(renter as usize, now),
                 Ev::Patience { job, generation } => self.on_patience(job, generation, now),
-                Ev::OfferVisible { provider, snap } => {
+                Ev::OfferVisible { provider, slot } => {
+                    let snap = self.snaps[slot as usize];
+                    self.free_snaps.push(slot);
                     self.on_visible(provider as usize, snap, now)
                 }
                 Ev::LeaseEnd { lease } => self.on_lease_end(lease, now),
@@ -790,9 +808,10 @@ impl<'s> Market<'s> {
         let patience = self.sc.renter[self.renters[r].group].patience_mean_minutes;
         let t = exponential(&mut self.renters[r].rng, patience * 60_000.0) as u64;
         let generation = self.jobs[job as usize].generation;
-        self.q.schedule(now + t, Ev::Patience { job, generation });
+        // The patience draw is always made (streams stay aligned); the event only when waiting.
         if !self.try_match(job, now) {
-            self.waiting.push_back(job);
+            self.push_waiting(job);
+            self.q.schedule(now + t, Ev::Patience { job, generation });
         }
     }
 
@@ -1095,14 +1114,23 @@ impl<'s> Market<'s> {
 
     fn on_visible(&mut self, p: usize, snap: Snapshot, now: u64) {
         let class = self.providers[p].class;
+        let open = snap.available && snap.free > 0;
+        // Waiting renters search again only when the offer got more attractive: newly open,
+        // more free GPUs, a lower price, or a new identity.
+        let mut better = open;
         if let Some(old) = self.providers[p].vis {
             if old.version >= snap.version {
                 return;
             }
             self.book[class].remove(&(old.price, p as u32));
+            let was_open = old.available && old.free > 0;
+            better = open
+                && (!was_open
+                    || snap.free > old.free
+                    || snap.price < old.price
+                    || snap.identity != old.identity);
         }
         self.providers[p].vis = Some(snap);
-        let open = snap.available && snap.free > 0;
         if open {
             self.book[class].insert((snap.price, p as u32));
         }
@@ -1122,58 +1150,89 @@ impl<'s> Market<'s> {
                             && self.request(job, p, tr.price, now))
                         {
                             // The trade could not become a lease (stale view): bid again later.
-                            self.waiting.push_back(job);
+                            self.push_waiting(job);
                         }
                     }
                 } else {
                     self.cda[class].cancel(p as u64);
                 }
-                self.retry_waiting(p, now);
+                if better {
+                    self.retry_waiting(p, now);
+                }
             }
             _ => {
-                if open {
+                if better {
                     self.retry_waiting(p, now);
                 }
             }
         }
     }
 
-    /// A newly visible offer: waiting jobs it could serve try again, oldest first.
+    /// The smallest class (by VRAM, then index) that fits `min_vram`; jobs wait there.
+    fn home_class(&self, min_vram: u32) -> usize {
+        (0..self.class_vram.len())
+            .filter(|&c| self.class_vram[c] >= min_vram)
+            .min_by_key(|&c| (self.class_vram[c], c))
+            .unwrap_or(0)
+    }
+
+    fn push_waiting(&mut self, job: u32) {
+        let c = self.home_class(self.jobs[job as usize].min_vram);
+        self.waiting[c].push_back(job);
+    }
+
+    /// A newly visible, more attractive offer: waiting jobs it could serve try again, oldest
+    /// first -- its own class's queue first, then the queues of smaller classes.
     fn retry_waiting(&mut self, p: usize, now: u64) {
+        let class = self.providers[p].class;
+        let vram = self.class_vram[class];
+        let mut queues: Vec<usize> = (0..self.waiting.len())
+            .filter(|&q| q != class && self.class_vram[q] <= vram)
+            .collect();
+        queues.sort_by_key(|&q| (std::cmp::Reverse(self.class_vram[q]), q));
+        queues.insert(0, class);
         let mut scanned = 0;
-        let mut kept = Vec::new();
-        while scanned < WAIT_SCAN {
-            let Some(job) = self.waiting.pop_front() else {
-                break;
-            };
-            let j = self.jobs[job as usize];
-            if j.state != JobState::Waiting {
-                continue;
-            }
-            scanned += 1;
-            let Some(v) = self.providers[p].vis else {
-                break;
-            };
-            // Once the freed GPUs are taken, the other renters racing for them would only be
-            // refused; they are not modelled as requests.
-            if !(v.available && v.free > 0) || self.providers[p].free == 0 {
-                kept.push(job);
-                break;
-            }
-            let fits = self.class_vram[self.providers[p].class] >= j.min_vram
-                && v.free >= j.gpus
-                && now + u64::from(j.duration_s) * 1000 <= v.until
-                && (self.sc.matching != Matching::Posted || v.price <= j.valuation.micros())
-                && self.trusted(j.renter, v.identity);
-            if !(fits && self.try_match(job, now)) {
+        for q in queues {
+            let mut kept = Vec::new();
+            let mut stop = false;
+            while scanned < WAIT_SCAN {
+                let Some(job) = self.waiting[q].pop_front() else {
+                    break;
+                };
                 let j = self.jobs[job as usize];
-                if j.state == JobState::Waiting {
+                if j.state != JobState::Waiting {
+                    continue;
+                }
+                scanned += 1;
+                let Some(v) = self.providers[p].vis else {
                     kept.push(job);
+                    stop = true;
+                    break;
+                };
+                // Once the freed GPUs are taken, the other renters racing for them would only
+                // be refused; they are not modelled as requests.
+                if !(v.available && v.free > 0) || self.providers[p].free == 0 {
+                    kept.push(job);
+                    stop = true;
+                    break;
+                }
+                let fits = v.free >= j.gpus
+                    && now + u64::from(j.duration_s) * 1000 <= v.until
+                    && (self.sc.matching != Matching::Posted || v.price <= j.valuation.micros())
+                    && self.trusted(j.renter, v.identity);
+                if !(fits && self.try_match(job, now)) {
+                    let j = self.jobs[job as usize];
+                    if j.state == JobState::Waiting {
+                        kept.push(job);
+                    }
                 }
             }
-        }
-        for job in kept.into_iter().rev() {
-            self.waiting.push_front(job);
+            for job in kept.into_iter().rev() {
+                self.waiting[q].push_front(job);
+            }
+            if stop || scanned >= WAIT_SCAN {
+                break;
+            }
         }
     }
 
@@ -1228,7 +1287,7 @@ impl<'s> Market<'s> {
                 return;
             }
         }
-        self.waiting.push_back(job);
+        self.push_waiting(job);
     }
 
     // ---- continuous double auction ----
@@ -1281,9 +1340,11 @@ fn run_channel(
     let interval = u64::from(terms.usage_interval_s) * 1000;
     let stops = stops_at.unwrap_or(u64::MAX);
     // The provider stops at the first report where more than one window is unpaid, so at most
-    // one window plus one report interval of usage is ever unpaid.
+    // one window plus one report interval of usage is ever unpaid -- plus one micro-unit,
+    // because cumulative per-second rounding (floor of a sum vs sum of floors) can add one.
     let bound = tariff
         .window_cost(u64::from(terms.pay_ahead_s) + u64::from(terms.usage_interval_s))
+        .and_then(|b| b.checked_add(Money::from_micros(1)))
         .unwrap_or(Money::from_micros(u64::MAX));
     let mut seq = 0;
     let mut prev_end = 0;

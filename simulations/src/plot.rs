@@ -145,7 +145,8 @@ fn both(
 }
 
 /// Mean over replications of column `col` per (point, time), from `buckets.csv`.
-fn bucket_means(b: &Table, col: usize, label: &str) -> Series {
+/// With `skip_zero`, zero cells (a price in a bucket without leases) are left out of the mean.
+fn bucket_means(b: &Table, col: usize, label: &str, skip_zero: bool) -> Series {
     let (Some(ti), Some(pi)) = (b.col("t_start_h"), b.col("point")) else {
         return Vec::new();
     };
@@ -157,6 +158,9 @@ fn bucket_means(b: &Table, col: usize, label: &str) -> Series {
         let Ok(v) = r[col].parse::<f64>() else {
             continue;
         };
+        if skip_zero && v == 0.0 {
+            continue;
+        }
         let e = acc.entry((point, (t * 1000.0) as u64)).or_default();
         e.0 += v;
         e.1 += 1.0;
@@ -185,7 +189,7 @@ pub fn all(dir: &Path, runs: &Table, buckets: &Table, waits: &Table) -> Result<V
     let mut price: Series = Vec::new();
     for (i, h) in buckets.header.iter().enumerate() {
         if let Some(class) = h.strip_prefix("price_") {
-            for (name, pts) in bucket_means(buckets, i, class) {
+            for (name, pts) in bucket_means(buckets, i, class, true) {
                 price.push((name, pts.into_iter().filter(|p| p.1 > 0.0).collect()));
             }
         }
@@ -200,7 +204,7 @@ pub fn all(dir: &Path, runs: &Table, buckets: &Table, waits: &Table) -> Result<V
         false,
     )?);
     if let Some(u) = buckets.col("utilization") {
-        let s = bucket_means(buckets, u, "utilization");
+        let s = bucket_means(buckets, u, "utilization", false);
         files.extend(both(
             dir,
             "utilization",

@@ -480,8 +480,10 @@ impl Scenario {
         if !(self.days > 0.0 && self.days <= 3650.0) {
             return bad(format!("days = {} not in (0, 3650]", self.days));
         }
-        if self.bucket_minutes == 0 || self.repricing_minutes == 0 {
-            return bad("bucket_minutes and repricing_minutes must be > 0".into());
+        if self.bucket_minutes == 0 || !(1..60).contains(&self.repricing_minutes) {
+            // Offers live at most an hour (contracts::terms::MAX_OFFER_TTL_S); the re-pricing
+            // tick also refreshes them.
+            return bad("bucket_minutes > 0 and 1 <= repricing_minutes < 60 required".into());
         }
         let c = &self.channel;
         if !(1..=300).contains(&c.usage_interval_s)
@@ -504,7 +506,7 @@ impl Scenario {
                     p.name, p.class
                 ));
             }
-            if p.gpus == 0 || p.online_from_hour > 23 || p.online_to_hour > 23 {
+            if p.gpus == 0 || p.gpus > 16 || p.online_from_hour > 23 || p.online_to_hour > 23 {
                 return bad(format!(
                     "provider group {:?}: gpus > 0, hours in 0..=23",
                     p.name
@@ -519,6 +521,7 @@ impl Scenario {
         }
         for r in &self.renter {
             if r.gpus == 0
+                || r.gpus > 16
                 || r.jobs_per_day < 0.0
                 || r.duration_median_minutes <= 0.0
                 || r.patience_mean_minutes <= 0.0
