@@ -15,7 +15,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use gridlease_contracts::auction::{DoubleAuction, SealedBid, reverse_auction_winner};
-use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy};
+use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, uniform_inclusive};
 use gridlease_contracts::reputation::{Outcome, ReputationBook, TrustPolicy};
 use gridlease_contracts::{
     Actor, Decision, Lease, LeaseEvent, Money, ProviderChannel, ProviderView, RenterChannel,
@@ -45,8 +45,8 @@ const CANDIDATES_PER_CLASS: usize = 8;
 /// The events of the market.
 #[derive(Clone, Copy, Debug)]
 enum Ev {
-    /// A renter's next job arrives.
-    JobArrival { renter: u32 },
+    /// The next job of a renter group arrives.
+    GroupArrival { group: u32 },
     /// A waiting job's patience runs out.
     Patience { job: u32, generation: u32 },
     /// A provider's published offer state reaches renters.
@@ -100,7 +100,6 @@ struct Provider {
     busy_acc_ms: u64,
     busy_since: u64,
     pub_version: u32,
-    vis: Option<Snapshot>,
     revenue: Money,
     attacker: bool,
     inflation_permille: u32,
@@ -210,6 +209,8 @@ pub struct Market<'s> {
     class_vram: Vec<u32>,
     providers: Vec<Provider>,
     renters: Vec<Renter>,
+    group_rngs: Vec<Pcg64Mcg>,
+    group_first: Vec<usize>,
     jobs: Vec<Job>,
     free_jobs: Vec<u32>,
     /// Waiting jobs per home class (the smallest class that fits them), oldest first.
@@ -220,6 +221,8 @@ pub struct Market<'s> {
     book: Vec<BTreeSet<(u64, u32)>>,
     snaps: Vec<Snapshot>,
     free_snaps: Vec<u32>,
+    /// What renters currently see of each provider (dense: the matching loops' hot data).
+    vis: Vec<Option<Snapshot>>,
     cda: Vec<DoubleAuction<u64>>,
     auction_bids: Vec<Vec<SealedBid<u32>>>,
     next_identity: u32,
@@ -317,7 +320,6 @@ impl<'s> Market<'s> {
                     busy_acc_ms: 0,
                     busy_since: 0,
                     pub_version: 0,
-                    vis: None,
                     revenue: Money::ZERO,
                     attacker: g.attack != Attack::None,
                     inflation_permille: if g.attack == Attack::UsageInflation {
@@ -331,7 +333,12 @@ impl<'s> Market<'s> {
             }
         }
         let mut renters = Vec::new();
+        let mut group_first = Vec::new();
+        let group_rngs = (0..sc.renter.len())
+            .map(|g| stream(seed, replication, StreamKind::RenterGroup, g as u64))
+            .collect();
         for (gi, g) in sc.renter.iter().enumerate() {
+            group_first.push(renters.len());
             for _ in 0..g.count {
                 let idx = renters.len() as u64;
                 renters.push(Renter {
@@ -345,6 +352,7 @@ impl<'s> Market<'s> {
         let bucket_ms = u64::from(sc.bucket_minutes) * 60_000;
         let n_buckets = horizon.div_ceil(bucket_ms).max(1) as usize;
         let attacker_identities = providers.iter().filter(|p| p.attacker).count() as u64;
+        let n_providers = providers.len();
         Self {
             sc,
             q: EventQueue::new(),
@@ -353,6 +361,8 @@ impl<'s> Market<'s> {
             class_vram,
             providers,
             renters,
+            group_rngs,
+            group_first,
             jobs: Vec::new(),
             free_jobs: Vec::new(),
             waiting: vec![VecDeque::new(); classes],
@@ -362,6 +372,7 @@ impl<'s> Market<'s> {
             book: vec![BTreeSet::new(); classes],
             snaps: Vec::new(),
             free_snaps: Vec::new(),
+            vis: vec![None; n_providers],
             cda: (0..classes).map(|_| DoubleAuction::new()).collect(),
             auction_bids: Vec::new(),
             next_identity,
@@ -574,13 +585,18 @@ impl<'s> Market<'s> {
         }
     }
 
-    fn schedule_arrival(&mut self, r: usize, now: u64) {
-        let g = &self.sc.renter[self.renters[r].group];
-        if g.jobs_per_day <= 0.0 {
+    /// Schedules a renter group's next job. The group's renters are independent Poisson
+    /// processes; their superposition is one Poisson process of the summed rate whose jobs go
+    /// to a uniformly drawn renter. Times and the renter come from the group's stream; the job
+    /// itself from the renter's stream. (One pending event per group instead of per renter
+    /// keeps the queue small.)
+    fn schedule_group_arrival(&mut self, gi: usize, now: u64) {
+        let g = &self.sc.renter[gi];
+        if g.jobs_per_day <= 0.0 || g.count == 0 {
             return;
         }
-        let mean = DAY_MS as f64 / g.jobs_per_day;
-        let rng = &mut self.renters[r].rng;
+        let mean = DAY_MS as f64 / (g.jobs_per_day * f64::from(g.count));
+        let rng = &mut self.group_rngs[gi];
         let mut t = now as f64;
         match g.arrivals {
             Arrivals::Poisson => t += exponential(rng, mean),
@@ -601,24 +617,43 @@ impl<'s> Market<'s> {
         }
         if t <= self.horizon as f64 {
             self.q
-                .schedule(t as u64, Ev::JobArrival { renter: r as u32 });
+                .schedule(t as u64, Ev::GroupArrival { group: gi as u32 });
         }
     }
 
+    fn on_group_arrival(&mut self, gi: usize, now: u64) {
+        self.schedule_group_arrival(gi, now);
+        let n = u64::from(self.sc.renter[gi].count);
+        let k = uniform_inclusive(&mut self.group_rngs[gi], 0, n - 1) as usize;
+        self.on_arrival(self.group_first[gi] + k, now);
+    }
+
     /// Runs the replication to the horizon.
-    pub fn run(mut self) -> RunResult {
+    pub fn run(self) -> RunResult {
+        self.run_observed(&|_| {})
+    }
+
+    /// Simulated duration of the run, ms.
+    pub fn horizon_ms(&self) -> u64 {
+        self.horizon
+    }
+
+    /// Runs to the horizon, calling `progress` with the simulated milliseconds covered since
+    /// its last call (once per re-pricing period and at the end; for progress bars).
+    pub fn run_observed(mut self, progress: &dyn Fn(u64)) -> RunResult {
+        let mut reported = 0;
         for p in 0..self.providers.len() {
             self.schedule_availability(p, 0);
             self.sample_crash(p, 0);
         }
-        for r in 0..self.renters.len() {
-            self.schedule_arrival(r, 0);
+        for g in 0..self.sc.renter.len() {
+            self.schedule_group_arrival(g, 0);
         }
         let period = u64::from(self.sc.repricing_minutes) * 60_000;
         self.q.schedule(period, Ev::Reprice);
         while let Some((now, ev)) = self.q.pop_until(self.horizon) {
             match ev {
-                Ev::JobArrival { renter } => self.on_arrival(renter as usize, now),
+                Ev::GroupArrival { group } => self.on_group_arrival(group as usize, now),
                 Ev::Patience { job, generation } => self.on_patience(job, generation, now),
                 Ev::OfferVisible { provider, slot } => {
                     let snap = self.snaps[slot as usize];
@@ -631,6 +666,8 @@ impl<'s> Market<'s> {
                 Ev::Crash { provider } => self.on_crash(provider as usize, now),
                 Ev::Repair { provider } => self.on_repair(provider as usize, now),
                 Ev::Reprice => {
+                    progress(now - reported);
+                    reported = now;
                     self.on_reprice(now);
                     self.q.schedule(now + period, Ev::Reprice);
                 }
@@ -638,6 +675,7 @@ impl<'s> Market<'s> {
             }
         }
         self.integrate(self.horizon);
+        progress(self.horizon - reported);
         let mut res = self.result;
         res.events = self.q.popped();
         res.buckets = self.buckets;
@@ -795,7 +833,6 @@ impl<'s> Market<'s> {
     }
 
     fn on_arrival(&mut self, r: usize, now: u64) {
-        self.schedule_arrival(r, now);
         let job = self.new_job(r, now);
         self.bucket_at(now).arrivals += 1;
         self.enqueue(r, job, now);
@@ -864,7 +901,7 @@ impl<'s> Market<'s> {
                 if price > j.valuation.micros() || n >= limit_per_class {
                     break;
                 }
-                let Some(v) = self.providers[p as usize].vis else {
+                let Some(v) = self.vis[p as usize] else {
                     continue;
                 };
                 if v.free >= j.gpus
@@ -898,7 +935,9 @@ impl<'s> Market<'s> {
     fn request(&mut self, job: u32, p: usize, price: Money, now: u64) -> bool {
         let j = self.jobs[job as usize];
         let pr = &self.providers[p];
-        let Some(vis) = pr.vis else { return false };
+        let Some(vis) = self.vis[p] else {
+            return false;
+        };
         if !pr.available() {
             // Nobody answers: the renter's request times out.
             self.result.rejected_requests += 1;
@@ -1118,7 +1157,7 @@ impl<'s> Market<'s> {
         // Waiting renters search again only when the offer got more attractive: newly open,
         // more free GPUs, a lower price, or a new identity.
         let mut better = open;
-        if let Some(old) = self.providers[p].vis {
+        if let Some(old) = self.vis[p] {
             if old.version >= snap.version {
                 return;
             }
@@ -1130,7 +1169,7 @@ impl<'s> Market<'s> {
                     || snap.price < old.price
                     || snap.identity != old.identity);
         }
-        self.providers[p].vis = Some(snap);
+        self.vis[p] = Some(snap);
         if open {
             self.book[class].insert((snap.price, p as u32));
         }
@@ -1204,7 +1243,7 @@ impl<'s> Market<'s> {
                     continue;
                 }
                 scanned += 1;
-                let Some(v) = self.providers[p].vis else {
+                let Some(v) = self.vis[p] else {
                     kept.push(job);
                     stop = true;
                     break;

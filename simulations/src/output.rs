@@ -92,19 +92,26 @@ pub fn tasks(points: usize, reps: u64, shard: Option<(u64, u64)>) -> Vec<(usize,
     }
 }
 
-/// Runs the tasks in parallel (rayon); results come back in task order. `tick` is called after
-/// each replication (progress bars).
+/// Simulated minutes all `tasks` will cover (the length of a progress bar).
+pub fn total_minutes(points: &[Point], tasks: &[(usize, u64)]) -> u64 {
+    tasks
+        .iter()
+        .map(|&(p, _)| (points[p].scenario.days * 24.0 * 60.0) as u64)
+        .sum()
+}
+
+/// Runs the tasks in parallel (rayon); results come back in task order. `tick` receives
+/// simulated milliseconds as runs advance (progress bars).
 pub fn execute(
     points: &[Point],
     tasks: &[(usize, u64)],
     seed: u64,
-    tick: &(dyn Fn() + Sync),
+    tick: &(dyn Fn(u64) + Sync),
 ) -> Vec<Record> {
     tasks
         .par_iter()
         .map(|&(point, replication)| {
-            let result = Market::new(&points[point].scenario, seed, replication).run();
-            tick();
+            let result = Market::new(&points[point].scenario, seed, replication).run_observed(tick);
             Record {
                 point,
                 replication,

@@ -13,8 +13,10 @@ pub enum StreamKind {
     Provider = 1,
     /// A renter.
     Renter = 2,
-    /// The market itself (auction tie-breaks, experiment drivers).
+    /// The market itself (experiment drivers).
     Market = 3,
+    /// A renter group (arrival times of the group's jobs).
+    RenterGroup = 4,
 }
 
 /// SplitMix64 finaliser: a bijective 64-bit mix.

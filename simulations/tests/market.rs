@@ -23,7 +23,7 @@ fn csv_bytes(s: &Scenario, seed: u64, reps: u64) -> Vec<Vec<u8>> {
         scenario: s.clone(),
     }];
     let tasks = output::tasks(1, reps, None);
-    let records = output::execute(&points, &tasks, seed, &|| {});
+    let records = output::execute(&points, &tasks, seed, &|_| {});
     let (runs, buckets, waits) = output::tables(&points, &records, seed);
     let dir = tempfile::tempdir().unwrap();
     output::write_all(dir.path(), &runs, &buckets, &waits, false).unwrap();
@@ -75,7 +75,7 @@ fn runs_table(s: &Scenario, seed: u64, reps: u64) -> (Table, Table) {
         scenario: s.clone(),
     }];
     let tasks = output::tasks(1, reps, None);
-    let records = output::execute(&points, &tasks, seed, &|| {});
+    let records = output::execute(&points, &tasks, seed, &|_| {});
     let (runs, buckets, _) = output::tables(&points, &records, seed);
     (runs, buckets)
 }
@@ -180,7 +180,7 @@ fn shards_merge_to_the_unsharded_run() {
         },
     ];
     let write = |tasks: &[(usize, u64)], dir: &Path| {
-        let records = output::execute(&points, tasks, 1, &|| {});
+        let records = output::execute(&points, tasks, 1, &|_| {});
         let (r, bu, w) = output::tables(&points, &records, 1);
         output::write_all(dir, &r, &bu, &w, false).unwrap();
     };

@@ -108,17 +108,21 @@ fn execute(
 ) -> Result<()> {
     let shard = a.shard.as_deref().map(parse_shard).transpose()?;
     let tasks = output::tasks(points.len(), a.reps, shard);
+    // Progress in simulated minutes over all runs of this invocation.
     let bar = if p.progress() {
-        ProgressBar::new(tasks.len() as u64)
+        ProgressBar::new(output::total_minutes(&points, &tasks))
     } else {
         ProgressBar::hidden()
     };
     bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} runs, eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {percent}% of simulated time ({len} min in {msg} runs), eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    bar.set_message(tasks.len().to_string());
     let started = Instant::now();
-    let tick = || bar.inc(1);
+    let tick = |ms: u64| bar.inc(ms / 60_000);
     let records = match a.threads {
         Some(n) => rayon::ThreadPoolBuilder::new()
             .num_threads(n)
