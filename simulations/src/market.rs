@@ -996,6 +996,8 @@ impl<'s> Market<'s> {
         let gpus = j.gpus;
         let class = self.providers[p].class;
         let mut lease = Lease::propose(id, terms);
+        // Six transitions at most (accept, begin start, started, close, settle): allocate once.
+        lease.history.reserve(6);
         let t = ts(now);
         // The provider's side of the lifecycle; these transitions are legal by construction.
         let _ = lease.apply(LeaseEvent::Accept, Actor::Provider, t);
