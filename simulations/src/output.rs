@@ -452,15 +452,23 @@ pub fn scenario_hash(s: &Scenario) -> String {
     hex::encode(Sha256::digest(s.to_toml().as_bytes()))
 }
 
-/// The git revision of the working directory, if git is there.
+/// The git revision of the working directory (`-dirty` appended when tracked files differ
+/// from it), or `None` when git or a repository is not there.
 pub fn git_revision() -> Option<String> {
     let out = std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .output()
         .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    if !out.status.success() {
+        return None;
+    }
+    let rev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let clean = std::process::Command::new("git")
+        .args(["diff", "--quiet", "HEAD", "--"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(true);
+    Some(if clean { rev } else { format!("{rev}-dirty") })
 }
 
 /// Writes the tables, summary and plots into `dir`; returns the file names.
