@@ -3,6 +3,7 @@
 //! agent's draws.
 
 use rand::{Rng, RngCore};
+use rand_distr::Distribution;
 use rand_pcg::Pcg64Mcg;
 
 /// Agent kinds, part of the stream key.
@@ -43,16 +44,15 @@ pub fn unit_open<R: RngCore + ?Sized>(rng: &mut R) -> f64 {
     ((rng.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
 }
 
-/// Exponential with this mean.
+/// Exponential with this mean (ziggurat, `rand_distr::Exp1`).
 pub fn exponential<R: RngCore + ?Sized>(rng: &mut R, mean: f64) -> f64 {
-    -mean * unit_open(rng).ln()
+    let e: f64 = rand_distr::Exp1.sample(rng);
+    mean * e
 }
 
-/// Standard normal (Box-Muller; one value per call, deterministic).
+/// Standard normal (ziggurat, `rand_distr::StandardNormal`).
 pub fn std_normal<R: RngCore + ?Sized>(rng: &mut R) -> f64 {
-    let u1 = unit_open(rng);
-    let u2 = unit_open(rng);
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    rand_distr::StandardNormal.sample(rng)
 }
 
 /// Lognormal with this median and log-standard deviation.
