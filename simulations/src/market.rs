@@ -235,6 +235,7 @@ pub struct Market<'s> {
     scratch: Vec<(u64, u32)>,
     result: RunResult,
     trust: TrustPolicy,
+    mech: &'static dyn Mechanism,
 }
 
 fn key_of(tag: u8, id: u32) -> PublicKey {
@@ -414,6 +415,11 @@ impl<'s> Market<'s> {
                 min_permille: sc.reputation.min_permille,
                 trust_newcomers: sc.reputation.trust_newcomers,
             },
+            mech: match sc.matching {
+                Matching::Posted => &PostedOffers,
+                Matching::ReverseAuction => &ReverseAuction,
+                Matching::DoubleAuction => &ContinuousDoubleAuction,
+            },
         }
     }
 
@@ -487,11 +493,7 @@ impl<'s> Market<'s> {
         let left_s = pr.next_off_at.saturating_sub(now) / 1000;
         let max = left_s.min(MAX_OFFER_DURATION_S) as u32;
         pr.offer.max_duration_s = max.max(pr.offer.min_duration_s);
-        pr.offer.price_per_gpu_hour = match self.sc.matching {
-            Matching::Posted => pr.ask.micros(),
-            // In auction modes the standing offer is the floor; the auction sets the price.
-            _ => pr.cost_floor.micros(),
-        };
+        pr.offer.price_per_gpu_hour = self.mech.offer_price(pr.ask, pr.cost_floor).micros();
     }
 
     fn set_busy(&mut self, p: usize, now: u64, delta_busy: i64) {
@@ -671,7 +673,10 @@ impl<'s> Market<'s> {
                     self.on_reprice(now);
                     self.q.schedule(now + period, Ev::Reprice);
                 }
-                Ev::AuctionClose { job, generation } => self.on_auction_close(job, generation, now),
+                Ev::AuctionClose { job, generation } => {
+                    let mech = self.mech;
+                    mech.timer(&mut self, job, generation, now);
+                }
             }
         }
         self.integrate(self.horizon);
@@ -784,7 +789,7 @@ impl<'s> Market<'s> {
             let changed = ask != pr.ask;
             if changed {
                 pr.ask = ask;
-                if self.sc.matching == Matching::Posted {
+                if self.mech.price_in_offer() {
                     pr.offer.seq += 1;
                     pr.offer_id = offer_id_of(pr.identity, pr.offer.seq as u32);
                 }
@@ -860,24 +865,15 @@ impl<'s> Market<'s> {
         self.integrate(now);
         self.waiting_len -= 1;
         self.bucket_at(now).abandoned += 1;
-        if self.sc.matching == Matching::DoubleAuction {
-            for book in &mut self.cda {
-                book.cancel(cda_job_key(job));
-            }
-        }
+        let mech = self.mech;
+        mech.withdraw(self, job);
         self.release_job(job);
     }
 
     /// Tries to place a waiting job: at once (posted), by opening an auction, or by bidding.
     fn try_match(&mut self, job: u32, now: u64) -> bool {
-        match self.sc.matching {
-            Matching::Posted => self.match_posted(job, now),
-            Matching::ReverseAuction => {
-                self.open_auction(job, now);
-                false
-            }
-            Matching::DoubleAuction => self.bid_cda(job, now),
-        }
+        let mech = self.mech;
+        mech.place(self, job, now)
     }
 
     fn trusted(&self, renter: u32, identity: u32) -> bool {
@@ -1175,37 +1171,31 @@ impl<'s> Market<'s> {
         if open {
             self.book[class].insert((snap.price, p as u32));
         }
-        match self.sc.matching {
-            Matching::DoubleAuction => {
-                if open {
-                    let key = p as u64;
-                    let trades = self.cda[class].submit_ask(
-                        key,
-                        Money::from_micros(snap.price),
-                        u32::from(snap.free),
-                    );
-                    for tr in trades {
-                        let job = (tr.buyer & 0xFFFF_FFFF) as u32;
-                        let renter = self.jobs[job as usize].renter;
-                        if !(self.trusted(renter, snap.identity)
-                            && self.request(job, p, tr.price, now))
-                        {
-                            // The trade could not become a lease (stale view): bid again later.
-                            self.push_waiting(job);
-                        }
-                    }
-                } else {
-                    self.cda[class].cancel(p as u64);
-                }
-                if better {
-                    self.retry_waiting(p, now);
+        let mech = self.mech;
+        mech.offer_visible(self, p, snap, open, better, now);
+    }
+
+    /// The double auction's reaction to a visible offer update: the provider's ask for its
+    /// free GPUs (or its withdrawal); crossing bids become leases.
+    fn ask_cda(&mut self, p: usize, snap: Snapshot, open: bool, now: u64) {
+        let class = self.providers[p].class;
+        if open {
+            let key = p as u64;
+            let trades = self.cda[class].submit_ask(
+                key,
+                Money::from_micros(snap.price),
+                u32::from(snap.free),
+            );
+            for tr in trades {
+                let job = (tr.buyer & 0xFFFF_FFFF) as u32;
+                let renter = self.jobs[job as usize].renter;
+                if !(self.trusted(renter, snap.identity) && self.request(job, p, tr.price, now)) {
+                    // The trade could not become a lease (stale view): bid again later.
+                    self.push_waiting(job);
                 }
             }
-            _ => {
-                if better {
-                    self.retry_waiting(p, now);
-                }
-            }
+        } else {
+            self.cda[class].cancel(p as u64);
         }
     }
 
@@ -1259,7 +1249,7 @@ impl<'s> Market<'s> {
                 }
                 let fits = v.free >= j.gpus
                     && now + u64::from(j.duration_s) * 1000 <= v.until
-                    && (self.sc.matching != Matching::Posted || v.price <= j.valuation.micros())
+                    && (!self.mech.price_gates_retry() || v.price <= j.valuation.micros())
                     && self.trusted(j.renter, v.identity);
                 if !(fits && self.try_match(job, now)) {
                     let j = self.jobs[job as usize];
@@ -1356,6 +1346,141 @@ impl<'s> Market<'s> {
                 }
             }
             None => false,
+        }
+    }
+}
+
+/// A matching mechanism: how waiting jobs and visible offers meet. The three modes of
+/// [`Matching`] implement it; the market calls only these methods, so a new mechanism is one
+/// more implementation. Mechanism state (auction bids, double-auction books) lives in the
+/// market; the implementations are stateless.
+trait Mechanism: Sync {
+    /// The price a provider's standing offer carries, given its ask and cost floor.
+    fn offer_price(&self, ask: Money, floor: Money) -> Money;
+    /// Whether a new ask changes the standing offer (bumps its seq).
+    fn price_in_offer(&self) -> bool;
+    /// Whether a waiting job retries only offers whose visible price it can afford.
+    fn price_gates_retry(&self) -> bool;
+    /// A waiting job looks for a provider; `true` when it got a lease now.
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool;
+    /// An offer update reached renters (the offer book is already updated); `better` when it
+    /// made the offer more attractive.
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        snap: Snapshot,
+        open: bool,
+        better: bool,
+        now: u64,
+    );
+    /// A job gave up waiting.
+    fn withdraw(&self, _m: &mut Market<'_>, _job: u32) {}
+    /// A mechanism timer for `job` fired (the reverse auction's bid window).
+    fn timer(&self, _m: &mut Market<'_>, _job: u32, _generation: u32, _now: u64) {}
+}
+
+/// Posted offers: the renter takes the cheapest feasible offer it sees (the real node).
+struct PostedOffers;
+
+impl Mechanism for PostedOffers {
+    fn offer_price(&self, ask: Money, _floor: Money) -> Money {
+        ask
+    }
+    fn price_in_offer(&self) -> bool {
+        true
+    }
+    fn price_gates_retry(&self) -> bool {
+        true
+    }
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
+        m.match_posted(job, now)
+    }
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        _snap: Snapshot,
+        _open: bool,
+        better: bool,
+        now: u64,
+    ) {
+        if better {
+            m.retry_waiting(p, now);
+        }
+    }
+}
+
+/// Reverse auction with a bid window (Akash-style). The standing offer carries the cost
+/// floor; the winning bid sets the lease price.
+struct ReverseAuction;
+
+impl Mechanism for ReverseAuction {
+    fn offer_price(&self, _ask: Money, floor: Money) -> Money {
+        floor
+    }
+    fn price_in_offer(&self) -> bool {
+        false
+    }
+    fn price_gates_retry(&self) -> bool {
+        false
+    }
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
+        m.open_auction(job, now);
+        false
+    }
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        _snap: Snapshot,
+        _open: bool,
+        better: bool,
+        now: u64,
+    ) {
+        if better {
+            m.retry_waiting(p, now);
+        }
+    }
+    fn timer(&self, m: &mut Market<'_>, job: u32, generation: u32, now: u64) {
+        m.on_auction_close(job, generation, now);
+    }
+}
+
+/// Continuous double auction per GPU class. The standing offer carries the cost floor; the
+/// trade price is the standing order's limit.
+struct ContinuousDoubleAuction;
+
+impl Mechanism for ContinuousDoubleAuction {
+    fn offer_price(&self, _ask: Money, floor: Money) -> Money {
+        floor
+    }
+    fn price_in_offer(&self) -> bool {
+        false
+    }
+    fn price_gates_retry(&self) -> bool {
+        false
+    }
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
+        m.bid_cda(job, now)
+    }
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        snap: Snapshot,
+        open: bool,
+        better: bool,
+        now: u64,
+    ) {
+        m.ask_cda(p, snap, open, now);
+        if better {
+            m.retry_waiting(p, now);
+        }
+    }
+    fn withdraw(&self, m: &mut Market<'_>, job: u32) {
+        for book in &mut m.cda {
+            book.cancel(cda_job_key(job));
         }
     }
 }
