@@ -88,7 +88,8 @@ struct Provider {
     online: bool,
     crashed: bool,
     identity: u32,
-    offer: Offer,
+    /// The real offer (boxed: it is large and cold next to the fields the matching loops read).
+    offer: Box<Offer>,
     offer_id: OfferId,
     /// The ask (posted price; in auction modes the bid/ask it quotes).
     ask: Money,
@@ -310,7 +311,7 @@ impl<'s> Market<'s> {
                     online: false,
                     crashed: false,
                     identity,
-                    offer,
+                    offer: Box::new(offer),
                     offer_id: offer_id_of(identity, 1),
                     ask: start.max(floor),
                     cost_floor: floor,
