@@ -210,3 +210,20 @@ fn shards_merge_to_the_unsharded_run() {
         );
     }
 }
+
+#[test]
+fn auction_modes_lease_gpus_between_cost_floor_and_ceiling() {
+    for name in ["reverse-auction", "double-auction"] {
+        let s = small(scenario(name), 0.5);
+        let (runs, _) = runs_table(&s, 2, 2);
+        for (matched, price) in col(&runs, "matched")
+            .into_iter()
+            .zip(col(&runs, "price_rtx4090"))
+        {
+            println!("{name}: matched {matched}, mean price {price:.4}");
+            assert!(matched > 50.0, "{name}: {matched} matched");
+            // Cost floor 0.10; zero-intelligence asks and bids never exceed the 1.00 ceiling.
+            assert!((0.10..=1.00).contains(&price), "{name}: price {price}");
+        }
+    }
+}
