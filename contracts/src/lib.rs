@@ -26,3 +26,6 @@ pub use money::{Money, MoneyError};
 pub use terms::{
     AcceptError, OfferError, ProviderView, check_accept, check_request, validate_offer,
 };
+pub mod auction;
+pub mod pricing;
+pub mod reputation;

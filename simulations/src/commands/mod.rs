@@ -1,0 +1,5 @@
+//! One file per subcommand.
+
+pub(crate) mod merge;
+pub(crate) mod run;
+pub(crate) mod zi;

@@ -1,0 +1,175 @@
+//! `gridlease-sim run` and `gridlease-sim sweep`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use gridlease_sim::output::{self, Manifest, Point};
+use gridlease_sim::scenario::Scenario;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::Printer;
+
+/// `run` arguments.
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    /// Scenario TOML file.
+    scenario: PathBuf,
+    /// Replications.
+    #[arg(long, default_value_t = 10)]
+    reps: u64,
+    /// Base seed; replication r uses streams derived from (seed, r, agent).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output directory.
+    #[arg(long, default_value = "sim-out")]
+    out: PathBuf,
+    /// Run only shard i of n (tasks k with k mod n == i), e.g. `3/16`.
+    #[arg(long)]
+    shard: Option<String>,
+    /// Skip plots.
+    #[arg(long)]
+    no_plots: bool,
+    /// Rayon worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// `sweep` arguments.
+#[derive(Args, Debug)]
+pub(crate) struct SweepArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// `key=v1,v2,...`; repeatable; the sweep is the cartesian product. Keys are dotted
+    /// scenario paths (`renter.0.jobs_per_day`) or `providers`, `renters`, `renter_rate`.
+    #[arg(long = "param", required = true)]
+    params: Vec<String>,
+}
+
+fn parse_shard(s: &str) -> Result<(u64, u64)> {
+    let (i, n) = s.split_once('/').context("--shard wants i/n")?;
+    let (i, n): (u64, u64) = (i.parse()?, n.parse()?);
+    if n == 0 || i >= n {
+        bail!("--shard {s}: need 0 <= i < n");
+    }
+    Ok((i, n))
+}
+
+pub(crate) fn run(a: RunArgs, p: &Printer) -> Result<()> {
+    let base = Scenario::load(&a.scenario)?;
+    let points = vec![Point {
+        params: Vec::new(),
+        scenario: base.clone(),
+    }];
+    execute(&a, &base, points, Vec::new(), p)
+}
+
+pub(crate) fn sweep(a: SweepArgs, p: &Printer) -> Result<()> {
+    let base = Scenario::load(&a.run.scenario)?;
+    let mut axes: Vec<(String, Vec<String>)> = Vec::new();
+    for spec in &a.params {
+        let (k, vs) = spec.split_once('=').context("--param wants key=v1,v2")?;
+        axes.push((k.to_string(), vs.split(',').map(str::to_string).collect()));
+    }
+    let mut combos: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for (k, vs) in &axes {
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                vs.iter().map(move |v| {
+                    let mut c = c.clone();
+                    c.push((k.clone(), v.clone()));
+                    c
+                })
+            })
+            .collect();
+    }
+    let mut points = Vec::new();
+    for params in combos {
+        let mut s = base.clone();
+        for (k, v) in &params {
+            s.set_param(k, v)?;
+        }
+        points.push(Point {
+            params,
+            scenario: s,
+        });
+    }
+    execute(&a.run, &base, points, axes, p)
+}
+
+fn execute(
+    a: &RunArgs,
+    base: &Scenario,
+    points: Vec<Point>,
+    axes: Vec<(String, Vec<String>)>,
+    p: &Printer,
+) -> Result<()> {
+    let shard = a.shard.as_deref().map(parse_shard).transpose()?;
+    let tasks = output::tasks(points.len(), a.reps, shard);
+    // Progress in simulated minutes over all runs of this invocation.
+    let bar = if p.progress() {
+        ProgressBar::new(output::total_minutes(&points, &tasks))
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {percent}% of simulated time ({len} min in {msg} runs), eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(tasks.len().to_string());
+    let started = Instant::now();
+    let tick = |ms: u64| bar.inc(ms / 60_000);
+    let records = match a.threads {
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()?
+            .install(|| output::execute(&points, &tasks, a.seed, &tick)),
+        None => output::execute(&points, &tasks, a.seed, &tick),
+    };
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    let events: u64 = records.iter().map(|r| r.result.events).sum();
+    let (runs, buckets, waits) = output::tables(&points, &records, a.seed);
+    let mut files = output::write_all(&a.out, &runs, &buckets, &waits, !a.no_plots)?;
+    files.push("manifest.json".into());
+    let manifest = Manifest {
+        version: env!("CARGO_PKG_VERSION").into(),
+        git_revision: output::git_revision(),
+        scenario: base.name.clone(),
+        scenario_hash: output::scenario_hash(base),
+        seed: a.seed,
+        replications: a.reps,
+        sweep: axes,
+        points: points.len(),
+        shard: a.shard.clone(),
+        runs: records.len(),
+        files: files.clone(),
+        events,
+        wall_seconds: wall,
+        events_per_second: events as f64 / wall.max(1e-9),
+    };
+    write_manifest(&a.out, &manifest)?;
+    p.result(
+        &format!(
+            "{} runs of {:?} in {:.2} s: {} events ({:.0} events/s); wrote {} to {}",
+            records.len(),
+            base.name,
+            wall,
+            events,
+            manifest.events_per_second,
+            files.join(", "),
+            a.out.display()
+        ),
+        &serde_json::to_value(&manifest)?,
+    );
+    Ok(())
+}
+
+fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
+    let text = serde_json::to_string_pretty(m)?;
+    std::fs::write(dir.join("manifest.json"), text + "\n").context("write manifest.json")
+}

@@ -1,0 +1,114 @@
+//! `gridlease-sim`: the market simulator's command line. Parses, dispatches, prints; the
+//! simulation itself lives in the library.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+
+/// Deterministic agent-based simulator of the gridlease GPU market.
+#[derive(Parser, Debug)]
+#[command(name = "gridlease-sim", version, about)]
+struct Cli {
+    /// Print results as JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Print nothing but errors; no progress bar.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a scenario for several replications.
+    Run(commands::run::RunArgs),
+    /// Run a scenario over the cartesian product of parameter values.
+    Sweep(commands::run::SweepArgs),
+    /// Merge shard output directories into one (tables, summary, plots).
+    Merge {
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Skip plots.
+        #[arg(long)]
+        no_plots: bool,
+        /// Shard directories.
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
+    },
+    /// Reproduce Gode & Sunder (1993): ZI-C vs ZI-U efficiency in the double auction.
+    Zi {
+        /// Trading periods per market and trader type.
+        #[arg(long, default_value_t = 200)]
+        periods: u32,
+        /// Shouts per period.
+        #[arg(long, default_value_t = 2000)]
+        shouts: u32,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+/// All output goes through here: knows `--json` and `--quiet`; a closed pipe is not an error.
+pub(crate) struct Printer {
+    json: bool,
+    quiet: bool,
+}
+
+impl Printer {
+    /// Prints a human line, or the JSON value in JSON mode.
+    pub(crate) fn result(&self, human: &str, json: &serde_json::Value) {
+        if self.quiet {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = if self.json {
+            writeln!(out, "{json}")
+        } else {
+            writeln!(out, "{human}")
+        };
+    }
+
+    /// Whether a progress bar may be drawn.
+    pub(crate) fn progress(&self) -> bool {
+        !self.quiet && !self.json
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let printer = Printer {
+        json: cli.json,
+        quiet: cli.quiet,
+    };
+    let res = match cli.command {
+        Command::Run(a) => commands::run::run(a, &printer),
+        Command::Sweep(a) => commands::run::sweep(a, &printer),
+        Command::Merge {
+            out,
+            no_plots,
+            shards,
+        } => commands::merge::merge(&shards, &out, !no_plots, &printer),
+        Command::Zi {
+            periods,
+            shouts,
+            seed,
+        } => commands::zi::zi(periods, shouts, seed, &printer),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: {e:#}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

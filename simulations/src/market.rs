@@ -1,0 +1,1614 @@
+//! The simulated market: providers, renters, jobs and leases, driven by the event queue and
+//! ruled by `gridlease-contracts` -- the same offer/request checks
+//! ([`check_request`]), lease state machine ([`Lease`]), per-second billing ([`Tariff`]),
+//! payment channel ([`ProviderChannel`], [`RenterChannel`], whose `check_usage` catches inflated
+//! usage), pricing strategies, auction rules and reputation as the node.
+//!
+//! **Channel fast-forward.** Everything that can end a running lease early (the provider's
+//! next crash, the renter's decision to stop paying, an attacker's inflation factor) is drawn
+//! when the lease starts. The lease's whole report/receipt exchange is therefore run at start,
+//! report by report through the real channel code, and one `LeaseEnd` event is scheduled at
+//! the moment the channel (or the crash) ends it. The result is identical to scheduling every
+//! report as its own event, at a fraction of the queue traffic; the reports are counted in
+//! `channel_reports`.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use gridlease_contracts::auction::{DoubleAuction, SealedBid, reverse_auction_winner};
+use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, uniform_inclusive};
+use gridlease_contracts::reputation::{Outcome, ReputationBook, TrustPolicy};
+use gridlease_contracts::{
+    Actor, Decision, Lease, LeaseEvent, Money, ProviderChannel, ProviderView, RenterChannel,
+    Tariff, check_request, cost,
+};
+use gridlease_protocol::fixtures;
+use gridlease_protocol::{
+    CloseReason, Digest, LeaseId, LeaseRequest, LeaseTerms, NetworkId, NetworkPolicy, Offer,
+    OfferId, PublicKey, Timestamp, UsageReport,
+};
+use rand_pcg::Pcg64Mcg;
+
+use crate::engine::EventQueue;
+use crate::metrics::{Bucket, WaitHistogram, gini};
+use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
+use crate::scenario::{Arrivals, Attack, Availability, Matching, Scenario};
+
+const HOUR_MS: u64 = 3_600_000;
+const DAY_MS: u64 = 24 * HOUR_MS;
+/// Longest lease an always-on provider offers, seconds.
+const MAX_OFFER_DURATION_S: u64 = 30 * 24 * 3600;
+/// Waiting jobs examined per newly visible offer.
+const WAIT_SCAN: usize = 64;
+/// Offers considered per class when a renter searches.
+const CANDIDATES_PER_CLASS: usize = 8;
+
+/// The events of the market.
+#[derive(Clone, Copy, Debug)]
+enum Ev {
+    /// The next job of a renter group arrives.
+    GroupArrival { group: u32 },
+    /// A waiting job's patience runs out.
+    Patience { job: u32, generation: u32 },
+    /// A provider's published offer state reaches renters.
+    OfferVisible { provider: u32, slot: u32 },
+    /// A lease ends (time computed by the channel at start).
+    LeaseEnd { lease: u32 },
+    /// Provider comes online / goes offline (availability pattern).
+    Online { provider: u32 },
+    /// Provider goes offline.
+    Offline { provider: u32 },
+    /// Provider crashes.
+    Crash { provider: u32 },
+    /// Provider is back after a crash.
+    Repair { provider: u32 },
+    /// All providers re-price.
+    Reprice,
+    /// A reverse auction's bid window closes.
+    AuctionClose { job: u32, generation: u32 },
+}
+
+/// What renters learn when an offer update reaches them.
+#[derive(Clone, Copy, Debug)]
+struct Snapshot {
+    version: u32,
+    identity: u32,
+    seq: u32,
+    free: u16,
+    available: bool,
+    price: u64,
+    /// Latest lease end the offer allows (its `created_at + max_duration_s`), sim ms.
+    until: u64,
+}
+
+struct Provider {
+    group: usize,
+    class: usize,
+    gpus: u16,
+    free: u16,
+    online: bool,
+    crashed: bool,
+    identity: u32,
+    /// The real offer (boxed: it is large and cold next to the fields the matching loops read).
+    offer: Box<Offer>,
+    offer_id: OfferId,
+    /// The ask (posted price; in auction modes the bid/ask it quotes).
+    ask: Money,
+    cost_floor: Money,
+    pricing: Pricing,
+    rng: Pcg64Mcg,
+    next_off_at: u64,
+    next_crash_at: u64,
+    busy_acc_ms: u64,
+    busy_since: u64,
+    pub_version: u32,
+    revenue: Money,
+    attacker: bool,
+    inflation_permille: u32,
+    whitewash: bool,
+    jitter_ms: u64,
+}
+
+impl Provider {
+    fn available(&self) -> bool {
+        self.online && !self.crashed
+    }
+}
+
+struct Renter {
+    group: usize,
+    rng: Pcg64Mcg,
+    book: ReputationBook<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum JobState {
+    Free,
+    Waiting,
+    Auction,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    renter: u32,
+    generation: u32,
+    state: JobState,
+    gpus: u16,
+    min_vram: u32,
+    duration_s: u32,
+    valuation: Money,
+    arrived: u64,
+    defaults: bool,
+}
+
+struct LeaseRec {
+    lease: Lease,
+    provider: u32,
+    renter: u32,
+    identity: u32,
+    valuation: Money,
+    outcome: ChannelOutcome,
+    renter_defaulted: bool,
+}
+
+/// How a lease's channel ended.
+#[derive(Clone, Copy, Debug)]
+struct ChannelOutcome {
+    end_ms: u64,
+    reason: CloseReason,
+    failed: bool,
+    paid: Money,
+    honest_due: Money,
+    unpaid: Money,
+    bound: Money,
+    caught: bool,
+    real_wall_ms: u64,
+}
+
+/// Run-level results.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// Per-bucket accumulators.
+    pub buckets: Vec<Bucket>,
+    /// Bucket width, ms.
+    pub bucket_ms: u64,
+    /// Class names.
+    pub classes: Vec<String>,
+    /// Wait-time histogram of matched jobs.
+    pub waits: WaitHistogram,
+    /// Revenue of each provider, micro-units.
+    pub provider_revenue: Vec<u64>,
+    /// Events processed.
+    pub events: u64,
+    /// Usage reports exchanged through the channel.
+    pub channel_reports: u64,
+    /// Lease requests the provider refused (stale view, capacity gone, duration).
+    pub rejected_requests: u64,
+    /// Jobs submitted again after their lease failed (crash) or was refused (fraud).
+    pub resubmitted: u64,
+    /// Leases started.
+    pub leases: u64,
+    /// Largest unpaid amount at the close of one lease, micro-units.
+    pub max_at_risk: u64,
+    /// Leases whose unpaid amount exceeded the channel's bound (window + one interval).
+    pub bound_violations: u64,
+    /// Leases run by attackers.
+    pub attacker_leases: u64,
+    /// What attackers were paid, micro-units.
+    pub attacker_revenue: u64,
+    /// Identities attackers used (whitewashing adds some).
+    pub attacker_identities: u64,
+    /// Mean cost floor per class, micro-units per GPU-hour (for sanity checks).
+    pub class_cost_floor: Vec<u64>,
+}
+
+/// The whole simulated world.
+pub struct Market<'s> {
+    sc: &'s Scenario,
+    q: EventQueue<Ev>,
+    horizon: u64,
+    network: NetworkId,
+    class_vram: Vec<u32>,
+    providers: Vec<Provider>,
+    renters: Vec<Renter>,
+    group_rngs: Vec<Pcg64Mcg>,
+    group_first: Vec<usize>,
+    jobs: Vec<Job>,
+    free_jobs: Vec<u32>,
+    /// Waiting jobs per home class (the smallest class that fits them), oldest first.
+    waiting: Vec<VecDeque<u32>>,
+    waiting_len: u64,
+    leases: Vec<Option<LeaseRec>>,
+    free_leases: Vec<u32>,
+    book: Vec<BTreeSet<(u64, u32)>>,
+    snaps: Vec<Snapshot>,
+    free_snaps: Vec<u32>,
+    /// What renters currently see of each provider (dense: the matching loops' hot data).
+    vis: Vec<Option<Snapshot>>,
+    cda: Vec<DoubleAuction<u64>>,
+    auction_bids: Vec<Vec<SealedBid<u32>>>,
+    next_identity: u32,
+    busy_gpus: u64,
+    online_gpus: u64,
+    integrated_to: u64,
+    buckets: Vec<Bucket>,
+    bucket_ms: u64,
+    waits: WaitHistogram,
+    scratch: Vec<(u64, u32)>,
+    result: RunResult,
+    trust: TrustPolicy,
+    mech: &'static dyn Mechanism,
+}
+
+fn key_of(tag: u8, id: u32) -> PublicKey {
+    let mut k = [0u8; 32];
+    k[0] = tag;
+    k[1..5].copy_from_slice(&id.to_le_bytes());
+    PublicKey(k)
+}
+
+fn offer_id_of(identity: u32, seq: u32) -> OfferId {
+    let mut d = [0u8; 32];
+    d[0] = 0x0F;
+    d[1..5].copy_from_slice(&identity.to_le_bytes());
+    d[5..9].copy_from_slice(&seq.to_le_bytes());
+    OfferId(Digest(d))
+}
+
+fn ts(ms: u64) -> Timestamp {
+    fixtures::T0.plus_ms(ms)
+}
+
+fn cda_job_key(job: u32) -> u64 {
+    (1u64 << 40) | u64::from(job)
+}
+
+impl<'s> Market<'s> {
+    /// Builds the world for one replication.
+    pub fn new(sc: &'s Scenario, seed: u64, replication: u64) -> Self {
+        let mut class_order: Vec<usize> = (0..sc.gpu_class.len()).collect();
+        class_order.sort_by_key(|&i| (sc.gpu_class[i].vram_gib, i));
+        let class_vram: Vec<u32> = sc.gpu_class.iter().map(|c| c.vram_gib).collect();
+        let classes = sc.gpu_class.len();
+        let c = &sc.channel;
+        let mut providers = Vec::new();
+        let mut floors = vec![(0u128, 0u64); classes];
+        let mut next_identity = 0u32;
+        for (gi, g) in sc.provider.iter().enumerate() {
+            let class = sc
+                .gpu_class
+                .iter()
+                .position(|k| k.name == g.class)
+                .unwrap_or(0);
+            let (pricing, start) = g.pricing.to_pricing();
+            for _ in 0..g.count {
+                let idx = providers.len() as u64;
+                let mut rng = stream(seed, replication, StreamKind::Provider, idx);
+                let identity = next_identity;
+                next_identity += 1;
+                let mut offer = fixtures::offer(key_of(1, identity), 1, g.gpus as u8, 0);
+                for gpu in &mut offer.gpus {
+                    gpu.spec.model.clone_from(&sc.gpu_class[class].name);
+                    gpu.spec.vram_mib = sc.gpu_class[class].vram_gib * 1024;
+                }
+                offer.min_duration_s = 1;
+                offer.min_billed_s = c.min_billed_s;
+                offer.usage_interval_s = c.usage_interval_s;
+                offer.pay_ahead_s = c.pay_ahead_s;
+                let floor = g.cost_floor.0;
+                floors[class].0 += u128::from(floor.micros());
+                floors[class].1 += 1;
+                let jitter = if g.jitter_minutes > 0 {
+                    (rng.next_u64_below(u64::from(g.jitter_minutes) * 2 * 60_000 + 1)) as i64
+                        - i64::from(g.jitter_minutes) * 60_000
+                } else {
+                    0
+                };
+                providers.push(Provider {
+                    group: gi,
+                    class,
+                    gpus: g.gpus,
+                    free: g.gpus,
+                    online: false,
+                    crashed: false,
+                    identity,
+                    offer: Box::new(offer),
+                    offer_id: offer_id_of(identity, 1),
+                    ask: start.max(floor),
+                    cost_floor: floor,
+                    pricing,
+                    rng,
+                    next_off_at: u64::MAX,
+                    next_crash_at: u64::MAX,
+                    busy_acc_ms: 0,
+                    busy_since: 0,
+                    pub_version: 0,
+                    revenue: Money::ZERO,
+                    attacker: g.attack != Attack::None,
+                    inflation_permille: if g.attack == Attack::UsageInflation {
+                        g.inflation_permille
+                    } else {
+                        1000
+                    },
+                    whitewash: g.whitewash,
+                    jitter_ms: jitter.rem_euclid(DAY_MS as i64) as u64,
+                });
+            }
+        }
+        let mut renters = Vec::new();
+        let mut group_first = Vec::new();
+        let group_rngs = (0..sc.renter.len())
+            .map(|g| stream(seed, replication, StreamKind::RenterGroup, g as u64))
+            .collect();
+        for (gi, g) in sc.renter.iter().enumerate() {
+            group_first.push(renters.len());
+            for _ in 0..g.count {
+                let idx = renters.len() as u64;
+                renters.push(Renter {
+                    group: gi,
+                    rng: stream(seed, replication, StreamKind::Renter, idx),
+                    book: ReputationBook::new(),
+                });
+            }
+        }
+        let horizon = (sc.days * DAY_MS as f64) as u64;
+        let bucket_ms = u64::from(sc.bucket_minutes) * 60_000;
+        let n_buckets = horizon.div_ceil(bucket_ms).max(1) as usize;
+        let attacker_identities = providers.iter().filter(|p| p.attacker).count() as u64;
+        let n_providers = providers.len();
+        Self {
+            sc,
+            q: EventQueue::new(),
+            horizon,
+            network: NetworkId::devnet(),
+            class_vram,
+            providers,
+            renters,
+            group_rngs,
+            group_first,
+            jobs: Vec::new(),
+            free_jobs: Vec::new(),
+            waiting: vec![VecDeque::new(); classes],
+            waiting_len: 0,
+            leases: Vec::new(),
+            free_leases: Vec::new(),
+            book: vec![BTreeSet::new(); classes],
+            snaps: Vec::new(),
+            free_snaps: Vec::new(),
+            vis: vec![None; n_providers],
+            cda: (0..classes).map(|_| DoubleAuction::new()).collect(),
+            auction_bids: Vec::new(),
+            next_identity,
+            busy_gpus: 0,
+            online_gpus: 0,
+            integrated_to: 0,
+            buckets: (0..n_buckets).map(|_| Bucket::new(classes)).collect(),
+            bucket_ms,
+            waits: WaitHistogram::new(),
+            scratch: Vec::new(),
+            result: RunResult {
+                buckets: Vec::new(),
+                bucket_ms,
+                classes: sc.gpu_class.iter().map(|g| g.name.clone()).collect(),
+                waits: WaitHistogram::new(),
+                provider_revenue: Vec::new(),
+                events: 0,
+                channel_reports: 0,
+                rejected_requests: 0,
+                resubmitted: 0,
+                leases: 0,
+                max_at_risk: 0,
+                bound_violations: 0,
+                attacker_leases: 0,
+                attacker_revenue: 0,
+                attacker_identities,
+                class_cost_floor: floors
+                    .iter()
+                    .map(|&(s, n)| {
+                        if n == 0 {
+                            0
+                        } else {
+                            (s / u128::from(n)) as u64
+                        }
+                    })
+                    .collect(),
+            },
+            trust: TrustPolicy {
+                min_permille: sc.reputation.min_permille,
+                trust_newcomers: sc.reputation.trust_newcomers,
+            },
+            mech: match sc.matching {
+                Matching::Posted => &PostedOffers,
+                Matching::ReverseAuction => &ReverseAuction,
+                Matching::DoubleAuction => &ContinuousDoubleAuction,
+            },
+        }
+    }
+
+    fn bucket_at(&mut self, t: u64) -> &mut Bucket {
+        let i = ((t / self.bucket_ms) as usize).min(self.buckets.len() - 1);
+        &mut self.buckets[i]
+    }
+
+    /// Integrates busy and online GPU time up to `now`, split across bucket edges.
+    fn integrate(&mut self, now: u64) {
+        let now = now.min(self.horizon);
+        while self.integrated_to < now {
+            let b = self.integrated_to / self.bucket_ms;
+            let edge = ((b + 1) * self.bucket_ms).min(now);
+            let dt = u128::from(edge - self.integrated_to);
+            let i = (b as usize).min(self.buckets.len() - 1);
+            self.buckets[i].busy_gpu_ms += u128::from(self.busy_gpus) * dt;
+            self.buckets[i].online_gpu_ms += u128::from(self.online_gpus) * dt;
+            if edge == (b + 1) * self.bucket_ms {
+                self.buckets[i].queue_len = self.waiting_len;
+            }
+            self.integrated_to = edge;
+        }
+    }
+
+    fn delay(&mut self, provider: usize) -> u64 {
+        let n = &self.sc.network;
+        let rng = &mut self.providers[provider].rng;
+        lognormal(rng, n.delay_median_ms, n.delay_sigma).max(0.0) as u64
+    }
+
+    /// Publishes the provider's current state; renters see it after the network delay.
+    fn publish(&mut self, p: usize, now: u64) {
+        let d = self.delay(p);
+        let pr = &mut self.providers[p];
+        pr.pub_version += 1;
+        let snap = Snapshot {
+            version: pr.pub_version,
+            identity: pr.identity,
+            seq: pr.offer.seq as u32,
+            free: pr.free,
+            available: pr.available(),
+            price: pr.ask.micros(),
+            until: now.saturating_add(u64::from(pr.offer.max_duration_s) * 1000),
+        };
+        // Snapshots wait in a slab so that queue entries stay small (the heap is the hot spot).
+        let slot = match self.free_snaps.pop() {
+            Some(i) => {
+                self.snaps[i as usize] = snap;
+                i
+            }
+            None => {
+                self.snaps.push(snap);
+                (self.snaps.len() - 1) as u32
+            }
+        };
+        self.q.schedule(
+            now + d,
+            Ev::OfferVisible {
+                provider: p as u32,
+                slot,
+            },
+        );
+    }
+
+    /// Refreshes the offer's validity and duration bounds at `now`.
+    fn refresh_offer(&mut self, p: usize, now: u64) {
+        let pr = &mut self.providers[p];
+        pr.offer.created_at = ts(now);
+        pr.offer.expires_at = ts(now).plus_secs(3600);
+        let left_s = pr.next_off_at.saturating_sub(now) / 1000;
+        let max = left_s.min(MAX_OFFER_DURATION_S) as u32;
+        pr.offer.max_duration_s = max.max(pr.offer.min_duration_s);
+        pr.offer.price_per_gpu_hour = self.mech.offer_price(pr.ask, pr.cost_floor).micros();
+    }
+
+    fn set_busy(&mut self, p: usize, now: u64, delta_busy: i64) {
+        self.integrate(now);
+        let pr = &mut self.providers[p];
+        let busy = u64::from(pr.gpus - pr.free);
+        pr.busy_acc_ms += busy * now.saturating_sub(pr.busy_since);
+        pr.busy_since = now;
+        self.busy_gpus = (self.busy_gpus as i64 + delta_busy) as u64;
+    }
+
+    fn set_online(&mut self, p: usize, now: u64, available: bool) {
+        self.integrate(now);
+        let was = self.providers[p].available();
+        let g = u64::from(self.providers[p].gpus);
+        if was && !available {
+            self.online_gpus -= g;
+        } else if !was && available {
+            self.online_gpus += g;
+        }
+    }
+
+    fn schedule_availability(&mut self, p: usize, now: u64) {
+        let g = &self.sc.provider[self.providers[p].group];
+        match g.availability {
+            Availability::Always => {
+                self.q.schedule(now, Ev::Online { provider: p as u32 });
+            }
+            Availability::OnOff => {
+                let on = g.mean_on_hours;
+                let off = g.mean_off_hours;
+                let start_on = unit_open(&mut self.providers[p].rng) <= on / (on + off);
+                if start_on {
+                    self.q.schedule(now, Ev::Online { provider: p as u32 });
+                } else {
+                    let t = exponential(&mut self.providers[p].rng, off * HOUR_MS as f64) as u64;
+                    self.q.schedule(now + t, Ev::Online { provider: p as u32 });
+                }
+            }
+            Availability::Diurnal => {
+                let t = self.next_diurnal_edge(p, now, true);
+                if self.diurnal_online(p, now) {
+                    self.q.schedule(now, Ev::Online { provider: p as u32 });
+                } else {
+                    self.q.schedule(t, Ev::Online { provider: p as u32 });
+                }
+            }
+        }
+    }
+
+    fn diurnal_online(&self, p: usize, t: u64) -> bool {
+        let pr = &self.providers[p];
+        let g = &self.sc.provider[pr.group];
+        let local = (t + DAY_MS - pr.jitter_ms) % DAY_MS;
+        let from = u64::from(g.online_from_hour) * HOUR_MS;
+        let to = u64::from(g.online_to_hour) * HOUR_MS;
+        if from <= to {
+            local >= from && local < to
+        } else {
+            local >= from || local < to
+        }
+    }
+
+    /// Next time after `t` at which the provider comes online (`up`) or goes offline.
+    fn next_diurnal_edge(&self, p: usize, t: u64, up: bool) -> u64 {
+        let pr = &self.providers[p];
+        let g = &self.sc.provider[pr.group];
+        let hour = if up {
+            g.online_from_hour
+        } else {
+            g.online_to_hour
+        };
+        let edge = (u64::from(hour) * HOUR_MS + pr.jitter_ms) % DAY_MS;
+        let day_start = t - t % DAY_MS;
+        let mut e = day_start + edge;
+        while e <= t {
+            e += DAY_MS;
+        }
+        e
+    }
+
+    fn sample_crash(&mut self, p: usize, now: u64) {
+        let mtbf = self.sc.provider[self.providers[p].group].mtbf_hours;
+        if mtbf > 0.0 {
+            let t = exponential(&mut self.providers[p].rng, mtbf * HOUR_MS as f64) as u64;
+            let at = now + t.max(1);
+            self.providers[p].next_crash_at = at;
+            self.q.schedule(at, Ev::Crash { provider: p as u32 });
+        } else {
+            self.providers[p].next_crash_at = u64::MAX;
+        }
+    }
+
+    /// Schedules a renter group's next job. The group's renters are independent Poisson
+    /// processes; their superposition is one Poisson process of the summed rate whose jobs go
+    /// to a uniformly drawn renter. Times and the renter come from the group's stream; the job
+    /// itself from the renter's stream. (One pending event per group instead of per renter
+    /// keeps the queue small.)
+    fn schedule_group_arrival(&mut self, gi: usize, now: u64) {
+        let g = &self.sc.renter[gi];
+        if g.jobs_per_day <= 0.0 || g.count == 0 {
+            return;
+        }
+        let mean = DAY_MS as f64 / (g.jobs_per_day * f64::from(g.count));
+        let rng = &mut self.group_rngs[gi];
+        let mut t = now as f64;
+        match g.arrivals {
+            Arrivals::Poisson => t += exponential(rng, mean),
+            Arrivals::Diurnal => {
+                // Thinning: candidates at the peak rate, kept with rate(t) / peak.
+                let a = g.diurnal_amplitude;
+                let peak_mean = mean / (1.0 + a);
+                loop {
+                    t += exponential(rng, peak_mean);
+                    let hour = (t / HOUR_MS as f64) % 24.0;
+                    let phase = (hour - g.peak_hour) / 24.0 * std::f64::consts::TAU;
+                    let rate = (1.0 + a * phase.cos()) / (1.0 + a);
+                    if unit_open(rng) <= rate || t > self.horizon as f64 {
+                        break;
+                    }
+                }
+            }
+        }
+        if t <= self.horizon as f64 {
+            self.q
+                .schedule(t as u64, Ev::GroupArrival { group: gi as u32 });
+        }
+    }
+
+    fn on_group_arrival(&mut self, gi: usize, now: u64) {
+        self.schedule_group_arrival(gi, now);
+        let n = u64::from(self.sc.renter[gi].count);
+        let k = uniform_inclusive(&mut self.group_rngs[gi], 0, n - 1) as usize;
+        self.on_arrival(self.group_first[gi] + k, now);
+    }
+
+    /// Runs the replication to the horizon.
+    pub fn run(self) -> RunResult {
+        self.run_observed(&|_| {})
+    }
+
+    /// Simulated duration of the run, ms.
+    pub fn horizon_ms(&self) -> u64 {
+        self.horizon
+    }
+
+    /// Runs to the horizon, calling `progress` with the simulated milliseconds covered since
+    /// its last call (once per re-pricing period and at the end; for progress bars).
+    pub fn run_observed(mut self, progress: &dyn Fn(u64)) -> RunResult {
+        let mut reported = 0;
+        for p in 0..self.providers.len() {
+            self.schedule_availability(p, 0);
+            self.sample_crash(p, 0);
+        }
+        for g in 0..self.sc.renter.len() {
+            self.schedule_group_arrival(g, 0);
+        }
+        let period = u64::from(self.sc.repricing_minutes) * 60_000;
+        self.q.schedule(period, Ev::Reprice);
+        while let Some((now, ev)) = self.q.pop_until(self.horizon) {
+            match ev {
+                Ev::GroupArrival { group } => self.on_group_arrival(group as usize, now),
+                Ev::Patience { job, generation } => self.on_patience(job, generation, now),
+                Ev::OfferVisible { provider, slot } => {
+                    let snap = self.snaps[slot as usize];
+                    self.free_snaps.push(slot);
+                    self.on_visible(provider as usize, snap, now)
+                }
+                Ev::LeaseEnd { lease } => self.on_lease_end(lease, now),
+                Ev::Online { provider } => self.on_online(provider as usize, now),
+                Ev::Offline { provider } => self.on_offline(provider as usize, now),
+                Ev::Crash { provider } => self.on_crash(provider as usize, now),
+                Ev::Repair { provider } => self.on_repair(provider as usize, now),
+                Ev::Reprice => {
+                    progress(now - reported);
+                    reported = now;
+                    self.on_reprice(now);
+                    self.q.schedule(now + period, Ev::Reprice);
+                }
+                Ev::AuctionClose { job, generation } => {
+                    let mech = self.mech;
+                    mech.timer(&mut self, job, generation, now);
+                }
+            }
+        }
+        self.integrate(self.horizon);
+        progress(self.horizon - reported);
+        let mut res = self.result;
+        res.events = self.q.popped();
+        res.buckets = self.buckets;
+        res.waits = self.waits;
+        res.provider_revenue = self.providers.iter().map(|p| p.revenue.micros()).collect();
+        res
+    }
+
+    fn on_online(&mut self, p: usize, now: u64) {
+        if self.providers[p].online {
+            return;
+        }
+        self.set_online(p, now, !self.providers[p].crashed);
+        self.providers[p].online = true;
+        let g = &self.sc.provider[self.providers[p].group];
+        let off_at = match g.availability {
+            Availability::Always => u64::MAX,
+            Availability::OnOff => {
+                let on = g.mean_on_hours * HOUR_MS as f64;
+                now + exponential(&mut self.providers[p].rng, on) as u64
+            }
+            Availability::Diurnal => self.next_diurnal_edge(p, now, false),
+        };
+        self.providers[p].next_off_at = off_at;
+        if off_at != u64::MAX {
+            self.q.schedule(off_at, Ev::Offline { provider: p as u32 });
+        }
+        self.refresh_offer(p, now);
+        self.publish(p, now);
+    }
+
+    fn on_offline(&mut self, p: usize, now: u64) {
+        let avail = self.providers[p].available();
+        if avail {
+            self.set_online(p, now, false);
+        }
+        self.providers[p].online = false;
+        self.providers[p].next_off_at = now;
+        self.publish(p, now);
+        let g = &self.sc.provider[self.providers[p].group];
+        let next_on = match g.availability {
+            Availability::Always => now,
+            Availability::OnOff => {
+                let off = g.mean_off_hours * HOUR_MS as f64;
+                now + exponential(&mut self.providers[p].rng, off) as u64
+            }
+            Availability::Diurnal => self.next_diurnal_edge(p, now, true),
+        };
+        self.q.schedule(next_on, Ev::Online { provider: p as u32 });
+    }
+
+    fn on_crash(&mut self, p: usize, now: u64) {
+        if self.providers[p].next_crash_at != now || self.providers[p].crashed {
+            return;
+        }
+        let avail = self.providers[p].available();
+        if avail {
+            self.set_online(p, now, false);
+        }
+        self.providers[p].crashed = true;
+        // Renters notice the dead provider when its offer vanishes from their view.
+        self.publish(p, now);
+        let repair = self.sc.provider[self.providers[p].group].repair_minutes;
+        let t = exponential(&mut self.providers[p].rng, repair * 60_000.0) as u64;
+        self.q
+            .schedule(now + t.max(1), Ev::Repair { provider: p as u32 });
+    }
+
+    fn on_repair(&mut self, p: usize, now: u64) {
+        let online = self.providers[p].online;
+        if online {
+            self.set_online(p, now, true);
+        }
+        self.providers[p].crashed = false;
+        self.sample_crash(p, now);
+        self.refresh_offer(p, now);
+        self.publish(p, now);
+    }
+
+    fn on_reprice(&mut self, now: u64) {
+        let period = u64::from(self.sc.repricing_minutes) * 60_000;
+        for p in 0..self.providers.len() {
+            // Utilization over the period, from the provider's own busy integral.
+            let pr = &mut self.providers[p];
+            let busy = u64::from(pr.gpus - pr.free);
+            pr.busy_acc_ms += busy * now.saturating_sub(pr.busy_since);
+            pr.busy_since = now;
+            let util = (pr.busy_acc_ms * 1000 / (u64::from(pr.gpus) * period).max(1)).min(1000);
+            pr.busy_acc_ms = 0;
+            if !pr.available() {
+                continue;
+            }
+            let class = pr.class;
+            let cheapest = self.book[class]
+                .iter()
+                .find(|&&(_, q)| q as usize != p)
+                .map(|&(price, _)| Money::from_micros(price));
+            let pr = &mut self.providers[p];
+            let input = PricingInput {
+                cost_floor: pr.cost_floor,
+                current: pr.ask,
+                utilization_permille: util as u16,
+                cheapest_competitor: cheapest,
+            };
+            let ask = pr.pricing.quote(&input, &mut pr.rng);
+            let changed = ask != pr.ask;
+            if changed {
+                pr.ask = ask;
+                if self.mech.price_in_offer() {
+                    pr.offer.seq += 1;
+                    pr.offer_id = offer_id_of(pr.identity, pr.offer.seq as u32);
+                }
+            }
+            self.refresh_offer(p, now);
+            if changed {
+                self.publish(p, now);
+            }
+        }
+    }
+
+    fn new_job(&mut self, r: usize, now: u64) -> u32 {
+        let g = &self.sc.renter[self.renters[r].group];
+        let rng = &mut self.renters[r].rng;
+        let dur_min = lognormal(rng, g.duration_median_minutes, g.duration_sigma);
+        let duration_s = ((dur_min * 60.0) as u64).clamp(60, MAX_OFFER_DURATION_S) as u32;
+        let val = lognormal(rng, g.valuation_median.0.micros() as f64, g.valuation_sigma);
+        let defaults = bernoulli(rng, g.default_probability);
+        let job = Job {
+            renter: r as u32,
+            generation: 0,
+            state: JobState::Waiting,
+            gpus: g.gpus,
+            min_vram: g.min_vram_gib,
+            duration_s,
+            valuation: Money::from_micros(val.max(1.0) as u64),
+            arrived: now,
+            defaults,
+        };
+        if let Some(id) = self.free_jobs.pop() {
+            let generation = self.jobs[id as usize].generation + 1;
+            self.jobs[id as usize] = Job { generation, ..job };
+            id
+        } else {
+            self.jobs.push(job);
+            (self.jobs.len() - 1) as u32
+        }
+    }
+
+    fn release_job(&mut self, job: u32) {
+        let j = &mut self.jobs[job as usize];
+        if j.state != JobState::Free {
+            j.state = JobState::Free;
+            self.free_jobs.push(job);
+        }
+    }
+
+    fn on_arrival(&mut self, r: usize, now: u64) {
+        let job = self.new_job(r, now);
+        self.bucket_at(now).arrivals += 1;
+        self.enqueue(r, job, now);
+    }
+
+    /// A job starts looking for a provider: patience clock, first match attempt, queue.
+    fn enqueue(&mut self, r: usize, job: u32, now: u64) {
+        self.integrate(now);
+        self.waiting_len += 1;
+        let patience = self.sc.renter[self.renters[r].group].patience_mean_minutes;
+        let t = exponential(&mut self.renters[r].rng, patience * 60_000.0) as u64;
+        let generation = self.jobs[job as usize].generation;
+        // The patience draw is always made (streams stay aligned); the event only when waiting.
+        if !self.try_match(job, now) {
+            self.push_waiting(job);
+            self.q.schedule(now + t, Ev::Patience { job, generation });
+        }
+    }
+
+    fn on_patience(&mut self, job: u32, generation: u32, now: u64) {
+        let j = self.jobs[job as usize];
+        if j.generation != generation || j.state == JobState::Free {
+            return;
+        }
+        self.integrate(now);
+        self.waiting_len -= 1;
+        self.bucket_at(now).abandoned += 1;
+        let mech = self.mech;
+        mech.withdraw(self, job);
+        self.release_job(job);
+    }
+
+    /// Tries to place a waiting job: at once (posted), by opening an auction, or by bidding.
+    fn try_match(&mut self, job: u32, now: u64) -> bool {
+        let mech = self.mech;
+        mech.place(self, job, now)
+    }
+
+    fn trusted(&self, renter: u32, identity: u32) -> bool {
+        !self.sc.reputation.enabled
+            || self.renters[renter as usize]
+                .book
+                .trusts(&identity, &self.trust)
+    }
+
+    /// Visible, feasible offers for `job`, cheapest first: (price, provider).
+    fn candidates(&mut self, job: u32, limit_per_class: usize, now: u64) -> Vec<(u64, u32)> {
+        let j = self.jobs[job as usize];
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        for class in 0..self.book.len() {
+            if self.class_vram[class] < j.min_vram {
+                continue;
+            }
+            let mut n = 0;
+            for &(price, p) in &self.book[class] {
+                if price > j.valuation.micros() || n >= limit_per_class {
+                    break;
+                }
+                let Some(v) = self.vis[p as usize] else {
+                    continue;
+                };
+                if v.free >= j.gpus
+                    && now + u64::from(j.duration_s) * 1000 <= v.until
+                    && self.trusted(j.renter, v.identity)
+                {
+                    out.push((price, p));
+                    n += 1;
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    fn match_posted(&mut self, job: u32, now: u64) -> bool {
+        let cands = self.candidates(job, CANDIDATES_PER_CLASS, now);
+        let mut done = false;
+        for &(price, p) in &cands {
+            if self.request(job, p as usize, Money::from_micros(price), now) {
+                done = true;
+                break;
+            }
+        }
+        self.scratch = cands;
+        done
+    }
+
+    /// The renter sends a lease request at `price` for the provider's visible offer; the
+    /// provider decides with the real `check_request`. On acceptance the lease starts.
+    fn request(&mut self, job: u32, p: usize, price: Money, now: u64) -> bool {
+        let j = self.jobs[job as usize];
+        let pr = &self.providers[p];
+        let Some(vis) = self.vis[p] else {
+            return false;
+        };
+        if !pr.available() {
+            // Nobody answers: the renter's request times out.
+            self.result.rejected_requests += 1;
+            return false;
+        }
+        let c = &self.sc.channel;
+        let tariff_budget =
+            cost(u64::from(j.duration_s.max(c.min_billed_s)), j.gpus, price).unwrap_or(Money::ZERO);
+        let terms = LeaseTerms {
+            network: self.network.clone(),
+            offer_id: offer_id_of(vis.identity, vis.seq),
+            offer_seq: u64::from(vis.seq),
+            provider: key_of(1, vis.identity),
+            renter: key_of(2, j.renter),
+            gpu_count: j.gpus,
+            per_gpu: pr.offer.per_gpu,
+            price_per_gpu_hour: price.micros(),
+            duration_s: j.duration_s,
+            min_billed_s: c.min_billed_s,
+            usage_interval_s: c.usage_interval_s,
+            pay_ahead_s: c.pay_ahead_s,
+            grace_s: c.grace_s,
+            max_total: tariff_budget.micros(),
+            network_policy: NetworkPolicy::None,
+            image: "sim".into(),
+            command: Vec::new(),
+            env: Default::default(),
+            nonce: u64::from(job) << 32 | u64::from(j.generation),
+            created_at: ts(now),
+        };
+        let request = LeaseRequest {
+            terms,
+            expires_at: ts(now).plus_secs(60),
+        };
+        let view = ProviderView {
+            network: &self.network,
+            offer: &pr.offer,
+            offer_id: pr.offer_id,
+            free_gpus: pr.free,
+            now: ts(now),
+        };
+        match check_request(&view, &request, &request.terms.renter) {
+            Ok(id) => {
+                self.start_lease(job, p, id, request.terms, now);
+                true
+            }
+            Err(_) => {
+                self.result.rejected_requests += 1;
+                false
+            }
+        }
+    }
+
+    fn start_lease(&mut self, job: u32, p: usize, id: LeaseId, terms: LeaseTerms, now: u64) {
+        let j = self.jobs[job as usize];
+        let gpus = j.gpus;
+        let class = self.providers[p].class;
+        let mut lease = Lease::propose(id, terms);
+        // Six transitions at most (accept, begin start, started, close, settle): allocate once.
+        lease.history.reserve(6);
+        let t = ts(now);
+        // The provider's side of the lifecycle; these transitions are legal by construction.
+        let _ = lease.apply(LeaseEvent::Accept, Actor::Provider, t);
+        let _ = lease.apply(LeaseEvent::BeginStart, Actor::Provider, t);
+        let _ = lease.apply(LeaseEvent::Started, Actor::Provider, t);
+        // Draw what can end the lease early, then run its channel.
+        let duration_ms = u64::from(j.duration_s) * 1000;
+        let stops_at = if j.defaults {
+            let u = unit_open(&mut self.renters[j.renter as usize].rng);
+            Some((u * duration_ms as f64) as u64)
+        } else {
+            None
+        };
+        let crash_rel = self.providers[p].next_crash_at.saturating_sub(now);
+        let inflation = self.providers[p].inflation_permille;
+        let out = run_channel(
+            &lease.terms,
+            id,
+            now,
+            crash_rel,
+            stops_at,
+            inflation,
+            &mut self.result.channel_reports,
+        );
+        // Book keeping: wait, price, capacity.
+        self.integrate(now);
+        self.waiting_len -= 1;
+        let wait = now - j.arrived;
+        self.waits.add(wait);
+        let b = self.bucket_at(now);
+        b.matched += 1;
+        b.wait_sum_ms += wait;
+        b.price_gpu_sum[class] += u128::from(lease.terms.price_per_gpu_hour) * u128::from(gpus);
+        b.price_gpus[class] += u64::from(gpus);
+        self.set_busy(p, now, i64::from(gpus));
+        self.providers[p].free -= gpus;
+        self.result.leases += 1;
+        let identity = self.providers[p].identity;
+        let rec = LeaseRec {
+            lease,
+            provider: p as u32,
+            renter: j.renter,
+            identity,
+            valuation: j.valuation,
+            outcome: out,
+            renter_defaulted: stops_at.is_some_and(|s| s < out.end_ms),
+        };
+        let slot = if let Some(s) = self.free_leases.pop() {
+            self.leases[s as usize] = Some(rec);
+            s
+        } else {
+            self.leases.push(Some(rec));
+            (self.leases.len() - 1) as u32
+        };
+        self.q
+            .schedule(now + out.end_ms, Ev::LeaseEnd { lease: slot });
+        self.release_job(job);
+        self.refresh_offer(p, now);
+        self.publish(p, now);
+    }
+
+    fn on_lease_end(&mut self, slot: u32, now: u64) {
+        let Some(mut rec) = self.leases[slot as usize].take() else {
+            return;
+        };
+        self.free_leases.push(slot);
+        let out = rec.outcome;
+        let t = ts(now);
+        let actor = if out.reason == CloseReason::ImplausibleUsage {
+            Actor::Renter
+        } else {
+            Actor::Provider
+        };
+        if out.reason == CloseReason::ProviderUnreachable {
+            let _ = rec
+                .lease
+                .apply(LeaseEvent::Fail(out.reason), Actor::Local, t);
+        } else {
+            let _ = rec.lease.apply(LeaseEvent::Close(out.reason), actor, t);
+            let _ = rec
+                .lease
+                .apply(LeaseEvent::Settle { total: out.paid }, actor, t);
+        }
+        let p = rec.provider as usize;
+        let gpus = rec.lease.terms.gpu_count;
+        self.set_busy(p, now, -i64::from(gpus));
+        self.providers[p].free += gpus;
+        let pr = &mut self.providers[p];
+        pr.revenue = pr.revenue.checked_add(out.paid).unwrap_or(pr.revenue);
+        let attacker = pr.attacker;
+        // Renter surplus: what the usage was worth to it minus what it paid.
+        let worth = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
+        let surplus = i128::from(worth.micros()) - i128::from(out.paid.micros());
+        let b = self.bucket_at(now);
+        b.ended += 1;
+        b.revenue += out.paid.micros();
+        b.surplus += surplus;
+        if out.failed {
+            b.failed += 1;
+            b.at_risk += out.unpaid.micros();
+        }
+        if out.caught {
+            b.caught += 1;
+        }
+        if attacker {
+            b.attacker_profit +=
+                i128::from(out.paid.micros()) - i128::from(out.honest_due.micros());
+            self.result.attacker_leases += 1;
+            self.result.attacker_revenue += out.paid.micros();
+        }
+        self.result.max_at_risk = self.result.max_at_risk.max(out.unpaid.micros());
+        if out.unpaid > out.bound {
+            self.result.bound_violations += 1;
+        }
+        if !rec.renter_defaulted {
+            self.renters[rec.renter as usize]
+                .book
+                .record(rec.identity, Outcome::for_provider(out.reason));
+        }
+        if out.caught && self.providers[p].whitewash && self.providers[p].identity == rec.identity {
+            // Rejoin under a fresh identity: a new key and a new offer.
+            let id = self.next_identity;
+            self.next_identity += 1;
+            self.result.attacker_identities += 1;
+            let pr = &mut self.providers[p];
+            pr.identity = id;
+            pr.offer.provider = key_of(1, id);
+            pr.offer.seq += 1;
+            pr.offer_id = offer_id_of(id, pr.offer.seq as u32);
+        }
+        self.refresh_offer(p, now);
+        self.publish(p, now);
+        if out.caught || out.reason == CloseReason::ProviderUnreachable {
+            // The renter still needs the rest of its job: it submits it again.
+            let left_s = (u64::from(rec.lease.terms.duration_s) * 1000)
+                .saturating_sub(out.real_wall_ms)
+                / 1000;
+            if left_s >= 60 {
+                let gpus = rec.lease.terms.gpu_count;
+                self.resubmit(rec.renter as usize, left_s as u32, rec.valuation, gpus, now);
+            }
+        }
+    }
+
+    fn resubmit(&mut self, r: usize, duration_s: u32, valuation: Money, gpus: u16, now: u64) {
+        let job = self.new_job(r, now);
+        let j = &mut self.jobs[job as usize];
+        j.duration_s = duration_s;
+        j.valuation = valuation;
+        j.gpus = gpus;
+        j.defaults = false;
+        self.result.resubmitted += 1;
+        self.enqueue(r, job, now);
+    }
+
+    fn on_visible(&mut self, p: usize, snap: Snapshot, now: u64) {
+        let class = self.providers[p].class;
+        let open = snap.available && snap.free > 0;
+        // Waiting renters search again only when the offer got more attractive: newly open,
+        // more free GPUs, a lower price, or a new identity.
+        let mut better = open;
+        if let Some(old) = self.vis[p] {
+            if old.version >= snap.version {
+                return;
+            }
+            self.book[class].remove(&(old.price, p as u32));
+            let was_open = old.available && old.free > 0;
+            better = open
+                && (!was_open
+                    || snap.free > old.free
+                    || snap.price < old.price
+                    || snap.identity != old.identity);
+        }
+        self.vis[p] = Some(snap);
+        if open {
+            self.book[class].insert((snap.price, p as u32));
+        }
+        let mech = self.mech;
+        mech.offer_visible(self, p, snap, open, better, now);
+    }
+
+    /// The double auction's reaction to a visible offer update: the provider's ask for its
+    /// free GPUs (or its withdrawal); crossing bids become leases.
+    fn ask_cda(&mut self, p: usize, snap: Snapshot, open: bool, now: u64) {
+        let class = self.providers[p].class;
+        if open {
+            let key = p as u64;
+            let trades = self.cda[class].submit_ask(
+                key,
+                Money::from_micros(snap.price),
+                u32::from(snap.free),
+            );
+            for tr in trades {
+                let job = (tr.buyer & 0xFFFF_FFFF) as u32;
+                let renter = self.jobs[job as usize].renter;
+                if !(self.trusted(renter, snap.identity) && self.request(job, p, tr.price, now)) {
+                    // The trade could not become a lease (stale view): bid again later.
+                    self.push_waiting(job);
+                }
+            }
+        } else {
+            self.cda[class].cancel(p as u64);
+        }
+    }
+
+    /// The smallest class (by VRAM, then index) that fits `min_vram`; jobs wait there.
+    fn home_class(&self, min_vram: u32) -> usize {
+        (0..self.class_vram.len())
+            .filter(|&c| self.class_vram[c] >= min_vram)
+            .min_by_key(|&c| (self.class_vram[c], c))
+            .unwrap_or(0)
+    }
+
+    fn push_waiting(&mut self, job: u32) {
+        let c = self.home_class(self.jobs[job as usize].min_vram);
+        self.waiting[c].push_back(job);
+    }
+
+    /// A newly visible, more attractive offer: waiting jobs it could serve try again, oldest
+    /// first -- its own class's queue first, then the queues of smaller classes.
+    fn retry_waiting(&mut self, p: usize, now: u64) {
+        let class = self.providers[p].class;
+        let vram = self.class_vram[class];
+        let mut queues: Vec<usize> = (0..self.waiting.len())
+            .filter(|&q| q != class && self.class_vram[q] <= vram)
+            .collect();
+        queues.sort_by_key(|&q| (std::cmp::Reverse(self.class_vram[q]), q));
+        queues.insert(0, class);
+        let mut scanned = 0;
+        for q in queues {
+            let mut kept = Vec::new();
+            let mut stop = false;
+            while scanned < WAIT_SCAN {
+                let Some(job) = self.waiting[q].pop_front() else {
+                    break;
+                };
+                let j = self.jobs[job as usize];
+                if j.state != JobState::Waiting {
+                    continue;
+                }
+                scanned += 1;
+                let Some(v) = self.vis[p] else {
+                    kept.push(job);
+                    stop = true;
+                    break;
+                };
+                // Once the freed GPUs are taken, the other renters racing for them would only
+                // be refused; they are not modelled as requests.
+                if !(v.available && v.free > 0) || self.providers[p].free == 0 {
+                    kept.push(job);
+                    stop = true;
+                    break;
+                }
+                let fits = v.free >= j.gpus
+                    && now + u64::from(j.duration_s) * 1000 <= v.until
+                    && (!self.mech.price_gates_retry() || v.price <= j.valuation.micros())
+                    && self.trusted(j.renter, v.identity);
+                if !(fits && self.try_match(job, now)) {
+                    let j = self.jobs[job as usize];
+                    if j.state == JobState::Waiting {
+                        kept.push(job);
+                    }
+                }
+            }
+            for job in kept.into_iter().rev() {
+                self.waiting[q].push_front(job);
+            }
+            if stop || scanned >= WAIT_SCAN {
+                break;
+            }
+        }
+    }
+
+    // ---- reverse auction ----
+
+    fn open_auction(&mut self, job: u32, now: u64) {
+        let j = self.jobs[job as usize];
+        if j.state != JobState::Waiting {
+            return;
+        }
+        let max = self.sc.auction.max_bidders as usize;
+        let cands = self.candidates(job, max, now);
+        let mut bids = Vec::with_capacity(cands.len().min(max));
+        for &(_, p) in cands.iter().take(max) {
+            let pr = &mut self.providers[p as usize];
+            let input = PricingInput {
+                cost_floor: pr.cost_floor,
+                current: pr.ask,
+                utilization_permille: 0,
+                cheapest_competitor: None,
+            };
+            let price = pr.pricing.quote(&input, &mut pr.rng);
+            bids.push(SealedBid { owner: p, price });
+        }
+        self.scratch = cands;
+        let idx = job as usize;
+        if self.auction_bids.len() <= idx {
+            self.auction_bids.resize_with(idx + 1, Vec::new);
+        }
+        self.auction_bids[idx] = bids;
+        self.jobs[idx].state = JobState::Auction;
+        let close = now + u64::from(self.sc.auction.bid_window_s) * 1000;
+        self.q.schedule(
+            close,
+            Ev::AuctionClose {
+                job,
+                generation: j.generation,
+            },
+        );
+    }
+
+    fn on_auction_close(&mut self, job: u32, generation: u32, now: u64) {
+        let j = self.jobs[job as usize];
+        if j.generation != generation || j.state != JobState::Auction {
+            return;
+        }
+        let mut bids = std::mem::take(&mut self.auction_bids[job as usize]);
+        self.jobs[job as usize].state = JobState::Waiting;
+        while let Some(i) = reverse_auction_winner(&bids, j.valuation) {
+            let b = bids.swap_remove(i);
+            if self.request(job, b.owner as usize, b.price, now) {
+                return;
+            }
+        }
+        self.push_waiting(job);
+    }
+
+    // ---- continuous double auction ----
+
+    fn bid_cda(&mut self, job: u32, now: u64) -> bool {
+        let j = self.jobs[job as usize];
+        // The job bids in the smallest class that fits it.
+        let Some(class) = (0..self.class_vram.len())
+            .filter(|&c| self.class_vram[c] >= j.min_vram)
+            .min_by_key(|&c| (self.class_vram[c], c))
+        else {
+            return false;
+        };
+        let trade = self.cda[class].submit_bid(cda_job_key(job), j.valuation, u32::from(j.gpus));
+        match trade {
+            Some(tr) => {
+                let p = tr.seller as usize;
+                if self.trusted(j.renter, self.providers[p].identity)
+                    && self.request(job, p, tr.price, now)
+                {
+                    true
+                } else {
+                    self.cda[class].cancel(cda_job_key(job));
+                    false
+                }
+            }
+            None => false,
+        }
+    }
+}
+
+/// A matching mechanism: how waiting jobs and visible offers meet. The three modes of
+/// [`Matching`] implement it; the market calls only these methods, so a new mechanism is one
+/// more implementation. Mechanism state (auction bids, double-auction books) lives in the
+/// market; the implementations are stateless.
+trait Mechanism: Sync {
+    /// The price a provider's standing offer carries, given its ask and cost floor.
+    fn offer_price(&self, ask: Money, floor: Money) -> Money;
+    /// Whether a new ask changes the standing offer (bumps its seq).
+    fn price_in_offer(&self) -> bool;
+    /// Whether a waiting job retries only offers whose visible price it can afford.
+    fn price_gates_retry(&self) -> bool;
+    /// A waiting job looks for a provider; `true` when it got a lease now.
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool;
+    /// An offer update reached renters (the offer book is already updated); `better` when it
+    /// made the offer more attractive.
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        snap: Snapshot,
+        open: bool,
+        better: bool,
+        now: u64,
+    );
+    /// A job gave up waiting.
+    fn withdraw(&self, _m: &mut Market<'_>, _job: u32) {}
+    /// A mechanism timer for `job` fired (the reverse auction's bid window).
+    fn timer(&self, _m: &mut Market<'_>, _job: u32, _generation: u32, _now: u64) {}
+}
+
+/// Posted offers: the renter takes the cheapest feasible offer it sees (the real node).
+struct PostedOffers;
+
+impl Mechanism for PostedOffers {
+    fn offer_price(&self, ask: Money, _floor: Money) -> Money {
+        ask
+    }
+    fn price_in_offer(&self) -> bool {
+        true
+    }
+    fn price_gates_retry(&self) -> bool {
+        true
+    }
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
+        m.match_posted(job, now)
+    }
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        _snap: Snapshot,
+        _open: bool,
+        better: bool,
+        now: u64,
+    ) {
+        if better {
+            m.retry_waiting(p, now);
+        }
+    }
+}
+
+/// Reverse auction with a bid window (Akash-style). The standing offer carries the cost
+/// floor; the winning bid sets the lease price.
+struct ReverseAuction;
+
+impl Mechanism for ReverseAuction {
+    fn offer_price(&self, _ask: Money, floor: Money) -> Money {
+        floor
+    }
+    fn price_in_offer(&self) -> bool {
+        false
+    }
+    fn price_gates_retry(&self) -> bool {
+        false
+    }
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
+        m.open_auction(job, now);
+        false
+    }
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        _snap: Snapshot,
+        _open: bool,
+        better: bool,
+        now: u64,
+    ) {
+        if better {
+            m.retry_waiting(p, now);
+        }
+    }
+    fn timer(&self, m: &mut Market<'_>, job: u32, generation: u32, now: u64) {
+        m.on_auction_close(job, generation, now);
+    }
+}
+
+/// Continuous double auction per GPU class. The standing offer carries the cost floor; the
+/// trade price is the standing order's limit.
+struct ContinuousDoubleAuction;
+
+impl Mechanism for ContinuousDoubleAuction {
+    fn offer_price(&self, _ask: Money, floor: Money) -> Money {
+        floor
+    }
+    fn price_in_offer(&self) -> bool {
+        false
+    }
+    fn price_gates_retry(&self) -> bool {
+        false
+    }
+    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
+        m.bid_cda(job, now)
+    }
+    fn offer_visible(
+        &self,
+        m: &mut Market<'_>,
+        p: usize,
+        snap: Snapshot,
+        open: bool,
+        better: bool,
+        now: u64,
+    ) {
+        m.ask_cda(p, snap, open, now);
+        if better {
+            m.retry_waiting(p, now);
+        }
+    }
+    fn withdraw(&self, m: &mut Market<'_>, job: u32) {
+        for book in &mut m.cda {
+            book.cancel(cda_job_key(job));
+        }
+    }
+}
+
+/// Runs one lease's report/receipt exchange through the real channel code.
+/// `crash_rel` is the provider's next crash (ms after start), `stops_at` when the renter stops
+/// paying, `inflation` the provider's claimed/real wall-time ratio in permille.
+fn run_channel(
+    terms: &LeaseTerms,
+    id: LeaseId,
+    start: u64,
+    crash_rel: u64,
+    stops_at: Option<u64>,
+    inflation: u32,
+    reports: &mut u64,
+) -> ChannelOutcome {
+    let tariff = Tariff::of(terms);
+    let provider_key = terms.provider;
+    let renter_key = terms.renter;
+    let mut pc = ProviderChannel::new(id, terms, ts(start));
+    let mut rc = RenterChannel::new(id, terms.clone());
+    let duration = u64::from(terms.duration_s) * 1000;
+    let interval = u64::from(terms.usage_interval_s) * 1000;
+    let stops = stops_at.unwrap_or(u64::MAX);
+    // The provider stops at the first report where more than one window is unpaid, so at most
+    // one window plus one report interval of usage is ever unpaid -- plus one micro-unit,
+    // because cumulative per-second rounding (floor of a sum vs sum of floors) can add one.
+    let bound = tariff
+        .window_cost(u64::from(terms.pay_ahead_s) + u64::from(terms.usage_interval_s))
+        .and_then(|b| b.checked_add(Money::from_micros(1)))
+        .unwrap_or(Money::from_micros(u64::MAX));
+    let mut seq = 0;
+    let mut prev_end = 0;
+    let finish =
+        |end: u64, reason: CloseReason, failed: bool, caught: bool, pc: &ProviderChannel| {
+            let real = end.min(duration);
+            let honest = tariff.due(real).unwrap_or(Money::ZERO);
+            ChannelOutcome {
+                end_ms: end,
+                reason,
+                failed,
+                paid: pc.paid(),
+                honest_due: honest,
+                unpaid: honest.saturating_sub(pc.paid()),
+                bound,
+                caught,
+                real_wall_ms: real,
+            }
+        };
+    let mut n = 0u64;
+    loop {
+        let t = (prev_end + interval).min(duration);
+        if crash_rel <= t && crash_rel < duration {
+            *reports += n;
+            return finish(
+                crash_rel,
+                CloseReason::ProviderUnreachable,
+                true,
+                false,
+                &pc,
+            );
+        }
+        let last = t >= duration;
+        let claimed = (u128::from(t) * u128::from(inflation) / 1000) as u64;
+        seq += 1;
+        n += 1;
+        let amount = if last {
+            tariff.final_due(claimed)
+        } else {
+            tariff.due(claimed)
+        }
+        .unwrap_or(Money::ZERO);
+        let report = UsageReport {
+            lease_id: id,
+            seq,
+            interval_start: ts(start + prev_end),
+            interval_end: ts(start + t),
+            wall_ms: claimed,
+            gpu_ms: claimed * u64::from(terms.gpu_count),
+            cpu_ms: 0,
+            energy_mj: 0,
+            net_rx_bytes: 0,
+            net_tx_bytes: 0,
+            gpu_util_permille: 1000,
+            vram_peak_mib: 0,
+            mem_peak_mib: 0,
+            amount_due: amount.micros(),
+            exit_code: last.then_some(0),
+        };
+        prev_end = t;
+        let now = ts(start + t);
+        if t < stops {
+            match rc.on_usage(&report, &provider_key, t, now) {
+                Err(_) => {
+                    *reports += n;
+                    return finish(t, CloseReason::ImplausibleUsage, true, true, &pc);
+                }
+                Ok(Some(receipt)) => {
+                    let _ = pc.accept_receipt(&renter_key, &receipt, now);
+                }
+                Ok(None) => pc.heard_from_renter(now),
+            }
+        }
+        if last {
+            *reports += n;
+            let failed = t >= stops;
+            return finish(t, CloseReason::Expired, failed, false, &pc);
+        }
+        if let Ok(Decision::Stop(reason)) = pc.decide(claimed, now) {
+            *reports += n;
+            let failed = reason != CloseReason::BudgetExhausted;
+            return finish(t, reason, failed, false, &pc);
+        }
+    }
+}
+
+/// Gini of provider revenue.
+pub fn revenue_gini(res: &RunResult) -> f64 {
+    gini(&res.provider_revenue)
+}
+
+trait BelowExt {
+    fn next_u64_below(&mut self, n: u64) -> u64;
+}
+
+impl BelowExt for Pcg64Mcg {
+    fn next_u64_below(&mut self, n: u64) -> u64 {
+        gridlease_contracts::pricing::uniform_inclusive(self, 0, n.saturating_sub(1))
+    }
+}

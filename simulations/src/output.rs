@@ -1,0 +1,551 @@
+//! Running replications and sweeps, and writing what they produce: `runs.csv` (one row per
+//! replication), `buckets.csv` (one row per replication and time bucket), `waits.csv`
+//! (wait-time histograms), `summary.csv` (mean and 95 % confidence interval per sweep point and
+//! metric), `manifest.json`, and plots.
+//!
+//! Tables are kept as text cells so that shards written on different machines can be merged
+//! byte-for-byte: `merge` concatenates, sorts by (point, replication, bucket) and recomputes
+//! the summary and plots from the merged tables.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use gridlease_contracts::Money;
+use rayon::prelude::*;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::market::{Market, RunResult, revenue_gini};
+use crate::metrics::WAIT_BINS_S;
+use crate::scenario::Scenario;
+
+/// One sweep point: the parameter settings and the scenario they produce.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// `(key, value)` pairs applied to the base scenario.
+    pub params: Vec<(String, String)>,
+    /// The resulting scenario.
+    pub scenario: Scenario,
+}
+
+/// A table of text cells.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Table {
+    /// Column names.
+    pub header: Vec<String>,
+    /// Rows.
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// Index of a column.
+    pub fn col(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h == name)
+    }
+
+    /// Writes as CSV.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let mut w =
+            csv::Writer::from_path(path).with_context(|| format!("create {}", path.display()))?;
+        w.write_record(&self.header)?;
+        for r in &self.rows {
+            w.write_record(r)?;
+        }
+        w.flush()?;
+        Ok(())
+    }
+
+    /// Reads a CSV written by [`Table::write`].
+    pub fn read(path: &Path) -> Result<Self> {
+        let mut r =
+            csv::Reader::from_path(path).with_context(|| format!("open {}", path.display()))?;
+        let header = r.headers()?.iter().map(str::to_string).collect();
+        let mut rows = Vec::new();
+        for rec in r.records() {
+            rows.push(rec?.iter().map(str::to_string).collect());
+        }
+        Ok(Self { header, rows })
+    }
+}
+
+/// One finished replication.
+pub struct Record {
+    /// Sweep point index.
+    pub point: usize,
+    /// Replication index.
+    pub replication: u64,
+    /// Result.
+    pub result: RunResult,
+}
+
+/// All (point, replication) tasks in canonical order; a shard `i/n` keeps every n-th from i.
+pub fn tasks(points: usize, reps: u64, shard: Option<(u64, u64)>) -> Vec<(usize, u64)> {
+    let all = (0..points).flat_map(|p| (0..reps).map(move |r| (p, r)));
+    match shard {
+        Some((i, n)) => all
+            .enumerate()
+            .filter(|(k, _)| *k as u64 % n == i)
+            .map(|(_, t)| t)
+            .collect(),
+        None => all.collect(),
+    }
+}
+
+/// Simulated minutes all `tasks` will cover (the length of a progress bar).
+pub fn total_minutes(points: &[Point], tasks: &[(usize, u64)]) -> u64 {
+    tasks
+        .iter()
+        .map(|&(p, _)| (points[p].scenario.days * 24.0 * 60.0) as u64)
+        .sum()
+}
+
+/// Runs the tasks in parallel (rayon); results come back in task order. `tick` receives
+/// simulated milliseconds as runs advance (progress bars).
+pub fn execute(
+    points: &[Point],
+    tasks: &[(usize, u64)],
+    seed: u64,
+    tick: &(dyn Fn(u64) + Sync),
+) -> Vec<Record> {
+    tasks
+        .par_iter()
+        .map(|&(point, replication)| {
+            let result = Market::new(&points[point].scenario, seed, replication).run_observed(tick);
+            Record {
+                point,
+                replication,
+                result,
+            }
+        })
+        .collect()
+}
+
+fn money(m: u64) -> String {
+    Money::from_micros(m).to_string()
+}
+
+fn signed_money(m: i128) -> String {
+    let s = money(m.unsigned_abs().min(u128::from(u64::MAX)) as u64);
+    if m < 0 { format!("-{s}") } else { s }
+}
+
+fn f(x: f64) -> String {
+    format!("{x:.6}")
+}
+
+fn ratio(a: u128, b: u128) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// Builds the three per-run tables from records.
+pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table, Table) {
+    let param_names: Vec<String> = points
+        .first()
+        .map(|p| p.params.iter().map(|(k, _)| k.clone()).collect())
+        .unwrap_or_default();
+    let classes = records
+        .first()
+        .map(|r| r.result.classes.clone())
+        .unwrap_or_default();
+    let mut runs = Table {
+        header: vec!["point".to_string()],
+        rows: Vec::new(),
+    };
+    runs.header.extend(param_names.iter().cloned());
+    for h in [
+        "replication",
+        "seed",
+        "jobs",
+        "matched",
+        "abandoned",
+        "abandonment_rate",
+        "mean_wait_s",
+        "p50_wait_s",
+        "p90_wait_s",
+        "p99_wait_s",
+        "utilization",
+    ] {
+        runs.header.push(h.into());
+    }
+    for c in &classes {
+        runs.header.push(format!("price_{c}"));
+    }
+    for h in [
+        "provider_revenue",
+        "renter_surplus",
+        "leases",
+        "failed_leases",
+        "money_at_risk",
+        "max_at_risk",
+        "bound_violations",
+        "attacker_leases",
+        "attacker_revenue",
+        "attacker_profit",
+        "attacker_identities",
+        "inflation_caught",
+        "rejected_requests",
+        "resubmitted",
+        "revenue_gini",
+        "events",
+        "channel_reports",
+    ] {
+        runs.header.push(h.into());
+    }
+    let mut buckets = Table {
+        header: vec!["point".to_string()],
+        rows: Vec::new(),
+    };
+    buckets.header.extend(param_names.iter().cloned());
+    for h in [
+        "replication",
+        "bucket",
+        "t_start_h",
+        "arrivals",
+        "matched",
+        "abandoned",
+        "mean_wait_s",
+        "queue_len",
+        "utilization",
+    ] {
+        buckets.header.push(h.into());
+    }
+    for c in &classes {
+        buckets.header.push(format!("price_{c}"));
+        buckets.header.push(format!("leases_{c}"));
+    }
+    for h in [
+        "provider_revenue",
+        "renter_surplus",
+        "ended_leases",
+        "failed_leases",
+        "money_at_risk",
+        "attacker_profit",
+        "inflation_caught",
+    ] {
+        buckets.header.push(h.into());
+    }
+    let mut waits = Table {
+        header: vec![
+            "point".into(),
+            "replication".into(),
+            "bin_upper_s".into(),
+            "count".into(),
+        ],
+        rows: Vec::new(),
+    };
+    for rec in records {
+        let r = &rec.result;
+        let pv: Vec<String> = points[rec.point]
+            .params
+            .iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        let mut row = vec![rec.point.to_string()];
+        row.extend(pv.iter().cloned());
+        let jobs: u64 = r.buckets.iter().map(|b| b.arrivals).sum();
+        let matched: u64 = r.buckets.iter().map(|b| b.matched).sum();
+        let abandoned: u64 = r.buckets.iter().map(|b| b.abandoned).sum();
+        let wait_sum: u64 = r.buckets.iter().map(|b| b.wait_sum_ms).sum();
+        let busy: u128 = r.buckets.iter().map(|b| b.busy_gpu_ms).sum();
+        let online: u128 = r.buckets.iter().map(|b| b.online_gpu_ms).sum();
+        let revenue: u64 = r.buckets.iter().map(|b| b.revenue).sum();
+        let surplus: i128 = r.buckets.iter().map(|b| b.surplus).sum();
+        let failed: u64 = r.buckets.iter().map(|b| b.failed).sum();
+        let at_risk: u64 = r.buckets.iter().map(|b| b.at_risk).sum();
+        let profit: i128 = r.buckets.iter().map(|b| b.attacker_profit).sum();
+        let caught: u64 = r.buckets.iter().map(|b| b.caught).sum();
+        row.extend([
+            rec.replication.to_string(),
+            seed.to_string(),
+            jobs.to_string(),
+            matched.to_string(),
+            abandoned.to_string(),
+            f(ratio(u128::from(abandoned), u128::from(jobs))),
+            f(ratio(u128::from(wait_sum), u128::from(matched)) / 1000.0),
+            f(r.waits.quantile_s(0.5)),
+            f(r.waits.quantile_s(0.9)),
+            f(r.waits.quantile_s(0.99)),
+            f(ratio(busy, online)),
+        ]);
+        for c in 0..classes.len() {
+            let s: u128 = r.buckets.iter().map(|b| b.price_gpu_sum[c]).sum();
+            let n: u64 = r.buckets.iter().map(|b| b.price_gpus[c]).sum();
+            row.push(f(ratio(s, u128::from(n)) / 1e6));
+        }
+        row.extend([
+            money(revenue),
+            signed_money(surplus),
+            r.leases.to_string(),
+            failed.to_string(),
+            money(at_risk),
+            money(r.max_at_risk),
+            r.bound_violations.to_string(),
+            r.attacker_leases.to_string(),
+            money(r.attacker_revenue),
+            signed_money(profit),
+            r.attacker_identities.to_string(),
+            caught.to_string(),
+            r.rejected_requests.to_string(),
+            r.resubmitted.to_string(),
+            f(revenue_gini(r)),
+            r.events.to_string(),
+            r.channel_reports.to_string(),
+        ]);
+        runs.rows.push(row);
+        for (i, b) in r.buckets.iter().enumerate() {
+            let mut row = vec![rec.point.to_string()];
+            row.extend(pv.iter().cloned());
+            row.extend([
+                rec.replication.to_string(),
+                i.to_string(),
+                f((i as u64 * r.bucket_ms) as f64 / 3_600_000.0),
+                b.arrivals.to_string(),
+                b.matched.to_string(),
+                b.abandoned.to_string(),
+                f(ratio(u128::from(b.wait_sum_ms), u128::from(b.matched)) / 1000.0),
+                b.queue_len.to_string(),
+                f(ratio(b.busy_gpu_ms, b.online_gpu_ms)),
+            ]);
+            for c in 0..classes.len() {
+                row.push(f(
+                    ratio(b.price_gpu_sum[c], u128::from(b.price_gpus[c])) / 1e6
+                ));
+                row.push(b.price_gpus[c].to_string());
+            }
+            row.extend([
+                money(b.revenue),
+                signed_money(b.surplus),
+                b.ended.to_string(),
+                b.failed.to_string(),
+                money(b.at_risk),
+                signed_money(b.attacker_profit),
+                b.caught.to_string(),
+            ]);
+            buckets.rows.push(row);
+        }
+        for (i, c) in r.waits.counts.iter().enumerate() {
+            let edge = WAIT_BINS_S
+                .get(i)
+                .map_or("inf".to_string(), |e| e.to_string());
+            waits.rows.push(vec![
+                rec.point.to_string(),
+                rec.replication.to_string(),
+                edge,
+                c.to_string(),
+            ]);
+        }
+    }
+    (runs, buckets, waits)
+}
+
+/// Two-sided 95 % Student-t critical value for `df` degrees of freedom.
+pub fn t95(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::NAN,
+        1..=30 => T[df - 1],
+        31..=60 => 2.000,
+        61..=120 => 1.980,
+        _ => 1.960,
+    }
+}
+
+/// Columns of `runs.csv` that are identifiers, not metrics.
+fn is_id(name: &str, params: usize, idx: usize) -> bool {
+    idx <= params || name == "replication" || name == "seed"
+}
+
+/// Mean, standard deviation and 95 % CI of every numeric metric in `runs`, per point.
+pub fn summary(runs: &Table) -> Table {
+    let params = runs.col("replication").unwrap_or(1).saturating_sub(1);
+    let mut header: Vec<String> = runs.header[..=params].to_vec();
+    for h in ["metric", "n", "mean", "sd", "ci95_low", "ci95_high"] {
+        header.push(h.into());
+    }
+    let mut out = Table {
+        header,
+        rows: Vec::new(),
+    };
+    let mut points: Vec<String> = runs.rows.iter().map(|r| r[0].clone()).collect();
+    points.sort_by_key(|p| p.parse::<u64>().unwrap_or(u64::MAX));
+    points.dedup();
+    for point in points {
+        let rows: Vec<&Vec<String>> = runs.rows.iter().filter(|r| r[0] == point).collect();
+        for (ci, name) in runs.header.iter().enumerate() {
+            if is_id(name, params, ci) {
+                continue;
+            }
+            let xs: Vec<f64> = rows
+                .iter()
+                .filter_map(|r| r[ci].parse::<f64>().ok())
+                .collect();
+            let n = xs.len();
+            if n == 0 {
+                continue;
+            }
+            let mean = xs.iter().sum::<f64>() / n as f64;
+            let sd = if n > 1 {
+                (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+            } else {
+                0.0
+            };
+            let half = if n > 1 {
+                t95(n - 1) * sd / (n as f64).sqrt()
+            } else {
+                0.0
+            };
+            let mut row: Vec<String> = rows[0][..=params].to_vec();
+            row.extend([
+                name.clone(),
+                n.to_string(),
+                f(mean),
+                f(sd),
+                f(mean - half),
+                f(mean + half),
+            ]);
+            out.rows.push(row);
+        }
+    }
+    out
+}
+
+/// The manifest.
+#[derive(Clone, Debug, Serialize)]
+pub struct Manifest {
+    /// `gridlease-sim` version.
+    pub version: String,
+    /// `git rev-parse HEAD` where the run was started, if available.
+    pub git_revision: Option<String>,
+    /// Scenario name.
+    pub scenario: String,
+    /// SHA-256 of the base scenario's canonical TOML.
+    pub scenario_hash: String,
+    /// Base seed.
+    pub seed: u64,
+    /// Replications per point.
+    pub replications: u64,
+    /// Swept parameters and their values.
+    pub sweep: Vec<(String, Vec<String>)>,
+    /// Number of sweep points.
+    pub points: usize,
+    /// Shard `i/n`, if any.
+    pub shard: Option<String>,
+    /// Replications in this output.
+    pub runs: usize,
+    /// Files written.
+    pub files: Vec<String>,
+    /// Events processed (all runs).
+    pub events: u64,
+    /// Wall-clock seconds (not reproducible, informational only).
+    pub wall_seconds: f64,
+    /// Events per wall-clock second.
+    pub events_per_second: f64,
+}
+
+/// SHA-256 hex of a scenario's canonical TOML.
+pub fn scenario_hash(s: &Scenario) -> String {
+    hex::encode(Sha256::digest(s.to_toml().as_bytes()))
+}
+
+/// The git revision of the working directory (`-dirty` appended when tracked files differ
+/// from it), or `None` when git or a repository is not there.
+pub fn git_revision() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let rev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let clean = std::process::Command::new("git")
+        .args(["diff", "--quiet", "HEAD", "--"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(true);
+    Some(if clean { rev } else { format!("{rev}-dirty") })
+}
+
+/// Writes the tables, summary and plots into `dir`; returns the file names.
+pub fn write_all(
+    dir: &Path,
+    runs: &Table,
+    buckets: &Table,
+    waits: &Table,
+    plots: bool,
+) -> Result<Vec<String>> {
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut files = Vec::new();
+    for (name, t) in [
+        ("runs.csv", runs),
+        ("buckets.csv", buckets),
+        ("waits.csv", waits),
+    ] {
+        t.write(&dir.join(name))?;
+        files.push(name.to_string());
+    }
+    summary(runs).write(&dir.join("summary.csv"))?;
+    files.push("summary.csv".into());
+    if plots {
+        files.extend(crate::plot::all(dir, runs, buckets, waits)?);
+    }
+    Ok(files)
+}
+
+/// Merges shard directories into `out`: tables concatenated and sorted by point, replication
+/// and bucket; summary and plots recomputed.
+pub fn merge(shards: &[&Path], out: &Path, plots: bool) -> Result<Vec<String>> {
+    let mut merged: [Table; 3] = Default::default();
+    for (k, name) in ["runs.csv", "buckets.csv", "waits.csv"].iter().enumerate() {
+        for dir in shards {
+            let t = Table::read(&dir.join(name))?;
+            if merged[k].header.is_empty() {
+                merged[k].header = t.header.clone();
+            } else if merged[k].header != t.header {
+                bail!("{} in {} has different columns", name, dir.display());
+            }
+            merged[k].rows.extend(t.rows);
+        }
+        let t = &mut merged[k];
+        let rep = t.col("replication").unwrap_or(1);
+        let sub = t.col("bucket").or_else(|| t.col("bin_upper_s"));
+        let num = |s: &str| s.parse::<f64>().unwrap_or(f64::INFINITY);
+        t.rows.sort_by(|a, b| {
+            num(&a[0])
+                .total_cmp(&num(&b[0]))
+                .then(num(&a[rep]).total_cmp(&num(&b[rep])))
+                .then(sub.map_or(std::cmp::Ordering::Equal, |s| {
+                    num(&a[s]).total_cmp(&num(&b[s]))
+                }))
+        });
+        t.rows.dedup();
+    }
+    let [runs, buckets, waits] = merged;
+    write_all(out, &runs, &buckets, &waits, plots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_partition_the_tasks() {
+        let all = tasks(3, 4, None);
+        let mut union: Vec<_> = (0..5).flat_map(|i| tasks(3, 4, Some((i, 5)))).collect();
+        union.sort_unstable();
+        assert_eq!(union, all);
+        assert_eq!(all.len(), 12);
+    }
+
+    #[test]
+    fn t_table() {
+        assert_eq!(t95(1), 12.706);
+        assert_eq!(t95(29), 2.045);
+        assert_eq!(t95(1000), 1.96);
+    }
+}
