@@ -4,3 +4,21 @@
 pub const GRIDLEASE_HOME: &str = "GRIDLEASE_HOME";
 /// `tracing` filter directives, e.g. `info,gridlease_node=debug`.
 pub const RUST_LOG: &str = "RUST_LOG";
+/// Listen addresses, comma-separated (config key `listen`).
+pub const GRIDLEASE_LISTEN: &str = "GRIDLEASE_LISTEN";
+/// Bootstrap peers, comma-separated (config key `bootstrap`).
+pub const GRIDLEASE_BOOTSTRAP: &str = "GRIDLEASE_BOOTSTRAP";
+/// External addresses, comma-separated (config key `external_addrs`).
+pub const GRIDLEASE_EXTERNAL_ADDRS: &str = "GRIDLEASE_EXTERNAL_ADDRS";
+/// `true`/`false` (config key `relay_server`).
+pub const GRIDLEASE_RELAY_SERVER: &str = "GRIDLEASE_RELAY_SERVER";
+/// `true`/`false` (config key `mdns`).
+pub const GRIDLEASE_MDNS: &str = "GRIDLEASE_MDNS";
+/// Seconds (config key `announce_secs`).
+pub const GRIDLEASE_ANNOUNCE_SECS: &str = "GRIDLEASE_ANNOUNCE_SECS";
+/// Declared GPUs (config key `dev_gpus`).
+pub const GRIDLEASE_DEV_GPUS: &str = "GRIDLEASE_DEV_GPUS";
+/// Prometheus endpoint address (config key `metrics`).
+pub const GRIDLEASE_METRICS: &str = "GRIDLEASE_METRICS";
+/// `text` or `json` (config key `log_format`).
+pub const GRIDLEASE_LOG_FORMAT: &str = "GRIDLEASE_LOG_FORMAT";

@@ -8,11 +8,15 @@
 //! What it must never do: decide market rules itself, block the network event loop on disk, hold
 //! the swarm behind a shared lock, or acknowledge a lease before it is stored.
 
+pub mod api;
 pub mod clock;
 pub mod commands;
+pub mod config;
 pub mod dev_gpus;
 pub mod env_vars;
 pub mod home;
+pub mod metrics;
 pub mod net;
+pub mod output;
 pub mod renter;
 pub mod store;

@@ -4,38 +4,86 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use gridlease_node::commands::{Cli, Command, init, node};
+use gridlease_node::api::client::{ApiClient, ClientError};
+use gridlease_node::commands::{self, Cli, Command};
+use gridlease_node::config::{Config, LogFormat};
+use gridlease_node::output::Printer;
 use tracing_subscriber::EnvFilter;
+
+fn init_tracing(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let out = Printer {
+        json: cli.json,
+        quiet: cli.quiet,
+    };
     let home = cli.home_dir();
-    let result = match cli.command {
-        Command::Init(args) => init::run(&home, &args).map(Some),
-        Command::Node(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(node::run(&home, args)))
-            .map(|()| None),
+    let api = ApiClient::new(&home);
+    let result: anyhow::Result<u8> = match cli.command {
+        Command::Init(args) => {
+            init_tracing(LogFormat::Text, "warn");
+            commands::init::run(&home, &args).map(|text| {
+                out.line(&text);
+                0
+            })
+        }
+        Command::Node(args) => match Config::load(&home, &args.overrides()) {
+            Err(e) => Err(e.into()),
+            Ok(config) if args.dump_config => {
+                let _ = write!(std::io::stdout(), "{}", config.to_toml());
+                Ok(0)
+            }
+            Ok(config) => {
+                init_tracing(config.log_format, "info");
+                runtime()
+                    .and_then(|rt| rt.block_on(commands::node::run(&home, config)))
+                    .map(|()| 0)
+            }
+        },
+        command => {
+            init_tracing(LogFormat::Text, "warn");
+            runtime().and_then(|rt| {
+                rt.block_on(async {
+                    match command {
+                        Command::Status(a) => commands::status::run(&api, &out, &a).await,
+                        Command::Peers(a) => commands::peers::run(&api, &out, &a).await,
+                        Command::Gpus(a) => commands::gpus::run(&api, &out, &a).await,
+                        Command::Bench(a) => commands::bench::run(&out, &a).await,
+                        Command::Search(a) => commands::search::run(&api, &out, &a).await,
+                        Command::Init(_) | Command::Node(_) => Ok(0),
+                    }
+                })
+            })
+        }
     };
     match result {
-        Ok(out) => {
-            if let Some(text) = out {
-                let _ = writeln!(std::io::stdout(), "{text}");
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");
-            ExitCode::FAILURE
+            let code = if let Some(c) = e.downcast_ref::<ClientError>() {
+                c.exit_code()
+            } else if e.downcast_ref::<commands::bench::NoGpu>().is_some() {
+                commands::bench::EXIT_NO_GPU
+            } else {
+                1
+            };
+            ExitCode::from(code)
         }
     }
 }

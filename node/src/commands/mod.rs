@@ -1,7 +1,16 @@
 //! The command line: one file per subcommand. `main.rs` parses and dispatches.
+//!
+//! Exit codes: 0 success; 1 failure; 2 usage error or no GPU/CUDA for `bench`; 3 no node is
+//! running for this home; 4 a lease was rejected by the provider; `rent` without `--detach`
+//! exits with the container's exit code.
 
+pub mod bench;
+pub mod gpus;
 pub mod init;
 pub mod node;
+pub mod peers;
+pub mod search;
+pub mod status;
 
 use std::path::PathBuf;
 
@@ -13,9 +22,17 @@ use crate::env_vars;
 #[derive(Debug, Parser)]
 #[command(name = "gridlease", version, about)]
 pub struct Cli {
-    /// Node home directory (identity, database). Defaults to ~/.gridlease.
+    /// Node home directory (identity, database, API socket). Defaults to ~/.gridlease.
     #[arg(long, global = true, env = env_vars::GRIDLEASE_HOME, value_name = "DIR")]
     pub home: Option<PathBuf>,
+
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Print nothing but errors.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
 
     /// What to do.
     #[command(subcommand)]
@@ -34,6 +51,16 @@ impl Cli {
 pub enum Command {
     /// Create a node identity and database; refuses to overwrite an existing identity.
     Init(init::InitArgs),
-    /// Run the node daemon in the foreground (Ctrl-C to stop).
+    /// Run the node daemon in the foreground (Ctrl-C or SIGTERM to stop).
     Node(node::NodeArgs),
+    /// Identity, addresses, reachability, peers and offers known.
+    Status(status::StatusArgs),
+    /// Connected peers and their gossip scores.
+    Peers(peers::PeersArgs),
+    /// GPUs this node found (NVML) or declares (--dev-gpus).
+    Gpus(gpus::GpusArgs),
+    /// Benchmark a local GPU (GEMM fp32/fp16, memory and PCIe bandwidth).
+    Bench(bench::BenchArgs),
+    /// Search the offer book, e.g. `gridlease search 'gpu~4090 price<=0.5' --sort price`.
+    Search(search::SearchArgs),
 }

@@ -6,12 +6,21 @@ use anyhow::Context;
 use clap::Args;
 use libp2p::Multiaddr;
 
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::api::ApiState;
+use crate::api::types::{GpuView, GpusView};
+use crate::config::{Config, LogFormat, Overrides};
 use crate::dev_gpus::DevGpus;
 use crate::home::Home;
 use crate::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
 use crate::store::StoreHandle;
 
-/// Arguments of `gridlease node`.
+/// Arguments of `gridlease node`. Each overrides `<home>/config.toml` and the environment
+/// (see `docs/cli.md`, "Configuration").
 #[derive(Debug, Args)]
 pub struct NodeArgs {
     /// Listen address (repeatable). Default: TCP and QUIC on all interfaces, port 4001.
@@ -33,36 +42,88 @@ pub struct NodeArgs {
     /// Disable mDNS LAN discovery.
     #[arg(long)]
     pub no_mdns: bool,
-    /// Seconds between offer re-announcements.
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
-    pub announce_secs: u64,
+    /// Seconds between offer re-announcements (default 60).
+    #[arg(long, value_name = "SECS")]
+    pub announce_secs: Option<u64>,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Print the merged configuration (defaults < config.toml < environment < flags) and exit.
+    #[arg(long)]
+    pub dump_config: bool,
 }
 
-/// Runs the node until Ctrl-C or SIGTERM.
-pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
+impl NodeArgs {
+    /// The flags as configuration overrides.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen.iter().map(ToString::to_string).collect(),
+            bootstrap: self.bootstrap.iter().map(ToString::to_string).collect(),
+            external_addrs: self
+                .external_addrs
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            relay_server: self.relay_server.then_some(true),
+            mdns: self.no_mdns.then_some(false),
+            announce_secs: self.announce_secs,
+            dev_gpus: self.dev_gpus.clone(),
+            metrics: self.metrics.clone(),
+            log_format: self.log_format,
+        }
+    }
+}
+
+fn addrs(list: &[String]) -> anyhow::Result<Vec<Multiaddr>> {
+    list.iter()
+        .map(|a| a.parse::<Multiaddr>().map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// The GPUs this node shows in `gridlease gpus`: declared ones, or the local NVML inventory.
+fn gpu_view(dev: Option<&DevGpus>) -> GpusView {
+    match dev {
+        Some(d) => GpusView {
+            gpus: d
+                .groups()
+                .iter()
+                .flat_map(|g| {
+                    (0..g.count).map(move |i| GpuView {
+                        id: format!("declared-{i}"),
+                        model: g.model.clone(),
+                        vram_mib: g.vram_mib,
+                        source: "declared".into(),
+                    })
+                })
+                .collect(),
+            note: None,
+        },
+        None => crate::commands::gpus::local_inventory(),
+    }
+}
+
+/// Runs the node until Ctrl-C or SIGTERM with an already resolved configuration.
+pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
+    crate::api::ensure_not_running(home).await?;
     let store = h.open_store()?;
-    let mut config = NodeConfig::new(h.network.clone());
-    config.listen = if args.listen.is_empty() {
-        vec![
-            "/ip4/0.0.0.0/tcp/4001".parse()?,
-            "/ip4/0.0.0.0/udp/4001/quic-v1".parse()?,
-        ]
-    } else {
-        args.listen
-    };
-    config.bootstrap = args.bootstrap;
-    config.relay_server = args.relay_server;
-    config.external_addrs = args.external_addrs;
-    config.mdns = !args.no_mdns;
-    config.announce_period = std::time::Duration::from_secs(args.announce_secs.max(1));
-    config.offer_ttl = NodeConfig::ttl_for(config.announce_period);
-    if let Some(spec) = &args.dev_gpus {
-        let gpus = DevGpus::parse(spec)?;
+    let mut net = NodeConfig::new(h.network.clone());
+    net.listen = addrs(&config.listen)?;
+    net.bootstrap = addrs(&config.bootstrap)?;
+    net.relay_server = config.relay_server;
+    net.external_addrs = addrs(&config.external_addrs)?;
+    net.mdns = config.mdns;
+    net.announce_period = std::time::Duration::from_secs(config.announce_secs.max(1));
+    net.offer_ttl = NodeConfig::ttl_for(net.announce_period);
+    let dev = config.dev_gpus.as_deref().map(DevGpus::parse).transpose()?;
+    if let Some(gpus) = &dev {
         let groups = gpus.groups();
         if let Some(first) = groups.first() {
             let offered = first.offered(&h.key.public(), crate::clock::now());
-            config.offer = Some(OfferTemplate::new(offered, first.price.micros()));
+            net.offer = Some(OfferTemplate::new(offered, first.price.micros()));
             for skipped in groups.iter().skip(1) {
                 tracing::warn!(
                     model = %skipped.model,
@@ -72,11 +133,30 @@ pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let gpus = Arc::new(gpu_view(dev.as_ref()));
+    let metrics_addr = config.metrics.clone();
+    let external_addrs = config.external_addrs.clone();
+    let config = net;
     let network = h.network.clone();
     let node = Node::start(h.key, config, StoreHandle::spawn(store))
         .await
         .context("cannot start the network")?;
     tracing::info!(peer = %node.client.peer_id(), %network, "node running");
+    let cancel = CancellationToken::new();
+    let api_state = ApiState {
+        client: node.client.clone(),
+        started: Instant::now(),
+        gpus,
+        external_addrs,
+    };
+    let api_task = crate::api::serve(home, api_state, cancel.clone()).await?;
+    tracing::info!(socket = %crate::api::socket_path(home).display(), "control API listening");
+    let metrics_task = match metrics_addr {
+        Some(addr) => {
+            Some(crate::metrics::serve(&addr, node.client.clone(), cancel.clone()).await?)
+        }
+        None => None,
+    };
     let mut events = node.events.subscribe();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot install the SIGTERM handler")?;
@@ -97,6 +177,11 @@ pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down");
+    cancel.cancel();
+    let _ = api_task.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
     node.shutdown().await;
     Ok(())
 }

@@ -1,0 +1,144 @@
+//! The CLI's typed client of the control API (HTTP/1.1 over the home's Unix socket).
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::socket_path;
+use super::types::ErrorBody;
+
+/// Most bytes of one API answer the CLI accepts.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No daemon listens on this home.
+    #[error(
+        "no node is running for {home} (no answer on {socket}); start one with `gridlease node --home {home}`"
+    )]
+    NoNode {
+        /// The home directory.
+        home: String,
+        /// The socket tried.
+        socket: String,
+    },
+    /// The daemon answered with an error.
+    #[error("{message}{}", hint.as_ref().map(|h| format!("\nhint: {h}")).unwrap_or_default())]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The error.
+        message: String,
+        /// What to do.
+        hint: Option<String>,
+    },
+    /// Transport failure after connecting.
+    #[error("control API: {0}")]
+    Transport(String),
+}
+
+impl ClientError {
+    /// The process exit code for this error: 3 when no node runs, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::NoNode { .. } => 3,
+            _ => 1,
+        }
+    }
+}
+
+/// A client bound to one home.
+#[derive(Clone, Debug)]
+pub struct ApiClient {
+    home: PathBuf,
+    socket: PathBuf,
+}
+
+impl ApiClient {
+    /// A client for the daemon of `home`.
+    pub fn new(home: &Path) -> Self {
+        Self {
+            home: home.to_path_buf(),
+            socket: socket_path(home),
+        }
+    }
+
+    /// `GET path`.
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.call(Method::GET, path, None::<&()>).await
+    }
+
+    /// `POST path` with a JSON body.
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    /// `PUT path` with a JSON body.
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|_| ClientError::NoNode {
+                home: self.home.display().to_string(),
+                socket: self.socket.display().to_string(),
+            })?;
+        let transport = |e: &dyn std::fmt::Display| ClientError::Transport(e.to_string());
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| transport(&e))?;
+        let driver = tokio::spawn(conn);
+        let bytes = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| transport(&e))?,
+            None => Vec::new(),
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "gridlease")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| transport(&e))?;
+        let resp = sender.send_request(req).await.map_err(|e| transport(&e))?;
+        let status = resp.status();
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| transport(&e))?
+            .to_bytes();
+        driver.abort();
+        if status != StatusCode::OK {
+            let err: ErrorBody = serde_json::from_slice(&body).unwrap_or(ErrorBody {
+                error: format!("HTTP {status}: {}", String::from_utf8_lossy(&body)),
+                hint: None,
+            });
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                message: err.error,
+                hint: err.hint,
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| transport(&e))
+    }
+}

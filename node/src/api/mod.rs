@@ -1,0 +1,284 @@
+//! The local control API: HTTP/1.1 with JSON bodies on a Unix socket in the node's home
+//! (`<home>/api.sock`, mode 0600, in a 0700 directory), versioned paths under `/v1`.
+//! The CLI ([`client`]) is a typed client of it; `docs/api.md` describes every route.
+//!
+//! Invariant: the API only reads and asks; it never holds the swarm or the store. Every handler
+//! goes through the network [`Client`] (bounded channel to the swarm task) or the lease service.
+
+pub mod client;
+pub mod types;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Query as QueryParams, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use gridlease_contracts::Money;
+use gridlease_contracts::book::BookEntry;
+use gridlease_contracts::query::Query;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::net::Client;
+use types::{ErrorBody, GpusView, OfferRow, OwnOfferView, PeerView, StatusView};
+
+/// Socket file name inside the home.
+pub const SOCKET_FILE: &str = "api.sock";
+/// Most rows one search returns.
+pub const MAX_SEARCH_LIMIT: usize = 10_000;
+
+/// The socket path of a home.
+pub fn socket_path(home: &Path) -> PathBuf {
+    home.join(SOCKET_FILE)
+}
+
+/// What handlers can reach.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The network actor.
+    pub client: Client,
+    /// When the daemon started.
+    pub started: Instant,
+    /// Local GPUs (found or declared at start).
+    pub gpus: Arc<GpusView>,
+    /// Addresses configured as publicly reachable.
+    pub external_addrs: Vec<String>,
+}
+
+/// A handler failure: HTTP status plus an [`ErrorBody`].
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    /// 400 with a message and an optional hint.
+    pub fn bad_request(error: impl Into<String>, hint: Option<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            body: ErrorBody {
+                error: error.into(),
+                hint,
+            },
+        }
+    }
+
+    /// 404.
+    pub fn not_found(error: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            body: ErrorBody {
+                error: error.into(),
+                hint: None,
+            },
+        }
+    }
+
+    /// 500 for failures inside the node.
+    pub fn internal(error: impl std::fmt::Display) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: ErrorBody {
+                error: error.to_string(),
+                hint: Some("see the node's log".into()),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+/// The router with every route.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/peers", get(peers))
+        .route("/v1/offers", get(offers))
+        .route("/v1/gpus", get(gpus))
+        .with_state(state)
+}
+
+/// Problems starting the API.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Another daemon answers on this home's socket.
+    #[error("a node is already running on {0}; stop it first or use another --home")]
+    AlreadyRunning(PathBuf),
+    /// Socket setup failed.
+    #[error("cannot serve the control API on {path}: {source}")]
+    Io {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Fails when a daemon already answers on this home's socket (checked before starting the
+/// network, so a second daemon never touches the first one's peers).
+pub async fn ensure_not_running(home: &Path) -> Result<(), ServeError> {
+    let path = socket_path(home);
+    if path.exists() && tokio::net::UnixStream::connect(&path).await.is_ok() {
+        return Err(ServeError::AlreadyRunning(path));
+    }
+    Ok(())
+}
+
+/// Binds `<home>/api.sock` (replacing a stale socket, refusing a live one), restricts it to
+/// mode 0600, and serves until `cancel`. Returns once bound.
+pub async fn serve(
+    home: &Path,
+    state: ApiState,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    let path = socket_path(home);
+    let io = |source| ServeError::Io {
+        path: path.clone(),
+        source,
+    };
+    if path.exists() {
+        if tokio::net::UnixStream::connect(&path).await.is_ok() {
+            return Err(ServeError::AlreadyRunning(path));
+        }
+        std::fs::remove_file(&path).map_err(io)?;
+    }
+    let listener = tokio::net::UnixListener::bind(&path).map_err(io)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // The home directory is 0700 (see `Home::init`), so nobody else can reach the socket
+        // before this; 0600 keeps it private even if the directory is opened up.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    }
+    let app = router(state);
+    let remove = path.clone();
+    Ok(tokio::spawn(async move {
+        let shutdown = cancel.clone();
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+        {
+            tracing::warn!(error = %e, "control API stopped");
+        }
+        let _ = std::fs::remove_file(&remove);
+    }))
+}
+
+async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError> {
+    let c = &s.client;
+    let listen = c.listen_addrs().await.map_err(ApiError::internal)?;
+    let peers = c.connected_peers().await.map_err(ApiError::internal)?;
+    let offers = c.book_len().await.map_err(ApiError::internal)?;
+    let own = c.own_offer().await.map_err(ApiError::internal)?;
+    Ok(Json(StatusView {
+        peer_id: c.peer_id().to_string(),
+        network: c.network().to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        uptime_s: s.started.elapsed().as_secs(),
+        listen_addrs: listen.iter().map(ToString::to_string).collect(),
+        connected_peers: peers.len(),
+        offers_known: offers,
+        nat_status: if s.external_addrs.is_empty() {
+            "unknown".into()
+        } else {
+            "public".into()
+        },
+        own_offer: own.map(|o| OwnOfferView {
+            id: o.id.to_string(),
+            seq: o.offer.seq,
+            gpus: o.offer.gpus.len(),
+            price_per_gpu_hour: Money::from_micros(o.offer.price_per_gpu_hour).to_string(),
+            expires_at_ms: o.offer.expires_at.0,
+        }),
+    }))
+}
+
+async fn peers(State(s): State<ApiState>) -> Result<Json<Vec<PeerView>>, ApiError> {
+    let c = &s.client;
+    let connected = c.connected_peers().await.map_err(ApiError::internal)?;
+    let mesh = c.mesh_peers().await.map_err(ApiError::internal)?;
+    let mut out = Vec::with_capacity(connected.len());
+    for p in connected {
+        let score = c.peer_score(p).await.map_err(ApiError::internal)?;
+        out.push(PeerView {
+            peer_id: p.to_string(),
+            score,
+            in_mesh: mesh.contains(&p),
+        });
+    }
+    out.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
+    Ok(Json(out))
+}
+
+/// Query string of `GET /v1/offers`.
+#[derive(Debug, Deserialize)]
+pub struct OffersParams {
+    /// The search query (see `docs/search.md`); empty matches everything.
+    #[serde(default)]
+    pub q: String,
+    /// Sort key, e.g. `price`, `-fp16_tflops`, `price_per_tflop`.
+    pub sort: Option<String>,
+    /// Most rows (default 20).
+    pub limit: Option<usize>,
+}
+
+async fn offers(
+    State(s): State<ApiState>,
+    QueryParams(p): QueryParams<OffersParams>,
+) -> Result<Json<Vec<OfferRow>>, ApiError> {
+    let text = match &p.sort {
+        Some(k) if !k.trim().is_empty() => format!("{} sort:{}", p.q, k.trim()),
+        _ => p.q.clone(),
+    };
+    let query = Query::parse(&text).map_err(|e| {
+        ApiError::bad_request(
+            format!("invalid query\n{}", e.render(&text)),
+            Some("see `docs/search.md` for fields, operators and sort keys".into()),
+        )
+    })?;
+    let limit = p.limit.unwrap_or(20).clamp(1, MAX_SEARCH_LIMIT);
+    let rows = s
+        .client
+        .search(query, limit)
+        .await
+        .map_err(ApiError::internal)?;
+    let now = crate::clock::now();
+    Ok(Json(rows.iter().map(|e| offer_row(e, now)).collect()))
+}
+
+/// One search row from a book entry.
+pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow {
+    let n = &e.summary.numbers;
+    let mut models: Vec<&str> = e.offer.gpus.iter().map(|g| g.spec.model.as_str()).collect();
+    models.dedup();
+    OfferRow {
+        id: e.id.to_string(),
+        provider: e.offer.provider.to_string(),
+        gpu: models.join(", "),
+        gpus: n.gpus,
+        vram_gib: (f64::from(n.vram_mib) / 1024.0 * 10.0).round() / 10.0,
+        fp16_tflops: f64::from(n.fp16_gflops) / 1000.0,
+        fp32_tflops: f64::from(n.fp32_gflops) / 1000.0,
+        price_per_gpu_hour: Money::from_micros(n.price).to_string(),
+        price_per_tflop: (n.price_per_tflop != u64::MAX)
+            .then(|| Money::from_micros(n.price_per_tflop).to_string()),
+        verified: n.verified,
+        age_s: now.ms_since(e.offer.created_at) / 1000,
+        region: e.offer.region.clone(),
+    }
+}
+
+async fn gpus(State(s): State<ApiState>) -> Json<GpusView> {
+    Json((*s.gpus).clone())
+}

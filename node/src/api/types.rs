@@ -1,0 +1,118 @@
+//! JSON bodies of the control API, shared by the daemon and the CLI. Field names are stable:
+//! scripts read them through `--json`.
+
+use serde::{Deserialize, Serialize};
+
+/// API version prefix.
+pub const API_PREFIX: &str = "/v1";
+
+/// An error answer: what went wrong, and what to do about it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: String,
+    /// What to do, when there is something to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StatusView {
+    /// This node's peer id.
+    pub peer_id: String,
+    /// The network it is on.
+    pub network: String,
+    /// Crate version.
+    pub version: String,
+    /// Seconds since the daemon started.
+    pub uptime_s: u64,
+    /// Addresses the node listens on.
+    pub listen_addrs: Vec<String>,
+    /// Peers connected now.
+    pub connected_peers: usize,
+    /// Offers in the local book.
+    pub offers_known: usize,
+    /// Reachability as far as the node knows: `public` (external address confirmed or
+    /// configured), or `unknown`.
+    pub nat_status: String,
+    /// This node's own offer, if it provides.
+    pub own_offer: Option<OwnOfferView>,
+}
+
+/// The node's own offer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OwnOfferView {
+    /// Offer id (hex).
+    pub id: String,
+    /// Sequence.
+    pub seq: u64,
+    /// GPUs offered.
+    pub gpus: usize,
+    /// Price per GPU-hour, decimal.
+    pub price_per_gpu_hour: String,
+    /// Expiry (unix ms).
+    pub expires_at_ms: u64,
+}
+
+/// `GET /v1/peers`: one connected peer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerView {
+    /// Peer id.
+    pub peer_id: String,
+    /// Gossipsub score, when known.
+    pub score: Option<f64>,
+    /// In this node's offer-topic mesh.
+    pub in_mesh: bool,
+}
+
+/// `GET /v1/offers`: one row of a search.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OfferRow {
+    /// Offer id (hex, 64 digits); any unique prefix is accepted by `rent`.
+    pub id: String,
+    /// Provider peer id.
+    pub provider: String,
+    /// GPU model(s), e.g. `NVIDIA GeForce RTX 4090`.
+    pub gpu: String,
+    /// GPUs in the offer.
+    pub gpus: u32,
+    /// Smallest VRAM, GiB (one decimal).
+    pub vram_gib: f64,
+    /// Smallest fp16 rate, TFLOPS.
+    pub fp16_tflops: f64,
+    /// Smallest fp32 rate, TFLOPS.
+    pub fp32_tflops: f64,
+    /// Price per GPU-hour, decimal.
+    pub price_per_gpu_hour: String,
+    /// Price per GPU-hour per fp16 TFLOPS, decimal (null without a benchmark).
+    pub price_per_tflop: Option<String>,
+    /// True when every GPU's benchmark was measured; declared GPUs are unverified.
+    pub verified: bool,
+    /// Seconds since the offer was signed.
+    pub age_s: u64,
+    /// Region label.
+    pub region: String,
+}
+
+/// `GET /v1/gpus`: one local GPU.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GpuView {
+    /// Index or UUID.
+    pub id: String,
+    /// Model.
+    pub model: String,
+    /// Memory, MiB.
+    pub vram_mib: u32,
+    /// `measured` (NVML) or `declared` (`--dev-gpus`, unverified).
+    pub source: String,
+}
+
+/// `GET /v1/gpus` body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GpusView {
+    /// GPUs found or declared.
+    pub gpus: Vec<GpuView>,
+    /// Why there are none, when there are none.
+    pub note: Option<String>,
+}

@@ -1,0 +1,95 @@
+//! `gridlease search`: query the node's offer book.
+
+use clap::Args;
+
+use crate::api::client::ApiClient;
+use crate::api::types::OfferRow;
+use crate::output::{Printer, short};
+
+/// Arguments of `gridlease search`.
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// Query, e.g. 'gpu~4090 vram>=24 price<=0.45 verified=true' (see docs/search.md).
+    #[arg(value_name = "QUERY", num_args = 0..)]
+    pub query: Vec<String>,
+    /// Sort key: price, -fp16_tflops, price_per_tflop, vram, age, ... ('-' = descending).
+    #[arg(long, value_name = "KEY")]
+    pub sort: Option<String>,
+    /// Most offers to show.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub limit: usize,
+}
+
+/// Percent-encodes a query string value.
+pub fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(char::from(b));
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// The API path of a search.
+pub fn path(query: &str, sort: Option<&str>, limit: usize) -> String {
+    let mut p = format!("/v1/offers?q={}&limit={limit}", urlencode(query));
+    if let Some(s) = sort {
+        p.push_str(&format!("&sort={}", urlencode(s)));
+    }
+    p
+}
+
+/// Searches and prints a table.
+pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::Result<u8> {
+    let q = args.query.join(" ");
+    let rows: Vec<OfferRow> = api.get(&path(&q, args.sort.as_deref(), args.limit)).await?;
+    out.emit(&rows, |p| {
+        if rows.is_empty() {
+            p.line("no offers match");
+            return;
+        }
+        let table = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    short(&r.id),
+                    short(&r.provider),
+                    if r.gpus > 1 {
+                        format!("{}x {}", r.gpus, r.gpu)
+                    } else {
+                        r.gpu.clone()
+                    },
+                    format!("{:.0} GiB", r.vram_gib),
+                    format!("{:.1}", r.fp16_tflops),
+                    r.price_per_gpu_hour.clone(),
+                    r.price_per_tflop.clone().unwrap_or_else(|| "-".into()),
+                    if r.verified {
+                        "yes".into()
+                    } else {
+                        "unverified".into()
+                    },
+                    format!("{} s", r.age_s),
+                ]
+            })
+            .collect();
+        p.table(
+            &[
+                "offer",
+                "provider",
+                "gpu",
+                "vram",
+                "fp16 TFLOPS",
+                "price/h",
+                "per TFLOP",
+                "verified",
+                "age",
+            ],
+            table,
+        );
+    });
+    Ok(0)
+}

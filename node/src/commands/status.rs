@@ -1,0 +1,41 @@
+//! `gridlease status`: identity, addresses, reachability, peers, offers known, own offer.
+
+use clap::Args;
+
+use crate::api::client::ApiClient;
+use crate::api::types::StatusView;
+use crate::output::Printer;
+
+/// Arguments of `gridlease status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {}
+
+/// Prints the node's status.
+pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::Result<u8> {
+    let s: StatusView = api.get("/v1/status").await?;
+    out.emit(&s, |p| {
+        p.line(&format!("peer id      {}", s.peer_id));
+        p.line(&format!("network      {}", s.network));
+        p.line(&format!(
+            "version      {}  (up {} s)",
+            s.version, s.uptime_s
+        ));
+        p.line(&format!("reachability {}", s.nat_status));
+        for a in &s.listen_addrs {
+            p.line(&format!("listening    {a}"));
+        }
+        p.line(&format!("peers        {}", s.connected_peers));
+        p.line(&format!("offers known {}", s.offers_known));
+        match &s.own_offer {
+            Some(o) => p.line(&format!(
+                "providing    {} GPU(s) at {}/GPU-hour (offer {}, seq {})",
+                o.gpus,
+                o.price_per_gpu_hour,
+                crate::output::short(&o.id),
+                o.seq
+            )),
+            None => p.line("providing    nothing"),
+        }
+    });
+    Ok(0)
+}

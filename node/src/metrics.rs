@@ -1,0 +1,130 @@
+//! Optional Prometheus endpoint (`gridlease node --metrics ADDR`): `GET /metrics` in the
+//! OpenMetrics text format. Values are read from the node when scraped, so nothing is added to
+//! the network event loop's hot path.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::net::Client;
+
+#[derive(Clone)]
+struct MetricsState {
+    client: Client,
+    started: Instant,
+    registry: Arc<Registry>,
+    peers: Gauge,
+    offers: Gauge,
+    providing_gpus: Gauge,
+    price: Gauge<f64, AtomicU64>,
+    uptime: Gauge,
+}
+
+/// Serves metrics on `addr` until `cancel`. Returns once bound.
+pub async fn serve(
+    addr: &str,
+    client: Client,
+    cancel: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut registry = Registry::with_prefix("gridlease");
+    let state = MetricsState {
+        client,
+        started: Instant::now(),
+        registry: Arc::new(Registry::default()),
+        peers: Gauge::default(),
+        offers: Gauge::default(),
+        providing_gpus: Gauge::default(),
+        price: Gauge::default(),
+        uptime: Gauge::default(),
+    };
+    registry.register(
+        "connected_peers",
+        "Peers connected now",
+        state.peers.clone(),
+    );
+    registry.register(
+        "offers_known",
+        "Offers in the local book",
+        state.offers.clone(),
+    );
+    registry.register(
+        "own_offer_gpus",
+        "GPUs in this node's own offer (0 when not providing)",
+        state.providing_gpus.clone(),
+    );
+    registry.register(
+        "own_offer_price_per_gpu_hour",
+        "Asking price of this node's offer per GPU-hour",
+        state.price.clone(),
+    );
+    registry.register(
+        "uptime_seconds",
+        "Seconds since the daemon started",
+        state.uptime.clone(),
+    );
+    let state = MetricsState {
+        registry: Arc::new(registry),
+        ..state
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot serve metrics on {addr}: {e}"))?;
+    tracing::info!(%addr, "metrics endpoint listening");
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(state);
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { cancel.cancelled().await })
+            .await;
+    }))
+}
+
+async fn scrape(State(s): State<MetricsState>) -> impl IntoResponse {
+    let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+    if let Ok(p) = s.client.connected_peers().await {
+        s.peers.set(gauge(p.len()));
+    }
+    if let Ok(n) = s.client.book_len().await {
+        s.offers.set(gauge(n));
+    }
+    match s.client.own_offer().await {
+        Ok(Some(o)) => {
+            s.providing_gpus.set(gauge(o.offer.gpus.len()));
+            s.price.set(o.offer.price_per_gpu_hour as f64 / 1e6);
+        }
+        Ok(None) => {
+            s.providing_gpus.set(0);
+            s.price.set(0.0);
+        }
+        Err(_) => {}
+    }
+    s.uptime
+        .set(i64::try_from(s.started.elapsed().as_secs()).unwrap_or(i64::MAX));
+    let mut body = String::new();
+    match encode(&mut body, &s.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            e.to_string(),
+        ),
+    }
+}

@@ -1,0 +1,265 @@
+//! The CLI against the control API: help and error texts, exit codes, `--dump-config`
+//! precedence, the API socket's mode, and a real daemon answering `status`/`search`/`gpus`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use assert_cmd::cargo::CommandCargoExt;
+
+fn bin() -> Command {
+    let mut c = Command::cargo_bin("gridlease").unwrap();
+    for (k, _) in std::env::vars() {
+        if k.starts_with("GRIDLEASE_") {
+            c.env_remove(k);
+        }
+    }
+    c.env("RUST_LOG", "warn");
+    c
+}
+
+fn run(args: &[&str], home: &Path) -> Output {
+    bin().args(args).arg("--home").arg(home).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn init(home: &Path) {
+    let out = run(&["init"], home);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `gridlease node` on an ephemeral loopback port and waits for its API socket.
+fn start_node(home: &Path, extra: &[&str]) -> Daemon {
+    let child = bin()
+        .args([
+            "node",
+            "--no-mdns",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--announce-secs",
+            "1",
+        ])
+        .args(extra)
+        .arg("--home")
+        .arg(home)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if run(&["status", "--json"], home).status.success() {
+            return d;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("node did not start serving its API");
+}
+
+#[test]
+fn help_lists_every_command_and_global_flag() {
+    let out = bin().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for word in [
+        "init", "node", "status", "peers", "gpus", "bench", "search", "--home", "--json", "--quiet",
+    ] {
+        assert!(help.contains(word), "help lacks {word}:\n{help}");
+    }
+    let out = bin().args(["node", "--help"]).output().unwrap();
+    let help = text(&out.stdout);
+    for word in [
+        "--dump-config",
+        "--dev-gpus",
+        "--metrics",
+        "--log-format",
+        "--relay-server",
+    ] {
+        assert!(help.contains(word), "node help lacks {word}:\n{help}");
+    }
+}
+
+#[test]
+fn unknown_flag_is_a_usage_error() {
+    let out = bin().args(["search", "--bogus"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("unexpected argument '--bogus'"), "{err}");
+}
+
+#[test]
+fn commands_without_a_node_say_how_to_start_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    let out = run(&["status"], &home);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("no node is running"), "{err}");
+    assert!(err.contains("gridlease node --home"), "{err}");
+}
+
+#[test]
+fn dump_config_follows_file_env_flag_precedence() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    std::fs::write(
+        home.join("config.toml"),
+        "announce_secs = 10\nmdns = false\nmetrics = \"127.0.0.1:9000\"\n",
+    )
+    .unwrap();
+    let dump = |envs: &[(&str, &str)], flags: &[&str]| {
+        let mut c = bin();
+        c.args(["node", "--dump-config"])
+            .args(flags)
+            .arg("--home")
+            .arg(&home);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let cfg: toml::Value = toml::from_str(&text(&out.stdout)).unwrap();
+        cfg
+    };
+    let file_only = dump(&[], &[]);
+    assert_eq!(file_only["announce_secs"].as_integer(), Some(10));
+    assert_eq!(file_only["mdns"].as_bool(), Some(false));
+    assert_eq!(file_only["log_format"].as_str(), Some("text"), "default");
+    let env = dump(
+        &[
+            ("GRIDLEASE_ANNOUNCE_SECS", "20"),
+            ("GRIDLEASE_LOG_FORMAT", "json"),
+        ],
+        &[],
+    );
+    assert_eq!(
+        env["announce_secs"].as_integer(),
+        Some(20),
+        "env beats file"
+    );
+    assert_eq!(env["log_format"].as_str(), Some("json"));
+    assert_eq!(env["metrics"].as_str(), Some("127.0.0.1:9000"), "file kept");
+    let flags = dump(
+        &[("GRIDLEASE_ANNOUNCE_SECS", "20")],
+        &["--announce-secs", "30"],
+    );
+    assert_eq!(
+        flags["announce_secs"].as_integer(),
+        Some(30),
+        "flag beats env"
+    );
+
+    std::fs::write(home.join("config.toml"), "annouce_secs = 5\n").unwrap();
+    let out = run(&["node", "--dump-config"], &home);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("config.toml") && err.contains("annouce_secs"),
+        "{err}"
+    );
+}
+
+#[test]
+fn daemon_serves_status_search_and_gpus_on_a_private_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    let _node = start_node(&home, &["--dev-gpus", "2x RTX 4090:24GiB:0.40"]);
+
+    // The socket is private.
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let meta = std::fs::metadata(home.join("api.sock")).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // Another user cannot use it (CI runs as root, which can switch to `nobody`).
+    if unsafe_free_is_root() {
+        use std::os::unix::process::CommandExt;
+        let out = bin()
+            .args(["status", "--home"])
+            .arg(&home)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "user nobody reached the API");
+    } else {
+        eprintln!("note: not root, cannot test access as another user");
+    }
+
+    let out = run(&["status", "--json"], &home);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(s["peer_id"].as_str().unwrap().starts_with("12D3"));
+    assert_eq!(s["network"], "devnet");
+    assert_eq!(s["own_offer"]["gpus"], 2);
+    assert_eq!(s["own_offer"]["price_per_gpu_hour"], "0.40");
+
+    // Its own offer is in its own book.
+    let out = run(&["search", "--json", "gpu~4090", "vram>=24"], &home);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
+    assert_eq!(rows[0]["verified"], false, "declared GPUs are unverified");
+    assert_eq!(rows[0]["gpus"], 2);
+
+    let out = run(&["search", "vram>>24"], &home);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("invalid query") && err.contains("^"), "{err}");
+
+    let out = run(&["gpus", "--json"], &home);
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(g["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(g["gpus"][0]["source"], "declared");
+
+    // A second daemon on the same home is refused.
+    let out = bin()
+        .args([
+            "node",
+            "--no-mdns",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--home",
+        ])
+        .arg(&home)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn bench_without_cuda_is_a_clear_error() {
+    if gridlease_sandbox::bench::check_cuda().is_ok() {
+        eprintln!("note: CUDA is present here; the no-CUDA path is not what runs");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&["bench"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("no GPU benchmark is possible"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+fn unsafe_free_is_root() -> bool {
+    // Without libc: the owner of a file we just created is our effective uid.
+    use std::os::unix::fs::MetadataExt;
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().metadata().unwrap().uid() == 0
+}
