@@ -701,6 +701,14 @@ impl EventLoop {
 
     fn validate(&mut self, from: &PeerId, data: &[u8]) -> Verdict {
         let now = clock::now();
+        // Gossipsub drops RPCs from graylisted peers, but checks once per RPC: a batch of
+        // invalid offers in one RPC would still cost a signature check each. Stop paying for a
+        // peer as soon as its score is below the graylist threshold.
+        if let Some(score) = self.swarm.behaviour().gossipsub.peer_score(from)
+            && score < gossip::thresholds().graylist_threshold
+        {
+            return Verdict::Ignore(OfferIgnore::Graylisted);
+        }
         if !self.peer_limits.check(from, now) {
             return Verdict::Ignore(OfferIgnore::PeerRateLimited);
         }

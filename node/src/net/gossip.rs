@@ -1,6 +1,8 @@
 //! Offer gossip: topic, gossipsub configuration, peer scoring and offer validation.
 //!
 //! Validation order (cheapest first), answered to gossipsub as Accept / Reject / Ignore:
+//! 0. forwarding peer's score below the graylist threshold (gossipsub only checks once per RPC,
+//!    so a batch could otherwise cost a signature check per message) -> Ignore
 //! 1. per-propagation-peer rate limit (CPU bound on signature checks) -> Ignore
 //! 2. envelope decode with the offer cap -> Reject
 //! 3. header (version, kind, network id), strict signature over the received bytes, payload
@@ -164,6 +166,9 @@ pub enum OfferRejection {
 /// Why an offer was ignored (dropped without penalty).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OfferIgnore {
+    /// The forwarding peer's score is below the graylist threshold.
+    #[error("forwarding peer is graylisted")]
+    Graylisted,
     /// The forwarding peer is over its message rate.
     #[error("forwarding peer over its rate")]
     PeerRateLimited,
