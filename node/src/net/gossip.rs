@@ -241,3 +241,94 @@ pub fn check_offer(data: &[u8], network: &NetworkId, book: &OfferBook, now: Time
         Err(e) => Verdict::Reject(OfferRejection::Book(e)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::NodeKey;
+    use gridlease_protocol::fixtures::{self, T0};
+
+    fn offer(key: &NodeKey, seq: u64, created: Timestamp, ttl_s: u64) -> Offer {
+        let mut o = fixtures::offer(key.public(), seq, 1, 100_000);
+        o.created_at = created;
+        o.expires_at = created.plus_secs(ttl_s);
+        o
+    }
+
+    fn bytes(key: &NodeKey, net: &NetworkId, o: &Offer) -> Vec<u8> {
+        Signed::sign(key, net, o).unwrap().to_bytes().unwrap()
+    }
+
+    #[test]
+    fn verdicts() {
+        let net = NetworkId::devnet();
+        let key = NodeKey::from_secret([9; 32]);
+        let mut book = OfferBook::default();
+        let now = T0.plus_secs(10);
+
+        let good = bytes(&key, &net, &offer(&key, 5, T0, 300));
+        let Verdict::Accept(v) = check_offer(&good, &net, &book, now) else {
+            panic!("valid offer not accepted");
+        };
+        assert_eq!(v.admission, Admission::New);
+        book.admit(v.signed, v.offer, v.id, now).unwrap();
+        assert!(matches!(
+            check_offer(&good, &net, &book, now),
+            Verdict::Accept(v) if v.admission == Admission::Refresh
+        ));
+
+        let replay = bytes(&key, &net, &offer(&key, 4, T0, 300));
+        assert!(matches!(
+            check_offer(&replay, &net, &book, now),
+            Verdict::Reject(OfferRejection::Book(BookError::Replay { .. }))
+        ));
+        let equivocation = bytes(&key, &net, &offer(&key, 5, T0.plus_secs(1), 300));
+        assert!(matches!(
+            check_offer(&equivocation, &net, &book, now),
+            Verdict::Reject(OfferRejection::Book(BookError::Equivocation { .. }))
+        ));
+
+        let other = NetworkId::new("othernet").unwrap();
+        let wrong_net = bytes(&key, &other, &offer(&key, 6, T0, 300));
+        assert!(matches!(
+            check_offer(&wrong_net, &net, &book, now),
+            Verdict::Reject(OfferRejection::Envelope(EnvelopeError::WrongNetwork { .. }))
+        ));
+
+        // Signed by one key, naming another provider.
+        let thief = NodeKey::from_secret([8; 32]);
+        let stolen = bytes(&thief, &net, &offer(&key, 7, T0, 300));
+        assert!(matches!(
+            check_offer(&stolen, &net, &book, now),
+            Verdict::Reject(OfferRejection::Invalid(
+                OfferError::NotSignedByProvider { .. }
+            ))
+        ));
+
+        // Expired 30 s ago: may have expired in flight. Expired 10 min ago: invalid.
+        let just = bytes(&key, &net, &offer(&key, 8, T0, 5));
+        assert!(matches!(
+            check_offer(&just, &net, &book, T0.plus_secs(35)),
+            Verdict::Ignore(OfferIgnore::JustExpired)
+        ));
+        assert!(matches!(
+            check_offer(&just, &net, &book, T0.plus_secs(605)),
+            Verdict::Reject(OfferRejection::Invalid(OfferError::Expired { .. }))
+        ));
+
+        assert!(matches!(
+            check_offer(b"not an envelope", &net, &book, now),
+            Verdict::Reject(OfferRejection::Envelope(_))
+        ));
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes never panic the validator and are never accepted.
+        #[test]
+        fn arbitrary_bytes_are_never_accepted(data in proptest::collection::vec(proptest::num::u8::ANY, 0..2048)) {
+            let book = OfferBook::default();
+            let v = check_offer(&data, &NetworkId::devnet(), &book, T0);
+            proptest::prop_assert!(!matches!(v, Verdict::Accept(_)));
+        }
+    }
+}
