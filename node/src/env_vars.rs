@@ -4,6 +4,8 @@
 pub const GRIDLEASE_HOME: &str = "GRIDLEASE_HOME";
 /// `tracing` filter directives, e.g. `info,gridlease_node=debug`.
 pub const RUST_LOG: &str = "RUST_LOG";
+/// The user's home; the default node home is `$HOME/.gridlease`.
+pub const HOME: &str = "HOME";
 /// Listen addresses, comma-separated (config key `listen`).
 pub const GRIDLEASE_LISTEN: &str = "GRIDLEASE_LISTEN";
 /// Bootstrap peers, comma-separated (config key `bootstrap`).

@@ -76,7 +76,7 @@ pub struct Home {
 /// Picks the home directory: the flag, else `GRIDLEASE_HOME` (clap handles both), else
 /// `$HOME/.gridlease`, else `./.gridlease`.
 pub fn default_home() -> PathBuf {
-    std::env::var_os("HOME")
+    std::env::var_os(crate::env_vars::HOME)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."))
         .join(".gridlease")

@@ -650,7 +650,29 @@ impl Store {
 
     /// One lease by id.
     pub fn lease(&self, id: &LeaseId) -> Result<Option<StoredLease>, StoreError> {
-        Ok(self.leases(None)?.into_iter().find(|l| l.lease.id == *id))
+        let row = self
+            .conn
+            .query_row(
+                "SELECT lease_id, role, request, accept, state, created_at FROM leases
+                 WHERE lease_id = ?1",
+                [&id.0.0[..]],
+                |r| {
+                    Ok((
+                        r.get::<_, Vec<u8>>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, Vec<u8>>(2)?,
+                        r.get::<_, Option<Vec<u8>>>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(self.err())?;
+        row.map(|(id, role, request, accept, state, created_at)| {
+            self.decode_lease(id, &role, &request, accept, &state, created_at)
+        })
+        .transpose()
     }
 
     fn decode_lease(
@@ -951,6 +973,8 @@ mod tests {
         assert_eq!(all[0].lease.state, LeaseState::Accepted);
         assert_eq!(all[0].gpus, stored.gpus);
         assert_eq!(s.history_len(&lease_id).unwrap(), 1);
+        assert_eq!(s.lease(&lease_id).unwrap().unwrap().lease.terms, terms);
+        assert!(s.lease(&LeaseId(Digest([0; 32]))).unwrap().is_none());
         assert!(s.leases(Some(Role::Renter)).unwrap().is_empty());
     }
 }

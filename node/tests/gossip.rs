@@ -248,12 +248,17 @@ async fn a_flood_of_invalid_offers_does_not_stop_honest_offers() {
     let net = net();
     let now = clock::now();
     let key = NodeKey::from_secret([66; 32]);
+    let mut watch = nodes[0].node.events.subscribe();
+    // One signature, then 1000 distinct corruptions of it: the flood costs the flooder nothing
+    // (so the test measures the receivers), and every message needs a signature check.
+    let signed = Signed::sign(&key, &net, &live_offer(&key, 1, 1, now, 300)).unwrap();
+    let junk: Vec<Vec<u8>> = (0..1000usize)
+        .map(|i| tampered(&signed, |e| e.signature.0[i % 64] ^= (i / 64 + 1) as u8))
+        .collect();
     let flood = tokio::spawn({
         let client = flooder.node.client.clone();
         async move {
-            for seq in 0..1000u64 {
-                let s = Signed::sign(&key, &net, &live_offer(&key, seq, 1, now, 300)).unwrap();
-                let bytes = tampered(&s, |e| e.signature.0[0] ^= 0xff);
+            for bytes in junk {
                 // The flooder's own queue may refuse some; that is its problem.
                 let _ = client.publish_raw(bytes).await.unwrap();
             }
@@ -275,5 +280,69 @@ async fn a_flood_of_invalid_offers_does_not_stop_honest_offers() {
     );
     for n in &nodes {
         assert_eq!(n.node.client.book_len().await.unwrap(), 1);
+    }
+    // Verification work on the flood is bounded: three rejections (-10, -40, -90) graylist the
+    // flooder, after which its offers are dropped unverified.
+    let mut rejected = 0;
+    while let Ok(ev) = watch.try_recv() {
+        if matches!(ev, NetworkEvent::OfferRejected { from, .. } if from == flooder.peer) {
+            rejected += 1;
+        }
+    }
+    assert!(
+        (1..=3).contains(&rejected),
+        "{rejected} offers from the flooder were verified and rejected"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_at_every_shape_limit_fits_the_gossip_size_cap() {
+    use gridlease_protocol::{
+        MAX_ADDR_LEN, MAX_GPUS_PER_OFFER, MAX_IMAGE_LEN, MAX_IMAGE_PREFIXES, MAX_MODEL_LEN,
+        MAX_OFFER_ADDRS, MAX_OFFER_BYTES, MAX_REGION_LEN, MAX_VERSION_LEN, WireMessage,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(start(dir.path(), &format!("n{i}"), config()).await);
+    }
+    connect(&nodes[0], &nodes[1]).await;
+    connect(&nodes[1], &nodes[2]).await;
+    wait_mesh(&nodes).await;
+
+    let key = NodeKey::from_secret([77; 32]);
+    let now = clock::now();
+    let mut offer = live_offer(&key, 1, 100_000, now, 300);
+    offer.gpus = (0..MAX_GPUS_PER_OFFER as u8)
+        .map(|i| {
+            let mut g = gridlease_protocol::fixtures::gpu(i);
+            g.spec.model = "M".repeat(MAX_MODEL_LEN);
+            g.spec.driver_version = "d".repeat(MAX_VERSION_LEN);
+            g.spec.cuda_version = "c".repeat(MAX_VERSION_LEN);
+            g.bench.tool_version = "t".repeat(MAX_VERSION_LEN);
+            g
+        })
+        .collect();
+    offer.sandbox.image_prefixes = vec!["i".repeat(MAX_IMAGE_LEN); MAX_IMAGE_PREFIXES];
+    offer.addrs = vec!["a".repeat(MAX_ADDR_LEN); MAX_OFFER_ADDRS];
+    offer.region = "r".repeat(MAX_REGION_LEN);
+    let payload = offer.encode_payload().unwrap().len();
+    assert!(payload <= MAX_OFFER_BYTES, "{payload} bytes");
+    let signed = Signed::sign(&key, &net(), &offer).unwrap();
+    let id = OfferId(signed.envelope().content_digest());
+    nodes[0]
+        .node
+        .client
+        .publish_raw(signed.to_bytes().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    // Two hops: node 1 validated and forwarded it, node 2 received it whole.
+    for n in nodes.iter_mut().skip(1) {
+        wait_event(&mut n.events, |e| match e {
+            NetworkEvent::OfferAdmitted { id: got, .. } if *got == id => Some(()),
+            _ => None,
+        })
+        .await;
     }
 }

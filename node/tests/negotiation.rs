@@ -207,6 +207,13 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     else {
         panic!("rejected");
     };
+    // Restart on the same address: an offer names its addresses, so a provider that moves
+    // re-signs it (new sequence), and one that stays keeps it.
+    let provider_listen: libp2p::Multiaddr = provider
+        .addr
+        .iter()
+        .filter(|p| !matches!(p, libp2p::multiaddr::Protocol::P2p(_)))
+        .collect();
     let provider_home = stop(provider).await;
     let renter_home = stop(renter).await;
 
@@ -223,7 +230,9 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     assert_eq!(mine[0].lease.id, lease_id);
 
     // The provider comes back: same offer, same lease, and the retry is still idempotent.
-    let provider = start_from_home(&provider_home, provider_config(2, 350_000)).await;
+    let mut restart_cfg = provider_config(2, 350_000);
+    restart_cfg.listen = vec![provider_listen];
+    let provider = start_from_home(&provider_home, restart_cfg).await;
     let own = provider.node.client.own_offer().await.unwrap().unwrap();
     assert_eq!(
         own.id, entry.id,
@@ -256,4 +265,59 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
         rejected(negotiate(&renter, &entry, terms(&renter, &entry, &ask(2, 8))).await),
         RejectReason::NoCapacity { free: 1 }
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_without_listeners_is_reached_through_a_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay_cfg = config();
+    relay_cfg.relay_server = true;
+    let relay = start(dir.path(), "relay", relay_cfg).await;
+    // Outbound-only provider (as behind a NAT): no listener, so no direct route exists.
+    let mut p_cfg = provider_config(1, 350_000);
+    p_cfg.use_relays = true;
+    p_cfg.listen.clear();
+    let mut provider = start(dir.path(), "provider", p_cfg).await;
+    let mut renter = start(dir.path(), "renter", config()).await;
+
+    connect(&provider, &relay).await;
+    let r = relay.peer;
+    wait_event(&mut provider.events, |e| match e {
+        NetworkEvent::RelayReservation { relay } if *relay == r => Some(()),
+        _ => None,
+    })
+    .await;
+
+    // The renter knows only the relay; the offer, re-signed with the relayed address once the
+    // reservation is up, reaches it through the relay's gossip.
+    connect(&renter, &relay).await;
+    let p = provider.key_public;
+    let entry = loop {
+        let id = wait_event(&mut renter.events, |e| match e {
+            NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => Some(*id),
+            _ => None,
+        })
+        .await;
+        if let Some(e) = renter.node.client.offer(id).await.unwrap()
+            && !e.offer.addrs.is_empty()
+        {
+            break e;
+        }
+    };
+    assert!(
+        entry
+            .offer
+            .addrs
+            .iter()
+            .all(|a| a.contains("/p2p-circuit/")),
+        "{:?}",
+        entry.offer.addrs
+    );
+    let t = terms(&renter, &entry, &ask(1, 1));
+    let out = negotiate(&renter, &entry, t).await;
+    assert!(
+        matches!(out, NegotiationOutcome::Accepted { .. }),
+        "{out:?}"
+    );
+    while provider.events.try_recv().is_ok() {}
 }

@@ -32,7 +32,8 @@ pub struct NodeArgs {
     /// Also serve as relay, AutoNAT server and DHT server (for public bootstrap nodes).
     #[arg(long)]
     pub relay_server: bool,
-    /// Publicly reachable address of this node (repeatable); relays need one to serve.
+    /// Publicly reachable address of this node (repeatable). A relay server without one treats
+    /// its listen addresses as public.
     #[arg(long = "external-addr", value_name = "ADDR")]
     pub external_addrs: Vec<Multiaddr>,
     /// Advertise declared (unverified) GPUs: "[Nx]MODEL:VRAM:PRICE,..." e.g.

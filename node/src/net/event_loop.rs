@@ -34,6 +34,10 @@ use crate::store::{StoreError, StoreHandle};
 const OFFER_FLUSH_MAX: usize = 1024;
 /// How often admitted offers are written to the store.
 const OFFER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
+/// Most relays this node keeps a reservation on.
+const MAX_RELAYS: usize = 2;
+/// Most peers recorded per identify round in the store, and dialed from it at start.
+pub(super) const STORED_PEERS: usize = 16;
 /// Most tracked peers in each rate limiter.
 const RATE_KEYS: usize = 10_000;
 
@@ -102,6 +106,8 @@ pub(super) struct EventLoop {
     unflushed: Vec<(OfferId, Signed<Offer>, Offer, Timestamp)>,
     /// When each held offer was last accepted from gossip (bounded by the book: swept with it).
     last_accepted: HashMap<OfferId, Timestamp>,
+    /// Relays we asked for a reservation (at most [`MAX_RELAYS`]).
+    relays: Vec<PeerId>,
 }
 
 impl EventLoop {
@@ -137,6 +143,7 @@ impl EventLoop {
             waiting: HashMap::new(),
             unflushed: Vec::new(),
             last_accepted: HashMap::new(),
+            relays: Vec::new(),
         }
     }
 
@@ -154,13 +161,9 @@ impl EventLoop {
             self.swarm.add_external_address(addr);
         }
         if self.config.relay_server && self.config.external_addrs.is_empty() {
-            // relay 0.22 only serves HOP once it has a confirmed external address. Without a
-            // configured public address we serve anyway: an operator who asked for a relay wants
-            // one, and AutoNAT confirmations may never come on a private test network.
-            if let Some(relay) = self.swarm.behaviour_mut().relay_server.as_mut() {
-                relay.set_status(Some(relay::Status::Enable));
-            }
-            tracing::info!("relay server enabled without a configured external address");
+            tracing::info!(
+                "relay server without --external-addr: its listen addresses count as external"
+            );
         }
         for addr in self.config.bootstrap.clone() {
             if let Some(Protocol::P2p(peer)) = addr.iter().last() {
@@ -174,6 +177,22 @@ impl EventLoop {
             }
         }
         Ok(())
+    }
+
+    /// Dials peers remembered from earlier runs (addresses as stored, with `/p2p/<id>` added).
+    pub(super) fn dial_known(&mut self, peers: &[(String, Vec<String>)]) {
+        for (peer, addrs) in peers {
+            let Ok(peer) = peer.parse::<PeerId>() else {
+                continue;
+            };
+            if peer == *self.swarm.local_peer_id() {
+                continue;
+            }
+            for a in addrs.iter().filter_map(|a| a.parse::<Multiaddr>().ok()) {
+                self.swarm.add_peer_address(peer, a);
+            }
+            let _ = self.swarm.dial(peer);
+        }
     }
 
     fn emit(&self, event: NetworkEvent) {
@@ -322,13 +341,19 @@ impl EventLoop {
         };
         let ttl_ms = u64::try_from(self.config.offer_ttl.as_millis()).unwrap_or(u64::MAX);
         let margin = u64::try_from((self.config.announce_period * 2).as_millis()).unwrap_or(0);
+        let addrs = self.advertised_addrs();
+        // Re-sign when close to expiry, or when our reachable addresses changed (a relay
+        // reservation came up, an external address was confirmed). No addresses yet (just
+        // started, listeners not reported) is not a change worth a new sequence.
         let stale = match &self.provider.current {
             None => true,
-            Some(cur) => cur.offer.expires_at.ms_since(now) <= margin,
+            Some(cur) => {
+                cur.offer.expires_at.ms_since(now) <= margin
+                    || (!addrs.is_empty() && cur.offer.addrs != addrs)
+            }
         };
         if stale {
             let seq = self.provider.next_seq(now);
-            let addrs = self.advertised_addrs();
             let offer = template.offer(self.key.public(), seq, now, ttl_ms, addrs);
             let signed = match Signed::sign(&self.key, &self.config.network, &offer) {
                 Ok(s) => s,
@@ -467,6 +492,14 @@ impl EventLoop {
                 let me = *self.swarm.local_peer_id();
                 let addr = with_peer(address, me);
                 tracing::info!(%addr, "listening");
+                // libp2p-relay 0.22 serves HOP only with a confirmed external address, and puts
+                // those addresses into reservations (clients refuse reservations without any).
+                // A relay/bootstrap node is public by definition: unless the operator named its
+                // external addresses, its own listen addresses are them.
+                let relayed = addr.iter().any(|p| matches!(p, Protocol::P2pCircuit));
+                if self.config.relay_server && self.config.external_addrs.is_empty() && !relayed {
+                    self.swarm.add_external_address(addr.clone());
+                }
                 self.listen_addrs.push(addr.clone());
                 for w in self.listen_waiters.drain(..) {
                     let _ = w.send(self.listen_addrs.clone());
@@ -504,10 +537,30 @@ impl EventLoop {
             })) => {
                 let kad_proto = super::behaviour::KAD_PROTOCOL;
                 if info.protocols.contains(&kad_proto) {
-                    for addr in info.listen_addrs {
-                        self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                    for addr in &info.listen_addrs {
+                        self.swarm
+                            .behaviour_mut()
+                            .kad
+                            .add_address(&peer_id, addr.clone());
                     }
                 }
+                if info.protocols.contains(&relay::HOP_PROTOCOL_NAME) {
+                    self.maybe_reserve(peer_id, &info.listen_addrs);
+                }
+                let addrs: Vec<String> = info
+                    .listen_addrs
+                    .iter()
+                    .take(gridlease_protocol::MAX_OFFER_ADDRS)
+                    .map(ToString::to_string)
+                    .collect();
+                let peer = peer_id.to_string();
+                let now = clock::now();
+                // Best effort: a full store queue only loses a restart hint.
+                let _ = self.store.try_submit(move |s| {
+                    if let Err(e) = s.put_peer(&peer, &addrs, now) {
+                        tracing::debug!(error = %e, "cannot record peer");
+                    }
+                });
             }
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(mdns::Event::Discovered(found))) => {
                 for (peer, addr) in found {
@@ -548,6 +601,34 @@ impl EventLoop {
                 tracing::trace!(%peer, "kad routing updated");
             }
             _ => {}
+        }
+    }
+
+    /// Listens through `relay` when this node has no confirmed external address (it may be
+    /// behind NAT): the relay then forwards inbound connections, and DCUtR tries to upgrade
+    /// them to direct ones.
+    fn maybe_reserve(&mut self, relay: PeerId, relay_addrs: &[Multiaddr]) {
+        if self.config.relay_server
+            || !self.config.use_relays
+            || self.relays.len() >= MAX_RELAYS
+            || self.relays.contains(&relay)
+            || self.swarm.external_addresses().next().is_some()
+        {
+            return;
+        }
+        let Some(base) = relay_addrs
+            .iter()
+            .find(|a| !a.iter().any(|p| matches!(p, Protocol::P2pCircuit)))
+        else {
+            return;
+        };
+        let circuit = with_peer(base.clone(), relay).with(Protocol::P2pCircuit);
+        match self.swarm.listen_on(circuit.clone()) {
+            Ok(_) => {
+                tracing::info!(%relay, addr = %circuit, "requesting a relay reservation");
+                self.relays.push(relay);
+            }
+            Err(e) => tracing::warn!(%relay, error = %e, "cannot listen through relay"),
         }
     }
 
@@ -620,6 +701,14 @@ impl EventLoop {
 
     fn validate(&mut self, from: &PeerId, data: &[u8]) -> Verdict {
         let now = clock::now();
+        // Gossipsub drops RPCs from graylisted peers, but checks once per RPC: a batch of
+        // invalid offers in one RPC would still cost a signature check each. Stop paying for a
+        // peer as soon as its score is below the graylist threshold.
+        if let Some(score) = self.swarm.behaviour().gossipsub.peer_score(from)
+            && score < gossip::thresholds().graylist_threshold
+        {
+            return Verdict::Ignore(OfferIgnore::Graylisted);
+        }
         if !self.peer_limits.check(from, now) {
             return Verdict::Ignore(OfferIgnore::PeerRateLimited);
         }

@@ -1,6 +1,8 @@
 //! Offer gossip: topic, gossipsub configuration, peer scoring and offer validation.
 //!
 //! Validation order (cheapest first), answered to gossipsub as Accept / Reject / Ignore:
+//! 0. forwarding peer's score below the graylist threshold (gossipsub only checks once per RPC,
+//!    so a batch could otherwise cost a signature check per message) -> Ignore
 //! 1. per-propagation-peer rate limit (CPU bound on signature checks) -> Ignore
 //! 2. envelope decode with the offer cap -> Reject
 //! 3. header (version, kind, network id), strict signature over the received bytes, payload
@@ -164,6 +166,9 @@ pub enum OfferRejection {
 /// Why an offer was ignored (dropped without penalty).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OfferIgnore {
+    /// The forwarding peer's score is below the graylist threshold.
+    #[error("forwarding peer is graylisted")]
+    Graylisted,
     /// The forwarding peer is over its message rate.
     #[error("forwarding peer over its rate")]
     PeerRateLimited,
@@ -234,5 +239,96 @@ pub fn check_offer(data: &[u8], network: &NetworkId, book: &OfferBook, now: Time
         Err(BookError::Full { .. }) => Verdict::Ignore(OfferIgnore::BookFull),
         Err(BookError::Expired { .. }) => Verdict::Ignore(OfferIgnore::JustExpired),
         Err(e) => Verdict::Reject(OfferRejection::Book(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::NodeKey;
+    use gridlease_protocol::fixtures::{self, T0};
+
+    fn offer(key: &NodeKey, seq: u64, created: Timestamp, ttl_s: u64) -> Offer {
+        let mut o = fixtures::offer(key.public(), seq, 1, 100_000);
+        o.created_at = created;
+        o.expires_at = created.plus_secs(ttl_s);
+        o
+    }
+
+    fn bytes(key: &NodeKey, net: &NetworkId, o: &Offer) -> Vec<u8> {
+        Signed::sign(key, net, o).unwrap().to_bytes().unwrap()
+    }
+
+    #[test]
+    fn verdicts() {
+        let net = NetworkId::devnet();
+        let key = NodeKey::from_secret([9; 32]);
+        let mut book = OfferBook::default();
+        let now = T0.plus_secs(10);
+
+        let good = bytes(&key, &net, &offer(&key, 5, T0, 300));
+        let Verdict::Accept(v) = check_offer(&good, &net, &book, now) else {
+            panic!("valid offer not accepted");
+        };
+        assert_eq!(v.admission, Admission::New);
+        book.admit(v.signed, v.offer, v.id, now).unwrap();
+        assert!(matches!(
+            check_offer(&good, &net, &book, now),
+            Verdict::Accept(v) if v.admission == Admission::Refresh
+        ));
+
+        let replay = bytes(&key, &net, &offer(&key, 4, T0, 300));
+        assert!(matches!(
+            check_offer(&replay, &net, &book, now),
+            Verdict::Reject(OfferRejection::Book(BookError::Replay { .. }))
+        ));
+        let equivocation = bytes(&key, &net, &offer(&key, 5, T0.plus_secs(1), 300));
+        assert!(matches!(
+            check_offer(&equivocation, &net, &book, now),
+            Verdict::Reject(OfferRejection::Book(BookError::Equivocation { .. }))
+        ));
+
+        let other = NetworkId::new("othernet").unwrap();
+        let wrong_net = bytes(&key, &other, &offer(&key, 6, T0, 300));
+        assert!(matches!(
+            check_offer(&wrong_net, &net, &book, now),
+            Verdict::Reject(OfferRejection::Envelope(EnvelopeError::WrongNetwork { .. }))
+        ));
+
+        // Signed by one key, naming another provider.
+        let thief = NodeKey::from_secret([8; 32]);
+        let stolen = bytes(&thief, &net, &offer(&key, 7, T0, 300));
+        assert!(matches!(
+            check_offer(&stolen, &net, &book, now),
+            Verdict::Reject(OfferRejection::Invalid(
+                OfferError::NotSignedByProvider { .. }
+            ))
+        ));
+
+        // Expired 30 s ago: may have expired in flight. Expired 10 min ago: invalid.
+        let just = bytes(&key, &net, &offer(&key, 8, T0, 5));
+        assert!(matches!(
+            check_offer(&just, &net, &book, T0.plus_secs(35)),
+            Verdict::Ignore(OfferIgnore::JustExpired)
+        ));
+        assert!(matches!(
+            check_offer(&just, &net, &book, T0.plus_secs(605)),
+            Verdict::Reject(OfferRejection::Invalid(OfferError::Expired { .. }))
+        ));
+
+        assert!(matches!(
+            check_offer(b"not an envelope", &net, &book, now),
+            Verdict::Reject(OfferRejection::Envelope(_))
+        ));
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes never panic the validator and are never accepted.
+        #[test]
+        fn arbitrary_bytes_are_never_accepted(data in proptest::collection::vec(proptest::num::u8::ANY, 0..2048)) {
+            let book = OfferBook::default();
+            let v = check_offer(&data, &NetworkId::devnet(), &book, T0);
+            proptest::prop_assert!(!matches!(v, Verdict::Accept(_)));
+        }
     }
 }

@@ -56,6 +56,9 @@ pub struct NodeConfig {
     pub external_addrs: Vec<Multiaddr>,
     /// LAN discovery.
     pub mdns: bool,
+    /// Reserve a slot on relays (when no external address is confirmed) so peers behind NAT
+    /// can be reached.
+    pub use_relays: bool,
     /// How often the own offer is re-announced (and the book swept).
     pub announce_period: Duration,
     /// Lifetime of the own offer; re-signed with a new sequence when less than two announce
@@ -89,6 +92,7 @@ impl NodeConfig {
             relay_server: false,
             external_addrs: Vec::new(),
             mdns: true,
+            use_relays: true,
             announce_period: Duration::from_secs(60),
             offer_ttl: Duration::from_secs(600),
             heartbeat: Duration::from_secs(1),
@@ -116,6 +120,7 @@ impl NodeConfig {
         let mut c = Self::new(network);
         c.listen = vec![loopback_tcp()];
         c.mdns = false;
+        c.use_relays = false;
         c.announce_period = announce_period;
         c.offer_ttl = Self::ttl_for(announce_period);
         c.heartbeat = Duration::from_millis(100).min(announce_period / 2);
@@ -295,6 +300,7 @@ impl Node {
         let stored_offers = store.call(move |s| s.live_offers(now)).await?;
         let own = store.call(|s| s.own_offer()).await?;
         let leases = store.call(|s| s.leases(Some(Role::Provider))).await?;
+        let known_peers = store.call(|s| s.peers(event_loop::STORED_PEERS)).await?;
 
         let mut book = OfferBook::with_capacity(config.book_capacity);
         let mut restored = 0usize;
@@ -353,6 +359,7 @@ impl Node {
             cancel.clone(),
         );
         el.start_listening()?;
+        el.dial_known(&known_peers);
         let peer = client.peer_id();
         let span = tracing::info_span!("network", peer = %peer);
         let task = tokio::spawn(tracing::Instrument::instrument(el.run(), span));

@@ -49,6 +49,16 @@ pub fn template(gpus: u8, price: u64) -> OfferTemplate {
     OfferTemplate::new(offered, price)
 }
 
+/// Logs to the test's captured output when `RUST_LOG` is set.
+pub fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// Starts a node with a fresh home under `root`.
 pub async fn start(root: &Path, name: &str, config: NodeConfig) -> TestNode {
     let home = root.join(name);
@@ -58,12 +68,19 @@ pub async fn start(root: &Path, name: &str, config: NodeConfig) -> TestNode {
 
 /// Starts (or restarts) the node whose home is `home`.
 pub async fn start_from_home(home: &Path, config: NodeConfig) -> TestNode {
+    init_tracing();
+    let config_listens = !config.listen.is_empty();
     let h = Home::open(home).unwrap();
     let key_public = h.key.public();
     let store = StoreHandle::spawn(Store::open(&h.db_path()).unwrap());
     let node = Node::start(h.key, config, store.clone()).await.unwrap();
     let events = node.events.subscribe();
-    let addr = node.client.listen_addrs().await.unwrap()[0].clone();
+    // A node without listeners (outbound only, like one behind NAT) has no address to wait for.
+    let addr = if config_listens {
+        node.client.listen_addrs().await.unwrap()[0].clone()
+    } else {
+        Multiaddr::empty()
+    };
     TestNode {
         peer: node.client.peer_id(),
         node,
