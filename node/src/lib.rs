@@ -13,6 +13,7 @@ pub mod commands;
 pub mod dev_gpus;
 pub mod env_vars;
 pub mod home;
+pub mod lease;
 pub mod net;
 pub mod renter;
 pub mod store;

@@ -73,10 +73,14 @@ pub async fn run(home: &Path, args: NodeArgs) -> anyhow::Result<()> {
         }
     }
     let network = h.network.clone();
+    let base_template = config.offer.clone();
     let node = Node::start(h.key, config, StoreHandle::spawn(store))
         .await
         .context("cannot start the network")?;
     tracing::info!(peer = %node.client.peer_id(), %network, "node running");
+    let _leases = crate::lease::start_for_daemon(&node, &h.dir, base_template)
+        .await
+        .context("cannot start the lease service")?;
     let mut events = node.events.subscribe();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot install the SIGTERM handler")?;
