@@ -15,6 +15,7 @@ pub mod config;
 pub mod dev_gpus;
 pub mod env_vars;
 pub mod home;
+pub mod lease;
 pub mod metrics;
 pub mod net;
 pub mod output;

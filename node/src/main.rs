@@ -66,6 +66,13 @@ fn main() -> ExitCode {
                         Command::Gpus(a) => commands::gpus::run(&api, &out, &a).await,
                         Command::Bench(a) => commands::bench::run(&out, &a).await,
                         Command::Search(a) => commands::search::run(&api, &out, &a).await,
+                        Command::Provide(a) => commands::provide::run(&api, &out, &a).await,
+                        Command::Rent(a) => commands::rent::run(&api, &out, &a).await,
+                        Command::Leases(a) => commands::leases::run(&api, &out, &a).await,
+                        Command::Logs(a) => commands::logs::run(&api, &out, &a).await,
+                        Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
+                        Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
+                        Command::Devnet(a) => commands::devnet::run(&out, &a).await,
                         Command::Init(_) | Command::Node(_) => Ok(0),
                     }
                 })

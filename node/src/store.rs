@@ -21,6 +21,8 @@ use gridlease_protocol::{
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+pub mod lease;
+
 /// `PRAGMA application_id` of a gridlease database ("grls").
 pub const APPLICATION_ID: i32 = 0x6772_6c73;
 
@@ -119,6 +121,18 @@ const MIGRATIONS: &[&str] = &[
         at           INTEGER NOT NULL
     ) STRICT;
     CREATE INDEX ledger_lease ON ledger(lease_id);
+    "#,
+    // 2: lease sessions (issue 5): container, clock, close and settlement of each lease.
+    r#"
+    CREATE TABLE lease_session (
+        lease_id      BLOB PRIMARY KEY REFERENCES leases(lease_id),
+        container_id  TEXT,
+        started_at    INTEGER,
+        closed_at     INTEGER,
+        close_reason  TEXT,
+        exit_code     INTEGER,
+        settled_total INTEGER
+    ) STRICT;
     "#,
 ];
 

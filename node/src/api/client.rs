@@ -44,10 +44,12 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The process exit code for this error: 3 when no node runs, 1 otherwise.
+    /// The process exit code for this error: 3 when no node runs, 4 when the other side
+    /// refused (a rejected lease), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::NoNode { .. } => 3,
+            Self::Api { status: 409, .. } => 4,
             _ => 1,
         }
     }
@@ -92,12 +94,28 @@ impl ApiClient {
         self.call(Method::PUT, path, Some(body)).await
     }
 
+    /// `GET path`, answering the raw body and headers (log bytes).
+    pub async fn get_raw(&self, path: &str) -> Result<(hyper::HeaderMap, Bytes), ClientError> {
+        let (headers, body) = self.request(Method::GET, path, None::<&()>).await?;
+        Ok((headers, body))
+    }
+
     async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         body: Option<&B>,
     ) -> Result<T, ClientError> {
+        let (_, bytes) = self.request(method, path, body).await?;
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Transport(e.to_string()))
+    }
+
+    async fn request<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<(hyper::HeaderMap, Bytes), ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|_| ClientError::NoNode {
@@ -122,6 +140,7 @@ impl ApiClient {
             .map_err(|e| transport(&e))?;
         let resp = sender.send_request(req).await.map_err(|e| transport(&e))?;
         let status = resp.status();
+        let headers = resp.headers().clone();
         let body = http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
             .collect()
             .await
@@ -139,6 +158,6 @@ impl ApiClient {
                 hint: err.hint,
             });
         }
-        serde_json::from_slice(&body).map_err(|e| transport(&e))
+        Ok((headers, body))
     }
 }

@@ -14,18 +14,27 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::Router;
+use axum::extract::Path as UrlPath;
 use axum::extract::{Query as QueryParams, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post, put};
 use gridlease_contracts::Money;
 use gridlease_contracts::book::BookEntry;
 use gridlease_contracts::query::Query;
+use gridlease_protocol::{LeaseId, NetworkPolicy, OfferId};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::lease::{
+    LeaseError, LeaseService, LeaseView, Ledger, ProvideError, ProvideSettings, RentError,
+    RentRequest,
+};
 use crate::net::Client;
-use types::{ErrorBody, GpusView, OfferRow, OwnOfferView, PeerView, StatusView};
+use types::{
+    ErrorBody, GpusView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentBody, RentedView,
+    StatusView,
+};
 
 /// Socket file name inside the home.
 pub const SOCKET_FILE: &str = "api.sock";
@@ -48,6 +57,8 @@ pub struct ApiState {
     pub gpus: Arc<GpusView>,
     /// Addresses configured as publicly reachable.
     pub external_addrs: Vec<String>,
+    /// Leases: renting, providing, logs, ledger.
+    pub leases: LeaseService,
 }
 
 /// A handler failure: HTTP status plus an [`ErrorBody`].
@@ -80,6 +91,17 @@ impl ApiError {
         }
     }
 
+    /// 409 for a refusal by the other side (a rejected lease).
+    pub fn conflict(error: impl Into<String>, hint: Option<String>) -> Self {
+        Self {
+            status: StatusCode::CONFLICT,
+            body: ErrorBody {
+                error: error.into(),
+                hint,
+            },
+        }
+    }
+
     /// 500 for failures inside the node.
     pub fn internal(error: impl std::fmt::Display) -> Self {
         Self {
@@ -105,6 +127,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/peers", get(peers))
         .route("/v1/offers", get(offers))
         .route("/v1/gpus", get(gpus))
+        .route("/v1/provide", put(provide))
+        .route("/v1/leases", get(leases).post(rent))
+        .route("/v1/leases/{id}", get(lease))
+        .route("/v1/leases/{id}/logs", get(logs))
+        .route("/v1/leases/{id}/stop", post(stop))
+        .route("/v1/ledger", get(ledger))
         .with_state(state)
 }
 
@@ -281,4 +309,230 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
 
 async fn gpus(State(s): State<ApiState>) -> Json<GpusView> {
     Json((*s.gpus).clone())
+}
+
+/// Finds the one lease whose id starts with `prefix` (hex).
+async fn resolve_lease(s: &ApiState, prefix: &str) -> Result<LeaseId, ApiError> {
+    if let Ok(id) = prefix.parse::<LeaseId>() {
+        return Ok(id);
+    }
+    let all = s.leases.leases().await.map_err(ApiError::internal)?;
+    let hits: Vec<LeaseId> = all
+        .iter()
+        .map(|v| v.lease_id)
+        .filter(|id| id.to_string().starts_with(&prefix.to_ascii_lowercase()))
+        .collect();
+    match hits.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(ApiError::not_found(format!(
+            "no lease {prefix} on this node"
+        ))),
+        _ => Err(ApiError::bad_request(
+            format!(
+                "lease id prefix {prefix} is ambiguous ({} leases)",
+                hits.len()
+            ),
+            Some("give more digits".into()),
+        )),
+    }
+}
+
+/// Finds the one offer in the book whose id starts with `prefix` (hex).
+async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<OfferId, ApiError> {
+    let p = prefix.trim_end_matches('…').to_ascii_lowercase();
+    if let Ok(id) = p.parse::<OfferId>() {
+        return Ok(id);
+    }
+    if p.len() < 4 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request(
+            format!("{prefix:?} is not an offer id"),
+            Some("use an id (or its first digits) from `gridlease search`".into()),
+        ));
+    }
+    let all = Query::parse("").map_err(|e| ApiError::internal(e.kind))?;
+    let rows = s
+        .client
+        .search(all, usize::MAX)
+        .await
+        .map_err(ApiError::internal)?;
+    let hits: Vec<OfferId> = rows
+        .iter()
+        .map(|e| e.id)
+        .filter(|id| id.to_string().starts_with(&p))
+        .collect();
+    match hits.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(ApiError::not_found(format!(
+            "offer {prefix} is not in this node's book (it may have expired); search again"
+        ))),
+        _ => Err(ApiError::bad_request(
+            format!("offer id prefix {prefix} is ambiguous"),
+            Some("give more digits".into()),
+        )),
+    }
+}
+
+fn lease_err(e: LeaseError) -> ApiError {
+    match e {
+        LeaseError::Unknown(id) => ApiError::not_found(format!("no lease {id} on this node")),
+        other => ApiError::internal(other),
+    }
+}
+
+async fn leases(State(s): State<ApiState>) -> Result<Json<Vec<LeaseView>>, ApiError> {
+    Ok(Json(s.leases.leases().await.map_err(lease_err)?))
+}
+
+async fn lease(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<LeaseView>, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    s.leases
+        .lease(id)
+        .await
+        .map_err(lease_err)?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no lease {id} on this node")))
+}
+
+async fn rent(
+    State(s): State<ApiState>,
+    Json(b): Json<RentBody>,
+) -> Result<Json<RentedView>, ApiError> {
+    let offer = resolve_offer(&s, &b.offer).await?;
+    let max_total = b
+        .max_total
+        .as_deref()
+        .map(str::parse::<Money>)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
+    if b.duration_s == 0 {
+        return Err(ApiError::bad_request("the duration must be positive", None));
+    }
+    let req = RentRequest {
+        offer,
+        gpus: b.gpus,
+        duration_s: b.duration_s,
+        image: b.image,
+        command: b.command,
+        env: b.env,
+        max_total,
+    };
+    match s.leases.rent(req).await {
+        Ok(id) => Ok(Json(RentedView {
+            lease_id: id.to_string(),
+        })),
+        Err(RentError::Rejected(reason)) => Err(ApiError::conflict(
+            format!(
+                "the provider rejected the lease: {}",
+                crate::commands::rent::reason_text(&reason)
+            ),
+            Some("pick another offer with `gridlease search`".into()),
+        )),
+        Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::not_found(e.to_string())),
+        Err(e) => Err(ApiError::internal(e)),
+    }
+}
+
+async fn stop(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    s.leases.stop(id).await.map_err(lease_err)?;
+    Ok(Json(
+        serde_json::json!({ "lease_id": id.to_string(), "stopping": true }),
+    ))
+}
+
+/// Query string of `GET /v1/leases/{id}/logs`.
+#[derive(Debug, Deserialize)]
+pub struct LogsParams {
+    /// Byte offset to read from.
+    #[serde(default)]
+    pub from: u64,
+}
+
+/// Header carrying the offset to ask for next.
+pub const NEXT_OFFSET_HEADER: &str = "x-gridlease-next-offset";
+/// Header present once no more output will come.
+pub const EOF_HEADER: &str = "x-gridlease-eof";
+/// Header carrying the container's exit code once known.
+pub const EXIT_CODE_HEADER: &str = "x-gridlease-exit-code";
+
+async fn logs(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+    QueryParams(p): QueryParams<LogsParams>,
+) -> Result<Response, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    let chunk = s.leases.logs(id, p.from).await.map_err(lease_err)?;
+    let mut resp = (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        chunk.data,
+    )
+        .into_response();
+    let h = resp.headers_mut();
+    if let Ok(v) = chunk.next_offset.to_string().parse() {
+        h.insert(NEXT_OFFSET_HEADER, v);
+    }
+    if chunk.eof
+        && let Ok(v) = "1".parse()
+    {
+        h.insert(EOF_HEADER, v);
+    }
+    if let Some(code) = chunk.exit_code
+        && let Ok(v) = code.to_string().parse()
+    {
+        h.insert(EXIT_CODE_HEADER, v);
+    }
+    Ok(resp)
+}
+
+async fn ledger(State(s): State<ApiState>) -> Result<Json<Ledger>, ApiError> {
+    Ok(Json(s.leases.ledger().await.map_err(lease_err)?))
+}
+
+async fn provide(
+    State(s): State<ApiState>,
+    Json(b): Json<ProvideBody>,
+) -> Result<Json<StatusView>, ApiError> {
+    let price = match (&b.price, b.off) {
+        (Some(p), _) => p
+            .parse::<Money>()
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("e.g. --price 0.40".into())))?,
+        (None, true) => Money::ZERO,
+        (None, false) => {
+            return Err(ApiError::bad_request(
+                "a price is needed to provide",
+                Some("e.g. `gridlease provide --price 0.40`".into()),
+            ));
+        }
+    };
+    let network_policy = match b.network_policy.as_deref().unwrap_or("none") {
+        "none" => NetworkPolicy::None,
+        "egress" => NetworkPolicy::Egress,
+        other => {
+            return Err(ApiError::bad_request(
+                format!("network policy {other:?} is not none or egress"),
+                None,
+            ));
+        }
+    };
+    let settings = ProvideSettings {
+        price_per_gpu_hour: price,
+        gpus: b.gpus.filter(|g| !(g.len() == 1 && g[0] == "all")),
+        max_hours: b.max_hours,
+        network_policy,
+        enabled: !b.off,
+    };
+    match s.leases.provide(settings).await {
+        Ok(()) => status(State(s)).await,
+        Err(e @ (ProvideError::NoGpus | ProvideError::NoMatchingGpus)) => {
+            Err(ApiError::bad_request(e.to_string(), None))
+        }
+        Err(e) => Err(ApiError::internal(e)),
+    }
 }

@@ -116,3 +116,52 @@ pub struct GpusView {
     /// Why there are none, when there are none.
     pub note: Option<String>,
 }
+
+/// `POST /v1/leases`: rent an offer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RentBody {
+    /// Offer id, or a unique prefix of it (as `gridlease search` shows).
+    pub offer: String,
+    /// GPUs wanted.
+    pub gpus: u16,
+    /// Seconds.
+    pub duration_s: u32,
+    /// Container image.
+    pub image: String,
+    /// Command and arguments; empty runs the image's own entrypoint/cmd.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Environment variables.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Budget cap, decimal (default: the whole duration at the offer's price).
+    #[serde(default)]
+    pub max_total: Option<String>,
+}
+
+/// Answer of `POST /v1/leases`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RentedView {
+    /// The new lease's id.
+    pub lease_id: String,
+}
+
+/// `PUT /v1/provide`: what this node offers.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProvideBody {
+    /// Price per GPU-hour, decimal.
+    #[serde(default)]
+    pub price: Option<String>,
+    /// GPU UUIDs, or `["all"]` / absent for all.
+    #[serde(default)]
+    pub gpus: Option<Vec<String>>,
+    /// Longest lease, hours.
+    #[serde(default)]
+    pub max_hours: Option<u32>,
+    /// `none` (default) or `egress`.
+    #[serde(default)]
+    pub network_policy: Option<String>,
+    /// Stop offering.
+    #[serde(default)]
+    pub off: bool,
+}

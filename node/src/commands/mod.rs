@@ -5,12 +5,19 @@
 //! exits with the container's exit code.
 
 pub mod bench;
+pub mod devnet;
 pub mod gpus;
 pub mod init;
+pub mod leases;
+pub mod ledger;
+pub mod logs;
 pub mod node;
 pub mod peers;
+pub mod provide;
+pub mod rent;
 pub mod search;
 pub mod status;
+pub mod stop;
 
 use std::path::PathBuf;
 
@@ -63,4 +70,18 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Search the offer book, e.g. `gridlease search 'gpu~4090 price<=0.5' --sort price`.
     Search(search::SearchArgs),
+    /// Offer this node's GPUs at a price, or stop offering (--off).
+    Provide(provide::ProvideArgs),
+    /// Rent an offer and run a container on it: `rent OFFER --minutes 30 --image IMG -- CMD`.
+    Rent(rent::RentArgs),
+    /// This node's leases with live usage, cost and time left.
+    Leases(leases::LeasesArgs),
+    /// A lease's container output (-f to follow).
+    Logs(logs::LogsArgs),
+    /// End a lease now.
+    Stop(stop::StopArgs),
+    /// Earnings and spend, per lease and in total.
+    Ledger(ledger::LedgerArgs),
+    /// A whole local market in one command: bootstrap, providers, renter, one real lease.
+    Devnet(devnet::DevnetArgs),
 }

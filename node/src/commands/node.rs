@@ -139,16 +139,21 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let external_addrs = config.external_addrs.clone();
     let config = net;
     let network = h.network.clone();
+    let base_template = config.offer.clone();
     let node = Node::start(h.key, config, StoreHandle::spawn(store))
         .await
         .context("cannot start the network")?;
     tracing::info!(peer = %node.client.peer_id(), %network, "node running");
+    let leases = crate::lease::start_for_daemon(&node, &h.dir, base_template)
+        .await
+        .context("cannot start the lease service")?;
     let cancel = CancellationToken::new();
     let api_state = ApiState {
         client: node.client.clone(),
         started: Instant::now(),
         gpus,
         external_addrs,
+        leases,
     };
     let api_task = crate::api::serve(home, api_state, cancel.clone()).await?;
     tracing::info!(socket = %crate::api::socket_path(home).display(), "control API listening");

@@ -42,6 +42,11 @@ pub(crate) enum Command {
         rpc: LeaseRpc,
         reply: oneshot::Sender<Result<LeaseRpcResponse, String>>,
     },
+    SetSessionHandler(
+        mpsc::Sender<crate::lease::wire::InboundSession>,
+        oneshot::Sender<()>,
+    ),
+    ReleaseLease(LeaseId, oneshot::Sender<()>),
 }
 
 /// Why a negotiation failed (a rejection is not a failure: see [`NegotiationOutcome`]).
@@ -248,6 +253,19 @@ impl Client {
         .map_err(|detail| NegotiationError::Network { peer, detail })
     }
 
+    /// Routes inbound lease-session requests to `tx` (the lease service).
+    pub async fn set_session_handler(
+        &self,
+        tx: mpsc::Sender<crate::lease::wire::InboundSession>,
+    ) -> Result<(), NegotiationError> {
+        self.ask(|r| Command::SetSessionHandler(tx, r)).await
+    }
+
+    /// Provider: the lease no longer holds its GPUs (it ended before its deadline).
+    pub async fn release_lease(&self, lease_id: LeaseId) -> Result<(), NegotiationError> {
+        self.ask(|r| Command::ReleaseLease(lease_id, r)).await
+    }
+
     /// The renter's negotiation: signs `terms` as a request valid until `expires_at`, sends it
     /// to the provider, verifies the answer (provider's signature, identical terms, lease id,
     /// GPU count) and stores the lease before returning. `addrs` are dial hints (e.g. the
@@ -318,6 +336,10 @@ impl Client {
                     reject,
                 })
             }
+            LeaseRpcResponse::Session(_) => Err(NegotiationError::Network {
+                peer,
+                detail: "provider answered a proposal with a session message".into(),
+            }),
         }
     }
 }

@@ -81,7 +81,15 @@ enum Internal {
         accept: Signed<gridlease_protocol::LeaseAccept>,
         result: Result<(), StoreError>,
     },
+    /// The lease service answered a forwarded session request.
+    SessionAnswered {
+        channel: ResponseChannel<LeaseRpcResponse>,
+        response: crate::lease::wire::SessionResponse,
+    },
 }
+
+/// Most session requests awaiting the lease service at once; more are answered `Busy`.
+const MAX_SESSION_IN_FLIGHT: usize = 1024;
 
 pub(super) struct EventLoop {
     swarm: Swarm<Behaviour>,
@@ -108,6 +116,8 @@ pub(super) struct EventLoop {
     last_accepted: HashMap<OfferId, Timestamp>,
     /// Relays we asked for a reservation (at most [`MAX_RELAYS`]).
     relays: Vec<PeerId>,
+    /// Where inbound lease-session requests go (the lease service), once registered.
+    session_tx: Option<mpsc::Sender<crate::lease::wire::InboundSession>>,
 }
 
 impl EventLoop {
@@ -144,6 +154,7 @@ impl EventLoop {
             unflushed: Vec::new(),
             last_accepted: HashMap::new(),
             relays: Vec::new(),
+            session_tx: None,
         }
     }
 
@@ -315,6 +326,14 @@ impl EventLoop {
                 let id = self.swarm.behaviour_mut().lease.send_request(&peer, rpc);
                 self.pending_rpcs.insert(id, reply);
             }
+            Command::SetSessionHandler(tx, reply) => {
+                self.session_tx = Some(tx);
+                let _ = reply.send(());
+            }
+            Command::ReleaseLease(lease_id, reply) => {
+                self.provider.release(&lease_id);
+                let _ = reply.send(());
+            }
         }
     }
 
@@ -479,6 +498,13 @@ impl EventLoop {
                         .lease
                         .send_response(ch, response.clone());
                 }
+            }
+            Internal::SessionAnswered { channel, response } => {
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .lease
+                    .send_response(channel, LeaseRpcResponse::Session(response));
             }
         }
     }
@@ -768,7 +794,10 @@ impl EventLoop {
         channel: ResponseChannel<LeaseRpcResponse>,
     ) {
         let now = clock::now();
-        let LeaseRpc::Propose(signed) = request;
+        let signed = match request {
+            LeaseRpc::Propose(signed) => signed,
+            LeaseRpc::Session(request) => return self.on_session_request(peer, request, channel),
+        };
         let decision = match self.verify_request(&peer, &signed) {
             Ok(verified) => {
                 self.provider
@@ -820,6 +849,45 @@ impl EventLoop {
                 });
             }
         }
+    }
+
+    /// Forwards a session request to the lease service without waiting for it; the answer comes
+    /// back as [`Internal::SessionAnswered`].
+    fn on_session_request(
+        &mut self,
+        peer: PeerId,
+        request: crate::lease::wire::SessionRequest,
+        channel: ResponseChannel<LeaseRpcResponse>,
+    ) {
+        use crate::lease::wire::{InboundSession, SessionResponse};
+        let busy = |this: &mut Self, channel| {
+            let _ = this
+                .swarm
+                .behaviour_mut()
+                .lease
+                .send_response(channel, LeaseRpcResponse::Session(SessionResponse::Busy));
+        };
+        let Some(tx) = self.session_tx.clone() else {
+            return busy(self, channel);
+        };
+        if self.tasks.len() >= MAX_SESSION_IN_FLIGHT {
+            return busy(self, channel);
+        }
+        let (reply, rx) = oneshot::channel();
+        if tx
+            .try_send(InboundSession {
+                peer,
+                request,
+                reply,
+            })
+            .is_err()
+        {
+            return busy(self, channel);
+        }
+        self.tasks.spawn(async move {
+            let response = rx.await.unwrap_or(SessionResponse::Busy);
+            Internal::SessionAnswered { channel, response }
+        });
     }
 
     /// Verifies a request's envelope and that it was signed by the peer that sent it.

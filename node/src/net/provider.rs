@@ -205,6 +205,11 @@ impl ProviderState {
         }
     }
 
+    /// Releases the GPUs held by a lease that ended.
+    pub fn release(&mut self, lease_id: &LeaseId) {
+        self.holdings.remove(lease_id);
+    }
+
     /// GPUs of the current offer not held by a lease at `now`.
     pub fn free_gpus(&self, now: Timestamp) -> Vec<Digest> {
         let Some(cur) = &self.current else {

@@ -1,0 +1,780 @@
+//! Leases end to end (issue 5): the provider agent that runs the renter's container, per-second
+//! metering, signed usage reports answered by signed cumulative receipts, the double-entry
+//! ledger, and crash recovery.
+//!
+//! # Shape
+//! [`LeaseService`] is a cloneable handle to one actor task (the *service*), spawned next to the
+//! network client by [`LeaseService::start`]. The service owns one task per live lease (a
+//! *session*: [`provider`] or [`renter`]), routes inbound session messages to it over bounded
+//! channels, and learns about new provider leases from [`crate::net::NetworkEvent::LeaseAccepted`].
+//! Each session publishes its [`LeaseView`] on a `watch` channel, so reading state never waits
+//! for a busy session. Money rules come from `gridlease_contracts::channel` and
+//! `gridlease_contracts::billing`; nothing here decides an amount.
+//!
+//! # API (what the control API calls)
+//! - [`LeaseService::rent`]`(RentRequest) -> Result<LeaseId, RentError>`: negotiates with the
+//!   offer's provider, stores the lease, starts the renter session, returns; the run proceeds in
+//!   the background. A refusal is [`RentError::Rejected`] with the provider's `RejectReason`.
+//! - [`LeaseService::leases`]`() -> Vec<LeaseView>`, [`LeaseService::lease`]`(id) ->
+//!   Option<LeaseView>`.
+//! - [`LeaseService::logs`]`(id, from_offset) -> Result<LogChunk, LeaseError>`: a renter
+//!   fetches from the provider over the network; a provider reads locally. At most
+//!   [`wire::MAX_LOG_CHUNK`] bytes per call.
+//! - [`LeaseService::stop`]`(id)`: renter sends a signed `LeaseClose`; provider stops the
+//!   container. Either way the lease settles at the last valid receipt.
+//! - [`LeaseService::ledger`]`() -> Ledger`.
+//! - [`LeaseService::provide`]`(ProvideSettings)`: what this node offers; republished at once.
+//! - [`LeaseService::wait_closed`]`(id) -> Result<LeaseView, LeaseError>`: resolves when the
+//!   lease is settled or failed (for `rent` without `--detach`).
+//!
+//! # Invariants
+//! - A receipt is persisted (with its ledger rows, in one transaction) before the renter sends
+//!   it and before the provider counts it.
+//! - A usage report is persisted by the provider before it is sent, so sequences never repeat
+//!   after a crash.
+//! - Final statement = last valid receipt, on both nodes.
+
+pub mod provider;
+pub mod renter;
+pub mod view;
+pub mod wire;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gridlease_contracts::Money;
+use gridlease_protocol::{
+    Digest, LeaseId, NetworkPolicy, OfferId, PeerId, PublicKey, RejectReason, Signed,
+};
+use gridlease_sandbox::Sandbox;
+use gridlease_sandbox::spec::ProviderLimits;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock;
+use crate::net::{Client, NegotiationError, NegotiationOutcome, NetworkEvent, OfferTemplate};
+use crate::renter::{LeaseAsk, offer_addrs, terms_for};
+use crate::store::{Role, StoreError, StoreHandle, StoredLease};
+
+pub use view::{LeaseStatement, LeaseView, Ledger, UsageView};
+pub use wire::{InboundSession, LogChunk, SessionRequest, SessionResponse};
+
+/// Capacity of the service's command channel.
+pub const SERVICE_QUEUE: usize = 64;
+/// Capacity of the inbound session channel (network -> service).
+pub const INBOUND_QUEUE: usize = 256;
+/// Capacity of each session's inbox.
+pub const SESSION_QUEUE: usize = 32;
+/// Most bytes of a container's output kept by the provider.
+pub const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Settings of the lease service.
+#[derive(Clone, Debug)]
+pub struct LeaseServiceConfig {
+    /// Where finished leases' output is kept (`<home>/leases`).
+    pub data_dir: PathBuf,
+    /// Real GPU UUIDs by digest (NVML); declared dev GPUs have none and get no device request.
+    pub gpu_uuids: BTreeMap<Digest, String>,
+    /// Provider-side sandbox limits.
+    pub limits: ProviderLimits,
+    /// What this node offers when [`LeaseService::provide`] enables it (GPUs, defaults).
+    pub base_template: Option<OfferTemplate>,
+    /// Renter: seconds the provider may wait for a silent renter (`grace_s` of the terms).
+    pub renter_grace_s: u32,
+    /// Renter: how long the provider may take from accept to the first usage report (image
+    /// pull and start) before the renter gives up on it.
+    pub start_allowance: Duration,
+    /// Provider: SIGTERM-to-SIGKILL grace when stopping a container.
+    pub stop_grace: Duration,
+    /// How long a session waits for an answer from the other side.
+    pub rpc_timeout: Duration,
+}
+
+impl LeaseServiceConfig {
+    /// Defaults with output under `data_dir`.
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self {
+            data_dir,
+            gpu_uuids: BTreeMap::new(),
+            limits: ProviderLimits::default(),
+            base_template: None,
+            renter_grace_s: 30,
+            start_allowance: Duration::from_secs(300),
+            stop_grace: Duration::from_secs(2),
+            rpc_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a renter asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RentRequest {
+    /// The offer (from the local book).
+    pub offer: OfferId,
+    /// GPUs wanted.
+    pub gpus: u16,
+    /// Seconds.
+    pub duration_s: u32,
+    /// Container image.
+    pub image: String,
+    /// Command; empty runs the image's own.
+    pub command: Vec<String>,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+    /// Budget cap; default: the cost of the whole duration (or the minimum billed, if longer).
+    pub max_total: Option<Money>,
+}
+
+/// Why renting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RentError {
+    /// The offer is not in the local book.
+    #[error("offer {0} is not known to this node; search again")]
+    UnknownOffer(OfferId),
+    /// The provider refused.
+    #[error("the provider refused: {0:?}")]
+    Rejected(RejectReason),
+    /// Negotiation failed.
+    #[error(transparent)]
+    Negotiation(#[from] NegotiationError),
+    /// The budget computation overflowed.
+    #[error("the price of this lease overflows")]
+    Overflow,
+    /// The lease service has stopped.
+    #[error("the lease service has stopped")]
+    Closed,
+}
+
+/// Why a lease operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// No such lease on this node.
+    #[error("no lease {0} on this node")]
+    Unknown(LeaseId),
+    /// The provider could not be reached or answered something unexpected.
+    #[error("lease {lease_id}: {detail}")]
+    Remote {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Why.
+        detail: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The network failed.
+    #[error(transparent)]
+    Network(#[from] NegotiationError),
+    /// The lease service has stopped.
+    #[error("the lease service has stopped")]
+    Closed,
+}
+
+/// What this node offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProvideSettings {
+    /// Price per GPU-hour.
+    pub price_per_gpu_hour: Money,
+    /// GPU UUIDs to offer; `None` offers all.
+    pub gpus: Option<Vec<String>>,
+    /// Longest lease, hours.
+    pub max_hours: Option<u32>,
+    /// Network access tenants may get.
+    pub network_policy: NetworkPolicy,
+    /// Offer at all.
+    pub enabled: bool,
+}
+
+/// Why [`LeaseService::provide`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvideError {
+    /// This node has no GPUs to offer.
+    #[error("this node has no GPUs to offer (start it with --dev-gpus or on a machine with NVML)")]
+    NoGpus,
+    /// None of the named GPUs exists here.
+    #[error("none of the named GPUs is on this node")]
+    NoMatchingGpus,
+    /// The network task has stopped.
+    #[error(transparent)]
+    Network(#[from] NegotiationError),
+}
+
+/// Messages to a session task.
+#[derive(Debug)]
+pub(crate) enum SessionMsg {
+    /// A request from the counterparty.
+    Inbound(Box<InboundSession>),
+    /// Stop the lease locally (renter: close; provider: stop the container).
+    Stop(oneshot::Sender<()>),
+    /// Provider: read output (local `logs`).
+    Logs {
+        offset: u64,
+        max: u32,
+        reply: oneshot::Sender<LogChunk>,
+    },
+}
+
+/// Shared, immutable context of all sessions.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) client: Client,
+    pub(crate) store: StoreHandle,
+    pub(crate) config: LeaseServiceConfig,
+    pub(crate) sandbox: Option<Sandbox>,
+    pub(crate) node_id: String,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl Ctx {
+    pub(crate) fn log_path(&self, id: &LeaseId) -> PathBuf {
+        self.config.data_dir.join(format!("{id}.log"))
+    }
+}
+
+enum Cmd {
+    Register(LeaseId, oneshot::Sender<Result<(), LeaseError>>),
+    Views(oneshot::Sender<Vec<LeaseView>>),
+    Watch(LeaseId, oneshot::Sender<Option<watch::Receiver<LeaseView>>>),
+    ToSession(LeaseId, Box<SessionMsg>, oneshot::Sender<bool>),
+}
+
+/// The cloneable handle to the lease service.
+#[derive(Clone, Debug)]
+pub struct LeaseService {
+    tx: mpsc::Sender<Cmd>,
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for Cmd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Cmd")
+    }
+}
+
+struct Entry {
+    inbox: mpsc::Sender<SessionMsg>,
+    view: watch::Receiver<LeaseView>,
+}
+
+impl LeaseService {
+    /// Starts the service: registers with the network for inbound session messages, reconciles
+    /// this node's containers with its stored leases, resumes every live lease, and listens for
+    /// new provider leases. Stops with `cancel`.
+    pub async fn start(
+        client: Client,
+        events: &broadcast::Sender<NetworkEvent>,
+        config: LeaseServiceConfig,
+        sandbox: Option<Sandbox>,
+        cancel: CancellationToken,
+    ) -> Result<Self, LeaseError> {
+        if let Err(e) = std::fs::create_dir_all(&config.data_dir) {
+            tracing::warn!(dir = %config.data_dir.display(), error = %e, "cannot create the lease output directory");
+        }
+        let store = client.store().clone();
+        let node_id = client.peer_id().to_string();
+        let ctx = Arc::new(Ctx {
+            client: client.clone(),
+            store,
+            config,
+            sandbox,
+            node_id,
+            cancel: cancel.clone(),
+        });
+        let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
+        let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
+        let ev = events.subscribe();
+        client.set_session_handler(in_tx).await?;
+        let mut actor = Actor {
+            ctx: ctx.clone(),
+            cmds: rx,
+            inbound: in_rx,
+            events: ev,
+            sessions: HashMap::new(),
+            tasks: JoinSet::new(),
+        };
+        actor.resume_all().await?;
+        let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
+        tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
+        Ok(Self { tx, ctx })
+    }
+
+    async fn ask<R>(&self, make: impl FnOnce(oneshot::Sender<R>) -> Cmd) -> Result<R, LeaseError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| LeaseError::Closed)?;
+        rx.await.map_err(|_| LeaseError::Closed)
+    }
+
+    /// Rents from `req.offer`: returns once the lease is accepted and stored on both sides;
+    /// the container starts and is paid for in the background.
+    pub async fn rent(&self, req: RentRequest) -> Result<LeaseId, RentError> {
+        let client = &self.ctx.client;
+        let entry = client
+            .offer(req.offer)
+            .await?
+            .ok_or(RentError::UnknownOffer(req.offer))?;
+        let o = &entry.offer;
+        let price = Money::from_micros(o.price_per_gpu_hour);
+        let billed = u64::from(req.duration_s.max(o.min_billed_s));
+        let max_total = match req.max_total {
+            Some(m) => m,
+            None => gridlease_contracts::cost(billed, req.gpus, price)
+                .map_err(|_| RentError::Overflow)?,
+        };
+        let grace_s = self.ctx.config.renter_grace_s.max(o.usage_interval_s);
+        let ask = LeaseAsk {
+            gpu_count: req.gpus,
+            duration_s: req.duration_s,
+            image: req.image,
+            command: req.command,
+            env: req.env,
+            max_total: max_total.micros(),
+            grace_s,
+            nonce: fresh_nonce(),
+        };
+        let now = clock::now();
+        let terms = terms_for(client.network(), &entry, client.key().public(), &ask, now);
+        let outcome = client
+            .negotiate(terms, now.plus_secs(30), offer_addrs(&entry))
+            .await?;
+        match outcome {
+            NegotiationOutcome::Accepted { lease_id, .. } => {
+                self.ask(|r| Cmd::Register(lease_id, r))
+                    .await
+                    .map_err(|_| RentError::Closed)?
+                    .map_err(|_| RentError::Closed)?;
+                Ok(lease_id)
+            }
+            NegotiationOutcome::Rejected { reason, .. } => Err(RentError::Rejected(reason)),
+        }
+    }
+
+    /// Every lease this node knows, live ones with their current metering.
+    pub async fn leases(&self) -> Result<Vec<LeaseView>, LeaseError> {
+        let live = self.ask(Cmd::Views).await?;
+        let stored = self.ctx.store.call(|s| s.leases(None)).await?;
+        let mut out = Vec::with_capacity(stored.len());
+        for l in stored {
+            if let Some(v) = live.iter().find(|v| v.lease_id == l.lease.id) {
+                out.push(v.clone());
+            } else {
+                out.push(self.stored_view(l).await?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One lease.
+    pub async fn lease(&self, id: LeaseId) -> Result<Option<LeaseView>, LeaseError> {
+        if let Some(w) = self.ask(|r| Cmd::Watch(id, r)).await? {
+            return Ok(Some(w.borrow().clone()));
+        }
+        match self.ctx.store.call(move |s| s.lease(&id)).await? {
+            Some(l) => Ok(Some(self.stored_view(l).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn stored_view(&self, l: StoredLease) -> Result<LeaseView, LeaseError> {
+        let id = l.lease.id;
+        let rec = self.ctx.store.call(move |s| s.session_record(&id)).await?;
+        Ok(view::from_store(self.ctx.client.network(), &l, &rec))
+    }
+
+    /// Resolves when the lease is settled or failed, with its final view.
+    pub async fn wait_closed(&self, id: LeaseId) -> Result<LeaseView, LeaseError> {
+        if let Some(mut w) = self.ask(|r| Cmd::Watch(id, r)).await? {
+            loop {
+                if w.borrow().is_terminal() {
+                    return Ok(w.borrow().clone());
+                }
+                if w.changed().await.is_err() {
+                    break;
+                }
+            }
+        }
+        // The session ended (or never ran here): the store has the final state.
+        self.lease(id).await?.ok_or(LeaseError::Unknown(id))
+    }
+
+    /// Container output from `from_offset`, at most [`wire::MAX_LOG_CHUNK`] bytes.
+    pub async fn logs(&self, id: LeaseId, from_offset: u64) -> Result<LogChunk, LeaseError> {
+        let l = self
+            .ctx
+            .store
+            .call(move |s| s.lease(&id))
+            .await?
+            .ok_or(LeaseError::Unknown(id))?;
+        match l.role {
+            Role::Provider => {
+                let (reply, rx) = oneshot::channel();
+                let msg = SessionMsg::Logs {
+                    offset: from_offset,
+                    max: wire::MAX_LOG_CHUNK,
+                    reply,
+                };
+                if self.ask(|r| Cmd::ToSession(id, Box::new(msg), r)).await? {
+                    return rx.await.map_err(|_| LeaseError::Closed);
+                }
+                Ok(provider::logs_from_file(&self.ctx, &l, from_offset, wire::MAX_LOG_CHUNK).await)
+            }
+            Role::Renter => {
+                let peer = l
+                    .lease
+                    .terms
+                    .provider
+                    .peer_id()
+                    .map_err(|e| LeaseError::Remote {
+                        lease_id: id,
+                        detail: e.to_string(),
+                    })?;
+                let req = SessionRequest::Logs {
+                    lease_id: id,
+                    offset: from_offset,
+                    max: wire::MAX_LOG_CHUNK,
+                };
+                match session_rpc(&self.ctx, peer, req).await {
+                    Ok(SessionResponse::Logs(chunk)) => Ok(chunk),
+                    Ok(other) => Err(LeaseError::Remote {
+                        lease_id: id,
+                        detail: format!("provider answered {other:?}"),
+                    }),
+                    Err(detail) => Err(LeaseError::Remote {
+                        lease_id: id,
+                        detail,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Stops a lease: a renter closes it (signed `LeaseClose`), a provider stops the container.
+    pub async fn stop(&self, id: LeaseId) -> Result<(), LeaseError> {
+        let (reply, rx) = oneshot::channel();
+        if self
+            .ask(|r| Cmd::ToSession(id, Box::new(SessionMsg::Stop(reply)), r))
+            .await?
+        {
+            rx.await.map_err(|_| LeaseError::Closed)
+        } else {
+            match self.ctx.store.call(move |s| s.lease(&id)).await? {
+                Some(_) => Ok(()), // already over
+                None => Err(LeaseError::Unknown(id)),
+            }
+        }
+    }
+
+    /// The ledger: statements per lease and counterparty, totals earned and spent.
+    pub async fn ledger(&self) -> Result<Ledger, LeaseError> {
+        let rows = self.ctx.store.call(|s| s.ledger_rows()).await?;
+        let leases = self.ctx.store.call(|s| s.leases(None)).await?;
+        Ok(view::ledger(&rows, &leases))
+    }
+
+    /// Sets what this node offers and republishes it (withdraws it with `enabled: false`).
+    pub async fn provide(&self, s: ProvideSettings) -> Result<(), ProvideError> {
+        if !s.enabled {
+            self.ctx.client.set_offer(None).await?;
+            return Ok(());
+        }
+        let mut t = self
+            .ctx
+            .config
+            .base_template
+            .clone()
+            .ok_or(ProvideError::NoGpus)?;
+        if let Some(wanted) = &s.gpus {
+            let digests: Vec<Digest> = wanted
+                .iter()
+                .map(|u| gridlease_sandbox::gpu::uuid_digest(u))
+                .collect();
+            t.gpus.retain(|g| digests.contains(&g.spec.uuid_digest));
+            if t.gpus.is_empty() {
+                return Err(ProvideError::NoMatchingGpus);
+            }
+        }
+        t.price_per_gpu_hour = s.price_per_gpu_hour.micros();
+        if let Some(h) = s.max_hours {
+            t.max_duration_s = h.saturating_mul(3600).max(t.min_duration_s);
+        }
+        t.sandbox.network = s.network_policy;
+        self.ctx.client.set_offer(Some(t)).await?;
+        Ok(())
+    }
+}
+
+/// Starts the lease service of a daemon: output under `<home>/leases`, Docker if reachable
+/// (without it, leases this node provides fail to start with `StartFailed`; renting works).
+pub async fn start_for_daemon(
+    node: &crate::net::Node,
+    home: &std::path::Path,
+    base_template: Option<OfferTemplate>,
+) -> Result<LeaseService, LeaseError> {
+    let mut config = LeaseServiceConfig::new(home.join("leases"));
+    config.base_template = base_template;
+    let sandbox = match Sandbox::connect().await {
+        Ok(sb) => Some(sb),
+        Err(e) => {
+            tracing::warn!(error = %e, "Docker is unreachable: this node cannot run leases");
+            None
+        }
+    };
+    LeaseService::start(
+        node.client.clone(),
+        &node.events,
+        config,
+        sandbox,
+        node.cancel.child_token(),
+    )
+    .await
+}
+
+/// A nonce unique per renter: the clock in nanoseconds (requests are idempotent by nonce, so
+/// only uniqueness matters).
+fn fresh_nonce() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(1)
+}
+
+/// Sends one session request and returns the answer (or why there is none).
+pub(crate) async fn session_rpc(
+    ctx: &Ctx,
+    peer: PeerId,
+    req: SessionRequest,
+) -> Result<SessionResponse, String> {
+    use crate::net::codec::{LeaseRpc, LeaseRpcResponse};
+    let call = ctx
+        .client
+        .lease_rpc(peer, Vec::new(), LeaseRpc::Session(req));
+    match tokio::time::timeout(ctx.config.rpc_timeout, call).await {
+        Err(_) => Err("timed out".into()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(LeaseRpcResponse::Session(r))) => Ok(r),
+        Ok(Ok(_)) => Err("answered with a negotiation message".into()),
+    }
+}
+
+/// Signs a message with this node's key.
+pub(crate) fn sign<T: gridlease_protocol::WireMessage>(ctx: &Ctx, msg: &T) -> Option<Signed<T>> {
+    match Signed::sign(ctx.client.key(), ctx.client.network(), msg) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot sign a session message");
+            None
+        }
+    }
+}
+
+struct Actor {
+    ctx: Arc<Ctx>,
+    cmds: mpsc::Receiver<Cmd>,
+    inbound: mpsc::Receiver<InboundSession>,
+    events: broadcast::Receiver<NetworkEvent>,
+    sessions: HashMap<LeaseId, Entry>,
+    tasks: JoinSet<LeaseId>,
+}
+
+impl Actor {
+    async fn run(mut self) {
+        let mut rescan = tokio::time::interval(Duration::from_secs(5));
+        rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = self.ctx.cancel.cancelled() => break,
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
+                    Ok(id) => { self.sessions.remove(&id); }
+                    Err(e) => tracing::error!(error = %e, "lease session task failed"),
+                },
+                cmd = self.cmds.recv() => match cmd {
+                    Some(cmd) => self.on_cmd(cmd).await,
+                    None => break,
+                },
+                msg = self.inbound.recv() => match msg {
+                    Some(m) => self.on_inbound(m),
+                    None => break,
+                },
+                ev = self.events.recv() => match ev {
+                    Ok(NetworkEvent::LeaseAccepted { lease_id, .. }) => {
+                        if let Err(e) = self.spawn_stored(lease_id).await {
+                            tracing::error!(lease = %lease_id, error = %e, "cannot start the lease");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if let Err(e) = self.resume_all().await {
+                            tracing::error!(error = %e, "cannot rescan leases");
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                _ = rescan.tick() => {
+                    // Backstop for a lost accept event: pick up stored provider leases that
+                    // have no session yet.
+                    if let Err(e) = self.resume_new_provider_leases().await {
+                        tracing::warn!(error = %e, "cannot rescan leases");
+                    }
+                }
+            }
+        }
+        self.tasks.shutdown().await;
+    }
+
+    async fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Register(id, reply) => {
+                let _ = reply.send(self.spawn_stored(id).await);
+            }
+            Cmd::Views(reply) => {
+                let v = self.sessions.values().map(|e| e.view.borrow().clone());
+                let _ = reply.send(v.collect());
+            }
+            Cmd::Watch(id, reply) => {
+                let _ = reply.send(self.sessions.get(&id).map(|e| e.view.clone()));
+            }
+            Cmd::ToSession(id, msg, reply) => {
+                let ok = match self.sessions.get(&id) {
+                    Some(e) => e.inbox.send(*msg).await.is_ok(),
+                    None => false,
+                };
+                let _ = reply.send(ok);
+            }
+        }
+    }
+
+    fn on_inbound(&mut self, m: InboundSession) {
+        let entry = m.request.lease_hint().and_then(|id| self.sessions.get(&id));
+        match entry {
+            Some(e) => {
+                if let Err(mpsc::error::TrySendError::Full(SessionMsg::Inbound(m))) =
+                    e.inbox.try_send(SessionMsg::Inbound(Box::new(m)))
+                {
+                    let _ = m.reply.send(SessionResponse::Busy);
+                }
+            }
+            None => {
+                // A finished provider lease still serves its output to its renter.
+                if let SessionRequest::Logs {
+                    lease_id,
+                    offset,
+                    max,
+                } = m.request
+                {
+                    let ctx = self.ctx.clone();
+                    tokio::spawn(async move {
+                        let r = provider::serve_finished_logs(&ctx, m.peer, lease_id, offset, max)
+                            .await;
+                        let _ = m.reply.send(r);
+                    });
+                } else {
+                    let _ = m.reply.send(SessionResponse::UnknownLease);
+                }
+            }
+        }
+    }
+
+    /// Starts sessions for every live stored lease (at start-up, after reconciliation).
+    async fn resume_all(&mut self) -> Result<(), LeaseError> {
+        let all = self.ctx.store.call(|s| s.leases(None)).await?;
+        let live: Vec<StoredLease> = all
+            .into_iter()
+            .filter(|l| !l.lease.state.is_terminal() && !self.sessions.contains_key(&l.lease.id))
+            .collect();
+        if let Some(sb) = &self.ctx.sandbox
+            && self.sessions.is_empty()
+        {
+            let keep: std::collections::BTreeSet<LeaseId> = live
+                .iter()
+                .filter(|l| l.role == Role::Provider)
+                .map(|l| l.lease.id)
+                .collect();
+            match sb.reconcile(&self.ctx.node_id, &keep).await {
+                Ok(r) => tracing::info!(
+                    removed = r.removed.len(),
+                    kept = r.kept.len(),
+                    missing = r.missing.len(),
+                    "containers reconciled"
+                ),
+                Err(e) => tracing::warn!(error = %e, "container reconciliation failed"),
+            }
+        }
+        for l in live {
+            self.spawn(l).await?;
+        }
+        Ok(())
+    }
+
+    async fn resume_new_provider_leases(&mut self) -> Result<(), LeaseError> {
+        let all = self
+            .ctx
+            .store
+            .call(|s| s.leases(Some(Role::Provider)))
+            .await?;
+        for l in all {
+            if l.lease.state == gridlease_contracts::LeaseState::Accepted
+                && !self.sessions.contains_key(&l.lease.id)
+            {
+                self.spawn(l).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn spawn_stored(&mut self, id: LeaseId) -> Result<(), LeaseError> {
+        if self.sessions.contains_key(&id) {
+            return Ok(());
+        }
+        let l = self
+            .ctx
+            .store
+            .call(move |s| s.lease(&id))
+            .await?
+            .ok_or(LeaseError::Unknown(id))?;
+        if l.lease.state.is_terminal() {
+            return Ok(());
+        }
+        self.spawn(l).await
+    }
+
+    async fn spawn(&mut self, l: StoredLease) -> Result<(), LeaseError> {
+        let id = l.lease.id;
+        let rec = self.ctx.store.call(move |s| s.session_record(&id)).await?;
+        let (inbox_tx, inbox) = mpsc::channel(SESSION_QUEUE);
+        let initial = view::from_store(self.ctx.client.network(), &l, &rec);
+        let (view_tx, view_rx) = watch::channel(initial);
+        let ctx = self.ctx.clone();
+        let role = l.role;
+        let span = tracing::info_span!("lease", lease = %id.short(), role = ?role);
+        let fut = async move {
+            match role {
+                Role::Provider => provider::run(ctx, l, rec, inbox, view_tx).await,
+                Role::Renter => renter::run(ctx, l, rec, inbox, view_tx).await,
+            }
+            id
+        };
+        self.tasks.spawn(tracing::Instrument::instrument(fut, span));
+        self.sessions.insert(
+            id,
+            Entry {
+                inbox: inbox_tx,
+                view: view_rx,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// The counterparty's key of a lease seen from `role`.
+pub(crate) fn counterparty(l: &StoredLease) -> PublicKey {
+    match l.role {
+        Role::Provider => l.lease.terms.renter,
+        Role::Renter => l.lease.terms.provider,
+    }
+}

@@ -1,0 +1,748 @@
+//! The provider's session of one lease: start (or re-attach to) the hardened container, meter
+//! it, send a signed cumulative [`UsageReport`] every `usage_interval_s`, book the renter's
+//! receipts, stop when the container exits, at the deadline, on the renter's close, or when
+//! [`ProviderChannel::decide`] says stop; then send the final report (minimum billing via
+//! [`Tariff::final_due`]), close, settle at the last valid receipt and free the GPUs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::query_parameters::StatsOptionsBuilder;
+use futures::StreamExt;
+use gridlease_contracts::{
+    Actor, Decision, Lease, LeaseEvent, LeaseState, Money, ProviderChannel, Tariff,
+};
+use gridlease_protocol::{
+    CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey, Signed, Timestamp,
+    UsageReport,
+};
+use gridlease_sandbox::meter::{Meter, StatsSample, Usage, to_usage_report};
+use gridlease_sandbox::{ExitInfo, Sandbox, SandboxSpec};
+use tokio::sync::{mpsc, watch};
+
+use super::view::{self, LeaseView};
+use super::wire::{LogChunk, SessionRequest, SessionResponse};
+use super::{Ctx, MAX_LOG_BYTES, SessionMsg, session_rpc, sign};
+use crate::clock;
+use crate::store::lease::{SessionPatch, SessionRecord};
+use crate::store::{Role, StoredLease};
+
+/// How the run ended.
+#[derive(Debug, Clone, Copy)]
+enum Ended {
+    Exited,
+    Stop(CloseReason),
+}
+
+struct Session {
+    ctx: Arc<Ctx>,
+    lease: Lease,
+    renter: PublicKey,
+    renter_peer: Option<PeerId>,
+    channel: ProviderChannel,
+    seq: u64,
+    last_report: Option<UsageReport>,
+    exit_code: Option<i32>,
+    container: Option<String>,
+    view: watch::Sender<LeaseView>,
+}
+
+impl Session {
+    fn publish(&self) {
+        let v = view::make(
+            Role::Provider,
+            &self.lease,
+            &self.renter,
+            self.last_report.as_ref(),
+            self.channel.paid().micros(),
+            self.exit_code,
+        );
+        self.view.send_replace(v);
+    }
+
+    /// Applies a transition and persists it with `patch`.
+    async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) {
+        let now = clock::now();
+        if let Err(e) = self.lease.apply(event, actor, now) {
+            tracing::warn!(error = %e, "transition refused");
+            return;
+        }
+        let id = self.lease.id;
+        let t = self.lease.history.last().copied();
+        let state = self.lease.state;
+        if let Err(e) = self
+            .ctx
+            .store
+            .call(move |s| s.lease_transition(&id, t.as_ref(), state, &patch))
+            .await
+        {
+            tracing::error!(error = %e, "cannot persist a lease transition");
+        }
+        self.publish();
+    }
+
+    /// Books a receipt answering a report: validated by the channel, then stored with its
+    /// ledger rows in one transaction. Returns false if it was refused.
+    async fn book(&mut self, signed: Signed<PaymentReceipt>) -> bool {
+        let net = self.ctx.client.network().clone();
+        let Ok(v) = signed.verify(&net) else {
+            tracing::warn!("receipt signature does not verify");
+            return false;
+        };
+        let now = clock::now();
+        let before = self.channel.clone();
+        match self.channel.accept_receipt(&v.signer, &v.message, now) {
+            Ok(delta) => {
+                let bytes = match signed.to_bytes() {
+                    Ok(b) => b,
+                    Err(_) => return false,
+                };
+                let (id, renter, receipt) = (self.lease.id, self.renter, v.message.clone());
+                let booked = self
+                    .ctx
+                    .store
+                    .call(move |s| {
+                        s.book_receipt(Role::Provider, &id, &renter, &receipt, &bytes, None, now)
+                    })
+                    .await;
+                match booked {
+                    Ok(Some(d)) => {
+                        debug_assert_eq!(d, delta.micros());
+                        tracing::debug!(
+                            seq = v.message.seq,
+                            total = v.message.total_paid,
+                            delta = d,
+                            "receipt booked"
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Not stored: do not count it.
+                        tracing::error!(error = %e, "cannot store a receipt");
+                        self.channel = before;
+                    }
+                }
+                self.publish();
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "receipt refused; nothing booked");
+                false
+            }
+        }
+    }
+
+    /// Signs, persists and returns the next usage report for `totals`.
+    async fn report(
+        &mut self,
+        iv_start: Timestamp,
+        now: Timestamp,
+        totals: &Usage,
+        interval: &Usage,
+        exit_code: Option<i32>,
+    ) -> Option<Signed<UsageReport>> {
+        let tariff = Tariff::of(&self.lease.terms);
+        let due = if exit_code.is_some() {
+            tariff.final_due(totals.wall_ms)
+        } else {
+            tariff.due(totals.wall_ms)
+        }
+        .unwrap_or(tariff.max_total);
+        // Never claim less than already claimed (a re-attached meter restarts from zero CPU).
+        let mut totals = *totals;
+        if let Some(p) = &self.last_report {
+            totals.wall_ms = totals.wall_ms.max(p.wall_ms);
+            totals.gpu_ms = totals.gpu_ms.max(p.gpu_ms);
+            totals.cpu_ms = totals.cpu_ms.max(p.cpu_ms);
+            totals.energy_mj = totals.energy_mj.max(p.energy_mj);
+            totals.net_rx_bytes = totals.net_rx_bytes.max(p.net_rx_bytes);
+            totals.net_tx_bytes = totals.net_tx_bytes.max(p.net_tx_bytes);
+        }
+        let due = match &self.last_report {
+            Some(p) => due.max(Money::from_micros(p.amount_due)),
+            None => due,
+        };
+        self.seq += 1;
+        let r = to_usage_report(
+            self.lease.id,
+            self.seq,
+            iv_start,
+            now.max(iv_start),
+            &totals,
+            interval,
+            due.micros(),
+            exit_code,
+        );
+        let signed = sign(&self.ctx, &r)?;
+        let bytes = signed.to_bytes().ok()?;
+        let (id, seq) = (self.lease.id, self.seq);
+        if let Err(e) = self
+            .ctx
+            .store
+            .call(move |s| s.put_usage(&id, seq, &bytes, now))
+            .await
+        {
+            tracing::error!(error = %e, "cannot persist a usage report; not sending it");
+            return None;
+        }
+        self.last_report = Some(r);
+        self.publish();
+        Some(signed)
+    }
+
+    /// Handles the renter's answer to a report. Returns a reason to stop, if any.
+    async fn on_answer(&mut self, answer: Result<SessionResponse, String>) -> Option<CloseReason> {
+        match answer {
+            Ok(SessionResponse::Receipt(r)) => {
+                if self.book(r).await {
+                    None
+                } else {
+                    Some(CloseReason::BadReceipt)
+                }
+            }
+            Ok(SessionResponse::NothingDue) => {
+                self.channel.heard_from_renter(clock::now());
+                None
+            }
+            Ok(SessionResponse::Refused { reason, detail }) => {
+                tracing::warn!(?reason, detail, "renter refused a usage report");
+                Some(reason)
+            }
+            Ok(other) => {
+                tracing::debug!(answer = ?other, "unexpected answer to a usage report");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "usage report not answered");
+                None
+            }
+        }
+    }
+}
+
+/// Runs a provider lease to settlement (or resumes one after a restart).
+pub(crate) async fn run(
+    ctx: Arc<Ctx>,
+    stored: StoredLease,
+    rec: SessionRecord,
+    mut inbox: mpsc::Receiver<SessionMsg>,
+    view_tx: watch::Sender<LeaseView>,
+) {
+    let mut lease = stored.lease.clone();
+    view::restore_lease(&mut lease, &rec);
+    let terms = lease.terms.clone();
+    let renter = terms.renter;
+    let started_hint = lease.started_at.unwrap_or_else(clock::now);
+    let last_receipt = rec
+        .last_receipt
+        .as_ref()
+        .and_then(|(_, b)| view::decode_receipt(b))
+        .map(|(_, r)| r);
+    let last_report = rec
+        .last_usage
+        .as_ref()
+        .and_then(|(_, b)| view::decode_usage(b))
+        .map(|(_, u)| u);
+    let channel =
+        ProviderChannel::new(lease.id, &terms, started_hint).restore(last_receipt, clock::now());
+    let mut s = Session {
+        renter_peer: renter.peer_id().ok(),
+        ctx: ctx.clone(),
+        lease,
+        renter,
+        channel,
+        seq: rec.last_usage.as_ref().map_or(0, |(q, _)| *q),
+        last_report,
+        exit_code: rec.fields.exit_code,
+        container: rec.fields.container_id.clone(),
+        view: view_tx,
+    };
+    s.publish();
+
+    let ended = match s.lease.state {
+        LeaseState::Accepted | LeaseState::Starting => match start(&mut s).await {
+            Ok(()) => Some(meter_loop(&mut s, &mut inbox).await),
+            Err(reason) => {
+                finish(&mut s, reason, &mut inbox).await;
+                None
+            }
+        },
+        LeaseState::Running => {
+            let present = match (&ctx.sandbox, &s.container) {
+                (Some(sb), Some(c)) => sb.inspect(c).await.is_ok(),
+                _ => false,
+            };
+            if present {
+                tracing::info!("resuming a running lease after restart");
+                Some(meter_loop(&mut s, &mut inbox).await)
+            } else {
+                tracing::warn!("running lease has no container after restart; settling");
+                Some(Ended::Stop(CloseReason::ProviderStop))
+            }
+        }
+        LeaseState::Closing => {
+            let reason = s.lease.close_reason.unwrap_or(CloseReason::ProviderStop);
+            finish(&mut s, reason, &mut inbox).await;
+            None
+        }
+        _ => None,
+    };
+    if let Some(ended) = ended {
+        wrap_up(&mut s, ended, &mut inbox).await;
+    }
+}
+
+/// Ensure image, create and start the container. Persists before create (Starting) and after
+/// start (Running, with the start time: the lease clock's zero).
+async fn start(s: &mut Session) -> Result<(), CloseReason> {
+    let ctx = s.ctx.clone();
+    let Some(sb) = ctx.sandbox.clone() else {
+        tracing::error!("no Docker: cannot start the container");
+        return Err(CloseReason::StartFailed);
+    };
+    if s.lease.state == LeaseState::Accepted {
+        s.transition(
+            LeaseEvent::BeginStart,
+            Actor::Provider,
+            SessionPatch::default(),
+        )
+        .await;
+    }
+    let terms = s.lease.terms.clone();
+    sb.ensure_image(&terms.image, |_| {}).await.map_err(|e| {
+        tracing::warn!(error = %e, image = %terms.image, "image not available");
+        CloseReason::StartFailed
+    })?;
+    let uuids: Vec<String> = stored_gpus(&ctx, s).await;
+    // The deadline counts from now at the latest; the watcher uses the real start below.
+    let expires = clock::now().plus_secs(u64::from(terms.duration_s));
+    let spec = SandboxSpec::from_terms(
+        s.lease.id,
+        &terms,
+        &ctx.node_id,
+        expires,
+        uuids,
+        &ctx.config.limits,
+    );
+    // Docker refuses a CPU quota above the host's CPUs; an offer that promises more than the
+    // host has is capped here (with a warning) rather than failing the lease.
+    let mut spec = spec;
+    let host_millicores = std::thread::available_parallelism()
+        .map(|n| {
+            u32::try_from(n.get())
+                .unwrap_or(u32::MAX)
+                .saturating_mul(1000)
+        })
+        .unwrap_or(1000);
+    if spec.cpu_millicores > host_millicores {
+        tracing::warn!(
+            promised = spec.cpu_millicores,
+            host = host_millicores,
+            "offer promises more CPU than this host has; capping"
+        );
+        spec.cpu_millicores = host_millicores;
+    }
+    // A container from an interrupted start (crash between create and start) is replaced.
+    let name = gridlease_sandbox::spec::container_name(&spec);
+    let _ = sb.remove(&name).await;
+    let id = sb.create(&spec).await.map_err(|e| {
+        tracing::warn!(error = %e, "cannot create the container");
+        CloseReason::StartFailed
+    })?;
+    let patch = SessionPatch {
+        container_id: Some(id.clone()),
+        ..SessionPatch::default()
+    };
+    let lid = s.lease.id;
+    let state = s.lease.state;
+    let _ = ctx
+        .store
+        .call(move |st| st.lease_transition(&lid, None, state, &patch))
+        .await;
+    s.container = Some(id.clone());
+    sb.start(&id).await.map_err(|e| {
+        tracing::warn!(error = %e, "cannot start the container");
+        CloseReason::StartFailed
+    })?;
+    let now = clock::now();
+    s.channel = ProviderChannel::new(s.lease.id, &terms, now);
+    s.transition(
+        LeaseEvent::Started,
+        Actor::Provider,
+        SessionPatch {
+            started_at: Some(now),
+            ..SessionPatch::default()
+        },
+    )
+    .await;
+    tracing::info!(container = %id, "lease running");
+    Ok(())
+}
+
+/// Real NVML UUIDs of the lease's GPUs (none for declared dev GPUs).
+async fn stored_gpus(ctx: &Ctx, s: &Session) -> Vec<String> {
+    let id = s.lease.id;
+    let gpus = ctx
+        .store
+        .call(move |st| st.lease(&id))
+        .await
+        .ok()
+        .flatten()
+        .map(|l| l.gpus)
+        .unwrap_or_default();
+    gpus.iter()
+        .filter_map(|d| ctx.config.gpu_uuids.get(d).cloned())
+        .collect()
+}
+
+/// Meters the running container and exchanges reports and receipts until the run ends.
+async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Ended {
+    let ctx = s.ctx.clone();
+    let (Some(sb), Some(cid)) = (ctx.sandbox.clone(), s.container.clone()) else {
+        return Ended::Stop(CloseReason::StartFailed);
+    };
+    let Some(started) = s.lease.started_at else {
+        return Ended::Stop(CloseReason::StartFailed);
+    };
+    let terms = s.lease.terms.clone();
+    let deadline = started.plus_secs(u64::from(terms.duration_s));
+    let mut meter = Meter::new(started, u32::from(terms.gpu_count));
+    let opts = StatsOptionsBuilder::default()
+        .stream(true)
+        .one_shot(false)
+        .build();
+    let mut stats = sb.docker().stats(&cid, Some(opts));
+    let mut stats_done = false;
+    let wait = sb.wait(&cid);
+    tokio::pin!(wait);
+    let period = Duration::from_secs(u64::from(terms.usage_interval_s.max(1)));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let until_deadline = Duration::from_millis(deadline.ms_since(clock::now()));
+    let expiry = tokio::time::sleep(until_deadline);
+    tokio::pin!(expiry);
+    // At most one report in flight: a slow renter delays the next report, never the loop.
+    let mut inflight: tokio::task::JoinSet<Result<SessionResponse, String>> =
+        tokio::task::JoinSet::new();
+    let mut iv_start = clock::now().max(started);
+    let mut samples = 0usize;
+    let ended = loop {
+        tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => {
+                // Node shutting down: leave the container running; the restart resumes it.
+                return Ended::Stop(CloseReason::ProviderStop);
+            }
+            exit = &mut wait => {
+                match exit {
+                    Ok(x) => s.exit_code = Some(i32::try_from(x.exit_code).unwrap_or(-1)),
+                    Err(e) => tracing::warn!(error = %e, "wait failed"),
+                }
+                break Ended::Exited;
+            }
+            () = &mut expiry => break Ended::Stop(CloseReason::Expired),
+            Some(msg) = inbox.recv() => {
+                if let Some(reason) = on_msg(s, &sb, &cid, msg).await {
+                    break Ended::Stop(reason);
+                }
+            }
+            Some(answer) = inflight.join_next(), if !inflight.is_empty() => {
+                let answer = answer.unwrap_or_else(|e| Err(e.to_string()));
+                if let Some(reason) = s.on_answer(answer).await {
+                    break Ended::Stop(reason);
+                }
+            }
+            item = stats.next(), if !stats_done => {
+                match item {
+                    Some(Ok(resp)) => match StatsSample::from_docker(clock::now(), &resp) {
+                        Some(x) => { meter.on_stats(x); samples += 1; }
+                        None if samples > 0 => stats_done = true,
+                        None => {}
+                    },
+                    _ => stats_done = true,
+                }
+            }
+            _ = tick.tick() => {
+                let now = clock::now();
+                let (interval, totals) = meter.cut(now);
+                if inflight.is_empty() {
+                    if let Some(signed) = s.report(iv_start, now, &totals, &interval, None).await
+                        && let Some(peer) = s.renter_peer
+                    {
+                        let ctx2 = ctx.clone();
+                        inflight.spawn(async move {
+                            session_rpc(&ctx2, peer, SessionRequest::Usage(signed)).await
+                        });
+                    }
+                    iv_start = now;
+                }
+                match s.channel.decide(totals.wall_ms, now) {
+                    Ok(Decision::Continue) => {}
+                    Ok(Decision::Stop(reason)) => {
+                        tracing::warn!(?reason, wall_ms = totals.wall_ms, paid = %s.channel.paid(), "payment channel says stop");
+                        break Ended::Stop(reason);
+                    }
+                    Err(e) => tracing::error!(error = %e, "billing overflow"),
+                }
+            }
+        }
+    };
+    // Let an in-flight report finish so the final report's sequence follows it.
+    if let Ok(Some(Ok(answer))) =
+        tokio::time::timeout(ctx.config.rpc_timeout, inflight.join_next()).await
+    {
+        let _ = s.on_answer(answer).await;
+    }
+    drop(stats);
+    if let Ended::Stop(_) = ended {
+        // Stop the container: SIGTERM now, SIGKILL after the grace.
+        let g = ctx.config.stop_grace;
+        let at = clock::now().plus_ms(u64::try_from(g.as_millis()).unwrap_or(2000));
+        if let Err(e) = sb.enforce_deadline(&cid, at, g).await {
+            tracing::warn!(error = %e, "stopping the container failed");
+        }
+    }
+    let exit: Option<ExitInfo> = sb.exit_info(&cid).await.ok();
+    if let Some(x) = &exit {
+        s.exit_code = Some(i32::try_from(x.exit_code).unwrap_or(-1));
+    }
+    let totals = meter.finish(clock::now(), exit.as_ref().and_then(|x| x.run_ms));
+    tracing::info!(
+        wall_ms = totals.wall_ms,
+        cpu_ms = totals.cpu_ms,
+        samples,
+        exit_code = ?s.exit_code,
+        "container stopped"
+    );
+    save_logs(&ctx, &sb, &cid, s.lease.id).await;
+    // Final report (minimum billing applies), unless the renter is known to be gone.
+    let send_final = !matches!(
+        ended,
+        Ended::Stop(CloseReason::RenterUnreachable | CloseReason::BadReceipt)
+    );
+    let now = clock::now();
+    if let Some(signed) = s
+        .report(
+            iv_start,
+            now,
+            &totals,
+            &totals,
+            Some(s.exit_code.unwrap_or(-1)),
+        )
+        .await
+        && send_final
+        && let Some(peer) = s.renter_peer
+    {
+        let answer = session_rpc(&ctx, peer, SessionRequest::Usage(signed)).await;
+        let _ = s.on_answer(answer).await;
+    }
+    ended
+}
+
+/// A message for a running session. Returns a reason to stop, if any.
+async fn on_msg(s: &mut Session, sb: &Sandbox, cid: &str, msg: SessionMsg) -> Option<CloseReason> {
+    match msg {
+        SessionMsg::Stop(done) => {
+            let _ = done.send(());
+            Some(CloseReason::ProviderStop)
+        }
+        SessionMsg::Logs { offset, max, reply } => {
+            let _ = reply.send(live_logs(sb, cid, offset, max, s.exit_code).await);
+            None
+        }
+        SessionMsg::Inbound(m) => {
+            let from_renter = Some(m.peer) == s.renter_peer;
+            match m.request {
+                SessionRequest::Logs { offset, max, .. } if from_renter => {
+                    let chunk = live_logs(sb, cid, offset, max, s.exit_code).await;
+                    let _ = m.reply.send(SessionResponse::Logs(chunk));
+                    None
+                }
+                SessionRequest::Close(signed) if from_renter => {
+                    let net = s.ctx.client.network().clone();
+                    match signed.verify(&net) {
+                        Ok(v) if v.signer == s.renter && v.message.lease_id == s.lease.id => {
+                            s.channel.heard_from_renter(clock::now());
+                            let _ = m.reply.send(SessionResponse::Closed { last_receipt: None });
+                            Some(v.message.reason)
+                        }
+                        _ => {
+                            let _ = m.reply.send(SessionResponse::UnknownLease);
+                            None
+                        }
+                    }
+                }
+                _ => {
+                    let _ = m.reply.send(SessionResponse::UnknownLease);
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// After the run: close and settle (shared by all endings).
+async fn wrap_up(s: &mut Session, ended: Ended, inbox: &mut mpsc::Receiver<SessionMsg>) {
+    if s.ctx.cancel.is_cancelled() {
+        return;
+    }
+    let reason = match ended {
+        Ended::Exited => CloseReason::ContainerExited,
+        Ended::Stop(r) => r,
+    };
+    finish(s, reason, inbox).await;
+}
+
+/// Sends the signed close to the renter (taking its last receipt if we missed it), settles at
+/// the last valid receipt, removes the container and frees the GPUs.
+async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receiver<SessionMsg>) {
+    let ctx = s.ctx.clone();
+    let now = clock::now();
+    if s.lease.state.can_close() {
+        let patch = SessionPatch {
+            closed_at: Some(now),
+            close_reason: Some(reason),
+            exit_code: s.exit_code,
+            ..SessionPatch::default()
+        };
+        s.transition(LeaseEvent::Close(reason), Actor::Provider, patch)
+            .await;
+    }
+    let close = LeaseClose {
+        lease_id: s.lease.id,
+        reason,
+        at: now,
+        exit_code: s.exit_code,
+    };
+    let renter_gone = matches!(reason, CloseReason::RenterUnreachable);
+    if let (Some(signed), Some(peer), false) = (sign(&ctx, &close), s.renter_peer, renter_gone) {
+        match session_rpc(&ctx, peer, SessionRequest::Close(signed)).await {
+            Ok(SessionResponse::Closed {
+                last_receipt: Some(r),
+            }) => {
+                // Booked only if newer than ours (a receipt whose answer was lost).
+                let newer = r
+                    .verify(ctx.client.network())
+                    .is_ok_and(|v| v.message.seq > s.channel.last_receipt().map_or(0, |l| l.seq));
+                if newer {
+                    let _ = s.book(r).await;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "close not delivered"),
+        }
+    }
+    let total = s.channel.paid();
+    if s.lease.state.can_settle() {
+        let patch = SessionPatch {
+            settled_total: Some(total.micros()),
+            ..SessionPatch::default()
+        };
+        s.transition(LeaseEvent::Settle { total }, Actor::Provider, patch)
+            .await;
+    }
+    if let (Some(sb), Some(cid)) = (&ctx.sandbox, &s.container) {
+        if !ctx.log_path(&s.lease.id).exists() {
+            save_logs(&ctx, sb, cid, s.lease.id).await;
+        }
+        if let Err(e) = sb.remove(cid).await {
+            tracing::warn!(error = %e, "cannot remove the container");
+        }
+    }
+    if let Err(e) = ctx.client.release_lease(s.lease.id).await {
+        tracing::warn!(error = %e, "cannot release the GPUs");
+    }
+    tracing::info!(?reason, total = %total, exit_code = ?s.exit_code, "lease settled");
+    s.publish();
+}
+
+async fn save_logs(ctx: &Ctx, sb: &Sandbox, cid: &str, id: LeaseId) {
+    let max = usize::try_from(MAX_LOG_BYTES).unwrap_or(usize::MAX);
+    match sb.logs(cid, false, max).await {
+        Ok(text) => {
+            if let Err(e) = tokio::fs::write(ctx.log_path(&id), text.as_bytes()).await {
+                tracing::warn!(error = %e, "cannot save the container output");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "no container output to save"),
+    }
+}
+
+async fn live_logs(
+    sb: &Sandbox,
+    cid: &str,
+    offset: u64,
+    max: u32,
+    exit_code: Option<i32>,
+) -> LogChunk {
+    let max = u64::from(max.min(super::wire::MAX_LOG_CHUNK));
+    let want = offset.saturating_add(max).min(MAX_LOG_BYTES);
+    let mut data = Vec::new();
+    let mut pos = 0u64;
+    let r = sb
+        .logs_with(
+            cid,
+            false,
+            usize::try_from(want).unwrap_or(usize::MAX),
+            |chunk| {
+                let len = chunk.len() as u64;
+                let start = offset.saturating_sub(pos).min(len);
+                let end = want.saturating_sub(pos).min(len);
+                if start < end {
+                    data.extend_from_slice(&chunk[start as usize..end as usize]);
+                }
+                pos += len;
+            },
+        )
+        .await;
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "logs not available");
+    }
+    LogChunk {
+        next_offset: offset + data.len() as u64,
+        data,
+        eof: false,
+        exit_code,
+    }
+}
+
+/// Output of a finished lease, from the file saved at its end.
+pub(crate) async fn logs_from_file(ctx: &Ctx, l: &StoredLease, offset: u64, max: u32) -> LogChunk {
+    let id = l.lease.id;
+    let exit_code = ctx
+        .store
+        .call(move |s| s.session_record(&id))
+        .await
+        .ok()
+        .and_then(|r| r.fields.exit_code);
+    let bytes = tokio::fs::read(ctx.log_path(&id)).await.unwrap_or_default();
+    let len = bytes.len() as u64;
+    let start = offset.min(len);
+    let end = start
+        .saturating_add(u64::from(max.min(super::wire::MAX_LOG_CHUNK)))
+        .min(len);
+    let data = bytes[start as usize..end as usize].to_vec();
+    LogChunk {
+        next_offset: end,
+        eof: end >= len && l.lease.state.is_terminal(),
+        data,
+        exit_code,
+    }
+}
+
+/// Answers a renter's log request for a lease whose session has ended.
+pub(crate) async fn serve_finished_logs(
+    ctx: &Ctx,
+    peer: PeerId,
+    id: LeaseId,
+    offset: u64,
+    max: u32,
+) -> SessionResponse {
+    let Ok(Some(l)) = ctx.store.call(move |s| s.lease(&id)).await else {
+        return SessionResponse::UnknownLease;
+    };
+    if l.role != Role::Provider || l.lease.terms.renter.peer_id().ok() != Some(peer) {
+        return SessionResponse::UnknownLease;
+    }
+    SessionResponse::Logs(logs_from_file(ctx, &l, offset, max).await)
+}

@@ -1,0 +1,341 @@
+//! The renter's session of one lease: answer each plausible usage report with a signed
+//! cumulative receipt (persisted with its ledger rows before it is sent), refuse implausible
+//! ones and close (`ImplausibleUsage`), close when the provider goes silent
+//! (`ProviderUnreachable`), close on `stop`, and settle at the last receipt when the provider's
+//! close arrives.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gridlease_contracts::{Actor, Lease, LeaseEvent, RenterChannel};
+use gridlease_protocol::{
+    CloseReason, LeaseClose, PaymentReceipt, PeerId, PublicKey, Signed, Timestamp, UsageReport,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::view::{self, LeaseView};
+use super::wire::{InboundSession, SessionRequest, SessionResponse, detail};
+use super::{Ctx, SessionMsg, session_rpc, sign};
+use crate::clock;
+use crate::store::lease::{SessionPatch, SessionRecord};
+use crate::store::{Role, StoredLease};
+
+/// How often the renter checks on a silent provider.
+const TICK: Duration = Duration::from_millis(250);
+/// Slack on top of two usage intervals before a silent provider is given up.
+const SILENCE_SLACK_MS: u64 = 2_000;
+
+struct Session {
+    ctx: Arc<Ctx>,
+    lease: Lease,
+    provider: PublicKey,
+    provider_peer: Option<PeerId>,
+    channel: RenterChannel,
+    last_signed: Option<Signed<PaymentReceipt>>,
+    exit_code: Option<i32>,
+    view: watch::Sender<LeaseView>,
+}
+
+impl Session {
+    fn publish(&self) {
+        let v = view::make(
+            Role::Renter,
+            &self.lease,
+            &self.provider,
+            self.channel.last_usage(),
+            self.channel.paid().micros(),
+            self.exit_code,
+        );
+        self.view.send_replace(v);
+    }
+
+    async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) {
+        let now = clock::now();
+        if let Err(e) = self.lease.apply(event, actor, now) {
+            tracing::debug!(error = %e, "transition refused");
+            return;
+        }
+        let id = self.lease.id;
+        let t = self.lease.history.last().copied();
+        let state = self.lease.state;
+        if let Err(e) = self
+            .ctx
+            .store
+            .call(move |s| s.lease_transition(&id, t.as_ref(), state, &patch))
+            .await
+        {
+            tracing::error!(error = %e, "cannot persist a lease transition");
+        }
+        self.publish();
+    }
+
+    async fn close(&mut self, reason: CloseReason, actor: Actor) {
+        if self.lease.state.can_close() {
+            let patch = SessionPatch {
+                closed_at: Some(clock::now()),
+                close_reason: Some(reason),
+                exit_code: self.exit_code,
+                ..SessionPatch::default()
+            };
+            self.transition(LeaseEvent::Close(reason), actor, patch)
+                .await;
+        }
+    }
+
+    /// Tells the provider (best effort, in the background).
+    fn send_close(&self, reason: CloseReason) {
+        let msg = LeaseClose {
+            lease_id: self.lease.id,
+            reason,
+            at: clock::now(),
+            exit_code: None,
+        };
+        if let (Some(signed), Some(peer)) = (sign(&self.ctx, &msg), self.provider_peer) {
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                if let Err(e) = session_rpc(&ctx, peer, SessionRequest::Close(signed)).await {
+                    tracing::debug!(error = %e, "close not delivered");
+                }
+            });
+        }
+    }
+
+    async fn settle(&mut self, reason: CloseReason) {
+        self.close(reason, Actor::Renter).await;
+        let total = self.channel.paid();
+        let patch = SessionPatch {
+            settled_total: Some(total.micros()),
+            exit_code: self.exit_code,
+            ..SessionPatch::default()
+        };
+        self.transition(LeaseEvent::Settle { total }, Actor::Renter, patch)
+            .await;
+        tracing::info!(?reason, total = %total, exit_code = ?self.exit_code, "lease settled");
+    }
+
+    /// Handles a usage report. Returns `Some(reason)` when the lease must end.
+    async fn on_usage(
+        &mut self,
+        signed: Signed<UsageReport>,
+        seen_at: Timestamp,
+    ) -> (SessionResponse, Option<CloseReason>) {
+        let net = self.ctx.client.network().clone();
+        let v = match signed.verify(&net) {
+            Ok(v) => v,
+            Err(e) => {
+                let r = SessionResponse::Refused {
+                    reason: CloseReason::ImplausibleUsage,
+                    detail: detail(e),
+                };
+                return (r, Some(CloseReason::ImplausibleUsage));
+            }
+        };
+        let now = clock::now();
+        let elapsed = now.ms_since(seen_at);
+        let before = self.channel.clone();
+        match self.channel.on_usage(&v.message, &v.signer, elapsed, now) {
+            Ok(Some(receipt)) => {
+                let encoded = sign(&self.ctx, &receipt)
+                    .and_then(|rs| Some((rs.to_bytes().ok()?, rs)))
+                    .zip(signed.to_bytes().ok());
+                let Some(((rbytes, rs), ubytes)) = encoded else {
+                    self.channel = before;
+                    return (SessionResponse::Busy, None);
+                };
+                let (id, provider, useq) = (self.lease.id, self.provider, v.message.seq);
+                let rc = receipt.clone();
+                // Persist receipt + ledger rows before acknowledging.
+                let booked = self
+                    .ctx
+                    .store
+                    .call(move |s| {
+                        s.book_receipt(
+                            Role::Renter,
+                            &id,
+                            &provider,
+                            &rc,
+                            &rbytes,
+                            Some((useq, &ubytes)),
+                            now,
+                        )
+                    })
+                    .await;
+                match booked {
+                    Ok(_) => {
+                        if v.message.exit_code.is_some() {
+                            self.exit_code = v.message.exit_code;
+                        }
+                        self.last_signed = Some(rs.clone());
+                        self.publish();
+                        (SessionResponse::Receipt(rs), None)
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot store a receipt; not sending it");
+                        self.channel = before;
+                        (SessionResponse::Busy, None)
+                    }
+                }
+            }
+            Ok(None) => {
+                if let Ok(bytes) = signed.to_bytes() {
+                    let (id, seq) = (self.lease.id, v.message.seq);
+                    let _ = self
+                        .ctx
+                        .store
+                        .call(move |s| s.put_usage(&id, seq, &bytes, now))
+                        .await;
+                }
+                if v.message.exit_code.is_some() {
+                    self.exit_code = v.message.exit_code;
+                }
+                self.publish();
+                (SessionResponse::NothingDue, None)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "implausible usage report refused; closing");
+                let r = SessionResponse::Refused {
+                    reason: CloseReason::ImplausibleUsage,
+                    detail: detail(e),
+                };
+                (r, Some(CloseReason::ImplausibleUsage))
+            }
+        }
+    }
+}
+
+/// Runs a renter lease until it settles (or the node stops).
+pub(crate) async fn run(
+    ctx: Arc<Ctx>,
+    stored: StoredLease,
+    rec: SessionRecord,
+    mut inbox: mpsc::Receiver<SessionMsg>,
+    view_tx: watch::Sender<LeaseView>,
+) {
+    let mut lease = stored.lease.clone();
+    view::restore_lease(&mut lease, &rec);
+    let terms = lease.terms.clone();
+    let provider = terms.provider;
+    let last_usage = rec
+        .last_usage
+        .as_ref()
+        .and_then(|(_, b)| view::decode_usage(b));
+    let last_receipt = rec
+        .last_receipt
+        .as_ref()
+        .and_then(|(_, b)| view::decode_receipt(b));
+    let channel = RenterChannel::new(lease.id, terms.clone()).restore(
+        last_usage.as_ref().map(|(_, u)| u.clone()),
+        last_receipt.as_ref().map(|(_, r)| r.clone()),
+    );
+    let mut s = Session {
+        ctx: ctx.clone(),
+        provider_peer: provider.peer_id().ok(),
+        lease,
+        provider,
+        channel,
+        last_signed: last_receipt.map(|(s, _)| s),
+        exit_code: rec.fields.exit_code,
+        view: view_tx,
+    };
+    s.publish();
+    // The renter's clock for plausibility: from when it stored the accepted lease.
+    let seen_at = stored.created_at;
+    let interval_ms = u64::from(terms.usage_interval_s) * 1000;
+    let start_ms = u64::try_from(ctx.config.start_allowance.as_millis()).unwrap_or(u64::MAX);
+    let mut last_heard = clock::now();
+    let mut heard_any = s.channel.last_usage().is_some();
+    let mut closing_since =
+        (s.lease.state == gridlease_contracts::LeaseState::Closing).then(clock::now);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => return,
+            msg = inbox.recv() => match msg {
+                None => return,
+                Some(SessionMsg::Stop(done)) => {
+                    if s.lease.state.can_close() {
+                        s.close(CloseReason::RenterStop, Actor::Renter).await;
+                        s.send_close(CloseReason::RenterStop);
+                        closing_since = Some(clock::now());
+                    }
+                    let _ = done.send(());
+                }
+                Some(SessionMsg::Logs { reply, .. }) => {
+                    let _ = reply.send(super::LogChunk::default());
+                }
+                Some(SessionMsg::Inbound(m)) => {
+                    let InboundSession { peer, request, reply } = *m;
+                    if Some(peer) != s.provider_peer {
+                        let _ = reply.send(SessionResponse::UnknownLease);
+                        continue;
+                    }
+                    match request {
+                        SessionRequest::Usage(signed) => {
+                            let (answer, end) = s.on_usage(signed, seen_at).await;
+                            let _ = reply.send(answer);
+                            last_heard = clock::now();
+                            heard_any = true;
+                            if let Some(reason) = end {
+                                s.send_close(reason);
+                                s.settle(reason).await;
+                                return;
+                            }
+                        }
+                        SessionRequest::Close(signed) => {
+                            let net = ctx.client.network().clone();
+                            match signed.verify(&net) {
+                                Ok(v) if v.signer == s.provider && v.message.lease_id == s.lease.id => {
+                                    let _ = reply.send(SessionResponse::Closed {
+                                        last_receipt: s.last_signed.clone(),
+                                    });
+                                    if v.message.exit_code.is_some() {
+                                        s.exit_code = v.message.exit_code;
+                                    }
+                                    s.close(v.message.reason, Actor::Provider).await;
+                                    s.settle(v.message.reason).await;
+                                    return;
+                                }
+                                _ => {
+                                    let _ = reply.send(SessionResponse::UnknownLease);
+                                }
+                            }
+                        }
+                        SessionRequest::Logs { .. } => {
+                            let _ = reply.send(SessionResponse::UnknownLease);
+                        }
+                    }
+                }
+            },
+            _ = tick.tick() => {
+                let now = clock::now();
+                if let Some(since) = closing_since {
+                    // Waiting for the provider's close after ours: bounded.
+                    let wait = u64::try_from(
+                        (ctx.config.rpc_timeout + ctx.config.stop_grace).as_millis(),
+                    )
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(2 * interval_ms);
+                    if now.ms_since(since) > wait {
+                        let reason = s.lease.close_reason.unwrap_or(CloseReason::RenterStop);
+                        s.settle(reason).await;
+                        return;
+                    }
+                    continue;
+                }
+                let limit = if heard_any {
+                    2 * interval_ms + SILENCE_SLACK_MS
+                } else {
+                    start_ms.saturating_add(2 * interval_ms)
+                };
+                if now.ms_since(last_heard) > limit {
+                    tracing::warn!(silent_ms = now.ms_since(last_heard), "provider silent; closing");
+                    s.send_close(CloseReason::ProviderUnreachable);
+                    s.settle(CloseReason::ProviderUnreachable).await;
+                    return;
+                }
+            }
+        }
+    }
+}

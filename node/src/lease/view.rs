@@ -1,0 +1,289 @@
+//! Read models for the control API: [`LeaseView`] and [`Ledger`] (serde-serializable, amounts
+//! in micro-units).
+
+use std::collections::BTreeMap;
+
+use gridlease_contracts::{Lease, LeaseState, Tariff};
+use gridlease_protocol::{
+    LeaseId, NetworkId, PaymentReceipt, PublicKey, Signed, Timestamp, UsageReport,
+};
+use serde::Serialize;
+
+use crate::clock;
+use crate::store::lease::{LedgerRow, SessionRecord};
+use crate::store::{Role, StoredLease};
+
+/// Metered usage as last reported (cumulative meters, interval peaks).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct UsageView {
+    /// Report sequence.
+    pub seq: u64,
+    /// Wall seconds the container has run (cumulative, whole seconds billed).
+    pub wall_ms: u64,
+    /// Mean GPU utilization over the last interval, per mille.
+    pub gpu_util_permille: u16,
+    /// Peak VRAM in the last interval, MiB.
+    pub vram_peak_mib: u32,
+    /// CPU milliseconds, cumulative.
+    pub cpu_ms: u64,
+    /// Peak memory in the last interval, MiB.
+    pub mem_peak_mib: u32,
+}
+
+impl From<&UsageReport> for UsageView {
+    fn from(u: &UsageReport) -> Self {
+        Self {
+            seq: u.seq,
+            wall_ms: u.wall_ms,
+            gpu_util_permille: u.gpu_util_permille,
+            vram_peak_mib: u.vram_peak_mib,
+            cpu_ms: u.cpu_ms,
+            mem_peak_mib: u.mem_peak_mib,
+        }
+    }
+}
+
+/// A lease as the control API shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaseView {
+    /// The lease id.
+    #[serde(serialize_with = "ser_display")]
+    pub lease_id: LeaseId,
+    /// `renter` or `provider`.
+    pub role: &'static str,
+    /// Lease state (`accepted`, `starting`, `running`, `closing`, `settled`, `failed`, ...).
+    pub state: &'static str,
+    /// The other party's peer id.
+    pub counterparty: String,
+    /// GPUs leased.
+    pub gpus: u16,
+    /// Price per GPU-hour, micro-units.
+    pub price_per_gpu_hour: u64,
+    /// Requested duration, seconds.
+    pub duration_s: u32,
+    /// Image.
+    pub image: String,
+    /// When the container started (unix ms).
+    pub started_at: Option<u64>,
+    /// When the lease closed (unix ms).
+    pub closed_at: Option<u64>,
+    /// The last usage report.
+    pub usage: Option<UsageView>,
+    /// Paid so far: the last receipt's total, micro-units.
+    pub paid: u64,
+    /// Cost so far: the last report's amount due, micro-units.
+    pub cost_so_far: u64,
+    /// Seconds left until the lease's deadline, while it runs.
+    pub time_left_s: Option<u64>,
+    /// The container's exit code.
+    pub exit_code: Option<i32>,
+    /// Why it closed.
+    pub close_reason: Option<String>,
+    /// The final statement once settled, micro-units.
+    pub settled_total: Option<u64>,
+}
+
+fn ser_display<S: serde::Serializer>(v: &LeaseId, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+impl LeaseView {
+    /// Settled, failed or rejected: nothing more will happen.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.state, "settled" | "failed" | "rejected")
+    }
+}
+
+/// Builds a view from a lease and what the session knows.
+pub(crate) fn make(
+    role: Role,
+    lease: &Lease,
+    counterparty: &PublicKey,
+    usage: Option<&UsageReport>,
+    paid: u64,
+    exit_code: Option<i32>,
+) -> LeaseView {
+    let t = &lease.terms;
+    let now = clock::now();
+    let time_left_s = match (lease.state, lease.deadline()) {
+        (LeaseState::Running, Some(d)) => Some(d.ms_since(now) / 1000),
+        _ => None,
+    };
+    LeaseView {
+        lease_id: lease.id,
+        role: match role {
+            Role::Provider => "provider",
+            Role::Renter => "renter",
+        },
+        state: lease.state.as_str(),
+        counterparty: counterparty
+            .peer_id()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|_| counterparty.to_string()),
+        gpus: t.gpu_count,
+        price_per_gpu_hour: t.price_per_gpu_hour,
+        duration_s: t.duration_s,
+        image: t.image.clone(),
+        started_at: lease.started_at.map(|t| t.0),
+        closed_at: lease.closed_at.map(|t| t.0),
+        usage: usage.map(UsageView::from),
+        paid,
+        cost_so_far: usage.map_or(0, |u| u.amount_due),
+        time_left_s,
+        exit_code,
+        close_reason: lease
+            .close_reason
+            .map(|r| crate::store::lease::reason_str(r).to_string()),
+        settled_total: lease.settled_total.map(|m| m.micros()),
+    }
+}
+
+/// Decodes a stored usage report / receipt payload (they were verified before being stored).
+pub(crate) fn decode_usage(bytes: &[u8]) -> Option<(Signed<UsageReport>, UsageReport)> {
+    let s = Signed::<UsageReport>::from_bytes(bytes).ok()?;
+    let m = gridlease_protocol::WireMessage::decode_payload(&s.envelope().payload).ok()?;
+    Some((s, m))
+}
+
+/// See [`decode_usage`].
+pub(crate) fn decode_receipt(bytes: &[u8]) -> Option<(Signed<PaymentReceipt>, PaymentReceipt)> {
+    let s = Signed::<PaymentReceipt>::from_bytes(bytes).ok()?;
+    let m = gridlease_protocol::WireMessage::decode_payload(&s.envelope().payload).ok()?;
+    Some((s, m))
+}
+
+/// Restores the lease's session fields from the store into `l`.
+pub(crate) fn restore_lease(l: &mut Lease, rec: &SessionRecord) {
+    l.started_at = rec.fields.started_at;
+    l.closed_at = rec.fields.closed_at;
+    l.close_reason = rec.fields.close_reason;
+    l.settled_total = rec
+        .fields
+        .settled_total
+        .map(gridlease_contracts::Money::from_micros);
+}
+
+/// The view of a stored lease without a live session.
+pub(crate) fn from_store(_net: &NetworkId, l: &StoredLease, rec: &SessionRecord) -> LeaseView {
+    let mut lease = l.lease.clone();
+    restore_lease(&mut lease, rec);
+    let usage = rec.last_usage.as_ref().and_then(|(_, b)| decode_usage(b));
+    let paid = rec
+        .last_receipt
+        .as_ref()
+        .and_then(|(_, b)| decode_receipt(b))
+        .map_or(0, |(_, r)| r.total_paid);
+    make(
+        l.role,
+        &lease,
+        &super::counterparty(l),
+        usage.as_ref().map(|(_, u)| u),
+        paid,
+        rec.fields.exit_code,
+    )
+}
+
+/// One lease's statement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaseStatement {
+    /// The lease.
+    #[serde(serialize_with = "ser_display")]
+    pub lease_id: LeaseId,
+    /// `renter` (spent) or `provider` (earned).
+    pub role: &'static str,
+    /// The other party's peer id.
+    pub counterparty: String,
+    /// Booked total, micro-units (equals the last valid receipt).
+    pub total: u64,
+    /// Ledger rows booked for it.
+    pub entries: usize,
+}
+
+/// Totals with one counterparty.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CounterpartyTotals {
+    /// Earned from it as a provider, micro-units.
+    pub earned: u64,
+    /// Spent with it as a renter, micro-units.
+    pub spent: u64,
+}
+
+/// The node's ledger.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Ledger {
+    /// Per lease.
+    pub leases: Vec<LeaseStatement>,
+    /// Per counterparty peer id.
+    pub counterparties: BTreeMap<String, CounterpartyTotals>,
+    /// Total earned, micro-units.
+    pub total_earned: u64,
+    /// Total spent, micro-units.
+    pub total_spent: u64,
+    /// Debits equal credits over all rows (double entry holds).
+    pub balanced: bool,
+}
+
+fn peer_text(k: &PublicKey) -> String {
+    k.peer_id()
+        .map(|p| p.to_string())
+        .unwrap_or_else(|_| k.to_string())
+}
+
+/// Builds the ledger from its rows.
+pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
+    use crate::store::lease::{ACCOUNT_LEASE_REVENUE, ACCOUNT_LEASE_SPEND};
+    let mut out = Ledger::default();
+    let mut per: BTreeMap<LeaseId, LeaseStatement> = BTreeMap::new();
+    let (mut debits, mut credits) = (0u128, 0u128);
+    for r in rows {
+        debits += u128::from(r.debit);
+        credits += u128::from(r.credit);
+        let (role, amount) = match r.account.as_str() {
+            ACCOUNT_LEASE_SPEND => ("renter", r.debit),
+            ACCOUNT_LEASE_REVENUE => ("provider", r.credit),
+            _ => continue,
+        };
+        let st = per.entry(r.lease_id).or_insert_with(|| LeaseStatement {
+            lease_id: r.lease_id,
+            role,
+            counterparty: peer_text(&r.counterparty),
+            total: 0,
+            entries: 0,
+        });
+        st.total = st.total.saturating_add(amount);
+        st.entries += 1;
+        let c = out
+            .counterparties
+            .entry(peer_text(&r.counterparty))
+            .or_default();
+        if role == "renter" {
+            c.spent = c.spent.saturating_add(amount);
+            out.total_spent = out.total_spent.saturating_add(amount);
+        } else {
+            c.earned = c.earned.saturating_add(amount);
+            out.total_earned = out.total_earned.saturating_add(amount);
+        }
+    }
+    // Keep the store's lease order (oldest first).
+    for l in leases {
+        if let Some(st) = per.remove(&l.lease.id) {
+            out.leases.push(st);
+        }
+    }
+    out.leases.extend(per.into_values());
+    out.balanced = debits == credits;
+    out
+}
+
+/// Due at settlement for `wall_ms` under `terms` (used in views and tests).
+pub fn final_due(terms: &gridlease_protocol::LeaseTerms, wall_ms: u64) -> Option<u64> {
+    Tariff::of(terms)
+        .final_due(wall_ms)
+        .ok()
+        .map(|m| m.micros())
+}
+
+/// Unix ms of a timestamp (for display).
+pub fn ms(t: Timestamp) -> u64 {
+    t.0
+}

@@ -1,0 +1,123 @@
+//! Session messages of a running lease, carried on the lease stream (`/gridlease/lease/1`) as
+//! [`crate::net::codec::LeaseRpc::Session`] / [`crate::net::codec::LeaseRpcResponse::Session`].
+//!
+//! | request (from)                 | response                                               |
+//! |--------------------------------|--------------------------------------------------------|
+//! | `Usage` (provider)             | `Receipt` (persisted before sent), `NothingDue`, `Refused` |
+//! | `Close` (either side)          | `Closed` with the sender's counterparty's last receipt |
+//! | `Logs` (renter)                | `Logs` (at most [`MAX_LOG_CHUNK`] bytes)                |
+//!
+//! Frames are capped by the lease codec before allocation; the largest session message (a log
+//! chunk) fits the response cap.
+
+use gridlease_protocol::{
+    CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, Signed, UsageReport,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+/// Largest log chunk in one response, bytes.
+pub const MAX_LOG_CHUNK: u32 = 32 * 1024;
+/// Longest free-text detail in a refusal, bytes.
+pub const MAX_DETAIL: usize = 200;
+
+/// A session request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum SessionRequest {
+    /// Provider -> renter: cumulative usage; answered with a receipt.
+    Usage(Signed<UsageReport>),
+    /// Either side: the lease is over (for the given reason, with the exit code if known).
+    Close(Signed<LeaseClose>),
+    /// Renter -> provider: container output from `offset`.
+    Logs {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Byte offset into the output.
+        offset: u64,
+        /// Most bytes wanted (capped at [`MAX_LOG_CHUNK`]).
+        max: u32,
+    },
+}
+
+impl SessionRequest {
+    /// The lease the request is about, without verifying anything (for routing only).
+    pub fn lease_hint(&self) -> Option<LeaseId> {
+        use gridlease_protocol::WireMessage;
+        match self {
+            Self::Usage(s) => UsageReport::decode_payload(&s.envelope().payload)
+                .ok()
+                .map(|u| u.lease_id),
+            Self::Close(s) => LeaseClose::decode_payload(&s.envelope().payload)
+                .ok()
+                .map(|c| c.lease_id),
+            Self::Logs { lease_id, .. } => Some(*lease_id),
+        }
+    }
+}
+
+/// Container output.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    /// Bytes from the requested offset.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Offset to ask for next.
+    pub next_offset: u64,
+    /// No more output will ever come (the container has exited and everything was read).
+    pub eof: bool,
+    /// The container's exit code once it has exited.
+    pub exit_code: Option<i32>,
+}
+
+/// A session response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum SessionResponse {
+    /// The renter's signed cumulative receipt for the report.
+    Receipt(Signed<PaymentReceipt>),
+    /// The report is valid but nothing new is due.
+    NothingDue,
+    /// The report was refused; the renter closes the lease for `reason`.
+    Refused {
+        /// Why.
+        reason: CloseReason,
+        /// Detail (at most [`MAX_DETAIL`] bytes).
+        detail: String,
+    },
+    /// The close was recorded; the responder's last receipt for the lease, if any (a renter
+    /// answering a provider's close returns its last receipt so both statements agree).
+    Closed {
+        /// The last receipt.
+        last_receipt: Option<Signed<PaymentReceipt>>,
+    },
+    /// Container output.
+    Logs(LogChunk),
+    /// No such lease here, or not the caller's.
+    UnknownLease,
+    /// The lease service is overloaded or not running; retry later.
+    Busy,
+}
+
+/// An inbound session request, forwarded by the network loop to the lease service. The loop
+/// answers the peer with whatever is sent on `reply` (or `Busy` if it is dropped).
+#[derive(Debug)]
+pub struct InboundSession {
+    /// The connected peer that sent it (the network authenticated it).
+    pub peer: PeerId,
+    /// The request.
+    pub request: SessionRequest,
+    /// Where to answer.
+    pub reply: oneshot::Sender<SessionResponse>,
+}
+
+/// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.
+pub fn detail(s: impl std::fmt::Display) -> String {
+    let mut s = s.to_string();
+    if s.len() > MAX_DETAIL {
+        let mut cut = MAX_DETAIL;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}

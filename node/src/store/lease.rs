@@ -1,0 +1,383 @@
+//! Lease sessions in the store (issue 5): state transitions, usage reports, receipts and the
+//! double-entry ledger.
+//!
+//! Invariant: a receipt and the ledger rows it causes are written in ONE transaction
+//! ([`Store::book_receipt`]); a receipt that is not strictly above the last stored one (sequence
+//! and total) books nothing.
+
+use gridlease_contracts::LeaseState;
+use gridlease_contracts::lease::Transition;
+use gridlease_protocol::{CloseReason, LeaseId, PaymentReceipt, PublicKey, Timestamp};
+use rusqlite::{OptionalExtension, params};
+
+use super::{Role, Store, StoreError, actor_str, classify, event_str, i64_of, u64_of};
+
+/// Ledger account: the renter's spending on a lease (debit side).
+pub const ACCOUNT_LEASE_SPEND: &str = "lease_spend";
+/// Ledger account: what the renter owes the provider (credit side of the renter's entries).
+pub const ACCOUNT_PAYABLE: &str = "payable";
+/// Ledger account: what the provider is owed by the renter (debit side of the provider's).
+pub const ACCOUNT_RECEIVABLE: &str = "receivable";
+/// Ledger account: the provider's revenue from a lease (credit side).
+pub const ACCOUNT_LEASE_REVENUE: &str = "lease_revenue";
+
+/// Session fields of a lease beyond its state; `None` fields are left unchanged on update.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionPatch {
+    /// Docker container id (provider).
+    pub container_id: Option<String>,
+    /// When the container started.
+    pub started_at: Option<Timestamp>,
+    /// When the lease closed.
+    pub closed_at: Option<Timestamp>,
+    /// Why.
+    pub close_reason: Option<CloseReason>,
+    /// The container's exit code.
+    pub exit_code: Option<i32>,
+    /// The settled total, micro-units.
+    pub settled_total: Option<u64>,
+}
+
+/// What the store knows about a lease's session.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// Stored fields.
+    pub fields: SessionPatch,
+    /// The last usage report (signed envelope bytes) and its sequence.
+    pub last_usage: Option<(u64, Vec<u8>)>,
+    /// The last receipt (signed envelope bytes) and its sequence.
+    pub last_receipt: Option<(u64, Vec<u8>)>,
+}
+
+/// One ledger row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerRow {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// The other party.
+    pub counterparty: PublicKey,
+    /// Account name.
+    pub account: String,
+    /// Debit, micro-units.
+    pub debit: u64,
+    /// Credit, micro-units.
+    pub credit: u64,
+    /// The receipt that caused it.
+    pub receipt_seq: Option<u64>,
+    /// When it was booked.
+    pub at: Timestamp,
+}
+
+/// Stable text for a close reason in the database.
+pub fn reason_str(r: CloseReason) -> &'static str {
+    match r {
+        CloseReason::Expired => "expired",
+        CloseReason::RenterStop => "renter_stop",
+        CloseReason::ProviderStop => "provider_stop",
+        CloseReason::ContainerExited => "container_exited",
+        CloseReason::PaymentLagging => "payment_lagging",
+        CloseReason::RenterUnreachable => "renter_unreachable",
+        CloseReason::ProviderUnreachable => "provider_unreachable",
+        CloseReason::ImplausibleUsage => "implausible_usage",
+        CloseReason::BadReceipt => "bad_receipt",
+        CloseReason::BudgetExhausted => "budget_exhausted",
+        CloseReason::StartFailed => "start_failed",
+    }
+}
+
+/// Inverse of [`reason_str`].
+pub fn parse_reason(s: &str) -> Option<CloseReason> {
+    [
+        CloseReason::Expired,
+        CloseReason::RenterStop,
+        CloseReason::ProviderStop,
+        CloseReason::ContainerExited,
+        CloseReason::PaymentLagging,
+        CloseReason::RenterUnreachable,
+        CloseReason::ProviderUnreachable,
+        CloseReason::ImplausibleUsage,
+        CloseReason::BadReceipt,
+        CloseReason::BudgetExhausted,
+        CloseReason::StartFailed,
+    ]
+    .into_iter()
+    .find(|r| reason_str(*r) == s)
+}
+
+fn key_of(b: &[u8]) -> Option<PublicKey> {
+    <[u8; 32]>::try_from(b).ok().map(PublicKey)
+}
+
+impl Store {
+    /// Records a state transition (state column + history row) and session fields, in one
+    /// transaction.
+    pub fn lease_transition(
+        &mut self,
+        id: &LeaseId,
+        t: Option<&Transition>,
+        state: LeaseState,
+        patch: &SessionPatch,
+    ) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let e = |source| classify(&path, source);
+        let lid = &id.0.0[..];
+        let tx = self.conn.transaction().map_err(e)?;
+        tx.execute(
+            "UPDATE leases SET state = ?2 WHERE lease_id = ?1",
+            params![lid, state.as_str()],
+        )
+        .map_err(e)?;
+        if let Some(t) = t {
+            let n: i64 = tx
+                .query_row(
+                    "SELECT count(*) FROM lease_history WHERE lease_id = ?1",
+                    [lid],
+                    |r| r.get(0),
+                )
+                .map_err(e)?;
+            tx.execute(
+                "INSERT INTO lease_history(lease_id, seq, at, actor, event, to_state)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    lid,
+                    n,
+                    i64_of(t.at.0),
+                    actor_str(t.actor),
+                    event_str(&t.event),
+                    t.to.as_str()
+                ],
+            )
+            .map_err(e)?;
+        }
+        tx.execute(
+            "INSERT INTO lease_session(lease_id, container_id, started_at, closed_at, close_reason,
+                exit_code, settled_total)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT(lease_id) DO UPDATE SET
+                container_id = COALESCE(excluded.container_id, container_id),
+                started_at = COALESCE(excluded.started_at, started_at),
+                closed_at = COALESCE(excluded.closed_at, closed_at),
+                close_reason = COALESCE(excluded.close_reason, close_reason),
+                exit_code = COALESCE(excluded.exit_code, exit_code),
+                settled_total = COALESCE(excluded.settled_total, settled_total)",
+            params![
+                lid,
+                patch.container_id,
+                patch.started_at.map(|t| i64_of(t.0)),
+                patch.closed_at.map(|t| i64_of(t.0)),
+                patch.close_reason.map(reason_str),
+                patch.exit_code,
+                patch.settled_total.map(i64_of),
+            ],
+        )
+        .map_err(e)?;
+        tx.commit().map_err(e)
+    }
+
+    /// Stores a usage report (sent by a provider or accepted by a renter). Idempotent by seq.
+    pub fn put_usage(
+        &mut self,
+        id: &LeaseId,
+        seq: u64,
+        envelope: &[u8],
+        at: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR IGNORE INTO usage_reports(lease_id, seq, envelope, received_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![&id.0.0[..], i64_of(seq), envelope, i64_of(at.0)],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// Books a receipt: stores it (with the usage report it answers, for a renter) and the two
+    /// ledger rows of its delta over the previous receipt, in one transaction. Returns the
+    /// delta. A receipt whose seq or total is not above the stored last one books nothing and
+    /// returns `Ok(None)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn book_receipt(
+        &mut self,
+        role: Role,
+        id: &LeaseId,
+        counterparty: &PublicKey,
+        receipt: &PaymentReceipt,
+        envelope: &[u8],
+        usage: Option<(u64, &[u8])>,
+        at: Timestamp,
+    ) -> Result<Option<u64>, StoreError> {
+        let path = self.path.clone();
+        let e = |source| classify(&path, source);
+        let lid = &id.0.0[..];
+        let tx = self.conn.transaction().map_err(e)?;
+        if let Some((seq, bytes)) = usage {
+            tx.execute(
+                "INSERT OR IGNORE INTO usage_reports(lease_id, seq, envelope, received_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![lid, i64_of(seq), bytes, i64_of(at.0)],
+            )
+            .map_err(e)?;
+        }
+        let last: Option<(i64, i64)> = tx
+            .query_row(
+                "SELECT seq, total_paid FROM receipts WHERE lease_id = ?1
+                 ORDER BY seq DESC LIMIT 1",
+                [lid],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(e)?;
+        let (last_seq, last_total) = last.map_or((0, 0), |(s, t)| (u64_of(s), u64_of(t)));
+        if receipt.seq <= last_seq || receipt.total_paid <= last_total {
+            tx.commit().map_err(e)?;
+            return Ok(None);
+        }
+        let delta = receipt.total_paid - last_total;
+        tx.execute(
+            "INSERT INTO receipts(lease_id, seq, total_paid, envelope, received_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                lid,
+                i64_of(receipt.seq),
+                i64_of(receipt.total_paid),
+                envelope,
+                i64_of(at.0)
+            ],
+        )
+        .map_err(e)?;
+        let (debit_acct, credit_acct) = match role {
+            Role::Renter => (ACCOUNT_LEASE_SPEND, ACCOUNT_PAYABLE),
+            Role::Provider => (ACCOUNT_RECEIVABLE, ACCOUNT_LEASE_REVENUE),
+        };
+        for (account, debit, credit) in [(debit_acct, delta, 0), (credit_acct, 0, delta)] {
+            tx.execute(
+                "INSERT INTO ledger(lease_id, counterparty, account, debit, credit, receipt_seq, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    lid,
+                    &counterparty.0[..],
+                    account,
+                    i64_of(debit),
+                    i64_of(credit),
+                    i64_of(receipt.seq),
+                    i64_of(at.0)
+                ],
+            )
+            .map_err(e)?;
+        }
+        tx.commit().map_err(e)?;
+        Ok(Some(delta))
+    }
+
+    /// The session record of a lease.
+    pub fn session_record(&self, id: &LeaseId) -> Result<SessionRecord, StoreError> {
+        let lid = &id.0.0[..];
+        let e = self.err();
+        type Row = (
+            Option<String>,
+            Option<i64>,
+            Option<i64>,
+            Option<String>,
+            Option<i32>,
+            Option<i64>,
+        );
+        let row: Option<Row> = self
+            .conn
+            .query_row(
+                "SELECT container_id, started_at, closed_at, close_reason, exit_code,
+                    settled_total FROM lease_session WHERE lease_id = ?1",
+                [lid],
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(&e)?;
+        let fields = row
+            .map(|(c, s, cl, r, x, t)| SessionPatch {
+                container_id: c,
+                started_at: s.map(|v| Timestamp(u64_of(v))),
+                closed_at: cl.map(|v| Timestamp(u64_of(v))),
+                close_reason: r.as_deref().and_then(parse_reason),
+                exit_code: x,
+                settled_total: t.map(u64_of),
+            })
+            .unwrap_or_default();
+        let last_usage = self
+            .conn
+            .query_row(
+                "SELECT seq, envelope FROM usage_reports WHERE lease_id = ?1
+                 ORDER BY seq DESC LIMIT 1",
+                [lid],
+                |r| Ok((u64_of(r.get(0)?), r.get(1)?)),
+            )
+            .optional()
+            .map_err(&e)?;
+        let last_receipt = self
+            .conn
+            .query_row(
+                "SELECT seq, envelope FROM receipts WHERE lease_id = ?1
+                 ORDER BY seq DESC LIMIT 1",
+                [lid],
+                |r| Ok((u64_of(r.get(0)?), r.get(1)?)),
+            )
+            .optional()
+            .map_err(&e)?;
+        Ok(SessionRecord {
+            fields,
+            last_usage,
+            last_receipt,
+        })
+    }
+
+    /// Every ledger row, oldest first.
+    pub fn ledger_rows(&self) -> Result<Vec<LedgerRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT lease_id, counterparty, account, debit, credit, receipt_seq, at
+                 FROM ledger ORDER BY id",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, Vec<u8>>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, Option<i64>>(5)?,
+                    r.get::<_, i64>(6)?,
+                ))
+            })
+            .map_err(self.err())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (lid, cp, account, debit, credit, seq, at) = row.map_err(self.err())?;
+            let lease_id = <[u8; 32]>::try_from(lid.as_slice())
+                .map(|a| LeaseId(gridlease_protocol::Digest(a)))
+                .map_err(|_| self.bad_row("ledger lease id", "not 32 bytes"))?;
+            let counterparty =
+                key_of(&cp).ok_or_else(|| self.bad_row("ledger counterparty", "not 32 bytes"))?;
+            out.push(LedgerRow {
+                lease_id,
+                counterparty,
+                account,
+                debit: u64_of(debit),
+                credit: u64_of(credit),
+                receipt_seq: seq.map(u64_of),
+                at: Timestamp(u64_of(at)),
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,180 @@
+//! Helpers for lease tests: a provider and a renter node on loopback, each with its lease
+//! service, real Docker with the probe image.
+//!
+//! Docker unreachable: with `GRIDLEASE_REQUIRE_DOCKER=1` the test FAILS; otherwise it prints a
+//! note and skips (as in `sandbox/tests/common`).
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stderr
+)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use gridlease_node::lease::{LeaseService, LeaseServiceConfig, RentRequest};
+use gridlease_node::net::{NetworkEvent, NodeConfig, OfferTemplate};
+use gridlease_protocol::OfferId;
+use gridlease_sandbox::Sandbox;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::*;
+
+/// 3.60 per GPU-hour: exactly 1000 micro-units per GPU-second.
+pub const PRICE: u64 = 3_600_000;
+
+/// Connects to Docker, or skips / fails according to `GRIDLEASE_REQUIRE_DOCKER`.
+pub async fn docker_or_skip(test: &str) -> Option<Sandbox> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+    match Sandbox::connect().await {
+        Ok(sb) => Some(sb),
+        Err(e) => {
+            if std::env::var("GRIDLEASE_REQUIRE_DOCKER").as_deref() == Ok("1") {
+                panic!("{test}: GRIDLEASE_REQUIRE_DOCKER=1 but Docker is unreachable: {e}");
+            }
+            eprintln!(
+                "{test}: SKIPPED, Docker is unreachable ({e}); set GRIDLEASE_REQUIRE_DOCKER=1 to make this a failure"
+            );
+            None
+        }
+    }
+}
+
+/// A provider template with short test intervals.
+pub fn lease_template(gpus: u8, interval_s: u32, pay_ahead_s: u32) -> OfferTemplate {
+    let mut t = template(gpus, PRICE);
+    t.min_duration_s = 1;
+    t.min_billed_s = 1;
+    t.usage_interval_s = interval_s;
+    t.pay_ahead_s = pay_ahead_s;
+    t.per_gpu.cpu_millicores = 1000;
+    t.per_gpu.ram_mib = 256;
+    t.per_gpu.disk_gib = 1;
+    t
+}
+
+pub struct Party {
+    pub node: TestNode,
+    pub leases: LeaseService,
+    pub cancel: CancellationToken,
+}
+
+pub fn service_config(root: &Path, name: &str, grace_s: u32) -> LeaseServiceConfig {
+    let mut c = LeaseServiceConfig::new(root.join(name).join("leases"));
+    c.renter_grace_s = grace_s;
+    c.start_allowance = Duration::from_secs(60);
+    c.stop_grace = Duration::from_secs(1);
+    c.rpc_timeout = Duration::from_secs(5);
+    c
+}
+
+pub async fn party(
+    root: &Path,
+    name: &str,
+    config: NodeConfig,
+    svc: LeaseServiceConfig,
+    sandbox: Option<Sandbox>,
+) -> Party {
+    let node = start(root, name, config).await;
+    let cancel = CancellationToken::new();
+    let leases = LeaseService::start(
+        node.node.client.clone(),
+        &node.node.events,
+        svc,
+        sandbox,
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+    Party {
+        node,
+        leases,
+        cancel,
+    }
+}
+
+/// Provider (with `template`) and renter, connected, the renter holding the provider's offer.
+pub async fn market(
+    root: &Path,
+    sb: &Sandbox,
+    template: OfferTemplate,
+    grace_s: u32,
+) -> (Party, Party, OfferId) {
+    let mut pc = config();
+    let mut svc = service_config(root, "provider", grace_s);
+    svc.base_template = Some(template.clone());
+    pc.offer = Some(template);
+    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let mut renter = party(
+        root,
+        "renter",
+        config(),
+        service_config(root, "renter", grace_s),
+        None,
+    )
+    .await;
+    connect(&renter.node, &provider.node).await;
+    let p = provider.node.key_public;
+    let id = wait_event(&mut renter.node.events, |e| match e {
+        NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => Some(*id),
+        _ => None,
+    })
+    .await;
+    (provider, renter, id)
+}
+
+pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -> RentRequest {
+    RentRequest {
+        offer,
+        gpus: 1,
+        duration_s,
+        image: image.to_string(),
+        command: args.iter().map(|s| s.to_string()).collect(),
+        env: BTreeMap::new(),
+        max_total: None,
+    }
+}
+
+/// Reads the whole output of a lease through `svc` (following until eof).
+pub async fn read_logs(
+    svc: &LeaseService,
+    id: gridlease_protocol::LeaseId,
+) -> (Vec<u8>, Option<i32>) {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match svc.logs(id, offset).await {
+            Ok(chunk) => {
+                out.extend_from_slice(&chunk.data);
+                offset = chunk.next_offset;
+                if chunk.eof {
+                    return (out, chunk.exit_code);
+                }
+                if chunk.data.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "logs did not reach eof"
+        );
+    }
+}
+
+/// Removes a lease's container if a test left it behind.
+pub async fn remove_container(sb: &Sandbox, id: gridlease_protocol::LeaseId) {
+    let _ = sb.remove(&format!("gridlease-{id}")).await;
+}
