@@ -39,8 +39,11 @@ impl Printer {
         }
     }
 
-    /// A table with `headers` and `rows`.
+    /// A table with `headers` and `rows` (not in `--json` or `--quiet` mode).
     pub fn table(&self, headers: &[&str], rows: Vec<Vec<String>>) {
+        if self.quiet || self.json {
+            return;
+        }
         let mut t = Table::new();
         t.load_preset(UTF8_BORDERS_ONLY)
             .set_content_arrangement(ContentArrangement::Dynamic)

@@ -115,7 +115,22 @@ pub fn reason_text(r: &RejectReason) -> String {
     }
 }
 
+/// True for a lease state that will not change any more.
+fn terminal(view: &serde_json::Value) -> bool {
+    matches!(
+        view["state"].as_str(),
+        Some("settled" | "failed" | "rejected")
+    )
+}
+
+fn exit_code_of(view: &serde_json::Value) -> Option<i32> {
+    view["exit_code"]
+        .as_i64()
+        .and_then(|c| i32::try_from(c).ok())
+}
+
 /// Follows a lease's output from `from` until it ends; returns the exit code if known.
+/// Transient failures of the provider (busy, reconnecting) are retried for about a minute.
 pub async fn follow_logs(
     api: &ApiClient,
     out: &Printer,
@@ -123,11 +138,35 @@ pub async fn follow_logs(
     mut from: u64,
     follow: bool,
 ) -> anyhow::Result<Option<i32>> {
+    use crate::api::client::ClientError;
     use crate::api::{EOF_HEADER, EXIT_CODE_HEADER, NEXT_OFFSET_HEADER};
+    let mut failures = 0u32;
+    let mut ended_at: Option<tokio::time::Instant> = None;
     loop {
-        let (headers, body) = api
+        let fetched = api
             .get_raw(&format!("/v1/leases/{lease}/logs?from={from}"))
-            .await?;
+            .await;
+        let (headers, body) = match fetched {
+            Ok(r) => {
+                failures = 0;
+                r
+            }
+            Err(e @ ClientError::Api { status: 500.., .. }) if follow && failures < 30 => {
+                failures += 1;
+                tracing::debug!(error = %e, "log fetch failed; retrying");
+                if let Ok(view) = api
+                    .get::<serde_json::Value>(&format!("/v1/leases/{lease}"))
+                    .await
+                    && terminal(&view)
+                {
+                    return Ok(exit_code_of(&view));
+                }
+                let backoff = 200 * u64::from(failures.min(10));
+                tokio::time::sleep(Duration::from_millis(backoff)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if !out.quiet && !out.json {
             out.bytes(&body);
         }
@@ -148,19 +187,21 @@ pub async fn follow_logs(
             // More is probably waiting: ask again at once.
             continue;
         }
-        if body.is_empty() {
-            // Stop following when the lease ended without output (e.g. it never started).
-            let view: serde_json::Value = api.get(&format!("/v1/leases/{lease}")).await?;
-            if matches!(
-                view["state"].as_str(),
-                Some("settled" | "failed" | "rejected")
-            ) {
-                return Ok(exit.or(view["exit_code"]
-                    .as_i64()
-                    .and_then(|c| i32::try_from(c).ok())));
+        if body.is_empty()
+            && let Ok(view) = api
+                .get::<serde_json::Value>(&format!("/v1/leases/{lease}"))
+                .await
+            && terminal(&view)
+        {
+            // The lease is over but no end-of-output came: the provider may still be
+            // flushing the last lines. Give it a few seconds, then report what we have.
+            let since = *ended_at.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() > Duration::from_secs(3) {
+                return Ok(exit.or_else(|| exit_code_of(&view)));
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
         }
+        // Poll gently: the provider serves every renter's log requests.
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
