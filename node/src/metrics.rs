@@ -16,13 +16,19 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::lease::LeaseService;
 use crate::net::Client;
 
 #[derive(Clone)]
 struct MetricsState {
     client: Client,
+    leases: LeaseService,
     started: Instant,
     registry: Arc<Registry>,
+    running_leases: Gauge,
+    active_leases: Gauge,
+    earned: Gauge<f64, AtomicU64>,
+    spent: Gauge<f64, AtomicU64>,
     peers: Gauge,
     offers: Gauge,
     providing_gpus: Gauge,
@@ -34,13 +40,19 @@ struct MetricsState {
 pub async fn serve(
     addr: &str,
     client: Client,
+    leases: LeaseService,
     cancel: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut registry = Registry::with_prefix("gridlease");
     let state = MetricsState {
         client,
+        leases,
         started: Instant::now(),
         registry: Arc::new(Registry::default()),
+        running_leases: Gauge::default(),
+        active_leases: Gauge::default(),
+        earned: Gauge::default(),
+        spent: Gauge::default(),
         peers: Gauge::default(),
         offers: Gauge::default(),
         providing_gpus: Gauge::default(),
@@ -71,6 +83,26 @@ pub async fn serve(
         "uptime_seconds",
         "Seconds since the daemon started",
         state.uptime.clone(),
+    );
+    registry.register(
+        "leases_running",
+        "Leases whose container runs now (either role)",
+        state.running_leases.clone(),
+    );
+    registry.register(
+        "leases_active",
+        "Leases not yet settled, rejected or failed (either role)",
+        state.active_leases.clone(),
+    );
+    registry.register(
+        "earned_total",
+        "Total booked as provider, in units (from the ledger)",
+        state.earned.clone(),
+    );
+    registry.register(
+        "spent_total",
+        "Total booked as renter, in units (from the ledger)",
+        state.spent.clone(),
     );
     let state = MetricsState {
         registry: Arc::new(registry),
@@ -108,6 +140,16 @@ async fn scrape(State(s): State<MetricsState>) -> impl IntoResponse {
             s.price.set(0.0);
         }
         Err(_) => {}
+    }
+    if let Ok(views) = s.leases.leases().await {
+        let running = views.iter().filter(|v| v.state == "running").count();
+        let active = views.iter().filter(|v| !v.is_terminal()).count();
+        s.running_leases.set(gauge(running));
+        s.active_leases.set(gauge(active));
+    }
+    if let Ok(l) = s.leases.ledger().await {
+        s.earned.set(l.total_earned as f64 / 1e6);
+        s.spent.set(l.total_spent as f64 / 1e6);
     }
     s.uptime
         .set(i64::try_from(s.started.elapsed().as_secs()).unwrap_or(i64::MAX));

@@ -180,7 +180,34 @@ fn daemon_serves_status_search_and_gpus_on_a_private_socket() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("h");
     init(&home);
-    let _node = start_node(&home, &["--dev-gpus", "2x RTX 4090:24GiB:0.40"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let _node = start_node(
+        &home,
+        &[
+            "--dev-gpus",
+            "2x RTX 4090:24GiB:0.40",
+            "--metrics",
+            &metrics,
+        ],
+    );
+
+    // Prometheus metrics are served.
+    let body = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&metrics).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(body.contains("gridlease_own_offer_gpus 2"), "{body}");
+    assert!(body.contains("gridlease_leases_active 0"), "{body}");
 
     // The socket is private.
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};

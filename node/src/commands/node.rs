@@ -153,14 +153,15 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         started: Instant::now(),
         gpus,
         external_addrs,
-        leases,
+        leases: leases.clone(),
     };
     let api_task = crate::api::serve(home, api_state, cancel.clone()).await?;
     tracing::info!(socket = %crate::api::socket_path(home).display(), "control API listening");
     let metrics_task = match metrics_addr {
-        Some(addr) => {
-            Some(crate::metrics::serve(&addr, node.client.clone(), cancel.clone()).await?)
-        }
+        Some(addr) => Some(
+            crate::metrics::serve(&addr, node.client.clone(), leases.clone(), cancel.clone())
+                .await?,
+        ),
         None => None,
     };
     let mut events = node.events.subscribe();
