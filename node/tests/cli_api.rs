@@ -2,72 +2,15 @@
 //! precedence, the API socket's mode, and a real daemon answering `status`/`search`/`gpus`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod cli_support;
+
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
-use assert_cmd::cargo::CommandCargoExt;
-
-fn bin() -> Command {
-    let mut c = Command::cargo_bin("gridlease").unwrap();
-    for (k, _) in std::env::vars() {
-        if k.starts_with("GRIDLEASE_") {
-            c.env_remove(k);
-        }
-    }
-    c.env("RUST_LOG", "warn");
-    c
-}
+use cli_support::{bin, init, start_node, text};
 
 fn run(args: &[&str], home: &Path) -> Output {
-    bin().args(args).arg("--home").arg(home).output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn init(home: &Path) {
-    let out = run(&["init"], home);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `gridlease node` on an ephemeral loopback port and waits for its API socket.
-fn start_node(home: &Path, extra: &[&str]) -> Daemon {
-    let child = bin()
-        .args([
-            "node",
-            "--no-mdns",
-            "--listen",
-            "/ip4/127.0.0.1/tcp/0",
-            "--announce-secs",
-            "1",
-        ])
-        .args(extra)
-        .arg("--home")
-        .arg(home)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let d = Daemon(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if run(&["status", "--json"], home).status.success() {
-            return d;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("node did not start serving its API");
+    cli_support::cli(home, args)
 }
 
 #[test]

@@ -4,28 +4,13 @@
 //! they fail when it is unreachable, otherwise they skip with a note.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+mod cli_support;
+
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use assert_cmd::cargo::CommandCargoExt;
+use cli_support::{Daemon, bin, cli, init, start_node, wait_for};
 use serde_json::Value;
-
-fn bin() -> Command {
-    let mut c = Command::cargo_bin("gridlease").unwrap();
-    for (k, _) in std::env::vars() {
-        if k.starts_with("GRIDLEASE_") {
-            c.env_remove(k);
-        }
-    }
-    c.env("RUST_LOG", "warn");
-    c
-}
-
-/// Global flags go first: everything after `rent ... --` is the container's command.
-fn cli(home: &Path, args: &[&str]) -> Output {
-    bin().arg("--home").arg(home).args(args).output().unwrap()
-}
 
 fn json(home: &Path, args: &[&str]) -> Value {
     let out = bin()
@@ -61,47 +46,9 @@ fn probe_image_or_skip(test: &str) -> Option<String> {
     })
 }
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start(home: &Path, extra: &[&str]) -> Daemon {
-    let out = cli(home, &["init"]);
-    assert!(out.status.success());
-    let child = bin()
-        .args([
-            "node",
-            "--no-mdns",
-            "--listen",
-            "/ip4/127.0.0.1/tcp/0",
-            "--announce-secs",
-            "1",
-        ])
-        .args(extra)
-        .arg("--home")
-        .arg(home)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let d = Daemon(child);
-    wait_for(Duration::from_secs(30), "API up", || {
-        cli(home, &["status"]).status.success()
-    });
-    d
-}
-
-fn wait_for(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    init(home);
+    start_node(home, extra)
 }
 
 fn lease_of(home: &Path, id: &str) -> Value {
