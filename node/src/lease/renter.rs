@@ -113,6 +113,27 @@ impl Session {
         tracing::info!(?reason, total = %total, exit_code = ?self.exit_code, "lease settled");
     }
 
+    /// A deliberately bad receipt, when the test-only fault says so.
+    fn fault(&mut self) -> Option<SessionResponse> {
+        let (after, kind) = self.ctx.config.faults.bad_receipt_after?;
+        let last = self.channel.last_receipt()?.clone();
+        if last.seq < after {
+            return None;
+        }
+        match kind {
+            super::BadReceipt::Replay => self.last_signed.clone().map(SessionResponse::Receipt),
+            super::BadReceipt::Decreasing => {
+                let r = PaymentReceipt {
+                    seq: last.seq + 1,
+                    total_paid: last.total_paid.saturating_sub(1),
+                    issued_at: clock::now(),
+                    ..last
+                };
+                sign(&self.ctx, &r).map(SessionResponse::Receipt)
+            }
+        }
+    }
+
     /// Handles a usage report. Returns `Some(reason)` when the lease must end.
     async fn on_usage(
         &mut self,
@@ -131,6 +152,9 @@ impl Session {
             }
         };
         let now = clock::now();
+        if let Some(bad) = self.fault() {
+            return (bad, None);
+        }
         let elapsed = now.ms_since(seen_at);
         let before = self.channel.clone();
         match self.channel.on_usage(&v.message, &v.signer, elapsed, now) {
