@@ -267,3 +267,44 @@ async fn inflated_usage_is_refused_and_closes_the_lease() {
     renter.cancel.cancel();
     remove_container(&sb, id).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn budget_cap_stops_the_lease_at_the_cap() {
+    let Some(sb) = docker_or_skip("budget_cap").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(
+        dir.path(),
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+    )
+    .await;
+    let mut req = probe_rent(offer, &image, 120, LONG);
+    // Five seconds' worth.
+    req.max_total = Some(gridlease_contracts::Money::from_micros(5 * PER_S));
+    let id = renter.leases.rent(req).await.unwrap();
+    let pdone = tokio::time::timeout(Duration::from_secs(60), provider.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    let rdone = tokio::time::timeout(Duration::from_secs(30), renter.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("budget: provider {pdone:#?}\nrenter {rdone:#?}");
+    assert_eq!(pdone.close_reason.as_deref(), Some("budget_exhausted"));
+    assert_eq!(pdone.settled_total, Some(5 * PER_S));
+    assert_eq!(rdone.settled_total, Some(5 * PER_S));
+    let wall = pdone.usage.as_ref().unwrap().wall_ms;
+    assert!(
+        wall < 5_000 + 2 * u64::from(INTERVAL_S) * 1000 + 2000,
+        "ran {wall} ms"
+    );
+    assert!(!container_exists(&sb, id).await);
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, id).await;
+}
