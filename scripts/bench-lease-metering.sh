@@ -49,7 +49,7 @@ c2=$(cpu "$P"); r2=$(cpu "$R2"); sleep "$SECS"; c3=$(cpu "$P"); r3=$(cpu "$R2")
 awk -v t="$tick" -v s="$SECS" -v a="$c0" -v b="$c1" -v c="$c2" -v d="$c3" -v e="$r2" -v f="$r3" \
   -v l="$lease" -v i="$INTERVAL" 'BEGIN {
   idle = (b - a) / t / s * 100; busy = (d - c) / t / s * 100; renter = (f - e) / t / s * 100
-  printf "lease %s, report interval %d s, window %d s\n", substr(l, 1, 12), i, s
+  printf "lease %s, report interval %d s, measured over %d s each\n", substr(l, 1, 12), i, s
   printf "provider CPU idle:          %.2f%% of a core\n", idle
   printf "provider CPU, lease running: %.2f%% of a core\n", busy
   printf "metering one lease:          %.2f%% of a core\n", busy - idle
