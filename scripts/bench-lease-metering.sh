@@ -18,7 +18,12 @@ SECS=${SECS:-30}
 IMAGE=${IMAGE:-gridlease-probe:0.1.0}
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+lease=""
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ -n "$lease" ]; then docker rm -f "gridlease-$lease" >/dev/null 2>&1 || true; fi
+  rm -rf "$tmp"
+}
 trap cleanup EXIT
 tick=$(getconf CLK_TCK)
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
