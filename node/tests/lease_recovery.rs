@@ -321,3 +321,80 @@ fn renter_kill9_restart_lease_continues_and_ledgers_agree() {
     check_agree(&ph, &rh, id);
     rt.block_on(remove_container(&sb, id));
 }
+
+/// The provider is killed and stays down past the lease's deadline; the renter gives up on it
+/// (`ProviderUnreachable`) and settles. On restart the provider finds the expired lease, stops
+/// its container, and settles at the renter's last receipt (fetched in the close exchange if it
+/// had missed it): the statements still agree.
+#[test]
+fn provider_down_past_expiry_stops_and_settles_on_restart() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(sb) = rt.block_on(docker_or_skip("provider_down_past_expiry")) else {
+        return;
+    };
+    let image = rt.block_on(sb.ensure_probe_image()).unwrap();
+    let exe = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let plog = dir.path().join("provider.log");
+    let p1 = Proc::spawn(&exe, &plog, &args(&ph, &["--provide"]));
+    let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
+    let rargs = [
+        "--bootstrap",
+        &paddr,
+        "--rent-image",
+        &image,
+        "--rent-duration",
+        "12",
+        "--",
+        "sleep",
+        "60",
+    ];
+    let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
+    let raddr = r.wait_line("LISTEN ", Duration::from_secs(30));
+    let id: LeaseId = r
+        .wait_line("LEASE ", Duration::from_secs(60))
+        .parse()
+        .unwrap();
+    wait_until(
+        "2 receipts at the provider",
+        Duration::from_secs(60),
+        || receipts_at_least(&ph, id, 2),
+    );
+    p1.kill9();
+    let settled_r = r.wait_line(&format!("SETTLED {id} "), Duration::from_secs(30));
+    // Stay down until the 12 s lease is certainly past its deadline.
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(
+        rt.block_on(container_exists(&sb, id)),
+        "the container outlived its dead provider"
+    );
+    let p2 = Proc::spawn(
+        &exe,
+        &plog,
+        &args(&ph, &["--provide", "--bootstrap", &raddr]),
+    );
+    let settled_p = p2.wait_line(&format!("SETTLED {id} "), Duration::from_secs(60));
+    assert_eq!(settled_r, settled_p);
+    drop((p2, r));
+    let ps = snapshot(&ph, id, Role::Provider);
+    let rs = snapshot(&rh, id, Role::Renter);
+    eprintln!("provider {ps:?}\nrenter {rs:?}");
+    assert_eq!(ps.state, LeaseState::Settled);
+    assert_eq!(rs.state, LeaseState::Settled);
+    assert_eq!(ps.reason, Some(gridlease_protocol::CloseReason::Expired));
+    assert_eq!(
+        rs.reason,
+        Some(gridlease_protocol::CloseReason::ProviderUnreachable)
+    );
+    assert_eq!(ps.settled, rs.settled);
+    assert_eq!(ps.booked, ps.last_receipt_total);
+    assert_eq!(rs.booked, rs.last_receipt_total);
+    assert_eq!(ps.booked, rs.booked);
+    assert!(ps.settled.unwrap() <= 12_000, "never more than the lease");
+    assert!(
+        !rt.block_on(container_exists(&sb, id)),
+        "expired container removed"
+    );
+    rt.block_on(remove_container(&sb, id));
+}

@@ -699,6 +699,14 @@ impl Actor {
                             .await;
                         let _ = m.reply.send(r);
                     });
+                } else if let SessionRequest::Close(_) = m.request {
+                    // A renter that already settled (e.g. it gave up on a provider that then
+                    // came back) still returns its last receipt, so both statements agree.
+                    let ctx = self.ctx.clone();
+                    tokio::spawn(async move {
+                        let r = renter::answer_late_close(&ctx, m.peer, &m.request).await;
+                        let _ = m.reply.send(r);
+                    });
                 } else {
                     let _ = m.reply.send(SessionResponse::UnknownLease);
                 }

@@ -363,3 +363,35 @@ pub(crate) async fn run(
         }
     }
 }
+
+/// Answers a provider's close for a lease whose renter session has ended: its last receipt
+/// from the store, if the close is signed by the lease's provider and sent by it.
+pub(crate) async fn answer_late_close(
+    ctx: &Ctx,
+    peer: PeerId,
+    request: &SessionRequest,
+) -> SessionResponse {
+    let SessionRequest::Close(signed) = request else {
+        return SessionResponse::UnknownLease;
+    };
+    let Ok(v) = signed.verify(ctx.client.network()) else {
+        return SessionResponse::UnknownLease;
+    };
+    let id = v.message.lease_id;
+    let Ok(Some(l)) = ctx.store.call(move |s| s.lease(&id)).await else {
+        return SessionResponse::UnknownLease;
+    };
+    let provider = l.lease.terms.provider;
+    if l.role != Role::Renter || v.signer != provider || provider.peer_id().ok() != Some(peer) {
+        return SessionResponse::UnknownLease;
+    }
+    let Ok(rec) = ctx.store.call(move |s| s.session_record(&id)).await else {
+        return SessionResponse::Busy;
+    };
+    let last_receipt = rec
+        .last_receipt
+        .as_ref()
+        .and_then(|(_, b)| view::decode_receipt(b))
+        .map(|(s, _)| s);
+    SessionResponse::Closed { last_receipt }
+}
