@@ -91,6 +91,31 @@ pub struct LeaseServiceConfig {
     pub stop_grace: Duration,
     /// How long a session waits for an answer from the other side.
     pub rpc_timeout: Duration,
+    /// Deliberate misbehaviour, for tests of the other side's defences only. Always
+    /// [`Faults::default`] (none) in the daemon.
+    #[doc(hidden)]
+    pub faults: Faults,
+}
+
+/// Test-only misbehaviour of this node's sessions (see [`LeaseServiceConfig::faults`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Provider: from this usage report sequence on, claim twice the wall time (and the
+    /// matching amount).
+    pub inflate_usage_from_seq: Option<u64>,
+    /// Renter: once this many receipts were sent, answer the next report with a bad receipt.
+    pub bad_receipt_after: Option<(u64, BadReceipt)>,
+}
+
+/// Which bad receipt a faulty renter sends.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadReceipt {
+    /// The previous receipt again.
+    Replay,
+    /// A new sequence with a lower total.
+    Decreasing,
 }
 
 impl LeaseServiceConfig {
@@ -105,6 +130,7 @@ impl LeaseServiceConfig {
             start_allowance: Duration::from_secs(300),
             stop_grace: Duration::from_secs(2),
             rpc_timeout: Duration::from_secs(10),
+            faults: Faults::default(),
         }
     }
 }
@@ -671,6 +697,14 @@ impl Actor {
                     tokio::spawn(async move {
                         let r = provider::serve_finished_logs(&ctx, m.peer, lease_id, offset, max)
                             .await;
+                        let _ = m.reply.send(r);
+                    });
+                } else if let SessionRequest::Close(_) = m.request {
+                    // A renter that already settled (e.g. it gave up on a provider that then
+                    // came back) still returns its last receipt, so both statements agree.
+                    let ctx = self.ctx.clone();
+                    tokio::spawn(async move {
+                        let r = renter::answer_late_close(&ctx, m.peer, &m.request).await;
                         let _ = m.reply.send(r);
                     });
                 } else {

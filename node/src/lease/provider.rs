@@ -163,6 +163,15 @@ impl Session {
             None => due,
         };
         self.seq += 1;
+        let (totals, due) = match self.ctx.config.faults.inflate_usage_from_seq {
+            Some(from) if self.seq >= from && exit_code.is_none() => {
+                let mut t = totals;
+                t.wall_ms = t.wall_ms.saturating_mul(2);
+                t.gpu_ms = t.gpu_ms.saturating_mul(2);
+                (t, tariff.due(t.wall_ms).unwrap_or(tariff.max_total))
+            }
+            _ => (totals, due),
+        };
         let r = to_usage_report(
             self.lease.id,
             self.seq,
@@ -632,15 +641,6 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
             Err(e) => tracing::debug!(error = %e, "close not delivered"),
         }
     }
-    let total = s.channel.paid();
-    if s.lease.state.can_settle() {
-        let patch = SessionPatch {
-            settled_total: Some(total.micros()),
-            ..SessionPatch::default()
-        };
-        s.transition(LeaseEvent::Settle { total }, Actor::Provider, patch)
-            .await;
-    }
     if let (Some(sb), Some(cid)) = (&ctx.sandbox, &s.container) {
         if !ctx.log_path(&s.lease.id).exists() {
             save_logs(&ctx, sb, cid, s.lease.id).await;
@@ -651,6 +651,15 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     }
     if let Err(e) = ctx.client.release_lease(s.lease.id).await {
         tracing::warn!(error = %e, "cannot release the GPUs");
+    }
+    let total = s.channel.paid();
+    if s.lease.state.can_settle() {
+        let patch = SessionPatch {
+            settled_total: Some(total.micros()),
+            ..SessionPatch::default()
+        };
+        s.transition(LeaseEvent::Settle { total }, Actor::Provider, patch)
+            .await;
     }
     tracing::info!(?reason, total = %total, exit_code = ?s.exit_code, "lease settled");
     s.publish();

@@ -113,6 +113,27 @@ impl Session {
         tracing::info!(?reason, total = %total, exit_code = ?self.exit_code, "lease settled");
     }
 
+    /// A deliberately bad receipt, when the test-only fault says so.
+    fn fault(&mut self) -> Option<SessionResponse> {
+        let (after, kind) = self.ctx.config.faults.bad_receipt_after?;
+        let last = self.channel.last_receipt()?.clone();
+        if last.seq < after {
+            return None;
+        }
+        match kind {
+            super::BadReceipt::Replay => self.last_signed.clone().map(SessionResponse::Receipt),
+            super::BadReceipt::Decreasing => {
+                let r = PaymentReceipt {
+                    seq: last.seq + 1,
+                    total_paid: last.total_paid.saturating_sub(1),
+                    issued_at: clock::now(),
+                    ..last
+                };
+                sign(&self.ctx, &r).map(SessionResponse::Receipt)
+            }
+        }
+    }
+
     /// Handles a usage report. Returns `Some(reason)` when the lease must end.
     async fn on_usage(
         &mut self,
@@ -131,6 +152,9 @@ impl Session {
             }
         };
         let now = clock::now();
+        if let Some(bad) = self.fault() {
+            return (bad, None);
+        }
         let elapsed = now.ms_since(seen_at);
         let before = self.channel.clone();
         match self.channel.on_usage(&v.message, &v.signer, elapsed, now) {
@@ -338,4 +362,36 @@ pub(crate) async fn run(
             }
         }
     }
+}
+
+/// Answers a provider's close for a lease whose renter session has ended: its last receipt
+/// from the store, if the close is signed by the lease's provider and sent by it.
+pub(crate) async fn answer_late_close(
+    ctx: &Ctx,
+    peer: PeerId,
+    request: &SessionRequest,
+) -> SessionResponse {
+    let SessionRequest::Close(signed) = request else {
+        return SessionResponse::UnknownLease;
+    };
+    let Ok(v) = signed.verify(ctx.client.network()) else {
+        return SessionResponse::UnknownLease;
+    };
+    let id = v.message.lease_id;
+    let Ok(Some(l)) = ctx.store.call(move |s| s.lease(&id)).await else {
+        return SessionResponse::UnknownLease;
+    };
+    let provider = l.lease.terms.provider;
+    if l.role != Role::Renter || v.signer != provider || provider.peer_id().ok() != Some(peer) {
+        return SessionResponse::UnknownLease;
+    }
+    let Ok(rec) = ctx.store.call(move |s| s.session_record(&id)).await else {
+        return SessionResponse::Busy;
+    };
+    let last_receipt = rec
+        .last_receipt
+        .as_ref()
+        .and_then(|(_, b)| view::decode_receipt(b))
+        .map(|(s, _)| s);
+    SessionResponse::Closed { last_receipt }
 }

@@ -287,3 +287,29 @@ pub fn final_due(terms: &gridlease_protocol::LeaseTerms, wall_ms: u64) -> Option
 pub fn ms(t: Timestamp) -> u64 {
     t.0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::fixtures;
+    use gridlease_protocol::{Digest, NodeKey, OfferId};
+
+    #[test]
+    fn view_serializes_with_text_ids_and_micro_units() {
+        let p = NodeKey::from_secret([1; 32]).public();
+        let r = NodeKey::from_secret([2; 32]).public();
+        let offer = fixtures::offer(p, 1, 1, 3_600_000);
+        let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, r, 1, 600);
+        let id = terms.lease_id().unwrap();
+        let lease = Lease::propose(id, terms);
+        let v = make(Role::Renter, &lease, &p, None, 42, Some(0));
+        let j = serde_json::to_value(&v).unwrap();
+        assert_eq!(j["lease_id"], id.to_string());
+        assert_eq!(j["role"], "renter");
+        assert_eq!(j["state"], "proposed");
+        assert_eq!(j["counterparty"], p.peer_id().unwrap().to_string());
+        assert_eq!(j["paid"], 42);
+        assert_eq!(j["exit_code"], 0);
+        assert!(!v.is_terminal());
+    }
+}

@@ -121,3 +121,103 @@ pub fn detail(s: impl std::fmt::Display) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::codec::{LeaseCodec, LeaseRpc, LeaseRpcResponse};
+    use futures::io::Cursor;
+    use gridlease_protocol::{Digest, NetworkId, NodeKey, Timestamp};
+    use libp2p::request_response::Codec;
+
+    async fn round_trip_response(r: SessionResponse) -> SessionResponse {
+        let mut c = LeaseCodec;
+        let p = crate::net::codec::LEASE_PROTOCOL;
+        let mut buf = Cursor::new(Vec::new());
+        c.write_response(&p, &mut buf, LeaseRpcResponse::Session(r))
+            .await
+            .unwrap();
+        let bytes = buf.into_inner();
+        match c.read_response(&p, &mut Cursor::new(bytes)).await.unwrap() {
+            LeaseRpcResponse::Session(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn largest_log_chunk_fits_the_response_frame() {
+        let chunk = LogChunk {
+            data: vec![0xab; MAX_LOG_CHUNK as usize],
+            next_offset: u64::MAX,
+            eof: true,
+            exit_code: Some(-1),
+        };
+        match round_trip_response(SessionResponse::Logs(chunk.clone())).await {
+            SessionResponse::Logs(got) => assert_eq!(got, chunk),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn usage_and_close_requests_round_trip_and_name_their_lease() {
+        let key = NodeKey::from_secret([7; 32]);
+        let net = NetworkId::devnet();
+        let lease_id = LeaseId(Digest::of("t", b"lease"));
+        let report = UsageReport {
+            lease_id,
+            seq: 3,
+            interval_start: Timestamp(1),
+            interval_end: Timestamp(2),
+            wall_ms: 10,
+            gpu_ms: 10,
+            cpu_ms: 5,
+            energy_mj: 0,
+            net_rx_bytes: 0,
+            net_tx_bytes: 0,
+            gpu_util_permille: 0,
+            vram_peak_mib: 0,
+            mem_peak_mib: 1,
+            amount_due: 9,
+            exit_code: None,
+        };
+        let close = LeaseClose {
+            lease_id,
+            reason: CloseReason::RenterStop,
+            at: Timestamp(5),
+            exit_code: None,
+        };
+        let mut c = LeaseCodec;
+        let p = crate::net::codec::LEASE_PROTOCOL;
+        for req in [
+            SessionRequest::Usage(Signed::sign(&key, &net, &report).unwrap()),
+            SessionRequest::Close(Signed::sign(&key, &net, &close).unwrap()),
+            SessionRequest::Logs {
+                lease_id,
+                offset: 7,
+                max: MAX_LOG_CHUNK,
+            },
+        ] {
+            assert_eq!(req.lease_hint(), Some(lease_id));
+            let mut buf = Cursor::new(Vec::new());
+            c.write_request(&p, &mut buf, LeaseRpc::Session(req))
+                .await
+                .unwrap();
+            match c
+                .read_request(&p, &mut Cursor::new(buf.into_inner()))
+                .await
+                .unwrap()
+            {
+                LeaseRpc::Session(got) => assert_eq!(got.lease_hint(), Some(lease_id)),
+                other => panic!("{other:?}"),
+            }
+        }
+        let refused = SessionResponse::Refused {
+            reason: CloseReason::ImplausibleUsage,
+            detail: detail("x".repeat(1000)),
+        };
+        match round_trip_response(refused).await {
+            SessionResponse::Refused { detail, .. } => assert_eq!(detail.len(), MAX_DETAIL),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -178,3 +178,37 @@ pub async fn read_logs(
 pub async fn remove_container(sb: &Sandbox, id: gridlease_protocol::LeaseId) {
     let _ = sb.remove(&format!("gridlease-{id}")).await;
 }
+
+/// Polls the lease's view on `svc` until `cond` holds (60 s at most).
+pub async fn wait_view(
+    svc: &LeaseService,
+    id: gridlease_protocol::LeaseId,
+    what: &str,
+    cond: impl Fn(&gridlease_node::lease::LeaseView) -> bool,
+) -> gridlease_node::lease::LeaseView {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(v)) = svc.lease(id).await
+            && cond(&v)
+        {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Kills a party in process: its lease service and its network stop at once, nothing is
+/// settled or said to the other side.
+pub async fn vanish(p: Party) {
+    p.cancel.cancel();
+    stop(p.node).await;
+}
+
+/// Whether a lease's container still exists.
+pub async fn container_exists(sb: &Sandbox, id: gridlease_protocol::LeaseId) -> bool {
+    sb.inspect(&format!("gridlease-{id}")).await.is_ok()
+}

@@ -1,0 +1,310 @@
+//! Leases when a side vanishes or misbehaves (issue 5), real Docker and the probe image.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+mod lease_support;
+
+use std::time::{Duration, Instant};
+
+use gridlease_node::clock;
+use gridlease_node::lease::{BadReceipt, Faults};
+use lease_support::*;
+
+/// 1 s reports, 3 s pay-ahead window, 3 s grace: short windows so the bounds are tested fast.
+const INTERVAL_S: u32 = 1;
+const WINDOW_S: u32 = 3;
+const GRACE_S: u32 = 3;
+/// Cost of one second of one GPU at [`PRICE`].
+const PER_S: u64 = 1000;
+
+/// A long-running probe: burns a little CPU, then sleeps.
+const LONG: &[&str] = &[
+    "burn", "1", "1", "sentinel", "UP", "sleep", "120", "exit", "0",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renter_vanishes_provider_stops_within_window_plus_grace() {
+    let Some(sb) = docker_or_skip("renter_vanishes").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(
+        dir.path(),
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+    )
+    .await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &image, 120, LONG))
+        .await
+        .unwrap();
+    // Paid for a few seconds: the channel works.
+    wait_view(&provider.leases, id, "3 s paid", |v| v.paid >= 3 * PER_S).await;
+    let killed_at = clock::now();
+    let t = Instant::now();
+    vanish(renter).await;
+
+    let done = tokio::time::timeout(Duration::from_secs(60), provider.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "provider after renter vanished: {done:#?} (in {:?})",
+        t.elapsed()
+    );
+    assert_eq!(done.state, "settled");
+    let reason = done.close_reason.clone().unwrap();
+    assert!(
+        reason == "renter_unreachable" || reason == "payment_lagging",
+        "{reason}"
+    );
+    // Stopped within window + grace (+ one report interval of detection, + the stop grace).
+    let closed_after_ms = done.closed_at.unwrap() - killed_at.0;
+    let bound_ms = u64::from(WINDOW_S + GRACE_S + INTERVAL_S) * 1000 + 1000;
+    assert!(
+        closed_after_ms <= bound_ms,
+        "stopped {closed_after_ms} ms after the renter vanished, bound {bound_ms} ms"
+    );
+    assert!(!container_exists(&sb, id).await, "container removed");
+    // Unpaid exposure: what the last report claims minus what was paid, at most one window of
+    // cost plus one step.
+    let unpaid = done.cost_so_far - done.paid;
+    let bound = u64::from(WINDOW_S + INTERVAL_S) * PER_S;
+    eprintln!("unpaid exposure {unpaid} micro-units, bound {bound}");
+    assert!(unpaid <= bound, "unpaid {unpaid} > {bound}");
+    assert_eq!(done.settled_total, Some(done.paid));
+    provider.cancel.cancel();
+    remove_container(&sb, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn provider_vanishes_renter_stops_paying_within_one_interval() {
+    let Some(sb) = docker_or_skip("provider_vanishes").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(
+        dir.path(),
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+    )
+    .await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &image, 120, LONG))
+        .await
+        .unwrap();
+    let before = wait_view(&renter.leases, id, "3 s paid", |v| v.paid >= 3 * PER_S).await;
+    let killed_at = clock::now();
+    vanish(provider).await;
+    // The vanished provider left its container (a restart would resume it); clean up.
+    remove_container(&sb, id).await;
+
+    let done = tokio::time::timeout(Duration::from_secs(60), renter.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("renter after provider vanished: {done:#?}");
+    assert_eq!(done.state, "settled");
+    assert_eq!(done.close_reason.as_deref(), Some("provider_unreachable"));
+    // Paid nothing after the provider vanished beyond at most one report already in flight.
+    assert!(
+        done.paid <= before.paid + u64::from(INTERVAL_S) * PER_S,
+        "paid {} after vanish, {} before",
+        done.paid,
+        before.paid
+    );
+    // Loss bounded by the prepaid window: the renter pays in arrears, never beyond shown usage.
+    let shown = done.usage.as_ref().unwrap().wall_ms / 1000 * PER_S;
+    assert!(done.paid <= shown, "paid {} for {shown} shown", done.paid);
+    assert_eq!(done.settled_total, Some(done.paid));
+    let gave_up_ms = done.closed_at.unwrap() - killed_at.0;
+    eprintln!("renter gave up {gave_up_ms} ms after the provider vanished");
+    assert!(
+        gave_up_ms <= u64::from(2 * INTERVAL_S) * 1000 + 3000,
+        "{gave_up_ms} ms"
+    );
+    renter.cancel.cancel();
+}
+
+async fn bad_receipt(kind: BadReceipt) {
+    let Some(sb) = docker_or_skip("bad_receipt").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let template = lease_template(1, INTERVAL_S, WINDOW_S);
+    let mut pc = common::config();
+    let mut svc = service_config(root, "provider", GRACE_S);
+    svc.base_template = Some(template.clone());
+    pc.offer = Some(template);
+    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let mut rsvc = service_config(root, "renter", GRACE_S);
+    rsvc.faults = Faults {
+        bad_receipt_after: Some((3, kind)),
+        ..Faults::default()
+    };
+    let mut renter = party(root, "renter", common::config(), rsvc, None).await;
+    common::connect(&renter.node, &provider.node).await;
+    let p = provider.node.key_public;
+    let offer = common::wait_event(&mut renter.node.events, |e| match e {
+        gridlease_node::net::NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => {
+            Some(*id)
+        }
+        _ => None,
+    })
+    .await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &image, 120, LONG))
+        .await
+        .unwrap();
+    let pdone = tokio::time::timeout(Duration::from_secs(60), provider.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    let rdone = tokio::time::timeout(Duration::from_secs(30), renter.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("{kind:?}: provider {pdone:#?}\nrenter {rdone:#?}");
+    assert_eq!(pdone.close_reason.as_deref(), Some("bad_receipt"));
+    assert_eq!(pdone.state, "settled");
+    assert_eq!(rdone.state, "settled");
+    // Nothing booked from the bad receipt: both statements are the last good receipt (3rd).
+    let pl = provider.leases.ledger().await.unwrap();
+    let rl = renter.leases.ledger().await.unwrap();
+    assert_eq!(pl.total_earned, rl.total_spent);
+    assert_eq!(pdone.settled_total, rdone.settled_total);
+    assert_eq!(
+        pl.leases[0].entries, 3,
+        "three receipts booked by the provider"
+    );
+    assert!(!container_exists(&sb, id).await);
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replayed_receipt_is_refused_and_closes_the_lease() {
+    bad_receipt(BadReceipt::Replay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decreasing_receipt_is_refused_and_closes_the_lease() {
+    bad_receipt(BadReceipt::Decreasing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inflated_usage_is_refused_and_closes_the_lease() {
+    let Some(sb) = docker_or_skip("inflated_usage").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let template = lease_template(1, INTERVAL_S, WINDOW_S);
+    let mut pc = common::config();
+    let mut svc = service_config(root, "provider", GRACE_S);
+    svc.base_template = Some(template.clone());
+    svc.faults = Faults {
+        inflate_usage_from_seq: Some(4),
+        ..Faults::default()
+    };
+    pc.offer = Some(template);
+    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let mut renter = party(
+        root,
+        "renter",
+        common::config(),
+        service_config(root, "renter", GRACE_S),
+        None,
+    )
+    .await;
+    common::connect(&renter.node, &provider.node).await;
+    let p = provider.node.key_public;
+    let offer = common::wait_event(&mut renter.node.events, |e| match e {
+        gridlease_node::net::NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => {
+            Some(*id)
+        }
+        _ => None,
+    })
+    .await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &image, 120, LONG))
+        .await
+        .unwrap();
+    let rdone = tokio::time::timeout(Duration::from_secs(60), renter.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    let pdone = tokio::time::timeout(Duration::from_secs(30), provider.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("inflated: renter {rdone:#?}\nprovider {pdone:#?}");
+    assert_eq!(rdone.close_reason.as_deref(), Some("implausible_usage"));
+    assert_eq!(rdone.state, "settled");
+    assert_eq!(pdone.state, "settled");
+    // The renter's last accepted report is the 3rd; nothing was booked from the 4th.
+    assert_eq!(rdone.usage.as_ref().unwrap().seq, 3);
+    let rl = renter.leases.ledger().await.unwrap();
+    let pl = provider.leases.ledger().await.unwrap();
+    assert_eq!(rl.total_spent, pl.total_earned);
+    assert_eq!(rdone.settled_total, pdone.settled_total);
+    assert!(rl.leases[0].entries <= 3);
+    assert!(!container_exists(&sb, id).await);
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn budget_cap_stops_the_lease_at_the_cap() {
+    let Some(sb) = docker_or_skip("budget_cap").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(
+        dir.path(),
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+    )
+    .await;
+    let mut req = probe_rent(offer, &image, 120, LONG);
+    // Five seconds' worth.
+    req.max_total = Some(gridlease_contracts::Money::from_micros(5 * PER_S));
+    let id = renter.leases.rent(req).await.unwrap();
+    let pdone = tokio::time::timeout(Duration::from_secs(60), provider.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    let rdone = tokio::time::timeout(Duration::from_secs(30), renter.leases.wait_closed(id))
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("budget: provider {pdone:#?}\nrenter {rdone:#?}");
+    assert_eq!(pdone.close_reason.as_deref(), Some("budget_exhausted"));
+    assert_eq!(pdone.settled_total, Some(5 * PER_S));
+    assert_eq!(rdone.settled_total, Some(5 * PER_S));
+    let wall = pdone.usage.as_ref().unwrap().wall_ms;
+    assert!(
+        wall < 5_000 + 2 * u64::from(INTERVAL_S) * 1000 + 2000,
+        "ran {wall} ms"
+    );
+    assert!(!container_exists(&sb, id).await);
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, id).await;
+}

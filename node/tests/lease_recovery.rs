@@ -1,0 +1,400 @@
+//! `kill -9` recovery (issue 5): real node processes (the `lease_node` example harness, see
+//! `node/examples/lease_node.rs`) with real Docker; one side is killed with SIGKILL during a
+//! running lease and restarted from the same home. The lease must settle on both nodes at the
+//! same total, equal to the last receipt, with no receipt lost or booked twice.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+mod lease_support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, sync_channel};
+use std::time::{Duration, Instant};
+
+use gridlease_contracts::LeaseState;
+use gridlease_node::store::lease::ACCOUNT_LEASE_REVENUE;
+use gridlease_node::store::lease::ACCOUNT_LEASE_SPEND;
+use gridlease_node::store::{Role, Store};
+use gridlease_protocol::LeaseId;
+use lease_support::*;
+
+/// Builds the harness (a no-op when up to date) and returns its path.
+fn harness() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "gridlease-node",
+            "--example",
+            "lease_node",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success(), "cannot build the lease_node example");
+    let exe = std::env::current_exe().unwrap();
+    let debug = exe.parent().unwrap().parent().unwrap();
+    debug.join("examples").join("lease_node")
+}
+
+struct Proc {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(exe: &Path, log: &Path, args: &[String]) -> Self {
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let mut child = Command::new(exe)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = sync_channel(1024);
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines: rx }
+    }
+
+    /// The rest of the first stdout line starting with `prefix`.
+    fn wait_line(&self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if let Some(rest) = l.strip_prefix(prefix) {
+                        return rest.trim().to_string();
+                    }
+                }
+                Err(e) => panic!("no {prefix:?} line: {e}"),
+            }
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap(); // SIGKILL on Unix
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn args(home: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "--home".to_string(),
+        home.display().to_string(),
+        "--listen".into(),
+        "/ip4/127.0.0.1/tcp/0".into(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// (state, settled total, exit code, close reason, last receipt seq, booked sum, usage seqs)
+#[derive(Debug)]
+struct Snapshot {
+    state: LeaseState,
+    settled: Option<u64>,
+    exit_code: Option<i32>,
+    reason: Option<gridlease_protocol::CloseReason>,
+    last_receipt_total: u64,
+    booked: u64,
+    rows: usize,
+}
+
+fn snapshot(home: &Path, id: LeaseId, role: Role) -> Snapshot {
+    let s = Store::open(&home.join("gridlease.db")).unwrap();
+    let l = s.lease(&id).unwrap().expect("lease stored");
+    assert_eq!(l.role, role);
+    let rec = s.session_record(&id).unwrap();
+    let last_receipt_total = rec
+        .last_receipt
+        .as_ref()
+        .map(|(_, b)| {
+            let r = gridlease_protocol::Signed::<gridlease_protocol::PaymentReceipt>::from_bytes(b)
+                .unwrap();
+            let m: gridlease_protocol::PaymentReceipt =
+                gridlease_protocol::WireMessage::decode_payload(&r.envelope().payload).unwrap();
+            m.total_paid
+        })
+        .unwrap_or(0);
+    let rows: Vec<_> = s
+        .ledger_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.lease_id == id)
+        .collect();
+    let account = match role {
+        Role::Renter => ACCOUNT_LEASE_SPEND,
+        Role::Provider => ACCOUNT_LEASE_REVENUE,
+    };
+    let booked = rows
+        .iter()
+        .filter(|r| r.account == account)
+        .map(|r| r.debit + r.credit)
+        .sum();
+    let debits: u64 = rows.iter().map(|r| r.debit).sum();
+    let credits: u64 = rows.iter().map(|r| r.credit).sum();
+    assert_eq!(debits, credits, "double entry balances");
+    Snapshot {
+        state: l.lease.state,
+        settled: rec.fields.settled_total,
+        exit_code: rec.fields.exit_code,
+        reason: rec.fields.close_reason,
+        last_receipt_total,
+        booked,
+        rows: rows.len(),
+    }
+}
+
+fn receipts_at_least(home: &Path, id: LeaseId, n: u64) -> bool {
+    let s = Store::open(&home.join("gridlease.db")).unwrap();
+    s.session_record(&id)
+        .unwrap()
+        .last_receipt
+        .is_some_and(|(seq, _)| seq >= n)
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+const RUN: &[&str] = &[
+    "--", "sentinel", "UP", "sleep", "14", "sentinel", "DONE", "exit", "0",
+];
+
+fn check_agree(p: &Path, r: &Path, id: LeaseId) {
+    let ps = snapshot(p, id, Role::Provider);
+    let rs = snapshot(r, id, Role::Renter);
+    eprintln!("provider {ps:?}\nrenter {rs:?}");
+    assert_eq!(ps.state, LeaseState::Settled);
+    assert_eq!(rs.state, LeaseState::Settled);
+    assert_eq!(ps.exit_code, Some(0));
+    assert_eq!(rs.exit_code, Some(0));
+    assert_eq!(
+        ps.reason,
+        Some(gridlease_protocol::CloseReason::ContainerExited)
+    );
+    // Statements agree to the micro-unit and equal the last receipt on both sides.
+    assert_eq!(ps.settled, rs.settled);
+    assert_eq!(ps.settled, Some(ps.last_receipt_total));
+    assert_eq!(rs.settled, Some(rs.last_receipt_total));
+    assert_eq!(ps.booked, rs.booked);
+    assert_eq!(
+        ps.booked, ps.last_receipt_total,
+        "provider booked exactly once"
+    );
+    assert_eq!(
+        rs.booked, rs.last_receipt_total,
+        "renter booked exactly once"
+    );
+    // 14 s of sleep at 1000 micro-units per second, billed per whole second.
+    let total = ps.settled.unwrap();
+    assert!((14_000..=17_000).contains(&total), "total {total}");
+    assert!(ps.rows >= 2 && rs.rows >= 2);
+}
+
+#[test]
+fn provider_kill9_restart_lease_continues_and_ledgers_agree() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(sb) = rt.block_on(docker_or_skip("provider_kill9")) else {
+        return;
+    };
+    let image = rt.block_on(sb.ensure_probe_image()).unwrap();
+    let exe = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let plog = dir.path().join("provider.log");
+    let p1 = Proc::spawn(&exe, &plog, &args(&ph, &["--provide"]));
+    let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
+    let mut rargs = vec![
+        "--bootstrap",
+        &paddr,
+        "--rent-image",
+        &image,
+        "--rent-duration",
+        "40",
+    ];
+    rargs.extend_from_slice(RUN);
+    let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
+    let raddr = r.wait_line("LISTEN ", Duration::from_secs(30));
+    let id: LeaseId = r
+        .wait_line("LEASE ", Duration::from_secs(60))
+        .parse()
+        .unwrap();
+    wait_until(
+        "2 receipts at the provider",
+        Duration::from_secs(60),
+        || receipts_at_least(&ph, id, 2),
+    );
+    p1.kill9();
+    let killed = Instant::now();
+    let p2 = Proc::spawn(
+        &exe,
+        &plog,
+        &args(&ph, &["--provide", "--bootstrap", &raddr]),
+    );
+    p2.wait_line("LISTEN ", Duration::from_secs(30));
+    eprintln!("provider restarted in {:?}", killed.elapsed());
+    let settled_r = r.wait_line(&format!("SETTLED {id} "), Duration::from_secs(90));
+    let settled_p = p2.wait_line(&format!("SETTLED {id} "), Duration::from_secs(30));
+    assert_eq!(settled_r, settled_p);
+    drop((p2, r));
+    let log = std::fs::read_to_string(&plog).unwrap();
+    assert!(
+        log.contains("resuming a running lease after restart"),
+        "the restarted provider re-attached to the running container"
+    );
+    check_agree(&ph, &rh, id);
+    let exists = rt.block_on(container_exists(&sb, id));
+    assert!(!exists, "container removed");
+    rt.block_on(remove_container(&sb, id));
+}
+
+#[test]
+fn renter_kill9_restart_lease_continues_and_ledgers_agree() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(sb) = rt.block_on(docker_or_skip("renter_kill9")) else {
+        return;
+    };
+    let image = rt.block_on(sb.ensure_probe_image()).unwrap();
+    let exe = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let rlog = dir.path().join("renter.log");
+    let p = Proc::spawn(
+        &exe,
+        &dir.path().join("provider.log"),
+        &args(&ph, &["--provide"]),
+    );
+    let paddr = p.wait_line("LISTEN ", Duration::from_secs(30));
+    let mut rargs = vec![
+        "--bootstrap",
+        &paddr,
+        "--rent-image",
+        &image,
+        "--rent-duration",
+        "40",
+    ];
+    rargs.extend_from_slice(RUN);
+    let r1 = Proc::spawn(&exe, &rlog, &args(&rh, &rargs));
+    let id: LeaseId = r1
+        .wait_line("LEASE ", Duration::from_secs(60))
+        .parse()
+        .unwrap();
+    wait_until("2 receipts at the renter", Duration::from_secs(60), || {
+        receipts_at_least(&rh, id, 2)
+    });
+    r1.kill9();
+    let r2 = Proc::spawn(&exe, &rlog, &args(&rh, &["--bootstrap", &paddr]));
+    let settled_r = r2.wait_line(&format!("SETTLED {id} "), Duration::from_secs(90));
+    let settled_p = p.wait_line(&format!("SETTLED {id} "), Duration::from_secs(30));
+    assert_eq!(settled_r, settled_p);
+    drop((p, r2));
+    check_agree(&ph, &rh, id);
+    rt.block_on(remove_container(&sb, id));
+}
+
+/// The provider is killed and stays down past the lease's deadline; the renter gives up on it
+/// (`ProviderUnreachable`) and settles. On restart the provider finds the expired lease, stops
+/// its container, and settles at the renter's last receipt (fetched in the close exchange if it
+/// had missed it): the statements still agree.
+#[test]
+fn provider_down_past_expiry_stops_and_settles_on_restart() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(sb) = rt.block_on(docker_or_skip("provider_down_past_expiry")) else {
+        return;
+    };
+    let image = rt.block_on(sb.ensure_probe_image()).unwrap();
+    let exe = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let plog = dir.path().join("provider.log");
+    let p1 = Proc::spawn(&exe, &plog, &args(&ph, &["--provide"]));
+    let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
+    let rargs = [
+        "--bootstrap",
+        &paddr,
+        "--rent-image",
+        &image,
+        "--rent-duration",
+        "12",
+        "--",
+        "sleep",
+        "60",
+    ];
+    let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
+    let raddr = r.wait_line("LISTEN ", Duration::from_secs(30));
+    let id: LeaseId = r
+        .wait_line("LEASE ", Duration::from_secs(60))
+        .parse()
+        .unwrap();
+    wait_until(
+        "2 receipts at the provider",
+        Duration::from_secs(60),
+        || receipts_at_least(&ph, id, 2),
+    );
+    p1.kill9();
+    let settled_r = r.wait_line(&format!("SETTLED {id} "), Duration::from_secs(30));
+    // Stay down until the 12 s lease is certainly past its deadline.
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(
+        rt.block_on(container_exists(&sb, id)),
+        "the container outlived its dead provider"
+    );
+    let p2 = Proc::spawn(
+        &exe,
+        &plog,
+        &args(&ph, &["--provide", "--bootstrap", &raddr]),
+    );
+    let settled_p = p2.wait_line(&format!("SETTLED {id} "), Duration::from_secs(60));
+    assert_eq!(settled_r, settled_p);
+    drop((p2, r));
+    let ps = snapshot(&ph, id, Role::Provider);
+    let rs = snapshot(&rh, id, Role::Renter);
+    eprintln!("provider {ps:?}\nrenter {rs:?}");
+    assert_eq!(ps.state, LeaseState::Settled);
+    assert_eq!(rs.state, LeaseState::Settled);
+    assert_eq!(ps.reason, Some(gridlease_protocol::CloseReason::Expired));
+    assert_eq!(
+        rs.reason,
+        Some(gridlease_protocol::CloseReason::ProviderUnreachable)
+    );
+    assert_eq!(ps.settled, rs.settled);
+    assert_eq!(ps.booked, ps.last_receipt_total);
+    assert_eq!(rs.booked, rs.last_receipt_total);
+    assert_eq!(ps.booked, rs.booked);
+    assert!(ps.settled.unwrap() <= 12_000, "never more than the lease");
+    assert!(
+        !rt.block_on(container_exists(&sb, id)),
+        "expired container removed"
+    );
+    rt.block_on(remove_container(&sb, id));
+}
