@@ -587,6 +587,33 @@ pub(crate) async fn session_rpc(
     }
 }
 
+/// Applies a lease transition at the current time and persists it with `patch`. Returns false
+/// (and logs) when the state machine refuses it; a store failure is logged, the in-memory state
+/// stays advanced (the next persisted transition or the restart reconciliation repairs it).
+pub(crate) async fn apply_and_persist(
+    ctx: &Ctx,
+    lease: &mut gridlease_contracts::Lease,
+    event: gridlease_contracts::LeaseEvent,
+    actor: gridlease_contracts::Actor,
+    patch: crate::store::lease::SessionPatch,
+) -> bool {
+    if let Err(e) = lease.apply(event, actor, clock::now()) {
+        tracing::debug!(error = %e, "transition refused");
+        return false;
+    }
+    let id = lease.id;
+    let t = lease.history.last().copied();
+    let state = lease.state;
+    if let Err(e) = ctx
+        .store
+        .call(move |s| s.lease_transition(&id, t.as_ref(), state, &patch))
+        .await
+    {
+        tracing::error!(error = %e, "cannot persist a lease transition");
+    }
+    true
+}
+
 /// Signs a message with this node's key.
 pub(crate) fn sign<T: gridlease_protocol::WireMessage>(ctx: &Ctx, msg: &T) -> Option<Signed<T>> {
     match Signed::sign(ctx.client.key(), ctx.client.network(), msg) {

@@ -50,23 +50,9 @@ impl Session {
     }
 
     async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) {
-        let now = clock::now();
-        if let Err(e) = self.lease.apply(event, actor, now) {
-            tracing::debug!(error = %e, "transition refused");
-            return;
+        if super::apply_and_persist(&self.ctx, &mut self.lease, event, actor, patch).await {
+            self.publish();
         }
-        let id = self.lease.id;
-        let t = self.lease.history.last().copied();
-        let state = self.lease.state;
-        if let Err(e) = self
-            .ctx
-            .store
-            .call(move |s| s.lease_transition(&id, t.as_ref(), state, &patch))
-            .await
-        {
-            tracing::error!(error = %e, "cannot persist a lease transition");
-        }
-        self.publish();
     }
 
     async fn close(&mut self, reason: CloseReason, actor: Actor) {
