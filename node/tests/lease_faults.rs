@@ -5,7 +5,7 @@
 mod common;
 mod lease_support;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gridlease_node::clock;
 use gridlease_node::lease::{BadReceipt, Faults};
@@ -48,10 +48,7 @@ async fn renter_vanishes_provider_stops_within_window_plus_grace() {
     let t = Instant::now();
     vanish(renter).await;
 
-    let done = tokio::time::timeout(Duration::from_secs(60), provider.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
+    let done = closed(&provider.leases, id, 60).await;
     eprintln!(
         "provider after renter vanished: {done:#?} (in {:?})",
         t.elapsed()
@@ -106,10 +103,7 @@ async fn provider_vanishes_renter_stops_paying_within_one_interval() {
     // The vanished provider left its container (a restart would resume it); clean up.
     remove_container(&sb, id).await;
 
-    let done = tokio::time::timeout(Duration::from_secs(60), renter.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
+    let done = closed(&renter.leases, id, 60).await;
     eprintln!("renter after provider vanished: {done:#?}");
     assert_eq!(done.state, "settled");
     assert_eq!(done.close_reason.as_deref(), Some("provider_unreachable"));
@@ -152,28 +146,14 @@ async fn bad_receipt(kind: BadReceipt) {
         ..Faults::default()
     };
     let mut renter = party(root, "renter", common::config(), rsvc, None).await;
-    common::connect(&renter.node, &provider.node).await;
-    let p = provider.node.key_public;
-    let offer = common::wait_event(&mut renter.node.events, |e| match e {
-        gridlease_node::net::NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => {
-            Some(*id)
-        }
-        _ => None,
-    })
-    .await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 120, LONG))
         .await
         .unwrap();
-    let pdone = tokio::time::timeout(Duration::from_secs(60), provider.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
-    let rdone = tokio::time::timeout(Duration::from_secs(30), renter.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
+    let pdone = closed(&provider.leases, id, 60).await;
+    let rdone = closed(&renter.leases, id, 30).await;
     eprintln!("{kind:?}: provider {pdone:#?}\nrenter {rdone:#?}");
     assert_eq!(pdone.close_reason.as_deref(), Some("bad_receipt"));
     assert_eq!(pdone.state, "settled");
@@ -229,28 +209,14 @@ async fn inflated_usage_is_refused_and_closes_the_lease() {
         None,
     )
     .await;
-    common::connect(&renter.node, &provider.node).await;
-    let p = provider.node.key_public;
-    let offer = common::wait_event(&mut renter.node.events, |e| match e {
-        gridlease_node::net::NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => {
-            Some(*id)
-        }
-        _ => None,
-    })
-    .await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 120, LONG))
         .await
         .unwrap();
-    let rdone = tokio::time::timeout(Duration::from_secs(60), renter.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
-    let pdone = tokio::time::timeout(Duration::from_secs(30), provider.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
+    let rdone = closed(&renter.leases, id, 60).await;
+    let pdone = closed(&provider.leases, id, 30).await;
     eprintln!("inflated: renter {rdone:#?}\nprovider {pdone:#?}");
     assert_eq!(rdone.close_reason.as_deref(), Some("implausible_usage"));
     assert_eq!(rdone.state, "settled");
@@ -286,14 +252,8 @@ async fn budget_cap_stops_the_lease_at_the_cap() {
     // Five seconds' worth.
     req.max_total = Some(gridlease_contracts::Money::from_micros(5 * PER_S));
     let id = renter.leases.rent(req).await.unwrap();
-    let pdone = tokio::time::timeout(Duration::from_secs(60), provider.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
-    let rdone = tokio::time::timeout(Duration::from_secs(30), renter.leases.wait_closed(id))
-        .await
-        .unwrap()
-        .unwrap();
+    let pdone = closed(&provider.leases, id, 60).await;
+    let rdone = closed(&renter.leases, id, 30).await;
     eprintln!("budget: provider {pdone:#?}\nrenter {rdone:#?}");
     assert_eq!(pdone.close_reason.as_deref(), Some("budget_exhausted"));
     assert_eq!(pdone.settled_total, Some(5 * PER_S));

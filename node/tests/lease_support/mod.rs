@@ -123,14 +123,31 @@ pub async fn market(
         None,
     )
     .await;
+    let id = connect_for_offer(&mut renter, &provider).await;
+    (provider, renter, id)
+}
+
+/// Connects the renter to the provider and waits until the renter holds the provider's offer.
+pub async fn connect_for_offer(renter: &mut Party, provider: &Party) -> OfferId {
     connect(&renter.node, &provider.node).await;
     let p = provider.node.key_public;
-    let id = wait_event(&mut renter.node.events, |e| match e {
+    wait_event(&mut renter.node.events, |e| match e {
         NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => Some(*id),
         _ => None,
     })
-    .await;
-    (provider, renter, id)
+    .await
+}
+
+/// Waits at most `secs` for the lease to close on this party and returns its final view.
+pub async fn closed(
+    leases: &LeaseService,
+    id: gridlease_protocol::LeaseId,
+    secs: u64,
+) -> gridlease_node::lease::LeaseView {
+    tokio::time::timeout(Duration::from_secs(secs), leases.wait_closed(id))
+        .await
+        .expect("the lease did not close in time")
+        .unwrap()
 }
 
 pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -> RentRequest {
