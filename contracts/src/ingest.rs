@@ -54,11 +54,10 @@ impl OfferIngestor {
         }
     }
 
-    /// Ingests one frame: decode the envelope, verify strictly (unless this exact message
-    /// already verified), decode the payload, validate at `now`.
+    /// Ingests one frame: decode the envelope in place, verify strictly (unless this exact
+    /// message already verified), decode the payload, validate at `now`.
     pub fn ingest(&mut self, frame: &[u8], now: Timestamp) -> Result<Verified<Offer>, IngestError> {
-        let verified =
-            Signed::<Offer>::from_bytes(frame)?.verify_with(&self.network, &mut self.cache)?;
+        let verified = Signed::<Offer>::verify_frame(frame, &self.network, &mut self.cache)?;
         validate_offer(&verified.message, &verified.signer, now)?;
         Ok(verified)
     }

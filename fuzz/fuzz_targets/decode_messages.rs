@@ -1,5 +1,5 @@
 //! Decodes arbitrary bytes as every wire message, as an envelope, and as a signed envelope of
-//! every kind. Nothing may panic or allocate without bound; whatever decodes must re-encode to
+//! every kind (owned and in place, which must agree). Nothing may panic or allocate without bound; whatever decodes must re-encode to
 //! a value that decodes to the same thing.
 #![no_main]
 
@@ -11,8 +11,15 @@ fn payload<T: WireMessage + PartialEq + std::fmt::Debug>(data: &[u8]) {
         let again = v.encode_payload().expect("a decoded value re-encodes");
         assert_eq!(T::decode_payload(&again).expect("re-encoding decodes"), v);
     }
-    if let Ok(signed) = Signed::<T>::from_bytes(data) {
-        let _ = signed.verify(&NetworkId::devnet());
+    let net = NetworkId::devnet();
+    let owned = Signed::<T>::from_bytes(data)
+        .and_then(|s| s.verify_with(&net, &mut VerifyCache::new(1, 1)));
+    // The in-place decoder used for ingestion must agree with the owned one on every input.
+    let in_place = Signed::<T>::verify_frame(data, &net, &mut VerifyCache::new(1, 1));
+    match (owned, in_place) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b),
+        (Err(a), Err(b)) => assert_eq!(std::mem::discriminant(&a), std::mem::discriminant(&b)),
+        (a, b) => panic!("owned ok={} but in place ok={}", a.is_ok(), b.is_ok()),
     }
 }
 

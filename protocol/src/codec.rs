@@ -13,8 +13,8 @@
 //! Swapping the codec (postcard, borsh) means changing this file only.
 
 use bincode::config::{Configuration, Limit, LittleEndian, Varint};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 /// Hard ceiling for any single frame on any transport, whatever the message kind.
 pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
@@ -99,6 +99,26 @@ pub fn decode<T: DeserializeOwned, const MAX: usize>(bytes: &[u8]) -> Result<T, 
     Ok(value)
 }
 
+/// [`decode`] for types that borrow from the input (`&str`, `&[u8]` fields): nothing is
+/// copied or allocated for them. Same caps, same limit, same rejection of trailing bytes.
+pub fn decode_borrowed<'de, T: Deserialize<'de>, const MAX: usize>(
+    bytes: &'de [u8],
+) -> Result<T, CodecError> {
+    if bytes.len() > MAX {
+        return Err(CodecError::TooLarge {
+            len: bytes.len(),
+            max: MAX,
+        });
+    }
+    let (value, consumed) = bincode::serde::borrow_decode_from_slice(bytes, config::<MAX>())?;
+    if consumed != bytes.len() {
+        return Err(CodecError::TrailingBytes {
+            trailing: bytes.len() - consumed,
+        });
+    }
+    Ok(value)
+}
+
 /// Encodes a length-prefixed frame header: 4 bytes, big endian. Transports write this, then
 /// the body; readers check the length against their cap *before* allocating the body.
 pub fn frame_header(len: usize, max: usize) -> Result<[u8; 4], CodecError> {
@@ -125,7 +145,6 @@ pub fn check_frame_header(header: [u8; 4], max: usize) -> Result<usize, CodecErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::Deserialize;
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct Sample {
@@ -211,6 +230,34 @@ mod tests {
         };
         let err = encode::<_, 16>(&big).unwrap_err();
         assert!(err.is_limit(), "{err}");
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    struct SampleRef<'a> {
+        name: &'a str,
+        values: Vec<u64>,
+    }
+
+    #[test]
+    fn borrowed_decoding_reads_the_same_bytes_with_the_same_checks() {
+        let mut bytes = encode::<_, CAP>(&sample()).unwrap();
+        let r = decode_borrowed::<SampleRef<'_>, CAP>(&bytes).unwrap();
+        assert_eq!((r.name, r.values.as_slice()), ("rtx", &[1u64, 2, 300][..]));
+        for cut in 0..bytes.len() {
+            assert!(decode_borrowed::<SampleRef<'_>, CAP>(&bytes[..cut]).is_err());
+        }
+        bytes.push(0);
+        assert!(matches!(
+            decode_borrowed::<SampleRef<'_>, CAP>(&bytes),
+            Err(CodecError::TrailingBytes { trailing: 1 })
+        ));
+        let mut huge = varint_u64(1 << 60);
+        huge.extend_from_slice(b"abc");
+        assert!(decode_borrowed::<SampleRef<'_>, CAP>(&huge).is_err());
+        assert!(matches!(
+            decode_borrowed::<SampleRef<'_>, 4>(&[0u8; 5]),
+            Err(CodecError::TooLarge { len: 5, max: 4 })
+        ));
     }
 
     #[test]

@@ -21,8 +21,10 @@ use crate::types::Digest;
 /// Version of the envelope and signing layout. Bumped on any incompatible change.
 pub const PROTOCOL_VERSION: u16 = 1;
 
-/// Envelope bytes beyond the payload: version, kind, network id, signer, signature, lengths.
-pub const ENVELOPE_OVERHEAD: usize = 2 + 1 + 1 + NetworkId::MAX_LEN + 32 + 64 + 8;
+/// Envelope bytes beyond the payload, at most: version (varint u16: up to 3), kind (1), network
+/// id (1 + 32), signer (1 + 32), signature (1 + 64), payload length (varint: up to 5 for any
+/// payload under [`codec::MAX_FRAME_BYTES`]).
+pub const ENVELOPE_OVERHEAD: usize = 3 + 1 + (1 + NetworkId::MAX_LEN) + (1 + 32) + (1 + 64) + 5;
 
 /// The kinds of signed message. Each has its own domain tag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -137,38 +139,13 @@ impl fmt::Debug for SignatureBytes {
 
 impl Serialize for SignatureBytes {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        // A fixed-size byte string: no length prefix in bincode.
-        use serde::ser::SerializeTuple;
-        let mut t = s.serialize_tuple(64)?;
-        for b in &self.0 {
-            t.serialize_element(b)?;
-        }
-        t.end()
+        serde_bytes::serialize(&self.0, s)
     }
 }
 
 impl<'de> Deserialize<'de> for SignatureBytes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = SignatureBytes;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("64 signature bytes")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut out = [0u8; 64];
-                for (i, slot) in out.iter_mut().enumerate() {
-                    *slot = seq
-                        .next_element()?
-                        .ok_or_else(|| serde::de::Error::invalid_length(i, &self))?;
-                }
-                Ok(SignatureBytes(out))
-            }
-        }
-        d.deserialize_tuple(64, V)
+        serde_bytes::deserialize(d).map(SignatureBytes)
     }
 }
 
@@ -264,6 +241,19 @@ pub struct Envelope {
     pub payload: Vec<u8>,
 }
 
+/// [`Envelope`] decoded in place: the network id and the payload point into the received frame,
+/// so ingestion copies nothing before the signature is checked. Same fields, same order, same
+/// encoding as [`Envelope`] (a test decodes both ways).
+#[derive(Deserialize)]
+struct EnvelopeRef<'a> {
+    version: u16,
+    kind: MessageKind,
+    network: &'a str,
+    signer: PublicKey,
+    signature: SignatureBytes,
+    payload: &'a [u8],
+}
+
 /// The exact bytes an envelope's signature covers.
 pub fn signing_input(kind: MessageKind, network: &NetworkId, payload: &[u8]) -> Vec<u8> {
     let tag = kind.domain_tag().as_bytes();
@@ -332,12 +322,68 @@ impl Envelope {
     }
 
     fn verify_signature(&self, key: &VerifyingKey, input: &[u8]) -> Result<(), EnvelopeError> {
-        let sig = Signature::from_bytes(&self.signature.0);
-        key.verify_strict(input, &sig)
-            .map_err(|_| EnvelopeError::BadSignature {
-                signer: self.signer,
-            })
+        verify_strict(key, &self.signer, &self.signature, input)
     }
+}
+
+fn verify_strict(
+    key: &VerifyingKey,
+    signer: &PublicKey,
+    signature: &SignatureBytes,
+    input: &[u8],
+) -> Result<(), EnvelopeError> {
+    key.verify_strict(input, &Signature::from_bytes(&signature.0))
+        .map_err(|_| EnvelopeError::BadSignature { signer: *signer })
+}
+
+fn check_payload_len<T: WireMessage>(payload: &[u8]) -> Result<(), EnvelopeError> {
+    if payload.len() > T::MAX_BYTES {
+        return Err(EnvelopeError::Codec {
+            kind: T::KIND,
+            source: CodecError::TooLarge {
+                len: payload.len(),
+                max: T::MAX_BYTES,
+            },
+        });
+    }
+    Ok(())
+}
+
+fn decode_verified<T: WireMessage>(
+    signer: PublicKey,
+    payload: &[u8],
+    digest: Digest,
+) -> Result<Verified<T>, EnvelopeError> {
+    let message = T::decode_payload(payload).map_err(|source| EnvelopeError::Codec {
+        kind: T::KIND,
+        source,
+    })?;
+    Ok(Verified {
+        signer,
+        message,
+        digest,
+    })
+}
+
+/// The one verification path behind [`Signed::verify_with`] and [`Signed::verify_frame`], for
+/// a header already checked: strict signature over the exact payload bytes unless this exact
+/// (content, signature) verified before, then decode.
+fn verify_through_cache<T: WireMessage>(
+    signer: PublicKey,
+    signature: &SignatureBytes,
+    network: &NetworkId,
+    payload: &[u8],
+    cache: &mut VerifyCache,
+) -> Result<Verified<T>, EnvelopeError> {
+    check_payload_len::<T>(payload)?;
+    let input = signing_input(T::KIND, network, payload);
+    let digest = content_digest_of(&signer, &input);
+    if !cache.already_verified(&digest, signature) {
+        let key = cache.keys.get(&signer)?;
+        verify_strict(&key, &signer, signature, &input)?;
+        cache.remember(digest, *signature);
+    }
+    decode_verified(signer, payload, digest)
 }
 
 fn content_digest_of(signer: &PublicKey, input: &[u8]) -> Digest {
@@ -524,16 +570,7 @@ impl<T: WireMessage> Signed<T> {
 
     /// Decodes from the wire, refusing more than `T::MAX_BYTES` plus envelope overhead.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EnvelopeError> {
-        let max = T::MAX_BYTES + ENVELOPE_OVERHEAD;
-        if bytes.len() > max {
-            return Err(EnvelopeError::Codec {
-                kind: T::KIND,
-                source: CodecError::TooLarge {
-                    len: bytes.len(),
-                    max,
-                },
-            });
-        }
+        Self::check_frame_len(bytes)?;
         Envelope::from_bytes(bytes, T::KIND).map(Self::from_envelope)
     }
 
@@ -568,12 +605,17 @@ impl<T: WireMessage> Signed<T> {
         network: &NetworkId,
         keys: &mut KeyCache,
     ) -> Result<Verified<T>, EnvelopeError> {
-        self.envelope.check_header(T::KIND, network)?;
-        self.check_payload_len()?;
-        let key = keys.get(&self.envelope.signer)?;
-        let input = self.envelope.signing_input();
-        self.envelope.verify_signature(&key, &input)?;
-        self.decode_verified(content_digest_of(&self.envelope.signer, &input))
+        let env = &self.envelope;
+        env.check_header(T::KIND, network)?;
+        check_payload_len::<T>(&env.payload)?;
+        let key = keys.get(&env.signer)?;
+        let input = env.signing_input();
+        env.verify_signature(&key, &input)?;
+        decode_verified(
+            env.signer,
+            &env.payload,
+            content_digest_of(&env.signer, &input),
+        )
     }
 
     /// [`Signed::verify`] through a [`VerifyCache`]: a message identical (content, signer and
@@ -584,42 +626,46 @@ impl<T: WireMessage> Signed<T> {
         network: &NetworkId,
         cache: &mut VerifyCache,
     ) -> Result<Verified<T>, EnvelopeError> {
-        self.envelope.check_header(T::KIND, network)?;
-        self.check_payload_len()?;
-        let input = self.envelope.signing_input();
-        let digest = content_digest_of(&self.envelope.signer, &input);
-        if !cache.already_verified(&digest, &self.envelope.signature) {
-            let key = cache.keys.get(&self.envelope.signer)?;
-            self.envelope.verify_signature(&key, &input)?;
-            cache.remember(digest, self.envelope.signature);
-        }
-        self.decode_verified(digest)
+        let env = &self.envelope;
+        env.check_header(T::KIND, network)?;
+        verify_through_cache(env.signer, &env.signature, network, &env.payload, cache)
     }
 
-    fn check_payload_len(&self) -> Result<(), EnvelopeError> {
-        if self.envelope.payload.len() > T::MAX_BYTES {
+    /// Decodes and verifies a received frame in one step, copying nothing before the signature
+    /// is checked: the same checks and results as `Signed::from_bytes(frame)?.verify_with(..)`,
+    /// without building the owned envelope. What ingestion paths use.
+    pub fn verify_frame(
+        frame: &[u8],
+        network: &NetworkId,
+        cache: &mut VerifyCache,
+    ) -> Result<Verified<T>, EnvelopeError> {
+        Self::check_frame_len(frame)?;
+        let env: EnvelopeRef<'_> = codec::decode_borrowed::<_, { codec::MAX_FRAME_BYTES }>(frame)
+            .map_err(|source| EnvelopeError::Codec {
+            kind: T::KIND,
+            source,
+        })?;
+        if env.version != PROTOCOL_VERSION || env.kind != T::KIND || env.network != network.as_str()
+        {
+            // Rare: decode the owned envelope so the error is exactly the owned path's (an
+            // invalid network id is a decode error there, a valid other one `WrongNetwork`).
+            Envelope::from_bytes(frame, T::KIND)?.check_header(T::KIND, network)?;
+        }
+        verify_through_cache(env.signer, &env.signature, network, env.payload, cache)
+    }
+
+    fn check_frame_len(frame: &[u8]) -> Result<(), EnvelopeError> {
+        let max = T::MAX_BYTES + ENVELOPE_OVERHEAD;
+        if frame.len() > max {
             return Err(EnvelopeError::Codec {
                 kind: T::KIND,
                 source: CodecError::TooLarge {
-                    len: self.envelope.payload.len(),
-                    max: T::MAX_BYTES,
+                    len: frame.len(),
+                    max,
                 },
             });
         }
         Ok(())
-    }
-
-    fn decode_verified(&self, digest: Digest) -> Result<Verified<T>, EnvelopeError> {
-        let message =
-            T::decode_payload(&self.envelope.payload).map_err(|source| EnvelopeError::Codec {
-                kind: T::KIND,
-                source,
-            })?;
-        Ok(Verified {
-            signer: self.envelope.signer,
-            message,
-            digest,
-        })
     }
 
     /// Verifies many envelopes at once with ed25519 batch verification, falling back to
@@ -656,7 +702,7 @@ impl<T: WireMessage> Signed<T> {
             let env = &item.envelope;
             if let Err(e) = env
                 .check_header(T::KIND, network)
-                .and_then(|()| item.check_payload_len())
+                .and_then(|()| check_payload_len::<T>(&env.payload))
             {
                 results[i] = Some(Err(e));
                 continue;
@@ -664,7 +710,7 @@ impl<T: WireMessage> Signed<T> {
             let input = env.signing_input();
             let digest = content_digest_of(&env.signer, &input);
             if cache.already_verified(&digest, &env.signature) {
-                results[i] = Some(item.decode_verified(digest));
+                results[i] = Some(decode_verified(env.signer, &env.payload, digest));
                 continue;
             }
             match cache.keys.get(&env.signer) {
@@ -685,7 +731,7 @@ impl<T: WireMessage> Signed<T> {
             let ok = batch_ok || item.envelope.verify_signature(&vks[n], &inputs[n]).is_ok();
             results[i] = Some(if ok {
                 cache.remember(digests[n], item.envelope.signature);
-                item.decode_verified(digests[n])
+                decode_verified(item.envelope.signer, &item.envelope.payload, digests[n])
             } else {
                 Err(EnvelopeError::BadSignature {
                     signer: item.envelope.signer,

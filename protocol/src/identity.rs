@@ -193,7 +193,7 @@ fn secret_of(keypair: &libp2p_identity::Keypair) -> [u8; SECRET_KEY_LEN] {
 
 /// An ed25519 public key: the identity of a provider or renter on the wire.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct PublicKey(pub [u8; 32]);
+pub struct PublicKey(#[serde(with = "serde_bytes")] pub [u8; 32]);
 
 impl PublicKey {
     /// The libp2p peer id embedding this key.

@@ -8,7 +8,7 @@ use sha2::{Digest as _, Sha256};
 
 /// A SHA-256 digest.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
-pub struct Digest(pub [u8; 32]);
+pub struct Digest(#[serde(with = "serde_bytes")] pub [u8; 32]);
 
 impl Digest {
     /// SHA-256 of `domain || 0 || data`.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gridlease_contracts::book::{Admission, OfferBook};
+use gridlease_contracts::ingest::OfferIngestor;
 use gridlease_contracts::query::Query;
 use gridlease_protocol::{
     Digest, LeaseId, LeaseRequest, NodeKey, Offer, OfferId, PeerId, PublicKey, RejectReason,
@@ -98,6 +99,9 @@ pub(super) struct EventLoop {
     topic: IdentTopic,
     store: StoreHandle,
     book: OfferBook,
+    /// Decodes and verifies gossiped offers; remembers provider keys and verified offers so
+    /// re-announcements skip the signature check.
+    ingestor: OfferIngestor,
     provider: ProviderState,
     commands: mpsc::Receiver<Command>,
     /// Lease writes in flight; each yields the completion to answer the renter with.
@@ -135,6 +139,7 @@ impl EventLoop {
     ) -> Self {
         Self {
             topic: gossip::offer_topic(&config.network),
+            ingestor: OfferIngestor::new(config.network.clone(), config.book_capacity),
             peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
             provider_limits: RateLimiter::new(config.provider_rate, RATE_KEYS),
             swarm,
@@ -738,7 +743,7 @@ impl EventLoop {
         if !self.peer_limits.check(from, now) {
             return Verdict::Ignore(OfferIgnore::PeerRateLimited);
         }
-        let verdict = gossip::check_offer(data, &self.config.network, &self.book, now);
+        let verdict = gossip::check_offer(data, &mut self.ingestor, &self.book, now);
         if let Verdict::Accept(v) = &verdict {
             if v.admission == Admission::Refresh {
                 let min =
