@@ -321,3 +321,46 @@ async fn a_provider_without_listeners_is_reached_through_a_relay() {
     );
     while provider.events.try_recv().is_ok() {}
 }
+
+/// The store is not a trust boundary the node skips: offers restored at start are verified again
+/// (in batches), and a stored offer whose signature was altered on disk is not restored, while
+/// its valid neighbours in the same batch are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_offers_are_verified_again_and_a_tampered_one_is_dropped() {
+    use gridlease_node::home::Home;
+    use gridlease_node::store::Store;
+    use gridlease_protocol::{NodeKey, OfferId, Signed};
+
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("n");
+    Home::init(&home, &net()).unwrap();
+    let now = clock::now();
+    let mut rows = Vec::new();
+    for i in 0..5u8 {
+        let key = NodeKey::from_secret([40 + i; 32]);
+        let offer = live_offer(&key, 1, 100_000 + u64::from(i), now, 600);
+        let signed = Signed::sign(&key, &net(), &offer).unwrap();
+        let id = OfferId(signed.verify(&net()).unwrap().digest);
+        rows.push((id, signed, offer, now));
+    }
+    // Offer 2's signature altered in the database.
+    let mut env = rows[2].1.clone().into_envelope();
+    env.signature.0[9] ^= 1;
+    rows[2].1 = Signed::from_envelope(env);
+    {
+        let mut store = Store::open(&Home::open(&home).unwrap().db_path()).unwrap();
+        store.put_offers(&rows, now).unwrap();
+        assert_eq!(store.live_offers(now).unwrap().len(), 5);
+    }
+    let node = start_from_home(&home, config()).await;
+    for (i, (id, ..)) in rows.iter().enumerate() {
+        let held = node.node.client.offer(*id).await.unwrap();
+        assert_eq!(
+            held.is_some(),
+            i != 2,
+            "offer {i} restored: {}",
+            held.is_some()
+        );
+    }
+    stop(node).await;
+}

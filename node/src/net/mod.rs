@@ -20,8 +20,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gridlease_contracts::book::{DEFAULT_BOOK_CAPACITY, OfferBook};
+use gridlease_contracts::ingest::KEY_CACHE_CAPACITY;
 use gridlease_contracts::terms::validate_offer;
-use gridlease_protocol::{NetworkId, NodeKey, OfferId, PeerId, PublicKey, RejectReason, Timestamp};
+use gridlease_protocol::{
+    NetworkId, NodeKey, Offer, OfferId, PeerId, PublicKey, RejectReason, Signed, Timestamp,
+    VerifyCache,
+};
 use libp2p::Multiaddr;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
@@ -304,19 +308,30 @@ impl Node {
 
         let mut book = OfferBook::with_capacity(config.book_capacity);
         let mut restored = 0usize;
-        for o in stored_offers {
-            // Re-verify: the database is not a trust boundary we skip.
-            let Ok(v) = o.signed.verify(&network) else {
-                continue;
-            };
-            if validate_offer(&v.message, &v.signer, now).is_err() {
-                continue;
-            }
-            if book
-                .admit(o.signed, v.message, OfferId(v.digest), o.received_at)
-                .is_ok()
-            {
-                restored += 1;
+        // Re-verify: the database is not a trust boundary we skip. A restart may restore a full
+        // book, so the stored offers are checked with batch verification, 64 at a time.
+        let mut keys = VerifyCache::new(KEY_CACHE_CAPACITY, 0);
+        for chunk in stored_offers.chunks(64) {
+            let refs: Vec<&Signed<Offer>> = chunk.iter().map(|o| &o.signed).collect();
+            let results = Signed::verify_batch_cached(&refs, &network, &mut keys);
+            for (o, v) in chunk.iter().zip(results) {
+                let Ok(v) = v else {
+                    continue;
+                };
+                if validate_offer(&v.message, &v.signer, now).is_err() {
+                    continue;
+                }
+                if book
+                    .admit(
+                        o.signed.clone(),
+                        v.message,
+                        OfferId(v.digest),
+                        o.received_at,
+                    )
+                    .is_ok()
+                {
+                    restored += 1;
+                }
             }
         }
         let mut provider = provider::ProviderState::new(config.offer.clone());
