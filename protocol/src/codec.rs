@@ -84,23 +84,12 @@ pub fn encode<T: Serialize, const MAX: usize>(value: &T) -> Result<Vec<u8>, Code
 
 /// Decodes exactly one `T` from `bytes`, which must be at most `MAX` bytes long.
 pub fn decode<T: DeserializeOwned, const MAX: usize>(bytes: &[u8]) -> Result<T, CodecError> {
-    if bytes.len() > MAX {
-        return Err(CodecError::TooLarge {
-            len: bytes.len(),
-            max: MAX,
-        });
-    }
-    let (value, consumed) = bincode::serde::decode_from_slice(bytes, config::<MAX>())?;
-    if consumed != bytes.len() {
-        return Err(CodecError::TrailingBytes {
-            trailing: bytes.len() - consumed,
-        });
-    }
-    Ok(value)
+    decode_borrowed::<T, MAX>(bytes)
 }
 
-/// [`decode`] for types that borrow from the input (`&str`, `&[u8]` fields): nothing is
-/// copied or allocated for them. Same caps, same limit, same rejection of trailing bytes.
+/// [`decode`] for types that may also borrow from the input (`&str`, `&[u8]` fields): nothing is
+/// copied or allocated for those. bincode's slice decoder reads strings and byte strings in
+/// place, so owned types go through here too (one copy into the `String`, no staging buffer).
 pub fn decode_borrowed<'de, T: Deserialize<'de>, const MAX: usize>(
     bytes: &'de [u8],
 ) -> Result<T, CodecError> {
