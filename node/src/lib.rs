@@ -12,7 +12,6 @@ pub mod api;
 pub mod clock;
 pub mod commands;
 pub mod config;
-pub mod dev_gpus;
 pub mod env_vars;
 pub mod home;
 pub mod lease;

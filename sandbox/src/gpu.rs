@@ -13,6 +13,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Clock;
 use serde::{Deserialize, Serialize};
 
+use crate::dev_gpus::DevGpus;
 use crate::meter::{GpuSample, GpuSampleError, GpuSampler};
 
 /// Domain tag for the UUID digest published in offers.
@@ -285,104 +286,6 @@ pub struct ScriptedProbe {
     samples: BTreeMap<String, GpuSample>,
 }
 
-/// One `--dev-gpus` entry.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DevGpu {
-    /// Name, e.g. `RTX 4090`.
-    pub name: String,
-    /// VRAM, MiB.
-    pub vram_mib: u32,
-    /// Price per GPU-hour, micro-units (`0.40` -> 400000).
-    pub price_micros_per_hour: u64,
-}
-
-/// Parses a decimal price like `0.40` into micro-units (at most 6 decimals, no sign, no
-/// exponent). Integers only: no float is involved.
-pub fn parse_price_micros(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    if int.is_empty() && frac.is_empty() {
-        return Err("empty price".into());
-    }
-    if !int.chars().all(|c| c.is_ascii_digit()) || !frac.chars().all(|c| c.is_ascii_digit()) {
-        return Err(format!("price {s:?} is not a plain decimal number"));
-    }
-    if frac.len() > 6 {
-        return Err(format!("price {s:?} has more than 6 decimals"));
-    }
-    let int: u64 = if int.is_empty() {
-        0
-    } else {
-        int.parse()
-            .map_err(|_| format!("price {s:?} is too large"))?
-    };
-    let mut frac_padded = frac.to_string();
-    while frac_padded.len() < 6 {
-        frac_padded.push('0');
-    }
-    let frac: u64 = frac_padded
-        .parse()
-        .map_err(|_| "bad decimals".to_string())?;
-    int.checked_mul(1_000_000)
-        .and_then(|v| v.checked_add(frac))
-        .ok_or_else(|| format!("price {s:?} is too large"))
-}
-
-/// Parses `24GiB` or `24576MiB` into MiB.
-pub fn parse_vram_mib(s: &str) -> Result<u32, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(n) = s.strip_suffix("GiB") {
-        (n, 1024u64)
-    } else if let Some(n) = s.strip_suffix("MiB") {
-        (n, 1)
-    } else {
-        return Err(format!("VRAM {s:?} must end in GiB or MiB"));
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("VRAM {s:?} is not a whole number"))?;
-    let mib = n
-        .checked_mul(mult)
-        .filter(|v| *v > 0 && *v <= u64::from(u32::MAX));
-    mib.map(|v| v as u32)
-        .ok_or_else(|| format!("VRAM {s:?} is out of range"))
-}
-
-/// Parses `--dev-gpus`: comma-separated `name:VRAM:price-per-hour`, e.g.
-/// `"RTX 4090:24GiB:0.40,RTX 3090:24GiB:0.25"`.
-pub fn parse_dev_gpus(spec: &str) -> Result<Vec<DevGpu>, GpuError> {
-    let mut out = Vec::new();
-    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let bad = |reason: String| GpuError::BadDevSpec {
-            entry: entry.to_string(),
-            reason,
-        };
-        let parts: Vec<&str> = entry.split(':').collect();
-        let [name, vram, price] = parts[..] else {
-            return Err(bad(
-                "expected name:VRAM:price, e.g. RTX 4090:24GiB:0.40".into()
-            ));
-        };
-        let name = name.trim();
-        if name.is_empty() {
-            return Err(bad("empty name".into()));
-        }
-        out.push(DevGpu {
-            name: name.to_string(),
-            vram_mib: parse_vram_mib(vram).map_err(bad)?,
-            price_micros_per_hour: parse_price_micros(price).map_err(bad)?,
-        });
-    }
-    if out.is_empty() {
-        return Err(GpuError::BadDevSpec {
-            entry: spec.to_string(),
-            reason: "no GPUs given".into(),
-        });
-    }
-    Ok(out)
-}
-
 impl ScriptedProbe {
     /// A probe returning exactly `gpus` (their attestation is forced to Declared).
     pub fn new(gpus: Vec<GpuInfo>) -> Self {
@@ -399,15 +302,22 @@ impl ScriptedProbe {
         }
     }
 
-    /// From a `--dev-gpus` spec. UUIDs are synthetic and deterministic (`GPU-de000000-...`).
+    /// From a `--dev-gpus` spec ([`DevGpus`]: `[Nx]MODEL:VRAM:PRICE,...`), one GPU per unit of
+    /// count. UUIDs are synthetic and deterministic (`GPU-de000000-...`).
     pub fn from_dev_spec(spec: &str) -> Result<Self, GpuError> {
-        let gpus = parse_dev_gpus(spec)?
-            .into_iter()
+        let parsed = DevGpus::parse(spec).map_err(|e| GpuError::BadDevSpec {
+            entry: e.entry,
+            reason: e.problem,
+        })?;
+        let gpus = parsed
+            .entries
+            .iter()
+            .flat_map(|g| (0..g.count).map(move |_| g))
             .enumerate()
             .map(|(i, g)| GpuInfo {
                 index: i as u32,
                 uuid: format!("GPU-de{i:06x}-0000-4000-8000-{:012x}", i),
-                name: g.name,
+                name: g.model.clone(),
                 vram_mib: g.vram_mib,
                 driver_version: "declared".into(),
                 cuda_version: String::new(),
@@ -419,7 +329,7 @@ impl ScriptedProbe {
                 max_clocks_mhz: [0; 3],
                 util_percent: 0,
                 energy_mj: None,
-                price_micros_per_hour: Some(g.price_micros_per_hour),
+                price_micros_per_hour: Some(g.price.micros()),
                 attestation: Attestation::Declared,
             })
             .collect();
@@ -466,49 +376,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dev_gpus_parse() {
-        let g = parse_dev_gpus("RTX 4090:24GiB:0.40, RTX 3090:24576MiB:0.25").unwrap();
-        assert_eq!(
-            g,
-            vec![
-                DevGpu {
-                    name: "RTX 4090".into(),
-                    vram_mib: 24576,
-                    price_micros_per_hour: 400_000
-                },
-                DevGpu {
-                    name: "RTX 3090".into(),
-                    vram_mib: 24576,
-                    price_micros_per_hour: 250_000
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn dev_gpus_reject_garbage() {
-        for bad in [
-            "",
-            "RTX:24GiB",
-            "RTX:24GB:0.4",
-            "RTX:24GiB:-1",
-            "RTX:24GiB:1e3",
-            "RTX:24GiB:0.1234567",
-            ":24GiB:1",
-            "RTX:0GiB:1",
-            "RTX:24GiB:.",
-        ] {
-            assert!(parse_dev_gpus(bad).is_err(), "{bad:?} parsed");
-        }
-    }
-
-    #[test]
-    fn prices_are_exact_integers() {
-        assert_eq!(parse_price_micros("0.40"), Ok(400_000));
-        assert_eq!(parse_price_micros("12"), Ok(12_000_000));
-        assert_eq!(parse_price_micros(".5"), Ok(500_000));
-        assert_eq!(parse_price_micros("0.000001"), Ok(1));
-        assert!(parse_price_micros("99999999999999999999").is_err());
+    fn dev_spec_counts_expand_to_distinct_declared_gpus() {
+        let p =
+            ScriptedProbe::from_dev_spec("2x RTX 3090:24GiB:0.25, RTX 4090:24GiB:0.40").unwrap();
+        let gpus = p.list().unwrap();
+        assert_eq!(gpus.len(), 3);
+        assert_eq!(gpus[1].name, "RTX 3090");
+        assert_eq!(gpus[2].name, "RTX 4090");
+        assert_eq!(gpus[2].price_micros_per_hour, Some(400_000));
+        assert_ne!(gpus[0].uuid, gpus[1].uuid);
+        assert!(matches!(
+            ScriptedProbe::from_dev_spec("RTX:24GiB"),
+            Err(GpuError::BadDevSpec { entry, .. }) if entry == "RTX:24GiB"
+        ));
     }
 
     #[test]

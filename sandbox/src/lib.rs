@@ -10,6 +10,7 @@
 //! no CUDA or no Docker. It does not depend on the node crate or decide money.
 
 pub mod bench;
+pub mod dev_gpus;
 pub mod docker;
 pub mod gpu;
 pub mod meter;

@@ -14,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 use crate::api::ApiState;
 use crate::api::types::{GpuView, GpusView};
 use crate::config::{Config, LogFormat, Overrides};
-use crate::dev_gpus::DevGpus;
 use crate::home::Home;
 use crate::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
 use crate::store::StoreHandle;
+use gridlease_sandbox::dev_gpus::DevGpus;
 
 /// Arguments of `gridlease node`. Each overrides `<home>/config.toml` and the environment
 /// (see `docs/cli.md`, "Configuration").

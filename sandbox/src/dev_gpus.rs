@@ -225,6 +225,14 @@ mod tests {
             "X:lots:0.1",
             "X:24:free",
             "0x X:24:0.1",
+            "RTX:24GB:0.4",
+            "RTX:24GiB:-1",
+            "RTX:24GiB:1e3",
+            "RTX:24GiB:0.1234567",
+            ":24GiB:1",
+            "RTX:0GiB:1",
+            "RTX:24GiB:.",
+            "17x RTX:24GiB:1",
         ] {
             assert!(DevGpus::parse(bad).is_err(), "{bad}");
         }
