@@ -18,5 +18,6 @@ pub mod lease;
 pub mod metrics;
 pub mod net;
 pub mod output;
+pub mod provider_gpus;
 pub mod renter;
 pub mod store;

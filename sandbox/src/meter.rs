@@ -314,7 +314,8 @@ pub fn to_usage_report(
     }
 }
 
-fn sample_gpus(gpu_uuids: &[String], sampler: &dyn GpuSampler) -> Vec<(String, GpuSample)> {
+/// Samples each of `gpu_uuids` (a failed sample is logged and left out), for [`Meter::on_gpu`].
+pub fn sample_gpus(gpu_uuids: &[String], sampler: &dyn GpuSampler) -> Vec<(String, GpuSample)> {
     gpu_uuids
         .iter()
         .filter_map(|u| match sampler.sample(u) {

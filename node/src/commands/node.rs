@@ -15,9 +15,13 @@ use crate::api::ApiState;
 use crate::api::types::{GpuView, GpusView};
 use crate::config::{Config, LogFormat, Overrides};
 use crate::home::Home;
+use crate::lease::SharedGpuSampler;
 use crate::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
+use crate::provider_gpus::{BenchCache, ProviderGpus, bench_program};
 use crate::store::StoreHandle;
 use gridlease_sandbox::dev_gpus::DevGpus;
+use gridlease_sandbox::gpu::{GpuProbe, NvmlProbe};
+use gridlease_sandbox::meter::GpuSampler;
 
 /// Arguments of `gridlease node`. Each overrides `<home>/config.toml` and the environment
 /// (see `docs/cli.md`, "Configuration").
@@ -106,6 +110,38 @@ fn gpu_view(dev: Option<&DevGpus>) -> GpusView {
     }
 }
 
+/// The driver's GPUs with their (cached or freshly run) benchmarks, and the NVML probe that
+/// samples them; `None` when NVML answers but lists no GPU.
+async fn driver_gpus(home: &Path) -> anyhow::Result<Option<(ProviderGpus, Arc<dyn GpuSampler>)>> {
+    let home = home.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let probe = NvmlProbe::new()?;
+        let gpus = probe.list()?;
+        if gpus.is_empty() {
+            return Ok(None);
+        }
+        let now = crate::clock::now();
+        let mut cache = BenchCache::load(&home);
+        match bench_program() {
+            Some(program) => {
+                if cache.fill(&gpus, &program, now) > 0
+                    && let Err(e) = cache.save(&home)
+                {
+                    tracing::warn!(error = %e, "benchmark results not cached");
+                }
+            }
+            None => tracing::warn!(
+                "gridlease-gpu-bench is not installed next to gridlease: GPUs without a cached benchmark are offered as unverified"
+            ),
+        }
+        let offered = ProviderGpus::from_inventory(&gpus, &cache, now);
+        tracing::info!(gpus = gpus.len(), "GPUs found by the driver");
+        let sampler: Arc<dyn GpuSampler> = Arc::new(probe);
+        Ok(Some((offered, sampler)))
+    })
+    .await?
+}
+
 /// Runs the node until Ctrl-C or SIGTERM with an already resolved configuration.
 pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
@@ -120,6 +156,24 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     net.announce_period = std::time::Duration::from_secs(config.announce_secs.max(1));
     net.offer_ttl = NodeConfig::ttl_for(net.announce_period);
     let dev = config.dev_gpus.as_deref().map(DevGpus::parse).transpose()?;
+    // GPUs from the driver when none are declared: offered after `gridlease provide --price`,
+    // each leased one passed to its container by UUID, and sampled for metering.
+    let mut driver_template = None;
+    let mut gpu_uuids = std::collections::BTreeMap::new();
+    let mut gpu_sampler = None;
+    if dev.is_none() {
+        match driver_gpus(home).await {
+            Ok(Some((gpus, probe))) => {
+                driver_template = Some(OfferTemplate::new(gpus.offered, 0));
+                gpu_uuids = gpus.uuids;
+                gpu_sampler = Some(SharedGpuSampler(probe));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::info!(error = %e, "no GPUs from the driver: this node can rent, not provide")
+            }
+        }
+    }
     if let Some(gpus) = &dev {
         let groups = gpus.groups();
         if let Some(first) = groups.first() {
@@ -139,14 +193,15 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let external_addrs = config.external_addrs.clone();
     let config = net;
     let network = h.network.clone();
-    let base_template = config.offer.clone();
+    let base_template = config.offer.clone().or(driver_template);
     let node = Node::start(h.key, config, StoreHandle::spawn(store))
         .await
         .context("cannot start the network")?;
     tracing::info!(peer = %node.client.peer_id(), %network, "node running");
-    let leases = crate::lease::start_for_daemon(&node, &h.dir, base_template)
-        .await
-        .context("cannot start the lease service")?;
+    let leases =
+        crate::lease::start_for_daemon(&node, &h.dir, base_template, gpu_uuids, gpu_sampler)
+            .await
+            .context("cannot start the lease service")?;
     let cancel = CancellationToken::new();
     let api_state = ApiState {
         client: node.client.clone(),

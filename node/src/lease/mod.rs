@@ -78,6 +78,9 @@ pub struct LeaseServiceConfig {
     pub data_dir: PathBuf,
     /// Real GPU UUIDs by digest (NVML); declared dev GPUs have none and get no device request.
     pub gpu_uuids: BTreeMap<Digest, String>,
+    /// Samples leased GPUs (utilization, VRAM, energy) alongside container stats; NVML in a
+    /// daemon with real GPUs, none with declared ones.
+    pub gpu_sampler: Option<SharedGpuSampler>,
     /// Provider-side sandbox limits.
     pub limits: ProviderLimits,
     /// What this node offers when [`LeaseService::provide`] enables it (GPUs, defaults).
@@ -95,6 +98,16 @@ pub struct LeaseServiceConfig {
     /// [`Faults::default`] (none) in the daemon.
     #[doc(hidden)]
     pub faults: Faults,
+}
+
+/// A GPU sampler shared by lease sessions.
+#[derive(Clone)]
+pub struct SharedGpuSampler(pub std::sync::Arc<dyn gridlease_sandbox::meter::GpuSampler>);
+
+impl std::fmt::Debug for SharedGpuSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedGpuSampler")
+    }
 }
 
 /// Test-only misbehaviour of this node's sessions (see [`LeaseServiceConfig::faults`]).
@@ -124,6 +137,7 @@ impl LeaseServiceConfig {
         Self {
             data_dir,
             gpu_uuids: BTreeMap::new(),
+            gpu_sampler: None,
             limits: ProviderLimits::default(),
             base_template: None,
             renter_grace_s: 30,
@@ -540,9 +554,13 @@ pub async fn start_for_daemon(
     node: &crate::net::Node,
     home: &std::path::Path,
     base_template: Option<OfferTemplate>,
+    gpu_uuids: BTreeMap<Digest, String>,
+    gpu_sampler: Option<SharedGpuSampler>,
 ) -> Result<LeaseService, LeaseError> {
     let mut config = LeaseServiceConfig::new(home.join("leases"));
     config.base_template = base_template;
+    config.gpu_uuids = gpu_uuids;
+    config.gpu_sampler = gpu_sampler;
     let sandbox = match Sandbox::connect().await {
         Ok(sb) => Some(sb),
         Err(e) => {

@@ -16,7 +16,7 @@ use gridlease_protocol::{
     CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey, Signed, Timestamp,
     UsageReport,
 };
-use gridlease_sandbox::meter::{Meter, StatsSample, Usage, to_usage_report};
+use gridlease_sandbox::meter::{Meter, StatsSample, Usage, sample_gpus, to_usage_report};
 use gridlease_sandbox::{ExitInfo, Sandbox, SandboxSpec};
 use tokio::sync::{mpsc, watch};
 
@@ -402,6 +402,11 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     let terms = s.lease.terms.clone();
     let deadline = started.plus_secs(u64::from(terms.duration_s));
     let mut meter = Meter::new(started, u32::from(terms.gpu_count));
+    let gpu_uuids = if ctx.config.gpu_sampler.is_some() {
+        stored_gpus(&ctx, s).await
+    } else {
+        Vec::new()
+    };
     let opts = StatsOptionsBuilder::default()
         .stream(true)
         .one_shot(false)
@@ -450,7 +455,15 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             item = stats.next(), if !stats_done => {
                 match item {
                     Some(Ok(resp)) => match StatsSample::from_docker(clock::now(), &resp) {
-                        Some(x) => { meter.on_stats(x); samples += 1; }
+                        Some(x) => {
+                            meter.on_stats(x);
+                            samples += 1;
+                            if let Some(sampler) = &ctx.config.gpu_sampler
+                                && !gpu_uuids.is_empty()
+                            {
+                                meter.on_gpu(&sample_gpus(&gpu_uuids, sampler.0.as_ref()));
+                            }
+                        }
                         None if samples > 0 => stats_done = true,
                         None => {}
                     },
