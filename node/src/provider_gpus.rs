@@ -195,18 +195,21 @@ mod tests {
         }
     }
 
+    fn cached(driver: &str, at: Timestamp) -> CachedBench {
+        CachedBench {
+            driver_version: driver.into(),
+            report: report(at),
+        }
+    }
+
     #[test]
     fn driver_gpus_are_offered_with_their_device_uuids_and_measured_only_when_benchmarked() {
         let now = Timestamp(1_800_000_000_000);
         let gpus = [gpu(0, "GPU-aaaa", "570.1"), gpu(1, "GPU-bbbb", "570.1")];
         let mut cache = BenchCache::default();
-        cache.by_uuid.insert(
-            "GPU-aaaa".into(),
-            CachedBench {
-                driver_version: "570.1".into(),
-                report: report(now),
-            },
-        );
+        cache
+            .by_uuid
+            .insert("GPU-aaaa".into(), cached("570.1", now));
         let p = ProviderGpus::from_inventory(&gpus, &cache, now);
         assert_eq!(p.offered.len(), 2);
         assert_eq!(p.offered[0].bench.attestation, Attestation::Measured);
@@ -225,13 +228,9 @@ mod tests {
     fn cached_benchmarks_expire_with_age_and_with_a_new_driver() {
         let now = Timestamp(1_800_000_000_000);
         let mut cache = BenchCache::default();
-        cache.by_uuid.insert(
-            "GPU-aaaa".into(),
-            CachedBench {
-                driver_version: "570.1".into(),
-                report: report(now),
-            },
-        );
+        cache
+            .by_uuid
+            .insert("GPU-aaaa".into(), cached("570.1", now));
         assert!(cache.fresh(&gpu(0, "GPU-aaaa", "570.1"), now).is_some());
         assert!(cache.fresh(&gpu(0, "GPU-aaaa", "575.2"), now).is_none());
         let later = now.plus_secs(BENCH_MAX_AGE_S);
@@ -244,13 +243,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(BenchCache::load(dir.path()), BenchCache::default());
         let mut cache = BenchCache::default();
-        cache.by_uuid.insert(
-            "GPU-aaaa".into(),
-            CachedBench {
-                driver_version: "570.1".into(),
-                report: report(Timestamp(5)),
-            },
-        );
+        cache
+            .by_uuid
+            .insert("GPU-aaaa".into(), cached("570.1", Timestamp(5)));
         cache.save(dir.path()).unwrap();
         assert_eq!(BenchCache::load(dir.path()), cache);
         std::fs::write(BenchCache::path(dir.path()), b"{not json").unwrap();
