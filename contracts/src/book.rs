@@ -13,7 +13,7 @@
 //! Pure: time is a parameter; results do not depend on hash-map iteration order (searches scan a
 //! vector and sort with a total order, ties broken by offer id).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use gridlease_protocol::{Offer, OfferId, PublicKey, Signed, Timestamp};
 
@@ -21,6 +21,30 @@ use crate::query::{Field, Numbers, OfferSummary, Query};
 
 /// Default capacity of a book.
 pub const DEFAULT_BOOK_CAPACITY: usize = 200_000;
+
+/// How many replaced offer ids a book remembers (FIFO), see [`OfferBook::replacement`].
+pub const REPLACED_CAPACITY: usize = 16_384;
+
+/// What the book remembers of an offer that a newer one from the same provider replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Replaced {
+    provider: PublicKey,
+    price_per_gpu_hour: u64,
+    models_lower: String,
+}
+
+/// A replaced offer's provider's current offer, and how the two compare.
+#[derive(Clone, Copy, Debug)]
+pub struct Replacement<'a> {
+    /// The provider's current offer.
+    pub current: &'a BookEntry,
+    /// The old offer's price per GPU-hour, micro-units.
+    pub old_price_per_gpu_hour: u64,
+    /// Same GPU models at the same or a lower price: the current offer is what a renter holding
+    /// the old id asked for (providers re-sign before expiry, so ids age out). Otherwise the
+    /// renter has to look again.
+    pub equivalent: bool,
+}
 
 /// One live offer as the book holds it.
 #[derive(Clone, Debug)]
@@ -154,6 +178,9 @@ pub struct OfferBook {
     slots: Vec<Slot>,
     slot_of: HashMap<PublicKey, usize>,
     text: Interner,
+    /// Ids replaced by a newer offer of the same provider (bounded, FIFO).
+    replaced: BTreeMap<OfferId, Replaced>,
+    replaced_order: VecDeque<OfferId>,
 }
 
 impl Default for OfferBook {
@@ -173,6 +200,8 @@ impl OfferBook {
             slots: Vec::new(),
             slot_of: HashMap::new(),
             text: Interner::default(),
+            replaced: BTreeMap::new(),
+            replaced_order: VecDeque::new(),
         }
     }
 
@@ -260,7 +289,9 @@ impl OfferBook {
                 }
             }
         }
-        self.remove(&offer.provider);
+        if let Some(old) = self.remove(&offer.provider) {
+            self.remember_replaced(&old);
+        }
         let provider = offer.provider;
         let summary = OfferSummary::of(&offer);
         let slot = Slot {
@@ -286,6 +317,45 @@ impl OfferBook {
             },
         );
         Ok(admission)
+    }
+
+    fn remember_replaced(&mut self, old: &BookEntry) {
+        let r = Replaced {
+            provider: old.offer.provider,
+            price_per_gpu_hour: old.offer.price_per_gpu_hour,
+            models_lower: old.summary.models_lower.clone(),
+        };
+        if self.replaced.insert(old.id, r).is_none() {
+            self.replaced_order.push_back(old.id);
+            if self.replaced_order.len() > REPLACED_CAPACITY
+                && let Some(gone) = self.replaced_order.pop_front()
+            {
+                self.replaced.remove(&gone);
+            }
+        }
+    }
+
+    /// For an id that a newer offer of the same provider replaced, the provider's current offer
+    /// and how it compares. `None` for ids never seen, forgotten, or whose provider has no
+    /// current offer (expired, evicted).
+    pub fn replacement(&self, old: &OfferId) -> Option<Replacement<'_>> {
+        let r = self.replaced.get(old)?;
+        let current = self.by_provider.get(&r.provider)?;
+        let same_gpus = current.summary.models_lower == r.models_lower;
+        Some(Replacement {
+            current,
+            old_price_per_gpu_hour: r.price_per_gpu_hour,
+            equivalent: same_gpus && current.offer.price_per_gpu_hour <= r.price_per_gpu_hour,
+        })
+    }
+
+    /// Remembered replaced ids whose hex form starts with `prefix`.
+    pub fn replaced_with_prefix(&self, prefix: &str) -> Vec<OfferId> {
+        self.replaced
+            .keys()
+            .filter(|id| id.to_string().starts_with(prefix))
+            .copied()
+            .collect()
     }
 
     /// Removes the offer of `provider`, returning it.
@@ -406,6 +476,59 @@ mod tests {
     ) -> Result<Admission, BookError> {
         let (s, o, id) = signed(key, seq, price, 300);
         book.admit(s, o, id, T0)
+    }
+
+    #[test]
+    fn a_replaced_id_leads_to_the_providers_current_offer() {
+        let k = NodeKey::from_secret([1; 32]);
+        let other = NodeKey::from_secret([2; 32]);
+        let mut book = OfferBook::default();
+        let (s1, o1, id1) = signed(&k, 1, 100, 300);
+        book.admit(s1, o1, id1, T0).unwrap();
+        assert!(book.replacement(&id1).is_none(), "current, not replaced");
+        // Re-signed at the same price: equivalent.
+        let (s2, o2, id2) = signed(&k, 2, 100, 300);
+        book.admit(s2, o2, id2, T0).unwrap();
+        assert!(book.get(&id1).is_none());
+        let r = book.replacement(&id1).unwrap();
+        assert!(r.equivalent && r.current.id == id2);
+        // Then at a higher price: an id from either earlier search now says "changed".
+        let (s3, o3, id3) = signed(&k, 3, 150, 300);
+        book.admit(s3, o3, id3, T0).unwrap();
+        for old in [id1, id2] {
+            let r = book.replacement(&old).unwrap();
+            assert!(!r.equivalent && r.current.id == id3 && r.old_price_per_gpu_hour == 100);
+        }
+        // A lower price again is equivalent for the 150 one.
+        let (s4, o4, id4) = signed(&k, 4, 120, 300);
+        book.admit(s4, o4, id4, T0).unwrap();
+        let r = book.replacement(&id3).unwrap();
+        assert!(r.equivalent && r.current.id == id4);
+        let prefix = &id1.to_string()[..10];
+        assert_eq!(book.replaced_with_prefix(prefix), vec![id1]);
+        // Another provider's offer never stands in; a provider without an offer has no successor.
+        let (so, oo, ido) = signed(&other, 1, 50, 300);
+        book.admit(so, oo, ido, T0).unwrap();
+        assert_eq!(book.replacement(&id1).unwrap().current.id, id4);
+        book.remove(&k.public());
+        assert!(book.replacement(&id1).is_none());
+    }
+
+    #[test]
+    fn replaced_ids_are_bounded() {
+        let k = NodeKey::from_secret([1; 32]);
+        let mut book = OfferBook::default();
+        let mut first = None;
+        for seq in 1..=(REPLACED_CAPACITY as u64 + 2) {
+            let (s, o, id) = signed(&k, seq, 100, 300);
+            first.get_or_insert(id);
+            book.admit(s, o, id, T0).unwrap();
+        }
+        assert_eq!(book.replaced.len(), REPLACED_CAPACITY);
+        assert!(
+            book.replacement(&first.unwrap()).is_none(),
+            "oldest forgotten"
+        );
     }
 
     #[test]

@@ -39,6 +39,15 @@ impl Printer {
         }
     }
 
+    /// A note for the person at the terminal, on stderr so that stdout stays parseable (also in
+    /// `--json` mode; not in `--quiet` mode).
+    pub fn note(&self, text: &str) {
+        if !self.quiet {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "note: {text}");
+        }
+    }
+
     /// A table with `headers` and `rows` (not in `--json` or `--quiet` mode).
     pub fn table(&self, headers: &[&str], rows: Vec<Vec<String>>) {
         if self.quiet || self.json {

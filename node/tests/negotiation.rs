@@ -364,3 +364,56 @@ async fn restored_offers_are_verified_again_and_a_tampered_one_is_dropped() {
     }
     stop(node).await;
 }
+
+/// Providers re-sign their offer before it expires, so an id from an earlier search ages out.
+/// The renter's node remembers replaced ids: the same GPUs at the same (or a lower) price is the
+/// offer the renter meant; a higher price is reported as a change, with the old price.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_id_from_an_earlier_search_leads_to_the_providers_current_offer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, mut renter, first) = market(dir.path(), 2).await;
+    let p = provider.key_public;
+    let mut learn = async |price: u64| {
+        provider
+            .node
+            .client
+            .set_offer(Some(template(2, price)))
+            .await
+            .unwrap();
+        wait_event(&mut renter.events, |e| match e {
+            NetworkEvent::OfferAdmitted { id, provider, .. } if *provider == p => Some(*id),
+            _ => None,
+        })
+        .await
+    };
+    let resigned = learn(350_000).await;
+    assert_ne!(resigned, first.id);
+    let prefix = first.id.to_string()[..12].to_string();
+    let found = renter
+        .node
+        .client
+        .replaced_offers(prefix.clone())
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].old, first.id);
+    assert_eq!(found[0].current.id, resigned);
+    assert!(found[0].equivalent, "same GPUs, same price");
+
+    let dearer = learn(500_000).await;
+    let found = renter.node.client.replaced_offers(prefix).await.unwrap();
+    assert_eq!(found[0].current.id, dearer);
+    assert!(!found[0].equivalent, "a higher price is a change");
+    assert_eq!(found[0].old_price_per_gpu_hour, 350_000);
+    // Current ids are not "replaced".
+    let now = dearer.to_string();
+    assert!(
+        renter
+            .node
+            .client
+            .replaced_offers(now)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

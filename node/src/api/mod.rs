@@ -337,13 +337,14 @@ async fn resolve_lease(s: &ApiState, prefix: &str) -> Result<LeaseId, ApiError> 
     }
 }
 
-/// Finds the one offer in the book whose id starts with `prefix` (hex).
-async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<OfferId, ApiError> {
+/// Finds the one offer in the book whose id starts with `prefix` (hex). An id that its
+/// provider has since replaced (offers are re-signed before they expire, so ids from an earlier
+/// search age out) resolves to the provider's current offer when that has the same GPU models
+/// at the same or a lower price, with a note saying so; otherwise it is a conflict naming the
+/// current offer and its price.
+async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<String>), ApiError> {
     let p = prefix.trim_end_matches('…').to_ascii_lowercase();
-    if let Ok(id) = p.parse::<OfferId>() {
-        return Ok(id);
-    }
-    if p.len() < 4 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::bad_request(
             format!("{prefix:?} is not an offer id"),
             Some("use an id (or its first digits) from `gridlease search`".into()),
@@ -361,10 +362,47 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<OfferId, ApiError> 
         .filter(|id| id.to_string().starts_with(&p))
         .collect();
     match hits.as_slice() {
-        [one] => Ok(*one),
+        [one] => return Ok((*one, None)),
+        [] => {}
+        _ => {
+            return Err(ApiError::bad_request(
+                format!("offer id prefix {prefix} is ambiguous"),
+                Some("give more digits".into()),
+            ));
+        }
+    }
+    let replaced = s
+        .client
+        .replaced_offers(p.clone())
+        .await
+        .map_err(ApiError::internal)?;
+    match replaced.as_slice() {
         [] => Err(ApiError::not_found(format!(
             "offer {prefix} is not in this node's book (it may have expired); search again"
         ))),
+        [r] if r.equivalent => Ok((
+            r.current.id,
+            Some(format!(
+                "offer {} was re-signed by its provider as {} (same GPUs, {}/GPU-hour); renting that",
+                r.old.short(),
+                r.current.id.short(),
+                Money::from_micros(r.current.offer.price_per_gpu_hour)
+            )),
+        )),
+        [r] => Err(ApiError::conflict(
+            format!(
+                "offer {} was replaced by its provider: now {} ({}, {}/GPU-hour, was {})",
+                r.old.short(),
+                r.current.id.short(),
+                r.current.summary.models_lower,
+                Money::from_micros(r.current.offer.price_per_gpu_hour),
+                Money::from_micros(r.old_price_per_gpu_hour)
+            ),
+            Some(format!(
+                "rent {} to accept the new terms, or search again",
+                r.current.id.short()
+            )),
+        )),
         _ => Err(ApiError::bad_request(
             format!("offer id prefix {prefix} is ambiguous"),
             Some("give more digits".into()),
@@ -400,7 +438,7 @@ async fn rent(
     State(s): State<ApiState>,
     Json(b): Json<RentBody>,
 ) -> Result<Json<RentedView>, ApiError> {
-    let offer = resolve_offer(&s, &b.offer).await?;
+    let (offer, note) = resolve_offer(&s, &b.offer).await?;
     let max_total = b
         .max_total
         .as_deref()
@@ -422,6 +460,7 @@ async fn rent(
     match s.leases.rent(req).await {
         Ok(id) => Ok(Json(RentedView {
             lease_id: id.to_string(),
+            note,
         })),
         Err(RentError::Rejected(reason)) => Err(ApiError::conflict(
             format!(

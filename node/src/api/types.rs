@@ -144,6 +144,10 @@ pub struct RentBody {
 pub struct RentedView {
     /// The new lease's id.
     pub lease_id: String,
+    /// Something the renter should know, e.g. that the offer id given was replaced by an
+    /// equivalent one and that one was rented.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// `PUT /v1/provide`: what this node offers.

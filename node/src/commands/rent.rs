@@ -268,6 +268,9 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         m.parse::<Money>()?;
     }
     let rented: RentedView = api.post("/v1/leases", &body).await?;
+    if let Some(note) = &rented.note {
+        out.note(note);
+    }
     if args.detach {
         out.emit(&rented, |p| p.line(&rented.lease_id));
         return Ok(0);

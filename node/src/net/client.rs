@@ -17,6 +17,20 @@ use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::provider::{OfferTemplate, OwnOffer};
 use crate::store::{Role, StoreError, StoreHandle, StoredLease};
 
+/// An offer id a newer offer of the same provider replaced (providers re-sign before expiry,
+/// so ids from an earlier search age out), with the provider's current offer.
+#[derive(Clone, Debug)]
+pub struct ReplacedOffer {
+    /// The id asked about.
+    pub old: OfferId,
+    /// The provider's current offer.
+    pub current: BookEntry,
+    /// Same GPU models at the same or a lower price: what the old id meant.
+    pub equivalent: bool,
+    /// The old offer's price per GPU-hour, micro-units.
+    pub old_price_per_gpu_hour: u64,
+}
+
 /// A request to the event loop. Every variant carries its reply channel.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -31,6 +45,7 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Vec<BookEntry>>,
     },
     Offer(OfferId, oneshot::Sender<Option<BookEntry>>),
+    Replaced(String, oneshot::Sender<Vec<ReplacedOffer>>),
     BookLen(oneshot::Sender<usize>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
@@ -202,6 +217,15 @@ impl Client {
     /// One offer from the book.
     pub async fn offer(&self, id: OfferId) -> Result<Option<BookEntry>, NegotiationError> {
         self.ask(|r| Command::Offer(id, r)).await
+    }
+
+    /// Offers that newer ones from the same providers replaced, whose id starts with `prefix`
+    /// (lowercase hex), with each provider's current offer.
+    pub async fn replaced_offers(
+        &self,
+        prefix: String,
+    ) -> Result<Vec<ReplacedOffer>, NegotiationError> {
+        self.ask(|r| Command::Replaced(prefix, r)).await
     }
 
     /// Offers held.

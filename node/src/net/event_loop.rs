@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, BehaviourEvent};
-use super::client::Command;
+use super::client::{Command, ReplacedOffer};
 use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::gossip::{self, OfferIgnore, Verdict};
 use super::provider::{self, Decision, OwnOffer, ProviderState};
@@ -288,6 +288,23 @@ impl EventLoop {
             }
             Command::Offer(id, reply) => {
                 let _ = reply.send(self.book.get(&id).cloned());
+            }
+            Command::Replaced(prefix, reply) => {
+                let found = self
+                    .book
+                    .replaced_with_prefix(&prefix)
+                    .into_iter()
+                    .filter_map(|old| {
+                        let r = self.book.replacement(&old)?;
+                        Some(ReplacedOffer {
+                            old,
+                            current: r.current.clone(),
+                            equivalent: r.equivalent,
+                            old_price_per_gpu_hour: r.old_price_per_gpu_hour,
+                        })
+                    })
+                    .collect();
+                let _ = reply.send(found);
             }
             Command::BookLen(reply) => {
                 let _ = reply.send(self.book.len());
