@@ -18,7 +18,7 @@
 //! neither grow them beyond capacity nor get an unverified variant of a cached frame accepted.
 
 use gridlease_protocol::{
-    EnvelopeError, NetworkId, Offer, Signed, Timestamp, Verified, VerifyCache,
+    EnvelopeError, NetworkId, Offer, Signed, Timestamp, Verified, VerifyCache, VerifyStats,
 };
 
 use crate::terms::{OfferError, validate_offer};
@@ -95,6 +95,11 @@ impl OfferIngestor {
     pub fn cached(&self) -> usize {
         self.cache.remembered()
     }
+
+    /// Signatures checked, and frames accepted without one (already verified), so far.
+    pub fn stats(&self) -> VerifyStats {
+        self.cache.stats()
+    }
 }
 
 #[cfg(test)]
@@ -126,8 +131,22 @@ mod tests {
             assert_eq!(b.ingest(f, now).unwrap().digest, r.as_ref().unwrap().digest);
         }
         // Re-announcements are accepted from the cache, still validated against `now`.
+        assert_eq!(
+            a.stats(),
+            VerifyStats {
+                checked: 8,
+                skipped: 0
+            }
+        );
         assert!(a.ingest(&frames[0], now).is_ok());
         assert_eq!(a.cached(), 8);
+        assert_eq!(
+            a.stats(),
+            VerifyStats {
+                checked: 8,
+                skipped: 1
+            }
+        );
         assert!(matches!(
             a.ingest(&frames[0], T0.plus_secs(301)),
             Err(IngestError::Invalid(OfferError::Expired { .. }))

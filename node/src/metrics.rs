@@ -11,13 +11,16 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::LeaseService;
-use crate::net::Client;
+use crate::net::{Client, GossipStats};
 
 #[derive(Clone)]
 struct MetricsState {
@@ -34,6 +37,50 @@ struct MetricsState {
     providing_gpus: Gauge,
     price: Gauge<f64, AtomicU64>,
     uptime: Gauge,
+    gossip: Arc<std::sync::Mutex<GossipStats>>,
+}
+
+/// Offer gossip counters, as OpenMetrics counters, from the snapshot taken at each scrape.
+#[derive(Debug)]
+struct GossipCollector(Arc<std::sync::Mutex<GossipStats>>);
+
+impl Collector for GossipCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let g = self.0.lock().map(|g| *g).unwrap_or_default();
+        let rows: [(&str, &str, u64); 5] = [
+            (
+                "gossip_offers_accepted",
+                "Gossiped offers accepted and forwarded",
+                g.accepted,
+            ),
+            (
+                "gossip_offers_rejected",
+                "Gossiped offers rejected (the forwarding peer is penalised)",
+                g.rejected,
+            ),
+            (
+                "gossip_offers_ignored",
+                "Gossiped offers dropped without penalty (rate limits, recent refresh, full book)",
+                g.ignored,
+            ),
+            (
+                "offer_signatures_checked",
+                "Offer signatures verified (strict ed25519)",
+                g.signatures_checked,
+            ),
+            (
+                "offer_signatures_skipped",
+                "Offers byte-identical to one verified before, accepted without a signature check",
+                g.signatures_skipped,
+            ),
+        ];
+        for (name, help, v) in rows {
+            let c = ConstCounter::new(v);
+            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
+        Ok(())
+    }
 }
 
 /// Serves metrics on `addr` until `cancel`. Returns once bound.
@@ -58,7 +105,9 @@ pub async fn serve(
         providing_gpus: Gauge::default(),
         price: Gauge::default(),
         uptime: Gauge::default(),
+        gossip: Arc::default(),
     };
+    registry.register_collector(Box::new(GossipCollector(state.gossip.clone())));
     registry.register(
         "connected_peers",
         "Peers connected now",
@@ -126,6 +175,11 @@ async fn scrape(State(s): State<MetricsState>) -> impl IntoResponse {
     let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
     if let Ok(p) = s.client.connected_peers().await {
         s.peers.set(gauge(p.len()));
+    }
+    if let Ok(g) = s.client.gossip_stats().await
+        && let Ok(mut held) = s.gossip.lock()
+    {
+        *held = g;
     }
     if let Ok(n) = s.client.book_len().await {
         s.offers.set(gauge(n));

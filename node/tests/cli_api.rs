@@ -151,6 +151,15 @@ fn daemon_serves_status_search_and_gpus_on_a_private_socket() {
     };
     assert!(body.contains("gridlease_own_offer_gpus 2"), "{body}");
     assert!(body.contains("gridlease_leases_active 0"), "{body}");
+    // Offer gossip counters (a lone node has received none).
+    assert!(
+        body.contains("gridlease_gossip_offers_rejected_total 0"),
+        "{body}"
+    );
+    assert!(
+        body.contains("gridlease_offer_signatures_checked_total 0"),
+        "{body}"
+    );
 
     // The socket is private.
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};

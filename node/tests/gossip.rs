@@ -108,6 +108,18 @@ async fn a_late_joiner_learns_live_offers_within_one_announce_period() {
         "late joiner learned the offer after {took:?}"
     );
     assert!(late.node.client.offer(id).await.unwrap().is_some());
+
+    // Re-announcements are byte-identical to the offer a node verified: accepted without
+    // another signature check (the ingestor's dedup cache), and counted as such.
+    let far = &nodes[3].node.client;
+    eventually(
+        "a re-announcement accepted without a signature check",
+        || async { far.gossip_stats().await.unwrap().signatures_skipped >= 1 },
+    )
+    .await;
+    let g = far.gossip_stats().await.unwrap();
+    assert!(g.accepted >= 1 && g.signatures_checked >= 1, "{g:?}");
+    assert_eq!(g.rejected, 0, "{g:?}");
 }
 
 /// Re-encodes an envelope after `f` tampered with it.
@@ -223,6 +235,10 @@ async fn invalid_offers_are_rejected_everywhere_and_their_senders_lose_score() {
         }
     }
     assert!(seen_by_h2.is_empty(), "h2 saw {seen_by_h2:?}");
+    for h in honest.iter().take(2) {
+        let g = h.node.client.gossip_stats().await.unwrap();
+        assert!(g.rejected >= 4, "rejections counted: {g:?}");
+    }
     for h in &honest {
         assert_eq!(h.node.client.book_len().await.unwrap(), 1, "only seq 10");
         let held = h.node.client.offer(seq10_id).await.unwrap().unwrap();

@@ -380,6 +380,7 @@ fn verify_through_cache<T: WireMessage>(
     let digest = content_digest_of(&signer, &input);
     if !cache.already_verified(&digest, signature) {
         let key = cache.keys.get(&signer)?;
+        cache.stats.checked += 1;
         verify_strict(&key, &signer, signature, &input)?;
         cache.remember(digest, *signature);
     }
@@ -457,6 +458,16 @@ pub struct VerifyCache {
     capacity: usize,
     seen: std::collections::HashMap<Digest, SignatureBytes>,
     order: std::collections::VecDeque<Digest>,
+    stats: VerifyStats,
+}
+
+/// Signature work done through a [`VerifyCache`] since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerifyStats {
+    /// Signatures checked (one by one or in a batch).
+    pub checked: u64,
+    /// Messages identical to one verified before, accepted without a signature check.
+    pub skipped: u64,
 }
 
 impl VerifyCache {
@@ -467,11 +478,21 @@ impl VerifyCache {
             capacity: verified,
             seen: std::collections::HashMap::new(),
             order: std::collections::VecDeque::new(),
+            stats: VerifyStats::default(),
         }
     }
 
-    fn already_verified(&self, digest: &Digest, sig: &SignatureBytes) -> bool {
-        self.seen.get(digest) == Some(sig)
+    fn already_verified(&mut self, digest: &Digest, sig: &SignatureBytes) -> bool {
+        let hit = self.seen.get(digest) == Some(sig);
+        if hit {
+            self.stats.skipped += 1;
+        }
+        hit
+    }
+
+    /// Signatures checked and skipped so far.
+    pub fn stats(&self) -> VerifyStats {
+        self.stats
     }
 
     fn remember(&mut self, digest: Digest, sig: SignatureBytes) {
@@ -724,6 +745,7 @@ impl<T: WireMessage> Signed<T> {
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
+        cache.stats.checked += idx.len() as u64;
         let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
         let batch_ok = !idx.is_empty() && ed25519_dalek::verify_batch(&refs, &sigs, &vks).is_ok();
         for (n, &i) in idx.iter().enumerate() {

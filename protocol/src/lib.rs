@@ -17,7 +17,7 @@ pub mod types;
 pub use codec::CodecError;
 pub use envelope::{
     Envelope, EnvelopeError, KeyCache, MessageKind, NetworkId, PROTOCOL_VERSION, Signed, Verified,
-    VerifyCache, WireMessage,
+    VerifyCache, VerifyStats, WireMessage,
 };
 pub use identity::{IdentityError, NodeKey, PeerId, PublicKey};
 pub use messages::*;

@@ -31,6 +31,21 @@ pub struct ReplacedOffer {
     pub old_price_per_gpu_hour: u64,
 }
 
+/// Offer gossip handled since the node started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GossipStats {
+    /// Offers accepted (admitted or refreshed, and forwarded).
+    pub accepted: u64,
+    /// Offers rejected (the forwarding peer was penalised).
+    pub rejected: u64,
+    /// Offers dropped without penalty (rate limits, graylist, recent refresh, full book).
+    pub ignored: u64,
+    /// Offer signatures checked.
+    pub signatures_checked: u64,
+    /// Offers identical to one verified before, accepted without a signature check.
+    pub signatures_skipped: u64,
+}
+
 /// A request to the event loop. Every variant carries its reply channel.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -46,6 +61,7 @@ pub(crate) enum Command {
     },
     Offer(OfferId, oneshot::Sender<Option<BookEntry>>),
     Replaced(String, oneshot::Sender<Vec<ReplacedOffer>>),
+    GossipStats(oneshot::Sender<GossipStats>),
     BookLen(oneshot::Sender<usize>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
@@ -226,6 +242,11 @@ impl Client {
         prefix: String,
     ) -> Result<Vec<ReplacedOffer>, NegotiationError> {
         self.ask(|r| Command::Replaced(prefix, r)).await
+    }
+
+    /// Offer gossip counters.
+    pub async fn gossip_stats(&self) -> Result<GossipStats, NegotiationError> {
+        self.ask(Command::GossipStats).await
     }
 
     /// Offers held.

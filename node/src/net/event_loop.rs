@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, BehaviourEvent};
-use super::client::{Command, ReplacedOffer};
+use super::client::{Command, GossipStats, ReplacedOffer};
 use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::gossip::{self, OfferIgnore, Verdict};
 use super::provider::{self, Decision, OwnOffer, ProviderState};
@@ -102,6 +102,8 @@ pub(super) struct EventLoop {
     /// Decodes and verifies gossiped offers; remembers provider keys and verified offers so
     /// re-announcements skip the signature check.
     ingestor: OfferIngestor,
+    /// Verdicts given to gossiped offers (signature counts come from the ingestor).
+    verdicts: GossipStats,
     provider: ProviderState,
     commands: mpsc::Receiver<Command>,
     /// Lease writes in flight; each yields the completion to answer the renter with.
@@ -140,6 +142,7 @@ impl EventLoop {
         Self {
             topic: gossip::offer_topic(&config.network),
             ingestor: OfferIngestor::new(config.network.clone(), config.book_capacity),
+            verdicts: GossipStats::default(),
             peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
             provider_limits: RateLimiter::new(config.provider_rate, RATE_KEYS),
             swarm,
@@ -288,6 +291,14 @@ impl EventLoop {
             }
             Command::Offer(id, reply) => {
                 let _ = reply.send(self.book.get(&id).cloned());
+            }
+            Command::GossipStats(reply) => {
+                let sig = self.ingestor.stats();
+                let _ = reply.send(GossipStats {
+                    signatures_checked: sig.checked,
+                    signatures_skipped: sig.skipped,
+                    ..self.verdicts
+                });
             }
             Command::Replaced(prefix, reply) => {
                 let found = self
@@ -688,6 +699,11 @@ impl EventLoop {
                 message,
             } => {
                 let verdict = self.validate(&propagation_source, &message.data);
+                match &verdict {
+                    Verdict::Accept(_) => self.verdicts.accepted += 1,
+                    Verdict::Reject(_) => self.verdicts.rejected += 1,
+                    Verdict::Ignore(_) => self.verdicts.ignored += 1,
+                }
                 let acceptance = match verdict {
                     Verdict::Accept(valid) => {
                         let now = clock::now();

@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
-pub use client::{Client, NegotiationError, NegotiationOutcome, ReplacedOffer};
+pub use client::{Client, GossipStats, NegotiationError, NegotiationOutcome, ReplacedOffer};
 pub use provider::{OfferTemplate, OwnOffer};
 pub use ratelimit::RateLimit;
 
