@@ -12,7 +12,9 @@
 //! report as its own event, at a fraction of the queue traffic; the reports are counted in
 //! `channel_reports`.
 
-use std::collections::{BTreeSet, VecDeque};
+mod book;
+
+use std::collections::VecDeque;
 
 use gridlease_contracts::auction::{DoubleAuction, SealedBid, reverse_auction_winner};
 use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, uniform_inclusive};
@@ -28,6 +30,7 @@ use gridlease_protocol::{
 };
 use rand_pcg::Pcg64Mcg;
 
+use self::book::{Entry, OfferBook};
 use crate::engine::EventQueue;
 use crate::metrics::{Bucket, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
@@ -219,7 +222,8 @@ pub struct Market<'s> {
     waiting_len: u64,
     leases: Vec<Option<LeaseRec>>,
     free_leases: Vec<u32>,
-    book: Vec<BTreeSet<(u64, u32)>>,
+    /// Open visible offers per class, cheapest first (mirrors `vis`).
+    book: Vec<OfferBook>,
     snaps: Vec<Snapshot>,
     free_snaps: Vec<u32>,
     /// What renters currently see of each provider (dense: the matching loops' hot data).
@@ -371,7 +375,7 @@ impl<'s> Market<'s> {
             waiting_len: 0,
             leases: Vec::new(),
             free_leases: Vec::new(),
-            book: vec![BTreeSet::new(); classes],
+            book: (0..classes).map(|_| OfferBook::new()).collect(),
             snaps: Vec::new(),
             free_snaps: Vec::new(),
             vis: vec![None; n_providers],
@@ -777,8 +781,8 @@ impl<'s> Market<'s> {
             let class = pr.class;
             let cheapest = self.book[class]
                 .iter()
-                .find(|&&(_, q)| q as usize != p)
-                .map(|&(price, _)| Money::from_micros(price));
+                .find(|e| e.provider as usize != p)
+                .map(|e| Money::from_micros(e.price));
             let pr = &mut self.providers[p];
             let input = PricingInput {
                 cost_floor: pr.cost_floor,
@@ -894,18 +898,14 @@ impl<'s> Market<'s> {
                 continue;
             }
             let mut n = 0;
-            for &(price, p) in &self.book[class] {
-                if price > j.valuation.micros() || n >= limit_per_class {
+            let end = now + u64::from(j.duration_s) * 1000;
+            // Book entries carry their provider's visible snapshot (`vis`), so no lookup.
+            for v in self.book[class].iter_until(end) {
+                if v.price > j.valuation.micros() || n >= limit_per_class {
                     break;
                 }
-                let Some(v) = self.vis[p as usize] else {
-                    continue;
-                };
-                if v.free >= j.gpus
-                    && now + u64::from(j.duration_s) * 1000 <= v.until
-                    && self.trusted(j.renter, v.identity)
-                {
-                    out.push((price, p));
+                if v.free >= j.gpus && end <= v.until && self.trusted(j.renter, v.identity) {
+                    out.push((v.price, v.provider));
                     n += 1;
                 }
             }
@@ -1160,7 +1160,7 @@ impl<'s> Market<'s> {
             if old.version >= snap.version {
                 return;
             }
-            self.book[class].remove(&(old.price, p as u32));
+            self.book[class].remove(old.price, p as u32);
             let was_open = old.available && old.free > 0;
             better = open
                 && (!was_open
@@ -1170,7 +1170,13 @@ impl<'s> Market<'s> {
         }
         self.vis[p] = Some(snap);
         if open {
-            self.book[class].insert((snap.price, p as u32));
+            self.book[class].insert(Entry {
+                price: snap.price,
+                provider: p as u32,
+                identity: snap.identity,
+                until: snap.until,
+                free: snap.free,
+            });
         }
         let mech = self.mech;
         mech.offer_visible(self, p, snap, open, better, now);
