@@ -143,6 +143,35 @@ struct Job {
     defaults: bool,
 }
 
+/// What the retry test reads of one waiting job.
+#[derive(Clone, Copy, Debug)]
+struct WaitingJob {
+    renter: u32,
+    duration_s: u32,
+    valuation: u64,
+    gpus: u16,
+}
+
+/// The front of one waiting queue as `retry_waiting` would scan it: the entries up to and
+/// including the `WAIT_SCAN`-th waiting job (or the whole queue), cached between retries.
+/// Almost every retry finds that none of these jobs fits the improved offer, and then changes
+/// nothing; the cache answers that without walking the queue and the jobs. It is dropped
+/// whenever the queue's covered entries or one of the job slots they name change.
+#[derive(Debug, Default)]
+struct WaitPrefix {
+    valid: bool,
+    /// The job slot of every covered entry (waiting or not), for invalidation.
+    slots: Vec<u32>,
+    /// The waiting jobs among them, oldest first.
+    jobs: Vec<WaitingJob>,
+    /// Whether a covered entry names a job that is no longer waiting (the scan would drop it).
+    stale: bool,
+    /// Largest valuation, shortest duration and fewest GPUs among `jobs`.
+    max_valuation: u64,
+    min_duration_s: u32,
+    min_gpus: u16,
+}
+
 struct LeaseRec {
     lease: Lease,
     provider: u32,
@@ -220,6 +249,14 @@ pub struct Market<'s> {
     /// Waiting jobs per home class (the smallest class that fits them), oldest first.
     waiting: Vec<VecDeque<u32>>,
     waiting_len: u64,
+    /// Cached fronts of `waiting` (one per queue).
+    prefix: Vec<WaitPrefix>,
+    /// Per job slot: how many cached prefix entries name it.
+    prefix_refs: Vec<u16>,
+    /// Per class: the waiting queues a retry scans, in order.
+    retry_queues: Vec<Vec<usize>>,
+    /// Reused buffer of `retry_waiting`.
+    kept: Vec<u32>,
     leases: Vec<Option<LeaseRec>>,
     free_leases: Vec<u32>,
     /// Open visible offers per class, cheapest first (mirrors `vis`).
@@ -359,6 +396,18 @@ impl<'s> Market<'s> {
         let n_buckets = horizon.div_ceil(bucket_ms).max(1) as usize;
         let attacker_identities = providers.iter().filter(|p| p.attacker).count() as u64;
         let n_providers = providers.len();
+        // A retry scans its own class's queue first, then those of smaller classes.
+        let retry_queues = (0..classes)
+            .map(|class| {
+                let vram = class_vram[class];
+                let mut queues: Vec<usize> = (0..classes)
+                    .filter(|&q| q != class && class_vram[q] <= vram)
+                    .collect();
+                queues.sort_by_key(|&q| (std::cmp::Reverse(class_vram[q]), q));
+                queues.insert(0, class);
+                queues
+            })
+            .collect();
         Self {
             sc,
             q: EventQueue::new(),
@@ -373,6 +422,10 @@ impl<'s> Market<'s> {
             free_jobs: Vec::new(),
             waiting: vec![VecDeque::new(); classes],
             waiting_len: 0,
+            prefix: (0..classes).map(|_| WaitPrefix::default()).collect(),
+            prefix_refs: Vec::new(),
+            retry_queues,
+            kept: Vec::new(),
             leases: Vec::new(),
             free_leases: Vec::new(),
             book: (0..classes).map(|_| OfferBook::new()).collect(),
@@ -825,6 +878,7 @@ impl<'s> Market<'s> {
             defaults,
         };
         if let Some(id) = self.free_jobs.pop() {
+            self.touch_job(id);
             let generation = self.jobs[id as usize].generation + 1;
             self.jobs[id as usize] = Job { generation, ..job };
             id
@@ -835,11 +889,69 @@ impl<'s> Market<'s> {
     }
 
     fn release_job(&mut self, job: u32) {
-        let j = &mut self.jobs[job as usize];
-        if j.state != JobState::Free {
-            j.state = JobState::Free;
+        if self.jobs[job as usize].state != JobState::Free {
+            self.touch_job(job);
+            self.jobs[job as usize].state = JobState::Free;
             self.free_jobs.push(job);
         }
+    }
+
+    /// Called before a job slot changes: drops the cached queue fronts that name it.
+    fn touch_job(&mut self, job: u32) {
+        if self.prefix_refs.get(job as usize).is_some_and(|&n| n > 0) {
+            for q in 0..self.prefix.len() {
+                self.invalidate_prefix(q);
+            }
+        }
+    }
+
+    fn invalidate_prefix(&mut self, q: usize) {
+        let c = &mut self.prefix[q];
+        if c.valid {
+            c.valid = false;
+            for &slot in &c.slots {
+                self.prefix_refs[slot as usize] -= 1;
+            }
+        }
+    }
+
+    /// Caches the front of waiting queue `q` (see [`WaitPrefix`]) unless it is cached.
+    fn build_prefix(&mut self, q: usize) {
+        if self.prefix[q].valid {
+            return;
+        }
+        if self.prefix_refs.len() < self.jobs.len() {
+            self.prefix_refs.resize(self.jobs.len(), 0);
+        }
+        let c = &mut self.prefix[q];
+        c.slots.clear();
+        c.jobs.clear();
+        c.stale = false;
+        c.max_valuation = 0;
+        c.min_duration_s = u32::MAX;
+        c.min_gpus = u16::MAX;
+        for &job in &self.waiting[q] {
+            c.slots.push(job);
+            self.prefix_refs[job as usize] += 1;
+            let j = &self.jobs[job as usize];
+            if j.state != JobState::Waiting {
+                c.stale = true;
+                continue;
+            }
+            c.jobs.push(WaitingJob {
+                renter: j.renter,
+                duration_s: j.duration_s,
+                valuation: j.valuation.micros(),
+                gpus: j.gpus,
+            });
+            c.max_valuation = c.max_valuation.max(j.valuation.micros());
+            c.min_duration_s = c.min_duration_s.min(j.duration_s);
+            c.min_gpus = c.min_gpus.min(j.gpus);
+            if c.jobs.len() == WAIT_SCAN {
+                break;
+            }
+        }
+        c.valid = true;
     }
 
     fn on_arrival(&mut self, r: usize, now: u64) {
@@ -1141,6 +1253,7 @@ impl<'s> Market<'s> {
 
     fn resubmit(&mut self, r: usize, duration_s: u32, valuation: Money, gpus: u16, now: u64) {
         let job = self.new_job(r, now);
+        self.touch_job(job);
         let j = &mut self.jobs[job as usize];
         j.duration_s = duration_s;
         j.valuation = valuation;
@@ -1217,61 +1330,126 @@ impl<'s> Market<'s> {
     fn push_waiting(&mut self, job: u32) {
         let c = self.home_class(self.jobs[job as usize].min_vram);
         self.waiting[c].push_back(job);
+        if self.prefix[c].jobs.len() < WAIT_SCAN {
+            // The cached front covered the whole queue; now it would not.
+            self.invalidate_prefix(c);
+        }
     }
 
     /// A newly visible, more attractive offer: waiting jobs it could serve try again, oldest
     /// first -- its own class's queue first, then the queues of smaller classes.
     fn retry_waiting(&mut self, p: usize, now: u64) {
         let class = self.providers[p].class;
-        let vram = self.class_vram[class];
-        let mut queues: Vec<usize> = (0..self.waiting.len())
-            .filter(|&q| q != class && self.class_vram[q] <= vram)
-            .collect();
-        queues.sort_by_key(|&q| (std::cmp::Reverse(self.class_vram[q]), q));
-        queues.insert(0, class);
         let mut scanned = 0;
-        for q in queues {
-            let mut kept = Vec::new();
-            let mut stop = false;
-            while scanned < WAIT_SCAN {
-                let Some(job) = self.waiting[q].pop_front() else {
-                    break;
-                };
-                let j = self.jobs[job as usize];
-                if j.state != JobState::Waiting {
-                    continue;
+        for qi in 0..self.retry_queues[class].len() {
+            let q = self.retry_queues[class][qi];
+            let stop = match self.retry_unchanged(q, p, WAIT_SCAN - scanned, now) {
+                Some((stop, examined)) => {
+                    scanned += examined;
+                    stop
                 }
-                scanned += 1;
-                let Some(v) = self.vis[p] else {
-                    kept.push(job);
-                    stop = true;
-                    break;
-                };
-                // Once the freed GPUs are taken, the other renters racing for them would only
-                // be refused; they are not modelled as requests.
-                if !(v.available && v.free > 0) || self.providers[p].free == 0 {
-                    kept.push(job);
-                    stop = true;
-                    break;
+                None => {
+                    let stop = self.retry_queue(q, p, &mut scanned, now);
+                    self.invalidate_prefix(q);
+                    stop
                 }
-                let fits = v.free >= j.gpus
-                    && now + u64::from(j.duration_s) * 1000 <= v.until
-                    && (!self.mech.price_gates_retry() || v.price <= j.valuation.micros())
-                    && self.trusted(j.renter, v.identity);
-                if !(fits && self.try_match(job, now)) {
-                    let j = self.jobs[job as usize];
-                    if j.state == JobState::Waiting {
-                        kept.push(job);
-                    }
-                }
-            }
-            for job in kept.into_iter().rev() {
-                self.waiting[q].push_front(job);
-            }
+            };
             if stop || scanned >= WAIT_SCAN {
                 break;
             }
         }
+    }
+
+    /// The common case of a retry, answered from the cached queue front: when the scan of
+    /// queue `q` (with `budget` jobs left to examine) would change nothing -- it drops no stale
+    /// entry and no job it examines fits -- returns what it would have returned (whether it
+    /// stopped, jobs examined). `None`: the scan must run.
+    fn retry_unchanged(
+        &mut self,
+        q: usize,
+        p: usize,
+        budget: usize,
+        now: u64,
+    ) -> Option<(bool, usize)> {
+        self.build_prefix(q);
+        let c = &self.prefix[q];
+        if c.stale {
+            return None;
+        }
+        if c.jobs.is_empty() {
+            // The queue is empty.
+            return Some((false, 0));
+        }
+        // The scan would stop at the first job, and put it back.
+        let Some(v) = self.vis[p] else {
+            return Some((true, 1));
+        };
+        if !(v.available && v.free > 0) || self.providers[p].free == 0 {
+            return Some((true, 1));
+        }
+        let k = budget.min(c.jobs.len());
+        let gate = self.mech.price_gates_retry();
+        let none_fit_any = v.free < c.min_gpus
+            || now + u64::from(c.min_duration_s) * 1000 > v.until
+            || (gate && v.price > c.max_valuation);
+        if !none_fit_any {
+            for w in &c.jobs[..k] {
+                let fits = v.free >= w.gpus
+                    && now + u64::from(w.duration_s) * 1000 <= v.until
+                    && (!gate || v.price <= w.valuation)
+                    && self.trusted(w.renter, v.identity);
+                if fits {
+                    return None;
+                }
+            }
+        }
+        Some((false, k))
+    }
+
+    /// Scans waiting queue `q` for a retry, oldest first: drops jobs no longer waiting, and
+    /// lets each waiting one that fits the offer try to match, until `scanned` reaches
+    /// `WAIT_SCAN`. Returns whether it stopped because the offer is gone.
+    fn retry_queue(&mut self, q: usize, p: usize, scanned: &mut usize, now: u64) -> bool {
+        let mut kept = std::mem::take(&mut self.kept);
+        kept.clear();
+        let mut stop = false;
+        while *scanned < WAIT_SCAN {
+            let Some(job) = self.waiting[q].pop_front() else {
+                break;
+            };
+            let j = self.jobs[job as usize];
+            if j.state != JobState::Waiting {
+                continue;
+            }
+            *scanned += 1;
+            let Some(v) = self.vis[p] else {
+                kept.push(job);
+                stop = true;
+                break;
+            };
+            // Once the freed GPUs are taken, the other renters racing for them would only
+            // be refused; they are not modelled as requests.
+            if !(v.available && v.free > 0) || self.providers[p].free == 0 {
+                kept.push(job);
+                stop = true;
+                break;
+            }
+            let fits = v.free >= j.gpus
+                && now + u64::from(j.duration_s) * 1000 <= v.until
+                && (!self.mech.price_gates_retry() || v.price <= j.valuation.micros())
+                && self.trusted(j.renter, v.identity);
+            if !(fits && self.try_match(job, now)) {
+                let j = self.jobs[job as usize];
+                if j.state == JobState::Waiting {
+                    kept.push(job);
+                }
+            }
+        }
+        for &job in kept.iter().rev() {
+            self.waiting[q].push_front(job);
+        }
+        self.kept = kept;
+        stop
     }
 
     // ---- reverse auction ----
@@ -1301,6 +1479,7 @@ impl<'s> Market<'s> {
             self.auction_bids.resize_with(idx + 1, Vec::new);
         }
         self.auction_bids[idx] = bids;
+        self.touch_job(job);
         self.jobs[idx].state = JobState::Auction;
         let close = now + u64::from(self.sc.auction.bid_window_s) * 1000;
         self.q.schedule(
@@ -1318,6 +1497,7 @@ impl<'s> Market<'s> {
             return;
         }
         let mut bids = std::mem::take(&mut self.auction_bids[job as usize]);
+        self.touch_job(job);
         self.jobs[job as usize].state = JobState::Waiting;
         while let Some(i) = reverse_auction_winner(&bids, j.valuation) {
             let b = bids.swap_remove(i);
