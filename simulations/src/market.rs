@@ -121,6 +121,9 @@ struct Renter {
     group: usize,
     rng: Pcg64Mcg,
     book: ReputationBook<u32>,
+    /// The identities with a record in `book` that `book` does not trust (see
+    /// [`Market::trusted`]); usually none.
+    distrusted: Vec<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -277,6 +280,8 @@ pub struct Market<'s> {
     scratch: Vec<(u64, u32)>,
     result: RunResult,
     trust: TrustPolicy,
+    /// Whether a reputation book trusts an identity it has no record of.
+    strangers_trusted: bool,
     mech: &'static dyn Mechanism,
 }
 
@@ -388,6 +393,7 @@ impl<'s> Market<'s> {
                     group: gi,
                     rng: stream(seed, replication, StreamKind::Renter, idx),
                     book: ReputationBook::new(),
+                    distrusted: Vec::new(),
                 });
             }
         }
@@ -396,6 +402,10 @@ impl<'s> Market<'s> {
         let n_buckets = horizon.div_ceil(bucket_ms).max(1) as usize;
         let attacker_identities = providers.iter().filter(|p| p.attacker).count() as u64;
         let n_providers = providers.len();
+        let trust = TrustPolicy {
+            min_permille: sc.reputation.min_permille,
+            trust_newcomers: sc.reputation.trust_newcomers,
+        };
         // A retry scans its own class's queue first, then those of smaller classes.
         let retry_queues = (0..classes)
             .map(|class| {
@@ -469,10 +479,8 @@ impl<'s> Market<'s> {
                     })
                     .collect(),
             },
-            trust: TrustPolicy {
-                min_permille: sc.reputation.min_permille,
-                trust_newcomers: sc.reputation.trust_newcomers,
-            },
+            trust,
+            strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
             mech: match sc.matching {
                 Matching::Posted => &PostedOffers,
                 Matching::ReverseAuction => &ReverseAuction,
@@ -993,11 +1001,20 @@ impl<'s> Market<'s> {
         mech.place(self, job, now)
     }
 
+    /// Whether the renter's reputation book accepts `identity`. A score changes only when a
+    /// lease with that identity is recorded, so the book's verdict on every identity it has a
+    /// record of is kept in `distrusted` (asked of the book after each record); identities
+    /// without a record get the book's verdict on a stranger, asked once.
     fn trusted(&self, renter: u32, identity: u32) -> bool {
-        !self.sc.reputation.enabled
-            || self.renters[renter as usize]
-                .book
-                .trusts(&identity, &self.trust)
+        if !self.sc.reputation.enabled {
+            return true;
+        }
+        let r = &self.renters[renter as usize];
+        if self.strangers_trusted {
+            !r.distrusted.contains(&identity)
+        } else {
+            r.book.trusts(&identity, &self.trust)
+        }
     }
 
     /// Visible, feasible offers for `job`, cheapest first: (price, provider).
@@ -1225,6 +1242,16 @@ impl<'s> Market<'s> {
             self.renters[rec.renter as usize]
                 .book
                 .record(rec.identity, Outcome::for_provider(out.reason));
+            let r = &mut self.renters[rec.renter as usize];
+            let trusted = r.book.trusts(&rec.identity, &self.trust);
+            let listed = r.distrusted.iter().position(|&i| i == rec.identity);
+            match (trusted, listed) {
+                (false, None) => r.distrusted.push(rec.identity),
+                (true, Some(at)) => {
+                    r.distrusted.swap_remove(at);
+                }
+                _ => {}
+            }
         }
         if out.caught && self.providers[p].whitewash && self.providers[p].identity == rec.identity {
             // Rejoin under a fresh identity: a new key and a new offer.
@@ -1273,8 +1300,11 @@ impl<'s> Market<'s> {
             if old.version >= snap.version {
                 return;
             }
-            self.book[class].remove(old.price, p as u32);
             let was_open = old.available && old.free > 0;
+            // The book holds exactly the open offers.
+            if was_open {
+                self.book[class].remove(old.price, p as u32);
+            }
             better = open
                 && (!was_open
                     || snap.free > old.free

@@ -23,9 +23,14 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    fn key(&self) -> (u64, u32) {
-        (self.price, self.provider)
+    fn key(&self) -> u128 {
+        key(self.price, self.provider)
     }
+}
+
+/// (price, provider) packed so that keys compare in one instruction pair.
+fn key(price: u64, provider: u32) -> u128 {
+    (u128::from(price) << 32) | u128::from(provider)
 }
 
 /// Blocks split when they grow past this many entries.
@@ -39,7 +44,7 @@ const MIN_BLOCK: usize = MAX_BLOCK / 4;
 #[derive(Debug, Default)]
 pub(super) struct OfferBook {
     blocks: Vec<Vec<Entry>>,
-    firsts: Vec<(u64, u32)>,
+    firsts: Vec<u128>,
     max_until: Vec<u64>,
 }
 
@@ -54,7 +59,7 @@ impl OfferBook {
     }
 
     /// The block that holds (or would hold) `key`: the last block whose first key is <= key.
-    fn block_for(&self, key: (u64, u32)) -> usize {
+    fn block_for(&self, key: u128) -> usize {
         self.firsts.partition_point(|&f| f <= key).saturating_sub(1)
     }
 
@@ -89,7 +94,7 @@ impl OfferBook {
         if self.blocks.is_empty() {
             return false;
         }
-        let key = (price, provider);
+        let key = key(price, provider);
         let bi = self.block_for(key);
         let b = &mut self.blocks[bi];
         let Ok(at) = b.binary_search_by(|x| x.key().cmp(&key)) else {
