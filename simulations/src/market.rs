@@ -17,6 +17,7 @@ mod book;
 use std::collections::VecDeque;
 
 use gridlease_contracts::auction::{DoubleAuction, SealedBid, reverse_auction_winner};
+use gridlease_contracts::lease::Transition;
 use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, uniform_inclusive};
 use gridlease_contracts::reputation::{Outcome, ReputationBook, TrustPolicy};
 use gridlease_contracts::{
@@ -42,6 +43,10 @@ const DAY_MS: u64 = 24 * HOUR_MS;
 const MAX_OFFER_DURATION_S: u64 = 30 * 24 * 3600;
 /// Waiting jobs examined per newly visible offer.
 const WAIT_SCAN: usize = 64;
+/// Container image every simulated lease asks for.
+const SIM_IMAGE: &str = "sim";
+/// Most recycled allocations kept (see `Market::spare_terms`).
+const SPARE_MAX: usize = 1 << 16;
 /// Offers considered per class when a renter searches.
 const CANDIDATES_PER_CLASS: usize = 8;
 
@@ -260,6 +265,10 @@ pub struct Market<'s> {
     retry_queues: Vec<Vec<usize>>,
     /// Reused buffer of `retry_waiting`.
     kept: Vec<u32>,
+    /// Heap parts of dropped lease terms and ended leases, reused by the next ones (the
+    /// values are rewritten; only the allocations are recycled).
+    spare_terms: Vec<(NetworkId, String)>,
+    spare_history: Vec<Vec<Transition>>,
     leases: Vec<Option<LeaseRec>>,
     free_leases: Vec<u32>,
     /// Open visible offers per class, cheapest first (mirrors `vis`).
@@ -436,6 +445,8 @@ impl<'s> Market<'s> {
             prefix_refs: Vec::new(),
             retry_queues,
             kept: Vec::new(),
+            spare_terms: Vec::new(),
+            spare_history: Vec::new(),
             leases: Vec::new(),
             free_leases: Vec::new(),
             book: (0..classes).map(|_| OfferBook::new()).collect(),
@@ -1072,8 +1083,21 @@ impl<'s> Market<'s> {
         let c = &self.sc.channel;
         let tariff_budget =
             cost(u64::from(j.duration_s.max(c.min_billed_s)), j.gpus, price).unwrap_or(Money::ZERO);
+        let (network, image) = match self.spare_terms.pop() {
+            Some((mut network, mut image)) => {
+                if network != self.network {
+                    network = self.network.clone();
+                }
+                if image != SIM_IMAGE {
+                    image.clear();
+                    image.push_str(SIM_IMAGE);
+                }
+                (network, image)
+            }
+            None => (self.network.clone(), SIM_IMAGE.to_string()),
+        };
         let terms = LeaseTerms {
-            network: self.network.clone(),
+            network,
             offer_id: offer_id_of(vis.identity, vis.seq),
             offer_seq: u64::from(vis.seq),
             provider: key_of(1, vis.identity),
@@ -1088,7 +1112,7 @@ impl<'s> Market<'s> {
             grace_s: c.grace_s,
             max_total: tariff_budget.micros(),
             network_policy: NetworkPolicy::None,
-            image: "sim".into(),
+            image,
             command: Vec::new(),
             env: Default::default(),
             nonce: u64::from(job) << 32 | u64::from(j.generation),
@@ -1112,8 +1136,16 @@ impl<'s> Market<'s> {
             }
             Err(_) => {
                 self.result.rejected_requests += 1;
+                self.recycle_terms(request.terms);
                 false
             }
+        }
+    }
+
+    /// Keeps the allocations of terms that are no longer needed for the next request.
+    fn recycle_terms(&mut self, terms: LeaseTerms) {
+        if self.spare_terms.len() < SPARE_MAX {
+            self.spare_terms.push((terms.network, terms.image));
         }
     }
 
@@ -1122,8 +1154,12 @@ impl<'s> Market<'s> {
         let gpus = j.gpus;
         let class = self.providers[p].class;
         let mut lease = Lease::propose(id, terms);
-        // Six transitions at most (accept, begin start, started, close, settle): allocate once.
-        lease.history.reserve(6);
+        // Six transitions at most (accept, begin start, started, close, settle): allocate once,
+        // or reuse the (emptied) history of an ended lease.
+        match self.spare_history.pop() {
+            Some(history) if lease.history.is_empty() => lease.history = history,
+            _ => lease.history.reserve(6),
+        }
         let t = ts(now);
         // The provider's side of the lifecycle; these transitions are legal by construction.
         let _ = lease.apply(LeaseEvent::Accept, Actor::Provider, t);
@@ -1275,6 +1311,14 @@ impl<'s> Market<'s> {
                 let gpus = rec.lease.terms.gpu_count;
                 self.resubmit(rec.renter as usize, left_s as u32, rec.valuation, gpus, now);
             }
+        }
+        let Lease {
+            terms, mut history, ..
+        } = rec.lease;
+        self.recycle_terms(terms);
+        if self.spare_history.len() < SPARE_MAX {
+            history.clear();
+            self.spare_history.push(history);
         }
     }
 
