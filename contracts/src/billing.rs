@@ -18,10 +18,14 @@ const HOUR_S: u128 = 3600;
 /// `floor(price_per_gpu_hour x gpus x seconds / 3600)`, or an overflow error.
 pub fn cost(seconds: u64, gpus: u16, price_per_gpu_hour: Money) -> Result<Money, MoneyError> {
     // price x gpus < 2^80 always fits; x seconds may not, hence checked.
-    let micros = (u128::from(price_per_gpu_hour.micros()) * u128::from(gpus))
+    let product = (u128::from(price_per_gpu_hour.micros()) * u128::from(gpus))
         .checked_mul(u128::from(seconds))
-        .ok_or(MoneyError::Overflow)?
-        / HOUR_S;
+        .ok_or(MoneyError::Overflow)?;
+    // Same quotient; a 64-bit division by a constant is a multiply, a 128-bit one a call.
+    let micros = match u64::try_from(product) {
+        Ok(p) => u128::from(p / HOUR_S as u64),
+        Err(_) => product / HOUR_S,
+    };
     u64::try_from(micros)
         .map(Money::from_micros)
         .map_err(|_| MoneyError::Overflow)
@@ -110,6 +114,26 @@ mod tests {
 
     fn price(s: &str) -> Money {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn cost_is_the_128_bit_quotient_on_both_sides_of_2_pow_64() {
+        for (price_micros, gpus, seconds) in [
+            (1u64, 1u16, u64::MAX),
+            (u64::MAX, 1, 1),
+            (u64::MAX, 1, 2),
+            (4_294_967_296, 2, 2_147_483_648),
+            (4_294_967_296, 2, 2_147_483_647),
+            (3_599, 7, 3_601),
+            (350_000, 4, 2_592_000),
+        ] {
+            let exact = u128::from(price_micros) * u128::from(gpus) * u128::from(seconds) / 3600;
+            let got = cost(seconds, gpus, Money::from_micros(price_micros));
+            assert_eq!(
+                got.ok().map(Money::micros).map(u128::from),
+                Some(exact).filter(|&e| e <= u128::from(u64::MAX))
+            );
+        }
     }
 
     #[test]

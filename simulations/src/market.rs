@@ -12,9 +12,12 @@
 //! report as its own event, at a fraction of the queue traffic; the reports are counted in
 //! `channel_reports`.
 
-use std::collections::{BTreeSet, VecDeque};
+mod book;
+
+use std::collections::VecDeque;
 
 use gridlease_contracts::auction::{DoubleAuction, SealedBid, reverse_auction_winner};
+use gridlease_contracts::lease::Transition;
 use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, uniform_inclusive};
 use gridlease_contracts::reputation::{Outcome, ReputationBook, TrustPolicy};
 use gridlease_contracts::{
@@ -28,6 +31,7 @@ use gridlease_protocol::{
 };
 use rand_pcg::Pcg64Mcg;
 
+use self::book::{Entry, OfferBook};
 use crate::engine::EventQueue;
 use crate::metrics::{Bucket, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
@@ -39,6 +43,10 @@ const DAY_MS: u64 = 24 * HOUR_MS;
 const MAX_OFFER_DURATION_S: u64 = 30 * 24 * 3600;
 /// Waiting jobs examined per newly visible offer.
 const WAIT_SCAN: usize = 64;
+/// Container image every simulated lease asks for.
+const SIM_IMAGE: &str = "sim";
+/// Most recycled allocations kept (see `Market::spare_terms`).
+const SPARE_MAX: usize = 1 << 16;
 /// Offers considered per class when a renter searches.
 const CANDIDATES_PER_CLASS: usize = 8;
 
@@ -118,6 +126,9 @@ struct Renter {
     group: usize,
     rng: Pcg64Mcg,
     book: ReputationBook<u32>,
+    /// The identities with a record in `book` that `book` does not trust (see
+    /// [`Market::trusted`]); usually none.
+    distrusted: Vec<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -138,6 +149,35 @@ struct Job {
     valuation: Money,
     arrived: u64,
     defaults: bool,
+}
+
+/// What the retry test reads of one waiting job.
+#[derive(Clone, Copy, Debug)]
+struct WaitingJob {
+    renter: u32,
+    duration_s: u32,
+    valuation: u64,
+    gpus: u16,
+}
+
+/// The front of one waiting queue as `retry_waiting` would scan it: the entries up to and
+/// including the `WAIT_SCAN`-th waiting job (or the whole queue), cached between retries.
+/// Almost every retry finds that none of these jobs fits the improved offer, and then changes
+/// nothing; the cache answers that without walking the queue and the jobs. It is dropped
+/// whenever the queue's covered entries or one of the job slots they name change.
+#[derive(Debug, Default)]
+struct WaitPrefix {
+    valid: bool,
+    /// The job slot of every covered entry (waiting or not), for invalidation.
+    slots: Vec<u32>,
+    /// The waiting jobs among them, oldest first.
+    jobs: Vec<WaitingJob>,
+    /// Whether a covered entry names a job that is no longer waiting (the scan would drop it).
+    stale: bool,
+    /// Largest valuation, shortest duration and fewest GPUs among `jobs`.
+    max_valuation: u64,
+    min_duration_s: u32,
+    min_gpus: u16,
 }
 
 struct LeaseRec {
@@ -217,9 +257,22 @@ pub struct Market<'s> {
     /// Waiting jobs per home class (the smallest class that fits them), oldest first.
     waiting: Vec<VecDeque<u32>>,
     waiting_len: u64,
+    /// Cached fronts of `waiting` (one per queue).
+    prefix: Vec<WaitPrefix>,
+    /// Per job slot: how many cached prefix entries name it.
+    prefix_refs: Vec<u16>,
+    /// Per class: the waiting queues a retry scans, in order.
+    retry_queues: Vec<Vec<usize>>,
+    /// Reused buffer of `retry_waiting`.
+    kept: Vec<u32>,
+    /// Heap parts of dropped lease terms and ended leases, reused by the next ones (the
+    /// values are rewritten; only the allocations are recycled).
+    spare_terms: Vec<(NetworkId, String)>,
+    spare_history: Vec<Vec<Transition>>,
     leases: Vec<Option<LeaseRec>>,
     free_leases: Vec<u32>,
-    book: Vec<BTreeSet<(u64, u32)>>,
+    /// Open visible offers per class, cheapest first (mirrors `vis`).
+    book: Vec<OfferBook>,
     snaps: Vec<Snapshot>,
     free_snaps: Vec<u32>,
     /// What renters currently see of each provider (dense: the matching loops' hot data).
@@ -236,6 +289,8 @@ pub struct Market<'s> {
     scratch: Vec<(u64, u32)>,
     result: RunResult,
     trust: TrustPolicy,
+    /// Whether a reputation book trusts an identity it has no record of.
+    strangers_trusted: bool,
     mech: &'static dyn Mechanism,
 }
 
@@ -347,6 +402,7 @@ impl<'s> Market<'s> {
                     group: gi,
                     rng: stream(seed, replication, StreamKind::Renter, idx),
                     book: ReputationBook::new(),
+                    distrusted: Vec::new(),
                 });
             }
         }
@@ -355,6 +411,22 @@ impl<'s> Market<'s> {
         let n_buckets = horizon.div_ceil(bucket_ms).max(1) as usize;
         let attacker_identities = providers.iter().filter(|p| p.attacker).count() as u64;
         let n_providers = providers.len();
+        let trust = TrustPolicy {
+            min_permille: sc.reputation.min_permille,
+            trust_newcomers: sc.reputation.trust_newcomers,
+        };
+        // A retry scans its own class's queue first, then those of smaller classes.
+        let retry_queues = (0..classes)
+            .map(|class| {
+                let vram = class_vram[class];
+                let mut queues: Vec<usize> = (0..classes)
+                    .filter(|&q| q != class && class_vram[q] <= vram)
+                    .collect();
+                queues.sort_by_key(|&q| (std::cmp::Reverse(class_vram[q]), q));
+                queues.insert(0, class);
+                queues
+            })
+            .collect();
         Self {
             sc,
             q: EventQueue::new(),
@@ -369,9 +441,15 @@ impl<'s> Market<'s> {
             free_jobs: Vec::new(),
             waiting: vec![VecDeque::new(); classes],
             waiting_len: 0,
+            prefix: (0..classes).map(|_| WaitPrefix::default()).collect(),
+            prefix_refs: Vec::new(),
+            retry_queues,
+            kept: Vec::new(),
+            spare_terms: Vec::new(),
+            spare_history: Vec::new(),
             leases: Vec::new(),
             free_leases: Vec::new(),
-            book: vec![BTreeSet::new(); classes],
+            book: (0..classes).map(|_| OfferBook::new()).collect(),
             snaps: Vec::new(),
             free_snaps: Vec::new(),
             vis: vec![None; n_providers],
@@ -412,10 +490,8 @@ impl<'s> Market<'s> {
                     })
                     .collect(),
             },
-            trust: TrustPolicy {
-                min_permille: sc.reputation.min_permille,
-                trust_newcomers: sc.reputation.trust_newcomers,
-            },
+            trust,
+            strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
             mech: match sc.matching {
                 Matching::Posted => &PostedOffers,
                 Matching::ReverseAuction => &ReverseAuction,
@@ -777,8 +853,8 @@ impl<'s> Market<'s> {
             let class = pr.class;
             let cheapest = self.book[class]
                 .iter()
-                .find(|&&(_, q)| q as usize != p)
-                .map(|&(price, _)| Money::from_micros(price));
+                .find(|e| e.provider as usize != p)
+                .map(|e| Money::from_micros(e.price));
             let pr = &mut self.providers[p];
             let input = PricingInput {
                 cost_floor: pr.cost_floor,
@@ -821,6 +897,7 @@ impl<'s> Market<'s> {
             defaults,
         };
         if let Some(id) = self.free_jobs.pop() {
+            self.touch_job(id);
             let generation = self.jobs[id as usize].generation + 1;
             self.jobs[id as usize] = Job { generation, ..job };
             id
@@ -831,11 +908,69 @@ impl<'s> Market<'s> {
     }
 
     fn release_job(&mut self, job: u32) {
-        let j = &mut self.jobs[job as usize];
-        if j.state != JobState::Free {
-            j.state = JobState::Free;
+        if self.jobs[job as usize].state != JobState::Free {
+            self.touch_job(job);
+            self.jobs[job as usize].state = JobState::Free;
             self.free_jobs.push(job);
         }
+    }
+
+    /// Called before a job slot changes: drops the cached queue fronts that name it.
+    fn touch_job(&mut self, job: u32) {
+        if self.prefix_refs.get(job as usize).is_some_and(|&n| n > 0) {
+            for q in 0..self.prefix.len() {
+                self.invalidate_prefix(q);
+            }
+        }
+    }
+
+    fn invalidate_prefix(&mut self, q: usize) {
+        let c = &mut self.prefix[q];
+        if c.valid {
+            c.valid = false;
+            for &slot in &c.slots {
+                self.prefix_refs[slot as usize] -= 1;
+            }
+        }
+    }
+
+    /// Caches the front of waiting queue `q` (see [`WaitPrefix`]) unless it is cached.
+    fn build_prefix(&mut self, q: usize) {
+        if self.prefix[q].valid {
+            return;
+        }
+        if self.prefix_refs.len() < self.jobs.len() {
+            self.prefix_refs.resize(self.jobs.len(), 0);
+        }
+        let c = &mut self.prefix[q];
+        c.slots.clear();
+        c.jobs.clear();
+        c.stale = false;
+        c.max_valuation = 0;
+        c.min_duration_s = u32::MAX;
+        c.min_gpus = u16::MAX;
+        for &job in &self.waiting[q] {
+            c.slots.push(job);
+            self.prefix_refs[job as usize] += 1;
+            let j = &self.jobs[job as usize];
+            if j.state != JobState::Waiting {
+                c.stale = true;
+                continue;
+            }
+            c.jobs.push(WaitingJob {
+                renter: j.renter,
+                duration_s: j.duration_s,
+                valuation: j.valuation.micros(),
+                gpus: j.gpus,
+            });
+            c.max_valuation = c.max_valuation.max(j.valuation.micros());
+            c.min_duration_s = c.min_duration_s.min(j.duration_s);
+            c.min_gpus = c.min_gpus.min(j.gpus);
+            if c.jobs.len() == WAIT_SCAN {
+                break;
+            }
+        }
+        c.valid = true;
     }
 
     fn on_arrival(&mut self, r: usize, now: u64) {
@@ -877,11 +1012,20 @@ impl<'s> Market<'s> {
         mech.place(self, job, now)
     }
 
+    /// Whether the renter's reputation book accepts `identity`. A score changes only when a
+    /// lease with that identity is recorded, so the book's verdict on every identity it has a
+    /// record of is kept in `distrusted` (asked of the book after each record); identities
+    /// without a record get the book's verdict on a stranger, asked once.
     fn trusted(&self, renter: u32, identity: u32) -> bool {
-        !self.sc.reputation.enabled
-            || self.renters[renter as usize]
-                .book
-                .trusts(&identity, &self.trust)
+        if !self.sc.reputation.enabled {
+            return true;
+        }
+        let r = &self.renters[renter as usize];
+        if self.strangers_trusted {
+            !r.distrusted.contains(&identity)
+        } else {
+            r.book.trusts(&identity, &self.trust)
+        }
     }
 
     /// Visible, feasible offers for `job`, cheapest first: (price, provider).
@@ -894,18 +1038,14 @@ impl<'s> Market<'s> {
                 continue;
             }
             let mut n = 0;
-            for &(price, p) in &self.book[class] {
-                if price > j.valuation.micros() || n >= limit_per_class {
+            let end = now + u64::from(j.duration_s) * 1000;
+            // Book entries carry their provider's visible snapshot (`vis`), so no lookup.
+            for v in self.book[class].iter_until(end) {
+                if v.price > j.valuation.micros() || n >= limit_per_class {
                     break;
                 }
-                let Some(v) = self.vis[p as usize] else {
-                    continue;
-                };
-                if v.free >= j.gpus
-                    && now + u64::from(j.duration_s) * 1000 <= v.until
-                    && self.trusted(j.renter, v.identity)
-                {
-                    out.push((price, p));
+                if v.free >= j.gpus && end <= v.until && self.trusted(j.renter, v.identity) {
+                    out.push((v.price, v.provider));
                     n += 1;
                 }
             }
@@ -943,8 +1083,21 @@ impl<'s> Market<'s> {
         let c = &self.sc.channel;
         let tariff_budget =
             cost(u64::from(j.duration_s.max(c.min_billed_s)), j.gpus, price).unwrap_or(Money::ZERO);
+        let (network, image) = match self.spare_terms.pop() {
+            Some((mut network, mut image)) => {
+                if network != self.network {
+                    network = self.network.clone();
+                }
+                if image != SIM_IMAGE {
+                    image.clear();
+                    image.push_str(SIM_IMAGE);
+                }
+                (network, image)
+            }
+            None => (self.network.clone(), SIM_IMAGE.to_string()),
+        };
         let terms = LeaseTerms {
-            network: self.network.clone(),
+            network,
             offer_id: offer_id_of(vis.identity, vis.seq),
             offer_seq: u64::from(vis.seq),
             provider: key_of(1, vis.identity),
@@ -959,7 +1112,7 @@ impl<'s> Market<'s> {
             grace_s: c.grace_s,
             max_total: tariff_budget.micros(),
             network_policy: NetworkPolicy::None,
-            image: "sim".into(),
+            image,
             command: Vec::new(),
             env: Default::default(),
             nonce: u64::from(job) << 32 | u64::from(j.generation),
@@ -983,8 +1136,16 @@ impl<'s> Market<'s> {
             }
             Err(_) => {
                 self.result.rejected_requests += 1;
+                self.recycle_terms(request.terms);
                 false
             }
+        }
+    }
+
+    /// Keeps the allocations of terms that are no longer needed for the next request.
+    fn recycle_terms(&mut self, terms: LeaseTerms) {
+        if self.spare_terms.len() < SPARE_MAX {
+            self.spare_terms.push((terms.network, terms.image));
         }
     }
 
@@ -993,8 +1154,12 @@ impl<'s> Market<'s> {
         let gpus = j.gpus;
         let class = self.providers[p].class;
         let mut lease = Lease::propose(id, terms);
-        // Six transitions at most (accept, begin start, started, close, settle): allocate once.
-        lease.history.reserve(6);
+        // Six transitions at most (accept, begin start, started, close, settle): allocate once,
+        // or reuse the (emptied) history of an ended lease.
+        match self.spare_history.pop() {
+            Some(history) if lease.history.is_empty() => lease.history = history,
+            _ => lease.history.reserve(6),
+        }
         let t = ts(now);
         // The provider's side of the lifecycle; these transitions are legal by construction.
         let _ = lease.apply(LeaseEvent::Accept, Actor::Provider, t);
@@ -1113,6 +1278,16 @@ impl<'s> Market<'s> {
             self.renters[rec.renter as usize]
                 .book
                 .record(rec.identity, Outcome::for_provider(out.reason));
+            let r = &mut self.renters[rec.renter as usize];
+            let trusted = r.book.trusts(&rec.identity, &self.trust);
+            let listed = r.distrusted.iter().position(|&i| i == rec.identity);
+            match (trusted, listed) {
+                (false, None) => r.distrusted.push(rec.identity),
+                (true, Some(at)) => {
+                    r.distrusted.swap_remove(at);
+                }
+                _ => {}
+            }
         }
         if out.caught && self.providers[p].whitewash && self.providers[p].identity == rec.identity {
             // Rejoin under a fresh identity: a new key and a new offer.
@@ -1137,10 +1312,19 @@ impl<'s> Market<'s> {
                 self.resubmit(rec.renter as usize, left_s as u32, rec.valuation, gpus, now);
             }
         }
+        let Lease {
+            terms, mut history, ..
+        } = rec.lease;
+        self.recycle_terms(terms);
+        if self.spare_history.len() < SPARE_MAX {
+            history.clear();
+            self.spare_history.push(history);
+        }
     }
 
     fn resubmit(&mut self, r: usize, duration_s: u32, valuation: Money, gpus: u16, now: u64) {
         let job = self.new_job(r, now);
+        self.touch_job(job);
         let j = &mut self.jobs[job as usize];
         j.duration_s = duration_s;
         j.valuation = valuation;
@@ -1160,8 +1344,11 @@ impl<'s> Market<'s> {
             if old.version >= snap.version {
                 return;
             }
-            self.book[class].remove(&(old.price, p as u32));
             let was_open = old.available && old.free > 0;
+            // The book holds exactly the open offers.
+            if was_open {
+                self.book[class].remove(old.price, p as u32);
+            }
             better = open
                 && (!was_open
                     || snap.free > old.free
@@ -1170,7 +1357,13 @@ impl<'s> Market<'s> {
         }
         self.vis[p] = Some(snap);
         if open {
-            self.book[class].insert((snap.price, p as u32));
+            self.book[class].insert(Entry {
+                price: snap.price,
+                provider: p as u32,
+                identity: snap.identity,
+                until: snap.until,
+                free: snap.free,
+            });
         }
         let mech = self.mech;
         mech.offer_visible(self, p, snap, open, better, now);
@@ -1211,61 +1404,126 @@ impl<'s> Market<'s> {
     fn push_waiting(&mut self, job: u32) {
         let c = self.home_class(self.jobs[job as usize].min_vram);
         self.waiting[c].push_back(job);
+        if self.prefix[c].jobs.len() < WAIT_SCAN {
+            // The cached front covered the whole queue; now it would not.
+            self.invalidate_prefix(c);
+        }
     }
 
     /// A newly visible, more attractive offer: waiting jobs it could serve try again, oldest
     /// first -- its own class's queue first, then the queues of smaller classes.
     fn retry_waiting(&mut self, p: usize, now: u64) {
         let class = self.providers[p].class;
-        let vram = self.class_vram[class];
-        let mut queues: Vec<usize> = (0..self.waiting.len())
-            .filter(|&q| q != class && self.class_vram[q] <= vram)
-            .collect();
-        queues.sort_by_key(|&q| (std::cmp::Reverse(self.class_vram[q]), q));
-        queues.insert(0, class);
         let mut scanned = 0;
-        for q in queues {
-            let mut kept = Vec::new();
-            let mut stop = false;
-            while scanned < WAIT_SCAN {
-                let Some(job) = self.waiting[q].pop_front() else {
-                    break;
-                };
-                let j = self.jobs[job as usize];
-                if j.state != JobState::Waiting {
-                    continue;
+        for qi in 0..self.retry_queues[class].len() {
+            let q = self.retry_queues[class][qi];
+            let stop = match self.retry_unchanged(q, p, WAIT_SCAN - scanned, now) {
+                Some((stop, examined)) => {
+                    scanned += examined;
+                    stop
                 }
-                scanned += 1;
-                let Some(v) = self.vis[p] else {
-                    kept.push(job);
-                    stop = true;
-                    break;
-                };
-                // Once the freed GPUs are taken, the other renters racing for them would only
-                // be refused; they are not modelled as requests.
-                if !(v.available && v.free > 0) || self.providers[p].free == 0 {
-                    kept.push(job);
-                    stop = true;
-                    break;
+                None => {
+                    let stop = self.retry_queue(q, p, &mut scanned, now);
+                    self.invalidate_prefix(q);
+                    stop
                 }
-                let fits = v.free >= j.gpus
-                    && now + u64::from(j.duration_s) * 1000 <= v.until
-                    && (!self.mech.price_gates_retry() || v.price <= j.valuation.micros())
-                    && self.trusted(j.renter, v.identity);
-                if !(fits && self.try_match(job, now)) {
-                    let j = self.jobs[job as usize];
-                    if j.state == JobState::Waiting {
-                        kept.push(job);
-                    }
-                }
-            }
-            for job in kept.into_iter().rev() {
-                self.waiting[q].push_front(job);
-            }
+            };
             if stop || scanned >= WAIT_SCAN {
                 break;
             }
         }
+    }
+
+    /// The common case of a retry, answered from the cached queue front: when the scan of
+    /// queue `q` (with `budget` jobs left to examine) would change nothing -- it drops no stale
+    /// entry and no job it examines fits -- returns what it would have returned (whether it
+    /// stopped, jobs examined). `None`: the scan must run.
+    fn retry_unchanged(
+        &mut self,
+        q: usize,
+        p: usize,
+        budget: usize,
+        now: u64,
+    ) -> Option<(bool, usize)> {
+        self.build_prefix(q);
+        let c = &self.prefix[q];
+        if c.stale {
+            return None;
+        }
+        if c.jobs.is_empty() {
+            // The queue is empty.
+            return Some((false, 0));
+        }
+        // The scan would stop at the first job, and put it back.
+        let Some(v) = self.vis[p] else {
+            return Some((true, 1));
+        };
+        if !(v.available && v.free > 0) || self.providers[p].free == 0 {
+            return Some((true, 1));
+        }
+        let k = budget.min(c.jobs.len());
+        let gate = self.mech.price_gates_retry();
+        let none_fit_any = v.free < c.min_gpus
+            || now + u64::from(c.min_duration_s) * 1000 > v.until
+            || (gate && v.price > c.max_valuation);
+        if !none_fit_any {
+            for w in &c.jobs[..k] {
+                let fits = v.free >= w.gpus
+                    && now + u64::from(w.duration_s) * 1000 <= v.until
+                    && (!gate || v.price <= w.valuation)
+                    && self.trusted(w.renter, v.identity);
+                if fits {
+                    return None;
+                }
+            }
+        }
+        Some((false, k))
+    }
+
+    /// Scans waiting queue `q` for a retry, oldest first: drops jobs no longer waiting, and
+    /// lets each waiting one that fits the offer try to match, until `scanned` reaches
+    /// `WAIT_SCAN`. Returns whether it stopped because the offer is gone.
+    fn retry_queue(&mut self, q: usize, p: usize, scanned: &mut usize, now: u64) -> bool {
+        let mut kept = std::mem::take(&mut self.kept);
+        kept.clear();
+        let mut stop = false;
+        while *scanned < WAIT_SCAN {
+            let Some(job) = self.waiting[q].pop_front() else {
+                break;
+            };
+            let j = self.jobs[job as usize];
+            if j.state != JobState::Waiting {
+                continue;
+            }
+            *scanned += 1;
+            let Some(v) = self.vis[p] else {
+                kept.push(job);
+                stop = true;
+                break;
+            };
+            // Once the freed GPUs are taken, the other renters racing for them would only
+            // be refused; they are not modelled as requests.
+            if !(v.available && v.free > 0) || self.providers[p].free == 0 {
+                kept.push(job);
+                stop = true;
+                break;
+            }
+            let fits = v.free >= j.gpus
+                && now + u64::from(j.duration_s) * 1000 <= v.until
+                && (!self.mech.price_gates_retry() || v.price <= j.valuation.micros())
+                && self.trusted(j.renter, v.identity);
+            if !(fits && self.try_match(job, now)) {
+                let j = self.jobs[job as usize];
+                if j.state == JobState::Waiting {
+                    kept.push(job);
+                }
+            }
+        }
+        for &job in kept.iter().rev() {
+            self.waiting[q].push_front(job);
+        }
+        self.kept = kept;
+        stop
     }
 
     // ---- reverse auction ----
@@ -1295,6 +1553,7 @@ impl<'s> Market<'s> {
             self.auction_bids.resize_with(idx + 1, Vec::new);
         }
         self.auction_bids[idx] = bids;
+        self.touch_job(job);
         self.jobs[idx].state = JobState::Auction;
         let close = now + u64::from(self.sc.auction.bid_window_s) * 1000;
         self.q.schedule(
@@ -1312,6 +1571,7 @@ impl<'s> Market<'s> {
             return;
         }
         let mut bids = std::mem::take(&mut self.auction_bids[job as usize]);
+        self.touch_job(job);
         self.jobs[job as usize].state = JobState::Waiting;
         while let Some(i) = reverse_auction_winner(&bids, j.valuation) {
             let b = bids.swap_remove(i);
