@@ -7,6 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc: the hot loop allocates and frees lease terms, strings and history vectors; with
+/// glibc malloc that was ~12 % of a run. Allocation never influences results (no address is
+/// used for ordering), so outputs stay byte-identical.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod commands;
 
 /// Deterministic agent-based simulator of the gridlease GPU market.
