@@ -242,3 +242,42 @@ fn unsafe_free_is_root() -> bool {
     let f = tempfile::NamedTempFile::new().unwrap();
     f.as_file().metadata().unwrap().uid() == 0
 }
+
+/// `provide` survives a restart: the price set with `provide` wins over the declared one, and
+/// `provide --off` keeps the node from offering after a restart too.
+#[test]
+fn provide_settings_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    let flags = ["--dev-gpus", "2x RTX 4090:24GiB:0.40"];
+    let own_offer = |home: &Path| {
+        let out = run(&["status", "--json"], home);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        s["own_offer"].clone()
+    };
+
+    let node = start_node(&home, &flags);
+    let out = run(&["provide", "--price", "0.30"], &home);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(own_offer(&home)["price_per_gpu_hour"], "0.30");
+    drop(node); // SIGKILL: nothing is flushed at exit
+
+    let node = start_node(&home, &flags);
+    assert_eq!(
+        own_offer(&home)["price_per_gpu_hour"],
+        "0.30",
+        "the price set with `provide` is kept"
+    );
+    let out = run(&["provide", "--off"], &home);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    drop(node);
+
+    let _node = start_node(&home, &flags);
+    assert!(
+        own_offer(&home).is_null(),
+        "`provide --off` is kept: {}",
+        own_offer(&home)
+    );
+}

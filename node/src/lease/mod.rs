@@ -81,6 +81,8 @@ pub struct LeaseServiceConfig {
     /// Samples leased GPUs (utilization, VRAM, energy) alongside container stats; NVML in a
     /// daemon with real GPUs, none with declared ones.
     pub gpu_sampler: Option<SharedGpuSampler>,
+    /// Where [`LeaseService::provide`] keeps its settings (`<home>/provide.json` in a daemon).
+    pub provide_file: Option<PathBuf>,
     /// Provider-side sandbox limits.
     pub limits: ProviderLimits,
     /// What this node offers when [`LeaseService::provide`] enables it (GPUs, defaults).
@@ -138,6 +140,7 @@ impl LeaseServiceConfig {
             data_dir,
             gpu_uuids: BTreeMap::new(),
             gpu_sampler: None,
+            provide_file: None,
             limits: ProviderLimits::default(),
             base_template: None,
             renter_grace_s: 30,
@@ -226,6 +229,52 @@ pub struct ProvideSettings {
     pub network_policy: NetworkPolicy,
     /// Offer at all.
     pub enabled: bool,
+}
+
+/// [`ProvideSettings`] as kept in `<home>/provide.json`, so a restarted daemon offers what the
+/// operator last asked for (or nothing, after `provide --off`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct SavedProvide {
+    price_micros_per_gpu_hour: u64,
+    gpus: Option<Vec<String>>,
+    max_hours: Option<u32>,
+    network_policy: NetworkPolicy,
+    enabled: bool,
+}
+
+impl ProvideSettings {
+    /// Writes the settings to `path` atomically (temporary file, then rename).
+    pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let saved = SavedProvide {
+            price_micros_per_gpu_hour: self.price_per_gpu_hour.micros(),
+            gpus: self.gpus.clone(),
+            max_hours: self.max_hours,
+            network_policy: self.network_policy,
+            enabled: self.enabled,
+        };
+        let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Reads settings saved by [`ProvideSettings::save`]; `Ok(None)` when there are none.
+    pub fn load(path: &std::path::Path) -> std::io::Result<Option<Self>> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let s: SavedProvide = serde_json::from_slice(&bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        Ok(Some(Self {
+            price_per_gpu_hour: Money::from_micros(s.price_micros_per_gpu_hour),
+            gpus: s.gpus,
+            max_hours: s.max_hours,
+            network_policy: s.network_policy,
+            enabled: s.enabled,
+        }))
+    }
 }
 
 /// Why [`LeaseService::provide`] failed.
@@ -516,8 +565,19 @@ impl LeaseService {
         Ok(view::ledger(&rows, &leases))
     }
 
-    /// Sets what this node offers and republishes it (withdraws it with `enabled: false`).
+    /// Sets what this node offers and republishes it (withdraws it with `enabled: false`). A
+    /// daemon keeps the settings in `<home>/provide.json` and applies them again at start.
     pub async fn provide(&self, s: ProvideSettings) -> Result<(), ProvideError> {
+        self.apply_provide(&s).await?;
+        if let Some(path) = &self.ctx.config.provide_file
+            && let Err(e) = s.save(path)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "provide settings not saved: a restart will not keep them");
+        }
+        Ok(())
+    }
+
+    async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
         if !s.enabled {
             self.ctx.client.set_offer(None).await?;
             return Ok(());
@@ -561,6 +621,8 @@ pub async fn start_for_daemon(
     config.base_template = base_template;
     config.gpu_uuids = gpu_uuids;
     config.gpu_sampler = gpu_sampler;
+    let provide_file = home.join("provide.json");
+    config.provide_file = Some(provide_file.clone());
     let sandbox = match Sandbox::connect().await {
         Ok(sb) => Some(sb),
         Err(e) => {
@@ -568,14 +630,28 @@ pub async fn start_for_daemon(
             None
         }
     };
-    LeaseService::start(
+    let service = LeaseService::start(
         node.client.clone(),
         &node.events,
         config,
         sandbox,
         node.cancel.child_token(),
     )
-    .await
+    .await?;
+    // What the operator last asked for with `provide` wins over the start-up default.
+    match ProvideSettings::load(&provide_file) {
+        Ok(Some(saved)) => match service.apply_provide(&saved).await {
+            Ok(()) => {
+                tracing::info!(enabled = saved.enabled, price = %saved.price_per_gpu_hour, "provide settings restored")
+            }
+            Err(e) => tracing::warn!(error = %e, "saved provide settings not applied"),
+        },
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(path = %provide_file.display(), error = %e, "ignoring unreadable provide settings")
+        }
+    }
+    Ok(service)
 }
 
 /// A nonce unique per renter: the clock in nanoseconds (requests are idempotent by nonce, so
