@@ -15,7 +15,7 @@ use crate::api::ApiState;
 use crate::api::types::{GpuView, GpusView};
 use crate::config::{Config, LogFormat, Overrides};
 use crate::home::Home;
-use crate::lease::SharedGpuSampler;
+use crate::lease::{ProvideSettings, SharedGpuSampler};
 use crate::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
 use crate::provider_gpus::{BenchCache, ProviderGpus, bench_program};
 use crate::store::StoreHandle;
@@ -188,12 +188,26 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             }
         }
     }
+    // What the operator last asked for with `provide` wins over the start-up default, before
+    // the first announcement.
+    let base_template = net.offer.clone().or(driver_template);
+    match ProvideSettings::load(&ProvideSettings::path(home)) {
+        Ok(Some(saved)) => match saved.template(base_template.as_ref()) {
+            Ok(t) => {
+                tracing::info!(enabled = saved.enabled, price = %saved.price_per_gpu_hour, "provide settings restored");
+                net.offer = t;
+            }
+            Err(e) => tracing::warn!(error = %e, "saved provide settings not applied"),
+        },
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "ignoring unreadable provide settings"),
+    }
     let gpus = Arc::new(gpu_view(dev.as_ref()));
     let metrics_addr = config.metrics.clone();
     let external_addrs = config.external_addrs.clone();
     let config = net;
     let network = h.network.clone();
-    let base_template = config.offer.clone().or(driver_template);
+
     let node = Node::start(h.key, config, StoreHandle::spawn(store))
         .await
         .context("cannot start the network")?;

@@ -566,7 +566,7 @@ impl LeaseService {
     }
 
     /// Sets what this node offers and republishes it (withdraws it with `enabled: false`). A
-    /// daemon keeps the settings in `<home>/provide.json` and applies them again at start.
+    /// daemon keeps the settings in `<home>/provide.json`; `gridlease node` starts from them.
     pub async fn provide(&self, s: ProvideSettings) -> Result<(), ProvideError> {
         self.apply_provide(&s).await?;
         if let Some(path) = &self.ctx.config.provide_file
@@ -578,17 +578,24 @@ impl LeaseService {
     }
 
     async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
-        if !s.enabled {
-            self.ctx.client.set_offer(None).await?;
-            return Ok(());
+        let t = s.template(self.ctx.config.base_template.as_ref())?;
+        self.ctx.client.set_offer(t).await?;
+        Ok(())
+    }
+}
+
+impl ProvideSettings {
+    /// The offer template these settings ask for, from the node's GPUs (`base`); `None` when
+    /// not providing.
+    pub fn template(
+        &self,
+        base: Option<&OfferTemplate>,
+    ) -> Result<Option<OfferTemplate>, ProvideError> {
+        if !self.enabled {
+            return Ok(None);
         }
-        let mut t = self
-            .ctx
-            .config
-            .base_template
-            .clone()
-            .ok_or(ProvideError::NoGpus)?;
-        if let Some(wanted) = &s.gpus {
+        let mut t = base.cloned().ok_or(ProvideError::NoGpus)?;
+        if let Some(wanted) = &self.gpus {
             let digests: Vec<Digest> = wanted
                 .iter()
                 .map(|u| gridlease_sandbox::gpu::uuid_digest(u))
@@ -598,13 +605,17 @@ impl LeaseService {
                 return Err(ProvideError::NoMatchingGpus);
             }
         }
-        t.price_per_gpu_hour = s.price_per_gpu_hour.micros();
-        if let Some(h) = s.max_hours {
+        t.price_per_gpu_hour = self.price_per_gpu_hour.micros();
+        if let Some(h) = self.max_hours {
             t.max_duration_s = h.saturating_mul(3600).max(t.min_duration_s);
         }
-        t.sandbox.network = s.network_policy;
-        self.ctx.client.set_offer(Some(t)).await?;
-        Ok(())
+        t.sandbox.network = self.network_policy;
+        Ok(Some(t))
+    }
+
+    /// `<home>/provide.json`.
+    pub fn path(home: &std::path::Path) -> PathBuf {
+        home.join("provide.json")
     }
 }
 
@@ -621,8 +632,7 @@ pub async fn start_for_daemon(
     config.base_template = base_template;
     config.gpu_uuids = gpu_uuids;
     config.gpu_sampler = gpu_sampler;
-    let provide_file = home.join("provide.json");
-    config.provide_file = Some(provide_file.clone());
+    config.provide_file = Some(ProvideSettings::path(home));
     let sandbox = match Sandbox::connect().await {
         Ok(sb) => Some(sb),
         Err(e) => {
@@ -630,28 +640,14 @@ pub async fn start_for_daemon(
             None
         }
     };
-    let service = LeaseService::start(
+    LeaseService::start(
         node.client.clone(),
         &node.events,
         config,
         sandbox,
         node.cancel.child_token(),
     )
-    .await?;
-    // What the operator last asked for with `provide` wins over the start-up default.
-    match ProvideSettings::load(&provide_file) {
-        Ok(Some(saved)) => match service.apply_provide(&saved).await {
-            Ok(()) => {
-                tracing::info!(enabled = saved.enabled, price = %saved.price_per_gpu_hour, "provide settings restored")
-            }
-            Err(e) => tracing::warn!(error = %e, "saved provide settings not applied"),
-        },
-        Ok(None) => {}
-        Err(e) => {
-            tracing::warn!(path = %provide_file.display(), error = %e, "ignoring unreadable provide settings")
-        }
-    }
-    Ok(service)
+    .await
 }
 
 /// A nonce unique per renter: the clock in nanoseconds (requests are idempotent by nonce, so
