@@ -349,13 +349,15 @@ impl OfferBook {
         })
     }
 
-    /// Remembered replaced ids whose hex form starts with `prefix`.
-    pub fn replaced_with_prefix(&self, prefix: &str) -> Vec<OfferId> {
-        self.replaced
-            .keys()
-            .filter(|id| id.to_string().starts_with(prefix))
-            .copied()
-            .collect()
+    /// Remembered replaced ids whose hex form starts with `prefix`, at most `limit`.
+    pub fn replaced_with_prefix(&self, prefix: &str, limit: usize) -> Vec<OfferId> {
+        ids_with_prefix(&self.replaced, prefix, limit)
+    }
+
+    /// Held offer ids whose hex form starts with `prefix` (lowercase), at most `limit`: a range
+    /// query, not a scan.
+    pub fn ids_with_prefix(&self, prefix: &str, limit: usize) -> Vec<OfferId> {
+        ids_with_prefix(&self.by_id, prefix, limit)
     }
 
     /// Removes the offer of `provider`, returning it.
@@ -454,6 +456,21 @@ impl OfferBook {
     }
 }
 
+/// The keys of `map` whose lowercase hex form starts with `prefix`, at most `limit`. Ids order
+/// as their bytes, and so as their hex, so the matches are one range.
+fn ids_with_prefix<V>(map: &BTreeMap<OfferId, V>, prefix: &str, limit: usize) -> Vec<OfferId> {
+    if prefix.len() > 64 {
+        return Vec::new();
+    }
+    let (Ok(lo), Ok(hi)) = (
+        format!("{prefix:0<64}").parse::<OfferId>(),
+        format!("{prefix:f<64}").parse::<OfferId>(),
+    ) else {
+        return Vec::new();
+    };
+    map.range(lo..=hi).map(|(id, _)| *id).take(limit).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,7 +522,14 @@ mod tests {
         let r = book.replacement(&id3).unwrap();
         assert!(r.equivalent && r.current.id == id4);
         let prefix = &id1.to_string()[..10];
-        assert_eq!(book.replaced_with_prefix(prefix), vec![id1]);
+        assert_eq!(book.replaced_with_prefix(prefix, 2), vec![id1]);
+        assert!(
+            book.ids_with_prefix(prefix, 2).is_empty(),
+            "not held any more"
+        );
+        let odd = &id4.to_string()[..7];
+        assert_eq!(book.ids_with_prefix(odd, 2), vec![id4]);
+        assert!(book.ids_with_prefix("zz", 2).is_empty());
         // Another provider's offer never stands in; a provider without an offer has no successor.
         let (so, oo, ido) = signed(&other, 1, 50, 300);
         book.admit(so, oo, ido, T0).unwrap();

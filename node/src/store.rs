@@ -643,16 +643,7 @@ impl Store {
             )
             .map_err(self.err())?;
         let rows = stmt
-            .query_map([role.map(Role::as_str)], |r| {
-                Ok((
-                    r.get::<_, Vec<u8>>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, Vec<u8>>(2)?,
-                    r.get::<_, Option<Vec<u8>>>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, i64>(5)?,
-                ))
-            })
+            .query_map([role.map(Role::as_str)], lease_row)
             .map_err(self.err())?;
         let mut out = Vec::new();
         for row in rows {
@@ -670,16 +661,7 @@ impl Store {
                 "SELECT lease_id, role, request, accept, state, created_at FROM leases
                  WHERE lease_id = ?1",
                 [&id.0.0[..]],
-                |r| {
-                    Ok((
-                        r.get::<_, Vec<u8>>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, Vec<u8>>(2)?,
-                        r.get::<_, Option<Vec<u8>>>(3)?,
-                        r.get::<_, String>(4)?,
-                        r.get::<_, i64>(5)?,
-                    ))
-                },
+                lease_row,
             )
             .optional()
             .map_err(self.err())?;
@@ -856,6 +838,21 @@ impl StoreHandle {
     {
         self.tx.try_send(Box::new(f)).is_ok()
     }
+}
+
+/// The columns `lease_id, role, request, accept, state, created_at` of a `leases` row, as
+/// [`Store::decode_lease`] takes them.
+type LeaseRow = (Vec<u8>, String, Vec<u8>, Option<Vec<u8>>, String, i64);
+
+fn lease_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LeaseRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+    ))
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use gridlease_node::clock;
 use gridlease_node::lease::{BadReceipt, Faults};
+use gridlease_protocol::OfferId;
+use gridlease_sandbox::Sandbox;
 use lease_support::*;
 
 /// 1 s reports, 3 s pay-ahead window, 3 s grace: short windows so the bounds are tested fast.
@@ -18,16 +20,19 @@ const GRACE_S: u32 = 3;
 /// Cost of one second of one GPU at [`PRICE`].
 const PER_S: u64 = 1000;
 
-/// A long-running probe: burns a little CPU, then sleeps.
-const LONG: &[&str] = &[
-    "burn", "1", "1", "sentinel", "UP", "sleep", "120", "exit", "0",
-];
+/// What the fault tests start from: Docker, the probe image, and a provider and a renter on the
+/// short windows above, the renter holding the provider's offer.
+struct Setup {
+    sb: Sandbox,
+    image: String,
+    _dir: tempfile::TempDir,
+    provider: Party,
+    renter: Party,
+    offer: OfferId,
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn renter_vanishes_provider_stops_within_window_plus_grace() {
-    let Some(sb) = docker_or_skip("renter_vanishes").await else {
-        return;
-    };
+async fn setup(test: &str) -> Option<Setup> {
+    let sb = docker_or_skip(test).await?;
     let image = sb.ensure_probe_image().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (provider, renter, offer) = market(
@@ -37,6 +42,34 @@ async fn renter_vanishes_provider_stops_within_window_plus_grace() {
         GRACE_S,
     )
     .await;
+    Some(Setup {
+        sb,
+        image,
+        _dir: dir,
+        provider,
+        renter,
+        offer,
+    })
+}
+
+/// A long-running probe: burns a little CPU, then sleeps.
+const LONG: &[&str] = &[
+    "burn", "1", "1", "sentinel", "UP", "sleep", "120", "exit", "0",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renter_vanishes_provider_stops_within_window_plus_grace() {
+    let Some(Setup {
+        sb,
+        image,
+        _dir,
+        provider,
+        renter,
+        offer,
+    }) = setup("renter_vanishes").await
+    else {
+        return;
+    };
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 120, LONG))
@@ -80,18 +113,17 @@ async fn renter_vanishes_provider_stops_within_window_plus_grace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn provider_vanishes_renter_stops_paying_within_one_interval() {
-    let Some(sb) = docker_or_skip("provider_vanishes").await else {
+    let Some(Setup {
+        sb,
+        image,
+        _dir,
+        provider,
+        renter,
+        offer,
+    }) = setup("provider_vanishes").await
+    else {
         return;
     };
-    let image = sb.ensure_probe_image().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (provider, renter, offer) = market(
-        dir.path(),
-        &sb,
-        lease_template(1, INTERVAL_S, WINDOW_S),
-        GRACE_S,
-    )
-    .await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 120, LONG))
@@ -236,18 +268,17 @@ async fn inflated_usage_is_refused_and_closes_the_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn budget_cap_stops_the_lease_at_the_cap() {
-    let Some(sb) = docker_or_skip("budget_cap").await else {
+    let Some(Setup {
+        sb,
+        image,
+        _dir,
+        provider,
+        renter,
+        offer,
+    }) = setup("budget_cap").await
+    else {
         return;
     };
-    let image = sb.ensure_probe_image().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (provider, renter, offer) = market(
-        dir.path(),
-        &sb,
-        lease_template(1, INTERVAL_S, WINDOW_S),
-        GRACE_S,
-    )
-    .await;
     let mut req = probe_rent(offer, &image, 120, LONG);
     // Five seconds' worth.
     req.max_total = Some(gridlease_contracts::Money::from_micros(5 * PER_S));

@@ -190,6 +190,26 @@ const RUN: &[&str] = &[
     "--", "sentinel", "UP", "sleep", "14", "sentinel", "DONE", "exit", "0",
 ];
 
+/// Harness arguments of a renter that bootstraps from `provider` and rents `image` for
+/// `duration_s` seconds running `run` (`--` and the probe's arguments).
+fn rent_args<'a>(
+    provider: &'a str,
+    image: &'a str,
+    duration_s: &'a str,
+    run: &[&'a str],
+) -> Vec<&'a str> {
+    let mut a = vec![
+        "--bootstrap",
+        provider,
+        "--rent-image",
+        image,
+        "--rent-duration",
+        duration_s,
+    ];
+    a.extend_from_slice(run);
+    a
+}
+
 fn check_agree(p: &Path, r: &Path, id: LeaseId) {
     let ps = snapshot(p, id, Role::Provider);
     let rs = snapshot(r, id, Role::Renter);
@@ -234,15 +254,7 @@ fn provider_kill9_restart_lease_continues_and_ledgers_agree() {
     let plog = dir.path().join("provider.log");
     let p1 = Proc::spawn(&exe, &plog, &args(&ph, &["--provide"]));
     let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
-    let mut rargs = vec![
-        "--bootstrap",
-        &paddr,
-        "--rent-image",
-        &image,
-        "--rent-duration",
-        "40",
-    ];
-    rargs.extend_from_slice(RUN);
+    let rargs = rent_args(&paddr, &image, "40", RUN);
     let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
     let raddr = r.wait_line("LISTEN ", Duration::from_secs(30));
     let id: LeaseId = r
@@ -295,15 +307,7 @@ fn renter_kill9_restart_lease_continues_and_ledgers_agree() {
         &args(&ph, &["--provide"]),
     );
     let paddr = p.wait_line("LISTEN ", Duration::from_secs(30));
-    let mut rargs = vec![
-        "--bootstrap",
-        &paddr,
-        "--rent-image",
-        &image,
-        "--rent-duration",
-        "40",
-    ];
-    rargs.extend_from_slice(RUN);
+    let rargs = rent_args(&paddr, &image, "40", RUN);
     let r1 = Proc::spawn(&exe, &rlog, &args(&rh, &rargs));
     let id: LeaseId = r1
         .wait_line("LEASE ", Duration::from_secs(60))
@@ -339,17 +343,7 @@ fn provider_down_past_expiry_stops_and_settles_on_restart() {
     let plog = dir.path().join("provider.log");
     let p1 = Proc::spawn(&exe, &plog, &args(&ph, &["--provide"]));
     let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
-    let rargs = [
-        "--bootstrap",
-        &paddr,
-        "--rent-image",
-        &image,
-        "--rent-duration",
-        "12",
-        "--",
-        "sleep",
-        "60",
-    ];
+    let rargs = rent_args(&paddr, &image, "12", &["--", "sleep", "60"]);
     let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
     let raddr = r.wait_line("LISTEN ", Duration::from_secs(30));
     let id: LeaseId = r

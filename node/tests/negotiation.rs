@@ -13,7 +13,7 @@ use gridlease_node::clock;
 use gridlease_node::net::{NegotiationOutcome, NetworkEvent, NodeConfig};
 use gridlease_node::renter::{LeaseAsk, offer_addrs, terms_for};
 use gridlease_node::store::Role;
-use gridlease_protocol::{LeaseTerms, RejectReason};
+use gridlease_protocol::{LeaseAccept, LeaseId, LeaseRequest, LeaseTerms, RejectReason, Signed};
 
 fn provider_config(gpus: u8, price: u64) -> NodeConfig {
     let mut c = config();
@@ -62,6 +62,17 @@ async fn negotiate(renter: &TestNode, entry: &BookEntry, t: LeaseTerms) -> Negot
         .unwrap()
 }
 
+fn accepted(o: NegotiationOutcome) -> (LeaseId, Signed<LeaseRequest>, Signed<LeaseAccept>) {
+    match o {
+        NegotiationOutcome::Accepted {
+            lease_id,
+            request,
+            accept,
+        } => (lease_id, request, accept),
+        NegotiationOutcome::Rejected { reason, .. } => panic!("rejected: {reason:?}"),
+    }
+}
+
 fn rejected(o: NegotiationOutcome) -> RejectReason {
     match o {
         NegotiationOutcome::Rejected { reason, .. } => reason,
@@ -74,14 +85,7 @@ async fn accepted_lease_is_stored_with_identical_signed_terms_on_both_sides() {
     let dir = tempfile::tempdir().unwrap();
     let (provider, renter, entry) = market(dir.path(), 2).await;
     let t = terms(&renter, &entry, &ask(1, 1));
-    let NegotiationOutcome::Accepted {
-        lease_id,
-        request,
-        accept,
-    } = negotiate(&renter, &entry, t.clone()).await
-    else {
-        panic!("rejected");
-    };
+    let (lease_id, request, accept) = accepted(negotiate(&renter, &entry, t.clone()).await);
     assert_eq!(lease_id, t.lease_id().unwrap());
     let on_provider = provider
         .store
@@ -199,14 +203,7 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     let dir = tempfile::tempdir().unwrap();
     let (provider, renter, entry) = market(dir.path(), 2).await;
     let t = terms(&renter, &entry, &ask(1, 7));
-    let NegotiationOutcome::Accepted {
-        lease_id,
-        request,
-        accept,
-    } = negotiate(&renter, &entry, t.clone()).await
-    else {
-        panic!("rejected");
-    };
+    let (lease_id, request, accept) = accepted(negotiate(&renter, &entry, t.clone()).await);
     // Restart on the same address: an offer names its addresses, so a provider that moves
     // re-signs it (new sequence), and one that stays keeps it.
     let provider_listen: libp2p::Multiaddr = provider
@@ -252,13 +249,7 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
         .negotiate_signed(request, t, vec![provider.addr.clone()])
         .await
         .unwrap();
-    let NegotiationOutcome::Accepted {
-        accept: again_accept,
-        ..
-    } = again
-    else {
-        panic!("retry after restart rejected");
-    };
+    let (_, _, again_accept) = accepted(again);
     assert_eq!(again_accept.to_bytes().unwrap(), accept.to_bytes().unwrap());
     // Its GPU is still held: a two-GPU request finds one free.
     assert_eq!(
@@ -329,7 +320,7 @@ async fn a_provider_without_listeners_is_reached_through_a_relay() {
 async fn restored_offers_are_verified_again_and_a_tampered_one_is_dropped() {
     use gridlease_node::home::Home;
     use gridlease_node::store::Store;
-    use gridlease_protocol::{NodeKey, OfferId, Signed};
+    use gridlease_protocol::{NodeKey, OfferId};
 
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("n");

@@ -1625,16 +1625,20 @@ trait Mechanism: Sync {
     /// A waiting job looks for a provider; `true` when it got a lease now.
     fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool;
     /// An offer update reached renters (the offer book is already updated); `better` when it
-    /// made the offer more attractive.
+    /// made the offer more attractive. By default waiting jobs retry an improved offer.
     fn offer_visible(
         &self,
         m: &mut Market<'_>,
         p: usize,
-        snap: Snapshot,
-        open: bool,
+        _snap: Snapshot,
+        _open: bool,
         better: bool,
         now: u64,
-    );
+    ) {
+        if better {
+            m.retry_waiting(p, now);
+        }
+    }
     /// A job gave up waiting.
     fn withdraw(&self, _m: &mut Market<'_>, _job: u32) {}
     /// A mechanism timer for `job` fired (the reverse auction's bid window).
@@ -1657,19 +1661,6 @@ impl Mechanism for PostedOffers {
     fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
         m.match_posted(job, now)
     }
-    fn offer_visible(
-        &self,
-        m: &mut Market<'_>,
-        p: usize,
-        _snap: Snapshot,
-        _open: bool,
-        better: bool,
-        now: u64,
-    ) {
-        if better {
-            m.retry_waiting(p, now);
-        }
-    }
 }
 
 /// Reverse auction with a bid window (Akash-style). The standing offer carries the cost
@@ -1689,19 +1680,6 @@ impl Mechanism for ReverseAuction {
     fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
         m.open_auction(job, now);
         false
-    }
-    fn offer_visible(
-        &self,
-        m: &mut Market<'_>,
-        p: usize,
-        _snap: Snapshot,
-        _open: bool,
-        better: bool,
-        now: u64,
-    ) {
-        if better {
-            m.retry_waiting(p, now);
-        }
     }
     fn timer(&self, m: &mut Market<'_>, job: u32, generation: u32, now: u64) {
         m.on_auction_close(job, generation, now);

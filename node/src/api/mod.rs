@@ -350,17 +350,11 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<St
             Some("use an id (or its first digits) from `gridlease search`".into()),
         ));
     }
-    let all = Query::parse("").map_err(|e| ApiError::internal(e.kind))?;
-    let rows = s
+    let hits = s
         .client
-        .search(all, usize::MAX)
+        .offer_ids(p.clone())
         .await
         .map_err(ApiError::internal)?;
-    let hits: Vec<OfferId> = rows
-        .iter()
-        .map(|e| e.id)
-        .filter(|id| id.to_string().starts_with(&p))
-        .collect();
     match hits.as_slice() {
         [one] => return Ok((*one, None)),
         [] => {}

@@ -318,6 +318,16 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// The stored lease `id`, or [`LeaseError::Unknown`].
+    async fn stored_lease(&self, id: LeaseId) -> Result<StoredLease, LeaseError> {
+        self.store
+            .call(move |s| s.lease(&id))
+            .await?
+            .ok_or(LeaseError::Unknown(id))
+    }
+}
+
+impl Ctx {
     pub(crate) fn log_path(&self, id: &LeaseId) -> PathBuf {
         self.config.data_dir.join(format!("{id}.log"))
     }
@@ -493,12 +503,7 @@ impl LeaseService {
 
     /// Container output from `from_offset`, at most [`wire::MAX_LOG_CHUNK`] bytes.
     pub async fn logs(&self, id: LeaseId, from_offset: u64) -> Result<LogChunk, LeaseError> {
-        let l = self
-            .ctx
-            .store
-            .call(move |s| s.lease(&id))
-            .await?
-            .ok_or(LeaseError::Unknown(id))?;
+        let l = self.ctx.stored_lease(id).await?;
         match l.role {
             Role::Provider => {
                 let (reply, rx) = oneshot::channel();
@@ -882,12 +887,7 @@ impl Actor {
         if self.sessions.contains_key(&id) {
             return Ok(());
         }
-        let l = self
-            .ctx
-            .store
-            .call(move |s| s.lease(&id))
-            .await?
-            .ok_or(LeaseError::Unknown(id))?;
+        let l = self.ctx.stored_lease(id).await?;
         if l.lease.state.is_terminal() {
             return Ok(());
         }

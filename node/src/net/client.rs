@@ -60,6 +60,7 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Vec<BookEntry>>,
     },
     Offer(OfferId, oneshot::Sender<Option<BookEntry>>),
+    OfferIds(String, oneshot::Sender<Vec<OfferId>>),
     Replaced(String, oneshot::Sender<Vec<ReplacedOffer>>),
     GossipStats(oneshot::Sender<GossipStats>),
     BookLen(oneshot::Sender<usize>),
@@ -233,6 +234,12 @@ impl Client {
     /// One offer from the book.
     pub async fn offer(&self, id: OfferId) -> Result<Option<BookEntry>, NegotiationError> {
         self.ask(|r| Command::Offer(id, r)).await
+    }
+
+    /// Ids of held offers starting with `prefix` (lowercase hex); two at most (more is
+    /// ambiguous anyway).
+    pub async fn offer_ids(&self, prefix: String) -> Result<Vec<OfferId>, NegotiationError> {
+        self.ask(|r| Command::OfferIds(prefix, r)).await
     }
 
     /// Offers that newer ones from the same providers replaced, whose id starts with `prefix`

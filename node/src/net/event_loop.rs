@@ -89,6 +89,9 @@ enum Internal {
     },
 }
 
+/// Most ids answered for an id prefix: two are enough to call it ambiguous.
+const MAX_PREFIX_MATCHES: usize = 2;
+
 /// Most session requests awaiting the lease service at once; more are answered `Busy`.
 const MAX_SESSION_IN_FLIGHT: usize = 1024;
 
@@ -300,10 +303,13 @@ impl EventLoop {
                     ..self.verdicts
                 });
             }
+            Command::OfferIds(prefix, reply) => {
+                let _ = reply.send(self.book.ids_with_prefix(&prefix, MAX_PREFIX_MATCHES));
+            }
             Command::Replaced(prefix, reply) => {
                 let found = self
                     .book
-                    .replaced_with_prefix(&prefix)
+                    .replaced_with_prefix(&prefix, MAX_PREFIX_MATCHES)
                     .into_iter()
                     .filter_map(|old| {
                         let r = self.book.replacement(&old)?;

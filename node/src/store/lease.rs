@@ -311,26 +311,22 @@ impl Store {
                 settled_total: t.map(u64_of),
             })
             .unwrap_or_default();
-        let last_usage = self
-            .conn
-            .query_row(
-                "SELECT seq, envelope FROM usage_reports WHERE lease_id = ?1
-                 ORDER BY seq DESC LIMIT 1",
-                [lid],
-                |r| Ok((u64_of(r.get(0)?), r.get(1)?)),
-            )
-            .optional()
-            .map_err(&e)?;
-        let last_receipt = self
-            .conn
-            .query_row(
-                "SELECT seq, envelope FROM receipts WHERE lease_id = ?1
-                 ORDER BY seq DESC LIMIT 1",
-                [lid],
-                |r| Ok((u64_of(r.get(0)?), r.get(1)?)),
-            )
-            .optional()
-            .map_err(&e)?;
+        // The latest (seq, envelope) of a lease in `table` (a fixed name, never input).
+        let latest = |table: &str| {
+            self.conn
+                .query_row(
+                    &format!(
+                        "SELECT seq, envelope FROM {table} WHERE lease_id = ?1
+                         ORDER BY seq DESC LIMIT 1"
+                    ),
+                    [lid],
+                    |r| Ok((u64_of(r.get(0)?), r.get(1)?)),
+                )
+                .optional()
+                .map_err(&e)
+        };
+        let last_usage = latest("usage_reports")?;
+        let last_receipt = latest("receipts")?;
         Ok(SessionRecord {
             fields,
             last_usage,
