@@ -41,6 +41,18 @@ pub enum LeaseState {
 }
 
 impl LeaseState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [Self; 8] = [
+        Self::Proposed,
+        Self::Accepted,
+        Self::Starting,
+        Self::Running,
+        Self::Closing,
+        Self::Settled,
+        Self::Rejected,
+        Self::Failed,
+    ];
+
     /// Accepting is legal only for a proposal.
     pub fn can_accept(self) -> bool {
         self == Self::Proposed

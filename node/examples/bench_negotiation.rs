@@ -40,7 +40,7 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(512);
     let dir = tempfile::tempdir().unwrap();
-    let provider = start(dir.path(), "provider", config(Duration::from_secs(10))).await;
+    let provider = start_provider(dir.path(), "provider", config(Duration::from_secs(10))).await;
     let renter = start(dir.path(), "renter", config(Duration::from_secs(10))).await;
     connect(&renter, &provider).await;
 

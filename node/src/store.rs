@@ -19,6 +19,8 @@ use gridlease_protocol::{
     Digest, LeaseAccept, LeaseId, LeaseRequest, Offer, OfferId, Signed, Timestamp,
 };
 use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::store::lease::SessionRecord;
 use tokio::sync::oneshot;
 
 pub mod lease;
@@ -552,10 +554,10 @@ impl Store {
         rows.collect::<Result<_, _>>().map_err(self.err())
     }
 
-    /// Stores a new lease with its GPUs and its history so far, in one transaction. Storing the
-    /// identical lease again is a no-op; another lease with the same (role, renter, nonce) is
-    /// [`StoreError::NonceConflict`].
-    pub fn insert_lease(&mut self, l: &StoredLease) -> Result<(), StoreError> {
+    /// Stores a new lease with its GPUs and its history so far, in one transaction: `true`.
+    /// Storing the identical lease again is a no-op: `false`. Another lease with the same
+    /// (role, renter, nonce) is [`StoreError::NonceConflict`].
+    pub fn insert_lease(&mut self, l: &StoredLease) -> Result<bool, StoreError> {
         let path = self.path.clone();
         let e = |source| classify(&path, source);
         let id = &l.lease.id.0.0[..];
@@ -580,7 +582,7 @@ impl Store {
             .optional()
             .map_err(e)?;
         match existing {
-            Some(other) if other == id => return Ok(()),
+            Some(other) if other == id => return Ok(false),
             Some(_) => {
                 return Err(StoreError::NonceConflict {
                     lease_id: l.lease.id,
@@ -630,7 +632,8 @@ impl Store {
             )
             .map_err(e)?;
         }
-        tx.commit().map_err(e)
+        tx.commit().map_err(e)?;
+        Ok(true)
     }
 
     /// Every stored lease in `role` (all roles with `None`), oldest first.
@@ -651,6 +654,56 @@ impl Store {
             out.push(self.decode_lease(id, &role, &request, accept, &state, created_at)?);
         }
         Ok(out)
+    }
+
+    /// Every lease not in a terminal state, with its session record, oldest first (what a
+    /// restarted node resumes). One call however many leases ever settled before.
+    pub fn live_leases(&self) -> Result<Vec<(StoredLease, SessionRecord)>, StoreError> {
+        // Fixed state names, never input.
+        let terminal: Vec<String> = LeaseState::ALL
+            .iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT lease_id, role, request, accept, state, created_at FROM leases
+                 WHERE state NOT IN ({}) ORDER BY created_at, lease_id",
+                terminal.join(", ")
+            ))
+            .map_err(self.err())?;
+        let rows = stmt.query_map([], lease_row).map_err(self.err())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, role, request, accept, state, created_at) = row.map_err(self.err())?;
+            let l = self.decode_lease(id, &role, &request, accept, &state, created_at)?;
+            let rec = self.session_record(&l.lease.id)?;
+            out.push((l, rec));
+        }
+        Ok(out)
+    }
+
+    /// Every lease with its session record, oldest first: one store call for a whole
+    /// `leases` listing or metrics scrape.
+    pub fn leases_with_records(&self) -> Result<Vec<(StoredLease, SessionRecord)>, StoreError> {
+        self.leases(None)?
+            .into_iter()
+            .map(|l| {
+                let rec = self.session_record(&l.lease.id)?;
+                Ok((l, rec))
+            })
+            .collect()
+    }
+
+    /// Makes this connection refuse every write (`PRAGMA query_only`), or write again. For
+    /// tests of what the node does when its database cannot be written (a full disk, a file
+    /// made read-only): writes then fail with a real SQLite error.
+    #[doc(hidden)]
+    pub fn set_query_only(&self, on: bool) -> Result<(), StoreError> {
+        self.conn
+            .pragma_update(None, "query_only", on)
+            .map_err(self.err())
     }
 
     /// One lease by id.

@@ -36,7 +36,7 @@ fn ask(gpus: u16, nonce: u64) -> LeaseAsk {
 
 /// Provider with `gpus` GPUs at 0.35/h and a renter that has learned its offer.
 async fn market(root: &std::path::Path, gpus: u8) -> (TestNode, TestNode, BookEntry) {
-    let provider = start(root, "provider", provider_config(gpus, 350_000)).await;
+    let provider = start_provider(root, "provider", provider_config(gpus, 350_000)).await;
     let mut renter = start(root, "renter", config()).await;
     connect(&renter, &provider).await;
     let p = provider.key_public;
@@ -68,6 +68,7 @@ fn accepted(o: NegotiationOutcome) -> (LeaseId, Signed<LeaseRequest>, Signed<Lea
             lease_id,
             request,
             accept,
+            ..
         } => (lease_id, request, accept),
         NegotiationOutcome::Rejected { reason, .. } => panic!("rejected: {reason:?}"),
     }
@@ -229,7 +230,7 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     // The provider comes back: same offer, same lease, and the retry is still idempotent.
     let mut restart_cfg = provider_config(2, 350_000);
     restart_cfg.listen = vec![provider_listen];
-    let provider = start_from_home(&provider_home, restart_cfg).await;
+    let provider = start_provider_from_home(&provider_home, restart_cfg).await;
     let own = provider.node.client.own_offer().await.unwrap().unwrap();
     assert_eq!(
         own.id, entry.id,
@@ -268,7 +269,7 @@ async fn a_provider_without_listeners_is_reached_through_a_relay() {
     let mut p_cfg = provider_config(1, 350_000);
     p_cfg.use_relays = true;
     p_cfg.listen.clear();
-    let mut provider = start(dir.path(), "provider", p_cfg).await;
+    let mut provider = start_provider(dir.path(), "provider", p_cfg).await;
     let mut renter = start(dir.path(), "renter", config()).await;
 
     connect(&provider, &relay).await;

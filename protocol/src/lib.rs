@@ -12,6 +12,7 @@ pub mod envelope;
 pub mod fixtures;
 pub mod identity;
 pub mod messages;
+pub mod session;
 pub mod types;
 
 pub use codec::CodecError;

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use gridlease_protocol::{Digest, LeaseId, NetworkPolicy, Timestamp};
-use gridlease_sandbox::meter::{Meter, meter_run};
+use gridlease_sandbox::meter::{Meter, MeterControl, meter_run};
 use gridlease_sandbox::runtime::now_ms;
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 
@@ -98,7 +98,10 @@ async fn main() {
     let cpu0 = own_cpu_ms();
     let t0 = Instant::now();
     let mut meter = Meter::new(now_ms(), 0);
-    let (_, totals, samples) = meter_run(&sb, &id, &mut meter, &[], None).await.unwrap();
+    let (_, totals, samples) =
+        meter_run(&sb, &id, &mut meter, &[], None, &mut MeterControl::idle())
+            .await
+            .unwrap();
     let wall = t0.elapsed().as_secs_f64();
     let cpu = own_cpu_ms() - cpu0;
     sb.remove(&id).await.unwrap();

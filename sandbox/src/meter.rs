@@ -10,11 +10,13 @@
 //! from the daemon's `StartedAt`/`FinishedAt` when available.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bollard::models::ContainerStatsResponse;
 use bollard::query_parameters::StatsOptionsBuilder;
 use futures_util::StreamExt;
 use gridlease_protocol::{LeaseId, Timestamp, UsageReport};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::runtime::{ExitInfo, Sandbox, SandboxError};
 
@@ -328,11 +330,48 @@ pub fn sample_gpus(gpu_uuids: &[String], sampler: &dyn GpuSampler) -> Vec<(Strin
         .collect()
 }
 
+/// A request to close the current metering interval at `at`, answered with (this interval's
+/// usage, totals so far): what a usage report is built from.
+#[derive(Debug)]
+pub struct Cut {
+    /// When the interval closes.
+    pub at: Timestamp,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<(Usage, Usage)>,
+}
+
+/// How a caller steers [`meter_run`] while it runs: interval cuts, and the clock that stamps
+/// stats samples (the same clock the caller's report times come from).
+pub struct MeterControl {
+    /// Interval cuts, answered between stats samples.
+    pub cuts: mpsc::Receiver<Cut>,
+    /// Now, in unix ms.
+    pub now: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+}
+
+impl MeterControl {
+    /// A control that never cuts, stamping samples with the system clock.
+    pub fn idle() -> Self {
+        let (_tx, cuts) = mpsc::channel(1);
+        Self {
+            cuts,
+            now: Arc::new(crate::runtime::now_ms),
+        }
+    }
+}
+
+impl std::fmt::Debug for MeterControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MeterControl")
+    }
+}
+
 /// Follows a started container's stats stream into `meter` until the container exits, and
 /// returns how it exited plus the number of stats samples used. GPU samples for `gpu_uuids`
-/// are taken alongside each stats sample when a sampler is given. On exit the meter is
-/// finished with the daemon's run time (see [`Meter::finish`]); the caller reads the totals
-/// with [`Meter::cut`] or from the returned [`Usage`].
+/// are taken alongside each stats sample when a sampler is given. Interval cuts asked for on
+/// `control.cuts` are answered as they come (the provider's usage reports are built from
+/// them: this is the production metering loop). On exit the meter is finished with the
+/// daemon's run time (see [`Meter::finish`]); the returned [`Usage`] is the final total.
 ///
 /// On this engine the stats stream does not end when the container exits (it keeps sending
 /// empty samples), so the container's `wait` runs alongside and ends metering.
@@ -342,6 +381,7 @@ pub async fn meter_run(
     meter: &mut Meter,
     gpu_uuids: &[String],
     sampler: Option<&dyn GpuSampler>,
+    control: &mut MeterControl,
 ) -> Result<(ExitInfo, Usage, usize), SandboxError> {
     let opts = StatsOptionsBuilder::default()
         .stream(true)
@@ -352,16 +392,23 @@ pub async fn meter_run(
     tokio::pin!(wait);
     let mut n = 0usize;
     let mut stream_done = false;
+    let mut cuts_open = true;
     let exit = loop {
         tokio::select! {
             biased;
             exit = &mut wait => break exit?,
+            cut = control.cuts.recv(), if cuts_open => match cut {
+                Some(Cut { at, reply }) => {
+                    let _ = reply.send(meter.cut(at));
+                }
+                None => cuts_open = false,
+            },
             item = stream.next(), if !stream_done => {
                 let resp = match item {
                     Some(Ok(resp)) => resp,
                     _ => { stream_done = true; continue; }
                 };
-                let now = crate::runtime::now_ms();
+                let now = (control.now)();
                 match StatsSample::from_docker(now, &resp) {
                     Some(s) => {
                         meter.on_stats(s);
@@ -377,7 +424,7 @@ pub async fn meter_run(
             }
         }
     };
-    let totals = meter.finish(crate::runtime::now_ms(), exit.run_ms);
+    let totals = meter.finish((control.now)(), exit.run_ms);
     tracing::debug!(
         container = id,
         samples = n,

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use common::{Cleanup, probe_spec, unique};
 use gridlease_sandbox::gpu::{GpuProbe, ScriptedProbe};
-use gridlease_sandbox::meter::{GpuSample, Meter, meter_run};
+use gridlease_sandbox::meter::{GpuSample, Meter, MeterControl, meter_run};
 use gridlease_sandbox::runtime::now_ms;
 
 /// The probe burns exactly 5 CPU-seconds on one thread (it measures its own thread CPU clock),
@@ -47,9 +47,16 @@ async fn one_cpu_for_five_seconds_is_metered_as_five_cpu_seconds() {
         },
     );
     let mut meter = Meter::new(now_ms(), 1);
-    let (exit, daemon_totals, samples) = meter_run(&sb, &id, &mut meter, &[uuid], Some(&gpus))
-        .await
-        .unwrap();
+    let (exit, daemon_totals, samples) = meter_run(
+        &sb,
+        &id,
+        &mut meter,
+        &[uuid],
+        Some(&gpus),
+        &mut MeterControl::idle(),
+    )
+    .await
+    .unwrap();
     let local_wall_ms = t0.elapsed().as_millis() as u64;
     // Totals from the meter's own clock (finish(None)), to compare with the daemon's times.
     let totals = meter.finish(now_ms(), None);

@@ -16,6 +16,32 @@ pub struct BenchNode {
     pub addr: Multiaddr,
     pub peer: PeerId,
     pub store: StoreHandle,
+    /// A provider's lease service (decides requests; never starts containers here).
+    pub leases: Option<gridlease_node::lease::LeaseService>,
+}
+
+/// A provider: a node with a lease service that decides and stores lease requests, and never
+/// runs their sessions (no Docker needed).
+pub async fn start_provider(root: &Path, name: &str, config: NodeConfig) -> BenchNode {
+    use gridlease_node::lease::{Faults, LeaseService, LeaseServiceConfig};
+    let mut n = start(root, name, config).await;
+    let mut svc = LeaseServiceConfig::new(root.join(name).join("leases"));
+    svc.faults = Faults {
+        hold_sessions: true,
+        ..Faults::default()
+    };
+    let events = n.node.events.clone();
+    let leases = LeaseService::start(
+        n.node.client.clone(),
+        &events,
+        svc,
+        None,
+        n.node.cancel.child_token(),
+    )
+    .await
+    .unwrap();
+    n.leases = Some(leases);
+    n
 }
 
 pub async fn start(root: &Path, name: &str, config: NodeConfig) -> BenchNode {
@@ -29,6 +55,7 @@ pub async fn start(root: &Path, name: &str, config: NodeConfig) -> BenchNode {
         node,
         addr,
         store,
+        leases: None,
     }
 }
 

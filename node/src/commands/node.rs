@@ -244,9 +244,6 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                 Ok(NetworkEvent::OfferAdmitted { id, seq, .. }) => {
                     tracing::info!(offer = %id.short(), seq, "offer learned");
                 }
-                Ok(NetworkEvent::LeaseAccepted { lease_id, .. }) => {
-                    tracing::info!(lease = %lease_id.short(), "lease accepted");
-                }
                 Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             }

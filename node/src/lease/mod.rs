@@ -4,12 +4,18 @@
 //!
 //! # Shape
 //! [`LeaseService`] is a cloneable handle to one actor task (the *service*), spawned next to the
-//! network client by [`LeaseService::start`]. The service owns one task per live lease (a
-//! *session*: [`provider`] or [`renter`]), routes inbound session messages to it over bounded
-//! channels, and learns about new provider leases from [`crate::net::NetworkEvent::LeaseAccepted`].
-//! Each session publishes its [`LeaseView`] on a `watch` channel, so reading state never waits
-//! for a busy session. Money rules come from `gridlease_contracts::channel` and
-//! `gridlease_contracts::billing`; nothing here decides an amount.
+//! network client by [`LeaseService::start`]. The network loop forwards every lease-stream
+//! request to the service ([`crate::net::InboundLease`]). The service owns:
+//! - the provider's [`desk::Desk`]: deciding requests, GPU holds and the nonce index. An
+//!   accepted lease is stored, then answered, then its session is spawned from the row in
+//!   hand (no re-read, no rescan);
+//! - one task per live lease (a *session*: [`provider`] or [`renter`]), the one in-memory owner
+//!   of that lease's state. It routes inbound session messages to it over bounded channels.
+//!   Each session publishes its [`LeaseView`] on a `watch` channel, so reading state never
+//!   waits for a busy session; a provider session's end (container gone) releases its holds.
+//!
+//! Money rules come from `gridlease_contracts::channel` and `gridlease_contracts::billing`;
+//! nothing here decides an amount. Time comes from [`LeaseServiceConfig::clock`].
 //!
 //! # API (what the control API calls)
 //! - [`LeaseService::rent`]`(RentRequest) -> Result<LeaseId, RentError>`: negotiates with the
@@ -28,12 +34,16 @@
 //!   lease is settled or failed (for `rent` without `--detach`).
 //!
 //! # Invariants
+//! - Persist before act: a transition whose store write fails does not happen (the session
+//!   does not advance in memory, no container starts, nothing is acknowledged).
+//! - A GPU is held from the accept until its lease's container is gone.
 //! - A receipt is persisted (with its ledger rows, in one transaction) before the renter sends
 //!   it and before the provider counts it.
 //! - A usage report is persisted by the provider before it is sent, so sequences never repeat
 //!   after a crash.
 //! - Final statement = last valid receipt, on both nodes.
 
+pub mod desk;
 pub mod provider;
 pub mod renter;
 pub mod view;
@@ -54,13 +64,19 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock;
-use crate::net::{Client, NegotiationError, NegotiationOutcome, NetworkEvent, OfferTemplate};
+use gridlease_protocol::session::LeaseRpcResponse;
+
+use crate::clock::{self, SharedClock};
+use crate::net::{
+    Client, InboundLease, InboundRequest, NegotiationError, NegotiationOutcome, NetworkEvent,
+    OfferTemplate, OwnOffer,
+};
 use crate::renter::{LeaseAsk, offer_addrs, terms_for};
+use crate::store::lease::SessionRecord;
 use crate::store::{Role, StoreError, StoreHandle, StoredLease};
 
 pub use view::{LeaseStatement, LeaseView, Ledger, UsageView};
-pub use wire::{InboundSession, LogChunk, SessionRequest, SessionResponse};
+pub use wire::{LogChunk, SessionRequest, SessionResponse};
 
 /// Capacity of the service's command channel.
 pub const SERVICE_QUEUE: usize = 64;
@@ -96,6 +112,9 @@ pub struct LeaseServiceConfig {
     pub stop_grace: Duration,
     /// How long a session waits for an answer from the other side.
     pub rpc_timeout: Duration,
+    /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
+    /// daemon; a [`clock::ManualClock`] in tests of grace periods and expiry).
+    pub clock: SharedClock,
     /// Deliberate misbehaviour, for tests of the other side's defences only. Always
     /// [`Faults::default`] (none) in the daemon.
     #[doc(hidden)]
@@ -121,6 +140,11 @@ pub struct Faults {
     pub inflate_usage_from_seq: Option<u64>,
     /// Renter: once this many receipts were sent, answer the next report with a bad receipt.
     pub bad_receipt_after: Option<(u64, BadReceipt)>,
+    /// Provider: wait this long before creating the container, as a slow image pull would.
+    pub slow_start: Option<Duration>,
+    /// Provider: decide and store leases but never run their sessions (negotiation tests
+    /// without Docker): they stay `accepted`, holding their GPUs.
+    pub hold_sessions: bool,
 }
 
 /// Which bad receipt a faulty renter sends.
@@ -147,6 +171,7 @@ impl LeaseServiceConfig {
             start_allowance: Duration::from_secs(300),
             stop_grace: Duration::from_secs(2),
             rpc_timeout: Duration::from_secs(10),
+            clock: clock::system(),
             faults: Faults::default(),
         }
     }
@@ -291,6 +316,28 @@ pub enum ProvideError {
     Network(#[from] NegotiationError),
 }
 
+/// Where a session answers an inbound request (the network loop sends it to the peer).
+#[derive(Debug)]
+pub struct SessionReply(oneshot::Sender<LeaseRpcResponse>);
+
+impl SessionReply {
+    /// Answers the request; false when the network loop no longer waits for it.
+    pub fn send(self, r: SessionResponse) -> bool {
+        self.0.send(LeaseRpcResponse::Session(r)).is_ok()
+    }
+}
+
+/// An inbound session request for one of this node's leases.
+#[derive(Debug)]
+pub struct InboundSession {
+    /// The connected peer that sent it (the network authenticated it).
+    pub peer: PeerId,
+    /// The request.
+    pub request: SessionRequest,
+    /// Where to answer.
+    pub reply: SessionReply,
+}
+
 /// Messages to a session task.
 #[derive(Debug)]
 pub(crate) enum SessionMsg {
@@ -331,10 +378,16 @@ impl Ctx {
     pub(crate) fn log_path(&self, id: &LeaseId) -> PathBuf {
         self.config.data_dir.join(format!("{id}.log"))
     }
+
+    /// Now, by the service's clock.
+    pub(crate) fn now(&self) -> gridlease_protocol::Timestamp {
+        self.config.clock.now()
+    }
 }
 
 enum Cmd {
-    Register(LeaseId, oneshot::Sender<Result<(), LeaseError>>),
+    /// A renter lease negotiated and stored by this node: start its session.
+    Register(Box<StoredLease>, oneshot::Sender<()>),
     Views(oneshot::Sender<Vec<LeaseView>>),
     Watch(LeaseId, oneshot::Sender<Option<watch::Receiver<LeaseView>>>),
     ToSession(LeaseId, Box<SessionMsg>, oneshot::Sender<bool>),
@@ -359,12 +412,13 @@ struct Entry {
 }
 
 impl LeaseService {
-    /// Starts the service: registers with the network for inbound session messages, reconciles
-    /// this node's containers with its stored leases, resumes every live lease, and listens for
-    /// new provider leases. Stops with `cancel`.
+    /// Starts the service: reconciles this node's containers with its stored leases, holds
+    /// the GPUs of live provider leases, resumes every live lease, then takes inbound
+    /// lease-stream requests from the network. Stops with `cancel`. (`events` is no longer
+    /// needed: nothing is learned from network events; kept so callers need not change.)
     pub async fn start(
         client: Client,
-        events: &broadcast::Sender<NetworkEvent>,
+        _events: &broadcast::Sender<NetworkEvent>,
         config: LeaseServiceConfig,
         sandbox: Option<Sandbox>,
         cancel: CancellationToken,
@@ -384,17 +438,18 @@ impl LeaseService {
         });
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
-        let ev = events.subscribe();
-        client.set_session_handler(in_tx).await?;
         let mut actor = Actor {
             ctx: ctx.clone(),
             cmds: rx,
             inbound: in_rx,
-            events: ev,
             sessions: HashMap::new(),
             tasks: JoinSet::new(),
+            desk: desk::Desk::new(),
+            persists: JoinSet::new(),
+            waiting: HashMap::new(),
         };
         actor.resume_all().await?;
+        client.set_lease_handler(in_tx).await?;
         let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
         Ok(Self { tx, ctx })
@@ -411,7 +466,18 @@ impl LeaseService {
 
     /// Rents from `req.offer`: returns once the lease is accepted and stored on both sides;
     /// the container starts and is paid for in the background.
+    ///
+    /// Cancel-safe: the negotiation and the session's registration run in their own task, so
+    /// a caller that stops waiting (a dropped HTTP request, Ctrl-C) still leaves a lease that
+    /// runs and settles, never one that is stored with no session.
     pub async fn rent(&self, req: RentRequest) -> Result<LeaseId, RentError> {
+        let this = self.clone();
+        tokio::spawn(async move { this.rent_inner(req).await })
+            .await
+            .map_err(|_| RentError::Closed)?
+    }
+
+    async fn rent_inner(&self, req: RentRequest) -> Result<LeaseId, RentError> {
         let client = &self.ctx.client;
         let entry = client
             .offer(req.offer)
@@ -436,16 +502,17 @@ impl LeaseService {
             grace_s,
             nonce: fresh_nonce(),
         };
-        let now = clock::now();
+        let now = self.ctx.now();
         let terms = terms_for(client.network(), &entry, client.key().public(), &ask, now);
         let outcome = client
             .negotiate(terms, now.plus_secs(30), offer_addrs(&entry))
             .await?;
         match outcome {
-            NegotiationOutcome::Accepted { lease_id, .. } => {
-                self.ask(|r| Cmd::Register(lease_id, r))
+            NegotiationOutcome::Accepted {
+                lease_id, stored, ..
+            } => {
+                self.ask(|r| Cmd::Register(stored, r))
                     .await
-                    .map_err(|_| RentError::Closed)?
                     .map_err(|_| RentError::Closed)?;
                 Ok(lease_id)
             }
@@ -453,19 +520,24 @@ impl LeaseService {
         }
     }
 
-    /// Every lease this node knows, live ones with their current metering.
+    /// Every lease this node knows, live ones with their current metering (one ask to the
+    /// actor, one store call).
     pub async fn leases(&self) -> Result<Vec<LeaseView>, LeaseError> {
-        let live = self.ask(Cmd::Views).await?;
-        let stored = self.ctx.store.call(|s| s.leases(None)).await?;
-        let mut out = Vec::with_capacity(stored.len());
-        for l in stored {
-            if let Some(v) = live.iter().find(|v| v.lease_id == l.lease.id) {
-                out.push(v.clone());
-            } else {
-                out.push(self.stored_view(l).await?);
-            }
-        }
-        Ok(out)
+        let live: HashMap<LeaseId, LeaseView> = self
+            .ask(Cmd::Views)
+            .await?
+            .into_iter()
+            .map(|v| (v.lease_id, v))
+            .collect();
+        let stored = self.ctx.store.call(|s| s.leases_with_records()).await?;
+        let net = self.ctx.client.network();
+        Ok(stored
+            .into_iter()
+            .map(|(l, rec)| match live.get(&l.lease.id) {
+                Some(v) => v.clone(),
+                None => view::from_store(net, &l, &rec),
+            })
+            .collect())
     }
 
     /// One lease.
@@ -473,16 +545,16 @@ impl LeaseService {
         if let Some(w) = self.ask(|r| Cmd::Watch(id, r)).await? {
             return Ok(Some(w.borrow().clone()));
         }
-        match self.ctx.store.call(move |s| s.lease(&id)).await? {
-            Some(l) => Ok(Some(self.stored_view(l).await?)),
-            None => Ok(None),
-        }
-    }
-
-    async fn stored_view(&self, l: StoredLease) -> Result<LeaseView, LeaseError> {
-        let id = l.lease.id;
-        let rec = self.ctx.store.call(move |s| s.session_record(&id)).await?;
-        Ok(view::from_store(self.ctx.client.network(), &l, &rec))
+        let found = self
+            .ctx
+            .store
+            .call(move |s| {
+                s.lease(&id)?
+                    .map(|l| Ok((s.session_record(&id)?, l)))
+                    .transpose()
+            })
+            .await?;
+        Ok(found.map(|(rec, l)| view::from_store(self.ctx.client.network(), &l, &rec)))
     }
 
     /// Resolves when the lease is settled or failed, with its final view.
@@ -682,31 +754,50 @@ pub(crate) async fn session_rpc(
     }
 }
 
-/// Applies a lease transition at the current time and persists it with `patch`. Returns false
-/// (and logs) when the state machine refuses it; a store failure is logged, the in-memory state
-/// stays advanced (the next persisted transition or the restart reconciliation repairs it).
+/// Why a transition did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TransitionFailed {
+    /// The state machine refuses it in this state.
+    #[error("refused by the lease state machine: {0}")]
+    Refused(#[from] gridlease_contracts::lease::TransitionError),
+    /// The store could not write it; the lease did not advance.
+    #[error("not stored: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Persist before act: computes the transition on a copy of `lease` at the service clock's
+/// now, stores it with `patch`, and only once that committed advances `lease`. A refused
+/// transition or a failed write leaves `lease` as it was.
 pub(crate) async fn apply_and_persist(
     ctx: &Ctx,
     lease: &mut gridlease_contracts::Lease,
     event: gridlease_contracts::LeaseEvent,
     actor: gridlease_contracts::Actor,
     patch: crate::store::lease::SessionPatch,
-) -> bool {
-    if let Err(e) = lease.apply(event, actor, clock::now()) {
-        tracing::debug!(error = %e, "transition refused");
-        return false;
-    }
-    let id = lease.id;
-    let t = lease.history.last().copied();
-    let state = lease.state;
-    if let Err(e) = ctx
-        .store
+) -> Result<(), TransitionFailed> {
+    apply_and_persist_at(ctx, lease, event, actor, patch, ctx.now()).await
+}
+
+/// [`apply_and_persist`] for an event that happened at `at` (e.g. a start the renter learns
+/// of from the provider's report).
+pub(crate) async fn apply_and_persist_at(
+    ctx: &Ctx,
+    lease: &mut gridlease_contracts::Lease,
+    event: gridlease_contracts::LeaseEvent,
+    actor: gridlease_contracts::Actor,
+    patch: crate::store::lease::SessionPatch,
+    at: gridlease_protocol::Timestamp,
+) -> Result<(), TransitionFailed> {
+    let mut next = lease.clone();
+    next.apply(event, actor, at)?;
+    let id = next.id;
+    let t = next.history.last().copied();
+    let state = next.state;
+    ctx.store
         .call(move |s| s.lease_transition(&id, t.as_ref(), state, &patch))
-        .await
-    {
-        tracing::error!(error = %e, "cannot persist a lease transition");
-    }
-    true
+        .await?;
+    *lease = next;
+    Ok(())
 }
 
 /// Signs a message with this node's key.
@@ -720,25 +811,47 @@ pub(crate) fn sign<T: gridlease_protocol::WireMessage>(ctx: &Ctx, msg: &T) -> Op
     }
 }
 
+/// A provider lease's store write, finished.
+struct Persisted {
+    stored: Box<StoredLease>,
+    accept: Signed<gridlease_protocol::LeaseAccept>,
+    result: Result<Option<StoredLease>, StoreError>,
+}
+
+/// How a session task ended.
+struct SessionEnd {
+    id: LeaseId,
+    /// Provider: the container is gone (or never existed), so the GPUs are free.
+    released: bool,
+}
+
 struct Actor {
     ctx: Arc<Ctx>,
     cmds: mpsc::Receiver<Cmd>,
-    inbound: mpsc::Receiver<InboundSession>,
-    events: broadcast::Receiver<NetworkEvent>,
+    inbound: mpsc::Receiver<InboundLease>,
     sessions: HashMap<LeaseId, Entry>,
-    tasks: JoinSet<LeaseId>,
+    tasks: JoinSet<SessionEnd>,
+    /// Provider: decisions, GPU holds, nonces.
+    desk: desk::Desk,
+    /// Provider: accepted leases being stored.
+    persists: JoinSet<Persisted>,
+    /// Provider: answers waiting for a lease's store write (the first request and identical
+    /// retries that came meanwhile).
+    waiting: HashMap<LeaseId, Vec<oneshot::Sender<LeaseRpcResponse>>>,
 }
 
 impl Actor {
     async fn run(mut self) {
-        let mut rescan = tokio::time::interval(Duration::from_secs(5));
-        rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
                 () = self.ctx.cancel.cancelled() => break,
+                Some(done) = self.persists.join_next(), if !self.persists.is_empty() => match done {
+                    Ok(p) => self.on_persisted(p),
+                    Err(e) => tracing::error!(error = %e, "lease write task failed"),
+                },
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
-                    Ok(id) => { self.sessions.remove(&id); }
+                    Ok(end) => self.on_session_end(end),
                     Err(e) => tracing::error!(error = %e, "lease session task failed"),
                 },
                 cmd = self.cmds.recv() => match cmd {
@@ -749,36 +862,27 @@ impl Actor {
                     Some(m) => self.on_inbound(m),
                     None => break,
                 },
-                ev = self.events.recv() => match ev {
-                    Ok(NetworkEvent::LeaseAccepted { lease_id, .. }) => {
-                        if let Err(e) = self.spawn_stored(lease_id).await {
-                            tracing::error!(lease = %lease_id, error = %e, "cannot start the lease");
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        if let Err(e) = self.resume_all().await {
-                            tracing::error!(error = %e, "cannot rescan leases");
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
-                _ = rescan.tick() => {
-                    // Backstop for a lost accept event: pick up stored provider leases that
-                    // have no session yet.
-                    if let Err(e) = self.resume_new_provider_leases().await {
-                        tracing::warn!(error = %e, "cannot rescan leases");
-                    }
-                }
             }
         }
         self.tasks.shutdown().await;
     }
 
+    fn on_session_end(&mut self, end: SessionEnd) {
+        self.sessions.remove(&end.id);
+        if end.released {
+            self.desk.release(&end.id);
+        } else if self.desk.holds(&end.id) && !self.ctx.cancel.is_cancelled() {
+            tracing::error!(lease = %end.id, "the lease's container could not be removed: its GPUs stay held until the next start reconciles it");
+        }
+    }
+
     async fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Register(id, reply) => {
-                let _ = reply.send(self.spawn_stored(id).await);
+            Cmd::Register(stored, reply) => {
+                if !self.sessions.contains_key(&stored.lease.id) {
+                    self.spawn(*stored, SessionRecord::default());
+                }
+                let _ = reply.send(());
             }
             Cmd::Views(reply) => {
                 let v = self.sessions.values().map(|e| e.view.borrow().clone());
@@ -797,7 +901,117 @@ impl Actor {
         }
     }
 
-    fn on_inbound(&mut self, m: InboundSession) {
+    fn on_inbound(&mut self, m: InboundLease) {
+        let InboundLease {
+            peer,
+            request,
+            reply,
+        } = m;
+        match request {
+            InboundRequest::Propose(p) => {
+                self.on_propose(&p.signed, &p.verified, p.offer.as_ref(), reply);
+            }
+            InboundRequest::Session(request) => self.on_session(InboundSession {
+                peer,
+                request,
+                reply: SessionReply(reply),
+            }),
+        }
+    }
+
+    /// Provider: decides a request; an accepted lease is stored before it is answered.
+    fn on_propose(
+        &mut self,
+        signed: &Signed<gridlease_protocol::LeaseRequest>,
+        verified: &gridlease_protocol::Verified<gridlease_protocol::LeaseRequest>,
+        offer: Option<&OwnOffer>,
+        reply: oneshot::Sender<LeaseRpcResponse>,
+    ) {
+        let key = self.ctx.client.key();
+        let network = self.ctx.client.network();
+        let now = self.ctx.now();
+        match self.desk.decide(key, network, offer, signed, verified, now) {
+            desk::Decision::Respond(r) => {
+                let _ = reply.send(r);
+            }
+            desk::Decision::Wait { lease_id } => {
+                self.waiting.entry(lease_id).or_default().push(reply);
+            }
+            desk::Decision::Persist { stored, accept } => {
+                self.waiting.entry(stored.lease.id).or_default().push(reply);
+                let store = self.ctx.store.clone();
+                self.persists.spawn(async move {
+                    let row = (*stored).clone();
+                    // An identical lease already stored (a retry after a restart forgot its
+                    // nonce) is answered with its stored acceptance, and not started again.
+                    let result = store
+                        .call(move |s| {
+                            if s.insert_lease(&row)? {
+                                Ok(None)
+                            } else {
+                                s.lease(&row.lease.id)
+                            }
+                        })
+                        .await;
+                    Persisted {
+                        stored,
+                        accept,
+                        result,
+                    }
+                });
+            }
+        }
+    }
+
+    fn on_persisted(&mut self, p: Persisted) {
+        let Persisted {
+            stored,
+            accept,
+            result,
+        } = p;
+        let id = stored.lease.id;
+        let waiters = self.waiting.remove(&id).unwrap_or_default();
+        let now = self.ctx.now();
+        let (key, network) = (self.ctx.client.key(), self.ctx.client.network());
+        let t = &stored.lease.terms;
+        let response = match result {
+            Ok(None) => {
+                self.desk.persisted(&stored, accept.clone());
+                tracing::info!(lease = %id.short(), gpus = stored.gpus.len(), "lease accepted");
+                self.spawn(*stored, SessionRecord::default());
+                LeaseRpcResponse::Accepted(accept)
+            }
+            Ok(Some(existing)) => {
+                // Stored before: its own holds (if live) were restored at start.
+                self.desk.persist_failed(&stored);
+                match existing.accept.clone() {
+                    Some(a) => {
+                        if !existing.lease.state.is_terminal() {
+                            self.desk.restore(&existing);
+                        }
+                        LeaseRpcResponse::Accepted(a)
+                    }
+                    None => {
+                        crate::net::reject(key, network, id, t.nonce, RejectReason::Internal, now)
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(lease = %id, error = %e, "cannot persist lease");
+                self.desk.persist_failed(&stored);
+                let reason = match e {
+                    StoreError::NonceConflict { .. } => RejectReason::DuplicateNonce,
+                    _ => RejectReason::Internal,
+                };
+                crate::net::reject(key, network, id, t.nonce, reason, now)
+            }
+        };
+        for w in waiters {
+            let _ = w.send(response.clone());
+        }
+    }
+
+    fn on_session(&mut self, m: InboundSession) {
         let entry = m.request.lease_hint().and_then(|id| self.sessions.get(&id));
         match entry {
             Some(e) => {
@@ -836,20 +1050,15 @@ impl Actor {
         }
     }
 
-    /// Starts sessions for every live stored lease (at start-up, after reconciliation).
+    /// At start-up: reconciles containers with the live stored leases, holds the GPUs of the
+    /// live provider leases and starts their sessions. Reads live leases only.
     async fn resume_all(&mut self) -> Result<(), LeaseError> {
-        let all = self.ctx.store.call(|s| s.leases(None)).await?;
-        let live: Vec<StoredLease> = all
-            .into_iter()
-            .filter(|l| !l.lease.state.is_terminal() && !self.sessions.contains_key(&l.lease.id))
-            .collect();
-        if let Some(sb) = &self.ctx.sandbox
-            && self.sessions.is_empty()
-        {
+        let live = self.ctx.store.call(|s| s.live_leases()).await?;
+        if let Some(sb) = &self.ctx.sandbox {
             let keep: std::collections::BTreeSet<LeaseId> = live
                 .iter()
-                .filter(|l| l.role == Role::Provider)
-                .map(|l| l.lease.id)
+                .filter(|(l, _)| l.role == Role::Provider)
+                .map(|(l, _)| l.lease.id)
                 .collect();
             match sb.reconcile(&self.ctx.node_id, &keep).await {
                 Ok(r) => tracing::info!(
@@ -861,42 +1070,15 @@ impl Actor {
                 Err(e) => tracing::warn!(error = %e, "container reconciliation failed"),
             }
         }
-        for l in live {
-            self.spawn(l).await?;
+        for (l, rec) in live {
+            self.desk.restore(&l);
+            self.spawn(l, rec);
         }
         Ok(())
     }
 
-    async fn resume_new_provider_leases(&mut self) -> Result<(), LeaseError> {
-        let all = self
-            .ctx
-            .store
-            .call(|s| s.leases(Some(Role::Provider)))
-            .await?;
-        for l in all {
-            if l.lease.state == gridlease_contracts::LeaseState::Accepted
-                && !self.sessions.contains_key(&l.lease.id)
-            {
-                self.spawn(l).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn spawn_stored(&mut self, id: LeaseId) -> Result<(), LeaseError> {
-        if self.sessions.contains_key(&id) {
-            return Ok(());
-        }
-        let l = self.ctx.stored_lease(id).await?;
-        if l.lease.state.is_terminal() {
-            return Ok(());
-        }
-        self.spawn(l).await
-    }
-
-    async fn spawn(&mut self, l: StoredLease) -> Result<(), LeaseError> {
+    fn spawn(&mut self, l: StoredLease, rec: SessionRecord) {
         let id = l.lease.id;
-        let rec = self.ctx.store.call(move |s| s.session_record(&id)).await?;
         let (inbox_tx, inbox) = mpsc::channel(SESSION_QUEUE);
         let initial = view::from_store(self.ctx.client.network(), &l, &rec);
         let (view_tx, view_rx) = watch::channel(initial);
@@ -904,11 +1086,14 @@ impl Actor {
         let role = l.role;
         let span = tracing::info_span!("lease", lease = %id.short(), role = ?role);
         let fut = async move {
-            match role {
+            let released = match role {
                 Role::Provider => provider::run(ctx, l, rec, inbox, view_tx).await,
-                Role::Renter => renter::run(ctx, l, rec, inbox, view_tx).await,
-            }
-            id
+                Role::Renter => {
+                    renter::run(ctx, l, rec, inbox, view_tx).await;
+                    true
+                }
+            };
+            SessionEnd { id, released }
         };
         self.tasks.spawn(tracing::Instrument::instrument(fut, span));
         self.sessions.insert(
@@ -918,7 +1103,6 @@ impl Actor {
                 view: view_rx,
             },
         );
-        Ok(())
     }
 }
 

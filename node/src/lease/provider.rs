@@ -7,8 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bollard::query_parameters::StatsOptionsBuilder;
-use futures::StreamExt;
 use gridlease_contracts::{
     Actor, Decision, Lease, LeaseEvent, LeaseState, Money, ProviderChannel, Tariff,
 };
@@ -16,14 +14,13 @@ use gridlease_protocol::{
     CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey, Signed, Timestamp,
     UsageReport,
 };
-use gridlease_sandbox::meter::{Meter, StatsSample, Usage, sample_gpus, to_usage_report};
-use gridlease_sandbox::{ExitInfo, Sandbox, SandboxSpec};
+use gridlease_sandbox::meter::{Cut, Meter, MeterControl, Usage, meter_run, to_usage_report};
+use gridlease_sandbox::{Sandbox, SandboxSpec};
 use tokio::sync::{mpsc, watch};
 
 use super::view::{self, LeaseView};
 use super::wire::{LogChunk, SessionRequest, SessionResponse};
 use super::{Ctx, MAX_LOG_BYTES, SessionMsg, session_rpc, sign};
-use crate::clock;
 use crate::store::lease::{SessionPatch, SessionRecord};
 use crate::store::{Role, StoredLease};
 
@@ -43,7 +40,10 @@ struct Session {
     seq: u64,
     last_report: Option<UsageReport>,
     exit_code: Option<i32>,
+    /// The container, while it exists.
     container: Option<String>,
+    /// The leased GPUs (UUID digests), as accepted.
+    gpus: Vec<gridlease_protocol::Digest>,
     view: watch::Sender<LeaseView>,
 }
 
@@ -60,10 +60,18 @@ impl Session {
         self.view.send_replace(v);
     }
 
-    /// Applies a transition and persists it with `patch`.
-    async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) {
-        if super::apply_and_persist(&self.ctx, &mut self.lease, event, actor, patch).await {
-            self.publish();
+    /// Persist before act: stores the transition with `patch`, then applies it. Returns
+    /// false (and logs why) when it did not happen; the caller must not act on it.
+    async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) -> bool {
+        match super::apply_and_persist(&self.ctx, &mut self.lease, event, actor, patch).await {
+            Ok(()) => {
+                self.publish();
+                true
+            }
+            Err(e) => {
+                tracing::error!(?event, error = %e, "lease transition did not happen");
+                false
+            }
         }
     }
 
@@ -75,7 +83,7 @@ impl Session {
             tracing::warn!("receipt signature does not verify");
             return false;
         };
-        let now = clock::now();
+        let now = self.ctx.now();
         let before = self.channel.clone();
         match self.channel.accept_receipt(&v.signer, &v.message, now) {
             Ok(delta) => {
@@ -196,7 +204,7 @@ impl Session {
                 }
             }
             Ok(SessionResponse::NothingDue) => {
-                self.channel.heard_from_renter(clock::now());
+                self.channel.heard_from_renter(self.ctx.now());
                 None
             }
             Ok(SessionResponse::Refused { reason, detail }) => {
@@ -215,19 +223,25 @@ impl Session {
     }
 }
 
-/// Runs a provider lease to settlement (or resumes one after a restart).
+/// Runs a provider lease to settlement (or resumes one after a restart). Returns whether
+/// the lease's GPUs are free: its container is gone (removed, or never created). A node that
+/// is shutting down leaves the container running for the restart to resume: `false`.
 pub(crate) async fn run(
     ctx: Arc<Ctx>,
     stored: StoredLease,
     rec: SessionRecord,
     mut inbox: mpsc::Receiver<SessionMsg>,
     view_tx: watch::Sender<LeaseView>,
-) {
+) -> bool {
+    if ctx.config.faults.hold_sessions {
+        ctx.cancel.cancelled().await;
+        return false;
+    }
     let mut lease = stored.lease.clone();
     view::restore_lease(&mut lease, &rec);
     let terms = lease.terms.clone();
     let renter = terms.renter;
-    let started_hint = lease.started_at.unwrap_or_else(clock::now);
+    let started_hint = lease.started_at.unwrap_or_else(|| ctx.now());
     let last_receipt = rec
         .last_receipt
         .as_ref()
@@ -239,7 +253,7 @@ pub(crate) async fn run(
         .and_then(|(_, b)| view::decode_usage(b))
         .map(|(_, u)| u);
     let channel =
-        ProviderChannel::new(lease.id, &terms, started_hint).restore(last_receipt, clock::now());
+        ProviderChannel::new(lease.id, &terms, started_hint).restore(last_receipt, ctx.now());
     let mut s = Session {
         renter_peer: renter.peer_id().ok(),
         ctx: ctx.clone(),
@@ -250,6 +264,7 @@ pub(crate) async fn run(
         last_report,
         exit_code: rec.fields.exit_code,
         container: rec.fields.container_id.clone(),
+        gpus: stored.gpus.clone(),
         view: view_tx,
     };
     s.publish();
@@ -285,33 +300,42 @@ pub(crate) async fn run(
     if let Some(ended) = ended {
         wrap_up(&mut s, ended, &mut inbox).await;
     }
+    !ctx.cancel.is_cancelled() && s.container.is_none()
 }
 
-/// Ensure image, create and start the container. Persists before create (Starting) and after
-/// start (Running, with the start time: the lease clock's zero).
+/// Ensure image, create and start the container. Persist before act: `Starting` is stored
+/// before anything is pulled or created, the container id before the container is started,
+/// `Running` (with the start time: the lease clock's zero) right after; a write that fails
+/// stops the start, and a container already created is removed.
 async fn start(s: &mut Session) -> Result<(), CloseReason> {
     let ctx = s.ctx.clone();
     let Some(sb) = ctx.sandbox.clone() else {
         tracing::error!("no Docker: cannot start the container");
         return Err(CloseReason::StartFailed);
     };
-    if s.lease.state == LeaseState::Accepted {
-        s.transition(
-            LeaseEvent::BeginStart,
-            Actor::Provider,
-            SessionPatch::default(),
-        )
-        .await;
+    if s.lease.state == LeaseState::Accepted
+        && !s
+            .transition(
+                LeaseEvent::BeginStart,
+                Actor::Provider,
+                SessionPatch::default(),
+            )
+            .await
+    {
+        return Err(CloseReason::StartFailed);
+    }
+    if let Some(d) = ctx.config.faults.slow_start {
+        tokio::time::sleep(d).await;
     }
     let terms = s.lease.terms.clone();
     sb.ensure_image(&terms.image, |_| {}).await.map_err(|e| {
         tracing::warn!(error = %e, image = %terms.image, "image not available");
         CloseReason::StartFailed
     })?;
-    let uuids: Vec<String> = stored_gpus(&ctx, s).await;
+    let uuids = leased_uuids(&ctx, &s.gpus);
     // The deadline counts from now at the latest; the watcher uses the real start below.
-    let expires = clock::now().plus_secs(u64::from(terms.duration_s));
-    let spec = SandboxSpec::from_terms(
+    let expires = ctx.now().plus_secs(u64::from(terms.duration_s));
+    let mut spec = SandboxSpec::from_terms(
         s.lease.id,
         &terms,
         &ctx.node_id,
@@ -321,7 +345,6 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
     );
     // Docker refuses a CPU quota above the host's CPUs; an offer that promises more than the
     // host has is capped here (with a warning) rather than failing the lease.
-    let mut spec = spec;
     let host_millicores = std::thread::available_parallelism()
         .map(|n| {
             u32::try_from(n.get())
@@ -344,53 +367,75 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
         tracing::warn!(error = %e, "cannot create the container");
         CloseReason::StartFailed
     })?;
+    s.container = Some(id.clone());
     let patch = SessionPatch {
         container_id: Some(id.clone()),
         ..SessionPatch::default()
     };
-    let lid = s.lease.id;
-    let state = s.lease.state;
-    let _ = ctx
+    let (lid, state) = (s.lease.id, s.lease.state);
+    if let Err(e) = ctx
         .store
         .call(move |st| st.lease_transition(&lid, None, state, &patch))
-        .await;
-    s.container = Some(id.clone());
-    sb.start(&id).await.map_err(|e| {
+        .await
+    {
+        tracing::error!(error = %e, "cannot store the container id; not starting it");
+        remove_container(s).await;
+        return Err(CloseReason::StartFailed);
+    }
+    if let Err(e) = sb.start(&id).await {
         tracing::warn!(error = %e, "cannot start the container");
-        CloseReason::StartFailed
-    })?;
-    let now = clock::now();
+        remove_container(s).await;
+        return Err(CloseReason::StartFailed);
+    }
+    let now = ctx.now();
     s.channel = ProviderChannel::new(s.lease.id, &terms, now);
-    s.transition(
-        LeaseEvent::Started,
-        Actor::Provider,
-        SessionPatch {
-            started_at: Some(now),
-            ..SessionPatch::default()
-        },
-    )
-    .await;
+    let running = s
+        .transition(
+            LeaseEvent::Started,
+            Actor::Provider,
+            SessionPatch {
+                started_at: Some(now),
+                ..SessionPatch::default()
+            },
+        )
+        .await;
+    if !running {
+        // Not recorded as running: it must not run (or be billed) unrecorded.
+        remove_container(s).await;
+        return Err(CloseReason::StartFailed);
+    }
     tracing::info!(container = %id, "lease running");
     Ok(())
 }
 
+/// Stops and removes the lease's container; `s.container` is cleared once it is gone.
+async fn remove_container(s: &mut Session) {
+    let (Some(sb), Some(cid)) = (s.ctx.sandbox.clone(), s.container.clone()) else {
+        return;
+    };
+    match sb.remove(&cid).await {
+        Ok(()) => s.container = None,
+        Err(e) => {
+            // Gone already is gone.
+            if sb.inspect(&cid).await.is_err() {
+                s.container = None;
+            } else {
+                tracing::warn!(error = %e, "cannot remove the container");
+            }
+        }
+    }
+}
+
 /// Real NVML UUIDs of the lease's GPUs (none for declared dev GPUs).
-async fn stored_gpus(ctx: &Ctx, s: &Session) -> Vec<String> {
-    let id = s.lease.id;
-    let gpus = ctx
-        .store
-        .call(move |st| st.lease(&id))
-        .await
-        .ok()
-        .flatten()
-        .map(|l| l.gpus)
-        .unwrap_or_default();
+fn leased_uuids(ctx: &Ctx, gpus: &[gridlease_protocol::Digest]) -> Vec<String> {
     gpus.iter()
         .filter_map(|d| ctx.config.gpu_uuids.get(d).cloned())
         .collect()
 }
 
 /// Meters the running container and exchanges reports and receipts until the run ends.
+/// Metering is `sandbox::meter::meter_run` in its own task; each report closes an interval
+/// through its control channel.
 async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Ended {
     let ctx = s.ctx.clone();
     let (Some(sb), Some(cid)) = (ctx.sandbox.clone(), s.container.clone()) else {
@@ -401,31 +446,55 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     };
     let terms = s.lease.terms.clone();
     let deadline = started.plus_secs(u64::from(terms.duration_s));
-    let mut meter = Meter::new(started, u32::from(terms.gpu_count));
     let gpu_uuids = if ctx.config.gpu_sampler.is_some() {
-        stored_gpus(&ctx, s).await
+        leased_uuids(&ctx, &s.gpus)
     } else {
         Vec::new()
     };
-    let opts = StatsOptionsBuilder::default()
-        .stream(true)
-        .one_shot(false)
-        .build();
-    let mut stats = sb.docker().stats(&cid, Some(opts));
-    let mut stats_done = false;
-    let wait = sb.wait(&cid);
-    tokio::pin!(wait);
+    let (cut_tx, cuts) = mpsc::channel(4);
+    let clock = ctx.config.clock.clone();
+    let mut control = MeterControl {
+        cuts,
+        now: Arc::new(move || clock.now()),
+    };
+    let mut metering: tokio::task::JoinSet<_> = tokio::task::JoinSet::new();
+    {
+        let (sb, cid) = (sb.clone(), cid.clone());
+        let sampler = ctx.config.gpu_sampler.clone();
+        let gpus = u32::from(terms.gpu_count);
+        metering.spawn(async move {
+            let mut meter = Meter::new(started, gpus);
+            let r = meter_run(
+                &sb,
+                &cid,
+                &mut meter,
+                &gpu_uuids,
+                sampler.as_ref().map(|g| g.0.as_ref()),
+                &mut control,
+            )
+            .await;
+            (meter, r)
+        });
+    }
+    let cut = |at: Timestamp| {
+        let tx = cut_tx.clone();
+        async move {
+            let (reply, rx) = tokio::sync::oneshot::channel();
+            tx.send(Cut { at, reply }).await.ok()?;
+            rx.await.ok()
+        }
+    };
     let period = Duration::from_secs(u64::from(terms.usage_interval_s.max(1)));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let until_deadline = Duration::from_millis(deadline.ms_since(clock::now()));
+    let until_deadline = Duration::from_millis(deadline.ms_since(ctx.now()));
     let expiry = tokio::time::sleep(until_deadline);
     tokio::pin!(expiry);
     // At most one report in flight: a slow renter delays the next report, never the loop.
     let mut inflight: tokio::task::JoinSet<Result<SessionResponse, String>> =
         tokio::task::JoinSet::new();
-    let mut iv_start = clock::now().max(started);
-    let mut samples = 0usize;
+    let mut iv_start = ctx.now().max(started);
+    let mut finished = None;
     let ended = loop {
         tokio::select! {
             biased;
@@ -433,11 +502,8 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
                 // Node shutting down: leave the container running; the restart resumes it.
                 return Ended::Stop(CloseReason::ProviderStop);
             }
-            exit = &mut wait => {
-                match exit {
-                    Ok(x) => s.exit_code = Some(i32::try_from(x.exit_code).unwrap_or(-1)),
-                    Err(e) => tracing::warn!(error = %e, "wait failed"),
-                }
+            done = metering.join_next(), if finished.is_none() => {
+                finished = done;
                 break Ended::Exited;
             }
             () = &mut expiry => break Ended::Stop(CloseReason::Expired),
@@ -452,27 +518,15 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
                     break Ended::Stop(reason);
                 }
             }
-            item = stats.next(), if !stats_done => {
-                match item {
-                    Some(Ok(resp)) => match StatsSample::from_docker(clock::now(), &resp) {
-                        Some(x) => {
-                            meter.on_stats(x);
-                            samples += 1;
-                            if let Some(sampler) = &ctx.config.gpu_sampler
-                                && !gpu_uuids.is_empty()
-                            {
-                                meter.on_gpu(&sample_gpus(&gpu_uuids, sampler.0.as_ref()));
-                            }
-                        }
-                        None if samples > 0 => stats_done = true,
-                        None => {}
-                    },
-                    _ => stats_done = true,
-                }
-            }
             _ = tick.tick() => {
-                let now = clock::now();
-                let (interval, totals) = meter.cut(now);
+                let now = ctx.now();
+                if now >= deadline {
+                    break Ended::Stop(CloseReason::Expired);
+                }
+                let Some((interval, totals)) = cut(now).await else {
+                    // The meter ended (container exited): the next turn collects it.
+                    continue;
+                };
                 if inflight.is_empty() {
                     if let Some(signed) = s.report(iv_start, now, &totals, &interval, None).await
                         && let Some(peer) = s.renter_peer
@@ -501,20 +555,52 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     {
         let _ = s.on_answer(answer).await;
     }
-    drop(stats);
     if let Ended::Stop(_) = ended {
         // Stop the container: SIGTERM now, SIGKILL after the grace.
         let g = ctx.config.stop_grace;
-        let at = clock::now().plus_ms(u64::try_from(g.as_millis()).unwrap_or(2000));
+        let at = ctx
+            .now()
+            .plus_ms(u64::try_from(g.as_millis()).unwrap_or(2000));
         if let Err(e) = sb.enforce_deadline(&cid, at, g).await {
             tracing::warn!(error = %e, "stopping the container failed");
         }
     }
-    let exit: Option<ExitInfo> = sb.exit_info(&cid).await.ok();
-    if let Some(x) = &exit {
-        s.exit_code = Some(i32::try_from(x.exit_code).unwrap_or(-1));
-    }
-    let totals = meter.finish(clock::now(), exit.as_ref().and_then(|x| x.run_ms));
+    // The meter ends with the container; its totals use the daemon's run time.
+    let finished = match finished {
+        Some(f) => Some(f),
+        None => tokio::time::timeout(ctx.config.rpc_timeout, metering.join_next())
+            .await
+            .ok()
+            .flatten(),
+    };
+    let (totals, samples) = match finished {
+        Some(Ok((_, Ok((exit, totals, n))))) => {
+            s.exit_code = Some(i32::try_from(exit.exit_code).unwrap_or(-1));
+            (totals, n)
+        }
+        Some(Ok((mut meter, Err(e)))) => {
+            tracing::warn!(error = %e, "metering ended with an error");
+            let exit = sb.exit_info(&cid).await.ok();
+            if let Some(x) = &exit {
+                s.exit_code = Some(i32::try_from(x.exit_code).unwrap_or(-1));
+            }
+            (meter.finish(ctx.now(), exit.and_then(|x| x.run_ms)), 0)
+        }
+        _ => {
+            tracing::error!("the meter did not finish; reporting the last totals");
+            let last = s.last_report.as_ref();
+            let wall = last.map_or(0, |r| r.wall_ms);
+            (
+                Usage {
+                    wall_ms: wall,
+                    gpu_ms: last.map_or(0, |r| r.gpu_ms),
+                    cpu_ms: last.map_or(0, |r| r.cpu_ms),
+                    ..Usage::default()
+                },
+                0,
+            )
+        }
+    };
     tracing::info!(
         wall_ms = totals.wall_ms,
         cpu_ms = totals.cpu_ms,
@@ -528,7 +614,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
         ended,
         Ended::Stop(CloseReason::RenterUnreachable | CloseReason::BadReceipt)
     );
-    let now = clock::now();
+    let now = ctx.now();
     if let Some(signed) = s
         .report(
             iv_start,
@@ -570,7 +656,7 @@ async fn on_msg(s: &mut Session, sb: &Sandbox, cid: &str, msg: SessionMsg) -> Op
                     let net = s.ctx.client.network().clone();
                     match signed.verify(&net) {
                         Ok(v) if v.signer == s.renter && v.message.lease_id == s.lease.id => {
-                            s.channel.heard_from_renter(clock::now());
+                            s.channel.heard_from_renter(s.ctx.now());
                             let _ = m.reply.send(SessionResponse::Closed { last_receipt: None });
                             Some(v.message.reason)
                         }
@@ -605,7 +691,7 @@ async fn wrap_up(s: &mut Session, ended: Ended, inbox: &mut mpsc::Receiver<Sessi
 /// the last valid receipt, removes the container and frees the GPUs.
 async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receiver<SessionMsg>) {
     let ctx = s.ctx.clone();
-    let now = clock::now();
+    let now = ctx.now();
     if s.lease.state.can_close() {
         let patch = SessionPatch {
             closed_at: Some(now),
@@ -640,17 +726,13 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
             Err(e) => tracing::debug!(error = %e, "close not delivered"),
         }
     }
-    if let (Some(sb), Some(cid)) = (&ctx.sandbox, &s.container) {
-        if !ctx.log_path(&s.lease.id).exists() {
-            save_logs(&ctx, sb, cid, s.lease.id).await;
-        }
-        if let Err(e) = sb.remove(cid).await {
-            tracing::warn!(error = %e, "cannot remove the container");
-        }
+    if let (Some(sb), Some(cid)) = (&ctx.sandbox, &s.container)
+        && !ctx.log_path(&s.lease.id).exists()
+    {
+        save_logs(&ctx, sb, cid, s.lease.id).await;
     }
-    if let Err(e) = ctx.client.release_lease(s.lease.id).await {
-        tracing::warn!(error = %e, "cannot release the GPUs");
-    }
+    // The GPUs are free once this is gone (the service releases them when the session ends).
+    remove_container(s).await;
     let total = s.channel.paid();
     if s.lease.state.can_settle() {
         let patch = SessionPatch {

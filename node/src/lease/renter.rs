@@ -14,9 +14,8 @@ use gridlease_protocol::{
 use tokio::sync::{mpsc, watch};
 
 use super::view::{self, LeaseView};
-use super::wire::{InboundSession, SessionRequest, SessionResponse, detail};
-use super::{Ctx, SessionMsg, session_rpc, sign};
-use crate::clock;
+use super::wire::{SessionRequest, SessionResponse, detail};
+use super::{Ctx, InboundSession, SessionMsg, session_rpc, sign};
 use crate::store::lease::{SessionPatch, SessionRecord};
 use crate::store::{Role, StoredLease};
 
@@ -49,16 +48,64 @@ impl Session {
         self.view.send_replace(v);
     }
 
-    async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) {
-        if super::apply_and_persist(&self.ctx, &mut self.lease, event, actor, patch).await {
-            self.publish();
+    /// Persist before act: stores the transition with `patch`, then applies it. Returns
+    /// false (and logs why) when it did not happen.
+    async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) -> bool {
+        match super::apply_and_persist(&self.ctx, &mut self.lease, event, actor, patch).await {
+            Ok(()) => {
+                self.publish();
+                true
+            }
+            Err(e) => {
+                tracing::error!(?event, error = %e, "lease transition did not happen");
+                false
+            }
+        }
+    }
+
+    /// The provider's first usage report shows its container running: record the start (as
+    /// the provider's events; the start time is the report's end minus the wall time it
+    /// claims), so this node's view says `running` with the time left.
+    async fn note_running(&mut self, u: &UsageReport) {
+        let started = Timestamp(u.interval_end.0.saturating_sub(u.wall_ms));
+        if self.lease.state == gridlease_contracts::LeaseState::Accepted
+            && !self
+                .transition(
+                    LeaseEvent::BeginStart,
+                    Actor::Provider,
+                    SessionPatch::default(),
+                )
+                .await
+        {
+            return;
+        }
+        if self.lease.state == gridlease_contracts::LeaseState::Starting {
+            let patch = SessionPatch {
+                started_at: Some(started),
+                ..SessionPatch::default()
+            };
+            let ctx = self.ctx.clone();
+            let event = LeaseEvent::Started;
+            match super::apply_and_persist_at(
+                &ctx,
+                &mut self.lease,
+                event,
+                Actor::Provider,
+                patch,
+                started,
+            )
+            .await
+            {
+                Ok(()) => self.publish(),
+                Err(e) => tracing::error!(error = %e, "the lease's start was not recorded"),
+            }
         }
     }
 
     async fn close(&mut self, reason: CloseReason, actor: Actor) {
         if self.lease.state.can_close() {
             let patch = SessionPatch {
-                closed_at: Some(clock::now()),
+                closed_at: Some(self.ctx.now()),
                 close_reason: Some(reason),
                 exit_code: self.exit_code,
                 ..SessionPatch::default()
@@ -73,7 +120,7 @@ impl Session {
         let msg = LeaseClose {
             lease_id: self.lease.id,
             reason,
-            at: clock::now(),
+            at: self.ctx.now(),
             exit_code: None,
         };
         if let (Some(signed), Some(peer)) = (sign(&self.ctx, &msg), self.provider_peer) {
@@ -112,7 +159,7 @@ impl Session {
                 let r = PaymentReceipt {
                     seq: last.seq + 1,
                     total_paid: last.total_paid.saturating_sub(1),
-                    issued_at: clock::now(),
+                    issued_at: self.ctx.now(),
                     ..last
                 };
                 sign(&self.ctx, &r).map(SessionResponse::Receipt)
@@ -137,11 +184,12 @@ impl Session {
                 return (r, Some(CloseReason::ImplausibleUsage));
             }
         };
-        let now = clock::now();
+        let now = self.ctx.now();
         if let Some(bad) = self.fault() {
             return (bad, None);
         }
         let elapsed = now.ms_since(seen_at);
+        self.note_running(&v.message).await;
         let before = self.channel.clone();
         match self.channel.on_usage(&v.message, &v.signer, elapsed, now) {
             Ok(Some(receipt)) => {
@@ -252,10 +300,10 @@ pub(crate) async fn run(
     let seen_at = stored.created_at;
     let interval_ms = u64::from(terms.usage_interval_s) * 1000;
     let start_ms = u64::try_from(ctx.config.start_allowance.as_millis()).unwrap_or(u64::MAX);
-    let mut last_heard = clock::now();
+    let mut last_heard = ctx.now();
     let mut heard_any = s.channel.last_usage().is_some();
     let mut closing_since =
-        (s.lease.state == gridlease_contracts::LeaseState::Closing).then(clock::now);
+        (s.lease.state == gridlease_contracts::LeaseState::Closing).then(|| ctx.now());
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -268,7 +316,7 @@ pub(crate) async fn run(
                     if s.lease.state.can_close() {
                         s.close(CloseReason::RenterStop, Actor::Renter).await;
                         s.send_close(CloseReason::RenterStop);
-                        closing_since = Some(clock::now());
+                        closing_since = Some(ctx.now());
                     }
                     let _ = done.send(());
                 }
@@ -285,7 +333,7 @@ pub(crate) async fn run(
                         SessionRequest::Usage(signed) => {
                             let (answer, end) = s.on_usage(signed, seen_at).await;
                             let _ = reply.send(answer);
-                            last_heard = clock::now();
+                            last_heard = ctx.now();
                             heard_any = true;
                             if let Some(reason) = end {
                                 s.send_close(reason);
@@ -319,7 +367,7 @@ pub(crate) async fn run(
                 }
             },
             _ = tick.tick() => {
-                let now = clock::now();
+                let now = ctx.now();
                 if let Some(since) = closing_since {
                     // Waiting for the provider's close after ours: bounded.
                     let wait = u64::try_from(

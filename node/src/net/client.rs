@@ -74,11 +74,7 @@ pub(crate) enum Command {
         rpc: LeaseRpc,
         reply: oneshot::Sender<Result<LeaseRpcResponse, String>>,
     },
-    SetSessionHandler(
-        mpsc::Sender<crate::lease::wire::InboundSession>,
-        oneshot::Sender<()>,
-    ),
-    ReleaseLease(LeaseId, oneshot::Sender<()>),
+    SetLeaseHandler(mpsc::Sender<super::InboundLease>, oneshot::Sender<()>),
 }
 
 /// Why a negotiation failed (a rejection is not a failure: see [`NegotiationOutcome`]).
@@ -126,6 +122,8 @@ pub enum NegotiationOutcome {
         request: Signed<LeaseRequest>,
         /// The provider's signed acceptance.
         accept: Signed<LeaseAccept>,
+        /// The lease as this node stored it (its session starts from it).
+        stored: Box<StoredLease>,
     },
     /// The provider refused.
     Rejected {
@@ -305,17 +303,13 @@ impl Client {
         .map_err(|detail| NegotiationError::Network { peer, detail })
     }
 
-    /// Routes inbound lease-session requests to `tx` (the lease service).
-    pub async fn set_session_handler(
+    /// Routes inbound lease-stream requests (proposals and sessions) to `tx`, the lease
+    /// service. Until one is registered, proposals are refused and sessions answered `Busy`.
+    pub async fn set_lease_handler(
         &self,
-        tx: mpsc::Sender<crate::lease::wire::InboundSession>,
+        tx: mpsc::Sender<super::InboundLease>,
     ) -> Result<(), NegotiationError> {
-        self.ask(|r| Command::SetSessionHandler(tx, r)).await
-    }
-
-    /// Provider: the lease no longer holds its GPUs (it ended before its deadline).
-    pub async fn release_lease(&self, lease_id: LeaseId) -> Result<(), NegotiationError> {
-        self.ask(|r| Command::ReleaseLease(lease_id, r)).await
+        self.ask(|r| Command::SetLeaseHandler(tx, r)).await
     }
 
     /// The renter's negotiation: signs `terms` as a request valid until `expires_at`, sends it
@@ -371,11 +365,13 @@ impl Client {
                     gpus: v.message.gpus.clone(),
                     created_at: now,
                 };
-                self.store.call(move |s| s.insert_lease(&stored)).await?;
+                let row = stored.clone();
+                self.store.call(move |s| s.insert_lease(&row)).await?;
                 Ok(NegotiationOutcome::Accepted {
                     lease_id,
                     request,
                     accept,
+                    stored: Box::new(stored),
                 })
             }
             LeaseRpcResponse::Rejected(reject) => {

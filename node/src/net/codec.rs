@@ -10,40 +10,14 @@ use std::io;
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use gridlease_protocol::codec::{self, check_frame_header, frame_header};
-use gridlease_protocol::envelope::ENVELOPE_OVERHEAD;
-use gridlease_protocol::{
-    LeaseAccept, LeaseReject, LeaseRequest, MAX_LEASE_ACCEPT_BYTES, MAX_LEASE_REQUEST_BYTES, Signed,
-};
 use libp2p::StreamProtocol;
-use serde::{Deserialize, Serialize};
 
 /// The protocol name of the lease stream.
 pub const LEASE_PROTOCOL: StreamProtocol = StreamProtocol::new("/gridlease/lease/1");
 
-/// Cap on a request frame body: the largest request envelope plus the enum tag.
-pub const MAX_REQUEST_FRAME: usize = MAX_LEASE_REQUEST_BYTES + ENVELOPE_OVERHEAD + 16;
-/// Cap on a response frame body: the largest response envelope plus the enum tag.
-pub const MAX_RESPONSE_FRAME: usize = MAX_LEASE_ACCEPT_BYTES + ENVELOPE_OVERHEAD + 16;
-
-/// What a renter sends to a provider (and, for lease sessions, either side to the other).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum LeaseRpc {
-    /// A signed lease request.
-    Propose(Signed<LeaseRequest>),
-    /// A message of a running lease (usage, close, logs); handled by the lease service.
-    Session(crate::lease::wire::SessionRequest),
-}
-
-/// What the provider answers.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum LeaseRpcResponse {
-    /// The provider's signature over the requested terms.
-    Accepted(Signed<LeaseAccept>),
-    /// A signed refusal with a reason.
-    Rejected(Signed<LeaseReject>),
-    /// The answer to a [`LeaseRpc::Session`] request.
-    Session(crate::lease::wire::SessionResponse),
-}
+pub use gridlease_protocol::session::{
+    LeaseRpc, LeaseRpcResponse, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
+};
 
 /// The length-prefixed bincode codec for [`LeaseRpc`] / [`LeaseRpcResponse`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -163,7 +137,7 @@ mod tests {
     #[tokio::test]
     async fn a_signed_request_round_trips_through_the_codec() {
         use gridlease_protocol::fixtures::{self, T0};
-        use gridlease_protocol::{Digest, LeaseRequest, NetworkId, NodeKey, OfferId};
+        use gridlease_protocol::{Digest, LeaseRequest, NetworkId, NodeKey, OfferId, Signed};
         use libp2p::request_response::Codec as _;
         let p = NodeKey::from_secret([1; 32]);
         let r = NodeKey::from_secret([2; 32]);

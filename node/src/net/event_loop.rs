@@ -25,11 +25,13 @@ use super::behaviour::{Behaviour, BehaviourEvent};
 use super::client::{Command, GossipStats, ReplacedOffer};
 use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::gossip::{self, OfferIgnore, Verdict};
-use super::provider::{self, Decision, OwnOffer, ProviderState};
+use super::provider::{self, OwnOffer, ProviderState};
 use super::ratelimit::RateLimiter;
 use super::{BuildError, NetworkEvent, NodeConfig};
+use super::{InboundLease, InboundRequest, Proposal};
 use crate::clock;
-use crate::store::{StoreError, StoreHandle};
+use crate::store::StoreHandle;
+use gridlease_protocol::session::SessionResponse;
 
 /// Most offers buffered for the next store flush.
 const OFFER_FLUSH_MAX: usize = 1024;
@@ -74,26 +76,20 @@ pub(super) fn build_swarm(
 /// Work finished off the loop that needs the swarm to complete.
 #[derive(Debug)]
 enum Internal {
-    /// A provider lease was committed (or failed to be).
-    LeasePersisted {
-        renter: PublicKey,
-        nonce: u64,
-        lease_id: LeaseId,
-        accept: Signed<gridlease_protocol::LeaseAccept>,
-        result: Result<(), StoreError>,
-    },
-    /// The lease service answered a forwarded session request.
-    SessionAnswered {
+    /// The lease service answered a forwarded lease-stream request.
+    LeaseAnswered {
+        peer: PeerId,
         channel: ResponseChannel<LeaseRpcResponse>,
-        response: crate::lease::wire::SessionResponse,
+        response: LeaseRpcResponse,
     },
 }
 
 /// Most ids answered for an id prefix: two are enough to call it ambiguous.
 const MAX_PREFIX_MATCHES: usize = 2;
 
-/// Most session requests awaiting the lease service at once; more are answered `Busy`.
-const MAX_SESSION_IN_FLIGHT: usize = 1024;
+/// Most lease-stream requests awaiting the lease service at once; more are answered `Busy`
+/// (sessions) or refused (proposals).
+const MAX_LEASE_IN_FLIGHT: usize = 1024;
 
 pub(super) struct EventLoop {
     swarm: Swarm<Behaviour>,
@@ -109,7 +105,7 @@ pub(super) struct EventLoop {
     verdicts: GossipStats,
     provider: ProviderState,
     commands: mpsc::Receiver<Command>,
-    /// Lease writes in flight; each yields the completion to answer the renter with.
+    /// Lease-stream requests forwarded to the lease service; each yields the answer.
     tasks: JoinSet<Internal>,
     events: broadcast::Sender<NetworkEvent>,
     cancel: CancellationToken,
@@ -118,15 +114,13 @@ pub(super) struct EventLoop {
     listen_addrs: Vec<Multiaddr>,
     listen_waiters: Vec<oneshot::Sender<Vec<Multiaddr>>>,
     pending_rpcs: HashMap<OutboundRequestId, oneshot::Sender<Result<LeaseRpcResponse, String>>>,
-    /// Inbound requests waiting for a lease write, by lease id.
-    waiting: HashMap<LeaseId, Vec<ResponseChannel<LeaseRpcResponse>>>,
     unflushed: Vec<(OfferId, Signed<Offer>, Offer, Timestamp)>,
     /// When each held offer was last accepted from gossip (bounded by the book: swept with it).
     last_accepted: HashMap<OfferId, Timestamp>,
     /// Relays we asked for a reservation (at most [`MAX_RELAYS`]).
     relays: Vec<PeerId>,
-    /// Where inbound lease-session requests go (the lease service), once registered.
-    session_tx: Option<mpsc::Sender<crate::lease::wire::InboundSession>>,
+    /// Where inbound lease-stream requests go (the lease service), once registered.
+    lease_handler: Option<mpsc::Sender<InboundLease>>,
 }
 
 impl EventLoop {
@@ -161,11 +155,10 @@ impl EventLoop {
             listen_addrs: Vec::new(),
             listen_waiters: Vec::new(),
             pending_rpcs: HashMap::new(),
-            waiting: HashMap::new(),
             unflushed: Vec::new(),
             last_accepted: HashMap::new(),
             relays: Vec::new(),
-            session_tx: None,
+            lease_handler: None,
         }
     }
 
@@ -235,7 +228,7 @@ impl EventLoop {
                 () = self.cancel.cancelled() => break,
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
                     Ok(done) => self.on_internal(done),
-                    Err(e) => tracing::error!(error = %e, "lease write task failed"),
+                    Err(e) => tracing::error!(error = %e, "lease request task failed"),
                 },
                 cmd = self.commands.recv() => match cmd {
                     Some(cmd) => self.on_command(cmd),
@@ -365,12 +358,8 @@ impl EventLoop {
                 let id = self.swarm.behaviour_mut().lease.send_request(&peer, rpc);
                 self.pending_rpcs.insert(id, reply);
             }
-            Command::SetSessionHandler(tx, reply) => {
-                self.session_tx = Some(tx);
-                let _ = reply.send(());
-            }
-            Command::ReleaseLease(lease_id, reply) => {
-                self.provider.release(&lease_id);
+            Command::SetLeaseHandler(tx, reply) => {
+                self.lease_handler = Some(tx);
                 let _ = reply.send(());
             }
         }
@@ -498,52 +487,24 @@ impl EventLoop {
 
     fn on_internal(&mut self, done: Internal) {
         match done {
-            Internal::LeasePersisted {
-                renter,
-                nonce,
-                lease_id,
-                accept,
-                result,
+            Internal::LeaseAnswered {
+                peer,
+                channel,
+                response,
             } => {
-                let waiters = self.waiting.remove(&lease_id).unwrap_or_default();
-                let response = match result {
-                    Ok(()) => {
-                        self.provider
-                            .persisted(renter, nonce, lease_id, accept.clone());
-                        self.emit(NetworkEvent::LeaseAccepted { lease_id, renter });
-                        LeaseRpcResponse::Accepted(accept)
-                    }
-                    Err(e) => {
-                        tracing::error!(lease = %lease_id, error = %e, "cannot persist lease");
-                        self.provider.persist_failed(renter, nonce, lease_id);
-                        let reason = match e {
-                            StoreError::NonceConflict { .. } => RejectReason::DuplicateNonce,
-                            _ => RejectReason::Internal,
-                        };
-                        provider::reject(
-                            &self.key,
-                            &self.config.network,
-                            lease_id,
-                            nonce,
-                            reason,
-                            clock::now(),
-                        )
-                    }
-                };
-                for ch in waiters {
-                    let _ = self
-                        .swarm
-                        .behaviour_mut()
-                        .lease
-                        .send_response(ch, response.clone());
+                if let LeaseRpcResponse::Rejected(r) = &response
+                    && let Ok(v) = r.verify(&self.config.network)
+                {
+                    self.emit(NetworkEvent::LeaseRejected {
+                        peer,
+                        reason: v.message.reason,
+                    });
                 }
-            }
-            Internal::SessionAnswered { channel, response } => {
                 let _ = self
                     .swarm
                     .behaviour_mut()
                     .lease
-                    .send_response(channel, LeaseRpcResponse::Session(response));
+                    .send_response(channel, response);
             }
         }
     }
@@ -831,6 +792,9 @@ impl EventLoop {
         }
     }
 
+    /// Forwards a lease-stream request to the lease service without waiting for it; the
+    /// answer comes back as [`Internal::LeaseAnswered`]. A proposal is verified first (envelope,
+    /// and signed by the sending peer) and goes with the offer this node advertises now.
     fn on_lease_request(
         &mut self,
         peer: PeerId,
@@ -838,99 +802,80 @@ impl EventLoop {
         channel: ResponseChannel<LeaseRpcResponse>,
     ) {
         let now = clock::now();
-        let signed = match request {
-            LeaseRpc::Propose(signed) => signed,
-            LeaseRpc::Session(request) => return self.on_session_request(peer, request, channel),
-        };
-        let decision = match self.verify_request(&peer, &signed) {
-            Ok(verified) => {
-                self.provider
-                    .decide(&self.key, &self.config.network, &signed, verified, now)
-            }
-            Err((lease_id, nonce, reason)) => Decision::Respond(provider::reject(
-                &self.key,
-                &self.config.network,
+        let refuse = |this: &mut Self, lease_id, nonce, reason| {
+            provider::reject(
+                &this.key,
+                &this.config.network,
                 lease_id,
                 nonce,
                 reason,
                 now,
-            )),
+            )
         };
-        match decision {
-            Decision::Respond(response) => {
-                if let LeaseRpcResponse::Rejected(r) = &response
-                    && let Ok(v) = r.verify(&self.config.network)
-                {
-                    self.emit(NetworkEvent::LeaseRejected {
-                        peer,
-                        reason: v.message.reason,
-                    });
+        let (request, unavailable) = match request {
+            LeaseRpc::Propose(signed) => match self.verify_request(&peer, &signed) {
+                Ok(verified) => {
+                    let (id, nonce) = (
+                        verified
+                            .message
+                            .terms
+                            .lease_id()
+                            .unwrap_or(LeaseId(Digest::default())),
+                        verified.message.terms.nonce,
+                    );
+                    let busy = refuse(self, id, nonce, RejectReason::Internal);
+                    let offer = self.provider.current.clone();
+                    (
+                        InboundRequest::Propose(Box::new(Proposal {
+                            signed,
+                            verified,
+                            offer,
+                        })),
+                        busy,
+                    )
                 }
-                let _ = self
-                    .swarm
-                    .behaviour_mut()
-                    .lease
-                    .send_response(channel, response);
-            }
-            Decision::Wait { lease_id } => {
-                self.waiting.entry(lease_id).or_default().push(channel);
-            }
-            Decision::Persist { stored, accept } => {
-                let lease_id = stored.lease.id;
-                let renter = stored.lease.terms.renter;
-                let nonce = stored.lease.terms.nonce;
-                self.waiting.entry(lease_id).or_default().push(channel);
-                let store = self.store.clone();
-                self.tasks.spawn(async move {
-                    let result = store.call(move |s| s.insert_lease(&stored)).await;
-                    Internal::LeasePersisted {
-                        renter,
-                        nonce,
-                        lease_id,
-                        accept,
-                        result,
-                    }
-                });
-            }
-        }
-    }
-
-    /// Forwards a session request to the lease service without waiting for it; the answer comes
-    /// back as [`Internal::SessionAnswered`].
-    fn on_session_request(
-        &mut self,
-        peer: PeerId,
-        request: crate::lease::wire::SessionRequest,
-        channel: ResponseChannel<LeaseRpcResponse>,
-    ) {
-        use crate::lease::wire::{InboundSession, SessionResponse};
-        let busy = |this: &mut Self, channel| {
-            let _ = this
+                Err((lease_id, nonce, reason)) => {
+                    let response = refuse(self, lease_id, nonce, reason.clone());
+                    self.emit(NetworkEvent::LeaseRejected { peer, reason });
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .lease
+                        .send_response(channel, response);
+                    return;
+                }
+            },
+            LeaseRpc::Session(request) => (
+                InboundRequest::Session(request),
+                LeaseRpcResponse::Session(SessionResponse::Busy),
+            ),
+        };
+        let handler = self.lease_handler.clone();
+        let (reply, rx) = oneshot::channel();
+        let forwarded = self.tasks.len() < MAX_LEASE_IN_FLIGHT
+            && handler.is_some_and(|tx| {
+                tx.try_send(InboundLease {
+                    peer,
+                    request,
+                    reply,
+                })
+                .is_ok()
+            });
+        if !forwarded {
+            let _ = self
                 .swarm
                 .behaviour_mut()
                 .lease
-                .send_response(channel, LeaseRpcResponse::Session(SessionResponse::Busy));
-        };
-        let Some(tx) = self.session_tx.clone() else {
-            return busy(self, channel);
-        };
-        if self.tasks.len() >= MAX_SESSION_IN_FLIGHT {
-            return busy(self, channel);
-        }
-        let (reply, rx) = oneshot::channel();
-        if tx
-            .try_send(InboundSession {
-                peer,
-                request,
-                reply,
-            })
-            .is_err()
-        {
-            return busy(self, channel);
+                .send_response(channel, unavailable);
+            return;
         }
         self.tasks.spawn(async move {
-            let response = rx.await.unwrap_or(SessionResponse::Busy);
-            Internal::SessionAnswered { channel, response }
+            let response = rx.await.unwrap_or(unavailable);
+            Internal::LeaseAnswered {
+                peer,
+                channel,
+                response,
+            }
         });
     }
 

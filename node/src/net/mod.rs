@@ -33,11 +33,11 @@ use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
 pub use client::{Client, GossipStats, NegotiationError, NegotiationOutcome, ReplacedOffer};
-pub use provider::{OfferTemplate, OwnOffer};
+pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
 
 use crate::clock;
-use crate::store::{Role, StoreError, StoreHandle};
+use crate::store::{StoreError, StoreHandle};
 
 /// Capacity of the command channel.
 pub const COMMAND_QUEUE: usize = 256;
@@ -244,13 +244,6 @@ pub enum NetworkEvent {
         /// Its sequence.
         seq: u64,
     },
-    /// Provider: a lease was accepted and stored.
-    LeaseAccepted {
-        /// The lease.
-        lease_id: gridlease_protocol::LeaseId,
-        /// The renter.
-        renter: PublicKey,
-    },
     /// Provider: a request was refused.
     LeaseRejected {
         /// The renter's peer.
@@ -275,6 +268,40 @@ pub enum NetworkEvent {
         /// The peer.
         peer: PeerId,
     },
+}
+
+/// A lease-stream request forwarded by the network loop to the lease service (registered with
+/// [`Client::set_lease_handler`]). The loop answers the peer with what is sent on `reply`, or
+/// with `Busy` / an `Internal` refusal if it is dropped.
+#[derive(Debug)]
+pub struct InboundLease {
+    /// The connected peer that sent it (the transport authenticated it).
+    pub peer: PeerId,
+    /// The request.
+    pub request: InboundRequest,
+    /// Where to answer.
+    pub reply: tokio::sync::oneshot::Sender<gridlease_protocol::session::LeaseRpcResponse>,
+}
+
+/// What an [`InboundLease`] asks.
+#[derive(Debug)]
+pub enum InboundRequest {
+    /// A renter's lease request.
+    Propose(Box<Proposal>),
+    /// A message of a running lease.
+    Session(gridlease_protocol::session::SessionRequest),
+}
+
+/// A renter's lease request whose envelope verified and whose signer is the sending peer,
+/// with the offer this node advertises now.
+#[derive(Debug)]
+pub struct Proposal {
+    /// As received.
+    pub signed: Signed<gridlease_protocol::LeaseRequest>,
+    /// Its verified content.
+    pub verified: gridlease_protocol::Verified<gridlease_protocol::LeaseRequest>,
+    /// The current own offer (`None` when this node offers nothing).
+    pub offer: Option<OwnOffer>,
 }
 
 /// A running node: its client, its events, its task.
@@ -303,7 +330,6 @@ impl Node {
         let network = config.network.clone();
         let stored_offers = store.call(move |s| s.live_offers(now)).await?;
         let own = store.call(|s| s.own_offer()).await?;
-        let leases = store.call(|s| s.leases(Some(Role::Provider))).await?;
         let known_peers = store.call(|s| s.peers(event_loop::STORED_PEERS)).await?;
 
         let mut book = OfferBook::with_capacity(config.book_capacity);
@@ -348,14 +374,7 @@ impl Node {
                 });
             }
         }
-        for l in &leases {
-            provider.restore(l);
-        }
-        tracing::info!(
-            offers = restored,
-            leases = leases.len(),
-            "state restored from the store"
-        );
+        tracing::info!(offers = restored, "state restored from the store");
 
         let swarm = event_loop::build_swarm(&key, &config)?;
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);

@@ -33,6 +33,9 @@ pub struct TestNode {
     pub store: StoreHandle,
     pub home: PathBuf,
     pub events: broadcast::Receiver<NetworkEvent>,
+    /// The lease service of a provider started by [`start_provider`] (it decides lease
+    /// requests); `None` for plain nodes.
+    pub leases: Option<gridlease_node::lease::LeaseService>,
 }
 
 pub fn net() -> NetworkId {
@@ -89,7 +92,38 @@ pub async fn start_from_home(home: &Path, config: NodeConfig) -> TestNode {
         store,
         home: home.to_path_buf(),
         events,
+        leases: None,
     }
+}
+
+/// A provider node with a lease service that decides requests (desk, GPU holds, nonces) but
+/// never starts a container: for negotiation tests without Docker.
+pub async fn start_provider(root: &Path, name: &str, config: NodeConfig) -> TestNode {
+    let home = root.join(name);
+    Home::init(&home, &config.network).unwrap();
+    start_provider_from_home(&home, config).await
+}
+
+/// [`start_provider`] from an existing home.
+pub async fn start_provider_from_home(home: &Path, config: NodeConfig) -> TestNode {
+    use gridlease_node::lease::{Faults, LeaseService, LeaseServiceConfig};
+    let mut n = start_from_home(home, config).await;
+    let mut svc = LeaseServiceConfig::new(home.join("leases"));
+    svc.faults = Faults {
+        hold_sessions: true,
+        ..Faults::default()
+    };
+    let leases = LeaseService::start(
+        n.node.client.clone(),
+        &n.node.events,
+        svc,
+        None,
+        n.node.cancel.child_token(),
+    )
+    .await
+    .unwrap();
+    n.leases = Some(leases);
+    n
 }
 
 /// Stops a node and waits until its pending store writes are done.

@@ -1,0 +1,242 @@
+//! The provider's desk: decides lease requests against the node's current offer, holds the
+//! GPUs of each accepted lease for its real life, and makes identical retries idempotent.
+//!
+//! Owned by the lease service's actor (one owner): the network loop forwards each verified
+//! request with the offer it currently advertises and answers with what the actor replies.
+//! Decisions are synchronous and never touch SQLite; persisting an accepted lease is done by
+//! the actor, which answers the renter only after the write committed.
+//!
+//! # Holds
+//! A GPU is held from the accept until the lease's session has ended with its container gone
+//! (stopped and removed), or the lease was refused or could not be stored. Nothing here
+//! expires by the clock: a slow image pull can never let a second lease take a GPU whose first
+//! container still runs.
+
+use std::collections::BTreeMap;
+
+use gridlease_contracts::terms::{ProviderView, check_request};
+use gridlease_contracts::{Actor, Lease, LeaseEvent};
+use gridlease_protocol::session::LeaseRpcResponse;
+use gridlease_protocol::{
+    Digest, LeaseAccept, LeaseId, LeaseRequest, NetworkId, NodeKey, PublicKey, RejectReason,
+    Signed, Timestamp, Verified,
+};
+
+use crate::net::OwnOffer;
+use crate::store::{Role, StoredLease};
+
+/// Most remembered (renter, nonce) pairs; the oldest accepted ones are forgotten first (their
+/// leases are in the database, where the unique index still refuses reuse and an identical
+/// retry still gets the stored acceptance).
+pub const MAX_NONCES: usize = 100_000;
+
+/// The answer for a (renter, nonce), once known.
+#[derive(Clone, Debug)]
+enum NonceState {
+    /// Accepted and being persisted; the response waits for the commit.
+    Persisting { lease_id: LeaseId },
+    /// Accepted and persisted: the same request gets the same answer again.
+    Accepted {
+        lease_id: LeaseId,
+        accept: Signed<LeaseAccept>,
+    },
+}
+
+/// What to do with an inbound request.
+#[derive(Debug)]
+pub enum Decision {
+    /// Answer now.
+    Respond(LeaseRpcResponse),
+    /// Persist this lease, then answer with the accept.
+    Persist {
+        /// The lease to store.
+        stored: Box<StoredLease>,
+        /// The answer once stored.
+        accept: Signed<LeaseAccept>,
+    },
+    /// The same request is being persisted; answer when that finishes.
+    Wait {
+        /// The lease being persisted.
+        lease_id: LeaseId,
+    },
+}
+
+/// GPU holds and the nonce index of a provider.
+#[derive(Debug, Default)]
+pub struct Desk {
+    holds: BTreeMap<LeaseId, Vec<Digest>>,
+    nonces: BTreeMap<(PublicKey, u64), NonceState>,
+}
+
+impl Desk {
+    /// An empty desk.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds the GPUs of a stored live provider lease (at start-up, before any request).
+    pub fn restore(&mut self, l: &StoredLease) {
+        if l.role != Role::Provider || l.lease.state.is_terminal() {
+            return;
+        }
+        self.holds.insert(l.lease.id, l.gpus.clone());
+        if let Some(accept) = &l.accept {
+            let t = &l.lease.terms;
+            self.nonces.insert(
+                (t.renter, t.nonce),
+                NonceState::Accepted {
+                    lease_id: l.lease.id,
+                    accept: accept.clone(),
+                },
+            );
+        }
+    }
+
+    /// Releases the GPUs of a lease whose container is gone (or that never got one).
+    pub fn release(&mut self, lease_id: &LeaseId) {
+        self.holds.remove(lease_id);
+    }
+
+    /// Leases holding GPUs now.
+    pub fn held_leases(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// Whether `lease_id` holds GPUs.
+    pub fn holds(&self, lease_id: &LeaseId) -> bool {
+        self.holds.contains_key(lease_id)
+    }
+
+    /// GPUs of `offer` not held by any lease.
+    pub fn free_gpus(&self, offer: &OwnOffer) -> Vec<Digest> {
+        offer
+            .offer
+            .gpus
+            .iter()
+            .map(|g| g.spec.uuid_digest)
+            .filter(|d| !self.holds.values().any(|h| h.contains(d)))
+            .collect()
+    }
+
+    /// Decides on a request whose envelope verified and whose signer is the sending peer,
+    /// against `offer`, the offer the node advertises now (`None`: not providing).
+    pub fn decide(
+        &mut self,
+        key: &NodeKey,
+        network: &NetworkId,
+        offer: Option<&OwnOffer>,
+        request: &Signed<LeaseRequest>,
+        verified: &Verified<LeaseRequest>,
+        now: Timestamp,
+    ) -> Decision {
+        let terms = &verified.message.terms;
+        let lease_id = terms.lease_id().unwrap_or(LeaseId(Digest::default()));
+        let reject = |reason: RejectReason| -> Decision {
+            Decision::Respond(crate::net::reject(
+                key,
+                network,
+                lease_id,
+                terms.nonce,
+                reason,
+                now,
+            ))
+        };
+        match self.nonces.get(&(verified.signer, terms.nonce)) {
+            Some(NonceState::Accepted {
+                lease_id: held,
+                accept,
+            }) if *held == lease_id => {
+                return Decision::Respond(LeaseRpcResponse::Accepted(accept.clone()));
+            }
+            Some(NonceState::Persisting { lease_id: held }) if *held == lease_id => {
+                return Decision::Wait { lease_id };
+            }
+            Some(_) => return reject(RejectReason::DuplicateNonce),
+            None => {}
+        }
+        let Some(cur) = offer else {
+            return reject(RejectReason::UnknownOffer);
+        };
+        let free = self.free_gpus(cur);
+        let view = ProviderView {
+            network,
+            offer: &cur.offer,
+            offer_id: cur.id,
+            free_gpus: u16::try_from(free.len()).unwrap_or(u16::MAX),
+            now,
+        };
+        let lease_id = match check_request(&view, &verified.message, &verified.signer) {
+            Ok(id) => id,
+            Err(reason) => return reject(reason),
+        };
+        let gpus: Vec<Digest> = free
+            .into_iter()
+            .take(usize::from(terms.gpu_count))
+            .collect();
+        let accept_msg = LeaseAccept {
+            lease_id,
+            terms: terms.clone(),
+            gpus: gpus.clone(),
+            accepted_at: now,
+        };
+        let Ok(accept) = Signed::sign(key, network, &accept_msg) else {
+            return reject(RejectReason::Internal);
+        };
+        let mut lease = Lease::propose(lease_id, terms.clone());
+        if lease
+            .apply(LeaseEvent::Accept, Actor::Provider, now)
+            .is_err()
+        {
+            return reject(RejectReason::Internal);
+        }
+        if self.nonces.len() >= MAX_NONCES {
+            self.forget_oldest_nonce();
+        }
+        self.nonces.insert(
+            (verified.signer, terms.nonce),
+            NonceState::Persisting { lease_id },
+        );
+        self.holds.insert(lease_id, gpus.clone());
+        Decision::Persist {
+            stored: Box::new(StoredLease {
+                role: Role::Provider,
+                lease,
+                request: request.clone(),
+                accept: Some(accept.clone()),
+                gpus,
+                created_at: now,
+            }),
+            accept,
+        }
+    }
+
+    fn forget_oldest_nonce(&mut self) {
+        let victim = self
+            .nonces
+            .iter()
+            .find(|(_, s)| matches!(s, NonceState::Accepted { .. }))
+            .map(|(k, _)| *k);
+        if let Some(k) = victim {
+            self.nonces.remove(&k);
+        }
+    }
+
+    /// The lease was committed: later duplicates get the same accept.
+    pub fn persisted(&mut self, l: &StoredLease, accept: Signed<LeaseAccept>) {
+        let t = &l.lease.terms;
+        self.nonces.insert(
+            (t.renter, t.nonce),
+            NonceState::Accepted {
+                lease_id: l.lease.id,
+                accept,
+            },
+        );
+    }
+
+    /// Persisting failed: release the GPUs and the nonce.
+    pub fn persist_failed(&mut self, l: &StoredLease) {
+        let t = &l.lease.terms;
+        self.holds.remove(&l.lease.id);
+        self.nonces.remove(&(t.renter, t.nonce));
+    }
+}

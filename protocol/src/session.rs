@@ -1,0 +1,225 @@
+//! The lease stream (`/gridlease/lease/1`): what travels on it, with byte caps. Framing (a
+//! 4-byte big-endian length, checked against the direction's cap before the body is
+//! allocated) is done by the node's transport codec; this module is the message layer.
+//!
+//! | request (from)                 | response                                               |
+//! |--------------------------------|--------------------------------------------------------|
+//! | `Propose` (renter)             | `Accepted` (stored before sent) or `Rejected`          |
+//! | `Session(Usage)` (provider)    | `Receipt` (persisted before sent), `NothingDue`, `Refused` |
+//! | `Session(Close)` (either side) | `Closed` with the responder's last receipt             |
+//! | `Session(Logs)` (renter)       | `Logs` (at most [`MAX_LOG_CHUNK`] bytes)                |
+//!
+//! Signed payloads inside are verified by their receiver, never by the codec.
+
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::{ENVELOPE_OVERHEAD, Signed, WireMessage};
+use crate::messages::{
+    CloseReason, LeaseAccept, LeaseClose, LeaseReject, LeaseRequest, MAX_LEASE_ACCEPT_BYTES,
+    MAX_LEASE_REQUEST_BYTES, PaymentReceipt, UsageReport,
+};
+use crate::types::LeaseId;
+
+/// Largest log chunk in one response, bytes.
+pub const MAX_LOG_CHUNK: u32 = 32 * 1024;
+/// Longest free-text detail in a refusal, bytes.
+pub const MAX_DETAIL: usize = 200;
+/// Cap on a request frame body: the largest request envelope plus the enum tag.
+pub const MAX_REQUEST_FRAME: usize = MAX_LEASE_REQUEST_BYTES + ENVELOPE_OVERHEAD + 16;
+/// Cap on a response frame body: the largest response envelope plus the enum tag.
+pub const MAX_RESPONSE_FRAME: usize = MAX_LEASE_ACCEPT_BYTES + ENVELOPE_OVERHEAD + 16;
+
+/// What a renter sends to a provider (and, for lease sessions, either side to the other).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LeaseRpc {
+    /// A signed lease request.
+    Propose(Signed<LeaseRequest>),
+    /// A message of a running lease (usage, close, logs).
+    Session(SessionRequest),
+}
+
+/// What the provider answers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LeaseRpcResponse {
+    /// The provider's signature over the requested terms.
+    Accepted(Signed<LeaseAccept>),
+    /// A signed refusal with a reason.
+    Rejected(Signed<LeaseReject>),
+    /// The answer to a [`LeaseRpc::Session`] request.
+    Session(SessionResponse),
+}
+
+/// A session request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum SessionRequest {
+    /// Provider -> renter: cumulative usage; answered with a receipt.
+    Usage(Signed<UsageReport>),
+    /// Either side: the lease is over (for the given reason, with the exit code if known).
+    Close(Signed<LeaseClose>),
+    /// Renter -> provider: container output from `offset`.
+    Logs {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Byte offset into the output.
+        offset: u64,
+        /// Most bytes wanted (capped at [`MAX_LOG_CHUNK`]).
+        max: u32,
+    },
+}
+
+impl SessionRequest {
+    /// The lease the request is about, without verifying anything (for routing only).
+    pub fn lease_hint(&self) -> Option<LeaseId> {
+        match self {
+            Self::Usage(s) => UsageReport::decode_payload(&s.envelope().payload)
+                .ok()
+                .map(|u| u.lease_id),
+            Self::Close(s) => LeaseClose::decode_payload(&s.envelope().payload)
+                .ok()
+                .map(|c| c.lease_id),
+            Self::Logs { lease_id, .. } => Some(*lease_id),
+        }
+    }
+}
+
+/// Container output.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    /// Bytes from the requested offset.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Offset to ask for next.
+    pub next_offset: u64,
+    /// No more output will ever come (the container has exited and everything was read).
+    pub eof: bool,
+    /// The container's exit code once it has exited.
+    pub exit_code: Option<i32>,
+}
+
+/// A session response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum SessionResponse {
+    /// The renter's signed cumulative receipt for the report.
+    Receipt(Signed<PaymentReceipt>),
+    /// The report is valid but nothing new is due.
+    NothingDue,
+    /// The report was refused; the renter closes the lease for `reason`.
+    Refused {
+        /// Why.
+        reason: CloseReason,
+        /// Detail (at most [`MAX_DETAIL`] bytes).
+        detail: String,
+    },
+    /// The close was recorded; the responder's last receipt for the lease, if any (a renter
+    /// answering a provider's close returns its last receipt so both statements agree).
+    Closed {
+        /// The last receipt.
+        last_receipt: Option<Signed<PaymentReceipt>>,
+    },
+    /// Container output.
+    Logs(LogChunk),
+    /// No such lease here, or not the caller's.
+    UnknownLease,
+    /// The responder is overloaded, not running, or could not store what it would answer;
+    /// retry later (a provider's next cumulative report covers what this one did).
+    Busy,
+}
+
+/// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.
+pub fn detail(s: impl std::fmt::Display) -> String {
+    let mut s = s.to_string();
+    if s.len() > MAX_DETAIL {
+        let mut cut = MAX_DETAIL;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec;
+    use crate::types::{Digest, Timestamp};
+    use crate::{NetworkId, NodeKey};
+
+    fn round_trip_response(r: SessionResponse) -> SessionResponse {
+        let rpc = LeaseRpcResponse::Session(r);
+        let bytes = codec::encode::<LeaseRpcResponse, MAX_RESPONSE_FRAME>(&rpc).unwrap();
+        match codec::decode::<LeaseRpcResponse, MAX_RESPONSE_FRAME>(&bytes).unwrap() {
+            LeaseRpcResponse::Session(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn largest_log_chunk_fits_the_response_frame() {
+        let chunk = LogChunk {
+            data: vec![0xab; MAX_LOG_CHUNK as usize],
+            next_offset: u64::MAX,
+            eof: true,
+            exit_code: Some(-1),
+        };
+        match round_trip_response(SessionResponse::Logs(chunk.clone())) {
+            SessionResponse::Logs(got) => assert_eq!(got, chunk),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn usage_and_close_requests_round_trip_and_name_their_lease() {
+        let key = NodeKey::from_secret([7; 32]);
+        let net = NetworkId::devnet();
+        let lease_id = LeaseId(Digest::of("t", b"lease"));
+        let report = UsageReport {
+            lease_id,
+            seq: 3,
+            interval_start: Timestamp(1),
+            interval_end: Timestamp(2),
+            wall_ms: 10,
+            gpu_ms: 10,
+            cpu_ms: 5,
+            energy_mj: 0,
+            net_rx_bytes: 0,
+            net_tx_bytes: 0,
+            gpu_util_permille: 0,
+            vram_peak_mib: 0,
+            mem_peak_mib: 1,
+            amount_due: 9,
+            exit_code: None,
+        };
+        let close = LeaseClose {
+            lease_id,
+            reason: CloseReason::RenterStop,
+            at: Timestamp(5),
+            exit_code: None,
+        };
+        for req in [
+            SessionRequest::Usage(Signed::sign(&key, &net, &report).unwrap()),
+            SessionRequest::Close(Signed::sign(&key, &net, &close).unwrap()),
+            SessionRequest::Logs {
+                lease_id,
+                offset: 7,
+                max: MAX_LOG_CHUNK,
+            },
+        ] {
+            assert_eq!(req.lease_hint(), Some(lease_id));
+            let bytes =
+                codec::encode::<LeaseRpc, MAX_REQUEST_FRAME>(&LeaseRpc::Session(req)).unwrap();
+            match codec::decode::<LeaseRpc, MAX_REQUEST_FRAME>(&bytes).unwrap() {
+                LeaseRpc::Session(got) => assert_eq!(got.lease_hint(), Some(lease_id)),
+                other => panic!("{other:?}"),
+            }
+        }
+        let refused = SessionResponse::Refused {
+            reason: CloseReason::ImplausibleUsage,
+            detail: detail("x".repeat(1000)),
+        };
+        match round_trip_response(refused) {
+            SessionResponse::Refused { detail, .. } => assert_eq!(detail.len(), MAX_DETAIL),
+            other => panic!("{other:?}"),
+        }
+    }
+}
