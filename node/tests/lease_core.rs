@@ -1,0 +1,332 @@
+//! The lease core (issue 11): GPU holds that follow the container, persist before act,
+//! cancel-safe rent, the renter's running view, silence detection on an injected clock. Real
+//! nodes on loopback, real Docker with the probe image.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+mod lease_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gridlease_node::clock::{Clock, ManualClock};
+use gridlease_node::lease::{Faults, LeaseView, RentError};
+use gridlease_node::store::Role;
+use gridlease_protocol::RejectReason;
+use lease_support::*;
+
+/// 1 s reports, 3 s pay-ahead window, 3 s grace.
+const INTERVAL_S: u32 = 1;
+const WINDOW_S: u32 = 3;
+const GRACE_S: u32 = 3;
+/// Cost of one second of one GPU at [`PRICE`].
+const PER_S: u64 = 1000;
+
+/// A view's state as its JSON name.
+fn state(v: &LeaseView) -> String {
+    serde_json::to_value(&v.state)
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A long-running probe.
+const LONG: &[&str] = &["sentinel", "UP", "sleep", "120", "exit", "0"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gpu_stays_held_while_a_slow_start_outlasts_the_lease_duration() {
+    let Some(sb) = docker_or_skip("slow_start_holds").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let template = lease_template(1, INTERVAL_S, WINDOW_S);
+    let mut pc = common::config();
+    let mut svc = service_config(root, "provider", GRACE_S);
+    svc.base_template = Some(template.clone());
+    // The image "pull" takes 4 s; the first lease lasts 2 s.
+    svc.faults = Faults {
+        slow_start: Some(Duration::from_secs(4)),
+        ..Faults::default()
+    };
+    pc.offer = Some(template);
+    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let mut first = party(
+        root,
+        "first",
+        common::config(),
+        service_config(root, "first", GRACE_S),
+        None,
+    )
+    .await;
+    let mut second = party(
+        root,
+        "second",
+        common::config(),
+        service_config(root, "second", GRACE_S),
+        None,
+    )
+    .await;
+    let offer = connect_for_offer(&mut first, &provider).await;
+    let offer2 = connect_for_offer(&mut second, &provider).await;
+    assert_eq!(offer, offer2);
+
+    let a = first
+        .leases
+        .rent(probe_rent(offer, &image, 2, &["exit", "0"]))
+        .await
+        .unwrap();
+    // The first lease's duration passes long before its container exists; its GPU stays
+    // held until the container is gone.
+    let mut refused = 0u32;
+    let b = loop {
+        match second
+            .leases
+            .rent(probe_rent(offer, &image, 2, &["exit", "0"]))
+            .await
+        {
+            Ok(b) => break b,
+            Err(RentError::Rejected(RejectReason::NoCapacity { free: 0 })) => {
+                refused += 1;
+                let pa = provider.leases.lease(a).await.unwrap().unwrap();
+                assert!(
+                    !pa.is_terminal() || !container_exists(&sb, a).await,
+                    "refused while the first lease is over: {pa:#?}"
+                );
+            }
+            Err(e) => panic!("unexpected: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(refused < 300, "the second lease was never accepted");
+    };
+    // Accepted only once the first lease's container is gone.
+    let pa = provider.leases.lease(a).await.unwrap().unwrap();
+    eprintln!("first lease when the second was accepted: {pa:#?} (refused {refused} times)");
+    assert!(pa.is_terminal(), "{pa:#?}");
+    assert!(!container_exists(&sb, a).await);
+    assert!(
+        refused >= 10,
+        "refused only {refused} times during a 4 s start"
+    );
+    let _ = closed(&provider.leases, b, 60).await;
+    for p in [&provider, &first, &second] {
+        p.cancel.cancel();
+    }
+    remove_container(&sb, a).await;
+    remove_container(&sb, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receipt_the_renter_cannot_store_is_not_sent_and_the_ledgers_still_agree() {
+    let Some(sb) = docker_or_skip("store_fails").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // A window long enough that the provider keeps running while the renter cannot pay.
+    let (provider, renter, offer) =
+        market(dir.path(), &sb, lease_template(1, INTERVAL_S, 10), GRACE_S).await;
+    let id = renter
+        .leases
+        .rent(probe_rent(
+            offer,
+            &image,
+            8,
+            &["sentinel", "UP", "sleep", "6", "exit", "0"],
+        ))
+        .await
+        .unwrap();
+    wait_view(&provider.leases, id, "2 s paid", |v| v.paid >= 2 * PER_S).await;
+    // The renter's database refuses writes (as on a full disk).
+    renter
+        .node
+        .store
+        .call(|s| s.set_query_only(true))
+        .await
+        .unwrap();
+    let paid_before = provider.leases.lease(id).await.unwrap().unwrap().paid;
+    let rows_before = renter.leases.ledger().await.unwrap().leases[0].entries;
+    // Two reports arrive meanwhile; neither is answered with a receipt.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let p = provider.leases.lease(id).await.unwrap().unwrap();
+    let r = renter.leases.lease(id).await.unwrap().unwrap();
+    assert!(
+        p.usage.as_ref().unwrap().wall_ms >= 4_000,
+        "reports kept coming: {p:#?}"
+    );
+    assert_eq!(p.paid, paid_before, "no receipt reached the provider");
+    assert_eq!(
+        r.paid, paid_before,
+        "the renter did not count what it could not store"
+    );
+    assert_eq!(
+        renter.leases.ledger().await.unwrap().leases[0].entries,
+        rows_before
+    );
+    renter
+        .node
+        .store
+        .call(|s| s.set_query_only(false))
+        .await
+        .unwrap();
+    let pdone = closed(&provider.leases, id, 60).await;
+    let rdone = closed(&renter.leases, id, 30).await;
+    eprintln!("provider {pdone:#?}\nrenter {rdone:#?}");
+    assert!(pdone.paid > paid_before, "receipts resumed after recovery");
+    assert_eq!(pdone.settled_total, rdone.settled_total);
+    let pl = provider.leases.ledger().await.unwrap();
+    let rl = renter.leases.ledger().await.unwrap();
+    assert_eq!(pl.total_earned, rl.total_spent);
+    assert!(pl.balanced && rl.balanced);
+    assert_eq!(state(&pdone), "settled");
+    assert_eq!(state(&rdone), "settled");
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rent_dropped_right_after_negotiation_still_runs_and_settles() {
+    let Some(sb) = docker_or_skip("rent_dropped").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(
+        dir.path(),
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+    )
+    .await;
+    let rent = renter.leases.rent(probe_rent(
+        offer,
+        &image,
+        3,
+        &["burn", "1", "1", "exit", "0"],
+    ));
+    tokio::pin!(rent);
+    // Drop the caller the moment the renter has stored the negotiated lease.
+    let store = renter.node.store.clone();
+    let stored = loop {
+        tokio::select! {
+            r = &mut rent => panic!("rent returned before the lease was seen stored: {r:?}"),
+            () = tokio::time::sleep(Duration::from_micros(200)) => {
+                let mine = store.call(|s| s.leases(Some(Role::Renter))).await.unwrap();
+                if let Some(l) = mine.first() {
+                    break l.lease.id;
+                }
+            }
+        }
+    };
+    drop(rent);
+    let rdone = closed(&renter.leases, stored, 60).await;
+    let pdone = closed(&provider.leases, stored, 30).await;
+    eprintln!("renter {rdone:#?}\nprovider {pdone:#?}");
+    assert_eq!(state(&rdone), "settled");
+    assert_eq!(state(&pdone), "settled");
+    assert_eq!(rdone.exit_code, Some(0));
+    assert_eq!(rdone.settled_total, pdone.settled_total);
+    assert_eq!(
+        renter.leases.ledger().await.unwrap().total_spent,
+        provider.leases.ledger().await.unwrap().total_earned
+    );
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, stored).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_renter_sees_running_with_a_start_time_and_a_decreasing_time_left() {
+    let Some(sb) = docker_or_skip("renter_running").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(
+        dir.path(),
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+    )
+    .await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &image, 60, LONG))
+        .await
+        .unwrap();
+    let first = wait_view(&renter.leases, id, "running on the renter", |v| {
+        state(v) == "running"
+    })
+    .await;
+    let started = first.started_at.expect("a start time");
+    let left = first.time_left_s.expect("time left");
+    assert!(left <= 60 && left >= 50, "{first:#?}");
+    let later = wait_view(&renter.leases, id, "time left to decrease", |v| {
+        v.time_left_s.is_some_and(|l| l + 2 <= left)
+    })
+    .await;
+    assert_eq!(state(&later), "running");
+    assert_eq!(later.started_at, Some(started));
+    assert!(later.cost_so_far > 0, "{later:#?}");
+    // The provider's start and the renter's agree to within a report interval.
+    let p = provider.leases.lease(id).await.unwrap().unwrap();
+    let ps = p.started_at.unwrap();
+    assert!(
+        ps.abs_diff(started) <= 1500,
+        "provider {ps} renter {started}"
+    );
+    renter.leases.stop(id).await.unwrap();
+    let _ = closed(&renter.leases, id, 30).await;
+    let _ = closed(&provider.leases, id, 30).await;
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_silent_provider_is_given_up_when_the_renter_clock_passes_the_limit() {
+    let Some(sb) = docker_or_skip("silence_on_manual_clock").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let template = lease_template(1, 2, 10);
+    let mut pc = common::config();
+    let mut psvc = service_config(root, "provider", GRACE_S);
+    psvc.base_template = Some(template.clone());
+    pc.offer = Some(template);
+    let provider = party(root, "provider", pc, psvc, Some(sb.clone())).await;
+    let clock: Arc<ManualClock> = ManualClock::new();
+    let mut rsvc = service_config(root, "renter", GRACE_S);
+    rsvc.clock = clock.clone();
+    let mut renter = party(root, "renter", common::config(), rsvc, None).await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &image, 120, LONG))
+        .await
+        .unwrap();
+    wait_view(&renter.leases, id, "one receipt", |v| v.paid > 0).await;
+    vanish(provider).await;
+    remove_container(&sb, id).await;
+    // 2 intervals + 2 s slack is the limit; nothing happens before the clock passes it.
+    let t = tokio::time::Instant::now();
+    let at_vanish = clock.now();
+    clock.advance(6_100);
+    let done = closed(&renter.leases, id, 5).await;
+    eprintln!("renter {done:#?} after {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "the renter waited in real time: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(done.close_reason.as_deref(), Some("provider_unreachable"));
+    assert!(done.closed_at.unwrap() >= at_vanish.0 + 6_000);
+    assert_eq!(state(&done), "settled");
+    renter.cancel.cancel();
+}
