@@ -25,7 +25,7 @@ const PER_S: u64 = 1000;
 
 /// A view's state as its JSON name.
 fn state(v: &LeaseView) -> String {
-    serde_json::to_value(&v.state)
+    serde_json::to_value(v.state)
         .unwrap()
         .as_str()
         .unwrap()
@@ -202,13 +202,12 @@ async fn a_rent_dropped_right_after_negotiation_still_runs_and_settles() {
         GRACE_S,
     )
     .await;
-    let rent = renter.leases.rent(probe_rent(
+    let mut rent = Box::pin(renter.leases.rent(probe_rent(
         offer,
         &image,
         3,
         &["burn", "1", "1", "exit", "0"],
-    ));
-    tokio::pin!(rent);
+    )));
     // Drop the caller the moment the renter has stored the negotiated lease.
     let store = renter.node.store.clone();
     let stored = loop {
@@ -264,7 +263,7 @@ async fn the_renter_sees_running_with_a_start_time_and_a_decreasing_time_left() 
     .await;
     let started = first.started_at.expect("a start time");
     let left = first.time_left_s.expect("time left");
-    assert!(left <= 60 && left >= 50, "{first:#?}");
+    assert!((50..=60).contains(&left), "{first:#?}");
     let later = wait_view(&renter.leases, id, "time left to decrease", |v| {
         v.time_left_s.is_some_and(|l| l + 2 <= left)
     })

@@ -557,20 +557,28 @@ impl LeaseService {
         Ok(found.map(|(rec, l)| view::from_store(self.ctx.client.network(), &l, &rec)))
     }
 
-    /// Resolves when the lease is settled or failed, with its final view.
+    /// Resolves when the lease is settled or failed, with its final view. A lease stored but
+    /// not yet running a session here (a rent still registering it, a restart resuming it) is
+    /// waited for too.
     pub async fn wait_closed(&self, id: LeaseId) -> Result<LeaseView, LeaseError> {
-        if let Some(mut w) = self.ask(|r| Cmd::Watch(id, r)).await? {
-            loop {
-                if w.borrow().is_terminal() {
-                    return Ok(w.borrow().clone());
-                }
-                if w.changed().await.is_err() {
-                    break;
+        loop {
+            if let Some(mut w) = self.ask(|r| Cmd::Watch(id, r)).await? {
+                loop {
+                    if w.borrow().is_terminal() {
+                        return Ok(w.borrow().clone());
+                    }
+                    if w.changed().await.is_err() {
+                        break;
+                    }
                 }
             }
+            // No session (any more): the store has the state.
+            let v = self.lease(id).await?.ok_or(LeaseError::Unknown(id))?;
+            if v.is_terminal() {
+                return Ok(v);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        // The session ended (or never ran here): the store has the final state.
-        self.lease(id).await?.ok_or(LeaseError::Unknown(id))
     }
 
     /// Container output from `from_offset`, at most [`wire::MAX_LOG_CHUNK`] bytes.
