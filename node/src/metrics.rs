@@ -195,15 +195,16 @@ async fn scrape(State(s): State<MetricsState>) -> impl IntoResponse {
         }
         Err(_) => {}
     }
-    if let Ok(views) = s.leases.leases().await {
+    // Live sessions and one aggregate: a scrape's cost does not grow with settled leases.
+    if let Ok(views) = s.leases.live_leases().await {
         let running = views.iter().filter(|v| v.state == "running").count();
         let active = views.iter().filter(|v| !v.is_terminal()).count();
         s.running_leases.set(gauge(running));
         s.active_leases.set(gauge(active));
     }
-    if let Ok(l) = s.leases.ledger().await {
-        s.earned.set(l.total_earned as f64 / 1e6);
-        s.spent.set(l.total_spent as f64 / 1e6);
+    if let Ok((earned, spent)) = s.leases.ledger_totals().await {
+        s.earned.set(earned as f64 / 1e6);
+        s.spent.set(spent as f64 / 1e6);
     }
     s.uptime
         .set(i64::try_from(s.started.elapsed().as_secs()).unwrap_or(i64::MAX));

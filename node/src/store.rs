@@ -136,7 +136,14 @@ const MIGRATIONS: &[&str] = &[
         settled_total INTEGER
     ) STRICT;
     "#,
+    // 3: bounded peer memory (issue 11): the least recently seen are forgotten first.
+    r#"
+    CREATE INDEX peers_last_seen ON peers(last_seen);
+    "#,
 ];
+
+/// Peers remembered (most recently seen first); older ones are forgotten when more are seen.
+pub const PEERS_KEPT: usize = 1024;
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -531,6 +538,14 @@ impl Store {
                  ON CONFLICT(peer_id) DO UPDATE SET addrs = excluded.addrs,
                     last_seen = excluded.last_seen",
                 params![peer_id, addrs.join(" "), i64_of(now.0)],
+            )
+            .map_err(self.err())?;
+        // Keep the PEERS_KEPT most recently seen (index range scans, no table scan).
+        self.conn
+            .execute(
+                "DELETE FROM peers WHERE last_seen < (
+                    SELECT last_seen FROM peers ORDER BY last_seen DESC LIMIT 1 OFFSET ?1)",
+                [i64::try_from(PEERS_KEPT.saturating_sub(1)).unwrap_or(i64::MAX)],
             )
             .map_err(self.err())?;
         Ok(())
@@ -986,6 +1001,48 @@ mod tests {
             Store::open(&p).unwrap_err(),
             StoreError::ForeignDatabase { .. }
         ));
+    }
+
+    #[test]
+    fn peers_and_usage_reports_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(&dir.path().join("g.db")).unwrap();
+        // Speed only (no fsync per row); usage rows without a lease row.
+        s.conn
+            .execute_batch("PRAGMA synchronous=OFF; PRAGMA foreign_keys=OFF;")
+            .unwrap();
+        let n = PEERS_KEPT + 100;
+        for i in 0..n {
+            s.put_peer(&format!("peer{i:05}"), &[], Timestamp(i as u64))
+                .unwrap();
+        }
+        let kept = s.peers(usize::MAX).unwrap();
+        assert_eq!(kept.len(), PEERS_KEPT);
+        assert_eq!(
+            kept[0].0,
+            format!("peer{:05}", n - 1),
+            "the newest are kept"
+        );
+        assert_eq!(kept[PEERS_KEPT - 1].0, format!("peer{:05}", n - PEERS_KEPT));
+
+        let lease_id = LeaseId(Digest([9; 32]));
+        for seq in 1..=40u64 {
+            s.put_usage(&lease_id, seq, &[1, 2, 3], T0).unwrap();
+        }
+        let (count, min): (i64, i64) = s
+            .conn
+            .query_row(
+                "SELECT count(*), min(seq) FROM usage_reports WHERE lease_id = ?1",
+                [&lease_id.0.0[..]],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(count as u64, lease::USAGE_REPORTS_KEPT);
+        assert_eq!(min as u64, 40 - lease::USAGE_REPORTS_KEPT + 1);
+        assert_eq!(
+            s.session_record(&lease_id).unwrap().last_usage.unwrap().0,
+            40
+        );
     }
 
     #[test]

@@ -540,6 +540,16 @@ impl LeaseService {
             .collect())
     }
 
+    /// The leases with a session on this node now (live ones), from memory.
+    pub async fn live_leases(&self) -> Result<Vec<LeaseView>, LeaseError> {
+        self.ask(Cmd::Views).await
+    }
+
+    /// Total earned and spent, micro-units (one aggregate query).
+    pub async fn ledger_totals(&self) -> Result<(u64, u64), LeaseError> {
+        Ok(self.ctx.store.call(|s| s.ledger_totals()).await?)
+    }
+
     /// One lease.
     pub async fn lease(&self, id: LeaseId) -> Result<Option<LeaseView>, LeaseError> {
         if let Some(w) = self.ask(|r| Cmd::Watch(id, r)).await? {

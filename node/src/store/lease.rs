@@ -104,6 +104,30 @@ pub fn parse_reason(s: &str) -> Option<CloseReason> {
     .find(|r| reason_str(*r) == s)
 }
 
+/// Usage reports kept per lease (the newest; see [`Store::put_usage`]).
+pub const USAGE_REPORTS_KEPT: u64 = 16;
+
+/// Inserts a usage report and drops the lease's reports older than the last
+/// [`USAGE_REPORTS_KEPT`] (the primary key makes both index lookups).
+fn insert_usage(
+    tx: &rusqlite::Transaction<'_>,
+    lid: &[u8],
+    seq: u64,
+    envelope: &[u8],
+    at: Timestamp,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT OR IGNORE INTO usage_reports(lease_id, seq, envelope, received_at)
+         VALUES (?1, ?2, ?3, ?4)",
+        params![lid, i64_of(seq), envelope, i64_of(at.0)],
+    )?;
+    tx.execute(
+        "DELETE FROM usage_reports WHERE lease_id = ?1 AND seq <= ?2",
+        params![lid, i64_of(seq.saturating_sub(USAGE_REPORTS_KEPT))],
+    )?;
+    Ok(())
+}
+
 fn key_of(b: &[u8]) -> Option<PublicKey> {
     <[u8; 32]>::try_from(b).ok().map(PublicKey)
 }
@@ -175,6 +199,8 @@ impl Store {
     }
 
     /// Stores a usage report (sent by a provider or accepted by a renter). Idempotent by seq.
+    /// Keeps the last [`USAGE_REPORTS_KEPT`] of the lease: reports are cumulative, so the last
+    /// one (with the last receipt) is the statement; older ones are only history.
     pub fn put_usage(
         &mut self,
         id: &LeaseId,
@@ -182,14 +208,11 @@ impl Store {
         envelope: &[u8],
         at: Timestamp,
     ) -> Result<(), StoreError> {
-        self.conn
-            .execute(
-                "INSERT OR IGNORE INTO usage_reports(lease_id, seq, envelope, received_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![&id.0.0[..], i64_of(seq), envelope, i64_of(at.0)],
-            )
-            .map_err(self.err())?;
-        Ok(())
+        let path = self.path.clone();
+        let e = |source| classify(&path, source);
+        let tx = self.conn.transaction().map_err(e)?;
+        insert_usage(&tx, &id.0.0[..], seq, envelope, at).map_err(e)?;
+        tx.commit().map_err(e)
     }
 
     /// Books a receipt: stores it (with the usage report it answers, for a renter) and the two
@@ -212,12 +235,7 @@ impl Store {
         let lid = &id.0.0[..];
         let tx = self.conn.transaction().map_err(e)?;
         if let Some((seq, bytes)) = usage {
-            tx.execute(
-                "INSERT OR IGNORE INTO usage_reports(lease_id, seq, envelope, received_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![lid, i64_of(seq), bytes, i64_of(at.0)],
-            )
-            .map_err(e)?;
+            insert_usage(&tx, lid, seq, bytes, at).map_err(e)?;
         }
         let last: Option<(i64, i64)> = tx
             .query_row(
@@ -332,6 +350,20 @@ impl Store {
             last_usage,
             last_receipt,
         })
+    }
+
+    /// Total earned (lease revenue credited) and spent (lease spend debited), micro-units: one
+    /// aggregate query, for metrics.
+    pub fn ledger_totals(&self) -> Result<(u64, u64), StoreError> {
+        self.conn
+            .query_row(
+                "SELECT COALESCE(SUM(CASE WHEN account = ?1 THEN credit END), 0),
+                        COALESCE(SUM(CASE WHEN account = ?2 THEN debit END), 0)
+                 FROM ledger",
+                [ACCOUNT_LEASE_REVENUE, ACCOUNT_LEASE_SPEND],
+                |r| Ok((u64_of(r.get(0)?), u64_of(r.get(1)?))),
+            )
+            .map_err(self.err())
     }
 
     /// Every ledger row, oldest first.
