@@ -65,27 +65,63 @@ impl Default for Config {
     }
 }
 
-/// Values given on the command line; `None` / empty means "not given".
-#[derive(Clone, Debug, Default)]
+/// The settings given on the command line or in the environment (`None` / empty: not given),
+/// as `gridlease node` takes them. Each field is one config key: clap reads the flag and its
+/// environment variable (the flag wins), and [`Config::resolve`] lays the given ones over the
+/// file by key. Adding a setting is one [`Config`] field (with its default), one field here
+/// and its variable's name in [`crate::env_vars`].
+#[derive(Clone, Debug, Default, Serialize, clap::Args)]
 pub struct Overrides {
-    /// `--listen` (repeatable).
+    /// Listen address (repeatable; comma-separated in the environment). Default: TCP and QUIC
+    /// on all interfaces, port 4001.
+    #[arg(long = "listen", value_name = "ADDR", env = env_vars::GRIDLEASE_LISTEN, value_delimiter = ',', value_parser = multiaddr)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub listen: Vec<String>,
-    /// `--bootstrap` (repeatable).
+    /// Peer to dial at start, with its /p2p/<id> (repeatable).
+    #[arg(long = "bootstrap", value_name = "MULTIADDR", env = env_vars::GRIDLEASE_BOOTSTRAP, value_delimiter = ',', value_parser = multiaddr)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bootstrap: Vec<String>,
-    /// `--external-addr` (repeatable).
+    /// Publicly reachable address of this node (repeatable). A relay server without one treats
+    /// its listen addresses as public.
+    #[arg(long = "external-addr", value_name = "ADDR", env = env_vars::GRIDLEASE_EXTERNAL_ADDRS, value_delimiter = ',', value_parser = multiaddr)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub external_addrs: Vec<String>,
-    /// `--relay-server`.
+    /// Also serve as relay, AutoNAT server and DHT server (for public bootstrap nodes).
+    #[arg(long, value_name = "BOOL", env = env_vars::GRIDLEASE_RELAY_SERVER, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub relay_server: Option<bool>,
-    /// `--no-mdns`.
+    /// mDNS LAN discovery (default on).
+    #[arg(long, value_name = "BOOL", env = env_vars::GRIDLEASE_MDNS, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mdns: Option<bool>,
-    /// `--announce-secs`.
+    /// Disable mDNS LAN discovery (same as --mdns=false).
+    #[arg(long, conflicts_with = "mdns")]
+    #[serde(skip)]
+    pub no_mdns: bool,
+    /// Seconds between offer re-announcements (default 60).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_ANNOUNCE_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub announce_secs: Option<u64>,
-    /// `--dev-gpus`.
+    /// Advertise declared (unverified) GPUs: "[Nx]MODEL:VRAM:PRICE,..." e.g.
+    /// "RTX 4090:24GiB:0.40,RTX 3090:24GiB:0.25".
+    #[arg(long, value_name = "SPEC", env = env_vars::GRIDLEASE_DEV_GPUS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dev_gpus: Option<String>,
-    /// `--metrics`.
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR", env = env_vars::GRIDLEASE_METRICS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
-    /// `--log-format`.
+    /// Log format.
+    #[arg(long, value_enum, value_name = "FORMAT", env = env_vars::GRIDLEASE_LOG_FORMAT)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
+}
+
+fn multiaddr(s: &str) -> Result<String, String> {
+    s.trim()
+        .parse::<libp2p::Multiaddr>()
+        .map(|a| a.to_string())
+        .map_err(|e| format!("not a multiaddr ({e})"))
 }
 
 /// A configuration that cannot be used.
@@ -128,112 +164,34 @@ pub enum ConfigError {
     },
 }
 
-fn parse_bool(name: &'static str, value: &str) -> Result<bool, ConfigError> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::Env {
-            name,
-            value: value.to_string(),
-            problem: "expected true or false",
-        }),
-    }
-}
-
-fn list(value: &str) -> Vec<String> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
 impl Config {
-    /// Merges defaults, the file text (if any), the environment (looked up through `env`) and
-    /// the flags, then validates. `file_name` only labels errors.
-    pub fn resolve(
-        file: Option<(&str, &str)>,
-        env: &dyn Fn(&str) -> Option<String>,
-        flags: &Overrides,
-    ) -> Result<Self, ConfigError> {
-        let mut c = match file {
-            Some((name, text)) => {
-                toml::from_str::<Config>(text).map_err(|e| ConfigError::Parse {
+    /// Lays the given settings (`flags`: command line and environment, already merged by
+    /// clap) over the file text (if any) by key, fills the rest with the defaults, then
+    /// validates. `file_name` only labels errors.
+    pub fn resolve(file: Option<(&str, &str)>, flags: &Overrides) -> Result<Self, ConfigError> {
+        let (name, mut table) = match file {
+            Some((name, text)) => (
+                name,
+                toml::from_str::<toml::Table>(text).map_err(|e| ConfigError::Parse {
                     path: name.to_string(),
                     message: e.to_string().trim_end().to_string(),
-                })?
-            }
-            None => Config::default(),
+                })?,
+            ),
+            None => ("the configuration", toml::Table::new()),
         };
-        if let Some(v) = env(env_vars::GRIDLEASE_LISTEN) {
-            c.listen = list(&v);
+        let mut flags = flags.clone();
+        if flags.no_mdns {
+            flags.mdns = Some(false);
         }
-        if let Some(v) = env(env_vars::GRIDLEASE_BOOTSTRAP) {
-            c.bootstrap = list(&v);
-        }
-        if let Some(v) = env(env_vars::GRIDLEASE_EXTERNAL_ADDRS) {
-            c.external_addrs = list(&v);
-        }
-        if let Some(v) = env(env_vars::GRIDLEASE_RELAY_SERVER) {
-            c.relay_server = parse_bool(env_vars::GRIDLEASE_RELAY_SERVER, &v)?;
-        }
-        if let Some(v) = env(env_vars::GRIDLEASE_MDNS) {
-            c.mdns = parse_bool(env_vars::GRIDLEASE_MDNS, &v)?;
-        }
-        if let Some(v) = env(env_vars::GRIDLEASE_ANNOUNCE_SECS) {
-            c.announce_secs = v.trim().parse().map_err(|_| ConfigError::Env {
-                name: env_vars::GRIDLEASE_ANNOUNCE_SECS,
-                value: v.clone(),
-                problem: "expected a whole number of seconds",
-            })?;
-        }
-        if let Some(v) = env(env_vars::GRIDLEASE_DEV_GPUS) {
-            c.dev_gpus = Some(v);
-        }
-        if let Some(v) = env(env_vars::GRIDLEASE_METRICS) {
-            c.metrics = Some(v);
-        }
-        if let Some(v) = env(env_vars::GRIDLEASE_LOG_FORMAT) {
-            c.log_format = match v.trim() {
-                "text" => LogFormat::Text,
-                "json" => LogFormat::Json,
-                _ => {
-                    return Err(ConfigError::Env {
-                        name: env_vars::GRIDLEASE_LOG_FORMAT,
-                        value: v,
-                        problem: "expected text or json",
-                    });
-                }
-            };
-        }
-        if !flags.listen.is_empty() {
-            c.listen = flags.listen.clone();
-        }
-        if !flags.bootstrap.is_empty() {
-            c.bootstrap = flags.bootstrap.clone();
-        }
-        if !flags.external_addrs.is_empty() {
-            c.external_addrs = flags.external_addrs.clone();
-        }
-        if let Some(v) = flags.relay_server {
-            c.relay_server = v;
-        }
-        if let Some(v) = flags.mdns {
-            c.mdns = v;
-        }
-        if let Some(v) = flags.announce_secs {
-            c.announce_secs = v;
-        }
-        if let Some(v) = &flags.dev_gpus {
-            c.dev_gpus = Some(v.clone());
-        }
-        if let Some(v) = &flags.metrics {
-            c.metrics = Some(v.clone());
-        }
-        if let Some(v) = flags.log_format {
-            c.log_format = v;
-        }
+        let given = toml::Table::try_from(&flags).map_err(|e| ConfigError::Invalid {
+            field: "flags",
+            problem: e.to_string(),
+        })?;
+        table.extend(given);
+        let c = Config::deserialize(table).map_err(|e| ConfigError::Parse {
+            path: name.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
         c.validate()?;
         Ok(c)
     }
@@ -252,11 +210,7 @@ impl Config {
             }
         };
         let name = path.display().to_string();
-        Self::resolve(
-            text.as_deref().map(|t| (name.as_str(), t)),
-            &|k| std::env::var(k).ok(),
-            flags,
-        )
+        Self::resolve(text.as_deref().map(|t| (name.as_str(), t)), flags)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -304,52 +258,60 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use clap::Parser;
 
-    fn env(map: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: BTreeMap<String, String> = map
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| m.get(k).cloned()
+    /// `gridlease node`'s settings as clap parses them (flags only: environment variables are
+    /// covered through the binary in `tests/cli_api.rs`).
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        s: Overrides,
+    }
+
+    fn flags(args: &[&str]) -> Overrides {
+        Cli::try_parse_from(std::iter::once("node").chain(args.iter().copied()))
+            .unwrap()
+            .s
     }
 
     #[test]
     fn defaults_are_documented_values() {
-        let c = Config::resolve(None, &env(&[]), &Overrides::default()).unwrap();
+        let c = Config::resolve(None, &Overrides::default()).unwrap();
         assert_eq!(c, Config::default());
         assert_eq!(c.announce_secs, 60);
         assert!(c.mdns);
     }
 
     #[test]
-    fn precedence_is_defaults_file_env_flags() {
+    fn precedence_is_defaults_file_flags() {
         let file = "announce_secs = 10\nmdns = false\nmetrics = \"127.0.0.1:9000\"\n";
-        let e = env(&[
-            ("GRIDLEASE_ANNOUNCE_SECS", "20"),
-            ("GRIDLEASE_MDNS", "true"),
-        ]);
-        let c = Config::resolve(Some(("f", file)), &e, &Overrides::default()).unwrap();
-        assert_eq!(c.announce_secs, 20, "env beats file");
-        assert!(c.mdns, "env beats file");
-        assert_eq!(
-            c.metrics.as_deref(),
-            Some("127.0.0.1:9000"),
-            "file beats default"
-        );
-        let flags = Overrides {
-            announce_secs: Some(30),
-            ..Overrides::default()
-        };
-        let c = Config::resolve(Some(("f", file)), &e, &flags).unwrap();
-        assert_eq!(c.announce_secs, 30, "flag beats env");
+        let c = Config::resolve(Some(("f", file)), &Overrides::default()).unwrap();
+        assert_eq!(c.announce_secs, 10, "file beats default");
+        assert!(!c.mdns);
+        assert_eq!(c.listen, Config::default().listen, "default kept");
+        let c = Config::resolve(
+            Some(("f", file)),
+            &flags(&[
+                "--announce-secs",
+                "30",
+                "--mdns",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/1,/ip4/127.0.0.1/tcp/2",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.announce_secs, 30, "flag beats file");
+        assert!(c.mdns, "--mdns alone means true");
+        assert_eq!(c.listen.len(), 2, "comma-separated lists");
+        assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:9000"), "file kept");
+        let c = Config::resolve(None, &flags(&["--no-mdns", "--relay-server"])).unwrap();
+        assert!(!c.mdns && c.relay_server);
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_clear_errors() {
         let err = Config::resolve(
             Some(("cfg.toml", "annouce_secs = 5\n")),
-            &env(&[]),
             &Overrides::default(),
         )
         .unwrap_err();
@@ -358,19 +320,14 @@ mod tests {
             msg.contains("cfg.toml") && msg.contains("annouce_secs"),
             "{msg}"
         );
-        let err = Config::resolve(
-            None,
-            &env(&[("GRIDLEASE_MDNS", "maybe")]),
-            &Overrides::default(),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("GRIDLEASE_MDNS"), "{err}");
-        let flags = Overrides {
-            listen: vec!["not-an-addr".into()],
-            ..Overrides::default()
-        };
-        let err = Config::resolve(None, &env(&[]), &flags).unwrap_err();
+        let err = Cli::try_parse_from(["node", "--mdns=maybe"]).err().unwrap();
+        assert!(err.to_string().contains("maybe"), "{err}");
+        let err = Cli::try_parse_from(["node", "--listen", "not-an-addr"])
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("not-an-addr"), "{err}");
+        let err = Config::resolve(None, &flags(&["--announce-secs", "0"])).unwrap_err();
+        assert!(err.to_string().contains("announce_secs"), "{err}");
     }
 
     #[test]
@@ -379,8 +336,7 @@ mod tests {
             dev_gpus: Some("RTX 4090:24GiB:0.40".into()),
             ..Config::default()
         };
-        let again =
-            Config::resolve(Some(("x", &c.to_toml())), &env(&[]), &Overrides::default()).unwrap();
+        let again = Config::resolve(Some(("x", &c.to_toml())), &Overrides::default()).unwrap();
         assert_eq!(again, c);
     }
 }

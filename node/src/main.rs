@@ -43,7 +43,7 @@ fn main() -> ExitCode {
                 0
             })
         }
-        Command::Node(args) => match Config::load(&home, &args.overrides()) {
+        Command::Node(args) => match Config::load(&home, &args.settings) {
             Err(e) => Err(e.into()),
             Ok(config) if args.dump_config => {
                 let _ = write!(std::io::stdout(), "{}", config.to_toml());

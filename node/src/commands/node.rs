@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::ApiState;
 use crate::api::types::{GpuView, GpusView};
-use crate::config::{Config, LogFormat, Overrides};
+use crate::config::{Config, Overrides};
 use crate::home::Home;
 use crate::lease::{ProvideSettings, SharedGpuSampler};
 use crate::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
@@ -23,63 +23,16 @@ use gridlease_sandbox::dev_gpus::DevGpus;
 use gridlease_sandbox::gpu::{GpuProbe, NvmlProbe};
 use gridlease_sandbox::meter::GpuSampler;
 
-/// Arguments of `gridlease node`. Each overrides `<home>/config.toml` and the environment
-/// (see `docs/cli.md`, "Configuration").
+/// Arguments of `gridlease node`. Each setting overrides `<home>/config.toml`; its environment
+/// variable counts as the flag (see `docs/cli.md`, "Configuration").
 #[derive(Debug, Args)]
 pub struct NodeArgs {
-    /// Listen address (repeatable). Default: TCP and QUIC on all interfaces, port 4001.
-    #[arg(long = "listen", value_name = "ADDR")]
-    pub listen: Vec<Multiaddr>,
-    /// Peer to dial at start, with its /p2p/<id> (repeatable).
-    #[arg(long = "bootstrap", value_name = "MULTIADDR")]
-    pub bootstrap: Vec<Multiaddr>,
-    /// Also serve as relay, AutoNAT server and DHT server (for public bootstrap nodes).
-    #[arg(long)]
-    pub relay_server: bool,
-    /// Publicly reachable address of this node (repeatable). A relay server without one treats
-    /// its listen addresses as public.
-    #[arg(long = "external-addr", value_name = "ADDR")]
-    pub external_addrs: Vec<Multiaddr>,
-    /// Advertise declared (unverified) GPUs: "[Nx]MODEL:VRAM:PRICE,..." e.g.
-    /// "RTX 4090:24GiB:0.40,RTX 3090:24GiB:0.25".
-    #[arg(long, value_name = "SPEC")]
-    pub dev_gpus: Option<String>,
-    /// Disable mDNS LAN discovery.
-    #[arg(long)]
-    pub no_mdns: bool,
-    /// Seconds between offer re-announcements (default 60).
-    #[arg(long, value_name = "SECS")]
-    pub announce_secs: Option<u64>,
-    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<String>,
-    /// Log format.
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    pub log_format: Option<LogFormat>,
+    /// The settings (each also read from its `GRIDLEASE_*` environment variable).
+    #[command(flatten)]
+    pub settings: Overrides,
     /// Print the merged configuration (defaults < config.toml < environment < flags) and exit.
     #[arg(long)]
     pub dump_config: bool,
-}
-
-impl NodeArgs {
-    /// The flags as configuration overrides.
-    pub fn overrides(&self) -> Overrides {
-        Overrides {
-            listen: self.listen.iter().map(ToString::to_string).collect(),
-            bootstrap: self.bootstrap.iter().map(ToString::to_string).collect(),
-            external_addrs: self
-                .external_addrs
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
-            relay_server: self.relay_server.then_some(true),
-            mdns: self.no_mdns.then_some(false),
-            announce_secs: self.announce_secs,
-            dev_gpus: self.dev_gpus.clone(),
-            metrics: self.metrics.clone(),
-            log_format: self.log_format,
-        }
-    }
 }
 
 fn addrs(list: &[String]) -> anyhow::Result<Vec<Multiaddr>> {
