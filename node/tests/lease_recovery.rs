@@ -284,6 +284,12 @@ fn provider_kill9_restart_lease_continues_and_ledgers_agree() {
         log.contains("resuming a running lease after restart"),
         "the restarted provider re-attached to the running container"
     );
+    // The resumed log writer continued the output file: each line once, in order.
+    let output = std::fs::read(ph.join("leases").join(format!("{id}.log"))).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&output),
+        "SENTINEL UP\nSENTINEL DONE\n"
+    );
     check_agree(&ph, &rh, id);
     let exists = rt.block_on(container_exists(&sb, id));
     assert!(!exists, "container removed");

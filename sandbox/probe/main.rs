@@ -8,6 +8,8 @@
 //!   alloc M         allocate and touch M MiB, keep it
 //!   write PATH      write a file; prints `WRITE path=PATH result=ok|<ERRNO>`
 //!   sentinel TEXT   print `SENTINEL TEXT`
+//!   bytes N         write N raw bytes to stdout, byte i = i mod 256 (every value: newlines,
+//!                   NUL, invalid UTF-8), in 4 KiB writes, no trailing newline
 //!   sleep S         sleep S seconds (fractions allowed)
 //!   ignore-term     ignore SIGTERM from now on (to test kill after grace)
 //!   forkbomb N      try N forks; prints `FORK ok=<n> failed=<n>`
@@ -287,6 +289,19 @@ fn main() {
                     Err(e) => io_errno(&e),
                 };
                 say(&format!("WRITE path={p} result={r}"));
+            }
+            "bytes" => {
+                let n: usize = arg(i).parse().unwrap_or(0);
+                i += 1;
+                let pattern: Vec<u8> = (0..4096).map(|b| (b % 256) as u8).collect();
+                let mut out = std::io::stdout().lock();
+                let mut left = n;
+                while left > 0 {
+                    let take = left.min(pattern.len());
+                    let _ = out.write_all(&pattern[..take]);
+                    let _ = out.flush();
+                    left -= take;
+                }
             }
             "sentinel" => {
                 say(&format!("SENTINEL {}", arg(i)));

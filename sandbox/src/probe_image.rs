@@ -18,6 +18,26 @@ use crate::runtime::{Sandbox, SandboxError};
 /// The static probe binary compiled by `build.rs` from `probe/main.rs`.
 pub static PROBE_BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gridlease-probe"));
 
+/// Label on the probe image: a hash of the probe's source (`probe/main.rs`), so an image left
+/// by an older probe under the same tag (same crate version, fewer steps) is replaced instead of
+/// silently reused. The source, not the binary: the binary embeds the checkout's path.
+pub const PROBE_SOURCE_LABEL: &str = "gridlease.probe.source";
+
+/// The value of [`PROBE_SOURCE_LABEL`] for the probe embedded in this build (FNV-1a 64, hex).
+pub fn probe_source_hash() -> String {
+    const SOURCE: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/probe/main.rs"));
+    const HASH: u64 = {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut i = 0;
+        while i < SOURCE.len() {
+            h = (h ^ SOURCE[i] as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            i += 1;
+        }
+        h
+    };
+    format!("{HASH:016x}")
+}
+
 /// Image tag: `gridlease-probe:<crate version>`.
 pub fn probe_image_tag() -> String {
     format!("gridlease-probe:{}", env!("CARGO_PKG_VERSION"))
@@ -63,7 +83,9 @@ pub fn rootfs_tar() -> std::io::Result<Vec<u8>> {
 }
 
 impl Sandbox {
-    /// Creates `gridlease-probe:<version>` unless it is already present. Returns the tag.
+    /// Creates `gridlease-probe:<version>` unless it is already present with this build's
+    /// probe (label [`PROBE_SOURCE_LABEL`]; an older probe under the same tag is replaced).
+    /// Returns the tag.
     ///
     /// Parallel test processes on one host would otherwise all import at once and leave
     /// dangling copies; a lock file (`create_new`, stale after 60 s) in the temp dir lets one
@@ -76,7 +98,7 @@ impl Sandbox {
         ));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         loop {
-            if self.docker().inspect_image(&tag).await.is_ok() {
+            if self.has_current_probe(&tag).await {
                 return Ok(tag);
             }
             match std::fs::OpenOptions::new()
@@ -110,6 +132,17 @@ impl Sandbox {
         }
     }
 
+    /// Whether `tag` exists and carries this build's probe.
+    async fn has_current_probe(&self, tag: &str) -> bool {
+        let Ok(image) = self.docker().inspect_image(tag).await else {
+            return false;
+        };
+        image
+            .config
+            .and_then(|c| c.labels)
+            .is_some_and(|l| l.get(PROBE_SOURCE_LABEL) == Some(&probe_source_hash()))
+    }
+
     /// Creates (or re-creates) the probe image from [`rootfs_tar`].
     pub async fn build_probe_image(&self) -> Result<(), SandboxError> {
         let tag = probe_image_tag();
@@ -117,7 +150,8 @@ impl Sandbox {
             image: tag.clone(),
             message: format!("building the rootfs tar: {e}"),
         })?;
-        self.import_image(&tag, rootfs, &["ENTRYPOINT [\"/probe\"]"])
+        let label = format!("LABEL {PROBE_SOURCE_LABEL}={}", probe_source_hash());
+        self.import_image(&tag, rootfs, &["ENTRYPOINT [\"/probe\"]", &label])
             .await?;
         tracing::info!(image = %tag, "probe image created");
         Ok(())

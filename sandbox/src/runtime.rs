@@ -316,16 +316,11 @@ impl Sandbox {
         max_bytes: usize,
         mut on_chunk: impl FnMut(&[u8]),
     ) -> Result<usize, SandboxError> {
-        let opts = LogsOptionsBuilder::default()
-            .follow(follow)
-            .stdout(true)
-            .stderr(true)
-            .build();
-        let mut stream = self.docker.logs(id, Some(opts));
+        let stream = self.log_stream(id, follow);
+        futures_util::pin_mut!(stream);
         let mut delivered = 0usize;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(docker_err("logs", id))?;
-            let bytes = chunk.into_bytes();
+        while let Some(bytes) = stream.next().await {
+            let bytes = bytes?;
             let room = max_bytes.saturating_sub(delivered);
             let take = bytes.len().min(room);
             on_chunk(&bytes[..take]);
@@ -335,6 +330,29 @@ impl Sandbox {
             }
         }
         Ok(delivered)
+    }
+
+    /// The container's stdout+stderr from its first byte, as the daemon returns it (raw bytes,
+    /// no UTF-8 conversion; exact when the log driver keeps bytes, as the `local` driver that
+    /// [`crate::spec::build_create_body`] sets does). With `follow` the stream ends when the
+    /// container has exited and everything was delivered (or when it is removed). Owns what it
+    /// needs, so a task can hold it.
+    pub fn log_stream(
+        &self,
+        id: &str,
+        follow: bool,
+    ) -> impl futures_util::Stream<Item = Result<bytes::Bytes, SandboxError>> + Send + 'static {
+        let opts = LogsOptionsBuilder::default()
+            .follow(follow)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let target = id.to_string();
+        self.docker.logs(id, Some(opts)).map(move |chunk| {
+            chunk
+                .map(bollard::container::LogOutput::into_bytes)
+                .map_err(docker_err("logs", &target))
+        })
     }
 
     /// Deadline watcher: sends SIGTERM `grace` before `deadline`, then SIGKILL at `deadline` if

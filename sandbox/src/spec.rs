@@ -5,7 +5,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, ImageConfig};
+use bollard::models::{
+    ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, ImageConfig,
+};
 use gridlease_protocol::{LeaseId, NetworkPolicy, Timestamp};
 
 /// Label carrying the lease id (hex).
@@ -18,6 +20,14 @@ pub const LABEL_EXPIRES: &str = "gridlease.expires_at";
 pub const NOBODY: &str = "65534:65534";
 /// Where the writable, size-limited scratch tmpfs is mounted.
 pub const SCRATCH_PATH: &str = "/tmp";
+/// The tenant's Docker log driver: `local` keeps the output's bytes exactly (`json-file`, a
+/// common daemon default, stores JSON strings and replaces invalid UTF-8 with U+FFFD).
+pub const LOG_DRIVER: &str = "local";
+/// The tenant's Docker log retention: files of this size...
+pub const LOG_MAX_SIZE: &str = "10m";
+/// ...at most this many of them (the oldest is dropped): the daemon keeps 20-30 MiB of a
+/// tenant's output whatever its own defaults (a stock install keeps everything).
+pub const LOG_MAX_FILE: &str = "3";
 
 /// Everything the sandbox needs to run one lease's container.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,6 +336,13 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         port_bindings: None,
         auto_remove: Some(false),
         oom_kill_disable: Some(false),
+        log_config: Some(HostConfigLogConfig {
+            typ: Some(LOG_DRIVER.to_string()),
+            config: Some(HashMap::from([
+                ("max-size".to_string(), LOG_MAX_SIZE.to_string()),
+                ("max-file".to_string(), LOG_MAX_FILE.to_string()),
+            ])),
+        }),
         ..Default::default()
     };
 
@@ -460,6 +477,13 @@ mod tests {
         assert_ne!(hc.ipc_mode.as_deref(), Some("host"));
         assert_ne!(hc.uts_mode.as_deref(), Some("host"));
         assert_ne!(hc.userns_mode.as_deref(), Some("host"));
+        let log = hc.log_config.unwrap();
+        assert_eq!(log.typ.as_deref(), Some("local"), "a byte-exact log driver");
+        let log = log.config.unwrap();
+        assert_eq!(
+            (log["max-size"].as_str(), log["max-file"].as_str()),
+            ("10m", "3")
+        );
         let labels = body.labels.unwrap();
         assert_eq!(labels[LABEL_NODE], "node-1");
         assert_eq!(labels[LABEL_EXPIRES], "1700000000000");

@@ -25,7 +25,8 @@
 //!   Option<LeaseView>`.
 //! - [`LeaseService::logs`]`(id, from_offset) -> Result<LogChunk, LeaseError>`: a renter
 //!   fetches from the provider over the network; a provider reads locally. At most
-//!   [`wire::MAX_LOG_CHUNK`] bytes per call.
+//!   [`wire::MAX_LOG_CHUNK`] bytes per call, read from the file the lease's [`logs::LogWriter`]
+//!   fills; neither way goes through the session.
 //! - [`LeaseService::stop`]`(id)`: renter sends a signed `LeaseClose`; provider stops the
 //!   container. Either way the lease settles at the last valid receipt.
 //! - [`LeaseService::ledger`]`() -> Ledger`.
@@ -44,6 +45,7 @@
 //! - Final statement = last valid receipt, on both nodes.
 
 pub mod desk;
+pub mod logs;
 pub mod provider;
 pub mod renter;
 pub mod view;
@@ -345,12 +347,6 @@ pub(crate) enum SessionMsg {
     Inbound(Box<InboundSession>),
     /// Stop the lease locally (renter: close; provider: stop the container).
     Stop(oneshot::Sender<()>),
-    /// Provider: read output (local `logs`).
-    Logs {
-        offset: u64,
-        max: u32,
-        reply: oneshot::Sender<LogChunk>,
-    },
 }
 
 /// Shared, immutable context of all sessions.
@@ -362,6 +358,8 @@ pub(crate) struct Ctx {
     pub(crate) sandbox: Option<Sandbox>,
     pub(crate) node_id: String,
     pub(crate) cancel: CancellationToken,
+    /// Bounds the tasks answering peers' log requests ([`logs::LOG_READERS`]).
+    pub(crate) log_reads: Arc<tokio::sync::Semaphore>,
 }
 
 impl Ctx {
@@ -435,6 +433,7 @@ impl LeaseService {
             sandbox,
             node_id,
             cancel: cancel.clone(),
+            log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
         });
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
@@ -593,20 +592,14 @@ impl LeaseService {
 
     /// Container output from `from_offset`, at most [`wire::MAX_LOG_CHUNK`] bytes.
     pub async fn logs(&self, id: LeaseId, from_offset: u64) -> Result<LogChunk, LeaseError> {
+        let max = wire::MAX_LOG_CHUNK;
+        let live = self.ask(|r| Cmd::Watch(id, r)).await?;
+        if let Some(l) = live.and_then(|w| logs::LiveLog::of(&w.borrow())) {
+            return Ok(l.read(&self.ctx, &id, from_offset, max).await);
+        }
         let l = self.ctx.stored_lease(id).await?;
         match l.role {
-            Role::Provider => {
-                let (reply, rx) = oneshot::channel();
-                let msg = SessionMsg::Logs {
-                    offset: from_offset,
-                    max: wire::MAX_LOG_CHUNK,
-                    reply,
-                };
-                if self.ask(|r| Cmd::ToSession(id, Box::new(msg), r)).await? {
-                    return rx.await.map_err(|_| LeaseError::Closed);
-                }
-                Ok(provider::logs_from_file(&self.ctx, &l, from_offset, wire::MAX_LOG_CHUNK).await)
-            }
+            Role::Provider => logs::logs_from_file(&self.ctx, &l, from_offset, max).await,
             Role::Renter => {
                 let peer = l
                     .lease
@@ -1030,6 +1023,29 @@ impl Actor {
     }
 
     fn on_session(&mut self, m: InboundSession) {
+        if let SessionRequest::Logs {
+            lease_id,
+            offset,
+            max,
+        } = m.request
+        {
+            // Answered from the output file by a task of its own, never by the session.
+            let Ok(permit) = self.ctx.log_reads.clone().try_acquire_owned() else {
+                let _ = m.reply.send(SessionResponse::Busy);
+                return;
+            };
+            let live = self
+                .sessions
+                .get(&lease_id)
+                .map(|e| e.view.borrow().clone());
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                let r = logs::serve_renter(&ctx, live, m.peer, lease_id, offset, max).await;
+                let _ = m.reply.send(r);
+                drop(permit);
+            });
+            return;
+        }
         let entry = m.request.lease_hint().and_then(|id| self.sessions.get(&id));
         match entry {
             Some(e) => {
@@ -1040,20 +1056,7 @@ impl Actor {
                 }
             }
             None => {
-                // A finished provider lease still serves its output to its renter.
-                if let SessionRequest::Logs {
-                    lease_id,
-                    offset,
-                    max,
-                } = m.request
-                {
-                    let ctx = self.ctx.clone();
-                    tokio::spawn(async move {
-                        let r = provider::serve_finished_logs(&ctx, m.peer, lease_id, offset, max)
-                            .await;
-                        let _ = m.reply.send(r);
-                    });
-                } else if let SessionRequest::Close(_) = m.request {
+                if let SessionRequest::Close(_) = m.request {
                     // A renter that already settled (e.g. it gave up on a provider that then
                     // came back) still returns its last receipt, so both statements agree.
                     let ctx = self.ctx.clone();

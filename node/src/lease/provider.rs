@@ -18,8 +18,9 @@ use gridlease_sandbox::meter::{Cut, Meter, MeterControl, Usage, meter_run, to_us
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 use tokio::sync::{mpsc, watch};
 
+use super::logs::{self, LogWriter};
 use super::view::{self, LeaseView};
-use super::wire::{LogChunk, SessionRequest, SessionResponse};
+use super::wire::{SessionRequest, SessionResponse};
 use super::{Ctx, MAX_LOG_BYTES, SessionMsg, session_rpc, sign};
 use crate::store::lease::{SessionPatch, SessionRecord};
 use crate::store::{Role, StoredLease};
@@ -45,6 +46,8 @@ struct Session {
     /// The leased GPUs (UUID digests), as accepted.
     gpus: Vec<gridlease_protocol::Digest>,
     view: watch::Sender<LeaseView>,
+    /// Copies the container's output to its file from the start (`None` until started here).
+    logs: Option<LogWriter>,
 }
 
 impl Session {
@@ -266,6 +269,7 @@ pub(crate) async fn run(
         container: rec.fields.container_id.clone(),
         gpus: stored.gpus.clone(),
         view: view_tx,
+        logs: None,
     };
     s.publish();
 
@@ -387,6 +391,12 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
         remove_container(s).await;
         return Err(CloseReason::StartFailed);
     }
+    s.logs = Some(LogWriter::spawn(
+        sb.clone(),
+        id.clone(),
+        ctx.log_path(&s.lease.id),
+        MAX_LOG_BYTES,
+    ));
     let now = ctx.now();
     s.channel = ProviderChannel::new(s.lease.id, &terms, now);
     let running = s
@@ -444,6 +454,15 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     let Some(started) = s.lease.started_at else {
         return Ended::Stop(CloseReason::StartFailed);
     };
+    // Re-attached after a restart: continue the output file where it stopped.
+    let log_writer = s.logs.take().unwrap_or_else(|| {
+        LogWriter::resume(
+            sb.clone(),
+            cid.clone(),
+            ctx.log_path(&s.lease.id),
+            MAX_LOG_BYTES,
+        )
+    });
     let terms = s.lease.terms.clone();
     let deadline = started.plus_secs(u64::from(terms.duration_s));
     let gpu_uuids = if ctx.config.gpu_sampler.is_some() {
@@ -508,7 +527,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             }
             () = &mut expiry => break Ended::Stop(CloseReason::Expired),
             Some(msg) = inbox.recv() => {
-                if let Some(reason) = on_msg(s, &sb, &cid, msg).await {
+                if let Some(reason) = on_msg(s, msg) {
                     break Ended::Stop(reason);
                 }
             }
@@ -608,7 +627,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
         exit_code = ?s.exit_code,
         "container stopped"
     );
-    save_logs(&ctx, &sb, &cid, s.lease.id).await;
+    log_writer.finish().await;
     // Final report (minimum billing applies), unless the renter is known to be gone.
     let send_final = !matches!(
         ended,
@@ -633,25 +652,17 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     ended
 }
 
-/// A message for a running session. Returns a reason to stop, if any.
-async fn on_msg(s: &mut Session, sb: &Sandbox, cid: &str, msg: SessionMsg) -> Option<CloseReason> {
+/// A message for a running session (log requests never come here: see [`logs`]). Returns a
+/// reason to stop, if any.
+fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
     match msg {
         SessionMsg::Stop(done) => {
             let _ = done.send(());
             Some(CloseReason::ProviderStop)
         }
-        SessionMsg::Logs { offset, max, reply } => {
-            let _ = reply.send(live_logs(sb, cid, offset, max, s.exit_code).await);
-            None
-        }
         SessionMsg::Inbound(m) => {
             let from_renter = Some(m.peer) == s.renter_peer;
             match m.request {
-                SessionRequest::Logs { offset, max, .. } if from_renter => {
-                    let chunk = live_logs(sb, cid, offset, max, s.exit_code).await;
-                    let _ = m.reply.send(SessionResponse::Logs(chunk));
-                    None
-                }
                 SessionRequest::Close(signed) if from_renter => {
                     let net = s.ctx.client.network().clone();
                     match signed.verify(&net) {
@@ -746,93 +757,7 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     s.publish();
 }
 
+/// Saves the output of a container whose writer never ran here (see [`logs::catch_up`]).
 async fn save_logs(ctx: &Ctx, sb: &Sandbox, cid: &str, id: LeaseId) {
-    let max = usize::try_from(MAX_LOG_BYTES).unwrap_or(usize::MAX);
-    match sb.logs(cid, false, max).await {
-        Ok(text) => {
-            if let Err(e) = tokio::fs::write(ctx.log_path(&id), text.as_bytes()).await {
-                tracing::warn!(error = %e, "cannot save the container output");
-            }
-        }
-        Err(e) => tracing::debug!(error = %e, "no container output to save"),
-    }
-}
-
-async fn live_logs(
-    sb: &Sandbox,
-    cid: &str,
-    offset: u64,
-    max: u32,
-    exit_code: Option<i32>,
-) -> LogChunk {
-    let max = u64::from(max.min(super::wire::MAX_LOG_CHUNK));
-    let want = offset.saturating_add(max).min(MAX_LOG_BYTES);
-    let mut data = Vec::new();
-    let mut pos = 0u64;
-    let r = sb
-        .logs_with(
-            cid,
-            false,
-            usize::try_from(want).unwrap_or(usize::MAX),
-            |chunk| {
-                let len = chunk.len() as u64;
-                let start = offset.saturating_sub(pos).min(len);
-                let end = want.saturating_sub(pos).min(len);
-                if start < end {
-                    data.extend_from_slice(&chunk[start as usize..end as usize]);
-                }
-                pos += len;
-            },
-        )
-        .await;
-    if let Err(e) = r {
-        tracing::debug!(error = %e, "logs not available");
-    }
-    LogChunk {
-        next_offset: offset + data.len() as u64,
-        data,
-        eof: false,
-        exit_code,
-    }
-}
-
-/// Output of a finished lease, from the file saved at its end.
-pub(crate) async fn logs_from_file(ctx: &Ctx, l: &StoredLease, offset: u64, max: u32) -> LogChunk {
-    let id = l.lease.id;
-    let exit_code = ctx
-        .store
-        .call(move |s| s.session_record(&id))
-        .await
-        .ok()
-        .and_then(|r| r.fields.exit_code);
-    let bytes = tokio::fs::read(ctx.log_path(&id)).await.unwrap_or_default();
-    let len = bytes.len() as u64;
-    let start = offset.min(len);
-    let end = start
-        .saturating_add(u64::from(max.min(super::wire::MAX_LOG_CHUNK)))
-        .min(len);
-    let data = bytes[start as usize..end as usize].to_vec();
-    LogChunk {
-        next_offset: end,
-        eof: end >= len && l.lease.state.is_terminal(),
-        data,
-        exit_code,
-    }
-}
-
-/// Answers a renter's log request for a lease whose session has ended.
-pub(crate) async fn serve_finished_logs(
-    ctx: &Ctx,
-    peer: PeerId,
-    id: LeaseId,
-    offset: u64,
-    max: u32,
-) -> SessionResponse {
-    let Ok(Some(l)) = ctx.store.call(move |s| s.lease(&id)).await else {
-        return SessionResponse::UnknownLease;
-    };
-    if l.role != Role::Provider || l.lease.terms.renter.peer_id().ok() != Some(peer) {
-        return SessionResponse::UnknownLease;
-    }
-    SessionResponse::Logs(logs_from_file(ctx, &l, offset, max).await)
+    logs::catch_up(sb, cid, &ctx.log_path(&id), MAX_LOG_BYTES).await;
 }

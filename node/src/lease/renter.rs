@@ -320,9 +320,6 @@ pub(crate) async fn run(
                     }
                     let _ = done.send(());
                 }
-                Some(SessionMsg::Logs { reply, .. }) => {
-                    let _ = reply.send(super::LogChunk::default());
-                }
                 Some(SessionMsg::Inbound(m)) => {
                     let InboundSession { peer, request, reply } = *m;
                     if Some(peer) != s.provider_peer {
