@@ -312,4 +312,106 @@ mod tests {
         assert_eq!(j["exit_code"], 0);
         assert!(!v.is_terminal());
     }
+
+    fn settled_view() -> (LeaseView, PublicKey) {
+        use gridlease_contracts::{Actor, LeaseEvent, Money};
+        use gridlease_protocol::CloseReason;
+        use gridlease_protocol::fixtures::T0;
+        let p = NodeKey::from_secret([1; 32]).public();
+        let r = NodeKey::from_secret([2; 32]).public();
+        let offer = fixtures::offer(p, 1, 1, 3_600_000);
+        let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, r, 1, 600);
+        let id = terms.lease_id().unwrap();
+        let mut lease = Lease::propose(id, terms);
+        lease
+            .apply(LeaseEvent::Accept, Actor::Provider, T0)
+            .unwrap();
+        lease
+            .apply(LeaseEvent::BeginStart, Actor::Provider, T0.plus_ms(5))
+            .unwrap();
+        lease
+            .apply(LeaseEvent::Started, Actor::Provider, T0.plus_secs(1))
+            .unwrap();
+        lease
+            .apply(
+                LeaseEvent::Close(CloseReason::RenterStop),
+                Actor::Renter,
+                T0.plus_secs(61),
+            )
+            .unwrap();
+        lease
+            .apply(
+                LeaseEvent::Settle {
+                    total: Money::from_micros(60_000),
+                },
+                Actor::Renter,
+                T0.plus_secs(62),
+            )
+            .unwrap();
+        let mut usage = fixtures::usage(id, 6, 60_000, 1);
+        usage.amount_due = 60_000;
+        (
+            make(Role::Provider, &lease, &r, Some(&usage), 60_000, Some(137)),
+            r,
+        )
+    }
+
+    /// The JSON scripts read (`leases --json`, `GET /v1/leases`), byte for byte.
+    #[test]
+    fn view_json_is_stable() {
+        let (v, r) = settled_view();
+        let text = serde_json::to_string(&v).unwrap();
+        let expected = format!(
+            concat!(
+                r#"{{"lease_id":"{id}","role":"provider","state":"settled","#,
+                r#""counterparty":"{peer}","gpus":1,"price_per_gpu_hour":3600000,"#,
+                r#""duration_s":600,"image":"{image}","started_at":{started},"#,
+                r#""closed_at":{closed},"usage":{{"seq":6,"wall_ms":60000,"#,
+                r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,
+                r#""mem_peak_mib":1024}},"paid":60000,"cost_so_far":60000,"#,
+                r#""time_left_s":null,"exit_code":137,"close_reason":"renter_stop","#,
+                r#""settled_total":60000}}"#
+            ),
+            id = v.lease_id,
+            peer = r.peer_id().unwrap(),
+            image = v.image,
+            started = fixtures::T0.plus_secs(1).0,
+            closed = fixtures::T0.plus_secs(61).0,
+        );
+        assert_eq!(text, expected);
+        assert!(v.is_terminal());
+    }
+
+    /// The JSON of `ledger --json` / `GET /v1/ledger`, byte for byte.
+    #[test]
+    fn ledger_json_is_stable() {
+        use crate::store::lease::{ACCOUNT_LEASE_SPEND, ACCOUNT_PAYABLE};
+        let (v, r) = settled_view();
+        let row = |account: &str, debit, credit| LedgerRow {
+            lease_id: v.lease_id,
+            counterparty: r,
+            account: account.to_string(),
+            debit,
+            credit,
+            receipt_seq: Some(1),
+            at: fixtures::T0,
+        };
+        let rows = [
+            row(ACCOUNT_LEASE_SPEND, 500, 0),
+            row(ACCOUNT_PAYABLE, 0, 500),
+        ];
+        let l = ledger(&rows, &[]);
+        let text = serde_json::to_string(&l).unwrap();
+        let peer = r.peer_id().unwrap();
+        let expected = format!(
+            concat!(
+                r#"{{"leases":[{{"lease_id":"{id}","role":"renter","counterparty":"{peer}","#,
+                r#""total":500,"entries":1}}],"counterparties":{{"{peer}":{{"earned":0,"#,
+                r#""spent":500}}}},"total_earned":0,"total_spent":500,"balanced":true}}"#
+            ),
+            id = v.lease_id,
+            peer = peer,
+        );
+        assert_eq!(text, expected);
+    }
 }
