@@ -196,7 +196,10 @@ async fn scrape(State(s): State<MetricsState>) -> impl IntoResponse {
         Err(_) => {}
     }
     if let Ok(views) = s.leases.leases().await {
-        let running = views.iter().filter(|v| v.state == "running").count();
+        let running = views
+            .iter()
+            .filter(|v| v.state == gridlease_contracts::LeaseState::Running)
+            .count();
         let active = views.iter().filter(|v| !v.is_terminal()).count();
         s.running_leases.set(gauge(running));
         s.active_leases.set(gauge(active));

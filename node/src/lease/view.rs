@@ -1,5 +1,6 @@
-//! Read models for the control API: [`LeaseView`] and [`Ledger`] (serde-serializable, amounts
-//! in micro-units).
+//! Read models of the control API: [`LeaseView`] and [`Ledger`], amounts in micro-units. The
+//! daemon serializes them and the CLI deserializes the same structs, so a field or state name
+//! is written once (`docs/api.md` documents the JSON; its names are stable for scripts).
 
 use std::collections::BTreeMap;
 
@@ -7,14 +8,14 @@ use gridlease_contracts::{Lease, LeaseState, Tariff};
 use gridlease_protocol::{
     LeaseId, NetworkId, PaymentReceipt, PublicKey, Signed, Timestamp, UsageReport,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::clock;
 use crate::store::lease::{LedgerRow, SessionRecord};
 use crate::store::{Role, StoredLease};
 
 /// Metered usage as last reported (cumulative meters, interval peaks).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageView {
     /// Report sequence.
     pub seq: u64,
@@ -44,15 +45,16 @@ impl From<&UsageReport> for UsageView {
 }
 
 /// A lease as the control API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseView {
-    /// The lease id.
-    #[serde(serialize_with = "ser_display")]
+    /// The lease id (64 hex digits in JSON).
+    #[serde(serialize_with = "ser_display", deserialize_with = "de_from_str")]
     pub lease_id: LeaseId,
-    /// `renter` or `provider`.
-    pub role: &'static str,
-    /// Lease state (`accepted`, `starting`, `running`, `closing`, `settled`, `failed`, ...).
-    pub state: &'static str,
+    /// This node's side: `renter` or `provider`.
+    pub role: Role,
+    /// Lease state: `proposed`, `accepted`, `starting`, `running`, `closing`, `settled`,
+    /// `rejected` or `failed`.
+    pub state: LeaseState,
     /// The other party's peer id.
     pub counterparty: String,
     /// GPUs leased.
@@ -77,7 +79,8 @@ pub struct LeaseView {
     pub time_left_s: Option<u64>,
     /// The container's exit code.
     pub exit_code: Option<i32>,
-    /// Why it closed.
+    /// Why it closed (`renter_stop`, `expired`, ...: the store's names for a
+    /// [`CloseReason`](gridlease_protocol::CloseReason)).
     pub close_reason: Option<String>,
     /// The final statement once settled, micro-units.
     pub settled_total: Option<u64>,
@@ -87,10 +90,16 @@ fn ser_display<S: serde::Serializer>(v: &LeaseId, s: S) -> Result<S::Ok, S::Erro
     s.collect_str(v)
 }
 
+/// The inverse of [`ser_display`]: a lease id from its hex text.
+fn de_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<LeaseId, D::Error> {
+    let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
 impl LeaseView {
-    /// Settled, failed or rejected: nothing more will happen.
+    /// Nothing more will happen to the lease ([`LeaseState::is_terminal`]).
     pub fn is_terminal(&self) -> bool {
-        matches!(self.state, "settled" | "failed" | "rejected")
+        self.state.is_terminal()
     }
 }
 
@@ -111,11 +120,8 @@ pub(crate) fn make(
     };
     LeaseView {
         lease_id: lease.id,
-        role: match role {
-            Role::Provider => "provider",
-            Role::Renter => "renter",
-        },
-        state: lease.state.as_str(),
+        role,
+        state: lease.state,
         counterparty: counterparty
             .peer_id()
             .map(|p| p.to_string())
@@ -184,13 +190,13 @@ pub(crate) fn from_store(_net: &NetworkId, l: &StoredLease, rec: &SessionRecord)
 }
 
 /// One lease's statement.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseStatement {
-    /// The lease.
-    #[serde(serialize_with = "ser_display")]
+    /// The lease (64 hex digits in JSON).
+    #[serde(serialize_with = "ser_display", deserialize_with = "de_from_str")]
     pub lease_id: LeaseId,
     /// `renter` (spent) or `provider` (earned).
-    pub role: &'static str,
+    pub role: Role,
     /// The other party's peer id.
     pub counterparty: String,
     /// Booked total, micro-units (equals the last valid receipt).
@@ -200,7 +206,7 @@ pub struct LeaseStatement {
 }
 
 /// Totals with one counterparty.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterpartyTotals {
     /// Earned from it as a provider, micro-units.
     pub earned: u64,
@@ -209,7 +215,7 @@ pub struct CounterpartyTotals {
 }
 
 /// The node's ledger.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
     /// Per lease.
     pub leases: Vec<LeaseStatement>,
@@ -239,8 +245,8 @@ pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
         debits += u128::from(r.debit);
         credits += u128::from(r.credit);
         let (role, amount) = match r.account.as_str() {
-            ACCOUNT_LEASE_SPEND => ("renter", r.debit),
-            ACCOUNT_LEASE_REVENUE => ("provider", r.credit),
+            ACCOUNT_LEASE_SPEND => (Role::Renter, r.debit),
+            ACCOUNT_LEASE_REVENUE => (Role::Provider, r.credit),
             _ => continue,
         };
         let st = per.entry(r.lease_id).or_insert_with(|| LeaseStatement {
@@ -256,7 +262,7 @@ pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
             .counterparties
             .entry(peer_text(&r.counterparty))
             .or_default();
-        if role == "renter" {
+        if role == Role::Renter {
             c.spent = c.spent.saturating_add(amount);
             out.total_spent = out.total_spent.saturating_add(amount);
         } else {
@@ -380,6 +386,25 @@ mod tests {
         );
         assert_eq!(text, expected);
         assert!(v.is_terminal());
+        // The CLI reads the same struct back.
+        let back: LeaseView = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
+        let bad = text.replace(&v.lease_id.to_string(), "abc");
+        assert!(serde_json::from_str::<LeaseView>(&bad).is_err());
+    }
+
+    #[test]
+    fn states_serialize_as_their_names() {
+        for s in [
+            LeaseState::Proposed,
+            LeaseState::Closing,
+            LeaseState::Failed,
+        ] {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()));
+            assert_eq!(serde_json::from_str::<LeaseState>(&json).unwrap(), s);
+        }
+        assert_eq!(serde_json::to_string(&Role::Renter).unwrap(), "\"renter\"");
     }
 
     /// The JSON of `ledger --json` / `GET /v1/ledger`, byte for byte.
@@ -413,5 +438,6 @@ mod tests {
             peer = peer,
         );
         assert_eq!(text, expected);
+        assert_eq!(serde_json::from_str::<Ledger>(&text).unwrap(), l);
     }
 }
