@@ -6,60 +6,10 @@
 
 mod cli_support;
 
-use std::path::Path;
 use std::time::Duration;
 
-use cli_support::{Daemon, bin, cli, init, start_node, wait_for};
+use cli_support::{bin, cli, json, lease_of, market, probe_image_or_skip, wait_for};
 use serde_json::Value;
-
-fn json(home: &Path, args: &[&str]) -> Value {
-    let out = bin()
-        .arg("--home")
-        .arg(home)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "gridlease {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The probe image tag, built if missing; `None` (skip) only when Docker is unreachable and
-/// not required.
-fn probe_image_or_skip(test: &str) -> Option<String> {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        match gridlease_sandbox::Sandbox::connect().await {
-            Ok(sb) => Some(sb.ensure_probe_image().await.unwrap()),
-            Err(e) => {
-                if std::env::var("GRIDLEASE_REQUIRE_DOCKER").as_deref() == Ok("1") {
-                    panic!("{test}: GRIDLEASE_REQUIRE_DOCKER=1 but Docker is unreachable: {e}");
-                }
-                eprintln!("{test}: SKIPPED, Docker is unreachable ({e})");
-                None
-            }
-        }
-    })
-}
-
-fn start(home: &Path, extra: &[&str]) -> Daemon {
-    init(home);
-    start_node(home, extra)
-}
-
-fn lease_of(home: &Path, id: &str) -> Value {
-    let all = json(home, &["leases", "--all"]);
-    all.as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["lease_id"] == id)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
 
 #[test]
 fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
@@ -68,24 +18,8 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let _p = start(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
-    let addr = json(&ph, &["status"])["listen_addrs"][0]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let _r = start(&rh, &["--bootstrap", &addr]);
-
-    let mut offers = Value::Null;
-    wait_for(
-        Duration::from_secs(30),
-        "the offer to reach the renter",
-        || {
-            offers = json(&rh, &["search", "gpu~4090"]);
-            offers.as_array().is_some_and(|a| a.len() == 1)
-        },
-    );
-    assert_eq!(offers[0]["verified"], false);
-    let prefix = offers[0]["id"].as_str().unwrap()[..12].to_string();
+    let (_p, _r, prefix) = market(dir.path());
+    assert_eq!(json(&rh, &["search", "gpu~4090"])[0]["verified"], false);
 
     let rented = json(
         &rh,
