@@ -18,7 +18,8 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let (_p, _r, prefix) = market(dir.path());
+    let m = market(dir.path());
+    let prefix = m.offer.clone();
     assert_eq!(json(&rh, &["search", "gpu~4090"])[0]["verified"], false);
 
     let rented = json(

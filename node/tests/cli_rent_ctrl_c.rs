@@ -70,10 +70,10 @@ fn first_ctrl_c_stops_the_lease_and_prints_the_bill() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let (_p, _r, prefix) = market(dir.path());
+    let m = market(dir.path());
+    let _containers = ContainersGuard(m.provider_peer.clone());
     let t = Tmux::start("stop");
-    let id = rent_in_pane(&t, (&ph, &rh), &prefix, &image, "ctrl-c-once");
-    let _containers = ContainersGuard(id.clone());
+    let id = rent_in_pane(&t, (&ph, &rh), &m.offer, &image, "ctrl-c-once");
     assert_eq!(containers_of(&id).len(), 1, "one container runs the lease");
 
     t.send(&["C-c"]);
@@ -111,15 +111,15 @@ fn second_ctrl_c_detaches_and_leaves_the_lease_to_stop_on_its_own() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let (p, _r, prefix) = market(dir.path());
+    let m = market(dir.path());
+    let _containers = ContainersGuard(m.provider_peer.clone());
     let t = Tmux::start("detach");
-    let id = rent_in_pane(&t, (&ph, &rh), &prefix, &image, "ctrl-c-twice");
-    let _containers = ContainersGuard(id.clone());
+    let id = rent_in_pane(&t, (&ph, &rh), &m.offer, &image, "ctrl-c-twice");
 
     // A second Ctrl-C is for a stop that takes long. Freeze the provider so that it does: the
     // renter's node takes the stop at once, but the container stays up until the provider
     // runs again, whatever the timing of this test.
-    let provider_pid = p.0.id().to_string();
+    let provider_pid = m.provider.0.id().to_string();
     let _thaw = Thaw(provider_pid.clone());
     signal(&provider_pid, "-STOP");
 
@@ -127,6 +127,12 @@ fn second_ctrl_c_detaches_and_leaves_the_lease_to_stop_on_its_own() {
     t.wait_for_text(
         Duration::from_secs(30),
         &format!("Ctrl-C: stopping lease {id}…"),
+    );
+    // The renter's node took the stop (the CLI has its answer a moment before this shows).
+    wait_for(
+        Duration::from_secs(30),
+        "the renter to close the lease",
+        || lease_of(&rh, &id)["state"] == "closing",
     );
     t.send(&["C-c"]);
     let (screen, status) = t.wait_exit(Duration::from_secs(30));

@@ -225,6 +225,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         ctrl_c: Interrupts::install()?,
         lease: None,
         stopping: false,
+        stop_taken: false,
     };
     match foreground(&mut fg, &body).await {
         Ok(code) => Ok(code),
@@ -319,6 +320,8 @@ struct Foreground<'a> {
     lease: Option<String>,
     /// The first Ctrl-C came: the lease is being stopped (or will be, once accepted).
     stopping: bool,
+    /// The node answered the stop request.
+    stop_taken: bool,
 }
 
 impl Foreground<'_> {
@@ -363,6 +366,7 @@ impl Foreground<'_> {
             None => Err(Leave::Detach),
             Some(r) => {
                 r.with_context(|| format!("cannot stop lease {id}"))?;
+                self.stop_taken = true;
                 Ok(())
             }
         }
@@ -373,8 +377,12 @@ impl Foreground<'_> {
         let again = |args: &str| command_line(self.api, args);
         let text = match &self.lease {
             Some(id) => format!(
-                "Ctrl-C again: detached; lease {id} goes on stopping on its own\n  \
-                 follow it: {}\n  stop it:   {}",
+                "Ctrl-C again: detached; lease {id} {}\n  follow it: {}\n  stop it:   {}",
+                if self.stop_taken {
+                    "goes on stopping on its own"
+                } else {
+                    "may still run (the node had not answered the stop yet)"
+                },
                 again(&format!("logs -f {id}")),
                 again(&format!("stop {id}")),
             ),
@@ -404,5 +412,28 @@ fn command_line(api: &ApiClient, args: &str) -> String {
         format!("gridlease --home {text} {args}")
     } else {
         format!("gridlease --home '{}' {args}", text.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn hints_name_the_home_when_it_is_not_the_default() {
+        let default = ApiClient::new(&crate::home::default_home());
+        assert_eq!(command_line(&default, "stop X"), "gridlease stop X");
+        let plain = ApiClient::new(Path::new("/srv/grid-1/home"));
+        assert_eq!(
+            command_line(&plain, "logs -f X"),
+            "gridlease --home /srv/grid-1/home logs -f X"
+        );
+        let odd = ApiClient::new(Path::new("/tmp/it's here"));
+        assert_eq!(
+            command_line(&odd, "stop X"),
+            r"gridlease --home '/tmp/it'\''s here' stop X"
+        );
     }
 }

@@ -145,16 +145,26 @@ pub fn probe_image_or_skip(test: &str) -> Option<String> {
     })
 }
 
-/// A provider (with a declared GPU) and a renter bootstrapped from it, with the provider's
-/// offer in the renter's book: `(provider, renter, offer id prefix)`.
-pub fn market(dir: &Path) -> (Daemon, Daemon, String) {
+/// A provider (with a declared GPU) and a renter bootstrapped from it, homes `provider` and
+/// `renter` under a directory, with the provider's offer in the renter's book.
+pub struct Market {
+    /// The provider's daemon.
+    pub provider: Daemon,
+    /// The renter's daemon.
+    pub renter: Daemon,
+    /// The provider's peer id (its containers' `gridlease.node` label).
+    pub provider_peer: String,
+    /// The first digits of the provider's offer id.
+    pub offer: String,
+}
+
+/// Starts a [`Market`] under `dir`.
+pub fn market(dir: &Path) -> Market {
     let (ph, rh) = (dir.join("provider"), dir.join("renter"));
-    let p = start(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
-    let addr = json(&ph, &["status"])["listen_addrs"][0]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r = start(&rh, &["--bootstrap", &addr]);
+    let provider = start(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
+    let status = json(&ph, &["status"]);
+    let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
+    let renter = start(&rh, &["--bootstrap", &addr]);
     let mut offers = Value::Null;
     wait_for(
         Duration::from_secs(30),
@@ -164,21 +174,23 @@ pub fn market(dir: &Path) -> (Daemon, Daemon, String) {
             offers.as_array().is_some_and(|a| a.len() == 1)
         },
     );
-    let prefix = offers[0]["id"].as_str().unwrap()[..12].to_string();
-    (p, r, prefix)
+    Market {
+        provider,
+        renter,
+        provider_peer: status["peer_id"].as_str().unwrap().to_string(),
+        offer: offers[0]["id"].as_str().unwrap()[..12].to_string(),
+    }
 }
 
-/// Docker containers labelled with lease `id`: `(container id, state)` (`running`, `exited`..).
-pub fn containers_of(id: &str) -> Vec<(String, String)> {
+/// Docker containers (also stopped ones) with the label `key=value`: `(container id, state)`
+/// (`running`, `exited`..).
+fn containers_labelled(key: &str, value: &str) -> Vec<(String, String)> {
     use bollard::query_parameters::ListContainersOptionsBuilder;
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let sb = gridlease_sandbox::Sandbox::connect().await.unwrap();
         let mut filters = std::collections::HashMap::new();
-        filters.insert(
-            "label",
-            vec![format!("{}={id}", gridlease_sandbox::spec::LABEL_LEASE)],
-        );
+        filters.insert("label", vec![format!("{key}={value}")]);
         let opts = ListContainersOptionsBuilder::default()
             .all(true)
             .filters(&filters)
@@ -196,12 +208,18 @@ pub fn containers_of(id: &str) -> Vec<(String, String)> {
     })
 }
 
-/// Removes a lease's containers when dropped, so a failed test leaves none behind.
+/// The containers of lease `id`: `(container id, state)`.
+pub fn containers_of(id: &str) -> Vec<(String, String)> {
+    containers_labelled(gridlease_sandbox::spec::LABEL_LEASE, id)
+}
+
+/// Removes, when dropped, every container a provider node (by peer id) created, so a test
+/// that fails anywhere leaves none behind.
 pub struct ContainersGuard(pub String);
 
 impl Drop for ContainersGuard {
     fn drop(&mut self) {
-        let left = containers_of(&self.0);
+        let left = containers_labelled(gridlease_sandbox::spec::LABEL_NODE, &self.0);
         if left.is_empty() {
             return;
         }
@@ -229,11 +247,14 @@ pub fn tmux_available() -> bool {
 }
 
 /// An interactive `bash` in a tmux pane: a real terminal, so Ctrl-C reaches the foreground
-/// process group as it does for a person. Each one has its own tmux server (`-L`, a name
-/// unique to this run), killed when dropped, also when the test fails.
+/// process group as it does for a person. Each one has its own tmux server (socket in a
+/// temporary directory) and a session named uniquely for this run; the server is killed when
+/// dropped, also when the test fails.
 pub struct Tmux {
-    /// Server socket (`tmux -L`) and session name: `gridlease-test-<pid>-<ns>-<test>`.
+    /// Session name: `gridlease-test-<pid>-<ns>-<test>`.
     name: String,
+    /// Holds the server's socket (`tmux -S`).
+    dir: tempfile::TempDir,
 }
 
 impl Tmux {
@@ -245,7 +266,11 @@ impl Tmux {
             .unwrap()
             .as_nanos();
         let name = format!("gridlease-test-{}-{nanos}-{test}", std::process::id());
-        let t = Self { name };
+        let dir = tempfile::Builder::new()
+            .prefix("gridlease-tmux-")
+            .tempdir()
+            .unwrap();
+        let t = Self { name, dir };
         let mut c = t.tmux();
         for (k, _) in std::env::vars() {
             if k.starts_with("GRIDLEASE_") {
@@ -266,7 +291,7 @@ impl Tmux {
 
     fn tmux(&self) -> Command {
         let mut c = Command::new("tmux");
-        c.args(["-L", &self.name]);
+        c.arg("-S").arg(self.dir.path().join("socket"));
         c
     }
 
