@@ -19,8 +19,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::money::Money;
 
-/// Where a lease is in its life.
+/// Where a lease is in its life. Serializes as its [`as_str`](Self::as_str) name (`"running"`),
+/// which the control API's JSON and scripts rely on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LeaseState {
     /// The renter sent the request; no answer yet.
     Proposed,
@@ -416,6 +418,9 @@ mod tests {
             LeaseState::Failed,
         ] {
             assert_eq!(s.as_str().parse::<LeaseState>().unwrap(), s);
+            // serde reads the same names (node/src/lease/view.rs tests the JSON both ways).
+            let de = serde::de::value::StrDeserializer::<serde::de::value::Error>::new(s.as_str());
+            assert_eq!(LeaseState::deserialize(de).unwrap(), s);
         }
         assert!("bogus".parse::<LeaseState>().is_err());
     }

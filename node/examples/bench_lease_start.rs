@@ -116,7 +116,7 @@ async fn main() {
         let negotiated = t0.elapsed();
         loop {
             if let Ok(Some(v)) = pl.lease(id).await
-                && v.state == "running"
+                && v.state == gridlease_contracts::LeaseState::Running
             {
                 break;
             }

@@ -144,7 +144,7 @@ async fn report_settled(leases: LeaseService) {
     loop {
         if let Ok(all) = leases.leases().await {
             for v in all {
-                if v.state == "settled" && seen.insert(v.lease_id) {
+                if v.state == gridlease_contracts::LeaseState::Settled && seen.insert(v.lease_id) {
                     say(&format!(
                         "SETTLED {} {}",
                         v.lease_id,

@@ -197,7 +197,10 @@ async fn scrape(State(s): State<MetricsState>) -> impl IntoResponse {
     }
     // Live sessions and one aggregate: a scrape's cost does not grow with settled leases.
     if let Ok(views) = s.leases.live_leases().await {
-        let running = views.iter().filter(|v| v.state == "running").count();
+        let running = views
+            .iter()
+            .filter(|v| v.state == gridlease_contracts::LeaseState::Running)
+            .count();
         let active = views.iter().filter(|v| !v.is_terminal()).count();
         s.running_leases.set(gauge(running));
         s.active_leases.set(gauge(active));

@@ -48,6 +48,15 @@ impl Printer {
         }
     }
 
+    /// A message about what the command is doing, e.g. that Ctrl-C is stopping a lease: on
+    /// stderr so that stdout stays parseable (also in `--json` mode; not in `--quiet` mode).
+    pub fn status(&self, text: &str) {
+        if !self.quiet {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{text}");
+        }
+    }
+
     /// A table with `headers` and `rows` (not in `--json` or `--quiet` mode).
     pub fn table(&self, headers: &[&str], rows: Vec<Vec<String>>) {
         if self.quiet || self.json {
@@ -75,6 +84,11 @@ impl Printer {
         // A closed pipe is not an error for a CLI.
         let _ = writeln!(out, "{text}");
     }
+}
+
+/// Micro-units as a decimal amount (`60000` -> `0.06`).
+pub fn money(micros: u64) -> String {
+    gridlease_contracts::Money::from_micros(micros).to_string()
 }
 
 /// A short form of a long hex id or peer id for tables.

@@ -211,8 +211,10 @@ pub enum StoreError {
     Closed,
 }
 
-/// Which side of a lease this node is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which side of a lease this node is. Serializes as `"provider"` / `"renter"` (the control
+/// API's JSON), the same text as in the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     /// This node runs the container.
     Provider,
@@ -221,7 +223,8 @@ pub enum Role {
 }
 
 impl Role {
-    fn as_str(self) -> &'static str {
+    /// `provider` or `renter`, as in the database and the control API.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Provider => "provider",
             Self::Renter => "renter",

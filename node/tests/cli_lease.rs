@@ -6,60 +6,10 @@
 
 mod cli_support;
 
-use std::path::Path;
 use std::time::Duration;
 
-use cli_support::{Daemon, bin, cli, init, start_node, wait_for};
+use cli_support::{bin, cli, json, lease_of, market, probe_image_or_skip, wait_for};
 use serde_json::Value;
-
-fn json(home: &Path, args: &[&str]) -> Value {
-    let out = bin()
-        .arg("--home")
-        .arg(home)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "gridlease {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The probe image tag, built if missing; `None` (skip) only when Docker is unreachable and
-/// not required.
-fn probe_image_or_skip(test: &str) -> Option<String> {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        match gridlease_sandbox::Sandbox::connect().await {
-            Ok(sb) => Some(sb.ensure_probe_image().await.unwrap()),
-            Err(e) => {
-                if std::env::var("GRIDLEASE_REQUIRE_DOCKER").as_deref() == Ok("1") {
-                    panic!("{test}: GRIDLEASE_REQUIRE_DOCKER=1 but Docker is unreachable: {e}");
-                }
-                eprintln!("{test}: SKIPPED, Docker is unreachable ({e})");
-                None
-            }
-        }
-    })
-}
-
-fn start(home: &Path, extra: &[&str]) -> Daemon {
-    init(home);
-    start_node(home, extra)
-}
-
-fn lease_of(home: &Path, id: &str) -> Value {
-    let all = json(home, &["leases", "--all"]);
-    all.as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["lease_id"] == id)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
 
 #[test]
 fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
@@ -68,24 +18,9 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let _p = start(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
-    let addr = json(&ph, &["status"])["listen_addrs"][0]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let _r = start(&rh, &["--bootstrap", &addr]);
-
-    let mut offers = Value::Null;
-    wait_for(
-        Duration::from_secs(30),
-        "the offer to reach the renter",
-        || {
-            offers = json(&rh, &["search", "gpu~4090"]);
-            offers.as_array().is_some_and(|a| a.len() == 1)
-        },
-    );
-    assert_eq!(offers[0]["verified"], false);
-    let prefix = offers[0]["id"].as_str().unwrap()[..12].to_string();
+    let m = market(dir.path());
+    let prefix = m.offer.clone();
+    assert_eq!(json(&rh, &["search", "gpu~4090"])[0]["verified"], false);
 
     let rented = json(
         &rh,
@@ -117,13 +52,22 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
             logs.contains("SENTINEL cli-test")
         },
     );
-    let renter_view = lease_of(&rh, &id);
+    // The renter's `leases --json` shows the lease running, with the provider's start time
+    // and a time left that goes down.
+    let mut renter_view = Value::Null;
+    wait_for(Duration::from_secs(30), "running on the renter", || {
+        renter_view = lease_of(&rh, &id);
+        renter_view["state"] == "running"
+    });
     assert_eq!(renter_view["role"], "renter");
-    // The renter marks a lease running when the first usage report arrives.
-    assert!(
-        matches!(renter_view["state"].as_str(), Some("accepted" | "running")),
-        "{renter_view}"
-    );
+    let started = renter_view["started_at"].as_u64().expect("started_at");
+    let left = renter_view["time_left_s"].as_u64().expect("time_left_s");
+    assert!((100..=120).contains(&left), "{renter_view}");
+    wait_for(Duration::from_secs(30), "the time left to go down", || {
+        let v = lease_of(&rh, &id);
+        assert_eq!(v["started_at"].as_u64(), Some(started), "{v}");
+        v["time_left_s"].as_u64().is_some_and(|l| l + 2 <= left)
+    });
     let provider_view = lease_of(&ph, &id);
     assert_eq!(provider_view["role"], "provider");
     assert_eq!(provider_view["gpus"], 1);

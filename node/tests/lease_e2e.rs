@@ -48,8 +48,8 @@ async fn happy_path_logs_exit_code_and_agreeing_ledgers() {
         .unwrap();
     eprintln!("renter view: {done:#?}\nprovider view: {pdone:#?}");
 
-    assert_eq!(done.state, "settled");
-    assert_eq!(pdone.state, "settled");
+    assert_eq!(done.state, gridlease_contracts::LeaseState::Settled);
+    assert_eq!(pdone.state, gridlease_contracts::LeaseState::Settled);
     assert_eq!(done.exit_code, Some(0));
     assert_eq!(pdone.exit_code, Some(0));
     assert_eq!(done.close_reason.as_deref(), Some("container_exited"));

@@ -86,7 +86,7 @@ async fn renter_vanishes_provider_stops_within_window_plus_grace() {
         "provider after renter vanished: {done:#?} (in {:?})",
         t.elapsed()
     );
-    assert_eq!(done.state, "settled");
+    assert_eq!(done.state, gridlease_contracts::LeaseState::Settled);
     let reason = done.close_reason.clone().unwrap();
     assert!(
         reason == "renter_unreachable" || reason == "payment_lagging",
@@ -137,7 +137,7 @@ async fn provider_vanishes_renter_stops_paying_within_one_interval() {
 
     let done = closed(&renter.leases, id, 60).await;
     eprintln!("renter after provider vanished: {done:#?}");
-    assert_eq!(done.state, "settled");
+    assert_eq!(done.state, gridlease_contracts::LeaseState::Settled);
     assert_eq!(done.close_reason.as_deref(), Some("provider_unreachable"));
     // Paid nothing after the provider vanished beyond at most one report already in flight.
     assert!(
@@ -188,8 +188,8 @@ async fn bad_receipt(kind: BadReceipt) {
     let rdone = closed(&renter.leases, id, 30).await;
     eprintln!("{kind:?}: provider {pdone:#?}\nrenter {rdone:#?}");
     assert_eq!(pdone.close_reason.as_deref(), Some("bad_receipt"));
-    assert_eq!(pdone.state, "settled");
-    assert_eq!(rdone.state, "settled");
+    assert_eq!(pdone.state, gridlease_contracts::LeaseState::Settled);
+    assert_eq!(rdone.state, gridlease_contracts::LeaseState::Settled);
     // Nothing booked from the bad receipt: both statements are the last good receipt (3rd).
     let pl = provider.leases.ledger().await.unwrap();
     let rl = renter.leases.ledger().await.unwrap();
@@ -251,8 +251,8 @@ async fn inflated_usage_is_refused_and_closes_the_lease() {
     let pdone = closed(&provider.leases, id, 30).await;
     eprintln!("inflated: renter {rdone:#?}\nprovider {pdone:#?}");
     assert_eq!(rdone.close_reason.as_deref(), Some("implausible_usage"));
-    assert_eq!(rdone.state, "settled");
-    assert_eq!(pdone.state, "settled");
+    assert_eq!(rdone.state, gridlease_contracts::LeaseState::Settled);
+    assert_eq!(pdone.state, gridlease_contracts::LeaseState::Settled);
     // The renter's last accepted report is the 3rd; nothing was booked from the 4th.
     assert_eq!(rdone.usage.as_ref().unwrap().seq, 3);
     let rl = renter.leases.ledger().await.unwrap();

@@ -76,7 +76,7 @@ async fn follower_gets_byte_exact_output_while_the_container_runs() {
     };
     assert_eq!(
         seen_while_running,
-        Some(("running", None)),
+        Some((gridlease_contracts::LeaseState::Running, None)),
         "the first bytes arrived while the container ran"
     );
     assert_eq!(out.len(), expected.len());
@@ -116,7 +116,7 @@ async fn output_past_the_cap_is_dropped() {
         .await
         .unwrap();
     let v = closed(&provider.leases, id, 60).await;
-    assert_eq!(v.state, "settled");
+    assert_eq!(v.state, gridlease_contracts::LeaseState::Settled);
     let (local, exit) = read_logs(&provider.leases, id).await;
     assert_eq!(local.len(), cap, "kept exactly the cap");
     assert!(local == pattern(cap), "the first bytes, exactly");

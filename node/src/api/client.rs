@@ -10,7 +10,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::socket_path;
-use super::types::ErrorBody;
+use super::types::{ErrorBody, RentBody, RentedView, StatusView, StoppingView};
+use crate::lease::{LeaseView, Ledger};
 
 /// Most bytes of one API answer the CLI accepts.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
@@ -69,6 +70,46 @@ impl ApiClient {
             home: home.to_path_buf(),
             socket: socket_path(home),
         }
+    }
+
+    /// The home directory this client talks to.
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
+    /// `GET /v1/status`.
+    pub async fn status(&self) -> Result<StatusView, ClientError> {
+        self.get("/v1/status").await
+    }
+
+    /// `POST /v1/leases`: negotiates a lease; answers once both sides signed (or the provider
+    /// refused: [`ClientError::Api`] with status 409).
+    pub async fn rent(&self, body: &RentBody) -> Result<RentedView, ClientError> {
+        self.post("/v1/leases", body).await
+    }
+
+    /// `GET /v1/leases`: every lease of this node, oldest first.
+    pub async fn leases(&self) -> Result<Vec<LeaseView>, ClientError> {
+        self.get("/v1/leases").await
+    }
+
+    /// `GET /v1/leases/{lease}`; `lease` is an id or a unique prefix of one.
+    pub async fn lease(&self, lease: &str) -> Result<LeaseView, ClientError> {
+        self.get(&format!("/v1/leases/{lease}")).await
+    }
+
+    /// `POST /v1/leases/{lease}/stop`: ends the lease now; answers before it has settled.
+    pub async fn stop(&self, lease: &str) -> Result<StoppingView, ClientError> {
+        /// The route takes no body; `{}` keeps it valid JSON.
+        #[derive(Serialize)]
+        struct NoBody {}
+        self.post(&format!("/v1/leases/{lease}/stop"), &NoBody {})
+            .await
+    }
+
+    /// `GET /v1/ledger`.
+    pub async fn ledger(&self) -> Result<Ledger, ClientError> {
+        self.get("/v1/ledger").await
     }
 
     /// `GET path`.

@@ -22,7 +22,7 @@ use axum::routing::{get, post, put};
 use gridlease_contracts::Money;
 use gridlease_contracts::book::BookEntry;
 use gridlease_contracts::query::Query;
-use gridlease_protocol::{LeaseId, NetworkPolicy, OfferId};
+use gridlease_protocol::{LeaseId, NetworkPolicy, OfferId, RejectReason};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -33,7 +33,7 @@ use crate::lease::{
 use crate::net::Client;
 use types::{
     ErrorBody, GpusView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentBody, RentedView,
-    StatusView,
+    StatusView, StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -457,10 +457,7 @@ async fn rent(
             note,
         })),
         Err(RentError::Rejected(reason)) => Err(ApiError::conflict(
-            format!(
-                "the provider rejected the lease: {}",
-                crate::commands::rent::reason_text(&reason)
-            ),
+            format!("the provider rejected the lease: {}", reject_text(&reason)),
             Some("pick another offer with `gridlease search`".into()),
         )),
         Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::not_found(e.to_string())),
@@ -468,15 +465,53 @@ async fn rent(
     }
 }
 
+/// A provider's refusal in words (the error message of a rejected `POST /v1/leases`).
+fn reject_text(r: &RejectReason) -> String {
+    match r {
+        RejectReason::UnknownOffer => "the provider does not hold this offer any more".into(),
+        RejectReason::StaleOffer { current_seq } => {
+            format!("the offer was replaced (now at sequence {current_seq}); search again")
+        }
+        RejectReason::OfferExpired => "the offer expired".into(),
+        RejectReason::RequestExpired => "the request expired before the provider handled it".into(),
+        RejectReason::WrongProvider => "the terms name another provider".into(),
+        RejectReason::PriceBelowAsk { ask } => {
+            format!(
+                "the price is below the ask of {}/GPU-hour",
+                Money::from_micros(*ask)
+            )
+        }
+        RejectReason::NoCapacity { free } => format!("only {free} GPU(s) are free"),
+        RejectReason::DurationOutOfBounds { min_s, max_s } => {
+            format!("the duration must be between {min_s} s and {max_s} s")
+        }
+        RejectReason::TermsMismatch { field } => {
+            format!("the terms differ from the offer in `{field}`")
+        }
+        RejectReason::ImageNotAllowed => "the provider's policy does not allow this image".into(),
+        RejectReason::NetworkNotAllowed => {
+            "the provider's policy does not allow network access".into()
+        }
+        RejectReason::BudgetTooSmall { needed } => format!(
+            "the budget cannot pay the minimum billed time ({} needed)",
+            Money::from_micros(*needed)
+        ),
+        RejectReason::DuplicateNonce => "a request with this nonce had other terms".into(),
+        RejectReason::Malformed { detail } => format!("the request is malformed: {detail}"),
+        RejectReason::Internal => "the provider failed internally; try another offer".into(),
+    }
+}
+
 async fn stop(
     State(s): State<ApiState>,
     UrlPath(id): UrlPath<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<StoppingView>, ApiError> {
     let id = resolve_lease(&s, &id).await?;
     s.leases.stop(id).await.map_err(lease_err)?;
-    Ok(Json(
-        serde_json::json!({ "lease_id": id.to_string(), "stopping": true }),
-    ))
+    Ok(Json(StoppingView {
+        lease_id: id.to_string(),
+        stopping: true,
+    }))
 }
 
 /// Query string of `GET /v1/leases/{id}/logs`.

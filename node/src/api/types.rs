@@ -150,6 +150,16 @@ pub struct RentedView {
     pub note: Option<String>,
 }
 
+/// Answer of `POST /v1/leases/{id}/stop`: the stop was taken in hand (the lease settles
+/// shortly after; follow it with `GET /v1/leases/{id}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoppingView {
+    /// The lease, in full (the path may have named a prefix).
+    pub lease_id: String,
+    /// Always true: the lease is stopping or already over.
+    pub stopping: bool,
+}
+
 /// `PUT /v1/provide`: what this node offers.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ProvideBody {

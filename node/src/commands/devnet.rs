@@ -11,10 +11,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 
-use super::rent::{follow_logs, money, wait_terminal};
+use gridlease_contracts::LeaseState;
+use serde::Serialize;
+
+use super::rent::{follow_logs, wait_terminal};
 use crate::api::client::ApiClient;
-use crate::api::types::{OfferRow, RentBody, RentedView, StatusView};
-use crate::output::{Printer, short};
+use crate::api::types::{OfferRow, RentBody, StatusView};
+use crate::lease::{LeaseStatement, LeaseView, Ledger};
+use crate::output::{Printer, money, short};
 
 /// Arguments of `gridlease devnet`.
 #[derive(Debug, Args)]
@@ -41,6 +45,19 @@ const PROVIDERS: [&str; 8] = [
     "H100 80GB:80GiB:2.10",
     "RTX 4070:12GiB:0.18",
 ];
+
+/// What `devnet --json` prints. Fields in alphabetical order: the order this JSON had when it
+/// was built as a `serde_json` map, which scripts may have come to rely on.
+#[derive(Debug, Serialize)]
+struct DevnetReport<'a> {
+    lease_id: &'a str,
+    ledgers_agree: bool,
+    offers: &'a [OfferRow],
+    provider: &'a LeaseView,
+    provider_ledger: &'a Ledger,
+    renter: &'a LeaseView,
+    renter_ledger: &'a Ledger,
+}
 
 /// A node process; stopped (SIGTERM, then SIGKILL) when dropped.
 struct NodeProc {
@@ -114,7 +131,7 @@ fn start_node(exe: &Path, dir: &Path, name: &str, extra: &[String]) -> anyhow::R
 async fn wait_up(node: &NodeProc) -> anyhow::Result<StatusView> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(s) = node.api().get::<StatusView>("/v1/status").await {
+        if let Ok(s) = node.api().status().await {
             return Ok(s);
         }
         if tokio::time::Instant::now() > deadline {
@@ -223,7 +240,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     let cheapest = &offers[0];
     let mut provider = None;
     for p in &providers {
-        if let Ok(s) = p.api().get::<StatusView>("/v1/status").await
+        if let Ok(s) = p.api().status().await
             && s.peer_id == cheapest.provider
         {
             provider = Some(p);
@@ -261,75 +278,73 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
         cheapest.price_per_gpu_hour,
         body.duration_s
     ));
-    let rented: RentedView = r.post("/v1/leases", &body).await?;
+    let rented = r.rent(&body).await?;
     let exit = follow_logs(&r, out, &rented.lease_id, 0, true).await?;
     let renter_view = wait_terminal(&r, &rented.lease_id, Duration::from_secs(60)).await?;
     let provider_view =
         wait_terminal(&provider.api(), &rented.lease_id, Duration::from_secs(30)).await?;
-    let renter_ledger: serde_json::Value = r.get("/v1/ledger").await?;
-    let provider_ledger: serde_json::Value = provider.api().get("/v1/ledger").await?;
+    let renter_ledger = r.ledger().await?;
+    let provider_ledger = provider.api().ledger().await?;
 
-    let ts = |v: &serde_json::Value| {
-        v.as_u64()
-            .map_or("-".into(), |ms| format!("{}.{:03}", ms / 1000, ms % 1000))
-    };
+    let ts =
+        |ms: Option<u64>| ms.map_or("-".into(), |ms| format!("{}.{:03}", ms / 1000, ms % 1000));
     out.line("\nlease timeline:");
     out.line(&format!("  lease id      {}", rented.lease_id));
     out.line(&format!(
         "  started at    {} (unix s)",
-        ts(&provider_view["started_at"])
+        ts(provider_view.started_at)
     ));
     out.line(&format!(
         "  closed at     {} (unix s)",
-        ts(&provider_view["closed_at"])
+        ts(provider_view.closed_at)
     ));
     out.line(&format!(
         "  ended         {} (exit code {})",
-        provider_view["close_reason"].as_str().unwrap_or("-"),
+        provider_view.close_reason.as_deref().unwrap_or("-"),
         exit.map_or("-".into(), |c| c.to_string())
     ));
     out.line(&format!(
         "  state         renter: {}, provider: {}",
-        renter_view["state"].as_str().unwrap_or("?"),
-        provider_view["state"].as_str().unwrap_or("?")
+        renter_view.state.as_str(),
+        provider_view.state.as_str()
     ));
-    let u = &provider_view["usage"];
     out.line("\nmetered usage (last signed usage report):");
-    out.line(&format!(
-        "  wall {} s, CPU {:.1} s, memory peak {} MiB, {} usage reports",
-        u["wall_ms"].as_u64().unwrap_or(0) / 1000,
-        u["cpu_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
-        u["mem_peak_mib"],
-        u["seq"]
-    ));
-    let stmt = |l: &serde_json::Value| {
-        l["leases"]
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .find(|s| s["lease_id"] == rented.lease_id.as_str())
-                    .cloned()
-            })
-            .unwrap_or_default()
+    match &provider_view.usage {
+        Some(u) => out.line(&format!(
+            "  wall {} s, CPU {:.1} s, memory peak {} MiB, {} usage reports",
+            u.wall_ms / 1000,
+            u.cpu_ms as f64 / 1000.0,
+            u.mem_peak_mib,
+            u.seq
+        )),
+        None => out.line("  no usage report arrived"),
+    }
+    let stmt = |l: &'_ Ledger| -> Option<LeaseStatement> {
+        l.leases
+            .iter()
+            .find(|s| s.lease_id == renter_view.lease_id)
+            .cloned()
     };
     let (rs, ps) = (stmt(&renter_ledger), stmt(&provider_ledger));
+    let total = |s: &Option<LeaseStatement>| s.as_ref().map_or("-".into(), |s| money(s.total));
     out.line("\nreceipts and ledgers:");
     out.line(&format!(
         "  receipts booked by the provider: {}",
-        ps["entries"]
+        ps.as_ref().map_or("-".into(), |s| s.entries.to_string())
     ));
     out.line(&format!(
         "  renter ledger:   spent  {}  (balanced: {})",
-        money(&rs["total"]),
-        renter_ledger["balanced"]
+        total(&rs),
+        renter_ledger.balanced
     ));
     out.line(&format!(
         "  provider ledger: earned {}  (balanced: {})",
-        money(&ps["total"]),
-        provider_ledger["balanced"]
+        total(&ps),
+        provider_ledger.balanced
     ));
-    let agree = rs["total"].is_u64() && rs["total"] == ps["total"];
-    let settled = renter_view["state"] == "settled" && provider_view["state"] == "settled";
+    let agree = matches!((&rs, &ps), (Some(r), Some(p)) if r.total == p.total);
+    let settled =
+        renter_view.state == LeaseState::Settled && provider_view.state == LeaseState::Settled;
     out.line(&format!(
         "  {}",
         if agree {
@@ -339,15 +354,15 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
         }
     ));
     out.emit(
-        &serde_json::json!({
-            "lease_id": rented.lease_id,
-            "offers": offers,
-            "renter": renter_view,
-            "provider": provider_view,
-            "renter_ledger": renter_ledger,
-            "provider_ledger": provider_ledger,
-            "ledgers_agree": agree,
-        }),
+        &DevnetReport {
+            lease_id: &rented.lease_id,
+            ledgers_agree: agree,
+            offers: &offers,
+            provider: &provider_view,
+            provider_ledger: &provider_ledger,
+            renter: &renter_view,
+            renter_ledger: &renter_ledger,
+        },
         |_| {},
     );
 

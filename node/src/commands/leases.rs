@@ -2,9 +2,8 @@
 
 use clap::Args;
 
-use super::rent::money;
 use crate::api::client::ApiClient;
-use crate::output::{Printer, short};
+use crate::output::{Printer, money, short};
 
 /// Arguments of `gridlease leases`.
 #[derive(Debug, Args)]
@@ -16,9 +15,9 @@ pub struct LeasesArgs {
 
 /// Prints leases.
 pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::Result<u8> {
-    let mut views: Vec<serde_json::Value> = api.get("/v1/leases").await?;
+    let mut views = api.leases().await?;
     if !args.all {
-        views.retain(|v| !matches!(v["state"].as_str(), Some("settled" | "failed" | "rejected")));
+        views.retain(|v| !v.is_terminal());
     }
     out.emit(&views, |p| {
         if views.is_empty() {
@@ -32,27 +31,21 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
         let rows = views
             .iter()
             .map(|v| {
-                let u = &v["usage"];
+                let u = v.usage.as_ref();
                 vec![
-                    short(v["lease_id"].as_str().unwrap_or("?")),
-                    v["role"].as_str().unwrap_or("?").to_string(),
-                    v["state"].as_str().unwrap_or("?").to_string(),
-                    short(v["counterparty"].as_str().unwrap_or("?")),
-                    v["gpus"].to_string(),
-                    u["gpu_util_permille"]
-                        .as_u64()
-                        .map_or("-".into(), |x| format!("{:.0}%", x as f64 / 10.0)),
-                    u["vram_peak_mib"]
-                        .as_u64()
-                        .map_or("-".into(), |x| format!("{x} MiB")),
-                    u["cpu_ms"]
-                        .as_u64()
-                        .map_or("-".into(), |x| format!("{:.1}", x as f64 / 1000.0)),
-                    money(&v["cost_so_far"]),
-                    money(&v["paid"]),
-                    v["time_left_s"]
-                        .as_u64()
-                        .map_or("-".into(), |x| format!("{x} s")),
+                    short(&v.lease_id.to_string()),
+                    v.role.as_str().to_string(),
+                    v.state.as_str().to_string(),
+                    short(&v.counterparty),
+                    v.gpus.to_string(),
+                    u.map_or("-".into(), |u| {
+                        format!("{:.0}%", f64::from(u.gpu_util_permille) / 10.0)
+                    }),
+                    u.map_or("-".into(), |u| format!("{} MiB", u.vram_peak_mib)),
+                    u.map_or("-".into(), |u| format!("{:.1}", u.cpu_ms as f64 / 1000.0)),
+                    money(v.cost_so_far),
+                    money(v.paid),
+                    v.time_left_s.map_or("-".into(), |x| format!("{x} s")),
                 ]
             })
             .collect();

@@ -2,9 +2,8 @@
 
 use clap::Args;
 
-use super::rent::money;
 use crate::api::client::ApiClient;
-use crate::output::{Printer, short};
+use crate::output::{Printer, money, short};
 
 /// Arguments of `gridlease ledger`.
 #[derive(Debug, Args)]
@@ -12,24 +11,21 @@ pub struct LedgerArgs {}
 
 /// Prints the ledger.
 pub async fn run(api: &ApiClient, out: &Printer, _args: &LedgerArgs) -> anyhow::Result<u8> {
-    let l: serde_json::Value = api.get("/v1/ledger").await?;
+    let l = api.ledger().await?;
     out.emit(&l, |p| {
-        let rows: Vec<Vec<String>> = l["leases"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|s| {
-                        vec![
-                            short(s["lease_id"].as_str().unwrap_or("?")),
-                            s["role"].as_str().unwrap_or("?").to_string(),
-                            short(s["counterparty"].as_str().unwrap_or("?")),
-                            money(&s["total"]),
-                            s["entries"].to_string(),
-                        ]
-                    })
-                    .collect()
+        let rows: Vec<Vec<String>> = l
+            .leases
+            .iter()
+            .map(|s| {
+                vec![
+                    short(&s.lease_id.to_string()),
+                    s.role.as_str().to_string(),
+                    short(&s.counterparty),
+                    money(s.total),
+                    s.entries.to_string(),
+                ]
             })
-            .unwrap_or_default();
+            .collect();
         if rows.is_empty() {
             p.line("no ledger entries yet");
         } else {
@@ -40,9 +36,9 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &LedgerArgs) -> anyhow::
         }
         p.line(&format!(
             "earned {}   spent {}   {}",
-            money(&l["total_earned"]),
-            money(&l["total_spent"]),
-            if l["balanced"].as_bool() == Some(true) {
+            money(l.total_earned),
+            money(l.total_spent),
+            if l.balanced {
                 "(balanced)"
             } else {
                 "(NOT balanced)"

@@ -2,7 +2,8 @@
 //!
 //! Exit codes: 0 success; 1 failure; 2 usage error or no GPU/CUDA for `bench`; 3 no node is
 //! running for this home; 4 a lease was rejected by the provider; `rent` without `--detach`
-//! exits with the container's exit code.
+//! exits with the container's exit code, or 130 when Ctrl-C interrupted it
+//! ([`rent::EXIT_INTERRUPTED`]).
 
 pub mod bench;
 pub mod devnet;
@@ -73,6 +74,9 @@ pub enum Command {
     /// Offer this node's GPUs at a price, or stop offering (--off).
     Provide(provide::ProvideArgs),
     /// Rent an offer and run a container on it: `rent OFFER --minutes 30 --image IMG -- CMD`.
+    ///
+    /// Without --detach it follows the output and prints the bill. Ctrl-C stops the lease and
+    /// waits for the bill; a second Ctrl-C detaches (exit code 130 either way).
     Rent(rent::RentArgs),
     /// This node's leases with live usage, cost and time left.
     Leases(leases::LeasesArgs),

@@ -1,16 +1,29 @@
 //! `gridlease rent`: rent an offer, follow the container's output, print the bill, exit with
 //! the container's exit code.
+//!
+//! Ctrl-C on a foreground `rent` works like `docker run`'s signal proxy: the first stops the
+//! lease (the provider sends the container SIGTERM, SIGKILL after its grace) and keeps
+//! following until the lease settles, then prints the bill; a second one detaches, saying how
+//! to follow or stop the lease. Both exit with [`EXIT_INTERRUPTED`]; what happened is said on
+//! stderr.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 use gridlease_contracts::Money;
-use gridlease_protocol::RejectReason;
+use tokio::signal::unix::{Signal, SignalKind};
 
-use crate::api::client::ApiClient;
-use crate::api::types::{RentBody, RentedView};
-use crate::output::Printer;
+use crate::api::client::{ApiClient, ClientError};
+use crate::api::types::RentBody;
+use crate::lease::LeaseView;
+use crate::output::{Printer, money, short};
+
+/// Exit code of a foreground `rent` that Ctrl-C interrupted (128 + SIGINT, as shells report a
+/// process that SIGINT ended).
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 /// Arguments of `gridlease rent`.
 #[derive(Debug, Args)]
@@ -78,57 +91,6 @@ pub fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
         .collect()
 }
 
-/// A provider's refusal in words.
-pub fn reason_text(r: &RejectReason) -> String {
-    match r {
-        RejectReason::UnknownOffer => "the provider does not hold this offer any more".into(),
-        RejectReason::StaleOffer { current_seq } => {
-            format!("the offer was replaced (now at sequence {current_seq}); search again")
-        }
-        RejectReason::OfferExpired => "the offer expired".into(),
-        RejectReason::RequestExpired => "the request expired before the provider handled it".into(),
-        RejectReason::WrongProvider => "the terms name another provider".into(),
-        RejectReason::PriceBelowAsk { ask } => {
-            format!(
-                "the price is below the ask of {}/GPU-hour",
-                Money::from_micros(*ask)
-            )
-        }
-        RejectReason::NoCapacity { free } => format!("only {free} GPU(s) are free"),
-        RejectReason::DurationOutOfBounds { min_s, max_s } => {
-            format!("the duration must be between {min_s} s and {max_s} s")
-        }
-        RejectReason::TermsMismatch { field } => {
-            format!("the terms differ from the offer in `{field}`")
-        }
-        RejectReason::ImageNotAllowed => "the provider's policy does not allow this image".into(),
-        RejectReason::NetworkNotAllowed => {
-            "the provider's policy does not allow network access".into()
-        }
-        RejectReason::BudgetTooSmall { needed } => format!(
-            "the budget cannot pay the minimum billed time ({} needed)",
-            Money::from_micros(*needed)
-        ),
-        RejectReason::DuplicateNonce => "a request with this nonce had other terms".into(),
-        RejectReason::Malformed { detail } => format!("the request is malformed: {detail}"),
-        RejectReason::Internal => "the provider failed internally; try another offer".into(),
-    }
-}
-
-/// True for a lease state that will not change any more.
-fn terminal(view: &serde_json::Value) -> bool {
-    matches!(
-        view["state"].as_str(),
-        Some("settled" | "failed" | "rejected")
-    )
-}
-
-fn exit_code_of(view: &serde_json::Value) -> Option<i32> {
-    view["exit_code"]
-        .as_i64()
-        .and_then(|c| i32::try_from(c).ok())
-}
-
 /// Follows a lease's output from `from` until it ends; returns the exit code if known.
 /// Transient failures of the provider (busy, reconnecting) are retried for about a minute.
 pub async fn follow_logs(
@@ -138,7 +100,6 @@ pub async fn follow_logs(
     mut from: u64,
     follow: bool,
 ) -> anyhow::Result<Option<i32>> {
-    use crate::api::client::ClientError;
     use crate::api::{EOF_HEADER, EXIT_CODE_HEADER, NEXT_OFFSET_HEADER};
     let mut failures = 0u32;
     let mut ended_at: Option<tokio::time::Instant> = None;
@@ -154,12 +115,10 @@ pub async fn follow_logs(
             Err(e @ ClientError::Api { status: 500.., .. }) if follow && failures < 30 => {
                 failures += 1;
                 tracing::debug!(error = %e, "log fetch failed; retrying");
-                if let Ok(view) = api
-                    .get::<serde_json::Value>(&format!("/v1/leases/{lease}"))
-                    .await
-                    && terminal(&view)
+                if let Ok(view) = api.lease(lease).await
+                    && view.is_terminal()
                 {
-                    return Ok(exit_code_of(&view));
+                    return Ok(view.exit_code);
                 }
                 let backoff = 200 * u64::from(failures.min(10));
                 tokio::time::sleep(Duration::from_millis(backoff)).await;
@@ -188,16 +147,14 @@ pub async fn follow_logs(
             continue;
         }
         if body.is_empty()
-            && let Ok(view) = api
-                .get::<serde_json::Value>(&format!("/v1/leases/{lease}"))
-                .await
-            && terminal(&view)
+            && let Ok(view) = api.lease(lease).await
+            && view.is_terminal()
         {
             // The lease is over but no end-of-output came: the provider may still be
             // flushing the last lines. Give it a few seconds, then report what we have.
             let since = *ended_at.get_or_insert_with(tokio::time::Instant::now);
             if since.elapsed() > Duration::from_secs(3) {
-                return Ok(exit.or_else(|| exit_code_of(&view)));
+                return Ok(exit.or(view.exit_code));
             }
         }
         // Poll gently: the provider serves every renter's log requests.
@@ -205,49 +162,36 @@ pub async fn follow_logs(
     }
 }
 
-/// Waits (bounded) until the lease is settled or failed and returns its view.
+/// Waits (bounded) until the lease is settled, rejected or failed and returns its view (the
+/// last one seen when `limit` runs out first).
 pub async fn wait_terminal(
     api: &ApiClient,
     lease: &str,
     limit: Duration,
-) -> anyhow::Result<serde_json::Value> {
+) -> anyhow::Result<LeaseView> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let view: serde_json::Value = api.get(&format!("/v1/leases/{lease}")).await?;
-        if matches!(
-            view["state"].as_str(),
-            Some("settled" | "failed" | "rejected")
-        ) || tokio::time::Instant::now() >= deadline
-        {
+        let view = api.lease(lease).await?;
+        if view.is_terminal() || tokio::time::Instant::now() >= deadline {
             return Ok(view);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// Formats micro-units from a JSON number.
-pub fn money(v: &serde_json::Value) -> String {
-    v.as_u64()
-        .map_or("-".into(), |m| Money::from_micros(m).to_string())
-}
-
 /// Prints the bill of a finished lease.
-pub fn print_bill(out: &Printer, view: &serde_json::Value) {
-    let wall_s = view["usage"]["wall_ms"].as_u64().unwrap_or(0) / 1000;
+pub fn print_bill(out: &Printer, view: &LeaseView) {
+    let wall_s = view.usage.as_ref().map_or(0, |u| u.wall_ms) / 1000;
     out.line(&format!(
         "lease {} {}: ran {} s on {} GPU(s) at {}/GPU-hour; paid {}{}",
-        crate::output::short(view["lease_id"].as_str().unwrap_or("?")),
-        view["state"].as_str().unwrap_or("?"),
+        short(&view.lease_id.to_string()),
+        view.state.as_str(),
         wall_s,
-        view["gpus"],
-        money(&view["price_per_gpu_hour"]),
-        money(
-            &view["settled_total"]
-                .as_u64()
-                .map_or(view["paid"].clone(), serde_json::Value::from)
-        ),
-        view["close_reason"]
-            .as_str()
+        view.gpus,
+        money(view.price_per_gpu_hour),
+        money(view.settled_total.unwrap_or(view.paid)),
+        view.close_reason
+            .as_ref()
             .map(|r| format!(" ({r})"))
             .unwrap_or_default(),
     ));
@@ -267,27 +211,229 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
     if let Some(m) = &body.max_total {
         m.parse::<Money>()?;
     }
-    let rented: RentedView = api.post("/v1/leases", &body).await?;
-    if let Some(note) = &rented.note {
-        out.note(note);
-    }
     if args.detach {
+        let rented = api.rent(&body).await?;
+        if let Some(note) = &rented.note {
+            out.note(note);
+        }
         out.emit(&rented, |p| p.line(&rented.lease_id));
         return Ok(0);
+    }
+    let mut fg = Foreground {
+        api,
+        out,
+        ctrl_c: Interrupts::install()?,
+        lease: None,
+        stopping: false,
+        stop_taken: false,
+    };
+    match foreground(&mut fg, &body).await {
+        Ok(code) => Ok(code),
+        Err(Leave::Error(e)) => Err(e),
+        Err(Leave::Detach) => {
+            fg.detached();
+            Ok(EXIT_INTERRUPTED)
+        }
+    }
+}
+
+/// Negotiates, follows the output, waits for the settlement, prints the bill; Ctrl-C on the
+/// way is handled by [`Foreground::drive`].
+async fn foreground(fg: &mut Foreground<'_>, body: &RentBody) -> Result<u8, Leave> {
+    let (api, out) = (fg.api, fg.out);
+    let rented = fg.drive(api.rent(body)).await??;
+    if let Some(note) = &rented.note {
+        out.note(note);
     }
     out.line(&format!(
         "lease {} accepted; following its output",
         rented.lease_id
     ));
-    let exit = follow_logs(api, out, &rented.lease_id, 0, true).await?;
-    let view = wait_terminal(api, &rented.lease_id, Duration::from_secs(60)).await?;
+    fg.accepted(&rented.lease_id).await?;
+    let exit = fg
+        .drive(follow_logs(api, out, &rented.lease_id, 0, true))
+        .await??;
+    let view = fg
+        .drive(wait_terminal(
+            api,
+            &rented.lease_id,
+            Duration::from_secs(60),
+        ))
+        .await??;
     out.emit(&view, |p| print_bill(p, &view));
-    let code = exit
-        .or_else(|| {
-            view["exit_code"]
-                .as_i64()
-                .and_then(|c| i32::try_from(c).ok())
-        })
-        .unwrap_or(1);
+    if fg.stopping {
+        return Ok(EXIT_INTERRUPTED);
+    }
+    let code = exit.or(view.exit_code).unwrap_or(1);
     Ok(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+/// Why a foreground `rent` ends before the bill.
+enum Leave {
+    /// A second Ctrl-C: leave the lease to itself.
+    Detach,
+    /// A failure, reported as usual.
+    Error(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Leave {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Error(e)
+    }
+}
+
+impl From<ClientError> for Leave {
+    fn from(e: ClientError) -> Self {
+        Self::Error(e.into())
+    }
+}
+
+/// SIGINT as a stream, installed once for the whole command: while it exists Ctrl-C no longer
+/// ends the process, and a second Ctrl-C that comes while the first is being handled is kept
+/// rather than lost (a fresh `tokio::signal::ctrl_c()` per wait would miss one that arrives
+/// between two waits). The CLI talks to the node over a Unix socket, so it is Unix-only anyway.
+struct Interrupts(Signal);
+
+impl Interrupts {
+    fn install() -> anyhow::Result<Self> {
+        let sigint =
+            tokio::signal::unix::signal(SignalKind::interrupt()).context("cannot handle Ctrl-C")?;
+        Ok(Self(sigint))
+    }
+
+    /// Runs `fut` to its end, or until Ctrl-C (`None`; a pinned `fut` can be resumed).
+    async fn unless<F: Future>(&mut self, fut: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            Some(()) = self.0.recv() => None,
+            r = fut => Some(r),
+        }
+    }
+}
+
+/// A foreground `rent`: the lease once accepted, and what Ctrl-C has done so far.
+struct Foreground<'a> {
+    api: &'a ApiClient,
+    out: &'a Printer,
+    ctrl_c: Interrupts,
+    /// The lease id, once the provider accepted.
+    lease: Option<String>,
+    /// The first Ctrl-C came: the lease is being stopped (or will be, once accepted).
+    stopping: bool,
+    /// The node answered the stop request.
+    stop_taken: bool,
+}
+
+impl Foreground<'_> {
+    /// Runs `fut` to its end; a first Ctrl-C on the way stops the lease and lets `fut` go on, a
+    /// second one leaves ([`Leave::Detach`]).
+    async fn drive<F: Future>(&mut self, fut: F) -> Result<F::Output, Leave> {
+        tokio::pin!(fut);
+        loop {
+            if let Some(r) = self.ctrl_c.unless(fut.as_mut()).await {
+                return Ok(r);
+            }
+            if self.stopping {
+                return Err(Leave::Detach);
+            }
+            self.stopping = true;
+            match self.lease.clone() {
+                Some(id) => self.stop(&id).await?,
+                None => self.out.status(
+                    "Ctrl-C: the lease will be stopped as soon as the provider accepts it \
+                     (Ctrl-C again to leave it)",
+                ),
+            }
+        }
+    }
+
+    /// The provider accepted: a Ctrl-C during the negotiation stops the lease now.
+    async fn accepted(&mut self, id: &str) -> Result<(), Leave> {
+        self.lease = Some(id.to_string());
+        if self.stopping {
+            self.stop(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Asks the node to stop the lease (a second Ctrl-C while it answers detaches).
+    async fn stop(&mut self, id: &str) -> Result<(), Leave> {
+        self.out.status(&format!(
+            "Ctrl-C: stopping lease {id}… (Ctrl-C again to detach)"
+        ));
+        let api = self.api;
+        match self.ctrl_c.unless(api.stop(id)).await {
+            None => Err(Leave::Detach),
+            Some(r) => {
+                r.with_context(|| format!("cannot stop lease {id}"))?;
+                self.stop_taken = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// Says what a second Ctrl-C left behind, and how to go on.
+    fn detached(&self) {
+        let again = |args: &str| command_line(self.api, args);
+        let text = match &self.lease {
+            Some(id) => format!(
+                "Ctrl-C again: detached; lease {id} {}\n  follow it: {}\n  stop it:   {}",
+                if self.stop_taken {
+                    "goes on stopping on its own"
+                } else {
+                    "may still run (the node had not answered the stop yet)"
+                },
+                again(&format!("logs -f {id}")),
+                again(&format!("stop {id}")),
+            ),
+            None => format!(
+                "Ctrl-C again: left before the provider answered; if it accepts, {} shows the \
+                 lease and {} ends it",
+                again("leases"),
+                again("stop LEASE"),
+            ),
+        };
+        self.out.status(&text);
+    }
+}
+
+/// `gridlease ARGS` as the user would type it for this client's home (`--home` only when it
+/// is not the default one).
+fn command_line(api: &ApiClient, args: &str) -> String {
+    let home = api.home();
+    if home == crate::home::default_home() {
+        return format!("gridlease {args}");
+    }
+    let text = home.display().to_string();
+    let plain = text
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-~+=,:@".contains(&b));
+    if plain {
+        format!("gridlease --home {text} {args}")
+    } else {
+        format!("gridlease --home '{}' {args}", text.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn hints_name_the_home_when_it_is_not_the_default() {
+        let default = ApiClient::new(&crate::home::default_home());
+        assert_eq!(command_line(&default, "stop X"), "gridlease stop X");
+        let plain = ApiClient::new(Path::new("/srv/grid-1/home"));
+        assert_eq!(
+            command_line(&plain, "logs -f X"),
+            "gridlease --home /srv/grid-1/home logs -f X"
+        );
+        let odd = ApiClient::new(Path::new("/tmp/it's here"));
+        assert_eq!(
+            command_line(&odd, "stop X"),
+            r"gridlease --home '/tmp/it'\''s here' stop X"
+        );
+    }
 }

@@ -3,7 +3,6 @@
 use clap::Args;
 
 use crate::api::client::ApiClient;
-use crate::api::types::StatusView;
 use crate::output::Printer;
 
 /// Arguments of `gridlease status`.
@@ -12,7 +11,7 @@ pub struct StatusArgs {}
 
 /// Prints the node's status.
 pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::Result<u8> {
-    let s: StatusView = api.get("/v1/status").await?;
+    let s = api.status().await?;
     out.emit(&s, |p| {
         p.line(&format!("peer id      {}", s.peer_id));
         p.line(&format!("network      {}", s.network));

@@ -15,17 +15,7 @@ pub struct StopArgs {
 
 /// Stops a lease.
 pub async fn run(api: &ApiClient, out: &Printer, args: &StopArgs) -> anyhow::Result<u8> {
-    let v: serde_json::Value = api
-        .post(
-            &format!("/v1/leases/{}/stop", args.lease),
-            &serde_json::json!({}),
-        )
-        .await?;
-    out.emit(&v, |p| {
-        p.line(&format!(
-            "stopping lease {}",
-            v["lease_id"].as_str().unwrap_or("?")
-        ))
-    });
+    let v = api.stop(&args.lease).await?;
+    out.emit(&v, |p| p.line(&format!("stopping lease {}", v.lease_id)));
     Ok(0)
 }

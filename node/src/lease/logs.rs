@@ -403,7 +403,7 @@ pub(crate) struct LiveLog {
 impl LiveLog {
     /// `None` unless the view is of a lease this node provides.
     pub(crate) fn of(view: &LeaseView) -> Option<Self> {
-        (view.role == "provider").then(|| Self {
+        (view.role == crate::store::Role::Provider).then(|| Self {
             renter: view.counterparty.parse().ok(),
             finished: view.is_terminal(),
             exit_code: view.exit_code,

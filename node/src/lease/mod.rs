@@ -529,19 +529,25 @@ impl LeaseService {
             .map(|v| (v.lease_id, v))
             .collect();
         let stored = self.ctx.store.call(|s| s.leases_with_records()).await?;
-        let net = self.ctx.client.network();
+        let now = self.ctx.now();
         Ok(stored
             .into_iter()
             .map(|(l, rec)| match live.get(&l.lease.id) {
-                Some(v) => v.clone(),
-                None => view::from_store(net, &l, &rec),
+                Some(v) => v.clone().at(now),
+                None => view::from_store(&l, &rec, now),
             })
             .collect())
     }
 
     /// The leases with a session on this node now (live ones), from memory.
     pub async fn live_leases(&self) -> Result<Vec<LeaseView>, LeaseError> {
-        self.ask(Cmd::Views).await
+        let now = self.ctx.now();
+        Ok(self
+            .ask(Cmd::Views)
+            .await?
+            .into_iter()
+            .map(|v| v.at(now))
+            .collect())
     }
 
     /// Total earned and spent, micro-units (one aggregate query).
@@ -552,7 +558,7 @@ impl LeaseService {
     /// One lease.
     pub async fn lease(&self, id: LeaseId) -> Result<Option<LeaseView>, LeaseError> {
         if let Some(w) = self.ask(|r| Cmd::Watch(id, r)).await? {
-            return Ok(Some(w.borrow().clone()));
+            return Ok(Some(w.borrow().clone().at(self.ctx.now())));
         }
         let found = self
             .ctx
@@ -563,7 +569,7 @@ impl LeaseService {
                     .transpose()
             })
             .await?;
-        Ok(found.map(|(rec, l)| view::from_store(self.ctx.client.network(), &l, &rec)))
+        Ok(found.map(|(rec, l)| view::from_store(&l, &rec, self.ctx.now())))
     }
 
     /// Resolves when the lease is settled or failed, with its final view. A lease stored but
@@ -1101,7 +1107,7 @@ impl Actor {
     fn spawn(&mut self, l: StoredLease, rec: SessionRecord) {
         let id = l.lease.id;
         let (inbox_tx, inbox) = mpsc::channel(SESSION_QUEUE);
-        let initial = view::from_store(self.ctx.client.network(), &l, &rec);
+        let initial = view::from_store(&l, &rec, self.ctx.now());
         let (view_tx, view_rx) = watch::channel(initial);
         let ctx = self.ctx.clone();
         let role = l.role;

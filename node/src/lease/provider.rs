@@ -59,6 +59,7 @@ impl Session {
             self.last_report.as_ref(),
             self.channel.paid().micros(),
             self.exit_code,
+            self.ctx.now(),
         );
         self.view.send_replace(v);
     }

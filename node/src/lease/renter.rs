@@ -44,6 +44,7 @@ impl Session {
             self.channel.last_usage(),
             self.channel.paid().micros(),
             self.exit_code,
+            self.ctx.now(),
         );
         self.view.send_replace(v);
     }

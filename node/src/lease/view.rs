@@ -1,20 +1,18 @@
-//! Read models for the control API: [`LeaseView`] and [`Ledger`] (serde-serializable, amounts
-//! in micro-units).
+//! Read models of the control API: [`LeaseView`] and [`Ledger`], amounts in micro-units. The
+//! daemon serializes them and the CLI deserializes the same structs, so a field or state name
+//! is written once (`docs/api.md` documents the JSON; its names are stable for scripts).
 
 use std::collections::BTreeMap;
 
 use gridlease_contracts::{Lease, LeaseState, Tariff};
-use gridlease_protocol::{
-    LeaseId, NetworkId, PaymentReceipt, PublicKey, Signed, Timestamp, UsageReport,
-};
-use serde::Serialize;
+use gridlease_protocol::{LeaseId, PaymentReceipt, PublicKey, Signed, Timestamp, UsageReport};
+use serde::{Deserialize, Serialize};
 
-use crate::clock;
 use crate::store::lease::{LedgerRow, SessionRecord};
 use crate::store::{Role, StoredLease};
 
 /// Metered usage as last reported (cumulative meters, interval peaks).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageView {
     /// Report sequence.
     pub seq: u64,
@@ -44,15 +42,16 @@ impl From<&UsageReport> for UsageView {
 }
 
 /// A lease as the control API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseView {
-    /// The lease id.
-    #[serde(serialize_with = "ser_display")]
+    /// The lease id (64 hex digits in JSON).
+    #[serde(serialize_with = "ser_display", deserialize_with = "de_from_str")]
     pub lease_id: LeaseId,
-    /// `renter` or `provider`.
-    pub role: &'static str,
-    /// Lease state (`accepted`, `starting`, `running`, `closing`, `settled`, `failed`, ...).
-    pub state: &'static str,
+    /// This node's side: `renter` or `provider`.
+    pub role: Role,
+    /// Lease state: `proposed`, `accepted`, `starting`, `running`, `closing`, `settled`,
+    /// `rejected` or `failed`.
+    pub state: LeaseState,
     /// The other party's peer id.
     pub counterparty: String,
     /// GPUs leased.
@@ -77,7 +76,8 @@ pub struct LeaseView {
     pub time_left_s: Option<u64>,
     /// The container's exit code.
     pub exit_code: Option<i32>,
-    /// Why it closed.
+    /// Why it closed (`renter_stop`, `expired`, ...: the store's names for a
+    /// [`CloseReason`](gridlease_protocol::CloseReason)).
     pub close_reason: Option<String>,
     /// The final statement once settled, micro-units.
     pub settled_total: Option<u64>,
@@ -87,10 +87,37 @@ fn ser_display<S: serde::Serializer>(v: &LeaseId, s: S) -> Result<S::Ok, S::Erro
     s.collect_str(v)
 }
 
+/// The inverse of [`ser_display`]: a lease id from its hex text.
+fn de_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<LeaseId, D::Error> {
+    let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
 impl LeaseView {
-    /// Settled, failed or rejected: nothing more will happen.
+    /// Nothing more will happen to the lease ([`LeaseState::is_terminal`]).
     pub fn is_terminal(&self) -> bool {
-        matches!(self.state, "settled" | "failed" | "rejected")
+        self.state.is_terminal()
+    }
+
+    /// Recomputes the time left at `now` (a published view is read later than it was made).
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.time_left_s = time_left_s(self.state, self.started_at, self.duration_s, now);
+        self
+    }
+}
+
+/// Seconds until the deadline of a running lease.
+fn time_left_s(
+    state: LeaseState,
+    started_at: Option<u64>,
+    duration_s: u32,
+    now: Timestamp,
+) -> Option<u64> {
+    match (state, started_at) {
+        (LeaseState::Running, Some(s)) => {
+            Some(Timestamp(s).plus_secs(u64::from(duration_s)).ms_since(now) / 1000)
+        }
+        _ => None,
     }
 }
 
@@ -102,20 +129,19 @@ pub(crate) fn make(
     usage: Option<&UsageReport>,
     paid: u64,
     exit_code: Option<i32>,
+    now: Timestamp,
 ) -> LeaseView {
     let t = &lease.terms;
-    let now = clock::now();
-    let time_left_s = match (lease.state, lease.deadline()) {
-        (LeaseState::Running, Some(d)) => Some(d.ms_since(now) / 1000),
-        _ => None,
-    };
+    let time_left_s = time_left_s(
+        lease.state,
+        lease.started_at.map(|t| t.0),
+        t.duration_s,
+        now,
+    );
     LeaseView {
         lease_id: lease.id,
-        role: match role {
-            Role::Provider => "provider",
-            Role::Renter => "renter",
-        },
-        state: lease.state.as_str(),
+        role,
+        state: lease.state,
         counterparty: counterparty
             .peer_id()
             .map(|p| p.to_string())
@@ -164,7 +190,7 @@ pub(crate) fn restore_lease(l: &mut Lease, rec: &SessionRecord) {
 }
 
 /// The view of a stored lease without a live session.
-pub(crate) fn from_store(_net: &NetworkId, l: &StoredLease, rec: &SessionRecord) -> LeaseView {
+pub(crate) fn from_store(l: &StoredLease, rec: &SessionRecord, now: Timestamp) -> LeaseView {
     let mut lease = l.lease.clone();
     restore_lease(&mut lease, rec);
     let usage = rec.last_usage.as_ref().and_then(|(_, b)| decode_usage(b));
@@ -180,17 +206,18 @@ pub(crate) fn from_store(_net: &NetworkId, l: &StoredLease, rec: &SessionRecord)
         usage.as_ref().map(|(_, u)| u),
         paid,
         rec.fields.exit_code,
+        now,
     )
 }
 
 /// One lease's statement.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseStatement {
-    /// The lease.
-    #[serde(serialize_with = "ser_display")]
+    /// The lease (64 hex digits in JSON).
+    #[serde(serialize_with = "ser_display", deserialize_with = "de_from_str")]
     pub lease_id: LeaseId,
     /// `renter` (spent) or `provider` (earned).
-    pub role: &'static str,
+    pub role: Role,
     /// The other party's peer id.
     pub counterparty: String,
     /// Booked total, micro-units (equals the last valid receipt).
@@ -200,7 +227,7 @@ pub struct LeaseStatement {
 }
 
 /// Totals with one counterparty.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterpartyTotals {
     /// Earned from it as a provider, micro-units.
     pub earned: u64,
@@ -209,7 +236,7 @@ pub struct CounterpartyTotals {
 }
 
 /// The node's ledger.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledger {
     /// Per lease.
     pub leases: Vec<LeaseStatement>,
@@ -239,8 +266,8 @@ pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
         debits += u128::from(r.debit);
         credits += u128::from(r.credit);
         let (role, amount) = match r.account.as_str() {
-            ACCOUNT_LEASE_SPEND => ("renter", r.debit),
-            ACCOUNT_LEASE_REVENUE => ("provider", r.credit),
+            ACCOUNT_LEASE_SPEND => (Role::Renter, r.debit),
+            ACCOUNT_LEASE_REVENUE => (Role::Provider, r.credit),
             _ => continue,
         };
         let st = per.entry(r.lease_id).or_insert_with(|| LeaseStatement {
@@ -256,7 +283,7 @@ pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
             .counterparties
             .entry(peer_text(&r.counterparty))
             .or_default();
-        if role == "renter" {
+        if role == Role::Renter {
             c.spent = c.spent.saturating_add(amount);
             out.total_spent = out.total_spent.saturating_add(amount);
         } else {
@@ -302,7 +329,7 @@ mod tests {
         let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, r, 1, 600);
         let id = terms.lease_id().unwrap();
         let lease = Lease::propose(id, terms);
-        let v = make(Role::Renter, &lease, &p, None, 42, Some(0));
+        let v = make(Role::Renter, &lease, &p, None, 42, Some(0), fixtures::T0);
         let j = serde_json::to_value(&v).unwrap();
         assert_eq!(j["lease_id"], id.to_string());
         assert_eq!(j["role"], "renter");
@@ -311,5 +338,135 @@ mod tests {
         assert_eq!(j["paid"], 42);
         assert_eq!(j["exit_code"], 0);
         assert!(!v.is_terminal());
+    }
+
+    fn settled_view() -> (LeaseView, PublicKey) {
+        use gridlease_contracts::{Actor, LeaseEvent, Money};
+        use gridlease_protocol::CloseReason;
+        use gridlease_protocol::fixtures::T0;
+        let p = NodeKey::from_secret([1; 32]).public();
+        let r = NodeKey::from_secret([2; 32]).public();
+        let offer = fixtures::offer(p, 1, 1, 3_600_000);
+        let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, r, 1, 600);
+        let id = terms.lease_id().unwrap();
+        let mut lease = Lease::propose(id, terms);
+        lease
+            .apply(LeaseEvent::Accept, Actor::Provider, T0)
+            .unwrap();
+        lease
+            .apply(LeaseEvent::BeginStart, Actor::Provider, T0.plus_ms(5))
+            .unwrap();
+        lease
+            .apply(LeaseEvent::Started, Actor::Provider, T0.plus_secs(1))
+            .unwrap();
+        lease
+            .apply(
+                LeaseEvent::Close(CloseReason::RenterStop),
+                Actor::Renter,
+                T0.plus_secs(61),
+            )
+            .unwrap();
+        lease
+            .apply(
+                LeaseEvent::Settle {
+                    total: Money::from_micros(60_000),
+                },
+                Actor::Renter,
+                T0.plus_secs(62),
+            )
+            .unwrap();
+        let mut usage = fixtures::usage(id, 6, 60_000, 1);
+        usage.amount_due = 60_000;
+        (
+            make(
+                Role::Provider,
+                &lease,
+                &r,
+                Some(&usage),
+                60_000,
+                Some(137),
+                T0,
+            ),
+            r,
+        )
+    }
+
+    /// The JSON scripts read (`leases --json`, `GET /v1/leases`), byte for byte.
+    #[test]
+    fn view_json_is_stable() {
+        let (v, r) = settled_view();
+        let text = serde_json::to_string(&v).unwrap();
+        let expected = format!(
+            concat!(
+                r#"{{"lease_id":"{id}","role":"provider","state":"settled","#,
+                r#""counterparty":"{peer}","gpus":1,"price_per_gpu_hour":3600000,"#,
+                r#""duration_s":600,"image":"{image}","started_at":{started},"#,
+                r#""closed_at":{closed},"usage":{{"seq":6,"wall_ms":60000,"#,
+                r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,
+                r#""mem_peak_mib":1024}},"paid":60000,"cost_so_far":60000,"#,
+                r#""time_left_s":null,"exit_code":137,"close_reason":"renter_stop","#,
+                r#""settled_total":60000}}"#
+            ),
+            id = v.lease_id,
+            peer = r.peer_id().unwrap(),
+            image = v.image,
+            started = fixtures::T0.plus_secs(1).0,
+            closed = fixtures::T0.plus_secs(61).0,
+        );
+        assert_eq!(text, expected);
+        assert!(v.is_terminal());
+        // The CLI reads the same struct back.
+        let back: LeaseView = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, v);
+        let bad = text.replace(&v.lease_id.to_string(), "abc");
+        assert!(serde_json::from_str::<LeaseView>(&bad).is_err());
+    }
+
+    #[test]
+    fn states_serialize_as_their_names() {
+        for s in [
+            LeaseState::Proposed,
+            LeaseState::Closing,
+            LeaseState::Failed,
+        ] {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()));
+            assert_eq!(serde_json::from_str::<LeaseState>(&json).unwrap(), s);
+        }
+        assert_eq!(serde_json::to_string(&Role::Renter).unwrap(), "\"renter\"");
+    }
+
+    /// The JSON of `ledger --json` / `GET /v1/ledger`, byte for byte.
+    #[test]
+    fn ledger_json_is_stable() {
+        use crate::store::lease::{ACCOUNT_LEASE_SPEND, ACCOUNT_PAYABLE};
+        let (v, r) = settled_view();
+        let row = |account: &str, debit, credit| LedgerRow {
+            lease_id: v.lease_id,
+            counterparty: r,
+            account: account.to_string(),
+            debit,
+            credit,
+            receipt_seq: Some(1),
+            at: fixtures::T0,
+        };
+        let rows = [
+            row(ACCOUNT_LEASE_SPEND, 500, 0),
+            row(ACCOUNT_PAYABLE, 0, 500),
+        ];
+        let l = ledger(&rows, &[]);
+        let text = serde_json::to_string(&l).unwrap();
+        let peer = r.peer_id().unwrap();
+        let expected = format!(
+            concat!(
+                r#"{{"leases":[{{"lease_id":"{id}","role":"renter","counterparty":"{peer}","#,
+                r#""total":500,"entries":1}}],"counterparties":{{"{peer}":{{"earned":0,"#,
+                r#""spent":500}}}},"total_earned":0,"total_spent":500,"balanced":true}}"#
+            ),
+            id = v.lease_id,
+            peer = peer,
+        );
+        assert_eq!(text, expected);
+        assert_eq!(serde_json::from_str::<Ledger>(&text).unwrap(), l);
     }
 }

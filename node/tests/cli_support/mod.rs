@@ -1,11 +1,19 @@
-//! Shared helpers for tests that drive the real `gridlease` binary.
-#![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
+//! Shared helpers for tests that drive the real `gridlease` binary: daemons, `--json`
+//! answers, the probe image, a tmux pane (a real terminal), the Docker containers of a lease.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::print_stderr
+)]
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use assert_cmd::cargo::CommandCargoExt;
+use serde_json::Value;
 
 /// The binary, with every `GRIDLEASE_*` variable of the test's environment removed.
 pub fn bin() -> Command {
@@ -78,4 +86,296 @@ pub fn start_node(home: &Path, extra: &[&str]) -> Daemon {
         cli(home, &["status"]).status.success()
     });
     d
+}
+
+/// `gridlease init` then `gridlease node`.
+pub fn start(home: &Path, extra: &[&str]) -> Daemon {
+    init(home);
+    start_node(home, extra)
+}
+
+/// `gridlease --home HOME --json ARGS..`, parsed (the command must succeed).
+pub fn json(home: &Path, args: &[&str]) -> Value {
+    let out = bin()
+        .arg("--home")
+        .arg(home)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gridlease {args:?} failed: {}",
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The lease `id` as `leases --all --json` shows it on `home` (null when absent).
+pub fn lease_of(home: &Path, id: &str) -> Value {
+    let all = json(home, &["leases", "--all"]);
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lease_id"] == id)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// True when Docker-backed tests must run (`.ci/run` sets `GRIDLEASE_REQUIRE_DOCKER=1`).
+pub fn docker_required() -> bool {
+    std::env::var("GRIDLEASE_REQUIRE_DOCKER").as_deref() == Ok("1")
+}
+
+/// The probe image tag, built if missing; `None` (skip) only when Docker is unreachable and
+/// not required.
+pub fn probe_image_or_skip(test: &str) -> Option<String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        match gridlease_sandbox::Sandbox::connect().await {
+            Ok(sb) => Some(sb.ensure_probe_image().await.unwrap()),
+            Err(e) => {
+                if docker_required() {
+                    panic!("{test}: GRIDLEASE_REQUIRE_DOCKER=1 but Docker is unreachable: {e}");
+                }
+                eprintln!("{test}: SKIPPED, Docker is unreachable ({e})");
+                None
+            }
+        }
+    })
+}
+
+/// A provider (with a declared GPU) and a renter bootstrapped from it, homes `provider` and
+/// `renter` under a directory, with the provider's offer in the renter's book.
+pub struct Market {
+    /// The provider's daemon.
+    pub provider: Daemon,
+    /// The renter's daemon.
+    pub renter: Daemon,
+    /// The provider's peer id (its containers' `gridlease.node` label).
+    pub provider_peer: String,
+    /// The first digits of the provider's offer id.
+    pub offer: String,
+}
+
+/// Starts a [`Market`] under `dir`.
+pub fn market(dir: &Path) -> Market {
+    let (ph, rh) = (dir.join("provider"), dir.join("renter"));
+    let provider = start(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
+    let status = json(&ph, &["status"]);
+    let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
+    let renter = start(&rh, &["--bootstrap", &addr]);
+    let mut offers = Value::Null;
+    wait_for(
+        Duration::from_secs(30),
+        "the offer to reach the renter",
+        || {
+            offers = json(&rh, &["search", "gpu~4090"]);
+            offers.as_array().is_some_and(|a| a.len() == 1)
+        },
+    );
+    Market {
+        provider,
+        renter,
+        provider_peer: status["peer_id"].as_str().unwrap().to_string(),
+        offer: offers[0]["id"].as_str().unwrap()[..12].to_string(),
+    }
+}
+
+/// Docker containers (also stopped ones) with the label `key=value`: `(container id, state)`
+/// (`running`, `exited`..).
+fn containers_labelled(key: &str, value: &str) -> Vec<(String, String)> {
+    use bollard::query_parameters::ListContainersOptionsBuilder;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let sb = gridlease_sandbox::Sandbox::connect().await.unwrap();
+        let mut filters = std::collections::HashMap::new();
+        filters.insert("label", vec![format!("{key}={value}")]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        sb.docker()
+            .list_containers(Some(opts))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                let state = c.state.map(|s| s.to_string()).unwrap_or_default();
+                (c.id.unwrap_or_default(), state)
+            })
+            .collect()
+    })
+}
+
+/// The containers of lease `id`: `(container id, state)`.
+pub fn containers_of(id: &str) -> Vec<(String, String)> {
+    containers_labelled(gridlease_sandbox::spec::LABEL_LEASE, id)
+}
+
+/// Removes, when dropped, every container a provider node (by peer id) created, so a test
+/// that fails anywhere leaves none behind.
+pub struct ContainersGuard(pub String);
+
+impl Drop for ContainersGuard {
+    fn drop(&mut self) {
+        let left = containers_labelled(gridlease_sandbox::spec::LABEL_NODE, &self.0);
+        if left.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Runtime::new() else {
+            return;
+        };
+        rt.block_on(async {
+            if let Ok(sb) = gridlease_sandbox::Sandbox::connect().await {
+                for (cid, _) in left {
+                    let _ = sb.remove(&cid).await;
+                }
+            }
+        });
+    }
+}
+
+/// Whether `tmux` can be run here.
+pub fn tmux_available() -> bool {
+    Command::new("tmux")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// An interactive `bash` in a tmux pane: a real terminal, so Ctrl-C reaches the foreground
+/// process group as it does for a person. Each one has its own tmux server (socket in a
+/// temporary directory) and a session named uniquely for this run; the server is killed when
+/// dropped, also when the test fails.
+pub struct Tmux {
+    /// Session name: `gridlease-test-<pid>-<ns>-<test>`.
+    name: String,
+    /// Holds the server's socket (`tmux -S`).
+    dir: tempfile::TempDir,
+}
+
+impl Tmux {
+    /// Starts the server and the pane (200x50, so long lines do not wrap). The server starts
+    /// without the test's `GRIDLEASE_*` variables.
+    pub fn start(test: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let name = format!("gridlease-test-{}-{nanos}-{test}", std::process::id());
+        let dir = tempfile::Builder::new()
+            .prefix("gridlease-tmux-")
+            .tempdir()
+            .unwrap();
+        let t = Self { name, dir };
+        let mut c = t.tmux();
+        for (k, _) in std::env::vars() {
+            if k.starts_with("GRIDLEASE_") {
+                c.env_remove(k);
+            }
+        }
+        let out = c
+            .env("RUST_LOG", "warn")
+            .env("PS1", "$ ")
+            .env("HISTFILE", "/dev/null")
+            .args(["new-session", "-d", "-s", &t.name, "-x", "200", "-y", "50"])
+            .args(["bash", "--norc", "--noprofile", "-i"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "tmux: {}", text(&out.stderr));
+        t
+    }
+
+    fn tmux(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.arg("-S").arg(self.dir.path().join("socket"));
+        c
+    }
+
+    /// Types `line` into the pane and presses Enter.
+    pub fn type_line(&self, line: &str) {
+        self.send(&["-l", line]);
+        self.send(&["Enter"]);
+    }
+
+    /// `tmux send-keys KEYS..` (e.g. `C-c`).
+    pub fn send(&self, keys: &[&str]) {
+        let out = self
+            .tmux()
+            .args(["send-keys", "-t", &self.name])
+            .args(keys)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "send-keys: {}", text(&out.stderr));
+    }
+
+    /// What the pane shows, with its scrollback, wrapped lines joined.
+    pub fn capture(&self) -> String {
+        let out = self
+            .tmux()
+            .args(["capture-pane", "-p", "-J", "-S", "-", "-t", &self.name])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "capture-pane: {}", text(&out.stderr));
+        text(&out.stdout)
+    }
+
+    /// Waits until the pane shows `needle`; answers the pane's text.
+    pub fn wait_for_text(&self, limit: Duration, needle: &str) -> String {
+        self.wait_until(limit, &format!("{needle:?}"), |screen| {
+            screen.contains(needle)
+        })
+    }
+
+    /// Waits until `done` holds for the pane's text; answers the text.
+    pub fn wait_until(&self, limit: Duration, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let screen = self.capture();
+            if done(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what} in the pane:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Types `command; echo "EXIT=$?"` (see [`Tmux::wait_exit`]).
+    pub fn run(&self, command: &str) {
+        self.type_line(&format!("{command}; echo \"EXIT=$?\""));
+    }
+
+    /// Waits for the `EXIT=<status>` line the shell prints once the command typed by
+    /// [`Tmux::run`] ended (the typed line itself shows `EXIT=$?`, not a number): answers the
+    /// pane's text and the status.
+    pub fn wait_exit(&self, limit: Duration) -> (String, String) {
+        let screen = self.wait_until(limit, "the command to end", |s| exit_status(s).is_some());
+        let status = exit_status(&screen).unwrap();
+        (screen, status)
+    }
+}
+
+/// The status in a line `EXIT=<digits>`, if the text has one.
+fn exit_status(screen: &str) -> Option<String> {
+    screen.lines().find_map(|l| {
+        let n = l.trim().strip_prefix("EXIT=")?;
+        (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| n.to_string())
+    })
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self
+            .tmux()
+            .arg("kill-server")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
 }
