@@ -103,7 +103,7 @@ async fn main() {
         let t0 = Instant::now();
         let id = rl
             .rent(RentRequest {
-                offer,
+                offer: offer.to_string(),
                 gpus: 1,
                 duration_s: 10,
                 image: image.clone(),

@@ -121,7 +121,7 @@ async fn main() {
         };
         let id = leases
             .rent(RentRequest {
-                offer,
+                offer: offer.to_string(),
                 gpus: 1,
                 duration_s: args.rent_duration,
                 image,

@@ -1,62 +1,55 @@
-//! The renter's side: turning an offer from the book into proposed lease terms.
-
-use std::collections::BTreeMap;
+//! The renter's side: turning a rent request and an offer from the book into proposed terms.
 
 use gridlease_contracts::book::BookEntry;
+use gridlease_contracts::{Money, MoneyError};
 use gridlease_protocol::{LeaseTerms, NetworkId, NetworkPolicy, PublicKey, Timestamp};
 
-/// What a renter wants from an offer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseAsk {
-    /// GPUs wanted.
-    pub gpu_count: u16,
-    /// Seconds.
-    pub duration_s: u32,
-    /// Container image.
-    pub image: String,
-    /// Command; empty runs the image's own.
-    pub command: Vec<String>,
-    /// Environment.
-    pub env: BTreeMap<String, String>,
-    /// Most to pay in total, micro-units.
-    pub max_total: u64,
-    /// Seconds the provider waits for a silent renter.
-    pub grace_s: u32,
-    /// Unique per request of this renter; makes retries idempotent.
-    pub nonce: u64,
-}
+use crate::lease::RentRequest;
 
-/// Terms that take `ask` from the offer in `entry` at the offer's ask price and settings.
+/// The terms for `req` on the offer in `entry`: the offer's ask price and settings, the
+/// renter's grace (at least one usage interval) and `nonce`, and the budget cap asked for or,
+/// by default, the cost of the whole duration (or of the minimum billed time, if longer).
+/// Fails only when that cost overflows.
 pub fn terms_for(
     network: &NetworkId,
     entry: &BookEntry,
     renter: PublicKey,
-    ask: &LeaseAsk,
+    req: &RentRequest,
+    grace_s: u32,
+    nonce: u64,
     now: Timestamp,
-) -> LeaseTerms {
+) -> Result<LeaseTerms, MoneyError> {
     let o = &entry.offer;
-    LeaseTerms {
+    let max_total = match req.max_total {
+        Some(m) => m,
+        None => gridlease_contracts::cost(
+            u64::from(req.duration_s.max(o.min_billed_s)),
+            req.gpus,
+            Money::from_micros(o.price_per_gpu_hour),
+        )?,
+    };
+    Ok(LeaseTerms {
         network: network.clone(),
         offer_id: entry.id,
         offer_seq: o.seq,
         provider: o.provider,
         renter,
-        gpu_count: ask.gpu_count,
+        gpu_count: req.gpus,
         per_gpu: o.per_gpu,
         price_per_gpu_hour: o.price_per_gpu_hour,
-        duration_s: ask.duration_s,
+        duration_s: req.duration_s,
         min_billed_s: o.min_billed_s,
         usage_interval_s: o.usage_interval_s,
         pay_ahead_s: o.pay_ahead_s,
-        grace_s: ask.grace_s.max(o.usage_interval_s),
-        max_total: ask.max_total,
+        grace_s: grace_s.max(o.usage_interval_s),
+        max_total: max_total.micros(),
         network_policy: NetworkPolicy::None,
-        image: ask.image.clone(),
-        command: ask.command.clone(),
-        env: ask.env.clone(),
-        nonce: ask.nonce,
+        image: req.image.clone(),
+        command: req.command.clone(),
+        env: req.env.clone(),
+        nonce,
         created_at: now,
-    }
+    })
 }
 
 /// The offer's dialable addresses that parse.

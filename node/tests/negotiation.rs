@@ -10,8 +10,9 @@ use common::*;
 use gridlease_contracts::LeaseState;
 use gridlease_contracts::book::BookEntry;
 use gridlease_node::clock;
+use gridlease_node::lease::RentRequest;
 use gridlease_node::net::{NegotiationOutcome, NetworkEvent, NodeConfig};
-use gridlease_node::renter::{LeaseAsk, offer_addrs, terms_for};
+use gridlease_node::renter::{offer_addrs, terms_for};
 use gridlease_node::store::Role;
 use gridlease_protocol::{LeaseAccept, LeaseId, LeaseRequest, LeaseTerms, RejectReason, Signed};
 
@@ -21,17 +22,18 @@ fn provider_config(gpus: u8, price: u64) -> NodeConfig {
     c
 }
 
-fn ask(gpus: u16, nonce: u64) -> LeaseAsk {
-    LeaseAsk {
-        gpu_count: gpus,
+/// A rent request for `gpus` GPUs, with the nonce its terms will carry.
+fn ask(gpus: u16, nonce: u64) -> (RentRequest, u64) {
+    let req = RentRequest {
+        offer: String::new(),
+        gpus,
         duration_s: 600,
         image: "gridlease-probe:0.1.0".into(),
         command: vec!["burn".into(), "15".into()],
         env: BTreeMap::new(),
-        max_total: 10_000_000,
-        grace_s: 30,
-        nonce,
-    }
+        max_total: Some(gridlease_contracts::Money::from_micros(10_000_000)),
+    };
+    (req, nonce)
 }
 
 /// Provider with `gpus` GPUs at 0.35/h and a renter that has learned its offer.
@@ -49,8 +51,17 @@ async fn market(root: &std::path::Path, gpus: u8) -> (TestNode, TestNode, BookEn
     (provider, renter, entry)
 }
 
-fn terms(renter: &TestNode, entry: &BookEntry, ask: &LeaseAsk) -> LeaseTerms {
-    terms_for(&net(), entry, renter.key_public, ask, clock::now())
+fn terms(renter: &TestNode, entry: &BookEntry, ask: &(RentRequest, u64)) -> LeaseTerms {
+    terms_for(
+        &net(),
+        entry,
+        renter.key_public,
+        &ask.0,
+        30,
+        ask.1,
+        clock::now(),
+    )
+    .unwrap()
 }
 
 async fn negotiate(renter: &TestNode, entry: &BookEntry, t: LeaseTerms) -> NegotiationOutcome {

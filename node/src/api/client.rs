@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::socket_path;
-use super::types::{ErrorBody, RentBody, RentedView, StatusView, StoppingView};
+use super::types::{ErrorBody, RentRequest, RentedView, StatusView, StoppingView};
 use crate::lease::{LeaseView, Ledger};
 
 /// Most bytes of one API answer the CLI accepts.
@@ -84,7 +84,7 @@ impl ApiClient {
 
     /// `POST /v1/leases`: negotiates a lease; answers once both sides signed (or the provider
     /// refused: [`ClientError::Api`] with status 409).
-    pub async fn rent(&self, body: &RentBody) -> Result<RentedView, ClientError> {
+    pub async fn rent(&self, body: &RentRequest) -> Result<RentedView, ClientError> {
         self.post("/v1/leases", body).await
     }
 

@@ -32,8 +32,8 @@ use crate::lease::{
 };
 use crate::net::Client;
 use types::{
-    ErrorBody, GpusView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentBody, RentedView,
-    StatusView, StoppingView,
+    ErrorBody, GpusView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentedView, StatusView,
+    StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -430,27 +430,13 @@ async fn lease(
 
 async fn rent(
     State(s): State<ApiState>,
-    Json(b): Json<RentBody>,
+    Json(mut req): Json<RentRequest>,
 ) -> Result<Json<RentedView>, ApiError> {
-    let (offer, note) = resolve_offer(&s, &b.offer).await?;
-    let max_total = b
-        .max_total
-        .as_deref()
-        .map(str::parse::<Money>)
-        .transpose()
-        .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
-    if b.duration_s == 0 {
+    let (offer, note) = resolve_offer(&s, &req.offer).await?;
+    if req.duration_s == 0 {
         return Err(ApiError::bad_request("the duration must be positive", None));
     }
-    let req = RentRequest {
-        offer,
-        gpus: b.gpus,
-        duration_s: b.duration_s,
-        image: b.image,
-        command: b.command,
-        env: b.env,
-        max_total,
-    };
+    req.offer = offer.to_string();
     match s.leases.rent(req).await {
         Ok(id) => Ok(Json(RentedView {
             lease_id: id.to_string(),

@@ -117,27 +117,8 @@ pub struct GpusView {
     pub note: Option<String>,
 }
 
-/// `POST /v1/leases`: rent an offer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RentBody {
-    /// Offer id, or a unique prefix of it (as `gridlease search` shows).
-    pub offer: String,
-    /// GPUs wanted.
-    pub gpus: u16,
-    /// Seconds.
-    pub duration_s: u32,
-    /// Container image.
-    pub image: String,
-    /// Command and arguments; empty runs the image's own entrypoint/cmd.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// Environment variables.
-    #[serde(default)]
-    pub env: std::collections::BTreeMap<String, String>,
-    /// Budget cap, decimal (default: the whole duration at the offer's price).
-    #[serde(default)]
-    pub max_total: Option<String>,
-}
+/// Body of `POST /v1/leases`: the one rent request (see [`crate::lease::RentRequest`]).
+pub use crate::lease::RentRequest;
 
 /// Answer of `POST /v1/leases`.
 #[derive(Clone, Debug, Serialize, Deserialize)]

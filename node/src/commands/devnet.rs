@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::rent::{follow_logs, wait_terminal};
 use crate::api::client::ApiClient;
-use crate::api::types::{OfferRow, RentBody, StatusView};
+use crate::api::types::{OfferRow, RentRequest, StatusView};
 use crate::lease::{LeaseStatement, LeaseView, Ledger};
 use crate::output::{Printer, money, short};
 
@@ -248,7 +248,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     }
     let provider = provider.context("cannot find the cheapest offer's provider")?;
     let burn = args.burn_secs.max(1);
-    let body = RentBody {
+    let body = RentRequest {
         offer: cheapest.id.clone(),
         gpus: 1,
         // Offers accept leases of 60 s or more; the container exits when the probe is done.

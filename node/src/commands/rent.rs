@@ -17,7 +17,7 @@ use gridlease_contracts::Money;
 use tokio::signal::unix::{Signal, SignalKind};
 
 use crate::api::client::{ApiClient, ClientError};
-use crate::api::types::RentBody;
+use crate::api::types::RentRequest;
 use crate::lease::LeaseView;
 use crate::output::{Printer, money, short};
 
@@ -199,18 +199,22 @@ pub fn print_bill(out: &Printer, view: &LeaseView) {
 
 /// Rents, then follows unless detached.
 pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Result<u8> {
-    let body = RentBody {
+    let body = RentRequest {
         offer: args.offer.clone(),
         gpus: args.gpus,
         duration_s: duration_s(args)?,
         image: args.image.clone(),
         command: args.command.clone(),
         env: parse_env(&args.env)?,
-        max_total: args.max_total.clone(),
+        max_total: args
+            .max_total
+            .as_deref()
+            .map(|m| {
+                m.parse::<Money>()
+                    .map_err(|e| anyhow::anyhow!("--max-total {m:?}: {e}"))
+            })
+            .transpose()?,
     };
-    if let Some(m) = &body.max_total {
-        m.parse::<Money>()?;
-    }
     if args.detach {
         let rented = api.rent(&body).await?;
         if let Some(note) = &rented.note {
@@ -239,7 +243,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
 
 /// Negotiates, follows the output, waits for the settlement, prints the bill; Ctrl-C on the
 /// way is handled by [`Foreground::drive`].
-async fn foreground(fg: &mut Foreground<'_>, body: &RentBody) -> Result<u8, Leave> {
+async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, Leave> {
     let (api, out) = (fg.api, fg.out);
     let rented = fg.drive(api.rent(body)).await??;
     if let Some(note) = &rented.note {

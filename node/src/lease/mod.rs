@@ -73,7 +73,7 @@ use crate::net::{
     Client, InboundLease, InboundRequest, NegotiationError, NegotiationOutcome, NetworkEvent,
     OfferTemplate, OwnOffer,
 };
-use crate::renter::{LeaseAsk, offer_addrs, terms_for};
+use crate::renter::{offer_addrs, terms_for};
 use crate::store::lease::SessionRecord;
 use crate::store::{Role, StoreError, StoreHandle, StoredLease};
 
@@ -179,28 +179,60 @@ impl LeaseServiceConfig {
     }
 }
 
-/// What a renter asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a renter asks for: the one rent request, built by the CLI, sent as the body of
+/// `POST /v1/leases`, and taken by [`LeaseService::rent`] (which fills in the rest of the
+/// terms from the offer: [`crate::renter::terms_for`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RentRequest {
-    /// The offer (from the local book).
-    pub offer: OfferId,
+    /// Offer id (64 hex digits), or a unique prefix of it as `gridlease search` shows: the
+    /// control API resolves a prefix; [`LeaseService::rent`] needs the whole id.
+    pub offer: String,
     /// GPUs wanted.
     pub gpus: u16,
     /// Seconds.
     pub duration_s: u32,
     /// Container image.
     pub image: String,
-    /// Command; empty runs the image's own.
+    /// Command and arguments; empty runs the image's own entrypoint/cmd.
+    #[serde(default)]
     pub command: Vec<String>,
-    /// Environment.
+    /// Environment variables.
+    #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Budget cap; default: the cost of the whole duration (or the minimum billed, if longer).
+    /// Budget cap (a decimal amount in JSON, e.g. `"1.5"`); default: the cost of the whole
+    /// duration (or of the minimum billed time, if longer).
+    #[serde(default, with = "decimal")]
     pub max_total: Option<Money>,
+}
+
+/// `Option<Money>` as a decimal string (`"0.25"`), as people write amounts.
+mod decimal {
+    use gridlease_contracts::Money;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer>(m: &Option<Money>, s: S) -> Result<S::Ok, S::Error> {
+        match m {
+            Some(m) => s.serialize_some(&m.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Money>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| {
+                t.parse::<Money>()
+                    .map_err(|e| D::Error::custom(format!("max_total {t:?}: {e}")))
+            })
+            .transpose()
+    }
 }
 
 /// Why renting failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RentError {
+    /// The offer id is not a whole offer id.
+    #[error("{0:?} is not an offer id (64 hex digits)")]
+    BadOffer(String),
     /// The offer is not in the local book.
     #[error("offer {0} is not known to this node; search again")]
     UnknownOffer(OfferId),
@@ -478,31 +510,23 @@ impl LeaseService {
 
     async fn rent_inner(&self, req: RentRequest) -> Result<LeaseId, RentError> {
         let client = &self.ctx.client;
-        let entry = client
-            .offer(req.offer)
-            .await?
-            .ok_or(RentError::UnknownOffer(req.offer))?;
-        let o = &entry.offer;
-        let price = Money::from_micros(o.price_per_gpu_hour);
-        let billed = u64::from(req.duration_s.max(o.min_billed_s));
-        let max_total = match req.max_total {
-            Some(m) => m,
-            None => gridlease_contracts::cost(billed, req.gpus, price)
-                .map_err(|_| RentError::Overflow)?,
-        };
-        let grace_s = self.ctx.config.renter_grace_s.max(o.usage_interval_s);
-        let ask = LeaseAsk {
-            gpu_count: req.gpus,
-            duration_s: req.duration_s,
-            image: req.image,
-            command: req.command,
-            env: req.env,
-            max_total: max_total.micros(),
-            grace_s,
-            nonce: fresh_nonce(),
-        };
+        let id: OfferId = req
+            .offer
+            .parse()
+            .map_err(|_| RentError::BadOffer(req.offer.clone()))?;
+        let entry = client.offer(id).await?.ok_or(RentError::UnknownOffer(id))?;
+        let grace_s = self.ctx.config.renter_grace_s;
         let now = self.ctx.now();
-        let terms = terms_for(client.network(), &entry, client.key().public(), &ask, now);
+        let terms = terms_for(
+            client.network(),
+            &entry,
+            client.key().public(),
+            &req,
+            grace_s,
+            fresh_nonce(),
+            now,
+        )
+        .map_err(|_| RentError::Overflow)?;
         let outcome = client
             .negotiate(terms, now.plus_secs(30), offer_addrs(&entry))
             .await?;

@@ -152,7 +152,7 @@ pub async fn closed(
 
 pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -> RentRequest {
     RentRequest {
-        offer,
+        offer: offer.to_string(),
         gpus: 1,
         duration_s,
         image: image.to_string(),
