@@ -247,6 +247,17 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
         own.id, entry.id,
         "the unexpired own offer is kept across restarts"
     );
+    assert!(
+        provider
+            .node
+            .client
+            .offer(entry.id)
+            .await
+            .unwrap()
+            .is_some(),
+        "the restored own offer is in the provider's own book right after the restart"
+    );
+    assert_eq!(provider.node.client.book_len().await.unwrap(), 1);
     let theirs = provider
         .store
         .call(|s| s.leases(Some(Role::Provider)))

@@ -367,10 +367,18 @@ impl Node {
         {
             provider.last_seq = v.message.seq;
             if config.offer.is_some() && validate_offer(&v.message, &v.signer, now).is_ok() {
+                let id = OfferId(v.digest);
+                // The restored own offer is in this node's own book at once (its `search` and
+                // `offers_known` count it), as a freshly signed one would be.
+                if book.get(&id).is_none()
+                    && let Err(e) = book.admit(own.clone(), v.message.clone(), id, now)
+                {
+                    tracing::warn!(error = %e, "restored own offer not admitted to own book");
+                }
                 provider.current = Some(OwnOffer {
                     signed: own,
                     offer: v.message,
-                    id: OfferId(v.digest),
+                    id,
                 });
             }
         }
