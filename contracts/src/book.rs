@@ -354,6 +354,34 @@ impl OfferBook {
         ids_with_prefix(&self.replaced, prefix, limit)
     }
 
+    /// Ids of held offers live at `now`, in id order, after `after` (from the first with
+    /// `None`), at most `limit`: a page of what this book holds, for book sync. Returns whether
+    /// more follow.
+    pub fn ids_after(
+        &self,
+        after: Option<&OfferId>,
+        limit: usize,
+        now: Timestamp,
+    ) -> (Vec<OfferId>, bool) {
+        use std::ops::Bound;
+        let lower = match after {
+            Some(a) => Bound::Excluded(*a),
+            None => Bound::Unbounded,
+        };
+        let mut live = self
+            .by_id
+            .range((lower, Bound::Unbounded))
+            .filter(|(_, p)| {
+                self.by_provider
+                    .get(*p)
+                    .is_some_and(|e| e.offer.expires_at > now)
+            })
+            .map(|(id, _)| *id);
+        let page: Vec<OfferId> = live.by_ref().take(limit).collect();
+        let more = live.next().is_some();
+        (page, more)
+    }
+
     /// Held offer ids whose hex form starts with `prefix` (lowercase), at most `limit`: a range
     /// query, not a scan.
     pub fn ids_with_prefix(&self, prefix: &str, limit: usize) -> Vec<OfferId> {

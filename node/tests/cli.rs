@@ -135,8 +135,10 @@ fn two_node_processes_bootstrap_and_share_an_offer() {
                 "--listen",
                 "/ip4/127.0.0.1/tcp/0",
                 "--no-mdns",
+                // Far longer than the test: the renter can only learn the offer by syncing
+                // the provider's book when it connects, not from a re-announcement.
                 "--announce-secs",
-                "1",
+                "600",
                 "--dev-gpus",
                 "RTX 4090:24GiB:0.40,RTX 3090:24GiB:0.25",
                 "--home",
@@ -163,5 +165,20 @@ fn two_node_processes_bootstrap_and_share_an_offer() {
             ])
             .arg(&b),
     );
+    let t = Instant::now();
     renter.wait_line("offer learned");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    // The late joiner's first search shows the offer.
+    let out = bin()
+        .args(["--json", "search", "--home"])
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
 }

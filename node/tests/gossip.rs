@@ -5,11 +5,12 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use common::*;
 use gridlease_node::clock;
-use gridlease_node::net::NetworkEvent;
 use gridlease_node::net::gossip::thresholds;
+use gridlease_node::net::{NetworkEvent, NodeConfig};
 use gridlease_protocol::envelope::Envelope;
 use gridlease_protocol::{NetworkId, NodeKey, Offer, OfferId, PeerId, Signed};
 
@@ -361,4 +362,65 @@ async fn an_offer_at_every_shape_limit_fits_the_gossip_size_cap() {
         })
         .await;
     }
+}
+
+/// Book sync on connect (issue 21): twenty providers that announced before anyone listened
+/// (announce period 60 s, so no re-announcement comes during the test) are each synced by a
+/// hub they connect to; a renter that joins later holds every live offer within 2 s of its
+/// first connection, without any announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_joiner_holds_the_live_offers_within_2_s_of_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = || {
+        let mut c = NodeConfig::local(net(), Duration::from_secs(60));
+        c.offer = Some(template(1, 350_000));
+        c
+    };
+    let mut nodes = Vec::new();
+    for i in 0..20 {
+        nodes.push(start(dir.path(), &format!("p{i}"), slow()).await);
+    }
+    let hub = nodes[0].node.client.clone();
+    for n in &nodes[1..] {
+        connect(n, &nodes[0]).await;
+    }
+    eventually("the hub to hold all 20 offers", || {
+        let hub = hub.clone();
+        async move { hub.book_len().await.unwrap() == 20 }
+    })
+    .await;
+    let before = hub.gossip_stats().await.unwrap();
+    assert_eq!(before.accepted, 0, "nothing came by gossip: {before:?}");
+
+    let late = start(
+        dir.path(),
+        "late",
+        NodeConfig::local(net(), Duration::from_secs(60)),
+    )
+    .await;
+    let joined = tokio::time::Instant::now();
+    connect(&late, &nodes[0]).await;
+    let c = late.node.client.clone();
+    loop {
+        if c.book_len().await.unwrap() >= 20 {
+            break;
+        }
+        assert!(
+            joined.elapsed() < Duration::from_secs(2),
+            "after 2 s the late joiner holds {} of 20 offers",
+            c.book_len().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = joined.elapsed();
+    let st = c.sync_stats().await.unwrap();
+    eprintln!("late joiner held 20 offers {took:?} after connecting; {st:?}");
+    assert_eq!(st.offers_admitted, 20, "{st:?}");
+    assert_eq!(st.offers_rejected, 0);
+    assert_eq!(st.ids_received, 20, "{st:?}");
+    assert!(st.bytes_received > 0, "{st:?}");
+    for n in nodes {
+        stop(n).await;
+    }
+    stop(late).await;
 }

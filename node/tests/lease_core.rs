@@ -202,26 +202,61 @@ async fn a_rent_dropped_right_after_negotiation_still_runs_and_settles() {
         GRACE_S,
     )
     .await;
-    let mut rent = Box::pin(renter.leases.rent(probe_rent(
-        offer,
-        &image,
-        3,
-        &["burn", "1", "1", "exit", "0"],
-    )));
-    // Drop the caller the moment the renter has stored the negotiated lease.
-    let store = renter.node.store.clone();
-    let stored = loop {
-        tokio::select! {
-            r = &mut rent => panic!("rent returned before the lease was seen stored: {r:?}"),
-            () = tokio::time::sleep(Duration::from_micros(200)) => {
-                let mine = store.call(|s| s.leases(Some(Role::Renter))).await.unwrap();
-                if let Some(l) = mine.first() {
-                    break l.lease.id;
+    // Drop the caller the moment the provider has stored the lease it accepts: the renter
+    // is then still finishing the negotiation (verifying, storing its copy with an fsync,
+    // registering its session). A rent that still won the race is stopped and tried again.
+    let pstore = provider.node.store.clone();
+    let mut stored = None;
+    for _attempt in 0..3 {
+        let seen = pstore
+            .call(|s| s.leases(Some(Role::Provider)))
+            .await
+            .unwrap()
+            .len();
+        let mut rent = Box::pin(renter.leases.rent(probe_rent(
+            offer,
+            &image,
+            3,
+            &["burn", "1", "1", "exit", "0"],
+        )));
+        let dropped = loop {
+            tokio::select! {
+                r = &mut rent => {
+                    let id = r.unwrap();
+                    renter.leases.stop(id).await.unwrap();
+                    let _ = closed(&provider.leases, id, 30).await;
+                    break None;
+                }
+                () = tokio::time::sleep(Duration::from_micros(100)) => {
+                    let all = pstore.call(|s| s.leases(Some(Role::Provider))).await.unwrap();
+                    if all.len() > seen {
+                        break all.last().map(|l| l.lease.id);
+                    }
                 }
             }
+        };
+        drop(rent);
+        if dropped.is_some() {
+            stored = dropped;
+            break;
         }
-    };
-    drop(rent);
+    }
+    let stored = stored.expect("three rents finished before the drop; cannot test it");
+    // The dropped rent still finishes: the renter stores its copy and runs the session.
+    let rstore = renter.node.store.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while rstore
+        .call(move |s| s.lease(&stored))
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the renter never stored the lease its dropped rent negotiated"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let rdone = closed(&renter.leases, stored, 60).await;
     let pdone = closed(&provider.leases, stored, 30).await;
     eprintln!("renter {rdone:#?}\nprovider {pdone:#?}");

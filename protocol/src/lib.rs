@@ -13,6 +13,7 @@ pub mod fixtures;
 pub mod identity;
 pub mod messages;
 pub mod session;
+pub mod sync;
 pub mod types;
 
 pub use codec::CodecError;

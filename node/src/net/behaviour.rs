@@ -12,7 +12,7 @@ use libp2p::{
     request_response,
 };
 
-use super::codec::{LEASE_PROTOCOL, LeaseCodec};
+use super::codec::{BOOK_PROTOCOL, BookCodec, LEASE_PROTOCOL, LeaseCodec};
 use super::gossip;
 use super::{BuildError, NodeConfig};
 
@@ -28,6 +28,8 @@ pub struct Behaviour {
     pub gossipsub: gossipsub::Behaviour,
     /// Lease negotiation (`/gridlease/lease/1`), length-prefixed bincode frames.
     pub lease: request_response::Behaviour<LeaseCodec>,
+    /// Book sync on connect (`/gridlease/book/1`).
+    pub book: request_response::Behaviour<BookCodec>,
     /// Peer discovery and routing; server mode on relay/bootstrap nodes, automatic elsewhere.
     pub kad: kad::Behaviour<kad::store::MemoryStore>,
     /// Exchanges listen/observed addresses and protocols; feeds kad and external addresses.
@@ -54,15 +56,23 @@ impl Behaviour {
         key: &identity::Keypair,
         relay_client: relay::client::Behaviour,
         config: &NodeConfig,
+        book_codec: BookCodec,
     ) -> Result<Self, BuildError> {
         let peer_id = key.public().to_peer_id();
         let gossipsub = gossip::behaviour(key, config)?;
         let lease = request_response::Behaviour::with_codec(
-            LeaseCodec,
+            LeaseCodec::default(),
             [(LEASE_PROTOCOL, request_response::ProtocolSupport::Full)],
             request_response::Config::default()
                 .with_request_timeout(config.request_timeout)
                 .with_max_concurrent_streams(config.max_concurrent_lease_streams),
+        );
+        let book = request_response::Behaviour::with_codec(
+            book_codec,
+            [(BOOK_PROTOCOL, request_response::ProtocolSupport::Full)],
+            request_response::Config::default()
+                .with_request_timeout(config.request_timeout)
+                .with_max_concurrent_streams(16),
         );
         let mut kad_config = kad::Config::new(KAD_PROTOCOL);
         kad_config.set_query_timeout(Duration::from_secs(30));
@@ -94,6 +104,7 @@ impl Behaviour {
         Ok(Self {
             gossipsub,
             lease,
+            book,
             kad,
             identify,
             ping: ping::Behaviour::new(ping::Config::new()),

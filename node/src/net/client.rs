@@ -46,6 +46,21 @@ pub struct GossipStats {
     pub signatures_skipped: u64,
 }
 
+/// Counters of book sync, since the node started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Syncs started.
+    pub started: u64,
+    /// Ids received in id pages.
+    pub ids_received: u64,
+    /// Offers received, verified and admitted.
+    pub offers_admitted: u64,
+    /// Offers received but rejected (the sync with that peer stops).
+    pub offers_rejected: u64,
+    /// Response bytes received (frames included).
+    pub bytes_received: u64,
+}
+
 /// A request to the event loop. Every variant carries its reply channel.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -64,6 +79,7 @@ pub(crate) enum Command {
     Replaced(String, oneshot::Sender<Vec<ReplacedOffer>>),
     GossipStats(oneshot::Sender<GossipStats>),
     BookLen(oneshot::Sender<usize>),
+    SyncStats(oneshot::Sender<SyncStats>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
     Announce(oneshot::Sender<()>),
@@ -252,6 +268,11 @@ impl Client {
     /// Offer gossip counters.
     pub async fn gossip_stats(&self) -> Result<GossipStats, NegotiationError> {
         self.ask(Command::GossipStats).await
+    }
+
+    /// Book sync counters.
+    pub async fn sync_stats(&self) -> Result<SyncStats, NegotiationError> {
+        self.ask(Command::SyncStats).await
     }
 
     /// Offers held.

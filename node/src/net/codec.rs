@@ -19,9 +19,59 @@ pub use gridlease_protocol::session::{
     LeaseRpc, LeaseRpcResponse, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
 };
 
-/// The length-prefixed bincode codec for [`LeaseRpc`] / [`LeaseRpcResponse`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LeaseCodec;
+/// A length-prefixed bincode request-response codec for `Req` / `Resp`, with a frame cap per
+/// direction checked before any body is allocated.
+pub struct FramedCodec<Req, Resp, const MAX_REQ: usize, const MAX_RESP: usize> {
+    /// Response body bytes read (shared by the clones libp2p makes per stream).
+    received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    _types: std::marker::PhantomData<fn() -> (Req, Resp)>,
+}
+
+impl<Req, Resp, const A: usize, const B: usize> FramedCodec<Req, Resp, A, B> {
+    /// Response body bytes this codec (and its clones) have read.
+    pub fn received(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.received.clone()
+    }
+}
+
+impl<Req, Resp, const A: usize, const B: usize> Clone for FramedCodec<Req, Resp, A, B> {
+    fn clone(&self) -> Self {
+        Self {
+            received: self.received.clone(),
+            _types: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<Req, Resp, const A: usize, const B: usize> Default for FramedCodec<Req, Resp, A, B> {
+    fn default() -> Self {
+        Self {
+            received: Default::default(),
+            _types: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<Req, Resp, const A: usize, const B: usize> std::fmt::Debug for FramedCodec<Req, Resp, A, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FramedCodec")
+    }
+}
+
+/// The lease stream's codec.
+pub type LeaseCodec =
+    FramedCodec<LeaseRpc, LeaseRpcResponse, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME>;
+
+/// The protocol name of book sync.
+pub const BOOK_PROTOCOL: StreamProtocol = StreamProtocol::new("/gridlease/book/1");
+
+/// Book sync's codec.
+pub type BookCodec = FramedCodec<
+    gridlease_protocol::sync::BookRequest,
+    gridlease_protocol::sync::BookResponse,
+    { gridlease_protocol::sync::MAX_SYNC_REQUEST_FRAME },
+    { gridlease_protocol::sync::MAX_SYNC_RESPONSE_FRAME },
+>;
 
 fn invalid(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
@@ -52,55 +102,55 @@ pub async fn write_frame<T: AsyncWrite + Unpin + Send>(
     io.close().await
 }
 
-impl libp2p::request_response::Codec for LeaseCodec {
+impl<Req, Resp, const MAX_REQ: usize, const MAX_RESP: usize> libp2p::request_response::Codec
+    for FramedCodec<Req, Resp, MAX_REQ, MAX_RESP>
+where
+    Req: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+    Resp: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
     type Protocol = StreamProtocol;
-    type Request = LeaseRpc;
-    type Response = LeaseRpcResponse;
+    type Request = Req;
+    type Response = Resp;
 
-    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<LeaseRpc>
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Req>
     where
         T: AsyncRead + Unpin + Send,
     {
-        let body = read_frame(io, MAX_REQUEST_FRAME).await?;
-        codec::decode::<LeaseRpc, MAX_REQUEST_FRAME>(&body).map_err(invalid)
+        let body = read_frame(io, MAX_REQ).await?;
+        codec::decode::<Req, MAX_REQ>(&body).map_err(invalid)
     }
 
-    async fn read_response<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<LeaseRpcResponse>
+    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Resp>
     where
         T: AsyncRead + Unpin + Send,
     {
-        let body = read_frame(io, MAX_RESPONSE_FRAME).await?;
-        codec::decode::<LeaseRpcResponse, MAX_RESPONSE_FRAME>(&body).map_err(invalid)
+        let body = read_frame(io, MAX_RESP).await?;
+        self.received.fetch_add(
+            u64::try_from(body.len() + 4).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        codec::decode::<Resp, MAX_RESP>(&body).map_err(invalid)
     }
 
-    async fn write_request<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: LeaseRpc,
-    ) -> io::Result<()>
+    async fn write_request<T>(&mut self, _: &StreamProtocol, io: &mut T, req: Req) -> io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
-        let body = codec::encode::<LeaseRpc, MAX_REQUEST_FRAME>(&req).map_err(invalid)?;
-        write_frame(io, &body, MAX_REQUEST_FRAME).await
+        let body = codec::encode::<Req, MAX_REQ>(&req).map_err(invalid)?;
+        write_frame(io, &body, MAX_REQ).await
     }
 
     async fn write_response<T>(
         &mut self,
         _: &StreamProtocol,
         io: &mut T,
-        res: LeaseRpcResponse,
+        res: Resp,
     ) -> io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
-        let body = codec::encode::<LeaseRpcResponse, MAX_RESPONSE_FRAME>(&res).map_err(invalid)?;
-        write_frame(io, &body, MAX_RESPONSE_FRAME).await
+        let body = codec::encode::<Resp, MAX_RESP>(&res).map_err(invalid)?;
+        write_frame(io, &body, MAX_RESP).await
     }
 }
 
@@ -149,12 +199,12 @@ mod tests {
         };
         let signed = Signed::sign(&r, &NetworkId::devnet(), &req).unwrap();
         let mut buf = Cursor::new(Vec::new());
-        LeaseCodec
+        LeaseCodec::default()
             .write_request(&LEASE_PROTOCOL, &mut buf, LeaseRpc::Propose(signed.clone()))
             .await
             .unwrap();
         let bytes = buf.into_inner();
-        let LeaseRpc::Propose(back) = LeaseCodec
+        let LeaseRpc::Propose(back) = LeaseCodec::default()
             .read_request(&LEASE_PROTOCOL, &mut Cursor::new(bytes))
             .await
             .unwrap()

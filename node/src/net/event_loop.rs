@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, BehaviourEvent};
-use super::client::{Command, GossipStats, ReplacedOffer};
+use super::client::{Command, GossipStats, ReplacedOffer, SyncStats};
 use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::gossip::{self, OfferIgnore, Verdict};
 use super::provider::{self, OwnOffer, ProviderState};
@@ -32,6 +32,7 @@ use super::{InboundLease, InboundRequest, Proposal};
 use crate::clock;
 use crate::store::StoreHandle;
 use gridlease_protocol::session::SessionResponse;
+use gridlease_protocol::sync::{BookRequest, BookResponse, MAX_SYNC_GET, MAX_SYNC_IDS};
 
 /// Most offers buffered for the next store flush.
 const OFFER_FLUSH_MAX: usize = 1024;
@@ -48,6 +49,7 @@ const RATE_KEYS: usize = 10_000;
 pub(super) fn build_swarm(
     key: &NodeKey,
     config: &NodeConfig,
+    book_codec: super::codec::BookCodec,
 ) -> Result<Swarm<Behaviour>, BuildError> {
     let t = |e: &dyn std::fmt::Display| BuildError::Transport(e.to_string());
     let swarm = libp2p::SwarmBuilder::with_existing_identity(key.keypair().clone())
@@ -64,7 +66,7 @@ pub(super) fn build_swarm(
         .with_relay_client(noise::Config::new, yamux::Config::default)
         .map_err(|e| t(&e))?
         .with_behaviour(|kp, relay_client| {
-            Behaviour::new(kp, relay_client, config)
+            Behaviour::new(kp, relay_client, config, book_codec)
                 .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
         })
         .map_err(|e| t(&e))?
@@ -121,6 +123,35 @@ pub(super) struct EventLoop {
     relays: Vec<PeerId>,
     /// Where inbound lease-stream requests go (the lease service), once registered.
     lease_handler: Option<mpsc::Sender<InboundLease>>,
+    /// Book syncs this node runs with peers it connected to (at most [`MAX_SYNCS`]).
+    syncs: HashMap<PeerId, BookSync>,
+    /// Connected peers waiting for a sync slot (at most [`MAX_SYNC_QUEUE`]).
+    sync_queue: std::collections::VecDeque<PeerId>,
+    /// Offer ids asked for by a sync and not answered yet (never asked twice at once).
+    wanted: std::collections::HashSet<OfferId>,
+    /// Book sync requests answered per peer.
+    sync_limits: RateLimiter<PeerId>,
+    /// What book sync has done.
+    sync_stats: SyncStats,
+    /// Book sync response bytes read (counted by the codec).
+    sync_bytes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Most book syncs run at once; more connections wait in a queue.
+const MAX_SYNCS: usize = 8;
+/// Most peers waiting for a book sync; a connection beyond them is not synced (gossip and the
+/// providers' re-announcements still reach it).
+const MAX_SYNC_QUEUE: usize = 1024;
+
+/// One running book sync with a peer: pages of ids, then the missing offers in batches.
+#[derive(Debug, Default)]
+struct BookSync {
+    /// Ids the peer holds that this node lacks, not yet asked for.
+    missing: std::collections::VecDeque<OfferId>,
+    /// The id pages are done.
+    listed: bool,
+    /// A request to the peer is in flight.
+    busy: bool,
 }
 
 impl EventLoop {
@@ -135,6 +166,7 @@ impl EventLoop {
         commands: mpsc::Receiver<Command>,
         events: broadcast::Sender<NetworkEvent>,
         cancel: CancellationToken,
+        sync_bytes: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         Self {
             topic: gossip::offer_topic(&config.network),
@@ -159,6 +191,18 @@ impl EventLoop {
             last_accepted: HashMap::new(),
             relays: Vec::new(),
             lease_handler: None,
+            syncs: HashMap::new(),
+            sync_queue: std::collections::VecDeque::new(),
+            wanted: std::collections::HashSet::new(),
+            sync_limits: RateLimiter::new(
+                super::ratelimit::RateLimit {
+                    burst: 512,
+                    per_token: Duration::from_millis(10),
+                },
+                RATE_KEYS,
+            ),
+            sync_stats: SyncStats::default(),
+            sync_bytes,
         }
     }
 
@@ -315,6 +359,11 @@ impl EventLoop {
                     })
                     .collect();
                 let _ = reply.send(found);
+            }
+            Command::SyncStats(reply) => {
+                let mut st = self.sync_stats;
+                st.bytes_received = self.sync_bytes.load(std::sync::atomic::Ordering::Relaxed);
+                let _ = reply.send(st);
             }
             Command::BookLen(reply) => {
                 let _ = reply.send(self.book.len());
@@ -540,6 +589,7 @@ impl EventLoop {
             } if num_established.get() == 1 => {
                 tracing::debug!(peer = %peer_id, addr = %endpoint.get_remote_address(), "connected");
                 self.emit(NetworkEvent::PeerConnected { peer: peer_id });
+                self.start_sync(peer_id);
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -556,6 +606,7 @@ impl EventLoop {
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(e)) => self.on_gossip(e),
             SwarmEvent::Behaviour(BehaviourEvent::Lease(e)) => self.on_lease(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Book(e)) => self.on_book(e),
             SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
                 peer_id,
                 info,
@@ -759,6 +810,225 @@ impl EventLoop {
             self.last_accepted.insert(v.id, now);
         }
         verdict
+    }
+
+    // ---- book sync -------------------------------------------------------------------------
+
+    /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once).
+    fn start_sync(&mut self, peer: PeerId) {
+        if self.syncs.contains_key(&peer) || self.sync_queue.contains(&peer) {
+            return;
+        }
+        if self.syncs.len() >= MAX_SYNCS {
+            if self.sync_queue.len() < MAX_SYNC_QUEUE {
+                self.sync_queue.push_back(peer);
+            }
+            return;
+        }
+        self.sync_stats.started += 1;
+        self.syncs.insert(peer, BookSync::default());
+        self.sync_request(peer, BookRequest::Ids { after: None });
+    }
+
+    fn sync_request(&mut self, peer: PeerId, req: BookRequest) {
+        if let Some(s) = self.syncs.get_mut(&peer) {
+            s.busy = true;
+        }
+        self.swarm.behaviour_mut().book.send_request(&peer, req);
+    }
+
+    /// Asks for the next batch of missing offers, or ends the sync.
+    fn sync_next(&mut self, peer: PeerId) {
+        let Some(s) = self.syncs.get_mut(&peer) else {
+            return;
+        };
+        s.busy = false;
+        let mut ids = Vec::new();
+        while ids.len() < MAX_SYNC_GET {
+            let Some(id) = s.missing.pop_front() else {
+                break;
+            };
+            ids.push(id);
+        }
+        if ids.is_empty() {
+            if s.listed {
+                self.syncs.remove(&peer);
+                self.next_queued_sync();
+            }
+            return;
+        }
+        self.sync_request(peer, BookRequest::Get { ids });
+    }
+
+    fn end_sync(&mut self, peer: &PeerId) {
+        if let Some(s) = self.syncs.remove(peer) {
+            for id in s.missing {
+                self.wanted.remove(&id);
+            }
+        }
+        self.next_queued_sync();
+    }
+
+    /// Starts the next queued sync with a peer still connected.
+    fn next_queued_sync(&mut self) {
+        while self.syncs.len() < MAX_SYNCS {
+            let Some(peer) = self.sync_queue.pop_front() else {
+                return;
+            };
+            if self.swarm.is_connected(&peer) {
+                self.start_sync(peer);
+            }
+        }
+    }
+
+    fn on_book(&mut self, event: request_response::Event<BookRequest, BookResponse>) {
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => {
+                    let response = self.answer_sync(&peer, request);
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .book
+                        .send_response(channel, response);
+                }
+                request_response::Message::Response { response, .. } => {
+                    self.sync_stats.bytes_received =
+                        self.sync_bytes.load(std::sync::atomic::Ordering::Relaxed);
+                    self.on_sync_response(peer, response);
+                }
+            },
+            request_response::Event::OutboundFailure { peer, error, .. } => {
+                tracing::debug!(%peer, %error, "book sync request failed");
+                self.end_sync(&peer);
+            }
+            request_response::Event::InboundFailure { peer, error, .. } => {
+                tracing::debug!(%peer, %error, "inbound book sync request failed");
+            }
+            request_response::Event::ResponseSent { .. } => {}
+        }
+    }
+
+    /// What this node answers a syncing peer: its live offers' ids, or their envelopes.
+    fn answer_sync(&mut self, peer: &PeerId, request: BookRequest) -> BookResponse {
+        let now = clock::now();
+        if !self.sync_limits.check(peer, now) {
+            return BookResponse::Refused;
+        }
+        match request {
+            BookRequest::Ids { after } => {
+                let (ids, more) = self.book.ids_after(after.as_ref(), MAX_SYNC_IDS, now);
+                BookResponse::Ids { ids, more }
+            }
+            BookRequest::Get { ids } if ids.len() <= MAX_SYNC_GET => {
+                let envelopes = ids
+                    .iter()
+                    .filter_map(|id| self.book.get(id))
+                    .filter_map(|e| e.signed.to_bytes().ok())
+                    .map(serde_bytes::ByteBuf::from)
+                    .collect();
+                BookResponse::Offers { envelopes }
+            }
+            BookRequest::Get { .. } => BookResponse::Refused,
+        }
+    }
+
+    fn on_sync_response(&mut self, peer: PeerId, response: BookResponse) {
+        if !self.syncs.contains_key(&peer) {
+            return;
+        }
+        match response {
+            BookResponse::Ids { ids, more } => {
+                self.sync_stats.ids_received += ids.len() as u64;
+                let last = ids.last().copied();
+                let book = &self.book;
+                let fresh: Vec<OfferId> = ids
+                    .into_iter()
+                    .filter(|id| book.get(id).is_none() && !self.wanted.contains(id))
+                    .collect();
+                // Never want more than the book holds.
+                let room = self.config.book_capacity.saturating_sub(self.wanted.len());
+                let Some(s) = self.syncs.get_mut(&peer) else {
+                    return;
+                };
+                for id in fresh.into_iter().take(room) {
+                    self.wanted.insert(id);
+                    s.missing.push_back(id);
+                }
+                match (more, last) {
+                    (true, Some(after)) => {
+                        self.sync_request(peer, BookRequest::Ids { after: Some(after) })
+                    }
+                    _ => {
+                        s.listed = true;
+                        self.sync_next(peer);
+                    }
+                }
+            }
+            BookResponse::Offers { envelopes } => {
+                for bytes in envelopes {
+                    if !self.admit_synced(&peer, &bytes) {
+                        // An invalid offer from a peer we asked: stop syncing with it.
+                        self.sync_stats.offers_rejected += 1;
+                        self.end_sync(&peer);
+                        return;
+                    }
+                }
+                self.sync_next(peer);
+            }
+            BookResponse::Refused => self.end_sync(&peer),
+        }
+    }
+
+    /// Verifies one synced envelope as gossip would (ingestor, provider rate limit, book) and
+    /// admits it. Returns false for an invalid one.
+    fn admit_synced(&mut self, peer: &PeerId, bytes: &[u8]) -> bool {
+        let now = clock::now();
+        match gossip::check_offer(bytes, &mut self.ingestor, &self.book, now) {
+            Verdict::Accept(v) => {
+                let valid = *v;
+                self.wanted.remove(&valid.id);
+                if valid.admission != Admission::Refresh
+                    && !self.provider_limits.check(&valid.offer.provider, now)
+                {
+                    return true;
+                }
+                let (id, provider, seq) = (valid.id, valid.offer.provider, valid.offer.seq);
+                match self
+                    .book
+                    .admit(valid.signed.clone(), valid.offer.clone(), id, now)
+                {
+                    Ok(Admission::Refresh) => {}
+                    Ok(_) => {
+                        self.sync_stats.offers_admitted += 1;
+                        self.last_accepted.insert(id, now);
+                        if self.unflushed.len() < OFFER_FLUSH_MAX {
+                            self.unflushed.push((id, valid.signed, valid.offer, now));
+                        }
+                        self.emit(NetworkEvent::OfferAdmitted {
+                            id,
+                            provider,
+                            seq,
+                            from: *peer,
+                        });
+                    }
+                    Err(e) => tracing::debug!(error = %e, "synced offer not admitted"),
+                }
+                true
+            }
+            // Stale or superseded by now: not the peer's fault.
+            Verdict::Ignore(_) => true,
+            Verdict::Reject(why) => {
+                tracing::info!(%peer, reason = %why, "invalid offer in a book sync");
+                self.emit(NetworkEvent::OfferRejected {
+                    from: *peer,
+                    reason: why.to_string(),
+                });
+                false
+            }
+        }
     }
 
     fn on_lease(&mut self, event: request_response::Event<LeaseRpc, LeaseRpcResponse>) {

@@ -32,7 +32,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
-pub use client::{Client, GossipStats, NegotiationError, NegotiationOutcome, ReplacedOffer};
+pub use client::{
+    Client, GossipStats, NegotiationError, NegotiationOutcome, ReplacedOffer, SyncStats,
+};
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
 
@@ -384,7 +386,9 @@ impl Node {
         }
         tracing::info!(offers = restored, "state restored from the store");
 
-        let swarm = event_loop::build_swarm(&key, &config)?;
+        let book_codec = codec::BookCodec::default();
+        let sync_bytes = book_codec.received();
+        let swarm = event_loop::build_swarm(&key, &config, book_codec)?;
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
         let (events, _) = broadcast::channel(EVENT_QUEUE);
         let cancel = CancellationToken::new();
@@ -399,6 +403,7 @@ impl Node {
             cmd_rx,
             events.clone(),
             cancel.clone(),
+            sync_bytes,
         );
         el.start_listening()?;
         el.dial_known(&known_peers);
