@@ -46,7 +46,13 @@ pub async fn start_provider(root: &Path, name: &str, config: NodeConfig) -> Benc
 
 pub async fn start(root: &Path, name: &str, config: NodeConfig) -> BenchNode {
     let home = root.join(name);
-    let h = Home::init(&home, &config.network).unwrap();
+    Home::init(&home, &config.network).unwrap();
+    start_from(&home, config).await
+}
+
+/// A node from an existing home.
+pub async fn start_from(home: &Path, config: NodeConfig) -> BenchNode {
+    let h = Home::open(home).unwrap();
     let store = StoreHandle::spawn(Store::open(&h.db_path()).unwrap());
     let node = Node::start(h.key, config, store.clone()).await.unwrap();
     let addr = node.client.listen_addrs().await.unwrap()[0].clone();
