@@ -249,6 +249,42 @@ impl Field {
             .unwrap_or("?")
     }
 
+    /// What the field means, its type and an example condition, for help texts.
+    pub fn describe(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Self::Gpu => ("text", "GPU model name (~ contains)", "gpu~4090"),
+            Self::Vram => ("number", "VRAM per GPU, GiB", "vram>=24"),
+            Self::Price => ("number", "price per GPU-hour, units", "price<=0.45"),
+            Self::Fp16Tflops => ("number", "fp16 TFLOPS per GPU", "fp16_tflops>=100"),
+            Self::Fp32Tflops => ("number", "fp32 TFLOPS per GPU", "fp32_tflops>=40"),
+            Self::MemBw => ("number", "device memory bandwidth, GB/s", "mem_bw>=900"),
+            Self::PricePerTflop => (
+                "number",
+                "price per GPU-hour per fp16 TFLOPS",
+                "price_per_tflop<=0.01",
+            ),
+            Self::Verified => ("bool", "every GPU's benchmark measured", "verified=true"),
+            Self::Gpus => ("number", "GPUs in the offer", "gpus>=2"),
+            Self::Cpu => ("number", "CPU cores per GPU", "cpu>=4"),
+            Self::Ram => ("number", "RAM per GPU, GiB", "ram>=32"),
+            Self::Disk => ("number", "disk per GPU, GiB", "disk>=100"),
+            Self::Hours => ("number", "longest lease, hours", "hours>=24"),
+            Self::Egress => ("bool", "internet access allowed", "egress=true"),
+            Self::Region => ("text", "region label", "region=eu-west"),
+            Self::Cc => ("number", "CUDA compute capability", "cc>=8.9"),
+        }
+    }
+
+    /// Every field as a help table: name, type, meaning, example (one line each).
+    pub fn help_table() -> String {
+        let mut out = String::new();
+        for (name, f) in Self::ALL {
+            let (kind, what, example) = f.describe();
+            out.push_str(&format!("  {name:<16} {kind:<7} {what:<36} {example}\n"));
+        }
+        out
+    }
+
     fn kind(self) -> Kind {
         match self {
             Self::Gpu | Self::Region => Kind::Text,

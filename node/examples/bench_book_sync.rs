@@ -61,7 +61,12 @@ async fn main() {
     let mut t100 = Vec::new();
     let mut ratio = Vec::new();
     for r in 0..rounds {
-        let late = start(dir.path(), &format!("late{r}"), config(Duration::from_secs(600))).await;
+        let late = start(
+            dir.path(),
+            &format!("late{r}"),
+            config(Duration::from_secs(600)),
+        )
+        .await;
         let t0 = Instant::now();
         connect(&late, &holder).await;
         let want99 = n * 99 / 100;
@@ -74,7 +79,10 @@ async fn main() {
             if have >= n {
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(120), "sync stalled at {have}");
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "sync stalled at {have}"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let all = t0.elapsed();

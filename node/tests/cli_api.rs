@@ -7,7 +7,7 @@ mod cli_support;
 use std::path::Path;
 use std::process::Output;
 
-use cli_support::{bin, init, start_node, text};
+use cli_support::{bin, cli, init, start_node, text};
 
 fn run(args: &[&str], home: &Path) -> Output {
     cli_support::cli(home, args)
@@ -280,4 +280,49 @@ fn provide_settings_survive_a_restart() {
         "`provide --off` is kept: {}",
         own_offer(&home)
     );
+}
+
+#[test]
+fn search_takes_a_descending_sort_refuses_bad_limits_and_booleans_and_lists_its_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    let _node = start_node(&home, &["--dev-gpus", "RTX 4090:24GiB:0.40"]);
+    // `--sort -field`, the form `--help` shows, works like `--sort=-field`.
+    let a = cli(&home, &["--json", "search", "--sort", "-fp16_tflops"]);
+    assert!(a.status.success(), "{}", text(&a.stderr));
+    let b = cli(&home, &["--json", "search", "--sort=-fp16_tflops"]);
+    assert_eq!(text(&a.stdout), text(&b.stdout));
+    // Limits are validated.
+    for bad in ["0", "10001", "-4"] {
+        let out = cli(&home, &["search", "--limit", bad]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--limit {bad}: {}",
+            text(&out.stderr)
+        );
+    }
+    // A bad boolean is an error naming the accepted values and the fields, not an empty list.
+    let out = cli(&home, &["search", "verified=maybe"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("true or false"), "{err}");
+    assert!(
+        err.contains("fp16_tflops") && !err.contains("docs/search.md"),
+        "{err}"
+    );
+    let yes = cli(&home, &["--json", "search", "verified=no"]);
+    assert!(yes.status.success(), "{}", text(&yes.stderr));
+    // `search --help` lists every field with its type and an example.
+    let help = text(&cli(&home, &["search", "--help"]).stdout);
+    for (name, f) in gridlease_contracts::query::Field::ALL {
+        let (kind, _, example) = f.describe();
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(name)
+                && l.contains(kind)
+                && l.contains(example)),
+            "{name} missing from search --help:\n{help}"
+        );
+    }
 }

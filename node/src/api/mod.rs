@@ -272,7 +272,14 @@ async fn offers(
     let query = Query::parse(&text).map_err(|e| {
         ApiError::bad_request(
             format!("invalid query\n{}", e.render(&text)),
-            Some("see `docs/search.md` for fields, operators and sort keys".into()),
+            Some(format!(
+                "fields: {} (types and examples: `gridlease search --help`)",
+                gridlease_contracts::query::Field::ALL
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
         )
     })?;
     let limit = p.limit.unwrap_or(20).clamp(1, MAX_SEARCH_LIMIT);

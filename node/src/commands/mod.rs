@@ -70,6 +70,7 @@ pub enum Command {
     /// Benchmark a local GPU (GEMM fp32/fp16, memory and PCIe bandwidth).
     Bench(bench::BenchArgs),
     /// Search the offer book, e.g. `gridlease search 'gpu~4090 price<=0.5' --sort price`.
+    #[command(after_help = format!("Fields:\n{}", gridlease_contracts::query::Field::help_table()))]
     Search(search::SearchArgs),
     /// Offer this node's GPUs at a price, or stop offering (--off).
     Provide(provide::ProvideArgs),

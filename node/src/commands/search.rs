@@ -9,15 +9,18 @@ use crate::output::{Printer, short};
 /// Arguments of `gridlease search`.
 #[derive(Debug, Args)]
 pub struct SearchArgs {
-    /// Query, e.g. 'gpu~4090 vram>=24 price<=0.45 verified=true' (see docs/search.md).
+    /// Query: conditions on the fields listed below, all of which must hold, e.g.
+    /// 'gpu~4090 vram>=24 price<=0.45 verified=true'. Operators: = != < <= > >= and ~ (text
+    /// contains); booleans are true/false (yes/no).
     #[arg(value_name = "QUERY", num_args = 0..)]
     pub query: Vec<String>,
-    /// Sort key: price, -fp16_tflops, price_per_tflop, vram, age, ... ('-' = descending).
-    #[arg(long, value_name = "KEY")]
+    /// Sort key: a field below, or age; '-' before it sorts descending
+    /// (`--sort -fp16_tflops` or `--sort=-fp16_tflops`).
+    #[arg(long, value_name = "KEY", allow_hyphen_values = true)]
     pub sort: Option<String>,
-    /// Most offers to show.
-    #[arg(long, default_value_t = 20, value_name = "N")]
-    pub limit: usize,
+    /// Most offers to show (1 to 10000).
+    #[arg(long, default_value_t = 20, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub limit: u32,
 }
 
 /// Percent-encodes a query string value.
@@ -35,7 +38,7 @@ pub fn urlencode(s: &str) -> String {
 }
 
 /// The API path of a search.
-pub fn path(query: &str, sort: Option<&str>, limit: usize) -> String {
+pub fn path(query: &str, sort: Option<&str>, limit: u32) -> String {
     let mut p = format!("/v1/offers?q={}&limit={limit}", urlencode(query));
     if let Some(s) = sort {
         p.push_str(&format!("&sort={}", urlencode(s)));
