@@ -326,3 +326,53 @@ fn search_takes_a_descending_sort_refuses_bad_limits_and_booleans_and_lists_its_
         );
     }
 }
+
+#[test]
+fn provide_keeps_what_is_not_given_refuses_nonsense_and_takes_the_ids_gpus_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    let _node = start_node(&home, &["--dev-gpus", "2x RTX 4090:24GiB:0.40"]);
+    let saved = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(home.join("provide.json")).unwrap()).unwrap()
+    };
+    let ok = |args: &[&str]| {
+        let out = cli(&home, args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    };
+    ok(&[
+        "provide",
+        "--price",
+        "0.50",
+        "--max-hours",
+        "6",
+        "--network-policy",
+        "egress",
+    ]);
+    ok(&["provide", "--price", "0.36"]);
+    let s = saved();
+    assert_eq!(s["price_micros_per_gpu_hour"], 360_000, "{s}");
+    assert_eq!(s["max_hours"], 6, "a new price keeps max hours: {s}");
+    assert_eq!(s["network_policy"], "Egress", "and the network policy: {s}");
+    // Nonsense is refused with a clear message, and changes nothing.
+    let out = cli(&home, &["provide", "--price", "0"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("above 0"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = cli(&home, &["provide", "--max-hours", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(saved()["price_micros_per_gpu_hour"], 360_000);
+    // The ids `gridlease gpus` prints are accepted.
+    let gpus = cli(&home, &["--json", "gpus"]);
+    let listed: serde_json::Value = serde_json::from_slice(&gpus.stdout).unwrap();
+    let first = listed["gpus"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(first, "declared-0");
+    ok(&["provide", "--gpus", &first]);
+    let st: serde_json::Value =
+        serde_json::from_slice(&cli(&home, &["--json", "status"]).stdout).unwrap();
+    assert_eq!(st["own_offer"]["gpus"], 1, "{st}");
+    assert_eq!(st["own_offer"]["price_per_gpu_hour"], "0.36", "{st}");
+}

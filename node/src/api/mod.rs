@@ -560,32 +560,58 @@ async fn provide(
     State(s): State<ApiState>,
     Json(b): Json<ProvideBody>,
 ) -> Result<Json<StatusView>, ApiError> {
-    let price = match (&b.price, b.off) {
-        (Some(p), _) => p
-            .parse::<Money>()
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("e.g. --price 0.40".into())))?,
-        (None, true) => Money::ZERO,
-        (None, false) => {
+    // What the request leaves out stays as the last `provide` set it.
+    let current = s.leases.provide_settings();
+    let price = match (&b.price, &current) {
+        (Some(p), _) => {
+            let m = p.parse::<Money>().map_err(|e| {
+                ApiError::bad_request(e.to_string(), Some("e.g. --price 0.40".into()))
+            })?;
+            if m == Money::ZERO && !b.off {
+                return Err(ApiError::bad_request(
+                    "the price must be above 0",
+                    Some("e.g. `gridlease provide --price 0.40`".into()),
+                ));
+            }
+            m
+        }
+        (None, Some(c)) => c.price_per_gpu_hour,
+        (None, None) if b.off => Money::ZERO,
+        (None, None) => {
             return Err(ApiError::bad_request(
                 "a price is needed to provide",
                 Some("e.g. `gridlease provide --price 0.40`".into()),
             ));
         }
     };
-    let network_policy = match b.network_policy.as_deref().unwrap_or("none") {
-        "none" => NetworkPolicy::None,
-        "egress" => NetworkPolicy::Egress,
-        other => {
+    if b.max_hours == Some(0) {
+        return Err(ApiError::bad_request(
+            "the longest lease must be at least 1 hour",
+            Some("e.g. --max-hours 24".into()),
+        ));
+    }
+    let network_policy = match b.network_policy.as_deref() {
+        None => current
+            .as_ref()
+            .map_or(NetworkPolicy::None, |c| c.network_policy),
+        Some("none") => NetworkPolicy::None,
+        Some("egress") => NetworkPolicy::Egress,
+        Some(other) => {
             return Err(ApiError::bad_request(
                 format!("network policy {other:?} is not none or egress"),
                 None,
             ));
         }
     };
+    let gpus = match b.gpus {
+        Some(g) if g.len() == 1 && g[0] == "all" => None,
+        Some(g) => Some(g),
+        None => current.as_ref().and_then(|c| c.gpus.clone()),
+    };
     let settings = ProvideSettings {
         price_per_gpu_hour: price,
-        gpus: b.gpus.filter(|g| !(g.len() == 1 && g[0] == "all")),
-        max_hours: b.max_hours,
+        gpus,
+        max_hours: b.max_hours.or(current.as_ref().and_then(|c| c.max_hours)),
         network_policy,
         enabled: !b.off,
     };

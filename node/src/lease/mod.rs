@@ -695,6 +695,19 @@ impl LeaseService {
         Ok(())
     }
 
+    /// The settings last applied: from `<home>/provide.json` in a daemon (what `provide`
+    /// saved), `None` before the first `provide`.
+    pub fn provide_settings(&self) -> Option<ProvideSettings> {
+        let path = self.ctx.config.provide_file.as_ref()?;
+        match ProvideSettings::load(path) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "provide settings unreadable");
+                None
+            }
+        }
+    }
+
     async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
         let t = s.template(self.ctx.config.base_template.as_ref())?;
         self.ctx.client.set_offer(t).await?;
@@ -714,11 +727,21 @@ impl ProvideSettings {
         }
         let mut t = base.cloned().ok_or(ProvideError::NoGpus)?;
         if let Some(wanted) = &self.gpus {
+            // Driver GPUs by UUID; declared ones by the id `gridlease gpus` prints for them.
             let digests: Vec<Digest> = wanted
                 .iter()
                 .map(|u| gridlease_sandbox::gpu::uuid_digest(u))
                 .collect();
-            t.gpus.retain(|g| digests.contains(&g.spec.uuid_digest));
+            let declared: Vec<usize> = wanted
+                .iter()
+                .filter_map(|u| u.strip_prefix("declared-")?.parse().ok())
+                .collect();
+            let mut i = 0usize;
+            t.gpus.retain(|g| {
+                let keep = digests.contains(&g.spec.uuid_digest) || declared.contains(&i);
+                i += 1;
+                keep
+            });
             if t.gpus.is_empty() {
                 return Err(ProvideError::NoMatchingGpus);
             }
