@@ -24,3 +24,5 @@ pub const GRIDLEASE_DEV_GPUS: &str = "GRIDLEASE_DEV_GPUS";
 pub const GRIDLEASE_METRICS: &str = "GRIDLEASE_METRICS";
 /// `text` or `json` (config key `log_format`).
 pub const GRIDLEASE_LOG_FORMAT: &str = "GRIDLEASE_LOG_FORMAT";
+/// Terminal width in columns (set by shells and test harnesses); tables fit it.
+pub const COLUMNS: &str = "COLUMNS";

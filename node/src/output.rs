@@ -57,19 +57,36 @@ impl Printer {
         }
     }
 
-    /// A table with `headers` and `rows` (not in `--json` or `--quiet` mode).
-    pub fn table(&self, headers: &[&str], rows: Vec<Vec<String>>) {
+    /// A table with `headers` and `rows` (not in `--json` or `--quiet` mode). A cell is never
+    /// wrapped (no value is split across lines); when the table is wider than the terminal
+    /// (`COLUMNS`, else the terminal's width), columns are left out in `drop_order` (indexes
+    /// into `headers`, least important first) until it fits. `wide` keeps every column.
+    pub fn table(
+        &self,
+        headers: &[&str],
+        rows: Vec<Vec<String>>,
+        drop_order: &[usize],
+        wide: bool,
+    ) {
         if self.quiet || self.json {
             return;
         }
-        let mut t = Table::new();
-        t.load_preset(UTF8_BORDERS_ONLY)
-            .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_header(headers.iter().copied());
-        for r in rows {
-            t.add_row(r);
+        let limit = if wide { None } else { terminal_width() };
+        let mut shown: Vec<usize> = (0..headers.len()).collect();
+        let mut dropping = drop_order.iter();
+        loop {
+            let text = render(headers, &rows, &shown);
+            let width = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            match (limit, dropping.next()) {
+                (Some(max), Some(col)) if width > max && shown.len() > 1 => {
+                    shown.retain(|c| c != col);
+                }
+                _ => {
+                    self.raw_line(&text);
+                    return;
+                }
+            }
         }
-        self.raw_line(&t.to_string());
     }
 
     /// Writes bytes to stdout as they are (log streaming), ignoring a closed pipe.
@@ -84,6 +101,36 @@ impl Printer {
         // A closed pipe is not an error for a CLI.
         let _ = writeln!(out, "{text}");
     }
+}
+
+/// The terminal's width in columns: `COLUMNS` when set (as shells and test harnesses set it),
+/// else the width of the terminal on stdout; `None` when neither is known (a pipe).
+pub fn terminal_width() -> Option<usize> {
+    if let Some(c) = std::env::var(crate::env_vars::COLUMNS)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|c| *c > 0)
+    {
+        return Some(c);
+    }
+    Table::new().width().map(usize::from)
+}
+
+fn render(headers: &[&str], rows: &[Vec<String>], shown: &[usize]) -> String {
+    let pick = |cells: Vec<String>| -> Vec<String> {
+        shown
+            .iter()
+            .map(|i| cells.get(*i).cloned().unwrap_or_default())
+            .collect()
+    };
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(pick(headers.iter().map(|h| h.to_string()).collect()));
+    for r in rows {
+        t.add_row(pick(r.clone()));
+    }
+    t.to_string()
 }
 
 /// Micro-units as a decimal amount (`60000` -> `0.06`).

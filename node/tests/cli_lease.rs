@@ -83,6 +83,60 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
     });
     assert_eq!(lease_of(&ph, &id)["close_reason"], "renter_stop");
 
+    // At 80 columns every table row fits and no value is split across lines; --wide shows all.
+    let at = |cols: &str, args: &[&str]| {
+        let out = bin()
+            .arg("--home")
+            .arg(&rh)
+            .args(args)
+            .env("COLUMNS", cols)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let view = lease_of(&rh, &id);
+    let cost =
+        gridlease_contracts::Money::from_micros(view["cost_so_far"].as_u64().unwrap()).to_string();
+    for (args, must_show) in [
+        (
+            &["leases", "--all"][..],
+            vec![&id[..12], "settled", cost.as_str()],
+        ),
+        (&["search"][..], vec!["RTX 4090", "24 GiB", "unverified"]),
+    ] {
+        let narrow = at("80", args);
+        for line in narrow.lines() {
+            assert!(
+                line.chars().count() <= 80,
+                "{args:?} at 80 columns:\n{narrow}"
+            );
+        }
+        let data: Vec<&str> = narrow
+            .lines()
+            .filter(|l| l.contains(must_show[0]))
+            .collect();
+        assert_eq!(data.len(), 1, "one line per row at 80 columns:\n{narrow}");
+        for v in &must_show {
+            assert!(
+                data[0].contains(v),
+                "{v:?} whole on its row at 80 columns:\n{narrow}"
+            );
+        }
+        let mut wide_args = args.to_vec();
+        wide_args.push("--wide");
+        let wide = at("80", &wide_args);
+        let widest = wide.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(
+            widest > 80 || wide == narrow,
+            "--wide shows every column:\n{wide}"
+        );
+    }
+
     let spent = json(&rh, &["ledger"]);
     let earned = json(&ph, &["ledger"]);
     assert_eq!(spent["balanced"], true);

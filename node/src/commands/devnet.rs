@@ -235,6 +235,8 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
                 ]
             })
             .collect(),
+        &[1, 5],
+        false,
     );
 
     let cheapest = &offers[0];

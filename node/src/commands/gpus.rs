@@ -66,7 +66,7 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &GpusArgs) -> anyhow::Re
                 ]
             })
             .collect();
-        p.table(&["gpu", "model", "vram", "source"], rows);
+        p.table(&["gpu", "model", "vram", "source"], rows, &[3, 2], false);
     });
     Ok(0)
 }

@@ -11,6 +11,9 @@ pub struct LeasesArgs {
     /// Also show settled and failed leases.
     #[arg(long)]
     pub all: bool,
+    /// Show every column, however wide the terminal.
+    #[arg(long)]
+    pub wide: bool,
 }
 
 /// Prints leases.
@@ -64,6 +67,9 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                 "left",
             ],
             rows,
+            // Least important first: counterparty, cpu s, vram, gpu util, gpus, role, paid.
+            &[3, 7, 6, 5, 4, 1, 9],
+            args.wide,
         );
     });
     Ok(0)

@@ -32,6 +32,8 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &LedgerArgs) -> anyhow::
             p.table(
                 &["lease", "role", "counterparty", "amount", "entries"],
                 rows,
+                &[4, 2, 1],
+                false,
             );
         }
         p.line(&format!(

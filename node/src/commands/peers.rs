@@ -28,7 +28,7 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &PeersArgs) -> anyhow::R
                 ]
             })
             .collect();
-        p.table(&["peer", "score", "offer mesh"], rows);
+        p.table(&["peer", "score", "offer mesh"], rows, &[2, 1], false);
     });
     Ok(0)
 }

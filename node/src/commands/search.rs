@@ -21,6 +21,10 @@ pub struct SearchArgs {
     /// Most offers to show (1 to 10000).
     #[arg(long, default_value_t = 20, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub limit: u32,
+    /// Show every column, however wide the terminal (without it, columns that do not fit are
+    /// left out; `--json` has every field).
+    #[arg(long)]
+    pub wide: bool,
 }
 
 /// Percent-encodes a query string value.
@@ -92,6 +96,8 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "age",
             ],
             table,
+            &[1, 6, 8, 4, 7],
+            args.wide,
         );
     });
     Ok(0)
