@@ -431,3 +431,111 @@ async fn an_offer_id_from_an_earlier_search_leads_to_the_providers_current_offer
             .is_empty()
     );
 }
+
+/// A peer that speaks `/gridlease/lease/1` with raw frames (another implementation, or a
+/// prober): what it sends is written as is.
+#[derive(Clone, Default)]
+struct RawCodec;
+
+impl libp2p::request_response::Codec for RawCodec {
+    type Protocol = libp2p::StreamProtocol;
+    type Request = Vec<u8>;
+    type Response = Vec<u8>;
+
+    async fn read_request<T>(&mut self, _: &Self::Protocol, io: &mut T) -> std::io::Result<Vec<u8>>
+    where
+        T: futures::AsyncRead + Unpin + Send,
+    {
+        gridlease_node::net::codec::read_frame(io, 1 << 20).await
+    }
+
+    async fn read_response<T>(&mut self, _: &Self::Protocol, io: &mut T) -> std::io::Result<Vec<u8>>
+    where
+        T: futures::AsyncRead + Unpin + Send,
+    {
+        gridlease_node::net::codec::read_frame(io, 1 << 20).await
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        _: &Self::Protocol,
+        io: &mut T,
+        req: Vec<u8>,
+    ) -> std::io::Result<()>
+    where
+        T: futures::AsyncWrite + Unpin + Send,
+    {
+        gridlease_node::net::codec::write_frame(io, &req, 1 << 20).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        _: &Self::Protocol,
+        io: &mut T,
+        res: Vec<u8>,
+    ) -> std::io::Result<()>
+    where
+        T: futures::AsyncWrite + Unpin + Send,
+    {
+        gridlease_node::net::codec::write_frame(io, &res, 1 << 20).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbage_lease_request_gets_a_signed_malformed_answer() {
+    use futures::StreamExt;
+    use gridlease_node::net::codec::{LEASE_PROTOCOL, LeaseRpcResponse, MAX_RESPONSE_FRAME};
+    use libp2p::request_response::{self, ProtocolSupport};
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path(), "provider", provider_config(1, 350_000)).await;
+    let mut prober = libp2p::SwarmBuilder::with_new_identity()
+        .with_tokio()
+        .with_tcp(
+            libp2p::tcp::Config::default(),
+            libp2p::noise::Config::new,
+            libp2p::yamux::Config::default,
+        )
+        .unwrap()
+        .with_behaviour(|_| {
+            request_response::Behaviour::with_codec(
+                RawCodec,
+                [(LEASE_PROTOCOL, ProtocolSupport::Outbound)],
+                request_response::Config::default(),
+            )
+        })
+        .unwrap()
+        .build();
+    prober.dial(provider.addr.clone()).unwrap();
+    prober
+        .behaviour_mut()
+        .send_request(&provider.peer, b"\x07not a lease request".to_vec());
+    let answer = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match prober.select_next_some().await {
+                libp2p::swarm::SwarmEvent::Behaviour(request_response::Event::Message {
+                    message: request_response::Message::Response { response, .. },
+                    ..
+                }) => break Ok(response),
+                libp2p::swarm::SwarmEvent::Behaviour(
+                    request_response::Event::OutboundFailure { error, .. },
+                ) => break Err(error.to_string()),
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("no answer")
+    .expect("the stream was closed without an answer");
+    let decoded =
+        gridlease_protocol::codec::decode::<LeaseRpcResponse, MAX_RESPONSE_FRAME>(&answer).unwrap();
+    let LeaseRpcResponse::Rejected(signed) = decoded else {
+        panic!("not a rejection: {decoded:?}");
+    };
+    let v = signed.verify(&net()).unwrap();
+    assert_eq!(v.signer, provider.key_public, "signed by the provider");
+    assert!(
+        matches!(v.message.reason, RejectReason::Malformed { .. }),
+        "{:?}",
+        v.message.reason
+    );
+}

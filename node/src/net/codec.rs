@@ -19,6 +19,16 @@ pub use gridlease_protocol::session::{
     LeaseRpc, LeaseRpcResponse, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
 };
 
+/// An inbound request as the codec read it: a request, or the reason its frame was not one
+/// (so the node can answer a malformed request instead of just closing the stream).
+#[derive(Clone, Debug)]
+pub enum Incoming<Req> {
+    /// A well-formed request.
+    Valid(Req),
+    /// A frame that was not a request: over the cap, truncated, or not decodable.
+    Malformed(String),
+}
+
 /// A length-prefixed bincode request-response codec for `Req` / `Resp`, with a frame cap per
 /// direction checked before any body is allocated.
 pub struct FramedCodec<Req, Resp, const MAX_REQ: usize, const MAX_RESP: usize> {
@@ -109,15 +119,27 @@ where
     Resp: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
 {
     type Protocol = StreamProtocol;
-    type Request = Req;
+    type Request = Incoming<Req>;
     type Response = Resp;
 
-    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Req>
+    /// A frame that is not a request (over the cap, not decodable) is handed on as
+    /// [`Incoming::Malformed`] to be answered; only a stream that breaks mid-frame is an error.
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Incoming<Req>>
     where
         T: AsyncRead + Unpin + Send,
     {
-        let body = read_frame(io, MAX_REQ).await?;
-        codec::decode::<Req, MAX_REQ>(&body).map_err(invalid)
+        let mut header = [0u8; 4];
+        io.read_exact(&mut header).await?;
+        let len = match check_frame_header(header, MAX_REQ) {
+            Ok(len) => len,
+            Err(e) => return Ok(Incoming::Malformed(e.to_string())),
+        };
+        let mut body = vec![0u8; len];
+        io.read_exact(&mut body).await?;
+        Ok(match codec::decode::<Req, MAX_REQ>(&body) {
+            Ok(r) => Incoming::Valid(r),
+            Err(e) => Incoming::Malformed(e.to_string()),
+        })
     }
 
     async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Resp>
@@ -132,10 +154,21 @@ where
         codec::decode::<Resp, MAX_RESP>(&body).map_err(invalid)
     }
 
-    async fn write_request<T>(&mut self, _: &StreamProtocol, io: &mut T, req: Req) -> io::Result<()>
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: Incoming<Req>,
+    ) -> io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
+        let Incoming::Valid(req) = req else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a malformed request is never sent",
+            ));
+        };
         let body = codec::encode::<Req, MAX_REQ>(&req).map_err(invalid)?;
         write_frame(io, &body, MAX_REQ).await
     }
@@ -200,11 +233,15 @@ mod tests {
         let signed = Signed::sign(&r, &NetworkId::devnet(), &req).unwrap();
         let mut buf = Cursor::new(Vec::new());
         LeaseCodec::default()
-            .write_request(&LEASE_PROTOCOL, &mut buf, LeaseRpc::Propose(signed.clone()))
+            .write_request(
+                &LEASE_PROTOCOL,
+                &mut buf,
+                Incoming::Valid(LeaseRpc::Propose(signed.clone())),
+            )
             .await
             .unwrap();
         let bytes = buf.into_inner();
-        let LeaseRpc::Propose(back) = LeaseCodec::default()
+        let Incoming::Valid(LeaseRpc::Propose(back)) = LeaseCodec::default()
             .read_request(&LEASE_PROTOCOL, &mut Cursor::new(bytes))
             .await
             .unwrap()

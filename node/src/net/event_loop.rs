@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, BehaviourEvent};
 use super::client::{Command, GossipStats, ReplacedOffer, SyncStats};
-use super::codec::{LeaseRpc, LeaseRpcResponse};
+use super::codec::{Incoming, LeaseRpc, LeaseRpcResponse};
 use super::gossip::{self, OfferIgnore, Verdict};
 use super::provider::{self, OwnOffer, ProviderState};
 use super::ratelimit::RateLimiter;
@@ -133,6 +133,8 @@ pub(super) struct EventLoop {
     sync_limits: RateLimiter<PeerId>,
     /// What book sync has done.
     sync_stats: SyncStats,
+    /// INFO lines about malformed requests, per peer.
+    probe_logs: RateLimiter<PeerId>,
     /// Book sync response bytes read (counted by the codec).
     sync_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -202,6 +204,13 @@ impl EventLoop {
                 RATE_KEYS,
             ),
             sync_stats: SyncStats::default(),
+            probe_logs: RateLimiter::new(
+                super::ratelimit::RateLimit {
+                    burst: 3,
+                    per_token: Duration::from_secs(10),
+                },
+                RATE_KEYS,
+            ),
             sync_bytes,
         }
     }
@@ -404,7 +413,11 @@ impl EventLoop {
                 for a in addrs {
                     self.swarm.add_peer_address(peer, a);
                 }
-                let id = self.swarm.behaviour_mut().lease.send_request(&peer, rpc);
+                let id = self
+                    .swarm
+                    .behaviour_mut()
+                    .lease
+                    .send_request(&peer, Incoming::Valid(rpc));
                 self.pending_rpcs.insert(id, reply);
             }
             Command::SetLeaseHandler(tx, reply) => {
@@ -812,6 +825,16 @@ impl EventLoop {
         verdict
     }
 
+    /// A malformed request from a peer: logged at INFO (at most a few per peer and second, the
+    /// rest at DEBUG), so probing is visible without flooding the log.
+    fn probed(&mut self, peer: &PeerId, stream: &str, detail: &str) {
+        if self.probe_logs.check(peer, clock::now()) {
+            tracing::info!(%peer, stream, detail, "malformed request answered");
+        } else {
+            tracing::debug!(%peer, stream, detail, "malformed request answered");
+        }
+    }
+
     // ---- book sync -------------------------------------------------------------------------
 
     /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once).
@@ -834,7 +857,10 @@ impl EventLoop {
         if let Some(s) = self.syncs.get_mut(&peer) {
             s.busy = true;
         }
-        self.swarm.behaviour_mut().book.send_request(&peer, req);
+        self.swarm
+            .behaviour_mut()
+            .book
+            .send_request(&peer, Incoming::Valid(req));
     }
 
     /// Asks for the next batch of missing offers, or ends the sync.
@@ -881,13 +907,19 @@ impl EventLoop {
         }
     }
 
-    fn on_book(&mut self, event: request_response::Event<BookRequest, BookResponse>) {
+    fn on_book(&mut self, event: request_response::Event<Incoming<BookRequest>, BookResponse>) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
                 request_response::Message::Request {
                     request, channel, ..
                 } => {
-                    let response = self.answer_sync(&peer, request);
+                    let response = match request {
+                        Incoming::Valid(r) => self.answer_sync(&peer, r),
+                        Incoming::Malformed(detail) => {
+                            self.probed(&peer, "book sync", &detail);
+                            BookResponse::Refused
+                        }
+                    };
                     let _ = self
                         .swarm
                         .behaviour_mut()
@@ -1031,14 +1063,33 @@ impl EventLoop {
         }
     }
 
-    fn on_lease(&mut self, event: request_response::Event<LeaseRpc, LeaseRpcResponse>) {
+    fn on_lease(&mut self, event: request_response::Event<Incoming<LeaseRpc>, LeaseRpcResponse>) {
         match event {
             request_response::Event::Message { peer, message, .. } => match message {
                 request_response::Message::Request {
                     request, channel, ..
-                } => {
-                    self.on_lease_request(peer, request, channel);
-                }
+                } => match request {
+                    Incoming::Valid(request) => self.on_lease_request(peer, request, channel),
+                    Incoming::Malformed(detail) => {
+                        self.probed(&peer, "lease", &detail);
+                        let blank = LeaseId(Digest::default());
+                        let answer = provider::reject(
+                            &self.key,
+                            &self.config.network,
+                            blank,
+                            0,
+                            RejectReason::Malformed {
+                                detail: truncate(detail),
+                            },
+                            clock::now(),
+                        );
+                        let _ = self
+                            .swarm
+                            .behaviour_mut()
+                            .lease
+                            .send_response(channel, answer);
+                    }
+                },
                 request_response::Message::Response {
                     request_id,
                     response,
