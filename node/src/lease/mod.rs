@@ -842,6 +842,23 @@ pub(crate) async fn apply_and_persist(
     apply_and_persist_at(ctx, lease, event, actor, patch, ctx.now()).await
 }
 
+/// [`apply_and_persist`], logging a transition that did not happen; true when it did.
+pub(crate) async fn transition(
+    ctx: &Ctx,
+    lease: &mut gridlease_contracts::Lease,
+    event: gridlease_contracts::LeaseEvent,
+    actor: gridlease_contracts::Actor,
+    patch: crate::store::lease::SessionPatch,
+) -> bool {
+    match apply_and_persist(ctx, lease, event, actor, patch).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(?event, error = %e, "lease transition did not happen");
+            false
+        }
+    }
+}
+
 /// [`apply_and_persist`] for an event that happened at `at` (e.g. a start the renter learns
 /// of from the provider's report).
 pub(crate) async fn apply_and_persist_at(

@@ -67,16 +67,11 @@ impl Session {
     /// Persist before act: stores the transition with `patch`, then applies it. Returns
     /// false (and logs why) when it did not happen; the caller must not act on it.
     async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) -> bool {
-        match super::apply_and_persist(&self.ctx, &mut self.lease, event, actor, patch).await {
-            Ok(()) => {
-                self.publish();
-                true
-            }
-            Err(e) => {
-                tracing::error!(?event, error = %e, "lease transition did not happen");
-                false
-            }
+        let done = super::transition(&self.ctx, &mut self.lease, event, actor, patch).await;
+        if done {
+            self.publish();
         }
+        done
     }
 
     /// Books a receipt answering a report: validated by the channel, then stored with its
