@@ -530,3 +530,33 @@ fn provider_kill9_the_watchdog_stops_the_container_at_its_deadline() {
     assert!(wlog.contains("watchdog done"), "{wlog}");
     rt.block_on(remove_container(&sb, id));
 }
+
+/// A watchdog whose container does not exist (removed before it looked, or never there) exits
+/// at once, successfully, and claims no SIGTERM.
+#[test]
+fn a_watchdog_for_a_missing_container_exits_at_once() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    if rt.block_on(docker_or_skip("watchdog_missing")).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("x.term");
+    let deadline = gridlease_node::clock::now().plus_secs(60);
+    let args = gridlease_node::lease::watchdog::WatchdogArgs {
+        container: format!("gridlease-no-such-container-{}", std::process::id()),
+        deadline_ms: deadline.0,
+        grace_ms: 1000,
+        term_marker: marker.clone(),
+    };
+    let t = Instant::now();
+    let out = Command::new(WATCHDOG_EXE)
+        .args(args.to_argv())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{log}");
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(log.contains("watchdog done"), "{log}");
+    assert!(!marker.exists(), "no SIGTERM claimed");
+}
