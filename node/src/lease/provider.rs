@@ -610,8 +610,8 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             }
         }
     };
-    // Stop the container on schedule (at the deadline: SIGTERM now, at deadline - grace, and
-    // SIGKILL at the deadline; earlier: SIGTERM now, SIGKILL after the grace but never past the
+    // Stop the container on schedule (expired: SIGTERM now, at deadline - grace, and SIGKILL at
+    // the deadline; stopped earlier: SIGTERM now, SIGKILL after the grace but never past the
     // deadline) while an in-flight report finishes, so the final report's sequence follows it
     // and waiting for the renter never delays a signal.
     let schedule = match ended {
