@@ -7,6 +7,11 @@
 //! cumulative amounts at its ends, so charges of consecutive intervals always add up to the
 //! charge of the whole span: rounding never accumulates, and neither side gains from how a lease
 //! is cut into reports.
+//!
+//! **The duration cap**: a lease bills at most its `duration_s` of wall time, and GPU time at
+//! most that wall time x the leased GPUs ([`Tariff::cap`]); nothing beyond the duration is ever
+//! due ([`Tariff::due`], [`Tariff::final_due`]). A container that outlives its deadline (killed
+//! late, or a node that came back late) is still billed exactly the lease, never more.
 
 use gridlease_protocol::LeaseTerms;
 
@@ -59,6 +64,17 @@ pub struct Tariff {
     pub min_billed_s: u32,
     /// Budget cap: nothing beyond it is ever due.
     pub max_total: Money,
+    /// Most wall milliseconds billed: the lease's duration (`duration_s x 1000`).
+    pub max_wall_ms: u64,
+}
+
+/// Metered time as the lease bills it (see [`Tariff::cap`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BilledTime {
+    /// Wall milliseconds.
+    pub wall_ms: u64,
+    /// GPU milliseconds (wall x GPUs).
+    pub gpu_ms: u64,
 }
 
 impl Tariff {
@@ -69,13 +85,28 @@ impl Tariff {
             gpus: terms.gpu_count,
             min_billed_s: terms.min_billed_s,
             max_total: Money::from_micros(terms.max_total),
+            max_wall_ms: u64::from(terms.duration_s).saturating_mul(1000),
         }
     }
 
-    /// Due while running, for `wall_ms` of use so far: per-second cost, capped at the budget.
+    /// What the terms allow to be billed of `metered` time: wall time at most the lease's
+    /// duration, GPU time at most that wall time x the leased GPUs. A provider applies this to
+    /// every report, so no report claims more than the lease allows.
+    pub fn cap(&self, metered: BilledTime) -> BilledTime {
+        let wall_ms = metered.wall_ms.min(self.max_wall_ms);
+        BilledTime {
+            wall_ms,
+            gpu_ms: metered
+                .gpu_ms
+                .min(wall_ms.saturating_mul(u64::from(self.gpus))),
+        }
+    }
+
+    /// Due while running, for `wall_ms` of use so far: per-second cost of at most the lease's
+    /// duration, capped at the budget.
     pub fn due(&self, wall_ms: u64) -> Result<Money, MoneyError> {
         let c = cost(
-            billable_seconds(wall_ms),
+            billable_seconds(wall_ms.min(self.max_wall_ms)),
             self.gpus,
             self.price_per_gpu_hour,
         )?;
@@ -84,7 +115,8 @@ impl Tariff {
 
     /// Due at settlement: like [`Tariff::due`] but never below the minimum billed duration.
     pub fn final_due(&self, wall_ms: u64) -> Result<Money, MoneyError> {
-        let secs = billable_seconds(wall_ms).max(u64::from(self.min_billed_s));
+        let secs =
+            billable_seconds(wall_ms.min(self.max_wall_ms)).max(u64::from(self.min_billed_s));
         let c = cost(secs, self.gpus, self.price_per_gpu_hour)?;
         Ok(c.min(self.max_total))
     }
@@ -166,6 +198,7 @@ mod tests {
             gpus: 1,
             min_billed_s: 60,
             max_total: price("0.10"),
+            max_wall_ms: 3_600_000,
         };
         // 3.60/h = 1000 micro-units per second.
         assert_eq!(t.due(10_999).unwrap().micros(), 10_000);
@@ -174,7 +207,79 @@ mod tests {
         assert_eq!(t.budget_exhausted_after_ms(), 100_000);
     }
 
+    #[test]
+    fn nothing_beyond_the_duration_is_billed() {
+        // 10 s at 1000 micro-units per GPU-second, 2 GPUs, budget far above the lease.
+        let t = Tariff {
+            price_per_gpu_hour: price("3.60"),
+            gpus: 2,
+            min_billed_s: 1,
+            max_total: price("1.00"),
+            max_wall_ms: 10_000,
+        };
+        // Killed 2.1 s late: billed the 10 s of the lease, exactly.
+        let late = BilledTime {
+            wall_ms: 12_100,
+            gpu_ms: 24_200,
+        };
+        assert_eq!(
+            t.cap(late),
+            BilledTime {
+                wall_ms: 10_000,
+                gpu_ms: 20_000
+            }
+        );
+        assert_eq!(t.due(12_100).unwrap().micros(), 20_000);
+        assert_eq!(t.final_due(12_100).unwrap().micros(), 20_000);
+        assert_eq!(t.final_due(10_000).unwrap().micros(), 20_000);
+        // Within the lease nothing changes.
+        let early = BilledTime {
+            wall_ms: 9_999,
+            gpu_ms: 19_998,
+        };
+        assert_eq!(t.cap(early), early);
+        assert_eq!(t.due(9_999).unwrap().micros(), 18_000);
+        // GPU time is never more than the (capped) wall time x GPUs.
+        let odd = BilledTime {
+            wall_ms: 4_000,
+            gpu_ms: 9_000,
+        };
+        assert_eq!(t.cap(odd).gpu_ms, 8_000);
+    }
+
     proptest! {
+        /// Whatever was metered, the capped time and its amount stay within the terms: wall at
+        /// most the duration, GPU at most wall x GPUs, due at most the cost of the duration and
+        /// the budget; and capping changes nothing within the lease.
+        #[test]
+        fn capped_usage_never_exceeds_the_terms(
+            wall in 0u64..10_000_000,
+            gpu in 0u64..80_000_000,
+            duration_s in 1u64..5_000,
+            gpus in 1u16..8,
+            micros in 0u64..100_000_000,
+            budget in 0u64..u64::from(u32::MAX),
+            min_billed_s in 0u32..100,
+        ) {
+            let t = Tariff {
+                price_per_gpu_hour: Money::from_micros(micros),
+                gpus,
+                min_billed_s,
+                max_total: Money::from_micros(budget),
+                max_wall_ms: duration_s * 1000,
+            };
+            let c = t.cap(BilledTime { wall_ms: wall, gpu_ms: gpu });
+            prop_assert!(c.wall_ms <= duration_s * 1000);
+            prop_assert!(c.gpu_ms <= c.wall_ms * u64::from(gpus));
+            let lease = cost(duration_s.max(u64::from(min_billed_s)), gpus, t.price_per_gpu_hour).unwrap();
+            prop_assert!(t.final_due(wall).unwrap() <= lease.min(t.max_total));
+            prop_assert!(t.due(wall).unwrap() <= t.final_due(wall).unwrap());
+            prop_assert_eq!(t.due(c.wall_ms).unwrap(), t.due(wall).unwrap());
+            if wall <= duration_s * 1000 && gpu <= wall * u64::from(gpus) {
+                prop_assert_eq!(c, BilledTime { wall_ms: wall, gpu_ms: gpu });
+            }
+        }
+
         /// Cutting a lease into any intervals gives the same total as billing it whole.
         #[test]
         fn splitting_never_changes_the_total(
@@ -216,6 +321,7 @@ mod tests {
                 gpus,
                 min_billed_s: 0,
                 max_total: Money::from_micros(cap),
+                max_wall_ms: u64::MAX,
             };
             let at = t.budget_exhausted_after_ms();
             prop_assert!(cost(at / 1000, gpus, t.price_per_gpu_hour).unwrap() >= t.max_total);

@@ -260,7 +260,8 @@ pub enum UsageError {
 
 /// Checks a usage report against the previous one and the renter's own clock.
 /// `elapsed_ms` is how long the lease has existed by the renter's clock (since it saw the
-/// acceptance); a provider can never bill more wall time than that, plus a small tolerance.
+/// acceptance); a provider can never bill more wall time than that, plus a small tolerance,
+/// and never more than the lease's duration (see [`Tariff::cap`]: no tolerance there).
 pub fn check_usage(
     terms: &LeaseTerms,
     lease_id: LeaseId,
@@ -298,11 +299,9 @@ pub fn check_usage(
     } else if report.seq == 0 {
         return Err(UsageError::StaleSeq { last: 0, got: 0 });
     }
-    let allowed_ms = elapsed_ms.saturating_add(WALL_CLOCK_TOLERANCE_MS).min(
-        u64::from(terms.duration_s)
-            .saturating_mul(1000)
-            .saturating_add(WALL_CLOCK_TOLERANCE_MS),
-    );
+    let allowed_ms = elapsed_ms
+        .saturating_add(WALL_CLOCK_TOLERANCE_MS)
+        .min(Tariff::of(terms).max_wall_ms);
     if report.wall_ms > allowed_ms {
         return Err(UsageError::WallTimeInflated {
             claimed_ms: report.wall_ms,
@@ -614,6 +613,46 @@ mod tests {
             Err(UsageError::WrongSigner { .. })
         ));
         assert_eq!(renter.paid(), Money::from_micros(10_000));
+    }
+
+    #[test]
+    fn no_report_may_claim_more_than_the_duration() {
+        let f = fx();
+        let duration_ms = u64::from(f.terms.duration_s) * 1000;
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        // The renter's clock is well past the deadline; the claim is 1 ms beyond the lease.
+        let mut over = report(&f, 1, duration_ms + 1);
+        over.exit_code = Some(137);
+        over.amount_due = Tariff::of(&f.terms)
+            .final_due(duration_ms)
+            .unwrap()
+            .micros();
+        assert!(matches!(
+            renter.on_usage(&over, &f.provider, duration_ms + 60_000, T0),
+            Err(UsageError::WallTimeInflated { .. })
+        ));
+        // The same usage capped by the provider is the whole lease, paid exactly.
+        let mut capped = report(&f, 1, duration_ms);
+        capped.exit_code = Some(137);
+        capped.amount_due = Tariff::of(&f.terms)
+            .final_due(duration_ms)
+            .unwrap()
+            .micros();
+        let r = renter
+            .on_usage(&capped, &f.provider, duration_ms + 60_000, T0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            r.total_paid,
+            crate::billing::cost(
+                u64::from(f.terms.duration_s),
+                f.terms.gpu_count,
+                Money::from_micros(f.terms.price_per_gpu_hour)
+            )
+            .unwrap()
+            .micros()
+            .min(f.terms.max_total)
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! gridlease market rules.
 //!
 //! What this crate is for: money ([`money`]), per-second billing ([`billing`]), offer and lease
-//! term validation ([`terms`]), the lease state machine ([`lease`]) and the payment channel
-//! ([`channel`]). The node and the simulator both run exactly this code.
+//! term validation ([`terms`]), the lease state machine ([`lease`]), when a lease's container is
+//! signalled ([`deadline`]) and the payment channel ([`channel`]). The node and the simulator both run exactly this code.
 //!
 //! What it must never do: read the clock, draw randomness on its own, or perform I/O. Time and
 //! randomness are parameters; every function here is deterministic. It depends on
@@ -11,16 +11,18 @@
 pub mod billing;
 pub mod book;
 pub mod channel;
+pub mod deadline;
 pub mod ingest;
 pub mod lease;
 pub mod money;
 pub mod query;
 pub mod terms;
 
-pub use billing::{Tariff, cost, interval_charge};
+pub use billing::{BilledTime, Tariff, cost, interval_charge};
 pub use channel::{
     Decision, ProviderChannel, ReceiptError, RenterChannel, UsageError, check_usage,
 };
+pub use deadline::StopSchedule;
 pub use lease::{Actor, Lease, LeaseEvent, LeaseState, TransitionError};
 pub use money::{Money, MoneyError};
 pub use terms::{

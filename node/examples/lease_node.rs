@@ -5,12 +5,13 @@
 //! ```text
 //! cargo run -p gridlease-node --example lease_node -- --home DIR [--listen ADDR]
 //!     [--bootstrap ADDR].. [--provide] [--interval S] [--window S] [--grace S]
-//!     [--rent-image IMG --rent-duration S -- CMD..]
+//!     [--watchdog-exe PATH] [--rent-image IMG --rent-duration S -- CMD..]
 //! ```
 //! Creates the home if missing. Prints `LISTEN <addr>` once listening, `LEASE <id>` after a
 //! rent is accepted, `SETTLED <id> <total micro-units>` when a lease it takes part in settles.
 //! A provider offers one declared GPU at 3.60/h (1000 micro-units per second) with the given
-//! report interval and pay-ahead window.
+//! report interval and pay-ahead window. With `--watchdog-exe` (the `gridlease` binary) a
+//! provider spawns a deadline watchdog per container, as the daemon does.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -43,6 +44,8 @@ struct Args {
     window: u32,
     #[arg(long, default_value_t = 10)]
     grace: u32,
+    #[arg(long)]
+    watchdog_exe: Option<PathBuf>,
     #[arg(long)]
     rent_image: Option<String>,
     #[arg(long, default_value_t = 30)]
@@ -101,6 +104,7 @@ async fn main() {
     svc.renter_grace_s = args.grace;
     svc.start_allowance = Duration::from_secs(60);
     svc.stop_grace = Duration::from_secs(1);
+    svc.watchdog = args.watchdog_exe.clone();
     svc.rpc_timeout = Duration::from_secs(5);
     let sandbox = if args.provide {
         Some(gridlease_sandbox::Sandbox::connect().await.unwrap())

@@ -56,6 +56,11 @@ fn main() -> ExitCode {
                     .map(|()| 0)
             }
         },
+        Command::Watchdog(args) => {
+            // Its stderr is the lease's watchdog log: say what it did.
+            init_tracing(LogFormat::Text, "info");
+            runtime().and_then(|rt| rt.block_on(commands::watchdog::run(&args)))
+        }
         command => {
             init_tracing(LogFormat::Text, "warn");
             runtime().and_then(|rt| {
@@ -73,7 +78,7 @@ fn main() -> ExitCode {
                         Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
                         Command::Devnet(a) => commands::devnet::run(&out, &a).await,
-                        Command::Init(_) | Command::Node(_) => Ok(0),
+                        Command::Init(_) | Command::Node(_) | Command::Watchdog(_) => Ok(0),
                     }
                 })
             })

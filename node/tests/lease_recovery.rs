@@ -2,6 +2,10 @@
 //! `node/examples/lease_node.rs`) with real Docker; one side is killed with SIGKILL during a
 //! running lease and restarted from the same home. The lease must settle on both nodes at the
 //! same total, equal to the last receipt, with no receipt lost or booked twice.
+//!
+//! Providers run with the deadline watchdog of the real `gridlease` binary (`--watchdog-exe`,
+//! as a daemon does with its own executable): a container stops at its deadline while its node
+//! is dead (issue 12).
 // Test helpers unwrap: a failed step is a test failure with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -100,6 +104,50 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The `gridlease` binary, whose hidden `__watchdog` subcommand providers spawn per container.
+const WATCHDOG_EXE: &str = env!("CARGO_BIN_EXE_gridlease");
+
+/// Harness arguments of a provider (with the watchdog) whose home is `home`.
+fn provider_args(home: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["--provide", "--watchdog-exe", WATCHDOG_EXE];
+    a.extend_from_slice(extra);
+    args(home, &a)
+}
+
+/// Removes every container of the provider node `node` when dropped (the test passing or
+/// not), so a failed test leaves nothing running.
+struct NodeContainers {
+    node: String,
+}
+
+impl Drop for NodeContainers {
+    fn drop(&mut self) {
+        let node = self.node.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let Ok(sb) = gridlease_sandbox::Sandbox::connect().await else {
+                    return;
+                };
+                for (id, _) in sb.list_node_containers(&node).await.unwrap_or_default() {
+                    let _ = sb.remove(&id).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Creates a node home at `home` and returns its node id (the containers' `gridlease.node`).
+fn init_home(home: &Path) -> String {
+    let h =
+        gridlease_node::home::Home::init(home, &gridlease_protocol::NetworkId::devnet()).unwrap();
+    h.key.public().peer_id().unwrap().to_string()
 }
 
 fn args(home: &Path, extra: &[&str]) -> Vec<String> {
@@ -252,7 +300,7 @@ fn provider_kill9_restart_lease_continues_and_ledgers_agree() {
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
     let plog = dir.path().join("provider.log");
-    let p1 = Proc::spawn(&exe, &plog, &args(&ph, &["--provide"]));
+    let p1 = Proc::spawn(&exe, &plog, &provider_args(&ph, &[]));
     let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
     let rargs = rent_args(&paddr, &image, "40", RUN);
     let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
@@ -268,11 +316,7 @@ fn provider_kill9_restart_lease_continues_and_ledgers_agree() {
     );
     p1.kill9();
     let killed = Instant::now();
-    let p2 = Proc::spawn(
-        &exe,
-        &plog,
-        &args(&ph, &["--provide", "--bootstrap", &raddr]),
-    );
+    let p2 = Proc::spawn(&exe, &plog, &provider_args(&ph, &["--bootstrap", &raddr]));
     p2.wait_line("LISTEN ", Duration::from_secs(30));
     eprintln!("provider restarted in {:?}", killed.elapsed());
     let settled_r = r.wait_line(&format!("SETTLED {id} "), Duration::from_secs(90));
@@ -283,6 +327,15 @@ fn provider_kill9_restart_lease_continues_and_ledgers_agree() {
     assert!(
         log.contains("resuming a running lease after restart"),
         "the restarted provider re-attached to the running container"
+    );
+    assert_eq!(
+        log.matches("deadline watchdog started").count(),
+        1,
+        "one watchdog for the container, started by the first provider"
+    );
+    assert!(
+        log.contains("deadline watchdog already running"),
+        "the restarted provider found it running"
     );
     // The resumed log writer continued the output file: each line once, in order.
     let output = std::fs::read(ph.join("leases").join(format!("{id}.log"))).unwrap();
@@ -310,7 +363,7 @@ fn renter_kill9_restart_lease_continues_and_ledgers_agree() {
     let p = Proc::spawn(
         &exe,
         &dir.path().join("provider.log"),
-        &args(&ph, &["--provide"]),
+        &provider_args(&ph, &[]),
     );
     let paddr = p.wait_line("LISTEN ", Duration::from_secs(30));
     let rargs = rent_args(&paddr, &image, "40", RUN);
@@ -347,7 +400,7 @@ fn provider_down_past_expiry_stops_and_settles_on_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
     let plog = dir.path().join("provider.log");
-    let p1 = Proc::spawn(&exe, &plog, &args(&ph, &["--provide"]));
+    let p1 = Proc::spawn(&exe, &plog, &provider_args(&ph, &[]));
     let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
     let rargs = rent_args(&paddr, &image, "12", &["--", "sleep", "60"]);
     let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
@@ -365,15 +418,15 @@ fn provider_down_past_expiry_stops_and_settles_on_restart() {
     let settled_r = r.wait_line(&format!("SETTLED {id} "), Duration::from_secs(30));
     // Stay down until the 12 s lease is certainly past its deadline.
     std::thread::sleep(Duration::from_secs(12));
-    assert!(
-        rt.block_on(container_exists(&sb, id)),
-        "the container outlived its dead provider"
+    let info = rt
+        .block_on(sb.inspect(&format!("gridlease-{id}")))
+        .expect("the container outlived its dead provider");
+    assert_eq!(
+        info.state.and_then(|s| s.running),
+        Some(false),
+        "but its watchdog stopped it at the deadline"
     );
-    let p2 = Proc::spawn(
-        &exe,
-        &plog,
-        &args(&ph, &["--provide", "--bootstrap", &raddr]),
-    );
+    let p2 = Proc::spawn(&exe, &plog, &provider_args(&ph, &["--bootstrap", &raddr]));
     let settled_p = p2.wait_line(&format!("SETTLED {id} "), Duration::from_secs(60));
     assert_eq!(settled_r, settled_p);
     drop((p2, r));
@@ -397,4 +450,113 @@ fn provider_down_past_expiry_stops_and_settles_on_restart() {
         "expired container removed"
     );
     rt.block_on(remove_container(&sb, id));
+}
+
+/// Deadline without the node (issue 12): the provider is killed with SIGKILL in the middle of an
+/// 8 s lease running `sleep 120`, the renter too, and neither comes back. The container's
+/// watchdog (the `gridlease` binary's `__watchdog`, spawned by the provider right after the
+/// start) stops it anyway: SIGTERM at deadline - grace, which the probe's `sleep` obeys (exit
+/// 143 through tini). `docker inspect`: State.FinishedAt <= StartedAt + 8 s + 2 s of slack. The
+/// watchdog exits once the container has stopped.
+#[test]
+fn provider_kill9_the_watchdog_stops_the_container_at_its_deadline() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(sb) = rt.block_on(docker_or_skip("watchdog_kill9")) else {
+        return;
+    };
+    let image = rt.block_on(sb.ensure_probe_image()).unwrap();
+    let exe = harness();
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let _cleanup = NodeContainers {
+        node: init_home(&ph),
+    };
+    let p = Proc::spawn(
+        &exe,
+        &dir.path().join("provider.log"),
+        &provider_args(&ph, &[]),
+    );
+    let paddr = p.wait_line("LISTEN ", Duration::from_secs(30));
+    const DURATION_MS: i128 = 8_000;
+    let rargs = rent_args(&paddr, &image, "8", &["--", "sleep", "120"]);
+    let r = Proc::spawn(&exe, &dir.path().join("renter.log"), &args(&rh, &rargs));
+    let id: LeaseId = r
+        .wait_line("LEASE ", Duration::from_secs(60))
+        .parse()
+        .unwrap();
+    wait_until("a receipt at the provider", Duration::from_secs(30), || {
+        receipts_at_least(&ph, id, 1)
+    });
+    p.kill9();
+    r.kill9();
+    let killed = Instant::now();
+    let name = format!("gridlease-{id}");
+    let inspect = || rt.block_on(sb.inspect(&name)).unwrap();
+    assert_eq!(
+        inspect().state.and_then(|s| s.running),
+        Some(true),
+        "still running when its node died"
+    );
+    wait_until("the container to stop", Duration::from_secs(30), || {
+        inspect().state.and_then(|s| s.running) == Some(false)
+    });
+    let state = inspect().state.unwrap();
+    let t = |s: Option<String>| gridlease_sandbox::time::parse_rfc3339_ns(&s.unwrap()).unwrap();
+    let (started, finished) = (t(state.started_at), t(state.finished_at));
+    let ran_ms = (finished - started) / 1_000_000;
+    eprintln!(
+        "ran {ran_ms} ms of an {DURATION_MS} ms lease, stopped {:?} after the kill, exit {:?}",
+        killed.elapsed(),
+        state.exit_code
+    );
+    assert!(
+        ran_ms <= DURATION_MS + 2_000,
+        "stopped {} ms after the deadline",
+        ran_ms - DURATION_MS
+    );
+    // SIGTERM at deadline - grace (1 s), not before.
+    assert!(ran_ms >= DURATION_MS - 1_000, "stopped early: {ran_ms} ms");
+    assert_eq!(state.exit_code, Some(143), "stopped by SIGTERM (tini)");
+    // The watchdog said what it did, and is gone.
+    let leases = ph.join("leases");
+    let wlog = std::fs::read_to_string(leases.join(format!("{id}.watchdog.log"))).unwrap();
+    eprintln!("watchdog log:\n{wlog}");
+    assert!(wlog.contains("lease ending: SIGTERM"), "{wlog}");
+    let pid = std::fs::read_to_string(leases.join(format!("{id}.watchdog"))).unwrap();
+    wait_until("the watchdog to exit", Duration::from_secs(10), || {
+        // Gone, or a zombie waiting for a reaper (no command line any more).
+        std::fs::read(format!("/proc/{}/cmdline", pid.trim())).map_or(true, |c| c.is_empty())
+    });
+    assert!(wlog.contains("watchdog done"), "{wlog}");
+    rt.block_on(remove_container(&sb, id));
+}
+
+/// A watchdog whose container does not exist (removed before it looked, or never there) exits
+/// at once, successfully, and claims no SIGTERM.
+#[test]
+fn a_watchdog_for_a_missing_container_exits_at_once() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    if rt.block_on(docker_or_skip("watchdog_missing")).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("x.term");
+    let deadline = gridlease_node::clock::now().plus_secs(60);
+    let args = gridlease_node::lease::watchdog::WatchdogArgs {
+        container: format!("gridlease-no-such-container-{}", std::process::id()),
+        deadline_ms: deadline.0,
+        grace_ms: 1000,
+        term_marker: marker.clone(),
+    };
+    let t = Instant::now();
+    let out = Command::new(WATCHDOG_EXE)
+        .args(args.to_argv())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{log}");
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(log.contains("watchdog done"), "{log}");
+    assert!(!marker.exists(), "no SIGTERM claimed");
 }

@@ -1,10 +1,11 @@
 //! Container lifecycle: ensure image, create, start, wait, logs, deadline stop, remove, and crash
 //! reconciliation. Every tenant container comes from [`crate::spec::build_create_body`].
 //!
-//! Lifecycle per lease: `ensure_image` -> `create` -> `start` -> (`wait` | `enforce_deadline`)
+//! Lifecycle per lease: `ensure_image` -> `create` -> `start` -> (`wait` | `enforce_stop`)
 //! -> `remove`. `reconcile` runs once at node start-up, before any new lease.
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bollard::Docker;
@@ -14,6 +15,7 @@ use bollard::query_parameters::{
     ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
+use gridlease_contracts::StopSchedule;
 use gridlease_protocol::{LeaseId, Timestamp};
 
 use crate::spec::{self, LABEL_LEASE, LABEL_NODE, SandboxSpec, SpecError};
@@ -357,33 +359,116 @@ impl Sandbox {
 
     /// Deadline watcher: sends SIGTERM `grace` before `deadline`, then SIGKILL at `deadline` if
     /// the container still runs, so it is stopped by the deadline whatever the tenant does.
-    /// Returns when the container is no longer running.
+    /// Returns when the container is no longer running. By the wall clock, with no SIGTERM
+    /// claim: [`Sandbox::enforce_stop`] is the general form.
     pub async fn enforce_deadline(
         &self,
         id: &str,
         deadline: Timestamp,
         grace: Duration,
     ) -> Result<(), SandboxError> {
-        let grace_ms = grace.as_millis() as u64;
-        let term_at = Timestamp(deadline.0.saturating_sub(grace_ms));
-        sleep_until(term_at).await;
-        if self.is_running(id).await? {
-            tracing::info!(container = id, deadline = %deadline, "lease ending: SIGTERM");
-            self.signal(id, "SIGTERM").await?;
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.enforce_stop(
+            id,
+            StopSchedule::at_deadline(deadline, grace_ms),
+            &now_ms,
+            None,
+        )
+        .await
+    }
+
+    /// Stops a container on `schedule` ([`gridlease_contracts::deadline`]): SIGTERM at
+    /// `term_at`, SIGKILL at `kill_at` if it still runs, each only while it runs; returns once
+    /// it no longer runs (or no longer exists), early if it stops by itself. Times are read
+    /// from `now` (the node's injected clock, or the wall clock in the watchdog); timers only
+    /// pace the checks. With `once`, SIGTERM is sent only by whoever claims it first (the node
+    /// and its watchdog both enforce the deadline; the tenant gets one SIGTERM, not two);
+    /// SIGKILL needs no claim.
+    pub async fn enforce_stop(
+        &self,
+        id: &str,
+        schedule: StopSchedule,
+        now: &(dyn Fn() -> Timestamp + Sync),
+        once: Option<&TermClaim>,
+    ) -> Result<(), SandboxError> {
+        if !self.wait_stopped_until(id, schedule.term_at, now).await? {
+            return Ok(());
         }
-        sleep_until(deadline).await;
         if self.is_running(id).await? {
-            tracing::info!(container = id, deadline = %deadline, "lease ended: SIGKILL");
+            if once.is_none_or(TermClaim::claim) {
+                tracing::info!(container = id, at = %schedule.term_at, kill_at = %schedule.kill_at, "lease ending: SIGTERM");
+                self.signal(id, "SIGTERM").await?;
+            } else {
+                tracing::debug!(container = id, "SIGTERM already sent for this container");
+            }
+        }
+        if !self.wait_stopped_until(id, schedule.kill_at, now).await? {
+            return Ok(());
+        }
+        if self.is_running(id).await? {
+            tracing::info!(container = id, at = %schedule.kill_at, "lease ended: SIGKILL");
             self.signal(id, "SIGKILL").await?;
         }
-        // Wait for the daemon to record the stop.
-        let _ = self.wait(id).await?;
+        // Wait for the daemon to record the stop (a SIGKILL takes effect at once; a daemon that
+        // does not answer is not waited on forever).
+        if tokio::time::timeout(KILL_WAIT, self.stopped(id))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                container = id,
+                "container still recorded as running after SIGKILL"
+            );
+        }
         Ok(())
     }
 
+    /// Waits until `at` by `now`. Returns false if the container stopped (or is gone) first.
+    async fn wait_stopped_until(
+        &self,
+        id: &str,
+        at: Timestamp,
+        now: &(dyn Fn() -> Timestamp + Sync),
+    ) -> Result<bool, SandboxError> {
+        tokio::select! {
+            () = self.stopped(id) => Ok(false),
+            () = sleep_until(at, now) => Ok(true),
+        }
+    }
+
+    /// Resolves once the container is not running (stopped, or removed, or never there).
+    async fn stopped(&self, id: &str) {
+        loop {
+            let mut stream = self.docker.wait_container(id, None);
+            match stream.next().await {
+                None | Some(Ok(_)) => return,
+                Some(Err(
+                    bollard::errors::Error::DockerContainerWaitError { .. }
+                    | bollard::errors::Error::DockerResponseServerError {
+                        status_code: 404, ..
+                    },
+                )) => return,
+                Some(Err(e)) => {
+                    // The connection broke (daemon restart?): ask again rather than guess.
+                    tracing::debug!(container = id, error = %e, "waiting for the container failed");
+                    if !self.is_running(id).await.unwrap_or(true) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    /// Whether the container runs; a container that does not exist does not.
     async fn is_running(&self, id: &str) -> Result<bool, SandboxError> {
-        let info = self.inspect(id).await?;
-        Ok(info.state.and_then(|s| s.running).unwrap_or(false))
+        match self.docker.inspect_container(id, None).await {
+            Ok(info) => Ok(info.state.and_then(|s| s.running).unwrap_or(false)),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(false),
+            Err(e) => Err(docker_err("inspect_container", id)(e)),
+        }
     }
 
     async fn signal(&self, id: &str, signal: &str) -> Result<(), SandboxError> {
@@ -502,10 +587,65 @@ impl Sandbox {
     }
 }
 
-async fn sleep_until(at: Timestamp) {
-    let now = now_ms();
-    if at > now {
-        tokio::time::sleep(Duration::from_millis(at.ms_since(now))).await;
+/// Longest nap while waiting for a time: the clock is read again at least this often, so a
+/// clock that jumps (a test's manual clock, a suspended host) is followed.
+const MAX_NAP: Duration = Duration::from_secs(1);
+
+/// How long [`Sandbox::enforce_stop`] waits for the daemon to record a SIGKILLed container as
+/// stopped.
+const KILL_WAIT: Duration = Duration::from_secs(30);
+
+async fn sleep_until(at: Timestamp, now: &(dyn Fn() -> Timestamp + Sync)) {
+    loop {
+        let n = now();
+        if n >= at {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(at.ms_since(n)).min(MAX_NAP)).await;
+    }
+}
+
+/// The right to send a container's one SIGTERM, held in a marker file: whoever creates it
+/// first (the node's session or the watchdog, see [`Sandbox::enforce_stop`]) sends SIGTERM,
+/// the other does not. The file outlives both processes, so a restarted node does not send a
+/// second SIGTERM either.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TermClaim {
+    path: PathBuf,
+}
+
+impl TermClaim {
+    /// The claim kept in the marker file `path` (its directory must exist).
+    pub fn new(path: PathBuf) -> Self {
+        Self { path }
+    }
+
+    /// The marker file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Takes the claim: true if this call created the marker. A marker that cannot be
+    /// written (a missing or read-only directory) does not stop the SIGTERM: true, and a
+    /// warning (a tenant told twice is better than a tenant never told).
+    pub fn claim(&self) -> bool {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&self.path)
+        {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot write the SIGTERM marker; sending SIGTERM anyway");
+                true
+            }
+        }
+    }
+
+    /// Whether the claim was taken.
+    pub fn taken(&self) -> bool {
+        self.path.exists()
     }
 }
 

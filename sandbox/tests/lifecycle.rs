@@ -10,8 +10,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{Cleanup, lease, probe_spec, unique};
+use gridlease_contracts::StopSchedule;
 use gridlease_protocol::Timestamp;
-use gridlease_sandbox::runtime::now_ms;
+use gridlease_sandbox::runtime::{TermClaim, now_ms};
 
 /// A probe that ignores SIGTERM and would sleep 60 s is stopped by the deadline watcher
 /// (SIGTERM at deadline - grace, SIGKILL at the deadline) within 1 s of the deadline.
@@ -44,6 +45,63 @@ async fn container_past_lease_end_is_stopped_within_one_second() {
         exit.exit_code, 137,
         "SIGTERM is ignored, so SIGKILL must have stopped it"
     );
+}
+
+/// The node and its watchdog enforce the same deadline with one [`TermClaim`]: the tenant (which
+/// ignores SIGTERM) gets exactly one SIGTERM, at deadline - grace, and SIGKILL at the deadline;
+/// Docker's event log counts the kill calls. An enforcer that comes after the stop (a restarted
+/// node) and one for a container that does not exist return at once and send nothing.
+#[tokio::test]
+async fn node_and_watchdog_with_one_claim_send_one_sigterm() {
+    let Some(sb) = common::sandbox_or_skip("deadline-claim").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let spec = probe_spec(&image, &unique("node"), &["ignore-term", "sleep", "60"]);
+    let id = sb.create(&spec).await.unwrap();
+    cleanup.containers.push(id.clone());
+    sb.start(&id).await.unwrap();
+    let marker = std::env::temp_dir().join(unique("gridlease-term"));
+    let claim = TermClaim::new(marker.clone());
+    let since = now_ms();
+    let deadline = Timestamp(since.0 + 2500);
+    let schedule = StopSchedule::at_deadline(deadline, 1000);
+    let (a, b) = tokio::join!(
+        sb.enforce_stop(&id, schedule, &now_ms, Some(&claim)),
+        sb.enforce_stop(&id, schedule, &now_ms, Some(&claim)),
+    );
+    a.unwrap();
+    b.unwrap();
+    let exit = sb.exit_info(&id).await.unwrap();
+    let finished = exit.finished_at.unwrap();
+    println!("exit={exit:?} deadline={deadline}");
+    assert_eq!(exit.exit_code, 137, "killed, not terminated");
+    assert!(finished >= deadline, "killed before the deadline: {exit:?}");
+    assert!(
+        finished.0 <= deadline.0 + 500,
+        "killed {} ms after the deadline",
+        finished.0 - deadline.0
+    );
+    // Late enforcers: nothing to do.
+    let t = std::time::Instant::now();
+    sb.enforce_stop(&id, schedule, &now_ms, Some(&claim))
+        .await
+        .unwrap();
+    sb.enforce_stop("gridlease-no-such-container", schedule, &now_ms, None)
+        .await
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let signals = common::kill_signals(&sb, &id, since).await;
+    println!("signals sent: {signals:?}");
+    assert_eq!(
+        signals.iter().filter(|s| *s == "15").count(),
+        1,
+        "one SIGTERM: {signals:?}"
+    );
+    assert!(signals.iter().any(|s| s == "9"), "SIGKILL: {signals:?}");
+    assert!(claim.taken());
+    let _ = std::fs::remove_file(marker);
 }
 
 /// A cooperative container stops at SIGTERM, before the deadline.

@@ -19,6 +19,7 @@ pub mod rent;
 pub mod search;
 pub mod status;
 pub mod stop;
+pub mod watchdog;
 
 use std::path::PathBuf;
 
@@ -89,4 +90,8 @@ pub enum Command {
     Ledger(ledger::LedgerArgs),
     /// A whole local market in one command: bootstrap, providers, renter, one real lease.
     Devnet(devnet::DevnetArgs),
+    /// Stop one tenant container at its deadline (spawned by the node per container, not for
+    /// users).
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(watchdog::WatchdogArgs),
 }

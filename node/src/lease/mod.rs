@@ -49,6 +49,7 @@ pub mod logs;
 pub mod provider;
 pub mod renter;
 pub mod view;
+pub mod watchdog;
 pub mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -110,8 +111,14 @@ pub struct LeaseServiceConfig {
     /// Renter: how long the provider may take from accept to the first usage report (image
     /// pull and start) before the renter gives up on it.
     pub start_allowance: Duration,
-    /// Provider: SIGTERM-to-SIGKILL grace when stopping a container.
+    /// Provider: SIGTERM-to-SIGKILL grace when stopping a container (at the end of a lease:
+    /// SIGTERM at `deadline - stop_grace`, SIGKILL at the deadline).
     pub stop_grace: Duration,
+    /// Provider: the executable that runs `__watchdog` (the `gridlease` binary: the daemon's
+    /// own, `std::env::current_exe`), spawned per container so it stops at its deadline even
+    /// if this node is killed ([`watchdog`]). `None`: no watchdog; the node alone stops
+    /// containers, while it runs.
+    pub watchdog: Option<PathBuf>,
     /// How long a session waits for an answer from the other side.
     pub rpc_timeout: Duration,
     /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
@@ -172,6 +179,7 @@ impl LeaseServiceConfig {
             renter_grace_s: 30,
             start_allowance: Duration::from_secs(300),
             stop_grace: Duration::from_secs(2),
+            watchdog: None,
             rpc_timeout: Duration::from_secs(10),
             clock: clock::system(),
             faults: Faults::default(),
@@ -774,6 +782,8 @@ pub async fn start_for_daemon(
     config.gpu_uuids = gpu_uuids;
     config.gpu_sampler = gpu_sampler;
     config.provide_file = Some(ProvideSettings::path(home));
+    // The daemon is the `gridlease` binary, which runs `__watchdog`.
+    config.watchdog = std::env::current_exe().ok();
     let sandbox = match Sandbox::connect().await {
         Ok(sb) => Some(sb),
         Err(e) => {

@@ -3,12 +3,20 @@
 //! receipts, stop when the container exits, at the deadline, on the renter's close, or when
 //! [`ProviderChannel::decide`] says stop; then send the final report (minimum billing via
 //! [`Tariff::final_due`]), close, settle at the last valid receipt and free the GPUs.
+//!
+//! Deadline ([`StopSchedule`]): the session's expiry fires at `deadline - stop_grace` (SIGTERM)
+//! and the container is SIGKILLed at the deadline itself; an earlier stop gets SIGTERM at once
+//! and SIGKILL after the grace, never past the deadline. Every report is capped by
+//! [`Tariff::cap`], so the final one never claims more than the lease (a tenant that ignores
+//! SIGTERM pays exactly the lease). A [`watchdog`] process enforces the same schedule if the
+//! node dies; the two share one SIGTERM claim.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use gridlease_contracts::{
-    Actor, Decision, Lease, LeaseEvent, LeaseState, Money, ProviderChannel, Tariff,
+    Actor, BilledTime, Decision, Lease, LeaseEvent, LeaseState, Money, ProviderChannel,
+    StopSchedule, Tariff,
 };
 use gridlease_protocol::{
     CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey, Signed, Timestamp,
@@ -20,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::logs::{self, LogWriter};
 use super::view::{self, LeaseView};
+use super::watchdog::{self, Ensured};
 use super::wire::{SessionRequest, SessionResponse};
 use super::{Ctx, MAX_LOG_BYTES, SessionMsg, session_rpc, sign};
 use crate::store::lease::{SessionPatch, SessionRecord};
@@ -135,6 +144,15 @@ impl Session {
         exit_code: Option<i32>,
     ) -> Option<Signed<UsageReport>> {
         let tariff = Tariff::of(&self.lease.terms);
+        // Never more than the terms allow: a container stopped after its deadline (killed late,
+        // or found by a node that came back late) is billed the lease's duration, exactly.
+        let mut totals = *totals;
+        let billed = tariff.cap(BilledTime {
+            wall_ms: totals.wall_ms,
+            gpu_ms: totals.gpu_ms,
+        });
+        totals.wall_ms = billed.wall_ms;
+        totals.gpu_ms = billed.gpu_ms;
         let due = if exit_code.is_some() {
             tariff.final_due(totals.wall_ms)
         } else {
@@ -142,7 +160,6 @@ impl Session {
         }
         .unwrap_or(tariff.max_total);
         // Never claim less than already claimed (a re-attached meter restarts from zero CPU).
-        let mut totals = *totals;
         if let Some(p) = &self.last_report {
             totals.wall_ms = totals.wall_ms.max(p.wall_ms);
             totals.gpu_ms = totals.gpu_ms.max(p.gpu_ms);
@@ -439,6 +456,25 @@ fn leased_uuids(ctx: &Ctx, gpus: &[gridlease_protocol::Digest]) -> Vec<String> {
         .collect()
 }
 
+/// Makes sure the container's deadline watchdog runs, if this node has one ([`watchdog`]).
+/// Its deadline is by this service's clock (the wall clock in a daemon).
+fn ensure_watchdog(s: &Session, cid: &str, deadline: Timestamp) {
+    let Some(exe) = &s.ctx.config.watchdog else {
+        return;
+    };
+    let (dir, id, grace) = (&s.ctx.config.data_dir, &s.lease.id, s.ctx.config.stop_grace);
+    match watchdog::ensure(exe, dir, id, cid, deadline, grace) {
+        Ok(Ensured::Spawned(pid)) => {
+            tracing::info!(pid, deadline = %deadline, "deadline watchdog started")
+        }
+        Ok(Ensured::Running(pid)) => tracing::info!(pid, "deadline watchdog already running"),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "no deadline watchdog: the container is stopped at its deadline only while this node runs"
+        ),
+    }
+}
+
 /// Meters the running container and exchanges reports and receipts until the run ends.
 /// Metering is `sandbox::meter::meter_run` in its own task; each report closes an interval
 /// through its control channel.
@@ -461,6 +497,10 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     });
     let terms = s.lease.terms.clone();
     let deadline = started.plus_secs(u64::from(terms.duration_s));
+    let grace_ms = u64::try_from(ctx.config.stop_grace.as_millis()).unwrap_or(u64::MAX);
+    let at_deadline = StopSchedule::at_deadline(deadline, grace_ms);
+    let claim = watchdog::term_claim(&ctx.config.data_dir, &s.lease.id);
+    ensure_watchdog(s, &cid, deadline);
     let gpu_uuids = if ctx.config.gpu_sampler.is_some() {
         leased_uuids(&ctx, &s.gpus)
     } else {
@@ -502,8 +542,9 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     let period = Duration::from_secs(u64::from(terms.usage_interval_s.max(1)));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let until_deadline = Duration::from_millis(deadline.ms_since(ctx.now()));
-    let expiry = tokio::time::sleep(until_deadline);
+    // Expiry: the time to send SIGTERM (the tick re-checks by the clock).
+    let until_term = Duration::from_millis(at_deadline.term_at.ms_since(ctx.now()));
+    let expiry = tokio::time::sleep(until_term);
     tokio::pin!(expiry);
     // At most one report in flight: a slow renter delays the next report, never the loop.
     let mut inflight: tokio::task::JoinSet<Result<SessionResponse, String>> =
@@ -535,7 +576,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             }
             _ = tick.tick() => {
                 let now = ctx.now();
-                if now >= deadline {
+                if StopSchedule::expired(deadline, grace_ms, now) {
                     break Ended::Stop(CloseReason::Expired);
                 }
                 let Some((interval, totals)) = cut(now).await else {
@@ -564,22 +605,37 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             }
         }
     };
-    // Let an in-flight report finish so the final report's sequence follows it.
-    if let Ok(Some(Ok(answer))) =
-        tokio::time::timeout(ctx.config.rpc_timeout, inflight.join_next()).await
-    {
-        let _ = s.on_answer(answer).await;
-    }
-    if let Ended::Stop(_) = ended {
-        // Stop the container: SIGTERM now, SIGKILL after the grace.
-        let g = ctx.config.stop_grace;
-        let at = ctx
-            .now()
-            .plus_ms(u64::try_from(g.as_millis()).unwrap_or(2000));
-        if let Err(e) = sb.enforce_deadline(&cid, at, g).await {
+    // Stop the container on schedule (expired: SIGTERM now, at deadline - grace, and SIGKILL at
+    // the deadline; stopped earlier: SIGTERM now, SIGKILL after the grace but never past the
+    // deadline) while an in-flight report finishes, so the final report's sequence follows it
+    // and waiting for the renter never delays a signal.
+    let schedule = match ended {
+        Ended::Stop(CloseReason::Expired) => Some(at_deadline),
+        Ended::Stop(_) => Some(StopSchedule::early(ctx.now(), deadline, grace_ms)),
+        Ended::Exited => None,
+    };
+    let clock = ctx.config.clock.clone();
+    let now = move || clock.now();
+    let stopping = async {
+        if let Some(schedule) = schedule
+            && let Err(e) = sb.enforce_stop(&cid, schedule, &now, Some(&claim)).await
+        {
             tracing::warn!(error = %e, "stopping the container failed");
         }
+    };
+    let answered = tokio::time::timeout(ctx.config.rpc_timeout, inflight.join_next());
+    let ((), answer) = tokio::join!(stopping, answered);
+    if let Ok(Some(Ok(answer))) = answer {
+        let _ = s.on_answer(answer).await;
     }
+    // Stopped by the watchdog's SIGTERM (a node that came back after the deadline, or the
+    // watchdog first at deadline - grace): the lease expired.
+    let ended = match ended {
+        Ended::Exited if claim.taken() && StopSchedule::expired(deadline, grace_ms, ctx.now()) => {
+            Ended::Stop(CloseReason::Expired)
+        }
+        e => e,
+    };
     // The meter ends with the container; its totals use the daemon's run time.
     let finished = match finished {
         Some(f) => Some(f),
@@ -740,6 +796,9 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     }
     // The GPUs are free once this is gone (the service releases them when the session ends).
     remove_container(s).await;
+    if s.container.is_none() {
+        watchdog::forget(&ctx.config.data_dir, &s.lease.id);
+    }
     let total = s.channel.paid();
     if s.lease.state.can_settle() {
         let patch = SessionPatch {

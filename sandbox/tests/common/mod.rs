@@ -144,3 +144,24 @@ pub fn escape_value(logs: &str, key: &str) -> Option<String> {
     logs.lines()
         .find_map(|l| l.trim().strip_prefix(&prefix).map(|v| v.trim().to_string()))
 }
+
+/// The signals sent to container `id` through the Docker API since `since` (unix ms), from the
+/// daemon's own event log (one `kill` event per kill call, the signal number as its attribute).
+pub async fn kill_signals(sb: &Sandbox, id: &str, since: Timestamp) -> Vec<String> {
+    use futures_util::StreamExt;
+    let mut filters = std::collections::HashMap::new();
+    filters.insert("container", vec![id]);
+    filters.insert("event", vec!["kill"]);
+    let until = gridlease_sandbox::runtime::now_ms().0 + 1000;
+    let opts = bollard::query_parameters::EventsOptionsBuilder::default()
+        .since(&format!("{}.{:03}", since.0 / 1000, since.0 % 1000))
+        .until(&format!("{}.{:03}", until / 1000, until % 1000))
+        .filters(&filters)
+        .build();
+    let events: Vec<_> = sb.docker().events(Some(opts)).collect().await;
+    events
+        .into_iter()
+        .map(|e| e.unwrap())
+        .filter_map(|e| e.actor?.attributes?.get("signal").cloned())
+        .collect()
+}

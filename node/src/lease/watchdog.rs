@@ -1,0 +1,333 @@
+//! The deadline watchdog: one small process per tenant container that stops it at its deadline
+//! even when the node is dead (issue 12).
+//!
+//! # Mechanism
+//! Right after a container starts, and again when a restarted node resumes a running lease, the
+//! provider's session runs [`ensure`]: it spawns the node's own executable as
+//! `gridlease __watchdog --container ID --deadline-ms T --grace-ms G --term-marker PATH`
+//! ([`WatchdogArgs`]) in its own process group (a `kill -9` of the node, or Ctrl-C in the
+//! node's terminal, does not reach it), stdin and stdout on `/dev/null`, stderr appended to
+//! `leases/<lease>.watchdog.log`. The watchdog ([`run`]) follows the same
+//! [`StopSchedule::at_deadline`] as the node's session: SIGTERM at `deadline - grace`, SIGKILL
+//! at the deadline, through the Docker API; it exits as soon as the container no longer runs
+//! (stopped by itself or by the node, or removed: early, without signalling anything).
+//!
+//! It is idempotent with the node's own enforcement: SIGKILL twice is SIGKILL once, and SIGTERM
+//! goes through a [`TermClaim`] (`leases/<lease>.term`), so the tenant gets one SIGTERM whoever
+//! sends it. It never removes the container: the node does, once it has settled the lease
+//! (exit code, output and the final report come from the stopped container).
+//!
+//! A restarted node does not start a second watchdog for a container whose watchdog still runs:
+//! the watchdog's pid is kept in `leases/<lease>.watchdog`, and a process with that pid whose
+//! command line is `__watchdog` for this container counts as running (Linux `/proc`). Were the
+//! check wrong, a second watchdog would be harmless (the claim, and SIGKILL being idempotent).
+//!
+//! # Why a process outside the container
+//! It needs nothing outside the project (no systemd timer: not on every host, not in CI), and
+//! it sits outside the tenant's reach. A deadline kept inside the container (its init) would
+//! need a host binary mounted into every tenant container, which the sandbox never does
+//! (`binds`, `mounts` never set), and it would run in the tenant's namespaces under the
+//! tenant's uid.
+//!
+//! What it does not cover: a host that reboots (the containers are gone too), a Docker daemon
+//! that is down past the deadline (the watchdog keeps trying until [`GIVE_UP_AFTER`] after it),
+//! and someone killing the watchdog itself (then the node's own enforcement is all there is,
+//! while the node runs).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use gridlease_contracts::StopSchedule;
+use gridlease_protocol::{LeaseId, Timestamp};
+use gridlease_sandbox::Sandbox;
+use gridlease_sandbox::runtime::{TermClaim, now_ms};
+
+/// The hidden subcommand of the `gridlease` binary that runs a watchdog.
+pub const SUBCOMMAND: &str = "__watchdog";
+
+/// How long past the deadline a watchdog keeps trying when Docker does not answer.
+pub const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
+
+/// Pause between attempts when Docker does not answer.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// What one watchdog enforces (the arguments of `gridlease __watchdog`).
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct WatchdogArgs {
+    /// The container to stop (id or name).
+    #[arg(long)]
+    pub container: String,
+    /// The lease's deadline, unix milliseconds: SIGKILL then, if it still runs.
+    #[arg(long)]
+    pub deadline_ms: u64,
+    /// SIGTERM this many milliseconds before the deadline.
+    #[arg(long)]
+    pub grace_ms: u64,
+    /// The SIGTERM claim shared with the node (a marker file; see `TermClaim`).
+    #[arg(long)]
+    pub term_marker: PathBuf,
+}
+
+impl WatchdogArgs {
+    /// The command line that runs this watchdog (after the executable).
+    pub fn to_argv(&self) -> Vec<OsString> {
+        vec![
+            SUBCOMMAND.into(),
+            "--container".into(),
+            self.container.clone().into(),
+            "--deadline-ms".into(),
+            self.deadline_ms.to_string().into(),
+            "--grace-ms".into(),
+            self.grace_ms.to_string().into(),
+            "--term-marker".into(),
+            self.term_marker.clone().into_os_string(),
+        ]
+    }
+
+    /// When it signals the container.
+    pub fn schedule(&self) -> StopSchedule {
+        StopSchedule::at_deadline(Timestamp(self.deadline_ms), self.grace_ms)
+    }
+}
+
+/// Why a watchdog could not be started or could not do its work.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchdogError {
+    /// Its log file could not be opened.
+    #[error("watchdog log {path} for lease {lease_id}: {source}")]
+    Log {
+        /// The lease.
+        lease_id: LeaseId,
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The process could not be spawned.
+    #[error("cannot spawn the watchdog {exe} for lease {lease_id}: {source}")]
+    Spawn {
+        /// The lease.
+        lease_id: LeaseId,
+        /// The executable.
+        exe: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Docker did not let it stop the container until [`GIVE_UP_AFTER`] past the deadline.
+    #[error("gave up on container {container}: {detail}")]
+    GaveUp {
+        /// The container.
+        container: String,
+        /// The last error.
+        detail: String,
+    },
+}
+
+/// The SIGTERM claim of a lease's container, shared by its session and its watchdog.
+pub fn term_claim(data_dir: &Path, id: &LeaseId) -> TermClaim {
+    TermClaim::new(data_dir.join(format!("{id}.term")))
+}
+
+fn pid_path(data_dir: &Path, id: &LeaseId) -> PathBuf {
+    data_dir.join(format!("{id}.watchdog"))
+}
+
+fn log_path(data_dir: &Path, id: &LeaseId) -> PathBuf {
+    data_dir.join(format!("{id}.watchdog.log"))
+}
+
+/// What [`ensure`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ensured {
+    /// Spawned a watchdog with this pid.
+    Spawned(u32),
+    /// The container's watchdog (this pid) still runs.
+    Running(u32),
+}
+
+/// Makes sure a watchdog runs for `container` of lease `id` (deadline and grace as given):
+/// spawns `exe __watchdog ..` unless the one recorded for this lease still runs.
+pub fn ensure(
+    exe: &Path,
+    data_dir: &Path,
+    id: &LeaseId,
+    container: &str,
+    deadline: Timestamp,
+    grace: Duration,
+) -> Result<Ensured, WatchdogError> {
+    let pids = pid_path(data_dir, id);
+    if let Some(pid) = running_watchdog(&pids, container) {
+        return Ok(Ensured::Running(pid));
+    }
+    let args = WatchdogArgs {
+        container: container.to_string(),
+        deadline_ms: deadline.0,
+        grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+        term_marker: term_claim(data_dir, id).path().to_path_buf(),
+    };
+    let log = log_path(data_dir, id);
+    let log_err = |source| WatchdogError::Log {
+        lease_id: *id,
+        path: log.clone(),
+        source,
+    };
+    std::fs::create_dir_all(data_dir).map_err(log_err)?;
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(log_err)?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(args.to_argv())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        // Its own process group: a signal to the node's (Ctrl-C, a service manager stopping
+        // the node's group) does not reach it; a SIGKILL of the node never does.
+        .process_group(0)
+        .kill_on_drop(false);
+    // The child is not waited on here: dropped, tokio reaps it when it exits.
+    let child = cmd.spawn().map_err(|source| WatchdogError::Spawn {
+        lease_id: *id,
+        exe: exe.to_path_buf(),
+        source,
+    })?;
+    let pid = child.id().unwrap_or(0);
+    if let Err(e) = std::fs::write(&pids, pid.to_string()) {
+        // Only the duplicate check needs it; a second watchdog would be harmless.
+        tracing::warn!(path = %pids.display(), error = %e, "cannot record the watchdog's pid");
+    }
+    Ok(Ensured::Spawned(pid))
+}
+
+/// The pid recorded in `pid_file`, if that process is a watchdog of `container`.
+fn running_watchdog(pid_file: &Path, container: &str) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(pid_file)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = cmdline.split(|b| *b == 0);
+    let ours =
+        args.clone().any(|a| a == SUBCOMMAND.as_bytes()) && args.any(|a| a == container.as_bytes());
+    ours.then_some(pid)
+}
+
+/// Removes a settled lease's watchdog files (its pid and the SIGTERM claim; the log stays).
+pub fn forget(data_dir: &Path, id: &LeaseId) {
+    for p in [
+        pid_path(data_dir, id),
+        term_claim(data_dir, id).path().to_path_buf(),
+    ] {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %p.display(), error = %e, "cannot remove"),
+        }
+    }
+}
+
+/// The watchdog itself (`gridlease __watchdog`): stops the container on its schedule by the
+/// wall clock, then returns; retries while Docker does not answer, until [`GIVE_UP_AFTER`]
+/// past the deadline.
+pub async fn run(args: &WatchdogArgs) -> Result<(), WatchdogError> {
+    let schedule = args.schedule();
+    let claim = TermClaim::new(args.term_marker.clone());
+    let give_up = schedule
+        .kill_at
+        .plus_ms(u64::try_from(GIVE_UP_AFTER.as_millis()).unwrap_or(u64::MAX));
+    tracing::info!(container = %args.container, term_at = %schedule.term_at, kill_at = %schedule.kill_at, "watchdog started");
+    loop {
+        let attempt = match Sandbox::connect().await {
+            Ok(sb) => sb
+                .enforce_stop(&args.container, schedule, &now_ms, Some(&claim))
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match attempt {
+            Ok(()) => {
+                tracing::info!(container = %args.container, "container not running; watchdog done");
+                return Ok(());
+            }
+            Err(detail) if now_ms() > give_up => {
+                return Err(WatchdogError::GaveUp {
+                    container: args.container.clone(),
+                    detail,
+                });
+            }
+            Err(detail) => {
+                tracing::warn!(container = %args.container, error = %detail, "watchdog: Docker failed; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_spawned_command_line_parses_back_to_the_same_args() {
+        let args = WatchdogArgs {
+            container: "abc123".into(),
+            deadline_ms: 1_700_000_012_345,
+            grace_ms: 2_000,
+            term_marker: PathBuf::from("/tmp/some dir/x.term"),
+        };
+        let mut argv: Vec<OsString> = vec!["gridlease".into()];
+        argv.extend(args.to_argv());
+        let cli = crate::commands::Cli::try_parse_from(argv).unwrap();
+        match cli.command {
+            crate::commands::Command::Watchdog(parsed) => assert_eq!(parsed, args),
+            other => panic!("parsed as {other:?}"),
+        }
+        assert_eq!(
+            args.schedule(),
+            StopSchedule {
+                term_at: Timestamp(1_700_000_010_345),
+                kill_at: Timestamp(1_700_000_012_345),
+            }
+        );
+    }
+
+    #[test]
+    fn a_recorded_pid_counts_only_if_it_is_this_containers_watchdog() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = LeaseId(gridlease_protocol::Digest::of("t", b"wd"));
+        let pids = pid_path(dir.path(), &id);
+        assert_eq!(running_watchdog(&pids, "c1"), None, "no pid file");
+        // This test process is alive but is not a watchdog.
+        std::fs::write(&pids, std::process::id().to_string()).unwrap();
+        assert_eq!(running_watchdog(&pids, "c1"), None);
+        // A live process whose command line is a watchdog's for c1: a shell waiting on its
+        // stdin (`read` is a builtin: no grandchild); the arguments after the script are only
+        // its positional parameters.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read x", SUBCOMMAND, "--container", "c1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::fs::write(&pids, child.id().to_string()).unwrap();
+        let found = running_watchdog(&pids, "c1");
+        let other = running_watchdog(&pids, "c2");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found, Some(child.id()));
+        assert_eq!(other, None, "another container's watchdog");
+        assert_eq!(running_watchdog(&pids, "c1"), None, "exited");
+        std::fs::write(&pids, "../../etc").unwrap();
+        assert_eq!(running_watchdog(&pids, "c1"), None, "not a pid");
+        forget(dir.path(), &id);
+        assert!(!pids.exists());
+    }
+}
