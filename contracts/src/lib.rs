@@ -2,7 +2,9 @@
 //!
 //! What this crate is for: money ([`money`]), per-second billing ([`billing`]), offer and lease
 //! term validation ([`terms`]), the lease state machine ([`lease`]), when a lease's container is
-//! signalled ([`deadline`]) and the payment channel ([`channel`]). The node and the simulator both run exactly this code.
+//! signalled ([`deadline`]), the payment channel ([`channel`]) and what an offer may promise
+//! from the host's capacity ([`capacity`]). The node and the simulator both run exactly this
+//! code.
 //!
 //! What it must never do: read the clock, draw randomness on its own, or perform I/O. Time and
 //! randomness are parameters; every function here is deterministic. It depends on
@@ -10,6 +12,7 @@
 
 pub mod billing;
 pub mod book;
+pub mod capacity;
 pub mod channel;
 pub mod deadline;
 pub mod ingest;

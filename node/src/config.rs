@@ -44,6 +44,22 @@ pub struct Config {
     pub metrics: Option<String>,
     /// Log format. Default: text.
     pub log_format: LogFormat,
+    /// RAM kept back from offers for the OS, Docker and the node, MiB. Default: the larger of
+    /// 2048 and 10% of the host's RAM.
+    pub reserve_ram_mib: Option<u64>,
+    /// CPU kept back from offers, millicores. Default: 1000 (one core).
+    pub reserve_cpu_millicores: Option<u64>,
+    /// Disk kept free, GiB. Default: 10.
+    pub reserve_disk_gib: Option<u64>,
+    /// RAM per offered GPU, MiB; can only lower what the host minus the reserve allows.
+    /// Default: (host RAM - reserve) / offered GPUs.
+    pub per_gpu_ram_mib: Option<u32>,
+    /// CPU per offered GPU, millicores; can only lower the host-derived value. Default:
+    /// (host CPUs - reserve) / offered GPUs.
+    pub per_gpu_cpu_millicores: Option<u32>,
+    /// Scratch disk per offered GPU, GiB; can only lower the host-derived value. Default:
+    /// (free disk - reserve) / offered GPUs.
+    pub per_gpu_disk_gib: Option<u32>,
 }
 
 impl Default for Config {
@@ -61,6 +77,12 @@ impl Default for Config {
             dev_gpus: None,
             metrics: None,
             log_format: LogFormat::Text,
+            reserve_ram_mib: None,
+            reserve_cpu_millicores: None,
+            reserve_disk_gib: None,
+            per_gpu_ram_mib: None,
+            per_gpu_cpu_millicores: None,
+            per_gpu_disk_gib: None,
         }
     }
 }
@@ -115,6 +137,30 @@ pub struct Overrides {
     #[arg(long, value_enum, value_name = "FORMAT", env = env_vars::GRIDLEASE_LOG_FORMAT)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
+    /// RAM (MiB) offers keep back for the OS, Docker and the node (default max(2048, 10%)).
+    #[arg(long, value_name = "MIB", env = env_vars::GRIDLEASE_RESERVE_RAM_MIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_ram_mib: Option<u64>,
+    /// CPU (millicores) offers keep back (default 1000).
+    #[arg(long, value_name = "MILLICORES", env = env_vars::GRIDLEASE_RESERVE_CPU_MILLICORES)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_cpu_millicores: Option<u64>,
+    /// Disk (GiB) kept free (default 10).
+    #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_RESERVE_DISK_GIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_disk_gib: Option<u64>,
+    /// RAM per offered GPU (MiB), at most what the host minus the reserve allows.
+    #[arg(long, value_name = "MIB", env = env_vars::GRIDLEASE_PER_GPU_RAM_MIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_gpu_ram_mib: Option<u32>,
+    /// CPU per offered GPU (millicores), at most what the host minus the reserve allows.
+    #[arg(long, value_name = "MILLICORES", env = env_vars::GRIDLEASE_PER_GPU_CPU_MILLICORES)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_gpu_cpu_millicores: Option<u32>,
+    /// Scratch disk per offered GPU (GiB), at most what the host minus the reserve allows.
+    #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_PER_GPU_DISK_GIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_gpu_disk_gib: Option<u32>,
 }
 
 fn multiaddr(s: &str) -> Result<String, String> {
@@ -249,6 +295,24 @@ impl Config {
         Ok(())
     }
 
+    /// What offers keep back from the host (unset fields: the documented defaults).
+    pub fn host_reserve(&self) -> gridlease_contracts::capacity::HostReserve {
+        gridlease_contracts::capacity::HostReserve {
+            ram_mib: self.reserve_ram_mib,
+            cpu_millicores: self.reserve_cpu_millicores,
+            disk_gib: self.reserve_disk_gib,
+        }
+    }
+
+    /// The explicit per-GPU values (each only lowers the host-derived one).
+    pub fn per_gpu_limit(&self) -> gridlease_contracts::capacity::PerGpuLimit {
+        gridlease_contracts::capacity::PerGpuLimit {
+            ram_mib: self.per_gpu_ram_mib,
+            cpu_millicores: self.per_gpu_cpu_millicores,
+            disk_gib: self.per_gpu_disk_gib,
+        }
+    }
+
     /// The configuration as TOML (what `--dump-config` prints).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
@@ -331,9 +395,36 @@ mod tests {
     }
 
     #[test]
+    fn host_reserve_and_per_gpu_settings_come_from_file_and_flags() {
+        let file = "reserve_ram_mib = 4096\nper_gpu_ram_mib = 128\n";
+        let c = Config::resolve(
+            Some(("f", file)),
+            &flags(&[
+                "--reserve-cpu-millicores",
+                "500",
+                "--per-gpu-ram-mib",
+                "256",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.reserve_ram_mib, Some(4096));
+        assert_eq!(c.reserve_cpu_millicores, Some(500));
+        assert_eq!(c.per_gpu_ram_mib, Some(256), "flag beats file");
+        assert_eq!(c.reserve_disk_gib, None, "default: derived from the host");
+        let r = c.host_reserve();
+        assert_eq!(
+            (r.ram_mib, r.cpu_millicores, r.disk_gib),
+            (Some(4096), Some(500), None)
+        );
+        assert_eq!(c.per_gpu_limit().ram_mib, Some(256));
+    }
+
+    #[test]
     fn dump_round_trips() {
         let c = Config {
             dev_gpus: Some("RTX 4090:24GiB:0.40".into()),
+            reserve_ram_mib: Some(1024),
+            per_gpu_cpu_millicores: Some(250),
             ..Config::default()
         };
         let again = Config::resolve(Some(("x", &c.to_toml())), &Overrides::default()).unwrap();

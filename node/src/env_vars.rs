@@ -26,3 +26,15 @@ pub const GRIDLEASE_METRICS: &str = "GRIDLEASE_METRICS";
 pub const GRIDLEASE_LOG_FORMAT: &str = "GRIDLEASE_LOG_FORMAT";
 /// Terminal width in columns (set by shells and test harnesses); tables fit it.
 pub const COLUMNS: &str = "COLUMNS";
+/// MiB (config key `reserve_ram_mib`).
+pub const GRIDLEASE_RESERVE_RAM_MIB: &str = "GRIDLEASE_RESERVE_RAM_MIB";
+/// Millicores (config key `reserve_cpu_millicores`).
+pub const GRIDLEASE_RESERVE_CPU_MILLICORES: &str = "GRIDLEASE_RESERVE_CPU_MILLICORES";
+/// GiB (config key `reserve_disk_gib`).
+pub const GRIDLEASE_RESERVE_DISK_GIB: &str = "GRIDLEASE_RESERVE_DISK_GIB";
+/// MiB (config key `per_gpu_ram_mib`).
+pub const GRIDLEASE_PER_GPU_RAM_MIB: &str = "GRIDLEASE_PER_GPU_RAM_MIB";
+/// Millicores (config key `per_gpu_cpu_millicores`).
+pub const GRIDLEASE_PER_GPU_CPU_MILLICORES: &str = "GRIDLEASE_PER_GPU_CPU_MILLICORES";
+/// GiB (config key `per_gpu_disk_gib`).
+pub const GRIDLEASE_PER_GPU_DISK_GIB: &str = "GRIDLEASE_PER_GPU_DISK_GIB";

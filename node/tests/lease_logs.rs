@@ -74,10 +74,15 @@ async fn follower_gets_byte_exact_output_while_the_container_runs() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    assert_eq!(
-        seen_while_running,
-        Some((gridlease_contracts::LeaseState::Running, None)),
-        "the first bytes arrived while the container ran"
+    // The first bytes arrived while the container ran (the provider may not have recorded
+    // `running` yet when the first output is already there: the log is followed from start).
+    let (state, exit_code) = seen_while_running.unwrap();
+    assert!(
+        matches!(
+            state,
+            gridlease_contracts::LeaseState::Starting | gridlease_contracts::LeaseState::Running
+        ) && exit_code.is_none(),
+        "the first bytes arrived while the container ran: {state:?} {exit_code:?}"
     );
     assert_eq!(out.len(), expected.len());
     assert!(

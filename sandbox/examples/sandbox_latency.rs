@@ -34,6 +34,7 @@ fn spec(image: &str, i: usize, args: &[&str]) -> SandboxSpec {
         memory_mib: 128,
         pids_limit: 64,
         scratch_mib: 16,
+        nofile: gridlease_sandbox::host::tenant_nofile(),
         network: NetworkPolicy::None,
         egress_network: String::new(),
         run_as_root: false,

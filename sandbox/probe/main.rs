@@ -16,6 +16,8 @@
 //!   connect IP:PORT try a TCP connect (2 s timeout); prints `CONNECT addr=.. result=ok|<ERRNO>`
 //!   whoami          print `WHOAMI uid=.. euid=..`
 //!   escape          try each escape, one `ESCAPE <name>=<outcome>` line per attempt
+//!   iouring         raw `io_uring_setup(4, &params)`; prints `IOURING setup=ok|<ERRNO>`
+//!   limits          print `LIMITS nofile_soft=.. nofile_hard=.. oom_score_adj=..`
 //!   exit C          exit with code C
 //!
 //! Every line is flushed immediately so logs show progress even if the process is killed.
@@ -48,11 +50,13 @@ unsafe extern "C" {
     fn clock_gettime(clock: c_int, ts: *mut Timespec) -> c_int;
     fn sleep(secs: u32) -> u32;
     fn chroot(path: *const u8) -> c_int;
+    fn close(fd: c_int) -> c_int;
 }
 
 const CLONE_NEWUSER: c_int = 0x1000_0000;
 const CLONE_NEWNS: c_int = 0x0002_0000;
 const SYS_KEYCTL: c_long = 250;
+const SYS_IO_URING_SETUP: c_long = 425;
 const KEYCTL_JOIN_SESSION_KEYRING: c_long = 1;
 const SIGTERM: c_int = 15;
 const SIG_IGN: usize = 1;
@@ -79,6 +83,7 @@ fn io_errno(e: &std::io::Error) -> String {
                 (13, "EACCES"),
                 (22, "EINVAL"),
                 (30, "EROFS"),
+                (38, "ENOSYS"),
                 (101, "ENETUNREACH"),
                 (110, "ETIMEDOUT"),
                 (111, "ECONNREFUSED"),
@@ -215,6 +220,41 @@ fn escape() {
     say("ESCAPE done");
 }
 
+/// `io_uring_setup` through the raw syscall (no liburing): success means the seccomp profile
+/// and the kernel both allow io_uring.
+fn iouring() {
+    // struct io_uring_params is 120 bytes; zeroed asks for defaults, the kernel fills it in.
+    let mut params = [0u32; 30];
+    // SAFETY: params is a writable, correctly sized io_uring_params; entries = 4.
+    let fd = unsafe { syscall(SYS_IO_URING_SETUP, 4 as c_long, params.as_mut_ptr()) };
+    let outcome = if fd >= 0 {
+        // SAFETY: fd is the ring's file descriptor, owned here.
+        unsafe { close(fd as c_int) };
+        "ok".to_string()
+    } else {
+        errno_name()
+    };
+    say(&format!("IOURING setup={outcome}"));
+}
+
+/// The process's open-file limit and OOM score adjustment, as the kernel reports them.
+fn limits() {
+    let text = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let (mut soft, mut hard) = ("unknown".to_string(), "unknown".to_string());
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("Max open files") {
+            let mut f = rest.split_whitespace();
+            soft = f.next().unwrap_or("unknown").to_string();
+            hard = f.next().unwrap_or("unknown").to_string();
+        }
+    }
+    let adj = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap_or_default();
+    say(&format!(
+        "LIMITS nofile_soft={soft} nofile_hard={hard} oom_score_adj={}",
+        adj.trim()
+    ));
+}
+
 fn forkbomb(n: u32) {
     let mut ok = 0u32;
     let mut failed = 0u32;
@@ -335,6 +375,8 @@ fn main() {
                 say(&format!("WHOAMI uid={uid} euid={euid}"));
             }
             "escape" => escape(),
+            "iouring" => iouring(),
+            "limits" => limits(),
             "exit" => {
                 let c = arg(i).parse().unwrap_or(0);
                 std::process::exit(c);

@@ -429,6 +429,7 @@ mod tests {
             memory_mib: 64,
             pids_limit: 10,
             scratch_mib: 10,
+            nofile: crate::spec::DEFAULT_NOFILE,
             network: gridlease_protocol::NetworkPolicy::None,
             egress_network: String::new(),
             run_as_root: false,

@@ -1,9 +1,10 @@
 //! gridlease sandbox: everything that touches the provider's machine.
 //!
 //! What this crate is for: running a renter's container under a hardened Docker spec with
-//! exactly the leased GPUs ([`spec`], [`runtime`]), metering what it uses ([`meter`]), building
-//! the registry-free probe image used by tests ([`probe_image`]), and describing and
-//! benchmarking the provider's GPUs ([`gpu`], [`bench`](mod@bench)).
+//! exactly the leased GPUs ([`spec`], [`runtime`]) and the project's own seccomp profile
+//! ([`seccomp`]), reading what the host has to give ([`host`]), metering what a container
+//! uses ([`meter`]), building the registry-free probe image used by tests ([`probe_image`]),
+//! and describing and benchmarking the provider's GPUs ([`gpu`], [`bench`](mod@bench)).
 //!
 //! What it must never do: give a tenant container privileges, host namespaces, host paths or
 //! the Docker socket; widen GPU access beyond the leased UUIDs; panic when there is no GPU,
@@ -13,9 +14,11 @@ pub mod bench;
 pub mod dev_gpus;
 pub mod docker;
 pub mod gpu;
+pub mod host;
 pub mod meter;
 pub mod probe_image;
 pub mod runtime;
+pub mod seccomp;
 pub mod spec;
 pub mod time;
 

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, ImageConfig,
+    ResourcesUlimits,
 };
 use gridlease_protocol::{LeaseId, NetworkPolicy, Timestamp};
 
@@ -28,6 +29,16 @@ pub const LOG_MAX_SIZE: &str = "10m";
 /// ...at most this many of them (the oldest is dropped): the daemon keeps 20-30 MiB of a
 /// tenant's output whatever its own defaults (a stock install keeps everything).
 pub const LOG_MAX_FILE: &str = "3";
+/// The tenant's `oom_score_adj` (-1000..=1000, higher dies first): positive, so when the host
+/// runs out of memory the kernel's OOM killer picks a tenant before the node, dockerd or the
+/// provider's own programs (which run at 0). A lease that overruns its own limit is killed by
+/// its cgroup's OOM killer regardless.
+pub const TENANT_OOM_SCORE_ADJ: i64 = 500;
+/// Default open-file limit (`nofile`, soft = hard) of a tenant: generous for data loaders and
+/// NCCL, and far below the host's `fs.file-max`, so a tenant cannot exhaust the host's file
+/// table (the daemon's own, often 1048576, would otherwise be inherited). Lowered to the
+/// node's own hard limit where that is lower ([`crate::host::tenant_nofile`]).
+pub const DEFAULT_NOFILE: u32 = 65_536;
 
 /// Everything the sandbox needs to run one lease's container.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,8 +63,12 @@ pub struct SandboxSpec {
     pub memory_mib: u32,
     /// Most processes/threads in the container.
     pub pids_limit: u32,
-    /// Size of the writable `/tmp` scratch tmpfs in MiB (counts against memory).
+    /// Size of the writable `/tmp` scratch tmpfs in MiB. tmpfs pages are charged to the
+    /// container's memory cgroup, so scratch counts against `memory_mib`; the mounted size is
+    /// never above `memory_mib` (see [`build_create_body`]).
     pub scratch_mib: u32,
+    /// Open-file limit (`nofile`, soft = hard).
+    pub nofile: u32,
     /// Network policy.
     pub network: NetworkPolicy,
     /// Bridge network name for [`NetworkPolicy::Egress`]; ignored for `None`.
@@ -72,6 +87,9 @@ pub struct ProviderLimits {
     pub max_scratch_mib: u32,
     /// Name of the egress bridge (see `Sandbox::ensure_egress_network`).
     pub egress_network: String,
+    /// Open-file limit per container (default [`crate::host::tenant_nofile`]: [`DEFAULT_NOFILE`]
+    /// or the node's own hard limit if lower).
+    pub nofile: u32,
 }
 
 impl Default for ProviderLimits {
@@ -80,6 +98,7 @@ impl Default for ProviderLimits {
             pids_limit: 1024,
             max_scratch_mib: 16 * 1024,
             egress_network: "gridlease-egress".to_string(),
+            nofile: crate::host::tenant_nofile(),
         }
     }
 }
@@ -118,6 +137,7 @@ impl SandboxSpec {
             memory_mib,
             pids_limit: limits.pids_limit,
             scratch_mib,
+            nofile: limits.nofile,
             network: terms.network_policy,
             egress_network: limits.egress_network.clone(),
             run_as_root: false,
@@ -264,6 +284,12 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
             value: 0,
         });
     }
+    if spec.nofile == 0 {
+        return Err(SpecError::BadLimit {
+            field: "nofile",
+            value: 0,
+        });
+    }
 
     let memory_bytes = i64::from(spec.memory_mib) * 1024 * 1024;
     let nano_cpus = i64::from(spec.cpu_millicores) * 1_000_000;
@@ -300,18 +326,26 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         }
     };
 
+    // tmpfs pages are charged to the container's memory cgroup (memory == memory+swap, so
+    // they cannot be swapped out either): a full /tmp leaves that much less for processes, and
+    // the mount is never larger than the whole limit.
+    let scratch_mib = spec.scratch_mib.min(spec.memory_mib);
     let mut tmpfs = HashMap::new();
     tmpfs.insert(
         SCRATCH_PATH.to_string(),
-        format!("rw,noexec,nosuid,nodev,size={}m", spec.scratch_mib),
+        format!("rw,noexec,nosuid,nodev,size={scratch_mib}m"),
     );
 
     let host_config = HostConfig {
         privileged: Some(false),
         cap_drop: Some(vec!["ALL".to_string()]),
         cap_add: None,
-        // No `seccomp=` entry: the daemon applies its default profile.
-        security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+        // The project's own seccomp profile, inline (crate::seccomp), whatever the daemon's
+        // default is.
+        security_opt: Some(vec![
+            "no-new-privileges:true".to_string(),
+            crate::seccomp::security_opt(),
+        ]),
         readonly_rootfs: Some(true),
         tmpfs: Some(tmpfs),
         pids_limit: Some(i64::from(spec.pids_limit)),
@@ -336,6 +370,12 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         port_bindings: None,
         auto_remove: Some(false),
         oom_kill_disable: Some(false),
+        oom_score_adj: Some(TENANT_OOM_SCORE_ADJ),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".to_string()),
+            soft: Some(i64::from(spec.nofile)),
+            hard: Some(i64::from(spec.nofile)),
+        }]),
         log_config: Some(HostConfigLogConfig {
             typ: Some(LOG_DRIVER.to_string()),
             config: Some(HashMap::from([
@@ -395,6 +435,7 @@ mod tests {
             memory_mib: 256,
             pids_limit: 64,
             scratch_mib: 32,
+            nofile: 4096,
             network: NetworkPolicy::None,
             egress_network: String::new(),
             run_as_root: false,
@@ -459,12 +500,24 @@ mod tests {
         assert!(hc.cap_add.is_none());
         assert_eq!(
             hc.security_opt,
-            Some(vec!["no-new-privileges:true".to_string()])
+            Some(vec![
+                "no-new-privileges:true".to_string(),
+                crate::seccomp::security_opt()
+            ])
         );
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(
             hc.tmpfs.unwrap().get("/tmp").map(String::as_str),
             Some("rw,noexec,nosuid,nodev,size=32m")
+        );
+        assert_eq!(hc.oom_score_adj, Some(500));
+        assert_eq!(
+            hc.ulimits,
+            Some(vec![ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(4096),
+                hard: Some(4096)
+            }])
         );
         assert_eq!(hc.pids_limit, Some(64));
         assert_eq!(hc.memory, Some(256 * 1024 * 1024));
@@ -561,6 +614,20 @@ mod tests {
         assert_eq!(s.image, terms.image);
         assert_eq!(s.network, terms.network_policy);
         assert_eq!(s.pids_limit, limits.pids_limit);
+        assert_eq!(s.nofile, crate::host::tenant_nofile());
+    }
+
+    #[test]
+    fn scratch_is_never_larger_than_the_memory_limit() {
+        let mut s = spec();
+        s.memory_mib = 128;
+        s.scratch_mib = 16 * 1024;
+        let hc = build_create_body(&s).unwrap().host_config.unwrap();
+        assert_eq!(
+            hc.tmpfs.unwrap()["/tmp"],
+            "rw,noexec,nosuid,nodev,size=128m"
+        );
+        assert_eq!(hc.memory, Some(128 * 1024 * 1024));
     }
 
     #[test]
@@ -577,5 +644,14 @@ mod tests {
             build_create_body(&s),
             Err(SpecError::BadLimit { .. })
         ));
+        let mut s = spec();
+        s.nofile = 0;
+        assert_eq!(
+            build_create_body(&s),
+            Err(SpecError::BadLimit {
+                field: "nofile",
+                value: 0
+            })
+        );
     }
 }

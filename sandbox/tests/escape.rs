@@ -40,7 +40,7 @@ async fn effective_capabilities_are_empty_and_setuid_gives_no_root() {
     assert_eq!(
         escape_value(&logs, "seccomp").as_deref(),
         Some("2"),
-        "default seccomp filter"
+        "a seccomp filter (the project's profile)"
     );
     assert!(logs.contains("ESCAPE uid=65534 euid=65534"), "{logs}");
     // /suid is setuid root in the image; no-new-privileges must keep euid at 65534.
@@ -270,7 +270,21 @@ async fn inspect_shows_every_hardening_setting() {
     assert!(hc.cap_add.unwrap_or_default().is_empty());
     assert_eq!(
         hc.security_opt,
-        Some(vec!["no-new-privileges:true".to_string()])
+        Some(vec![
+            "no-new-privileges:true".to_string(),
+            gridlease_sandbox::seccomp::security_opt(),
+        ]),
+        "no-new-privileges and the project's seccomp profile, inline"
+    );
+    assert_eq!(hc.oom_score_adj, Some(500));
+    let ulimits = hc.ulimits.unwrap_or_default();
+    assert_eq!(ulimits.len(), 1, "{ulimits:?}");
+    assert_eq!(ulimits[0].name.as_deref(), Some("nofile"));
+    let nofile = i64::from(gridlease_sandbox::host::tenant_nofile());
+    assert!(nofile >= 1024, "{nofile}");
+    assert_eq!(
+        (ulimits[0].soft, ulimits[0].hard),
+        (Some(nofile), Some(nofile))
     );
     assert_eq!(hc.readonly_rootfs, Some(true));
     let tmpfs = hc.tmpfs.unwrap();
@@ -354,4 +368,129 @@ async fn ld_preload_images_and_nvidia_env_are_refused() {
     );
     // The clean probe image passes the same check.
     sb.ensure_image(&image, |_| {}).await.unwrap();
+}
+
+/// Runs the probe `args` in a container created from `build_create_body(spec)` but with
+/// `security_opt` replaced: `None` keeps the spec's, `Some(list)` sets `list` (the control
+/// containers below use Docker's default seccomp this way).
+async fn run_with_security_opt(
+    sb: &gridlease_sandbox::Sandbox,
+    spec: &gridlease_sandbox::SandboxSpec,
+    security_opt: Vec<String>,
+    cleanup: &mut Cleanup,
+) -> String {
+    let mut body = gridlease_sandbox::build_create_body(spec).unwrap();
+    body.host_config.as_mut().unwrap().security_opt = Some(security_opt);
+    let opts = bollard::query_parameters::CreateContainerOptionsBuilder::default()
+        .name(&unique("gl-seccomp-control"))
+        .build();
+    let id = sb
+        .docker()
+        .create_container(Some(opts), body)
+        .await
+        .unwrap()
+        .id;
+    cleanup.containers.push(id.clone());
+    sb.start(&id).await.unwrap();
+    let exit = sb.wait(&id).await.unwrap();
+    let logs = sb.logs(&id, false, 1 << 20).await.unwrap();
+    assert_eq!(exit.exit_code, 0, "{logs}");
+    logs
+}
+
+/// The project's profile refuses `io_uring_setup` (EPERM, its default action); the control,
+/// the same container under the daemon's default profile (Docker 20.10 allows io_uring), gets
+/// a ring, so the refusal comes from the profile and not from the kernel or the probe.
+#[tokio::test]
+async fn io_uring_setup_fails_under_the_project_profile() {
+    let Some(sb) = common::sandbox_or_skip("iouring").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let spec = probe_spec(&image, &unique("node"), &["iouring", "escape"]);
+    let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
+    println!("{logs}");
+    assert_eq!(exit.exit_code, 0, "{logs}");
+    let line = logs
+        .lines()
+        .find(|l| l.starts_with("IOURING "))
+        .expect("no IOURING line");
+    assert!(
+        line == "IOURING setup=EPERM" || line == "IOURING setup=ENOSYS",
+        "io_uring_setup was not refused: {line}"
+    );
+    assert_eq!(escape_value(&logs, "seccomp").as_deref(), Some("2"));
+
+    let control = run_with_security_opt(
+        &sb,
+        &spec,
+        vec!["no-new-privileges:true".to_string()],
+        &mut cleanup,
+    )
+    .await;
+    assert!(
+        control.contains("IOURING setup=ok"),
+        "control under Docker's default profile did not get a ring (kernel without io_uring, \
+         or io_uring_disabled set?), so the test above proves nothing here: {control}"
+    );
+}
+
+/// An ordinary workload runs normally under the project's profile: threads burning CPU,
+/// memory, a scratch file, forks, a socket, and the escape suite's other answers unchanged.
+#[tokio::test]
+async fn a_normal_workload_runs_under_the_project_profile() {
+    let Some(sb) = common::sandbox_or_skip("profile-workload").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let spec = probe_spec(
+        &image,
+        &unique("node"),
+        &[
+            "burn",
+            "2",
+            "0.2",
+            "alloc",
+            "32",
+            "write",
+            "/tmp/work",
+            "forkbomb",
+            "4",
+            "connect",
+            "127.0.0.1:9",
+            "sleep",
+            "0.1",
+            "limits",
+            "sentinel",
+            "workload-done",
+            "exit",
+            "0",
+        ],
+    );
+    let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
+    println!("{logs}");
+    assert_eq!(exit.exit_code, 0, "{logs}");
+    assert!(!exit.oom_killed);
+    for needle in [
+        "BURN threads=2 secs=0.2",
+        "ALLOC mib=32 ok",
+        "WRITE path=/tmp/work result=ok",
+        "FORK ok=4 failed=0",
+        "SENTINEL workload-done",
+    ] {
+        assert!(logs.contains(needle), "{needle:?} missing: {logs}");
+    }
+    // A socket is created and the connect is refused by the (empty) network, not by seccomp.
+    let connect = logs.lines().find(|l| l.starts_with("CONNECT")).unwrap();
+    assert!(!connect.ends_with("EPERM"), "{connect}");
+    // The limits the spec sets are the ones the tenant has.
+    let nofile = gridlease_sandbox::host::tenant_nofile();
+    assert!(
+        logs.contains(&format!(
+            "LIMITS nofile_soft={nofile} nofile_hard={nofile} oom_score_adj=500"
+        )),
+        "{logs}"
+    );
 }

@@ -228,6 +228,9 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
             gpus: o.offer.gpus.len(),
             price_per_gpu_hour: Money::from_micros(o.offer.price_per_gpu_hour).to_string(),
             expires_at_ms: o.offer.expires_at.0,
+            ram_mib_per_gpu: o.offer.per_gpu.ram_mib,
+            cpu_millicores_per_gpu: o.offer.per_gpu.cpu_millicores,
+            disk_gib_per_gpu: o.offer.per_gpu.disk_gib,
         }),
     }))
 }

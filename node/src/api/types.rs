@@ -53,6 +53,15 @@ pub struct OwnOfferView {
     pub price_per_gpu_hour: String,
     /// Expiry (unix ms).
     pub expires_at_ms: u64,
+    /// RAM each GPU comes with, MiB (the host minus the reserve, divided by the GPUs).
+    #[serde(default)]
+    pub ram_mib_per_gpu: u32,
+    /// CPU each GPU comes with, millicores.
+    #[serde(default)]
+    pub cpu_millicores_per_gpu: u32,
+    /// Scratch disk each GPU comes with, GiB.
+    #[serde(default)]
+    pub disk_gib_per_gpu: u32,
 }
 
 /// `GET /v1/peers`: one connected peer.

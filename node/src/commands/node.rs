@@ -19,6 +19,8 @@ use crate::lease::{ProvideSettings, SharedGpuSampler};
 use crate::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
 use crate::provider_gpus::{BenchCache, ProviderGpus, bench_program};
 use crate::store::StoreHandle;
+use gridlease_contracts::capacity::per_gpu_resources;
+use gridlease_protocol::ResourcesPerGpu;
 use gridlease_sandbox::dev_gpus::DevGpus;
 use gridlease_sandbox::gpu::{GpuProbe, NvmlProbe};
 use gridlease_sandbox::meter::GpuSampler;
@@ -95,6 +97,44 @@ async fn driver_gpus(home: &Path) -> anyhow::Result<Option<(ProviderGpus, Arc<dy
     .await?
 }
 
+/// What each of `gpus` offered GPUs comes with: the host (RAM, CPUs, free disk of Docker's
+/// root directory and of `data_dir`, see `gridlease_sandbox::host`) minus the configured
+/// reserve, divided by the GPUs (`gridlease_contracts::capacity`), so all of them leased at
+/// once fit the host.
+async fn host_resources(
+    config: &Config,
+    data_dir: &Path,
+    gpus: usize,
+) -> anyhow::Result<ResourcesPerGpu> {
+    let sandbox = gridlease_sandbox::Sandbox::connect().await.ok();
+    let reading = gridlease_sandbox::host::read_host(sandbox.as_ref(), data_dir)
+        .await
+        .context("cannot measure this host's RAM, CPUs and disk")?;
+    let reserve = config.host_reserve();
+    let f = reading.facts;
+    let per = per_gpu_resources(&f, &reserve, &config.per_gpu_limit(), gpus).context(
+        "this host cannot back an offer: lower reserve_ram_mib / reserve_cpu_millicores or offer fewer GPUs",
+    )?;
+    tracing::info!(
+        gpus,
+        ram_mib = per.ram_mib,
+        cpu_millicores = per.cpu_millicores,
+        disk_gib = per.disk_gib,
+        host_ram_mib = f.ram_mib,
+        host_cpu_millicores = f.cpu_millicores,
+        host_disk_free_gib = f.disk_free_gib,
+        reserve_ram_mib = reserve.ram_for(f.ram_mib),
+        reserve_cpu_millicores = reserve.cpu(),
+        reserve_disk_gib = reserve.disk(),
+        disk = %reading.disk_path.display(),
+        "resources per offered GPU, from the host minus the reserve"
+    );
+    if per.disk_gib == 0 {
+        tracing::warn!(disk = %reading.disk_path.display(), "no disk left after the reserve: leases get a minimal /tmp");
+    }
+    Ok(per)
+}
+
 /// Runs the node until Ctrl-C or SIGTERM with an already resolved configuration.
 pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
@@ -117,9 +157,18 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     if dev.is_none() {
         match driver_gpus(home).await {
             Ok(Some((gpus, probe))) => {
-                driver_template = Some(OfferTemplate::new(gpus.offered, 0));
-                gpu_uuids = gpus.uuids;
-                gpu_sampler = Some(SharedGpuSampler(probe));
+                let mut t = OfferTemplate::new(gpus.offered, 0);
+                match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
+                    Ok(per) => {
+                        t.per_gpu = per;
+                        driver_template = Some(t);
+                        gpu_uuids = gpus.uuids;
+                        gpu_sampler = Some(SharedGpuSampler(probe));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = format!("{e:#}"), "not offering the driver's GPUs")
+                    }
+                }
             }
             Ok(None) => {}
             Err(e) => {
@@ -131,7 +180,9 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         let groups = gpus.groups();
         if let Some(first) = groups.first() {
             let offered = first.offered(&h.key.public(), crate::clock::now());
-            net.offer = Some(OfferTemplate::new(offered, first.price.micros()));
+            let mut t = OfferTemplate::new(offered, first.price.micros());
+            t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
+            net.offer = Some(t);
             for skipped in groups.iter().skip(1) {
                 tracing::warn!(
                     model = %skipped.model,

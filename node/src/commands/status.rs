@@ -26,13 +26,19 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
         p.line(&format!("peers        {}", s.connected_peers));
         p.line(&format!("offers known {}", s.offers_known));
         match &s.own_offer {
-            Some(o) => p.line(&format!(
-                "providing    {} GPU(s) at {}/GPU-hour (offer {}, seq {})",
-                o.gpus,
-                o.price_per_gpu_hour,
-                crate::output::short(&o.id),
-                o.seq
-            )),
+            Some(o) => {
+                p.line(&format!(
+                    "providing    {} GPU(s) at {}/GPU-hour (offer {}, seq {})",
+                    o.gpus,
+                    o.price_per_gpu_hour,
+                    crate::output::short(&o.id),
+                    o.seq
+                ));
+                p.line(&format!(
+                    "per GPU      {} MiB RAM, {} millicores CPU, {} GiB disk",
+                    o.ram_mib_per_gpu, o.cpu_millicores_per_gpu, o.disk_gib_per_gpu
+                ));
+            }
             None => p.line("providing    nothing"),
         }
     });
