@@ -318,6 +318,16 @@ mod tests {
             .spawn()
             .unwrap();
         std::fs::write(&pids, child.id().to_string()).unwrap();
+        // Until the child has exec'd, its command line is still this test's (fork, then exec).
+        let cmdline = format!("/proc/{}/cmdline", child.id());
+        let started = std::time::Instant::now();
+        while !std::fs::read(&cmdline).is_ok_and(|c| c.windows(6).any(|w| w == b"read x")) {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "sh never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let found = running_watchdog(&pids, "c1");
         let other = running_watchdog(&pids, "c2");
         let _ = child.kill();
