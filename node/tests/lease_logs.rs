@@ -25,6 +25,8 @@ async fn follower_gets_byte_exact_output_while_the_container_runs() {
     let image = sb.ensure_probe_image().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (provider, renter, offer) = market(dir.path(), &sb, lease_template(1, 1, 10), 10).await;
+    // The probe pauses 12 s between the two parts, so that even on a loaded machine (the whole
+    // suite on 2 cores) the follower has read the first part while the container still runs.
     let (first, second) = (100_000, 150_000);
     let (a, b) = (first.to_string(), second.to_string());
     let id = renter
@@ -34,7 +36,7 @@ async fn follower_gets_byte_exact_output_while_the_container_runs() {
             &image,
             60,
             &[
-                "bytes", &a, "sleep", "4", "bytes", &b, "sentinel", "END", "exit", "3",
+                "bytes", &a, "sleep", "12", "bytes", &b, "sentinel", "END", "exit", "3",
             ],
         ))
         .await
