@@ -257,7 +257,19 @@ fn lease_limits_fit_the_host_and_an_overrun_is_oom_killed_alone() {
         &["sentinel", "up", "sleep", "90"],
     );
     let big_container = container_of(&big_lease);
-    let (hc, state) = inspect(&big_container);
+    // The container exists from its create; wait until it has started.
+    let started = std::time::Instant::now();
+    let (hc, state) = loop {
+        let (hc, state) = inspect(&big_container);
+        if state["Running"] == true {
+            break (hc, state);
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the 2-GPU tenant never ran: {state}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let memory = hc["Memory"].as_u64().unwrap();
     let per_ram = per["ram_mib_per_gpu"].as_u64().unwrap();
     assert_eq!(memory, 2 * per_ram * 1024 * 1024, "{hc}");
