@@ -111,32 +111,49 @@ async fn renter_vanishes_provider_stops_within_window_plus_grace() {
     remove_container(&sb, id).await;
 }
 
+/// The renter's silence detection runs on its injected clock: once the clock passes the limit
+/// (two intervals + 2 s after the last report), the renter gives up at its next look, without
+/// waiting those seconds in real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn provider_vanishes_renter_stops_paying_within_one_interval() {
-    let Some(Setup {
-        sb,
-        image,
-        _dir,
-        provider,
-        renter,
-        offer,
-    }) = setup("provider_vanishes").await
-    else {
+    let Some(sb) = docker_or_skip("provider_vanishes").await else {
         return;
     };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let template = lease_template(1, INTERVAL_S, WINDOW_S);
+    let mut pc = common::config();
+    let mut psvc = service_config(root, "provider", GRACE_S);
+    psvc.base_template = Some(template.clone());
+    pc.offer = Some(template);
+    let provider = party(root, "provider", pc, psvc, Some(sb.clone())).await;
+    let clock = gridlease_node::clock::ManualClock::new();
+    let mut rsvc = service_config(root, "renter", GRACE_S);
+    rsvc.clock = clock.clone();
+    let mut renter = party(root, "renter", common::config(), rsvc, None).await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 120, LONG))
         .await
         .unwrap();
     let before = wait_view(&renter.leases, id, "3 s paid", |v| v.paid >= 3 * PER_S).await;
-    let killed_at = clock::now();
+    let killed_at = gridlease_node::clock::Clock::now(clock.as_ref());
     vanish(provider).await;
     // The vanished provider left its container (a restart would resume it); clean up.
     remove_container(&sb, id).await;
 
-    let done = closed(&renter.leases, id, 60).await;
-    eprintln!("renter after provider vanished: {done:#?}");
+    let limit_ms = u64::from(2 * INTERVAL_S) * 1000 + 2000;
+    let t = Instant::now();
+    clock.advance(limit_ms + 100);
+    let done = closed(&renter.leases, id, 10).await;
+    let real = t.elapsed();
+    eprintln!("renter after provider vanished: {done:#?} (after {real:?} real time)");
+    assert!(
+        real < std::time::Duration::from_secs(3),
+        "waited {real:?} in real time"
+    );
     assert_eq!(done.state, gridlease_contracts::LeaseState::Settled);
     assert_eq!(done.close_reason.as_deref(), Some("provider_unreachable"));
     // Paid nothing after the provider vanished beyond at most one report already in flight.
@@ -151,9 +168,11 @@ async fn provider_vanishes_renter_stops_paying_within_one_interval() {
     assert!(done.paid <= shown, "paid {} for {shown} shown", done.paid);
     assert_eq!(done.settled_total, Some(done.paid));
     let gave_up_ms = done.closed_at.unwrap() - killed_at.0;
-    eprintln!("renter gave up {gave_up_ms} ms after the provider vanished");
+    eprintln!("renter gave up {gave_up_ms} ms (its clock) after the provider vanished");
+    assert!(gave_up_ms >= limit_ms, "gave up early: {gave_up_ms} ms");
+    let real_ms = u64::try_from(real.as_millis()).unwrap();
     assert!(
-        gave_up_ms <= u64::from(2 * INTERVAL_S) * 1000 + 3000,
+        gave_up_ms <= limit_ms + 100 + real_ms + 500,
         "{gave_up_ms} ms"
     );
     renter.cancel.cancel();
