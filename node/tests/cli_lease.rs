@@ -198,3 +198,63 @@ fn devnet_runs_to_a_settled_lease() {
         );
     }
 }
+
+/// The `rent` client dies (SIGKILL, so its HTTP request to the daemon is dropped mid-call)
+/// right after the provider accepted the lease: the renter's daemon still runs the lease to
+/// its end, and both ledgers agree.
+#[test]
+fn a_rent_whose_client_is_killed_after_negotiation_still_settles() {
+    let Some(image) = probe_image_or_skip("rent_client_killed") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let m = market(dir.path());
+    let _containers = cli_support::ContainersGuard(m.provider_peer.clone());
+    let mut client = bin()
+        .arg("--home")
+        .arg(&rh)
+        .args([
+            "rent",
+            &m.offer,
+            "--seconds",
+            "60",
+            "--image",
+            &image,
+            "--",
+            "burn",
+            "1",
+            "2",
+            "exit",
+            "0",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill the client the moment the provider has the lease.
+    let mut id = String::new();
+    wait_for(Duration::from_secs(60), "the provider to accept", || {
+        let all = json(&ph, &["leases", "--all"]);
+        match all.as_array().and_then(|a| a.first()) {
+            Some(l) => {
+                id = l["lease_id"].as_str().unwrap().to_string();
+                true
+            }
+            None => false,
+        }
+    });
+    client.kill().unwrap();
+    let status = client.wait().unwrap();
+    assert!(!status.success(), "the client was killed, not finished");
+    wait_for(Duration::from_secs(90), "both sides to settle", || {
+        lease_of(&rh, &id)["state"] == "settled" && lease_of(&ph, &id)["state"] == "settled"
+    });
+    let (r, p) = (lease_of(&rh, &id), lease_of(&ph, &id));
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["settled_total"], p["settled_total"], "{r}\n{p}");
+    let spent = json(&rh, &["ledger"]);
+    let earned = json(&ph, &["ledger"]);
+    assert_eq!(spent["total_spent"], earned["total_earned"]);
+    assert!(spent["total_spent"].as_u64().unwrap() > 0);
+}
