@@ -189,18 +189,22 @@ async fn a_receipt_the_renter_cannot_store_is_not_sent_and_the_ledgers_still_agr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rent_dropped_right_after_negotiation_still_runs_and_settles() {
-    let Some(sb) = docker_or_skip("rent_dropped").await else {
-        return;
-    };
-    let image = sb.ensure_probe_image().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (provider, renter, offer) = market(
-        dir.path(),
-        &sb,
+    let Some(Setup {
+        sb,
+        image,
+        dir: _dir,
+        provider,
+        renter,
+        offer,
+    }) = setup(
+        "rent_dropped",
         lease_template(1, INTERVAL_S, WINDOW_S),
         GRACE_S,
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     // Drop the caller the moment the provider has stored the lease it accepts: the renter
     // is then still finishing the negotiation (verifying, storing its copy with an fsync,
     // registering its session). A rent that still won the race is stopped and tried again.
@@ -274,18 +278,22 @@ async fn a_rent_dropped_right_after_negotiation_still_runs_and_settles() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_renter_sees_running_with_a_start_time_and_a_decreasing_time_left() {
-    let Some(sb) = docker_or_skip("renter_running").await else {
-        return;
-    };
-    let image = sb.ensure_probe_image().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (provider, renter, offer) = market(
-        dir.path(),
-        &sb,
+    let Some(Setup {
+        sb,
+        image,
+        dir: _dir,
+        provider,
+        renter,
+        offer,
+    }) = setup(
+        "renter_running",
         lease_template(1, INTERVAL_S, WINDOW_S),
         GRACE_S,
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 60, LONG))

@@ -84,18 +84,22 @@ fn follow_events(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_ignoring_sigterm_is_killed_at_the_deadline_and_pays_exactly_the_lease() {
-    let Some(sb) = docker_or_skip("deadline_arithmetic").await else {
-        return;
-    };
-    let image = sb.ensure_probe_image().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (provider, renter, offer) = market(
-        dir.path(),
-        &sb,
+    let Some(Setup {
+        sb,
+        image,
+        dir: _dir,
+        provider,
+        renter,
+        offer,
+    }) = setup(
+        "deadline_arithmetic",
         lease_template(1, INTERVAL_S, WINDOW_S),
         GRACE_S,
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let stop_events = tokio_util::sync::CancellationToken::new();
     let mut events = follow_events(&sb, &provider.node.peer.to_string(), stop_events.clone());
     const DURATION_S: u32 = 5;

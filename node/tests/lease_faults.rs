@@ -9,8 +9,6 @@ use std::time::Instant;
 
 use gridlease_node::clock;
 use gridlease_node::lease::{BadReceipt, Faults};
-use gridlease_protocol::OfferId;
-use gridlease_sandbox::Sandbox;
 use lease_support::*;
 
 /// 1 s reports, 3 s pay-ahead window, 3 s grace: short windows so the bounds are tested fast.
@@ -20,36 +18,9 @@ const GRACE_S: u32 = 3;
 /// Cost of one second of one GPU at [`PRICE`].
 const PER_S: u64 = 1000;
 
-/// What the fault tests start from: Docker, the probe image, and a provider and a renter on the
-/// short windows above, the renter holding the provider's offer.
-struct Setup {
-    sb: Sandbox,
-    image: String,
-    _dir: tempfile::TempDir,
-    provider: Party,
-    renter: Party,
-    offer: OfferId,
-}
-
+/// The fault tests' [`Setup`]: one GPU on the short windows above.
 async fn setup(test: &str) -> Option<Setup> {
-    let sb = docker_or_skip(test).await?;
-    let image = sb.ensure_probe_image().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (provider, renter, offer) = market(
-        dir.path(),
-        &sb,
-        lease_template(1, INTERVAL_S, WINDOW_S),
-        GRACE_S,
-    )
-    .await;
-    Some(Setup {
-        sb,
-        image,
-        _dir: dir,
-        provider,
-        renter,
-        offer,
-    })
+    lease_support::setup(test, lease_template(1, INTERVAL_S, WINDOW_S), GRACE_S).await
 }
 
 /// A long-running probe: burns a little CPU, then sleeps.
@@ -62,7 +33,7 @@ async fn renter_vanishes_provider_stops_within_window_plus_grace() {
     let Some(Setup {
         sb,
         image,
-        _dir,
+        dir: _dir,
         provider,
         renter,
         offer,
@@ -290,7 +261,7 @@ async fn budget_cap_stops_the_lease_at_the_cap() {
     let Some(Setup {
         sb,
         image,
-        _dir,
+        dir: _dir,
         provider,
         renter,
         offer,

@@ -127,6 +127,33 @@ pub async fn market(
     (provider, renter, id)
 }
 
+/// What most lease tests start from: Docker, the probe image, a temporary root, and a provider
+/// (offering `template`) and a renter, connected, the renter holding the provider's offer.
+pub struct Setup {
+    pub sb: Sandbox,
+    pub image: String,
+    pub dir: tempfile::TempDir,
+    pub provider: Party,
+    pub renter: Party,
+    pub offer: OfferId,
+}
+
+/// [`Setup`] for `test`, or `None` when Docker is unreachable and not required.
+pub async fn setup(test: &str, template: OfferTemplate, grace_s: u32) -> Option<Setup> {
+    let sb = docker_or_skip(test).await?;
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(dir.path(), &sb, template, grace_s).await;
+    Some(Setup {
+        sb,
+        image,
+        dir,
+        provider,
+        renter,
+        offer,
+    })
+}
+
 /// Connects the renter to the provider and waits until the renter holds the provider's offer.
 pub async fn connect_for_offer(renter: &mut Party, provider: &Party) -> OfferId {
     connect(&renter.node, &provider.node).await;
