@@ -42,17 +42,20 @@ async fn a_gpu_stays_held_while_a_slow_start_outlasts_the_lease_duration() {
     let image = sb.ensure_probe_image().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let template = lease_template(1, INTERVAL_S, WINDOW_S);
-    let mut pc = common::config();
-    let mut svc = service_config(root, "provider", GRACE_S);
-    svc.base_template = Some(template.clone());
-    // The image "pull" takes 4 s; the first lease lasts 2 s.
-    svc.faults = Faults {
-        slow_start: Some(Duration::from_secs(4)),
-        ..Faults::default()
-    };
-    pc.offer = Some(template);
-    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let provider = provider_with(
+        root,
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+        |svc| {
+            // The image "pull" takes 4 s; the first lease lasts 2 s.
+            svc.faults = Faults {
+                slow_start: Some(Duration::from_secs(4)),
+                ..Faults::default()
+            };
+        },
+    )
+    .await;
     let mut first = party(
         root,
         "first",

@@ -93,12 +93,14 @@ async fn provider_vanishes_renter_stops_paying_within_one_interval() {
     let image = sb.ensure_probe_image().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let template = lease_template(1, INTERVAL_S, WINDOW_S);
-    let mut pc = common::config();
-    let mut psvc = service_config(root, "provider", GRACE_S);
-    psvc.base_template = Some(template.clone());
-    pc.offer = Some(template);
-    let provider = party(root, "provider", pc, psvc, Some(sb.clone())).await;
+    let provider = provider_with(
+        root,
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+        |_| {},
+    )
+    .await;
     let clock = gridlease_node::clock::ManualClock::new();
     let mut rsvc = service_config(root, "renter", GRACE_S);
     rsvc.clock = clock.clone();
@@ -156,12 +158,14 @@ async fn bad_receipt(kind: BadReceipt) {
     let image = sb.ensure_probe_image().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let template = lease_template(1, INTERVAL_S, WINDOW_S);
-    let mut pc = common::config();
-    let mut svc = service_config(root, "provider", GRACE_S);
-    svc.base_template = Some(template.clone());
-    pc.offer = Some(template);
-    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let provider = provider_with(
+        root,
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+        |_| {},
+    )
+    .await;
     let mut rsvc = service_config(root, "renter", GRACE_S);
     rsvc.faults = Faults {
         bad_receipt_after: Some((3, kind)),
@@ -213,16 +217,19 @@ async fn inflated_usage_is_refused_and_closes_the_lease() {
     let image = sb.ensure_probe_image().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let template = lease_template(1, INTERVAL_S, WINDOW_S);
-    let mut pc = common::config();
-    let mut svc = service_config(root, "provider", GRACE_S);
-    svc.base_template = Some(template.clone());
-    svc.faults = Faults {
-        inflate_usage_from_seq: Some(4),
-        ..Faults::default()
-    };
-    pc.offer = Some(template);
-    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let provider = provider_with(
+        root,
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+        |svc| {
+            svc.faults = Faults {
+                inflate_usage_from_seq: Some(4),
+                ..Faults::default()
+            };
+        },
+    )
+    .await;
     let mut renter = party(
         root,
         "renter",

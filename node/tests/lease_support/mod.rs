@@ -103,6 +103,22 @@ pub async fn party(
     }
 }
 
+/// A provider offering `template` with Docker, its lease service configured by `tweak`.
+pub async fn provider_with(
+    root: &Path,
+    sb: &Sandbox,
+    template: OfferTemplate,
+    grace_s: u32,
+    tweak: impl FnOnce(&mut LeaseServiceConfig),
+) -> Party {
+    let mut pc = config();
+    let mut svc = service_config(root, "provider", grace_s);
+    svc.base_template = Some(template.clone());
+    tweak(&mut svc);
+    pc.offer = Some(template);
+    party(root, "provider", pc, svc, Some(sb.clone())).await
+}
+
 /// Provider (with `template`) and renter, connected, the renter holding the provider's offer.
 pub async fn market(
     root: &Path,
@@ -110,11 +126,7 @@ pub async fn market(
     template: OfferTemplate,
     grace_s: u32,
 ) -> (Party, Party, OfferId) {
-    let mut pc = config();
-    let mut svc = service_config(root, "provider", grace_s);
-    svc.base_template = Some(template.clone());
-    pc.offer = Some(template);
-    let provider = party(root, "provider", pc, svc, Some(sb.clone())).await;
+    let provider = provider_with(root, sb, template, grace_s, |_| {}).await;
     let mut renter = party(
         root,
         "renter",
