@@ -72,6 +72,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         offer_id,
         free_gpus: 2,
         now,
+        images: &gridlease_contracts::image::ImagePolicy::default(),
     };
     let lease_id =
         check_request(&view, &req.message, &req.signer).map_err(|r| format!("rejected: {r:?}"))?;

@@ -3,7 +3,7 @@
 //! What this crate is for: money ([`money`]), per-second billing ([`billing`]), offer and lease
 //! term validation ([`terms`]), the lease state machine ([`lease`]), when a lease's container is
 //! signalled ([`deadline`]), the payment channel ([`channel`]) and what an offer may promise
-//! from the host's capacity ([`capacity`]). The node and the simulator both run exactly this
+//! from the host's capacity ([`capacity`]), and which images a provider runs ([`image`]). The node and the simulator both run exactly this
 //! code.
 //!
 //! What it must never do: read the clock, draw randomness on its own, or perform I/O. Time and
@@ -15,6 +15,7 @@ pub mod book;
 pub mod capacity;
 pub mod channel;
 pub mod deadline;
+pub mod image;
 pub mod ingest;
 pub mod lease;
 pub mod money;

@@ -137,6 +137,19 @@ pub fn validate_offer(offer: &Offer, signer: &PublicKey, now: Timestamp) -> Resu
     Ok(())
 }
 
+/// True for environment variables a renter may not set: the loader's hooks (`LD_PRELOAD`,
+/// `LD_LIBRARY_PATH`, `LD_AUDIT`) and everything the NVIDIA container toolkit or CUDA reads to
+/// pick devices (`NVIDIA_*`, `CUDA_VISIBLE_DEVICES*`): the provider sets those to the leased
+/// GPUs. Case-insensitive. Refused at negotiation, before anything is signed.
+pub fn is_forbidden_env(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper == "LD_PRELOAD"
+        || upper == "LD_LIBRARY_PATH"
+        || upper == "LD_AUDIT"
+        || upper.starts_with("NVIDIA_")
+        || upper.starts_with("CUDA_VISIBLE_DEVICES")
+}
+
 /// What the provider knows when it decides on a request.
 #[derive(Debug, Clone, Copy)]
 pub struct ProviderView<'a> {
@@ -148,6 +161,9 @@ pub struct ProviderView<'a> {
     pub offer_id: OfferId,
     /// GPUs of that offer not leased right now.
     pub free_gpus: u16,
+    /// The provider's image rules (the part decidable from the reference alone is checked
+    /// here; [`crate::image::admit`] checks the rest once the image's facts are known).
+    pub images: &'a crate::image::ImagePolicy,
     /// Now.
     pub now: Timestamp,
 }
@@ -231,8 +247,22 @@ pub fn check_request(
     if !t.per_gpu.fits_within(&offer.per_gpu) {
         return Err(mismatch("per_gpu"));
     }
-    if !offer.sandbox.allows_image(&t.image) {
-        return Err(RejectReason::ImageNotAllowed);
+    for name in t.env.keys() {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(malformed(format!(
+                "invalid environment variable name {name:?}"
+            )));
+        }
+        if is_forbidden_env(name) {
+            return Err(RejectReason::EnvNotAllowed { name: name.clone() });
+        }
+    }
+    let image = crate::image::check_reference(view.images, &t.image)
+        .map_err(|refusal| RejectReason::ImageRefused { refusal })?;
+    if !offer.sandbox.allows_image(&image.canonical()) {
+        return Err(RejectReason::ImageRefused {
+            refusal: gridlease_protocol::ImageRefusal::NotListed,
+        });
     }
     if !offer.sandbox.allows_network(t.network_policy) {
         return Err(RejectReason::NetworkNotAllowed);
@@ -319,6 +349,7 @@ mod tests {
         offer: Offer,
         offer_id: OfferId,
         net: NetworkId,
+        images: crate::image::ImagePolicy,
     }
 
     fn world() -> World {
@@ -331,6 +362,7 @@ mod tests {
             offer,
             offer_id: OfferId(Digest([5; 32])),
             net: NetworkId::devnet(),
+            images: crate::image::ImagePolicy::default(),
         }
     }
 
@@ -348,6 +380,7 @@ mod tests {
             offer_id: w.offer_id,
             free_gpus: 4,
             now: T0.plus_secs(1),
+            images: &w.images,
         }
     }
 
@@ -491,8 +524,52 @@ mod tests {
         let r = request(&w);
         assert_eq!(
             check_request(&view(&w), &r, &w.renter.public()).unwrap_err(),
-            RejectReason::ImageNotAllowed
+            RejectReason::ImageRefused {
+                refusal: gridlease_protocol::ImageRefusal::NotListed
+            }
         );
+        // The provider's own registry list, before anything is signed.
+        let mut w = world();
+        w.images.registries = vec!["nvcr.io".into()];
+        let r = request(&w);
+        assert!(matches!(
+            check_request(&view(&w), &r, &w.renter.public()).unwrap_err(),
+            RejectReason::ImageRefused {
+                refusal: gridlease_protocol::ImageRefusal::RegistryNotAllowed { .. }
+            }
+        ));
+        let w = world();
+        let mut r = request(&w);
+        r.terms.image = "sha256:".to_string() + &"1".repeat(64);
+        assert_eq!(
+            check_request(&view(&w), &r, &w.renter.public()).unwrap_err(),
+            RejectReason::ImageRefused {
+                refusal: gridlease_protocol::ImageRefusal::BareId
+            }
+        );
+    }
+
+    #[test]
+    fn forbidden_env_is_refused_before_signing() {
+        let w = world();
+        for name in [
+            "CUDA_VISIBLE_DEVICES",
+            "ld_preload",
+            "NVIDIA_VISIBLE_DEVICES",
+        ] {
+            let mut r = request(&w);
+            r.terms.env.insert(name.to_string(), "0".into());
+            assert_eq!(
+                check_request(&view(&w), &r, &w.renter.public()).unwrap_err(),
+                RejectReason::EnvNotAllowed { name: name.into() }
+            );
+        }
+        let mut r = request(&w);
+        r.terms.env.insert("A=B".to_string(), "0".into());
+        assert!(matches!(
+            check_request(&view(&w), &r, &w.renter.public()).unwrap_err(),
+            RejectReason::Malformed { .. }
+        ));
     }
 
     #[test]

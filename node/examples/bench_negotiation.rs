@@ -30,7 +30,10 @@ fn template(round: u32) -> OfferTemplate {
             g
         })
         .collect();
-    OfferTemplate::new(gpus, 350_000)
+    let mut t = OfferTemplate::new(gpus, 350_000);
+    // The fixture image is a local one the provider offers (never looked up in a registry).
+    t.images.local_images = vec!["gridlease-probe:0.1.0".into()];
+    t
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

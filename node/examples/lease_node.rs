@@ -91,6 +91,8 @@ async fn main() {
         t.per_gpu.cpu_millicores = 1000;
         t.per_gpu.ram_mib = 256;
         t.per_gpu.disk_gib = 1;
+        // The probe image is local (imported here, never pulled): offered explicitly.
+        t.images.local_images = vec![gridlease_sandbox::probe_image::probe_image_tag()];
         t
     });
     config.offer = template.clone();

@@ -60,6 +60,33 @@ pub struct Config {
     /// Scratch disk per offered GPU, GiB; can only lower the host-derived value. Default:
     /// (free disk - reserve) / offered GPUs.
     pub per_gpu_disk_gib: Option<u32>,
+    /// Registry hosts tenants' images may come from. Default: docker.io, nvcr.io, ghcr.io,
+    /// quay.io, public.ecr.aws. A loopback, private or local-network registry must be listed
+    /// exactly (with its port). `provide --registries` changes it later.
+    pub image_registries: Vec<String>,
+    /// Prefixes of canonical references images must start with. Default: none (any image of
+    /// the allowed registries).
+    pub image_prefixes: Vec<String>,
+    /// Local images (built or imported on this host, never pulled) tenants may run. Default:
+    /// none: a local-only image is not rentable.
+    pub local_images: Vec<String>,
+    /// Largest image tenants may pull, compressed, GiB. Default: 20.
+    pub max_image_gib: u64,
+    /// Largest image unpacked on this disk, GiB. Default: 60.
+    pub max_unpacked_gib: u64,
+}
+
+impl Config {
+    /// The image policy these settings give offers until `provide` changes it.
+    pub fn image_policy(&self) -> gridlease_contracts::image::ImagePolicy {
+        gridlease_contracts::image::ImagePolicy {
+            registries: self.image_registries.clone(),
+            prefixes: self.image_prefixes.clone(),
+            local_images: self.local_images.clone(),
+            max_compressed_bytes: self.max_image_gib.saturating_mul(1 << 30),
+            max_unpacked_bytes: self.max_unpacked_gib.saturating_mul(1 << 30),
+        }
+    }
 }
 
 impl Default for Config {
@@ -83,6 +110,14 @@ impl Default for Config {
             per_gpu_ram_mib: None,
             per_gpu_cpu_millicores: None,
             per_gpu_disk_gib: None,
+            image_registries: gridlease_contracts::image::DEFAULT_REGISTRIES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            image_prefixes: Vec::new(),
+            local_images: Vec::new(),
+            max_image_gib: gridlease_contracts::image::DEFAULT_MAX_COMPRESSED_BYTES >> 30,
+            max_unpacked_gib: gridlease_contracts::image::DEFAULT_MAX_UNPACKED_BYTES >> 30,
         }
     }
 }
@@ -161,6 +196,27 @@ pub struct Overrides {
     #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_PER_GPU_DISK_GIB)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_gpu_disk_gib: Option<u32>,
+    /// Registry host tenants' images may come from (repeatable; comma-separated). Default:
+    /// docker.io, nvcr.io, ghcr.io, quay.io, public.ecr.aws.
+    #[arg(long = "image-registry", value_name = "HOST[:PORT]", env = env_vars::GRIDLEASE_IMAGE_REGISTRIES, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub image_registries: Vec<String>,
+    /// Canonical reference prefix images must start with (repeatable). Default: any.
+    #[arg(long = "image-prefix", value_name = "PREFIX", env = env_vars::GRIDLEASE_IMAGE_PREFIXES, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub image_prefixes: Vec<String>,
+    /// Local image (never pulled) tenants may run (repeatable). Default: none.
+    #[arg(long = "local-image", value_name = "IMAGE", env = env_vars::GRIDLEASE_LOCAL_IMAGES, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub local_images: Vec<String>,
+    /// Largest compressed image tenants may pull, GiB (default 20).
+    #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_MAX_IMAGE_GIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_image_gib: Option<u64>,
+    /// Largest unpacked image, GiB (default 60).
+    #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_MAX_UNPACKED_GIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_unpacked_gib: Option<u64>,
 }
 
 fn multiaddr(s: &str) -> Result<String, String> {
@@ -273,6 +329,12 @@ impl Config {
                     })?;
             }
         }
+        gridlease_contracts::image::check_policy(&self.image_policy()).map_err(|problem| {
+            ConfigError::Invalid {
+                field: "image policy",
+                problem,
+            }
+        })?;
         if self.listen.is_empty() {
             return Err(ConfigError::Invalid {
                 field: "listen",

@@ -38,3 +38,13 @@ pub const GRIDLEASE_PER_GPU_RAM_MIB: &str = "GRIDLEASE_PER_GPU_RAM_MIB";
 pub const GRIDLEASE_PER_GPU_CPU_MILLICORES: &str = "GRIDLEASE_PER_GPU_CPU_MILLICORES";
 /// GiB (config key `per_gpu_disk_gib`).
 pub const GRIDLEASE_PER_GPU_DISK_GIB: &str = "GRIDLEASE_PER_GPU_DISK_GIB";
+/// Comma-separated registry hosts (config key `image_registries`).
+pub const GRIDLEASE_IMAGE_REGISTRIES: &str = "GRIDLEASE_IMAGE_REGISTRIES";
+/// Comma-separated canonical reference prefixes (config key `image_prefixes`).
+pub const GRIDLEASE_IMAGE_PREFIXES: &str = "GRIDLEASE_IMAGE_PREFIXES";
+/// Comma-separated rentable local images (config key `local_images`).
+pub const GRIDLEASE_LOCAL_IMAGES: &str = "GRIDLEASE_LOCAL_IMAGES";
+/// GiB (config key `max_image_gib`).
+pub const GRIDLEASE_MAX_IMAGE_GIB: &str = "GRIDLEASE_MAX_IMAGE_GIB";
+/// GiB (config key `max_unpacked_gib`).
+pub const GRIDLEASE_MAX_UNPACKED_GIB: &str = "GRIDLEASE_MAX_UNPACKED_GIB";

@@ -140,6 +140,10 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX peers_last_seen ON peers(last_seen);
     "#,
+    // 4: why a start failed (issue 13): kind and sentence, JSON, for the renter and `status`.
+    r#"
+    ALTER TABLE lease_session ADD COLUMN failure TEXT;
+    "#,
 ];
 
 /// Peers remembered (most recently seen first); older ones are forgotten when more are seen.

@@ -780,6 +780,7 @@ mod tests {
             reason: CloseReason::RenterStop,
             at: Timestamp(1_700_000_000_000),
             exit_code: None,
+            failure: None,
         }
     }
 

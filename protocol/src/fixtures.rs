@@ -146,5 +146,6 @@ pub fn close(lease_id: LeaseId) -> LeaseClose {
         reason: CloseReason::RenterStop,
         at: T0,
         exit_code: None,
+        failure: None,
     }
 }

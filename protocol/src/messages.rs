@@ -28,7 +28,9 @@ pub const MAX_USAGE_REPORT_BYTES: usize = 1024;
 /// Cap on an encoded [`PaymentReceipt`].
 pub const MAX_PAYMENT_RECEIPT_BYTES: usize = 512;
 /// Cap on an encoded [`LeaseClose`].
-pub const MAX_LEASE_CLOSE_BYTES: usize = 512;
+pub const MAX_LEASE_CLOSE_BYTES: usize = 1024;
+/// Longest human sentence carried in a refusal or a start failure.
+pub const MAX_DETAIL_LEN: usize = 256;
 /// Cap on an encoded [`BenchReport`].
 pub const MAX_BENCH_REPORT_BYTES: usize = 1024;
 
@@ -237,12 +239,13 @@ pub enum NetworkPolicy {
 pub struct SandboxPolicy {
     /// Most network a lease may ask for.
     pub network: NetworkPolicy,
-    /// Images allowed, as reference prefixes; empty means any image.
+    /// Images allowed, as prefixes of the canonical reference (`docker.io/pytorch/`, see
+    /// `gridlease_contracts::image`); empty means any image the provider's registries serve.
     pub image_prefixes: Vec<String>,
 }
 
 impl SandboxPolicy {
-    /// True when `image` may run under this policy.
+    /// True when the canonical reference `image` is within the advertised prefixes.
     pub fn allows_image(&self, image: &str) -> bool {
         self.image_prefixes.is_empty() || self.image_prefixes.iter().any(|p| image.starts_with(p))
     }
@@ -439,6 +442,128 @@ impl Shape for LeaseAccept {
     }
 }
 
+/// Which size of an image a cap is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ImageSize {
+    /// The layers as stored in the registry (what a pull downloads).
+    Compressed,
+    /// The layers unpacked on the provider's disk.
+    Unpacked,
+}
+
+/// Why a provider refuses an image. Decided before anything is signed, from the reference,
+/// the provider's image policy and what the registry (or the local daemon) says about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ImageRefusal {
+    /// The reference does not follow the image reference grammar.
+    BadReference {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A bare image id or digest: it names whatever the provider happens to hold.
+    BareId,
+    /// The registry is not one the provider allows.
+    RegistryNotAllowed {
+        /// The registry host (with port).
+        registry: String,
+    },
+    /// A loopback, private, link-local or local-name registry host the provider did not list:
+    /// the provider's Docker daemon would otherwise be made to connect into its own network.
+    PrivateRegistry {
+        /// The registry host (with port).
+        registry: String,
+    },
+    /// The image is outside the repository prefixes the provider allows.
+    NotListed,
+    /// A local image that never came from a registry and that the provider did not list.
+    LocalOnly,
+    /// The image is larger than the provider's cap.
+    TooLarge {
+        /// Which size.
+        size: ImageSize,
+        /// Its size, bytes.
+        bytes: u64,
+        /// The cap, bytes.
+        max: u64,
+    },
+    /// The image's own config sets `LD_PRELOAD` or `LD_AUDIT`.
+    Preload,
+    /// The image needs a newer CUDA than the provider's driver supports.
+    CudaTooNew {
+        /// What the image needs (`12.8`).
+        needs: String,
+        /// What the driver supports (`12.4`).
+        host: String,
+    },
+    /// The registry does not have the image, or could not be asked.
+    Unavailable {
+        /// What the registry (or the connection) said.
+        detail: String,
+    },
+}
+
+impl ImageRefusal {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        match self {
+            Self::BadReference { detail: d }
+            | Self::RegistryNotAllowed { registry: d }
+            | Self::PrivateRegistry { registry: d }
+            | Self::Unavailable { detail: d } => max_len("refusal", d, MAX_DETAIL_LEN),
+            Self::CudaTooNew { needs, host } => {
+                max_len("refusal.needs", needs, MAX_VERSION_LEN)?;
+                max_len("refusal.host", host, MAX_VERSION_LEN)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What went wrong when the provider tried to start an accepted lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StartFailureKind {
+    /// The provider has no container runtime.
+    NoSandbox,
+    /// The image pull failed (the registry's or the daemon's message follows).
+    ImagePull,
+    /// The pull made no progress for the provider's stall limit.
+    PullStalled,
+    /// The pull ran past the provider's pull timeout.
+    PullTimeout,
+    /// The image was refused once pulled (size, config).
+    ImageRefused,
+    /// The container could not be created.
+    Create,
+    /// The container could not be started.
+    Start,
+    /// The provider's own bookkeeping failed (its database).
+    Internal,
+}
+
+/// A start failure: its kind and one human sentence (bounded), for the renter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartFailure {
+    /// What failed.
+    pub kind: StartFailureKind,
+    /// What the provider saw, in words (at most [`MAX_DETAIL_LEN`] bytes).
+    pub message: String,
+}
+
+impl StartFailure {
+    /// A failure whose message is cut to [`MAX_DETAIL_LEN`] bytes at a character boundary.
+    pub fn new(kind: StartFailureKind, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_DETAIL_LEN {
+            let mut end = MAX_DETAIL_LEN - 3;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("...");
+        }
+        Self { kind, message }
+    }
+}
+
 /// Why a provider refused a request. Machine-readable; the CLI prints each one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RejectReason {
@@ -477,8 +602,16 @@ pub enum RejectReason {
         /// The offending field.
         field: String,
     },
-    /// The sandbox policy does not allow this image.
-    ImageNotAllowed,
+    /// The provider refuses the image (policy, size, CUDA, availability), before signing.
+    ImageRefused {
+        /// Why.
+        refusal: ImageRefusal,
+    },
+    /// The renter set an environment variable the provider controls or forbids.
+    EnvNotAllowed {
+        /// The variable.
+        name: String,
+    },
     /// The sandbox policy does not allow this network access.
     NetworkNotAllowed,
     /// The budget cap cannot pay even the minimum billed time.
@@ -513,9 +646,10 @@ pub struct LeaseReject {
 impl Shape for LeaseReject {
     fn check_shape(&self) -> Result<(), ShapeError> {
         match &self.reason {
-            RejectReason::TermsMismatch { field: d } | RejectReason::Malformed { detail: d } => {
-                max_len("reason", d, 256)
-            }
+            RejectReason::TermsMismatch { field: d }
+            | RejectReason::Malformed { detail: d }
+            | RejectReason::EnvNotAllowed { name: d } => max_len("reason", d, MAX_DETAIL_LEN),
+            RejectReason::ImageRefused { refusal } => refusal.check_shape(),
             _ => Ok(()),
         }
     }
@@ -637,11 +771,16 @@ pub struct LeaseClose {
     pub at: Timestamp,
     /// The container's exit code, when it exited.
     pub exit_code: Option<i32>,
+    /// Why the start failed, with `reason` [`CloseReason::StartFailed`].
+    pub failure: Option<StartFailure>,
 }
 
 impl Shape for LeaseClose {
     fn check_shape(&self) -> Result<(), ShapeError> {
-        Ok(())
+        match &self.failure {
+            Some(f) => max_len("failure.message", &f.message, MAX_DETAIL_LEN),
+            None => Ok(()),
+        }
     }
 }
 

@@ -195,6 +195,7 @@ mod tests {
             reason: CloseReason::RenterStop,
             at: Timestamp(5),
             exit_code: None,
+            failure: None,
         };
         for req in [
             SessionRequest::Usage(Signed::sign(&key, &net, &report).unwrap()),

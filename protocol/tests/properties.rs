@@ -228,7 +228,16 @@ fn reject_reason() -> impl Strategy<Value = RejectReason> {
         any::<(u32, u32)>()
             .prop_map(|(min_s, max_s)| RejectReason::DurationOutOfBounds { min_s, max_s }),
         text(20).prop_map(|field| RejectReason::TermsMismatch { field }),
-        Just(RejectReason::ImageNotAllowed),
+        Just(RejectReason::ImageRefused {
+            refusal: ImageRefusal::BareId
+        }),
+        text(20).prop_map(|detail| RejectReason::ImageRefused {
+            refusal: ImageRefusal::Unavailable { detail }
+        }),
+        (text(8), text(8)).prop_map(|(needs, host)| RejectReason::ImageRefused {
+            refusal: ImageRefusal::CudaTooNew { needs, host }
+        }),
+        text(20).prop_map(|name| RejectReason::EnvNotAllowed { name }),
         Just(RejectReason::NetworkNotAllowed),
         any::<u64>().prop_map(|needed| RejectReason::BudgetTooSmall { needed }),
         Just(RejectReason::DuplicateNonce),
@@ -347,8 +356,9 @@ proptest! {
     fn receipts_round_trip(m in receipt()) { round_trip(&m)?; }
 
     #[test]
-    fn closes_round_trip(id in digest(), reason in close_reason(), at in ts(), exit_code in any::<Option<i32>>()) {
-        round_trip(&LeaseClose { lease_id: LeaseId(id), reason, at, exit_code })?;
+    fn closes_round_trip(id in digest(), reason in close_reason(), at in ts(), exit_code in any::<Option<i32>>(), detail in proptest::option::of(text(40))) {
+        let failure = detail.map(|message| StartFailure::new(StartFailureKind::ImagePull, message));
+        round_trip(&LeaseClose { lease_id: LeaseId(id), reason, at, exit_code, failure })?;
     }
 
     #[test]

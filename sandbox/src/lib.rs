@@ -15,6 +15,7 @@ pub mod dev_gpus;
 pub mod docker;
 pub mod gpu;
 pub mod host;
+pub mod images;
 pub mod meter;
 pub mod probe_image;
 pub mod runtime;

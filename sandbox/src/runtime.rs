@@ -58,6 +58,22 @@ pub enum SandboxError {
         /// The daemon's message.
         message: String,
     },
+    /// A pull made no progress for the stall limit.
+    #[error("pulling {image} stalled: no progress for {secs} s")]
+    PullStalled {
+        /// The image.
+        image: String,
+        /// The stall limit, seconds.
+        secs: u64,
+    },
+    /// A pull ran past its overall limit.
+    #[error("pulling {image} took longer than {secs} s")]
+    PullTimeout {
+        /// The image.
+        image: String,
+        /// The limit, seconds.
+        secs: u64,
+    },
     /// Building an image reported an error.
     #[error("building {image} failed: {message}")]
     Build {
@@ -87,6 +103,24 @@ pub struct PullProgress {
     pub current: Option<i64>,
     /// Bytes total, if known.
     pub total: Option<i64>,
+}
+
+/// Limits on one image pull.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PullLimits {
+    /// Longest silence of the daemon's progress stream (Docker reports layer bytes about
+    /// every half second while data arrives).
+    pub stall: Duration,
+    /// Longest pull in all.
+    pub total: Duration,
+}
+
+impl PullLimits {
+    /// No limits in practice (a year each).
+    pub const NONE: Self = Self {
+        stall: Duration::from_secs(365 * 86_400),
+        total: Duration::from_secs(365 * 86_400),
+    };
 }
 
 /// How a container ended.
@@ -170,10 +204,25 @@ impl Sandbox {
     }
 
     /// Makes sure `image` is present (pulling it if needed, reporting progress) and refuses it
-    /// if its config sets `LD_PRELOAD`.
+    /// if its config sets `LD_PRELOAD`. No pull limits (tests and tools); leases use
+    /// [`Sandbox::ensure_image_within`].
     pub async fn ensure_image(
         &self,
         image: &str,
+        on_progress: impl FnMut(PullProgress),
+    ) -> Result<(), SandboxError> {
+        self.ensure_image_within(image, PullLimits::NONE, on_progress)
+            .await
+    }
+
+    /// [`Sandbox::ensure_image`] within `limits`: a pull whose progress stream is silent for
+    /// `limits.stall` fails as stalled, one that runs past `limits.total` as timed out (a pull
+    /// that keeps progressing is never cut by the stall limit). Dropping the stream closes the
+    /// daemon connection, which cancels the daemon's pull.
+    pub async fn ensure_image_within(
+        &self,
+        image: &str,
+        limits: PullLimits,
         mut on_progress: impl FnMut(PullProgress),
     ) -> Result<(), SandboxError> {
         let inspected = match self.docker.inspect_image(image).await {
@@ -188,7 +237,32 @@ impl Sandbox {
                     .tag(tag)
                     .build();
                 let mut stream = self.docker.create_image(Some(opts), None, None);
-                while let Some(ev) = stream.next().await {
+                let started = tokio::time::Instant::now();
+                loop {
+                    let left = limits.total.saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        return Err(SandboxError::PullTimeout {
+                            image: image.to_string(),
+                            secs: limits.total.as_secs(),
+                        });
+                    }
+                    let ev = match tokio::time::timeout(limits.stall.min(left), stream.next()).await
+                    {
+                        Ok(Some(ev)) => ev,
+                        Ok(None) => break,
+                        Err(_) if limits.stall <= left => {
+                            return Err(SandboxError::PullStalled {
+                                image: image.to_string(),
+                                secs: limits.stall.as_secs(),
+                            });
+                        }
+                        Err(_) => {
+                            return Err(SandboxError::PullTimeout {
+                                image: image.to_string(),
+                                secs: limits.total.as_secs(),
+                            });
+                        }
+                    };
                     let ev = ev.map_err(docker_err("pull", image))?;
                     if let Some(err) = ev.error_detail.and_then(|d| d.message) {
                         return Err(SandboxError::Pull {

@@ -185,15 +185,10 @@ pub enum SpecError {
     NoEgressNetwork,
 }
 
-/// True for names the renter may not set: the loader's preload hooks and everything the NVIDIA
-/// container toolkit reads (`NVIDIA_VISIBLE_DEVICES`, `NVIDIA_DRIVER_CAPABILITIES`, ...).
+/// True for names the renter may not set ([`gridlease_contracts::terms::is_forbidden_env`],
+/// the same rule the provider applies at negotiation).
 pub fn is_forbidden_env(name: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    upper == "LD_PRELOAD"
-        || upper == "LD_LIBRARY_PATH"
-        || upper == "LD_AUDIT"
-        || upper.starts_with("NVIDIA_")
-        || upper.starts_with("CUDA_VISIBLE_DEVICES")
+    gridlease_contracts::terms::is_forbidden_env(name)
 }
 
 /// Checks the renter environment.

@@ -17,6 +17,7 @@ mod book;
 use std::collections::VecDeque;
 
 use gridlease_contracts::auction::{DoubleAuction, SealedBid, reverse_auction_winner};
+use gridlease_contracts::image::ImagePolicy;
 use gridlease_contracts::lease::Transition;
 use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, uniform_inclusive};
 use gridlease_contracts::reputation::{Outcome, ReputationBook, TrustPolicy};
@@ -247,6 +248,8 @@ pub struct Market<'s> {
     q: EventQueue<Ev>,
     horizon: u64,
     network: NetworkId,
+    /// The providers' image rules (the defaults: the simulated image is a public one).
+    images: ImagePolicy,
     class_vram: Vec<u32>,
     providers: Vec<Provider>,
     renters: Vec<Renter>,
@@ -432,6 +435,7 @@ impl<'s> Market<'s> {
             q: EventQueue::new(),
             horizon,
             network: NetworkId::devnet(),
+            images: ImagePolicy::default(),
             class_vram,
             providers,
             renters,
@@ -1124,6 +1128,7 @@ impl<'s> Market<'s> {
         };
         let view = ProviderView {
             network: &self.network,
+            images: &self.images,
             offer: &pr.offer,
             offer_id: pr.offer_id,
             free_gpus: pr.free,

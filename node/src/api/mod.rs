@@ -461,6 +461,16 @@ async fn rent(
     }
 }
 
+/// Why the renter may not set the environment variable `name`, in words.
+pub fn env_text(name: &str) -> String {
+    let upper = name.to_ascii_uppercase();
+    if upper.starts_with("CUDA_VISIBLE_DEVICES") || upper.starts_with("NVIDIA_") {
+        format!("env {name} is set by the provider to the leased GPUs")
+    } else {
+        format!("env {name} may not be set by the renter (it changes how every program is loaded)")
+    }
+}
+
 /// A provider's refusal in words (the error message of a rejected `POST /v1/leases`).
 fn reject_text(r: &RejectReason) -> String {
     match r {
@@ -484,7 +494,8 @@ fn reject_text(r: &RejectReason) -> String {
         RejectReason::TermsMismatch { field } => {
             format!("the terms differ from the offer in `{field}`")
         }
-        RejectReason::ImageNotAllowed => "the provider's policy does not allow this image".into(),
+        RejectReason::ImageRefused { refusal } => gridlease_contracts::image::refusal_text(refusal),
+        RejectReason::EnvNotAllowed { name } => env_text(name),
         RejectReason::NetworkNotAllowed => {
             "the provider's policy does not allow network access".into()
         }
@@ -611,11 +622,34 @@ async fn provide(
         Some(g) => Some(g),
         None => current.as_ref().and_then(|c| c.gpus.clone()),
     };
+    // The first `provide` starts from the node's configured image rules.
+    let mut images = match &current {
+        Some(c) => c.images.clone(),
+        None => s.leases.base_images(),
+    };
+    if let Some(r) = &b.registries {
+        images.registries = r.clone();
+    }
+    if let Some(p) = &b.image_prefixes {
+        images.prefixes = p.clone();
+    }
+    if let Some(l) = &b.local_images {
+        images.local_images = l.clone();
+    }
+    if let Some(g) = b.max_image_gib {
+        images.max_compressed_bytes = g.saturating_mul(1 << 30);
+    }
+    if let Some(g) = b.max_unpacked_gib {
+        images.max_unpacked_bytes = g.saturating_mul(1 << 30);
+    }
+    gridlease_contracts::image::check_policy(&images)
+        .map_err(|e| ApiError::bad_request(format!("image policy: {e}"), None))?;
     let settings = ProvideSettings {
         price_per_gpu_hour: price,
         gpus,
         max_hours: b.max_hours.or(current.as_ref().and_then(|c| c.max_hours)),
         network_policy,
+        images,
         enabled: !b.off,
     };
     match s.leases.provide(settings).await {

@@ -165,6 +165,21 @@ pub struct ProvideBody {
     /// `none` (default) or `egress`.
     #[serde(default)]
     pub network_policy: Option<String>,
+    /// Registry hosts images may come from (replaces the list).
+    #[serde(default)]
+    pub registries: Option<Vec<String>>,
+    /// Canonical reference prefixes images must start with (empty list: any).
+    #[serde(default)]
+    pub image_prefixes: Option<Vec<String>>,
+    /// Local images (never pulled) tenants may run.
+    #[serde(default)]
+    pub local_images: Option<Vec<String>>,
+    /// Largest compressed image, GiB.
+    #[serde(default)]
+    pub max_image_gib: Option<u64>,
+    /// Largest unpacked image, GiB.
+    #[serde(default)]
+    pub max_unpacked_gib: Option<u64>,
     /// Stop offering.
     #[serde(default)]
     pub off: bool,

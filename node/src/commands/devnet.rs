@@ -188,6 +188,8 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     {
         let mut extra = bootstrap.clone();
         extra.extend(["--dev-gpus".to_string(), (*gpus).to_string()]);
+        // The devnet's providers offer the probe image (imported here, never pulled).
+        extra.extend(["--local-image".to_string(), image.clone()]);
         providers.push(start_node(
             &exe,
             &dir,

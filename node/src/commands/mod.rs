@@ -1,9 +1,10 @@
 //! The command line: one file per subcommand. `main.rs` parses and dispatches.
 //!
 //! Exit codes: 0 success; 1 failure; 2 usage error or no GPU/CUDA for `bench`; 3 no node is
-//! running for this home; 4 a lease was rejected by the provider; `rent` without `--detach`
-//! exits with the container's exit code, or 130 when Ctrl-C interrupted it
-//! ([`rent::EXIT_INTERRUPTED`]).
+//! running for this home; 4 a lease was rejected by the provider (the reason is printed);
+//! 5 the provider accepted a lease but could not start it (the reason is printed,
+//! [`rent::EXIT_START_FAILED`]); `rent` without `--detach` exits with the container's exit
+//! code, or 130 when Ctrl-C interrupted it ([`rent::EXIT_INTERRUPTED`]).
 
 pub mod bench;
 pub mod devnet;

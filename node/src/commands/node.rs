@@ -158,6 +158,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         match driver_gpus(home).await {
             Ok(Some((gpus, probe))) => {
                 let mut t = OfferTemplate::new(gpus.offered, 0);
+                t.images = config.image_policy();
                 match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
                     Ok(per) => {
                         t.per_gpu = per;
@@ -181,6 +182,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         if let Some(first) = groups.first() {
             let offered = first.offered(&h.key.public(), crate::clock::now());
             let mut t = OfferTemplate::new(offered, first.price.micros());
+            t.images = config.image_policy();
+            t.sandbox.image_prefixes = t.images.prefixes.clone();
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
             net.offer = Some(t);
             for skipped in groups.iter().skip(1) {

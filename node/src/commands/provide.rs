@@ -23,6 +23,25 @@ pub struct ProvideArgs {
     /// Network access tenants may get.
     #[arg(long, value_parser = ["none", "egress"])]
     pub network_policy: Option<String>,
+    /// Registry hosts tenants' images may come from, comma-separated (replaces the list;
+    /// default docker.io,nvcr.io,ghcr.io,quay.io,public.ecr.aws). A loopback, private or
+    /// local-network host is allowed only when listed here exactly (with its port).
+    #[arg(long, value_delimiter = ',', value_name = "HOST[:PORT]")]
+    pub registries: Option<Vec<String>>,
+    /// Only images whose canonical reference starts with one of these, comma-separated
+    /// (e.g. docker.io/pytorch/,nvcr.io/nvidia/); `--image-prefixes ''` allows any.
+    #[arg(long, value_delimiter = ',', value_name = "PREFIX")]
+    pub image_prefixes: Option<Vec<String>>,
+    /// Local images (built or imported here, never pulled) tenants may run, comma-separated;
+    /// no other local-only image is rentable.
+    #[arg(long, value_delimiter = ',', value_name = "IMAGE")]
+    pub local_images: Option<Vec<String>>,
+    /// Largest image a tenant may pull, compressed, GiB (default 20).
+    #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_gib: Option<u64>,
+    /// Largest image unpacked on this disk, GiB (default 60).
+    #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_unpacked_gib: Option<u64>,
     /// Stop offering.
     #[arg(long)]
     pub off: bool,
@@ -43,6 +62,11 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
         gpus: args.gpus.clone(),
         max_hours: args.max_hours,
         network_policy: args.network_policy.clone(),
+        registries: args.registries.clone(),
+        image_prefixes: args.image_prefixes.as_ref().map(|p| nonempty(p)),
+        local_images: args.local_images.as_ref().map(|p| nonempty(p)),
+        max_image_gib: args.max_image_gib,
+        max_unpacked_gib: args.max_unpacked_gib,
         off: args.off,
     };
     let s: StatusView = api.put("/v1/provide", &body).await?;
@@ -56,4 +80,9 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
         None => p.line("not offering anything"),
     });
     Ok(0)
+}
+
+/// A comma list without its empty items (`--image-prefixes ''` is the empty list).
+fn nonempty(v: &[String]) -> Vec<String> {
+    v.iter().filter(|s| !s.is_empty()).cloned().collect()
 }

@@ -24,6 +24,9 @@ use crate::output::{Printer, money, short};
 /// Exit code of a foreground `rent` that Ctrl-C interrupted (128 + SIGINT, as shells report a
 /// process that SIGINT ended).
 pub const EXIT_INTERRUPTED: u8 = 130;
+/// Exit status of a `rent` whose lease the provider accepted but could not start (the pull
+/// failed or stalled, the container could not be created): the reason is printed.
+pub const EXIT_START_FAILED: u8 = 5;
 
 /// Arguments of `gridlease rent`.
 #[derive(Debug, Args)]
@@ -195,6 +198,9 @@ pub fn print_bill(out: &Printer, view: &LeaseView) {
             .map(|r| format!(" ({r})"))
             .unwrap_or_default(),
     ));
+    if let Some(f) = &view.failure {
+        out.line(&format!("the provider could not start it: {}", f.message));
+    }
 }
 
 /// Rents, then follows unless detached.
@@ -267,6 +273,9 @@ async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, L
     out.emit(&view, |p| print_bill(p, &view));
     if fg.stopping {
         return Ok(EXIT_INTERRUPTED);
+    }
+    if view.failure.is_some() {
+        return Ok(EXIT_START_FAILED);
     }
     let code = exit.or(view.exit_code).unwrap_or(1);
     Ok(u8::try_from(code.clamp(0, 255)).unwrap_or(1))

@@ -18,8 +18,8 @@ use gridlease_contracts::terms::{ProviderView, check_request};
 use gridlease_contracts::{Actor, Lease, LeaseEvent};
 use gridlease_protocol::session::LeaseRpcResponse;
 use gridlease_protocol::{
-    Digest, LeaseAccept, LeaseId, LeaseRequest, NetworkId, NodeKey, PublicKey, RejectReason,
-    Signed, Timestamp, Verified,
+    Digest, ImageRefusal, LeaseAccept, LeaseId, LeaseRequest, NetworkId, NodeKey, PublicKey,
+    RejectReason, Signed, Timestamp, Verified,
 };
 
 use crate::net::OwnOffer;
@@ -119,7 +119,11 @@ impl Desk {
     }
 
     /// Decides on a request whose envelope verified and whose signer is the sending peer,
-    /// against `offer`, the offer the node advertises now (`None`: not providing).
+    /// against `offer`, the offer the node advertises now (`None`: not providing). `image` is
+    /// the admission of the terms' image from what the registry or the daemon said about it
+    /// (`gridlease_contracts::image::admit`, checked by the actor before it asks); it refuses
+    /// the request only once every rule of the terms themselves passed.
+    #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &mut self,
         key: &NodeKey,
@@ -127,6 +131,7 @@ impl Desk {
         offer: Option<&OwnOffer>,
         request: &Signed<LeaseRequest>,
         verified: &Verified<LeaseRequest>,
+        image: Result<(), ImageRefusal>,
         now: Timestamp,
     ) -> Decision {
         let terms = &verified.message.terms;
@@ -164,11 +169,15 @@ impl Desk {
             offer_id: cur.id,
             free_gpus: u16::try_from(free.len()).unwrap_or(u16::MAX),
             now,
+            images: &cur.images,
         };
         let lease_id = match check_request(&view, &verified.message, &verified.signer) {
             Ok(id) => id,
             Err(reason) => return reject(reason),
         };
+        if let Err(refusal) = image {
+            return reject(RejectReason::ImageRefused { refusal });
+        }
         let gpus: Vec<Digest> = free
             .into_iter()
             .take(usize::from(terms.gpu_count))

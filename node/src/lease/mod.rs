@@ -45,6 +45,7 @@
 //! - Final statement = last valid receipt, on both nodes.
 
 pub mod desk;
+pub mod images;
 pub mod logs;
 pub mod provider;
 pub mod renter;
@@ -58,6 +59,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gridlease_contracts::Money;
+use gridlease_contracts::image::ImagePolicy;
 use gridlease_protocol::{
     Digest, LeaseId, NetworkPolicy, OfferId, PeerId, PublicKey, RejectReason, Signed,
 };
@@ -72,7 +74,7 @@ use gridlease_protocol::session::LeaseRpcResponse;
 use crate::clock::{self, SharedClock};
 use crate::net::{
     Client, InboundLease, InboundRequest, NegotiationError, NegotiationOutcome, NetworkEvent,
-    OfferTemplate, OwnOffer,
+    OfferTemplate,
 };
 use crate::renter::{offer_addrs, terms_for};
 use crate::store::lease::SessionRecord;
@@ -111,6 +113,11 @@ pub struct LeaseServiceConfig {
     /// Renter: how long the provider may take from accept to the first usage report (image
     /// pull and start) before the renter gives up on it.
     pub start_allowance: Duration,
+    /// Provider: an image pull whose progress stream is silent this long fails as stalled
+    /// (a pull that keeps progressing is not cut by it).
+    pub pull_stall: Duration,
+    /// Provider: the longest image pull in all.
+    pub pull_timeout: Duration,
     /// Provider: SIGTERM-to-SIGKILL grace when stopping a container (at the end of a lease:
     /// SIGTERM at `deadline - stop_grace`, SIGKILL at the deadline).
     pub stop_grace: Duration,
@@ -178,6 +185,8 @@ impl LeaseServiceConfig {
             base_template: None,
             renter_grace_s: 30,
             start_allowance: Duration::from_secs(300),
+            pull_stall: Duration::from_secs(120),
+            pull_timeout: Duration::from_secs(1800),
             stop_grace: Duration::from_secs(2),
             watchdog: None,
             rpc_timeout: Duration::from_secs(10),
@@ -294,6 +303,8 @@ pub struct ProvideSettings {
     pub max_hours: Option<u32>,
     /// Network access tenants may get.
     pub network_policy: NetworkPolicy,
+    /// Which images tenants may run.
+    pub images: ImagePolicy,
     /// Offer at all.
     pub enabled: bool,
 }
@@ -306,6 +317,8 @@ struct SavedProvide {
     gpus: Option<Vec<String>>,
     max_hours: Option<u32>,
     network_policy: NetworkPolicy,
+    #[serde(default)]
+    images: ImagePolicy,
     enabled: bool,
 }
 
@@ -317,6 +330,7 @@ impl ProvideSettings {
             gpus: self.gpus.clone(),
             max_hours: self.max_hours,
             network_policy: self.network_policy,
+            images: self.images.clone(),
             enabled: self.enabled,
         };
         let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
@@ -339,6 +353,7 @@ impl ProvideSettings {
             gpus: s.gpus,
             max_hours: s.max_hours,
             network_policy: s.network_policy,
+            images: s.images,
             enabled: s.enabled,
         }))
     }
@@ -485,6 +500,8 @@ impl LeaseService {
             tasks: JoinSet::new(),
             desk: desk::Desk::new(),
             persists: JoinSet::new(),
+            vets: JoinSet::new(),
+            facts: images::FactsCache::default(),
             waiting: HashMap::new(),
         };
         actor.resume_all().await?;
@@ -716,6 +733,16 @@ impl LeaseService {
         }
     }
 
+    /// The image rules of the node's start-up offer template (its configuration).
+    pub fn base_images(&self) -> ImagePolicy {
+        self.ctx
+            .config
+            .base_template
+            .as_ref()
+            .map(|t| t.images.clone())
+            .unwrap_or_default()
+    }
+
     async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
         let t = s.template(self.ctx.config.base_template.as_ref())?;
         self.ctx.client.set_offer(t).await?;
@@ -759,6 +786,8 @@ impl ProvideSettings {
             t.max_duration_s = h.saturating_mul(3600).max(t.min_duration_s);
         }
         t.sandbox.network = self.network_policy;
+        t.sandbox.image_prefixes = self.images.prefixes.clone();
+        t.images = self.images.clone();
         Ok(Some(t))
     }
 
@@ -909,6 +938,14 @@ struct Persisted {
     result: Result<Option<StoredLease>, StoreError>,
 }
 
+/// Provider: what the daemon or the registry said about a request's image.
+struct Vetted {
+    proposal: Box<crate::net::Proposal>,
+    reply: oneshot::Sender<LeaseRpcResponse>,
+    image: gridlease_contracts::image::ImageRef,
+    facts: Result<gridlease_contracts::image::ImageFacts, gridlease_protocol::ImageRefusal>,
+}
+
 /// How a session task ended.
 struct SessionEnd {
     id: LeaseId,
@@ -926,6 +963,10 @@ struct Actor {
     desk: desk::Desk,
     /// Provider: accepted leases being stored.
     persists: JoinSet<Persisted>,
+    /// Provider: requests whose image is being asked about (at most [`images::MAX_VETTING`]).
+    vets: JoinSet<Vetted>,
+    /// Provider: facts about images asked about recently.
+    facts: images::FactsCache,
     /// Provider: answers waiting for a lease's store write (the first request and identical
     /// retries that came meanwhile).
     waiting: HashMap<LeaseId, Vec<oneshot::Sender<LeaseRpcResponse>>>,
@@ -937,6 +978,10 @@ impl Actor {
             tokio::select! {
                 biased;
                 () = self.ctx.cancel.cancelled() => break,
+                Some(done) = self.vets.join_next(), if !self.vets.is_empty() => match done {
+                    Ok(v) => self.on_vetted(v),
+                    Err(e) => tracing::error!(error = %e, "image check task failed"),
+                },
                 Some(done) = self.persists.join_next(), if !self.persists.is_empty() => match done {
                     Ok(p) => self.on_persisted(p),
                     Err(e) => tracing::error!(error = %e, "lease write task failed"),
@@ -999,9 +1044,7 @@ impl Actor {
             reply,
         } = m;
         match request {
-            InboundRequest::Propose(p) => {
-                self.on_propose(&p.signed, &p.verified, p.offer.as_ref(), reply);
-            }
+            InboundRequest::Propose(p) => self.on_propose(p, reply),
             InboundRequest::Session(request) => self.on_session(InboundSession {
                 peer,
                 request,
@@ -1010,18 +1053,85 @@ impl Actor {
         }
     }
 
-    /// Provider: decides a request; an accepted lease is stored before it is answered.
+    /// Provider: a request arrived. Its image is checked first (before anything is signed):
+    /// the reference against the offer's image rules, then what the daemon or the registry
+    /// says about the image (cached, or asked in a bounded task); then the desk decides.
     fn on_propose(
         &mut self,
-        signed: &Signed<gridlease_protocol::LeaseRequest>,
-        verified: &gridlease_protocol::Verified<gridlease_protocol::LeaseRequest>,
-        offer: Option<&OwnOffer>,
+        p: Box<crate::net::Proposal>,
         reply: oneshot::Sender<LeaseRpcResponse>,
     ) {
+        use gridlease_contracts::image::{admit, check_reference};
+        let Some(cur) = p.offer.as_ref() else {
+            return self.decide(&p, Ok(()), reply);
+        };
+        let terms = &p.verified.message.terms;
+        let Ok(image) = check_reference(&cur.images, &terms.image) else {
+            // The desk refuses it with the reference's own reason.
+            return self.decide(&p, Ok(()), reply);
+        };
+        if let Some(f) = self.facts.get(&image.canonical()) {
+            let cuda = images::host_cuda(&cur.offer, terms.gpu_count);
+            let admitted = admit(&cur.images, &image, f, cuda.as_deref());
+            return self.decide(&p, admitted, reply);
+        }
+        if self.vets.len() >= images::MAX_VETTING {
+            let busy = gridlease_protocol::ImageRefusal::Unavailable {
+                detail: "the provider is checking too many images now; try again shortly".into(),
+            };
+            return self.decide(&p, Err(busy), reply);
+        }
+        let (sandbox, policy) = (self.ctx.sandbox.clone(), cur.images.clone());
+        self.vets.spawn(async move {
+            let facts = images::facts(sandbox, image.clone(), &policy).await;
+            Vetted {
+                proposal: p,
+                reply,
+                image,
+                facts,
+            }
+        });
+    }
+
+    fn on_vetted(&mut self, v: Vetted) {
+        let Vetted {
+            proposal,
+            reply,
+            image,
+            facts,
+        } = v;
+        let admitted = match (&facts, proposal.offer.as_ref()) {
+            (Ok(f), Some(cur)) => {
+                let cuda = images::host_cuda(&cur.offer, proposal.verified.message.terms.gpu_count);
+                gridlease_contracts::image::admit(&cur.images, &image, f, cuda.as_deref())
+            }
+            (Ok(_), None) => Ok(()),
+            (Err(r), _) => Err(r.clone()),
+        };
+        if let Ok(f) = facts {
+            self.facts.put(image.canonical(), f);
+        }
+        if let Err(r) = &admitted {
+            tracing::info!(image = %image.canonical(), reason = ?r, "image refused before signing");
+        }
+        self.decide(&proposal, admitted, reply);
+    }
+
+    /// Provider: the desk decides; an accepted lease is stored before it is answered.
+    fn decide(
+        &mut self,
+        p: &crate::net::Proposal,
+        image: Result<(), gridlease_protocol::ImageRefusal>,
+        reply: oneshot::Sender<LeaseRpcResponse>,
+    ) {
+        let (signed, verified, offer) = (&p.signed, &p.verified, p.offer.as_ref());
         let key = self.ctx.client.key();
         let network = self.ctx.client.network();
         let now = self.ctx.now();
-        match self.desk.decide(key, network, offer, signed, verified, now) {
+        match self
+            .desk
+            .decide(key, network, offer, signed, verified, image, now)
+        {
             desk::Decision::Respond(r) => {
                 let _ = reply.send(r);
             }

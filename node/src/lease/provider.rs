@@ -19,10 +19,11 @@ use gridlease_contracts::{
     StopSchedule, Tariff,
 };
 use gridlease_protocol::{
-    CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey, Signed, Timestamp,
-    UsageReport,
+    CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey, Signed, StartFailure,
+    StartFailureKind, Timestamp, UsageReport,
 };
 use gridlease_sandbox::meter::{Cut, Meter, MeterControl, Usage, meter_run, to_usage_report};
+use gridlease_sandbox::runtime::SandboxError;
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 use tokio::sync::{mpsc, watch};
 
@@ -57,6 +58,8 @@ struct Session {
     view: watch::Sender<LeaseView>,
     /// Copies the container's output to its file from the start (`None` until started here).
     logs: Option<LogWriter>,
+    /// Why the start failed, once it did.
+    failure: Option<StartFailure>,
 }
 
 impl Session {
@@ -69,7 +72,8 @@ impl Session {
             self.channel.paid().micros(),
             self.exit_code,
             self.ctx.now(),
-        );
+        )
+        .with_failure(self.failure.as_ref());
         self.view.send_replace(v);
     }
 
@@ -283,14 +287,17 @@ pub(crate) async fn run(
         gpus: stored.gpus.clone(),
         view: view_tx,
         logs: None,
+        failure: rec.fields.failure.clone(),
     };
     s.publish();
 
     let ended = match s.lease.state {
         LeaseState::Accepted | LeaseState::Starting => match start(&mut s).await {
             Ok(()) => Some(meter_loop(&mut s, &mut inbox).await),
-            Err(reason) => {
-                finish(&mut s, reason, &mut inbox).await;
+            Err(failure) => {
+                tracing::warn!(kind = ?failure.kind, "start failed: {}", failure.message);
+                s.failure = Some(failure);
+                finish(&mut s, CloseReason::StartFailed, &mut inbox).await;
                 None
             }
         },
@@ -324,11 +331,14 @@ pub(crate) async fn run(
 /// before anything is pulled or created, the container id before the container is started,
 /// `Running` (with the start time: the lease clock's zero) right after; a write that fails
 /// stops the start, and a container already created is removed.
-async fn start(s: &mut Session) -> Result<(), CloseReason> {
+async fn start(s: &mut Session) -> Result<(), StartFailure> {
     let ctx = s.ctx.clone();
     let Some(sb) = ctx.sandbox.clone() else {
         tracing::error!("no Docker: cannot start the container");
-        return Err(CloseReason::StartFailed);
+        return Err(StartFailure::new(
+            StartFailureKind::NoSandbox,
+            "the provider's node has no container runtime (Docker is unreachable)",
+        ));
     };
     if s.lease.state == LeaseState::Accepted
         && !s
@@ -339,16 +349,22 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
             )
             .await
     {
-        return Err(CloseReason::StartFailed);
+        return Err(internal("cannot record the start"));
     }
     if let Some(d) = ctx.config.faults.slow_start {
         tokio::time::sleep(d).await;
     }
     let terms = s.lease.terms.clone();
-    sb.ensure_image(&terms.image, |_| {}).await.map_err(|e| {
-        tracing::warn!(error = %e, image = %terms.image, "image not available");
-        CloseReason::StartFailed
-    })?;
+    let limits = gridlease_sandbox::runtime::PullLimits {
+        stall: ctx.config.pull_stall,
+        total: ctx.config.pull_timeout,
+    };
+    sb.ensure_image_within(&terms.image, limits, |_| {})
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, image = %terms.image, "image not available");
+            pull_failure(&e)
+        })?;
     let uuids = leased_uuids(&ctx, &s.gpus);
     // The deadline counts from now at the latest; the watcher uses the real start below.
     let expires = ctx.now().plus_secs(u64::from(terms.duration_s));
@@ -382,7 +398,10 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
     let _ = sb.remove(&name).await;
     let id = sb.create(&spec).await.map_err(|e| {
         tracing::warn!(error = %e, "cannot create the container");
-        CloseReason::StartFailed
+        StartFailure::new(
+            StartFailureKind::Create,
+            format!("the container could not be created: {e}"),
+        )
     })?;
     s.container = Some(id.clone());
     let patch = SessionPatch {
@@ -397,12 +416,15 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
     {
         tracing::error!(error = %e, "cannot store the container id; not starting it");
         remove_container(s).await;
-        return Err(CloseReason::StartFailed);
+        return Err(internal("cannot record the container"));
     }
     if let Err(e) = sb.start(&id).await {
         tracing::warn!(error = %e, "cannot start the container");
         remove_container(s).await;
-        return Err(CloseReason::StartFailed);
+        return Err(StartFailure::new(
+            StartFailureKind::Start,
+            format!("the container could not be started: {e}"),
+        ));
     }
     s.logs = Some(LogWriter::spawn(
         sb.clone(),
@@ -425,10 +447,56 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
     if !running {
         // Not recorded as running: it must not run (or be billed) unrecorded.
         remove_container(s).await;
-        return Err(CloseReason::StartFailed);
+        return Err(internal("cannot record the running container"));
     }
     tracing::info!(container = %id, "lease running");
     Ok(())
+}
+
+/// The provider's own bookkeeping failed during a start.
+fn internal(what: &str) -> StartFailure {
+    StartFailure::new(
+        StartFailureKind::Internal,
+        format!("the provider's node failed: {what} (its database refused the write)"),
+    )
+}
+
+/// A failed `ensure_image`, for the renter.
+fn pull_failure(e: &SandboxError) -> StartFailure {
+    match e {
+        SandboxError::Pull { message, .. } => StartFailure::new(
+            StartFailureKind::ImagePull,
+            format!("image pull failed: {message}"),
+        ),
+        SandboxError::PullStalled { secs, .. } => StartFailure::new(
+            StartFailureKind::PullStalled,
+            format!("image pull stalled: no progress for {secs} s"),
+        ),
+        SandboxError::PullTimeout { secs, .. } => StartFailure::new(
+            StartFailureKind::PullTimeout,
+            format!("image pull took longer than the provider's limit of {secs} s"),
+        ),
+        SandboxError::Image { source } | SandboxError::Spec { source, .. } => StartFailure::new(
+            StartFailureKind::ImageRefused,
+            format!("image refused: {source}"),
+        ),
+        SandboxError::Docker { source, .. } => StartFailure::new(
+            StartFailureKind::ImagePull,
+            format!("image pull failed: {}", docker_message(source)),
+        ),
+        SandboxError::Build { message, .. } => StartFailure::new(
+            StartFailureKind::ImagePull,
+            format!("image pull failed: {message}"),
+        ),
+    }
+}
+
+/// The daemon's own message from a Docker error (without bollard's wrapping).
+fn docker_message(e: &bollard::errors::Error) -> String {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// Stops and removes the lease's container; `s.container` is cleared once it is gone.
@@ -760,6 +828,7 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
             closed_at: Some(now),
             close_reason: Some(reason),
             exit_code: s.exit_code,
+            failure: s.failure.clone(),
             ..SessionPatch::default()
         };
         s.transition(LeaseEvent::Close(reason), Actor::Provider, patch)
@@ -770,6 +839,7 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
         reason,
         at: now,
         exit_code: s.exit_code,
+        failure: s.failure.clone(),
     };
     let renter_gone = matches!(reason, CloseReason::RenterUnreachable);
     if let (Some(signed), Some(peer), false) = (sign(&ctx, &close), s.renter_peer, renter_gone) {

@@ -32,6 +32,8 @@ struct Session {
     channel: RenterChannel,
     last_signed: Option<Signed<PaymentReceipt>>,
     exit_code: Option<i32>,
+    /// Why the provider could not start the container, as its close said.
+    failure: Option<gridlease_protocol::StartFailure>,
     view: watch::Sender<LeaseView>,
 }
 
@@ -45,7 +47,8 @@ impl Session {
             self.channel.paid().micros(),
             self.exit_code,
             self.ctx.now(),
-        );
+        )
+        .with_failure(self.failure.as_ref());
         self.view.send_replace(v);
     }
 
@@ -104,6 +107,7 @@ impl Session {
                 closed_at: Some(self.ctx.now()),
                 close_reason: Some(reason),
                 exit_code: self.exit_code,
+                failure: self.failure.clone(),
                 ..SessionPatch::default()
             };
             self.transition(LeaseEvent::Close(reason), actor, patch)
@@ -118,6 +122,7 @@ impl Session {
             reason,
             at: self.ctx.now(),
             exit_code: None,
+            failure: None,
         };
         if let (Some(signed), Some(peer)) = (sign(&self.ctx, &msg), self.provider_peer) {
             let ctx = self.ctx.clone();
@@ -289,6 +294,7 @@ pub(crate) async fn run(
         channel,
         last_signed: last_receipt.map(|(s, _)| s),
         exit_code: rec.fields.exit_code,
+        failure: rec.fields.failure.clone(),
         view: view_tx,
     };
     s.publish();
@@ -343,6 +349,9 @@ pub(crate) async fn run(
                                     });
                                     if v.message.exit_code.is_some() {
                                         s.exit_code = v.message.exit_code;
+                                    }
+                                    if v.message.reason == CloseReason::StartFailed {
+                                        s.failure = v.message.failure.clone();
                                     }
                                     s.close(v.message.reason, Actor::Provider).await;
                                     s.settle(v.message.reason).await;

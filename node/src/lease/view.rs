@@ -81,6 +81,40 @@ pub struct LeaseView {
     pub close_reason: Option<String>,
     /// The final statement once settled, micro-units.
     pub settled_total: Option<u64>,
+    /// Why the start failed (`close_reason` is `start_failed`): its kind and a sentence.
+    #[serde(default)]
+    pub failure: Option<FailureView>,
+}
+
+/// A start failure, as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureView {
+    /// `no_sandbox`, `image_pull`, `pull_stalled`, `pull_timeout`, `image_refused`,
+    /// `create`, `start` or `internal`.
+    pub kind: String,
+    /// What the provider saw, in words.
+    pub message: String,
+}
+
+impl FailureView {
+    /// The view of a failure.
+    pub fn of(f: &gridlease_protocol::StartFailure) -> Self {
+        use gridlease_protocol::StartFailureKind as K;
+        let kind = match f.kind {
+            K::NoSandbox => "no_sandbox",
+            K::ImagePull => "image_pull",
+            K::PullStalled => "pull_stalled",
+            K::PullTimeout => "pull_timeout",
+            K::ImageRefused => "image_refused",
+            K::Create => "create",
+            K::Start => "start",
+            K::Internal => "internal",
+        };
+        Self {
+            kind: kind.to_string(),
+            message: f.message.clone(),
+        }
+    }
 }
 
 fn ser_display<S: serde::Serializer>(v: &LeaseId, s: S) -> Result<S::Ok, S::Error> {
@@ -97,6 +131,12 @@ impl LeaseView {
     /// Nothing more will happen to the lease ([`LeaseState::is_terminal`]).
     pub fn is_terminal(&self) -> bool {
         self.state.is_terminal()
+    }
+
+    /// With the start failure (if any) shown.
+    pub fn with_failure(mut self, f: Option<&gridlease_protocol::StartFailure>) -> Self {
+        self.failure = f.map(FailureView::of);
+        self
     }
 
     /// Recomputes the time left at `now` (a published view is read later than it was made).
@@ -161,6 +201,7 @@ pub(crate) fn make(
             .close_reason
             .map(|r| crate::store::lease::reason_str(r).to_string()),
         settled_total: lease.settled_total.map(|m| m.micros()),
+        failure: None,
     }
 }
 
@@ -208,6 +249,7 @@ pub(crate) fn from_store(l: &StoredLease, rec: &SessionRecord, now: Timestamp) -
         rec.fields.exit_code,
         now,
     )
+    .with_failure(rec.fields.failure.as_ref())
 }
 
 /// One lease's statement.
@@ -405,7 +447,7 @@ mod tests {
                 r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,
                 r#""mem_peak_mib":1024}},"paid":60000,"cost_so_far":60000,"#,
                 r#""time_left_s":null,"exit_code":137,"close_reason":"renter_stop","#,
-                r#""settled_total":60000}}"#
+                r#""settled_total":60000,"failure":null}}"#
             ),
             id = v.lease_id,
             peer = r.peer_id().unwrap(),

@@ -484,7 +484,13 @@ impl EventLoop {
             if !submitted {
                 tracing::warn!("store queue full; own offer sequence not persisted this round");
             }
-            self.provider.current = Some(OwnOffer { signed, offer, id });
+            let images = std::sync::Arc::new(template.images.clone());
+            self.provider.current = Some(OwnOffer {
+                signed,
+                offer,
+                id,
+                images,
+            });
             self.emit(NetworkEvent::OfferPublished { id, seq });
         }
         let Some(cur) = &self.provider.current else {

@@ -377,10 +377,16 @@ impl Node {
                 {
                     tracing::warn!(error = %e, "restored own offer not admitted to own book");
                 }
+                let images = config
+                    .offer
+                    .as_ref()
+                    .map(|t| t.images.clone())
+                    .unwrap_or_default();
                 provider.current = Some(OwnOffer {
                     signed: own,
                     offer: v.message,
                     id,
+                    images: std::sync::Arc::new(images),
                 });
             }
         }

@@ -8,6 +8,10 @@ use gridlease_protocol::{
     RejectReason, ResourcesPerGpu, SandboxPolicy, Signed, Timestamp,
 };
 
+use std::sync::Arc;
+
+use gridlease_contracts::image::ImagePolicy;
+
 use super::codec::LeaseRpcResponse;
 
 /// What this node offers, before sequence and timestamps.
@@ -29,8 +33,11 @@ pub struct OfferTemplate {
     pub usage_interval_s: u32,
     /// Pay-ahead window, seconds.
     pub pay_ahead_s: u32,
-    /// Sandbox rules.
+    /// Sandbox rules (advertised).
     pub sandbox: SandboxPolicy,
+    /// The provider's image rules (not advertised but the prefixes, which are mirrored into
+    /// `sandbox.image_prefixes`); requests are decided against them before signing.
+    pub images: ImagePolicy,
     /// Region label.
     pub region: String,
 }
@@ -56,6 +63,7 @@ impl OfferTemplate {
                 network: NetworkPolicy::None,
                 image_prefixes: Vec::new(),
             },
+            images: ImagePolicy::default(),
             region: String::new(),
         }
     }
@@ -98,6 +106,8 @@ pub struct OwnOffer {
     pub offer: Offer,
     /// Content id.
     pub id: OfferId,
+    /// The image rules of the template it was signed from.
+    pub images: Arc<ImagePolicy>,
 }
 
 /// The announcing state owned by the event loop.

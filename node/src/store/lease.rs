@@ -36,6 +36,8 @@ pub struct SessionPatch {
     pub exit_code: Option<i32>,
     /// The settled total, micro-units.
     pub settled_total: Option<u64>,
+    /// Why the start failed (kind and sentence).
+    pub failure: Option<gridlease_protocol::StartFailure>,
 }
 
 /// What the store knows about a lease's session.
@@ -175,15 +177,16 @@ impl Store {
         }
         tx.execute(
             "INSERT INTO lease_session(lease_id, container_id, started_at, closed_at, close_reason,
-                exit_code, settled_total)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                exit_code, settled_total, failure)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
              ON CONFLICT(lease_id) DO UPDATE SET
                 container_id = COALESCE(excluded.container_id, container_id),
                 started_at = COALESCE(excluded.started_at, started_at),
                 closed_at = COALESCE(excluded.closed_at, closed_at),
                 close_reason = COALESCE(excluded.close_reason, close_reason),
                 exit_code = COALESCE(excluded.exit_code, exit_code),
-                settled_total = COALESCE(excluded.settled_total, settled_total)",
+                settled_total = COALESCE(excluded.settled_total, settled_total),
+                failure = COALESCE(excluded.failure, failure)",
             params![
                 lid,
                 patch.container_id,
@@ -192,6 +195,10 @@ impl Store {
                 patch.close_reason.map(reason_str),
                 patch.exit_code,
                 patch.settled_total.map(i64_of),
+                patch
+                    .failure
+                    .as_ref()
+                    .and_then(|f| serde_json::to_string(f).ok()),
             ],
         )
         .map_err(e)?;
@@ -299,12 +306,13 @@ impl Store {
             Option<String>,
             Option<i32>,
             Option<i64>,
+            Option<String>,
         );
         let row: Option<Row> = self
             .conn
             .query_row(
                 "SELECT container_id, started_at, closed_at, close_reason, exit_code,
-                    settled_total FROM lease_session WHERE lease_id = ?1",
+                    settled_total, failure FROM lease_session WHERE lease_id = ?1",
                 [lid],
                 |r| {
                     Ok((
@@ -314,19 +322,22 @@ impl Store {
                         r.get(3)?,
                         r.get(4)?,
                         r.get(5)?,
+                        r.get(6)?,
                     ))
                 },
             )
             .optional()
             .map_err(&e)?;
         let fields = row
-            .map(|(c, s, cl, r, x, t)| SessionPatch {
+            .map(|(c, s, cl, r, x, t, f)| SessionPatch {
                 container_id: c,
                 started_at: s.map(|v| Timestamp(u64_of(v))),
                 closed_at: cl.map(|v| Timestamp(u64_of(v))),
                 close_reason: r.as_deref().and_then(parse_reason),
                 exit_code: x,
                 settled_total: t.map(u64_of),
+                // A row this build cannot read is no failure worth losing the lease over.
+                failure: f.and_then(|j| serde_json::from_str(&j).ok()),
             })
             .unwrap_or_default();
         // The latest (seq, envelope) of a lease in `table` (a fixed name, never input).

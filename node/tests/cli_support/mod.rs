@@ -76,6 +76,11 @@ pub fn start_node(home: &Path, extra: &[&str]) -> Daemon {
             "--announce-secs",
             "1",
         ])
+        // Test providers offer the probe image (local-only: imported here, never pulled).
+        .env(
+            gridlease_node::env_vars::GRIDLEASE_LOCAL_IMAGES,
+            gridlease_sandbox::probe_image::probe_image_tag(),
+        )
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())

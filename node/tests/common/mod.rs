@@ -49,7 +49,14 @@ pub fn config() -> NodeConfig {
 /// A template of `gpus` declared GPUs at `price` micro-units per GPU-hour.
 pub fn template(gpus: u8, price: u64) -> OfferTemplate {
     let offered = (0..gpus).map(fixtures::gpu).collect();
-    OfferTemplate::new(offered, price)
+    let mut t = OfferTemplate::new(offered, price);
+    // Test providers offer the probe image (local-only: imported here, never pulled), under
+    // the fixtures' tag and this build's.
+    t.images.local_images = vec![
+        "gridlease-probe:0.1.0".into(),
+        gridlease_sandbox::probe_image::probe_image_tag(),
+    ];
+    t
 }
 
 /// Logs to the test's captured output when `RUST_LOG` is set.
