@@ -258,3 +258,47 @@ fn a_rent_whose_client_is_killed_after_negotiation_still_settles() {
     assert_eq!(spent["total_spent"], earned["total_earned"]);
     assert!(spent["total_spent"].as_u64().unwrap() > 0);
 }
+
+/// Refusals reach the renter's `rent` as one sentence and exit status 4, before anything is
+/// signed: an unlisted registry, a bare image id, and environment the provider controls.
+#[test]
+fn rent_says_why_the_provider_refused_the_image_or_the_environment() {
+    let Some(image) = probe_image_or_skip("rent_says_why") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rh = dir.path().join("renter");
+    let m = market(dir.path());
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--image", "registry.example.com/team/train:1"],
+            "the provider does not pull from registry registry.example.com",
+        ),
+        (
+            &[
+                "--image",
+                "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            ],
+            "a bare image id names whatever the provider happens to hold",
+        ),
+        (
+            &["--image", &image, "--env", "CUDA_VISIBLE_DEVICES=0"],
+            "env CUDA_VISIBLE_DEVICES is set by the provider to the leased GPUs",
+        ),
+        (
+            &["--image", "192.168.1.20:5000/x:1"],
+            "registry 192.168.1.20:5000 is a loopback, private or local-network host",
+        ),
+    ];
+    for (args, sentence) in cases {
+        let mut full = vec!["rent", m.offer.as_str(), "--seconds", "60"];
+        full.extend_from_slice(args);
+        full.extend(["--", "exit", "0"]);
+        let out = cli(&rh, &full);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {stderr}");
+        assert!(stderr.contains(sentence), "{args:?}: {stderr}");
+    }
+    let leases = json(&rh, &["leases"]);
+    assert_eq!(leases.as_array().map(Vec::len), Some(0), "{leases}");
+}

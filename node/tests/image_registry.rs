@@ -1,0 +1,233 @@
+//! Images from a real registry (issue 12 image policy, issue 13 failures explained): Debian's
+//! `docker-registry` on loopback, images pushed by the real daemon, real nodes, real Docker.
+//! Refusals happen before the provider signs (no lease is stored on either side); a pull
+//! that stalls mid-layer fails the lease with that reason, on the renter's side too.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+mod lease_support;
+mod registry_support;
+
+use std::time::Duration;
+
+use gridlease_node::lease::RentError;
+use gridlease_protocol::{ImageRefusal, ImageSize, RejectReason};
+use lease_support::*;
+use registry_support::*;
+
+const GRACE_S: u32 = 3;
+
+/// The lease was refused before signing: neither side stored it.
+async fn nothing_stored(provider: &Party, renter: &Party) {
+    assert!(provider.leases.leases().await.unwrap().is_empty());
+    assert!(renter.leases.leases().await.unwrap().is_empty());
+}
+
+fn refusal(e: RentError) -> ImageRefusal {
+    match e {
+        RentError::Rejected(RejectReason::ImageRefused { refusal }) => refusal,
+        other => panic!("not an image refusal: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn registry_images_pull_and_run_and_disallowed_ones_are_refused_before_signing() {
+    let test = "registry_policy";
+    let Some(sb) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(registry) = Registry::start(test) else {
+        return;
+    };
+    let prefix = run_prefix(test);
+    let ok = format!("{}/{prefix}/probe:ok", registry.host);
+    let big = format!("{}/{prefix}/probe:big", registry.host);
+    let cuda = format!("{}/{prefix}/probe:cuda99", registry.host);
+    let _images = ImagesGuard(vec![ok.clone(), big.clone(), cuda.clone()]);
+    push_probe(&sb, &ok, 0, 1, &[]).await;
+    push_probe(&sb, &big, 4 << 20, 2, &[]).await;
+    push_probe(&sb, &cuda, 0, 3, &["ENV CUDA_VERSION=99.0.0"]).await;
+
+    let mut template = lease_template(1, 1, 3);
+    template.images.registries = vec![registry.host.clone()];
+    // The probe is about 1.5 MiB compressed; `big` has 4 MiB of noise on top.
+    template.images.max_compressed_bytes = 3 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(dir.path(), &sb, template, GRACE_S).await;
+
+    // Allowed: pulled from the registry, run, settled with the probe's exit code.
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &ok, 30, &["exit", "0"]))
+        .await
+        .unwrap();
+    let v = closed(&renter.leases, id, 90).await;
+    assert_eq!(v.exit_code, Some(0), "{v:#?}");
+    assert!(v.failure.is_none(), "{v:#?}");
+    assert!(
+        sb.docker().inspect_image(&ok).await.is_ok(),
+        "the image was pulled"
+    );
+    remove_container(&sb, id).await;
+    let stored_before = provider.leases.leases().await.unwrap().len();
+
+    // Over the compressed size cap, read from the registry's manifest.
+    let e = renter
+        .leases
+        .rent(probe_rent(offer, &big, 30, &["exit", "0"]))
+        .await
+        .unwrap_err();
+    match refusal(e) {
+        ImageRefusal::TooLarge {
+            size: ImageSize::Compressed,
+            bytes,
+            max,
+        } => assert!(bytes > max && max == 3 << 20, "{bytes} {max}"),
+        other => panic!("{other:?}"),
+    }
+    // Newer CUDA than the offer's driver (the fixture GPUs' driver supports 12.4).
+    let e = renter
+        .leases
+        .rent(probe_rent(offer, &cuda, 30, &["exit", "0"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal(e),
+        ImageRefusal::CudaTooNew {
+            needs: "99.0".into(),
+            host: "12.4".into()
+        }
+    );
+    // A registry the provider does not list (another loopback port): refused from the
+    // reference alone, nothing is asked.
+    let e = renter
+        .leases
+        .rent(probe_rent(offer, "127.0.0.1:1/x/probe:ok", 30, &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal(e),
+        ImageRefusal::PrivateRegistry {
+            registry: "127.0.0.1:1".into()
+        }
+    );
+    let e = renter
+        .leases
+        .rent(probe_rent(offer, "registry.example.com/x:1", 30, &[]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refusal(e), ImageRefusal::RegistryNotAllowed { .. }),
+        "unlisted public registry"
+    );
+    // A bare image id.
+    let inspected = sb.docker().inspect_image(&ok).await.unwrap();
+    let bare = inspected.id.unwrap();
+    let e = renter
+        .leases
+        .rent(probe_rent(offer, &bare, 30, &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(e), ImageRefusal::BareId);
+    // None of the refused ones was signed or stored.
+    assert_eq!(
+        provider.leases.leases().await.unwrap().len(),
+        stored_before,
+        "a refused lease was stored by the provider"
+    );
+    assert_eq!(renter.leases.leases().await.unwrap().len(), 1);
+    for p in [&provider, &renter] {
+        p.cancel.cancel();
+    }
+    drop(registry);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_image_the_provider_did_not_list_is_refused_as_local_only() {
+    let test = "registry_local_only";
+    let Some(sb) = docker_or_skip(test).await else {
+        return;
+    };
+    let prefix = run_prefix(test);
+    let local = format!("{prefix}-local:v1");
+    let _images = ImagesGuard(vec![local.clone()]);
+    sb.import_image(
+        &local,
+        gridlease_sandbox::probe_image::rootfs_tar().unwrap(),
+        &["ENTRYPOINT [\"/probe\"]"],
+    )
+    .await
+    .unwrap();
+    // docker.io is allowed (the default list): the reference passes; the daemon says the image
+    // was never pulled from there, and the provider did not list it.
+    let template = lease_template(1, 1, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(dir.path(), &sb, template, GRACE_S).await;
+    let e = renter
+        .leases
+        .rent(probe_rent(offer, &local, 30, &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(e), ImageRefusal::LocalOnly);
+    nothing_stored(&provider, &renter).await;
+    for p in [&provider, &renter] {
+        p.cancel.cancel();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pull_that_stalls_mid_layer_fails_the_lease_with_that_reason_for_the_renter() {
+    let test = "registry_stall";
+    let Some(sb) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(registry) = Registry::start(test) else {
+        return;
+    };
+    let prefix = run_prefix(test);
+    let direct = format!("{}/{prefix}/probe:stall", registry.host);
+    // 8 MiB of noise: the layer is far larger than what the proxy lets through.
+    push_probe(&sb, &direct, 8 << 20, 4, &[]).await;
+    let proxy = StallProxy::start(registry.host.clone(), 1 << 20).await;
+    let via_proxy = format!("{}/{prefix}/probe:stall", proxy.host);
+    let _images = ImagesGuard(vec![direct.clone(), via_proxy.clone()]);
+
+    let mut template = lease_template(1, 1, 3);
+    template.images.registries = vec![proxy.host.clone()];
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let provider = provider_with(root, &sb, template, GRACE_S, |svc| {
+        svc.pull_stall = Duration::from_secs(3);
+    })
+    .await;
+    let mut renter = party(
+        root,
+        "renter",
+        common::config(),
+        service_config(root, "renter", GRACE_S),
+        None,
+    )
+    .await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &via_proxy, 60, &["exit", "0"]))
+        .await
+        .unwrap();
+    let v = closed(&renter.leases, id, 120).await;
+    eprintln!("renter's view: {v:#?}");
+    assert_eq!(v.close_reason.as_deref(), Some("start_failed"));
+    let f = v.failure.expect("the renter is told why");
+    assert_eq!(f.kind, "pull_stalled");
+    assert_eq!(f.message, "image pull stalled: no progress for 3 s");
+    assert_eq!(v.paid, 0, "a failed start is not billed by usage");
+    let pv = closed(&provider.leases, id, 30).await;
+    assert_eq!(pv.failure.map(|f| f.kind).as_deref(), Some("pull_stalled"));
+    assert!(!container_exists(&sb, id).await);
+    for p in [&provider, &renter] {
+        p.cancel.cancel();
+    }
+    drop(proxy);
+    drop(registry);
+}
