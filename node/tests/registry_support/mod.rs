@@ -4,6 +4,8 @@
 //! dropped, also when a test fails. Nothing listens beyond 127.0.0.1.
 #![allow(
     dead_code,
+    unreachable_pub,
+    missing_docs,
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::print_stderr
