@@ -458,6 +458,64 @@ pub fn admit(
     Ok(())
 }
 
+/// An image this provider pulled for a lease and keeps in its cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedImage {
+    /// The reference it was pulled as.
+    pub reference: String,
+    /// When a lease last started with it (unix ms).
+    pub last_used: u64,
+    /// Its unpacked size, bytes.
+    pub bytes: u64,
+    /// A live lease uses it now (never evicted).
+    pub in_use: bool,
+}
+
+/// The provider's bounds on its cache of pulled images.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheLimits {
+    /// Most images kept.
+    pub max_images: u32,
+    /// Most bytes kept (unpacked).
+    pub max_bytes: u64,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        Self {
+            max_images: 8,
+            max_bytes: 100 << 30,
+        }
+    }
+}
+
+/// Which cached images to remove so the rest fit `limits`: least recently used first, never
+/// one in use (so the cache may stay over its bounds while leases use its images).
+pub fn evictions(cached: &[CachedImage], limits: CacheLimits) -> Vec<String> {
+    let mut by_recent: Vec<&CachedImage> = cached.iter().collect();
+    by_recent.sort_by(|a, b| {
+        b.last_used
+            .cmp(&a.last_used)
+            .then(a.reference.cmp(&b.reference))
+    });
+    let (mut kept, mut bytes) = (0u32, 0u64);
+    let mut out = Vec::new();
+    // In-use images count first: they stay whatever happens.
+    for c in by_recent.iter().filter(|c| c.in_use) {
+        kept += 1;
+        bytes = bytes.saturating_add(c.bytes);
+    }
+    for c in by_recent.iter().filter(|c| !c.in_use) {
+        if kept < limits.max_images && bytes.saturating_add(c.bytes) <= limits.max_bytes {
+            kept += 1;
+            bytes = bytes.saturating_add(c.bytes);
+        } else {
+            out.push(c.reference.clone());
+        }
+    }
+    out
+}
+
 /// A CUDA version, major.minor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct CudaVersion {
@@ -746,6 +804,45 @@ mod tests {
         assert!(admit(&p, &r, &f, Some("11.7")).is_err());
         // No CUDA in the image: nothing to check.
         assert_eq!(cuda_requirement(&["HOME=/".into()]), None);
+    }
+
+    #[test]
+    fn eviction_is_least_recently_used_and_spares_images_in_use() {
+        let c = |r: &str, t: u64, b: u64, u: bool| CachedImage {
+            reference: r.into(),
+            last_used: t,
+            bytes: b,
+            in_use: u,
+        };
+        let cached = [
+            c("a", 1, 10, false),
+            c("b", 2, 10, false),
+            c("c", 3, 10, false),
+            c("d", 4, 10, true),
+        ];
+        let two = CacheLimits {
+            max_images: 2,
+            max_bytes: u64::MAX,
+        };
+        assert_eq!(
+            evictions(&cached, two),
+            vec!["b".to_string(), "a".to_string()]
+        );
+        let bytes = CacheLimits {
+            max_images: 10,
+            max_bytes: 25,
+        };
+        assert_eq!(
+            evictions(&cached, bytes),
+            vec!["b".to_string(), "a".to_string()]
+        );
+        // In use: kept even past the bounds.
+        let none = CacheLimits {
+            max_images: 0,
+            max_bytes: 0,
+        };
+        assert_eq!(evictions(&cached, none).len(), 3);
+        assert!(evictions(&[], two).is_empty());
     }
 
     #[test]

@@ -74,9 +74,22 @@ pub struct Config {
     pub max_image_gib: u64,
     /// Largest image unpacked on this disk, GiB. Default: 60.
     pub max_unpacked_gib: u64,
+    /// Most images pulled for leases kept cached (least recently used removed first when a
+    /// lease ends). Default: 8.
+    pub image_cache_images: u32,
+    /// Most bytes of pulled images kept cached, GiB. Default: 100.
+    pub image_cache_gib: u64,
 }
 
 impl Config {
+    /// The bounds of the cache of pulled images.
+    pub fn image_cache(&self) -> gridlease_contracts::image::CacheLimits {
+        gridlease_contracts::image::CacheLimits {
+            max_images: self.image_cache_images,
+            max_bytes: self.image_cache_gib.saturating_mul(1 << 30),
+        }
+    }
+
     /// The image policy these settings give offers until `provide` changes it.
     pub fn image_policy(&self) -> gridlease_contracts::image::ImagePolicy {
         gridlease_contracts::image::ImagePolicy {
@@ -118,6 +131,8 @@ impl Default for Config {
             local_images: Vec::new(),
             max_image_gib: gridlease_contracts::image::DEFAULT_MAX_COMPRESSED_BYTES >> 30,
             max_unpacked_gib: gridlease_contracts::image::DEFAULT_MAX_UNPACKED_BYTES >> 30,
+            image_cache_images: 8,
+            image_cache_gib: 100,
         }
     }
 }
@@ -217,6 +232,14 @@ pub struct Overrides {
     #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_MAX_UNPACKED_GIB)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_unpacked_gib: Option<u64>,
+    /// Most pulled images kept cached (default 8).
+    #[arg(long, value_name = "N", env = env_vars::GRIDLEASE_IMAGE_CACHE_IMAGES)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_cache_images: Option<u32>,
+    /// Most GiB of pulled images kept cached (default 100).
+    #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_IMAGE_CACHE_GIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_cache_gib: Option<u64>,
 }
 
 fn multiaddr(s: &str) -> Result<String, String> {

@@ -48,3 +48,7 @@ pub const GRIDLEASE_LOCAL_IMAGES: &str = "GRIDLEASE_LOCAL_IMAGES";
 pub const GRIDLEASE_MAX_IMAGE_GIB: &str = "GRIDLEASE_MAX_IMAGE_GIB";
 /// GiB (config key `max_unpacked_gib`).
 pub const GRIDLEASE_MAX_UNPACKED_GIB: &str = "GRIDLEASE_MAX_UNPACKED_GIB";
+/// Count (config key `image_cache_images`).
+pub const GRIDLEASE_IMAGE_CACHE_IMAGES: &str = "GRIDLEASE_IMAGE_CACHE_IMAGES";
+/// GiB (config key `image_cache_gib`).
+pub const GRIDLEASE_IMAGE_CACHE_GIB: &str = "GRIDLEASE_IMAGE_CACHE_GIB";

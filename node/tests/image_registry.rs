@@ -24,10 +24,39 @@ async fn nothing_stored(provider: &Party, renter: &Party) {
     assert!(renter.leases.leases().await.unwrap().is_empty());
 }
 
-fn refusal(e: RentError) -> ImageRefusal {
-    match e {
-        RentError::Rejected(RejectReason::ImageRefused { refusal }) => refusal,
-        other => panic!("not an image refusal: {other:?}"),
+/// Rents once the provider's GPU is free again (see [`refused`]).
+async fn rent_when_free(
+    renter: &Party,
+    req: gridlease_node::lease::RentRequest,
+) -> gridlease_protocol::LeaseId {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match renter.leases.rent(req.clone()).await {
+            Ok(id) => return id,
+            Err(RentError::Rejected(RejectReason::NoCapacity { .. }))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("rent: {e:?}"),
+        }
+    }
+}
+
+/// Rents and returns the image refusal; waits out `NoCapacity` (the GPU of a lease that just
+/// ended is held until its session has removed the container).
+async fn refused(renter: &Party, req: gridlease_node::lease::RentRequest) -> ImageRefusal {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match renter.leases.rent(req.clone()).await {
+            Err(RentError::Rejected(RejectReason::ImageRefused { refusal })) => return refusal,
+            Err(RentError::Rejected(RejectReason::NoCapacity { .. }))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("not an image refusal: {other:?}"),
+        }
     }
 }
 
@@ -73,12 +102,8 @@ async fn registry_images_pull_and_run_and_disallowed_ones_are_refused_before_sig
     let stored_before = provider.leases.leases().await.unwrap().len();
 
     // Over the compressed size cap, read from the registry's manifest.
-    let e = renter
-        .leases
-        .rent(probe_rent(offer, &big, 30, &["exit", "0"]))
-        .await
-        .unwrap_err();
-    match refusal(e) {
+    let e = refused(&renter, probe_rent(offer, &big, 30, &["exit", "0"])).await;
+    match e {
         ImageRefusal::TooLarge {
             size: ImageSize::Compressed,
             bytes,
@@ -87,13 +112,9 @@ async fn registry_images_pull_and_run_and_disallowed_ones_are_refused_before_sig
         other => panic!("{other:?}"),
     }
     // Newer CUDA than the offer's driver (the fixture GPUs' driver supports 12.4).
-    let e = renter
-        .leases
-        .rent(probe_rent(offer, &cuda, 30, &["exit", "0"]))
-        .await
-        .unwrap_err();
+    let e = refused(&renter, probe_rent(offer, &cuda, 30, &["exit", "0"])).await;
     assert_eq!(
-        refusal(e),
+        e,
         ImageRefusal::CudaTooNew {
             needs: "99.0".into(),
             host: "12.4".into()
@@ -101,35 +122,31 @@ async fn registry_images_pull_and_run_and_disallowed_ones_are_refused_before_sig
     );
     // A registry the provider does not list (another loopback port): refused from the
     // reference alone, nothing is asked.
-    let e = renter
-        .leases
-        .rent(probe_rent(offer, "127.0.0.1:1/x/probe:ok", 30, &[]))
-        .await
-        .unwrap_err();
+    let e = refused(
+        &renter,
+        probe_rent(offer, "127.0.0.1:1/x/probe:ok", 30, &[]),
+    )
+    .await;
     assert_eq!(
-        refusal(e),
+        e,
         ImageRefusal::PrivateRegistry {
             registry: "127.0.0.1:1".into()
         }
     );
-    let e = renter
-        .leases
-        .rent(probe_rent(offer, "registry.example.com/x:1", 30, &[]))
-        .await
-        .unwrap_err();
+    let e = refused(
+        &renter,
+        probe_rent(offer, "registry.example.com/x:1", 30, &[]),
+    )
+    .await;
     assert!(
-        matches!(refusal(e), ImageRefusal::RegistryNotAllowed { .. }),
+        matches!(e, ImageRefusal::RegistryNotAllowed { .. }),
         "unlisted public registry"
     );
     // A bare image id.
     let inspected = sb.docker().inspect_image(&ok).await.unwrap();
     let bare = inspected.id.unwrap();
-    let e = renter
-        .leases
-        .rent(probe_rent(offer, &bare, 30, &[]))
-        .await
-        .unwrap_err();
-    assert_eq!(refusal(e), ImageRefusal::BareId);
+    let e = refused(&renter, probe_rent(offer, &bare, 30, &[])).await;
+    assert_eq!(e, ImageRefusal::BareId);
     // None of the refused ones was signed or stored.
     assert_eq!(
         provider.leases.leases().await.unwrap().len(),
@@ -164,12 +181,8 @@ async fn a_local_image_the_provider_did_not_list_is_refused_as_local_only() {
     let template = lease_template(1, 1, 3);
     let dir = tempfile::tempdir().unwrap();
     let (provider, renter, offer) = market(dir.path(), &sb, template, GRACE_S).await;
-    let e = renter
-        .leases
-        .rent(probe_rent(offer, &local, 30, &[]))
-        .await
-        .unwrap_err();
-    assert_eq!(refusal(e), ImageRefusal::LocalOnly);
+    let e = refused(&renter, probe_rent(offer, &local, 30, &[])).await;
+    assert_eq!(e, ImageRefusal::LocalOnly);
     nothing_stored(&provider, &renter).await;
     for p in [&provider, &renter] {
         p.cancel.cancel();
@@ -229,5 +242,83 @@ async fn a_pull_that_stalls_mid_layer_fails_the_lease_with_that_reason_for_the_r
         p.cancel.cancel();
     }
     drop(proxy);
+    drop(registry);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_pulled_images_with_a_cache_of_two_leave_at_most_two() {
+    let test = "registry_cache";
+    let Some(sb) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(registry) = Registry::start(test) else {
+        return;
+    };
+    let prefix = run_prefix(test);
+    let images: Vec<String> = (0..5)
+        .map(|i| format!("{}/{prefix}/probe:v{i}", registry.host))
+        .collect();
+    let _guard = ImagesGuard(images.clone());
+    for (i, image) in images.iter().enumerate() {
+        // Distinct images: each has its own noise layer.
+        push_probe(&sb, image, 64 << 10, 10 + i as u64, &[]).await;
+    }
+    let mut template = lease_template(1, 1, 3);
+    template.images.registries = vec![registry.host.clone()];
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let provider = provider_with(root, &sb, template, GRACE_S, |svc| {
+        svc.image_cache = gridlease_contracts::image::CacheLimits {
+            max_images: 2,
+            max_bytes: u64::MAX,
+        };
+    })
+    .await;
+    let mut renter = party(
+        root,
+        "renter",
+        common::config(),
+        service_config(root, "renter", GRACE_S),
+        None,
+    )
+    .await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+    let present = || async {
+        let mut n = Vec::new();
+        for image in &images {
+            if sb.docker().inspect_image(image).await.is_ok() {
+                n.push(image.clone());
+            }
+        }
+        n
+    };
+    for image in &images {
+        let id = rent_when_free(&renter, probe_rent(offer, image, 30, &["exit", "0"])).await;
+        let v = closed(&provider.leases, id, 90).await;
+        assert_eq!(v.exit_code, Some(0), "{v:#?}");
+        // The session ends (container removed) a moment after the settlement; the cache is
+        // trimmed then.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let p = present().await;
+            if p.len() <= 2 {
+                assert!(p.contains(image), "the image just used is kept: {p:?}");
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "cache over 2 images: {p:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let p = present().await;
+    assert_eq!(p, images[3..].to_vec(), "the two most recently used remain");
+    let (usage, _) = provider.leases.image_cache().await;
+    assert_eq!(usage.images, 2);
+    assert!(usage.bytes > 0);
+    for p in [&provider, &renter] {
+        p.cancel.cancel();
+    }
     drop(registry);
 }

@@ -105,6 +105,18 @@ pub struct PullProgress {
     pub total: Option<i64>,
 }
 
+/// Whether [`Sandbox::ensure_image_within`] pulled the image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// It was there already.
+    Present,
+    /// This call pulled it; its unpacked size.
+    Pulled {
+        /// Bytes.
+        bytes: u64,
+    },
+}
+
 /// Limits on one image pull.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PullLimits {
@@ -213,6 +225,7 @@ impl Sandbox {
     ) -> Result<(), SandboxError> {
         self.ensure_image_within(image, PullLimits::NONE, on_progress)
             .await
+            .map(|_| ())
     }
 
     /// [`Sandbox::ensure_image`] within `limits`: a pull whose progress stream is silent for
@@ -224,7 +237,8 @@ impl Sandbox {
         image: &str,
         limits: PullLimits,
         mut on_progress: impl FnMut(PullProgress),
-    ) -> Result<(), SandboxError> {
+    ) -> Result<Presence, SandboxError> {
+        let mut pulled = false;
         let inspected = match self.docker.inspect_image(image).await {
             Ok(i) => i,
             Err(bollard::errors::Error::DockerResponseServerError {
@@ -270,6 +284,7 @@ impl Sandbox {
                             message: err,
                         });
                     }
+                    pulled = true;
                     on_progress(PullProgress {
                         layer: ev.id,
                         status: ev.status.unwrap_or_default(),
@@ -285,7 +300,40 @@ impl Sandbox {
             Err(e) => return Err(docker_err("inspect_image", image)(e)),
         };
         spec::check_image_config(image, inspected.config.as_ref())
-            .map_err(|source| SandboxError::Image { source })
+            .map_err(|source| SandboxError::Image { source })?;
+        Ok(if pulled {
+            Presence::Pulled {
+                bytes: inspected
+                    .size
+                    .and_then(|b| u64::try_from(b).ok())
+                    .unwrap_or(0),
+            }
+        } else {
+            Presence::Present
+        })
+    }
+
+    /// Removes an image (not forced: the daemon refuses one a container still uses, which is
+    /// then kept). `Ok(false)`: it is in use; an image already gone counts as removed.
+    pub async fn remove_image(&self, image: &str) -> Result<bool, SandboxError> {
+        match self
+            .docker
+            .remove_image(
+                image,
+                None::<bollard::query_parameters::RemoveImageOptions>,
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(true),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(false),
+            Err(e) => Err(docker_err("remove_image", image)(e)),
+        }
     }
 
     /// Creates the hardened container for `spec` (image must be present; see

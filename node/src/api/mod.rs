@@ -32,8 +32,8 @@ use crate::lease::{
 };
 use crate::net::Client;
 use types::{
-    ErrorBody, GpusView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentedView, StatusView,
-    StoppingView,
+    ErrorBody, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentedView,
+    StatusView, StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -209,7 +209,14 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
     let peers = c.connected_peers().await.map_err(ApiError::internal)?;
     let offers = c.book_len().await.map_err(ApiError::internal)?;
     let own = c.own_offer().await.map_err(ApiError::internal)?;
+    let (cache, limits) = s.leases.image_cache().await;
     Ok(Json(StatusView {
+        image_cache: ImageCacheView {
+            images: cache.images,
+            bytes: cache.bytes,
+            max_images: limits.max_images,
+            max_bytes: limits.max_bytes,
+        },
         peer_id: c.peer_id().to_string(),
         network: c.network().to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),

@@ -38,6 +38,22 @@ pub struct StatusView {
     pub nat_status: String,
     /// This node's own offer, if it provides.
     pub own_offer: Option<OwnOfferView>,
+    /// Images pulled for leases and kept cached, with the cache's bounds.
+    #[serde(default)]
+    pub image_cache: ImageCacheView,
+}
+
+/// The provider's cache of pulled images.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ImageCacheView {
+    /// Images kept.
+    pub images: u64,
+    /// Their unpacked size, bytes.
+    pub bytes: u64,
+    /// Most images kept.
+    pub max_images: u32,
+    /// Most bytes kept.
+    pub max_bytes: u64,
 }
 
 /// The node's own offer.

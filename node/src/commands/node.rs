@@ -212,6 +212,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let gpus = Arc::new(gpu_view(dev.as_ref()));
     let metrics_addr = config.metrics.clone();
     let external_addrs = config.external_addrs.clone();
+    let image_cache = config.image_cache();
     let config = net;
     let network = h.network.clone();
 
@@ -219,10 +220,16 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         .await
         .context("cannot start the network")?;
     tracing::info!(peer = %node.client.peer_id(), %network, "node running");
-    let leases =
-        crate::lease::start_for_daemon(&node, &h.dir, base_template, gpu_uuids, gpu_sampler)
-            .await
-            .context("cannot start the lease service")?;
+    let leases = crate::lease::start_for_daemon(
+        &node,
+        &h.dir,
+        base_template,
+        gpu_uuids,
+        gpu_sampler,
+        image_cache,
+    )
+    .await
+    .context("cannot start the lease service")?;
     let cancel = CancellationToken::new();
     let api_state = ApiState {
         client: node.client.clone(),

@@ -1,4 +1,5 @@
-//! `gridlease status`: identity, addresses, reachability, peers, offers known, own offer.
+//! `gridlease status`: identity, addresses, reachability, peers, offers known, own offer,
+//! the cache of pulled images.
 
 use clap::Args;
 
@@ -41,6 +42,14 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
             }
             None => p.line("providing    nothing"),
         }
+        let c = &s.image_cache;
+        p.line(&format!(
+            "image cache  {} image(s), {:.1} GiB (bounds: {} images, {:.0} GiB)",
+            c.images,
+            c.bytes as f64 / f64::from(1u32 << 30),
+            c.max_images,
+            c.max_bytes as f64 / f64::from(1u32 << 30)
+        ));
     });
     Ok(0)
 }

@@ -6,10 +6,12 @@
 //! `gridlease_contracts::image::admit`. Facts are cached for [`FACTS_TTL`] so identical
 //! retries and repeat renters do not ask the registry again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use gridlease_contracts::image::{self, ImageFacts, ImagePolicy, ImageRef};
+use gridlease_contracts::image::{
+    self, CacheLimits, CachedImage, ImageFacts, ImagePolicy, ImageRef,
+};
 use gridlease_protocol::{ImageRefusal, Offer};
 use gridlease_sandbox::Sandbox;
 
@@ -85,4 +87,74 @@ pub async fn facts(
     let plain = plain_http(policy);
     let local = policy.lists_local(&image);
     gridlease_sandbox::images::image_facts(sandbox.as_ref(), &image, &plain, local).await
+}
+
+/// The canonical form of a lease's image reference (how the cache names it).
+pub fn canonical(image: &str) -> String {
+    ImageRef::parse(image).map_or_else(|_| image.to_string(), |r| r.canonical())
+}
+
+/// What the cache holds now: images, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheUsage {
+    /// Pulled images kept.
+    pub images: u64,
+    /// Their unpacked size, bytes.
+    pub bytes: u64,
+}
+
+/// Removes the least recently used pulled images beyond `limits`, never one in `in_use`
+/// (canonical references of live leases) nor one the daemon says a container still uses.
+/// Returns the references removed.
+pub async fn evict(
+    store: &crate::store::StoreHandle,
+    sandbox: &Sandbox,
+    limits: CacheLimits,
+    in_use: &BTreeSet<String>,
+) -> Vec<String> {
+    let cached = match store.call(|s| s.pulled_images()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the image cache");
+            return Vec::new();
+        }
+    };
+    let cached: Vec<CachedImage> = cached
+        .into_iter()
+        .map(|(reference, at, bytes)| CachedImage {
+            in_use: in_use.contains(&reference),
+            reference,
+            last_used: at.0,
+            bytes,
+        })
+        .collect();
+    let mut removed = Vec::new();
+    for reference in image::evictions(&cached, limits) {
+        match sandbox.remove_image(&reference).await {
+            Ok(true) => {
+                let r = reference.clone();
+                if let Err(e) = store.call(move |s| s.forget_pulled_image(&r)).await {
+                    tracing::warn!(error = %e, "cannot forget a removed image");
+                }
+                tracing::info!(image = %reference, "image removed from the cache");
+                removed.push(reference);
+            }
+            Ok(false) => tracing::debug!(image = %reference, "cached image still in use; kept"),
+            Err(e) => {
+                tracing::warn!(error = %e, image = %reference, "cannot remove a cached image")
+            }
+        }
+    }
+    removed
+}
+
+/// The cache's size from the store.
+pub async fn usage(store: &crate::store::StoreHandle) -> CacheUsage {
+    match store.call(|s| s.pulled_images()).await {
+        Ok(c) => CacheUsage {
+            images: c.len() as u64,
+            bytes: c.iter().map(|(_, _, b)| *b).fold(0, u64::saturating_add),
+        },
+        Err(_) => CacheUsage::default(),
+    }
 }

@@ -118,6 +118,9 @@ pub struct LeaseServiceConfig {
     pub pull_stall: Duration,
     /// Provider: the longest image pull in all.
     pub pull_timeout: Duration,
+    /// Provider: bounds of the cache of images pulled for leases (least recently used ones
+    /// beyond it are removed when a lease ends).
+    pub image_cache: gridlease_contracts::image::CacheLimits,
     /// Provider: SIGTERM-to-SIGKILL grace when stopping a container (at the end of a lease:
     /// SIGTERM at `deadline - stop_grace`, SIGKILL at the deadline).
     pub stop_grace: Duration,
@@ -187,6 +190,7 @@ impl LeaseServiceConfig {
             start_allowance: Duration::from_secs(300),
             pull_stall: Duration::from_secs(120),
             pull_timeout: Duration::from_secs(1800),
+            image_cache: gridlease_contracts::image::CacheLimits::default(),
             stop_grace: Duration::from_secs(2),
             watchdog: None,
             rpc_timeout: Duration::from_secs(10),
@@ -733,6 +737,16 @@ impl LeaseService {
         }
     }
 
+    /// The cache of images pulled for leases: what it holds and its bounds.
+    pub async fn image_cache(
+        &self,
+    ) -> (images::CacheUsage, gridlease_contracts::image::CacheLimits) {
+        (
+            images::usage(&self.ctx.store).await,
+            self.ctx.config.image_cache,
+        )
+    }
+
     /// The image rules of the node's start-up offer template (its configuration).
     pub fn base_images(&self) -> ImagePolicy {
         self.ctx
@@ -805,8 +819,10 @@ pub async fn start_for_daemon(
     base_template: Option<OfferTemplate>,
     gpu_uuids: BTreeMap<Digest, String>,
     gpu_sampler: Option<SharedGpuSampler>,
+    image_cache: gridlease_contracts::image::CacheLimits,
 ) -> Result<LeaseService, LeaseError> {
     let mut config = LeaseServiceConfig::new(home.join("leases"));
+    config.image_cache = image_cache;
     config.base_template = base_template;
     config.gpu_uuids = gpu_uuids;
     config.gpu_sampler = gpu_sampler;
@@ -1007,9 +1023,26 @@ impl Actor {
         self.sessions.remove(&end.id);
         if end.released {
             self.desk.release(&end.id);
+            self.evict_images();
         } else if self.desk.holds(&end.id) && !self.ctx.cancel.is_cancelled() {
             tracing::error!(lease = %end.id, "the lease's container could not be removed: its GPUs stay held until the next start reconciles it");
         }
+    }
+
+    /// Provider: trims the image cache in the background, sparing the live leases' images.
+    fn evict_images(&mut self) {
+        let Some(sb) = self.ctx.sandbox.clone() else {
+            return;
+        };
+        let in_use: std::collections::BTreeSet<String> = self
+            .sessions
+            .values()
+            .map(|e| images::canonical(&e.view.borrow().image))
+            .collect();
+        let (store, limits) = (self.ctx.store.clone(), self.ctx.config.image_cache);
+        tokio::spawn(async move {
+            images::evict(&store, &sb, limits, &in_use).await;
+        });
     }
 
     async fn on_cmd(&mut self, cmd: Cmd) {

@@ -359,12 +359,26 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
         stall: ctx.config.pull_stall,
         total: ctx.config.pull_timeout,
     };
-    sb.ensure_image_within(&terms.image, limits, |_| {})
+    let presence = sb
+        .ensure_image_within(&terms.image, limits, |_| {})
         .await
         .map_err(|e| {
             tracing::warn!(error = %e, image = %terms.image, "image not available");
             pull_failure(&e)
         })?;
+    // Pulled for a lease: tracked in the bounded cache (`images::evict`); used again: touched.
+    let (reference, now) = (super::images::canonical(&terms.image), ctx.now());
+    let bytes = match presence {
+        gridlease_sandbox::runtime::Presence::Pulled { bytes } => Some(bytes),
+        gridlease_sandbox::runtime::Presence::Present => None,
+    };
+    if let Err(e) = ctx
+        .store
+        .call(move |st| st.touch_pulled_image(&reference, bytes, now))
+        .await
+    {
+        tracing::warn!(error = %e, "cannot record the image in the cache");
+    }
     let uuids = leased_uuids(&ctx, &s.gpus);
     // The deadline counts from now at the latest; the watcher uses the real start below.
     let expires = ctx.now().plus_secs(u64::from(terms.duration_s));
