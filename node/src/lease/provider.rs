@@ -380,6 +380,9 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
     // A container from an interrupted start (crash between create and start) is replaced.
     let name = gridlease_sandbox::spec::container_name(&spec);
     let _ = sb.remove(&name).await;
+    // The lease's /workspace, before the container that mounts it (removed in `finish`).
+    let workspace = create_workspace(&ctx, &sb, &spec).await;
+    spec.workspace = Some(workspace.map_err(|_| CloseReason::StartFailed)?);
     let id = sb.create(&spec).await.map_err(|e| {
         tracing::warn!(error = %e, "cannot create the container");
         CloseReason::StartFailed
@@ -429,6 +432,36 @@ async fn start(s: &mut Session) -> Result<(), CloseReason> {
     }
     tracing::info!(container = %id, "lease running");
     Ok(())
+}
+
+/// Creates the lease's workspace volume (a fresh one; whatever an interrupted start left is
+/// replaced) and returns its name.
+async fn create_workspace(
+    ctx: &Ctx,
+    sb: &Sandbox,
+    spec: &SandboxSpec,
+) -> Result<String, gridlease_sandbox::WorkspaceError> {
+    match sb.create_workspace(&ctx.workspace_dir(), spec).await {
+        Ok(ws) => Ok(ws.volume),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot create the workspace");
+            Err(e)
+        }
+    }
+}
+
+/// Removes the lease's workspace once its container is gone for good (the volume cannot be
+/// removed while a container uses it; start-up reconciliation removes what is left).
+async fn remove_workspace(s: &Session) {
+    let Some(sb) = &s.ctx.sandbox else {
+        return;
+    };
+    if let Err(e) = sb
+        .remove_workspace(&s.ctx.workspace_dir(), &s.lease.id)
+        .await
+    {
+        tracing::warn!(error = %e, "cannot remove the workspace");
+    }
 }
 
 /// Stops and removes the lease's container; `s.container` is cleared once it is gone.
@@ -798,6 +831,7 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     remove_container(s).await;
     if s.container.is_none() {
         watchdog::forget(&ctx.config.data_dir, &s.lease.id);
+        remove_workspace(s).await;
     }
     let total = s.channel.paid();
     if s.lease.state.can_settle() {
