@@ -288,7 +288,16 @@ fn lease_limits_fit_the_host_and_an_overrun_is_oom_killed_alone() {
     assert_eq!(ulimits[0]["Name"], "nofile");
     assert_eq!(ulimits[0]["Soft"].as_u64(), Some(nofile));
     assert_eq!(ulimits[0]["Hard"].as_u64(), Some(nofile));
-    let tmp = hc["Tmpfs"]["/tmp"].as_str().unwrap();
+    // /tmp is a tmpfs volume (sandbox::spec::SCRATCH_OPTIONS); its options as sent.
+    let tmp = hc["Mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["Target"] == "/tmp")
+        .and_then(|m| m["VolumeOptions"]["DriverConfig"]["Options"]["o"].as_str())
+        .unwrap_or_else(|| panic!("no /tmp volume: {hc}"));
+    let shm = hc["ShmSize"].as_u64().unwrap();
+    assert!(shm <= memory, "/dev/shm {shm} B over the memory limit");
     let size_mib: u64 = tmp
         .split(',')
         .find_map(|o| o.strip_prefix("size="))

@@ -31,7 +31,17 @@ async fn happy_path_logs_exit_code_and_agreeing_ledgers() {
             offer,
             &image,
             30,
-            &["burn", "1", "15", "sentinel", "LEASE-DONE", "exit", "0"],
+            &[
+                "space",
+                "/workspace",
+                "burn",
+                "1",
+                "15",
+                "sentinel",
+                "LEASE-DONE",
+                "exit",
+                "0",
+            ],
         ))
         .await
         .unwrap();
@@ -58,6 +68,28 @@ async fn happy_path_logs_exit_code_and_agreeing_ledgers() {
     let text = String::from_utf8_lossy(&logs);
     assert!(text.contains("SENTINEL LEASE-DONE"), "logs: {text}");
     assert_eq!(exit, Some(0));
+    // The lease ran with its disk as /workspace (1 GiB per GPU in the template), and the
+    // workspace is gone once the lease settled.
+    let avail: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("SPACE path=/workspace avail_bytes="))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no workspace in the logs: {text}"));
+    assert!(
+        avail >= 1 << 30,
+        "workspace of {avail} bytes for a 1 GiB lease"
+    );
+    let volume = gridlease_sandbox::workspace::volume_name(&id);
+    assert!(
+        sb.docker().inspect_volume(&volume).await.is_err(),
+        "the workspace volume outlived the lease"
+    );
+    let images = gridlease_sandbox::workspace::dir(&dir.path().join("provider").join("leases"));
+    let left: Vec<_> = std::fs::read_dir(&images)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "workspace images left: {left:?}");
 
     // Billing: the final report's wall time is the daemon's run time of the container.
     let usage = done.usage.clone().expect("usage reported");

@@ -137,6 +137,7 @@ impl Drop for NodeContainers {
                 for (id, _) in sb.list_node_containers(&node).await.unwrap_or_default() {
                     let _ = sb.remove(&id).await;
                 }
+                let _ = sb.remove_node_workspaces(&node).await;
             });
         })
         .join();

@@ -18,6 +18,16 @@
 //!   escape          try each escape, one `ESCAPE <name>=<outcome>` line per attempt
 //!   iouring         raw `io_uring_setup(4, &params)`; prints `IOURING setup=ok|<ERRNO>`
 //!   limits          print `LIMITS nofile_soft=.. nofile_hard=.. oom_score_adj=..`
+//!   space PATH      statvfs; prints `SPACE path=.. avail_bytes=.. size_bytes=..`
+//!   fill PATH M     write 1 MiB chunks to PATH until a write (or the final fsync) fails, at
+//!                   most M MiB; prints `FILL path=.. bytes=.. result=<ERRNO>|limit-not-hit`
+//!   workspace-job C S  a PyTorch-shaped job without PyTorch: reports user, HOME, cwd, the
+//!                   mounts of /workspace, /tmp and /dev/shm and the mode and owner of /tmp and
+//!                   /workspace (`WSJOB dirs /tmp=1777:0:0 ...`), writes a C MiB checkpoint to
+//!                   /workspace (fsync), writes under $HOME, mmaps an S MiB file in /dev/shm and
+//!                   touches every page, copies itself to /tmp, makes it executable and runs
+//!                   it; one `WSJOB ...` line per part, `WSJOB done ok=true|false`, and exit 1
+//!                   if any part failed
 //!   exit C          exit with code C
 //!
 //! Every line is flushed immediately so logs show progress even if the process is killed.
@@ -51,6 +61,10 @@ unsafe extern "C" {
     fn sleep(secs: u32) -> u32;
     fn chroot(path: *const u8) -> c_int;
     fn close(fd: c_int) -> c_int;
+    fn statvfs(path: *const u8, buf: *mut u64) -> c_int;
+    fn mmap(addr: *mut u8, len: usize, prot: c_int, flags: c_int, fd: c_int, off: c_long)
+    -> *mut u8;
+    fn munmap(addr: *mut u8, len: usize) -> c_int;
 }
 
 const CLONE_NEWUSER: c_int = 0x1000_0000;
@@ -61,6 +75,10 @@ const KEYCTL_JOIN_SESSION_KEYRING: c_long = 1;
 const SIGTERM: c_int = 15;
 const SIG_IGN: usize = 1;
 const CLOCK_THREAD_CPUTIME_ID: c_int = 3;
+const PROT_READ: c_int = 1;
+const PROT_WRITE: c_int = 2;
+const MAP_SHARED: c_int = 1;
+const MIB: usize = 1 << 20;
 
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -78,16 +96,20 @@ fn io_errno(e: &std::io::Error) -> String {
             let names = [
                 (1, "EPERM"),
                 (2, "ENOENT"),
+                (5, "EIO"),
                 (11, "EAGAIN"),
                 (12, "ENOMEM"),
                 (13, "EACCES"),
                 (22, "EINVAL"),
+                (27, "EFBIG"),
+                (28, "ENOSPC"),
                 (30, "EROFS"),
                 (38, "ENOSYS"),
                 (101, "ENETUNREACH"),
                 (110, "ETIMEDOUT"),
                 (111, "ECONNREFUSED"),
                 (113, "EHOSTUNREACH"),
+                (122, "EDQUOT"),
             ];
             names
                 .iter()
@@ -255,6 +277,181 @@ fn limits() {
     ));
 }
 
+/// (available bytes, size bytes) of the filesystem holding `path`, from statvfs.
+fn space(path: &str) -> Result<(u64, u64), String> {
+    // struct statvfs is 11 unsigned longs and 6 ints on 64-bit Linux; 16 words is room enough.
+    let mut buf = [0u64; 16];
+    let p = cstr(path);
+    // SAFETY: p is NUL-terminated; buf is writable and larger than struct statvfs.
+    let r = unsafe { statvfs(p.as_ptr(), buf.as_mut_ptr()) };
+    if r != 0 {
+        return Err(errno_name());
+    }
+    let (frsize, blocks, bavail) = (buf[1], buf[2], buf[4]);
+    Ok((bavail * frsize, blocks * frsize))
+}
+
+fn space_line(path: &str) -> String {
+    match space(path) {
+        Ok((avail, size)) => format!("path={path} avail_bytes={avail} size_bytes={size}"),
+        Err(e) => format!("path={path} error={e}"),
+    }
+}
+
+/// Writes 1 MiB chunks until a write or the closing fsync fails, at most `max_mib` MiB.
+/// Returns (bytes written, outcome).
+fn fill(path: &str, max_mib: usize) -> (usize, String) {
+    let mut f = match std::fs::File::create(path) {
+        Ok(f) => f,
+        Err(e) => return (0, io_errno(&e)),
+    };
+    let chunk = vec![0x5au8; MIB];
+    let mut written = 0usize;
+    while written < max_mib * MIB {
+        match f.write(&chunk) {
+            Ok(0) => return (written, "EOF".into()),
+            Ok(n) => written += n,
+            Err(e) => return (written, io_errno(&e)),
+        }
+    }
+    match f.sync_all() {
+        Ok(()) => (written, "limit-not-hit".into()),
+        Err(e) => (written, io_errno(&e)),
+    }
+}
+
+/// The type and options of the mount at `path` (from /proc/self/mounts; the last one wins).
+fn mount_of(path: &str) -> String {
+    let text = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[1] == path).then(|| format!("type={} options={}", f[2], f[3]))
+        })
+        .last()
+        .unwrap_or_else(|| "type=none options=none".into())
+}
+
+fn outcome(r: Result<String, String>, ok: &mut bool) -> String {
+    match r {
+        Ok(detail) => format!("result=ok{detail}"),
+        Err(e) => {
+            *ok = false;
+            format!("result={e}")
+        }
+    }
+}
+
+/// Writes `mib` MiB to `path` and fsyncs it.
+fn checkpoint(path: &str, mib: usize) -> Result<String, String> {
+    let mut f = std::fs::File::create(path).map_err(|e| io_errno(&e))?;
+    let mut chunk = vec![0u8; MIB];
+    for i in 0..mib {
+        chunk[0] = i as u8;
+        f.write_all(&chunk).map_err(|e| io_errno(&e))?;
+    }
+    f.sync_all().map_err(|e| io_errno(&e))?;
+    let len = std::fs::metadata(path).map_err(|e| io_errno(&e))?.len();
+    if len != (mib * MIB) as u64 {
+        return Err(format!("short-{len}"));
+    }
+    Ok(format!(" bytes={len}"))
+}
+
+/// Maps an `mib` MiB file in /dev/shm, writes every page and reads them back.
+fn shm(mib: usize) -> Result<String, String> {
+    use std::os::fd::AsRawFd;
+    let path = "/dev/shm/gridlease-wsjob";
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|e| io_errno(&e))?;
+    let len = mib * MIB;
+    f.set_len(len as u64).map_err(|e| io_errno(&e))?;
+    // SAFETY: a fresh shared mapping of a file we own, length as set above.
+    let p = unsafe { mmap(std::ptr::null_mut(), len, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0) };
+    if p as usize == usize::MAX {
+        return Err(errno_name());
+    }
+    let pages = len / 4096;
+    for i in 0..pages {
+        // SAFETY: i * 4096 < len, inside the mapping.
+        unsafe { p.add(i * 4096).write_volatile((i % 251) as u8 + 1) };
+    }
+    let mut bad = 0usize;
+    for i in 0..pages {
+        // SAFETY: as above.
+        if unsafe { p.add(i * 4096).read_volatile() } != (i % 251) as u8 + 1 {
+            bad += 1;
+        }
+    }
+    // SAFETY: unmapping exactly the mapping made above.
+    unsafe { munmap(p, len) };
+    drop(f);
+    let _ = std::fs::remove_file(path);
+    if bad > 0 {
+        return Err(format!("bad-pages-{bad}"));
+    }
+    Ok(format!(" bytes={len} pages={pages}"))
+}
+
+/// Copies this binary to /tmp, makes it executable and runs it.
+fn tmp_exec() -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = "/tmp/gridlease-exec";
+    std::fs::copy("/probe", exe).map_err(|e| format!("copy-{}", io_errno(&e)))?;
+    std::fs::set_permissions(exe, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod-{}", io_errno(&e)))?;
+    let out = std::process::Command::new(exe)
+        .args(["sentinel", "from-tmp"])
+        .output()
+        .map_err(|e| format!("exec-{}", io_errno(&e)))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("SENTINEL from-tmp") {
+        return Err(format!("child-{}", out.status));
+    }
+    Ok(String::new())
+}
+
+fn workspace_job(ckpt_mib: usize, shm_mib: usize) -> bool {
+    let mut ok = true;
+    // SAFETY: no preconditions.
+    let (uid, euid) = unsafe { (getuid(), geteuid()) };
+    let home = std::env::var("HOME").unwrap_or_default();
+    let cwd = std::env::current_dir()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|e| io_errno(&e));
+    say(&format!("WSJOB user uid={uid} euid={euid} home={home} cwd={cwd}"));
+    for m in ["/workspace", "/tmp", "/dev/shm"] {
+        say(&format!("WSJOB mount path={m} {}", mount_of(m)));
+    }
+    let owner = |p: &str| {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(p) {
+            Ok(m) => format!("{p}={:o}:{}:{}", m.mode() & 0o7777, m.uid(), m.gid()),
+            Err(e) => format!("{p}={}", io_errno(&e)),
+        }
+    };
+    say(&format!("WSJOB dirs {} {}", owner("/tmp"), owner("/workspace")));
+    say(&format!("WSJOB space {}", space_line("/workspace")));
+    let r = checkpoint("/workspace/checkpoint.bin", ckpt_mib);
+    say(&format!("WSJOB checkpoint {}", outcome(r, &mut ok)));
+    let r = std::fs::create_dir_all(format!("{home}/.cache/gridlease"))
+        .and_then(|()| std::fs::write(format!("{home}/.cache/gridlease/state"), b"x"))
+        .map(|()| String::new())
+        .map_err(|e| io_errno(&e));
+    say(&format!("WSJOB home_write {}", outcome(r, &mut ok)));
+    let r = shm(shm_mib);
+    say(&format!("WSJOB shm {}", outcome(r, &mut ok)));
+    let r = tmp_exec();
+    say(&format!("WSJOB tmp_exec {}", outcome(r, &mut ok)));
+    say(&format!("WSJOB done ok={ok}"));
+    ok
+}
+
 fn forkbomb(n: u32) {
     let mut ok = 0u32;
     let mut failed = 0u32;
@@ -373,6 +570,25 @@ fn main() {
                 // SAFETY: no preconditions.
                 let (uid, euid) = unsafe { (getuid(), geteuid()) };
                 say(&format!("WHOAMI uid={uid} euid={euid}"));
+            }
+            "space" => {
+                say(&format!("SPACE {}", space_line(&arg(i))));
+                i += 1;
+            }
+            "fill" => {
+                let p = arg(i);
+                let max: usize = arg(i + 1).parse().unwrap_or(0);
+                i += 2;
+                let (bytes, result) = fill(&p, max);
+                say(&format!("FILL path={p} bytes={bytes} result={result}"));
+            }
+            "workspace-job" => {
+                let ckpt: usize = arg(i).parse().unwrap_or(1024);
+                let shm_mib: usize = arg(i + 1).parse().unwrap_or(512);
+                i += 2;
+                if !workspace_job(ckpt, shm_mib) {
+                    std::process::exit(1);
+                }
             }
             "escape" => escape(),
             "iouring" => iouring(),

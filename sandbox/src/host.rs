@@ -9,8 +9,11 @@
 //! - RAM: `MemTotal` of `/proc/meminfo`, and the daemon's `MemTotal` (`docker info`);
 //! - CPUs: [`std::thread::available_parallelism`] (affinity and cgroup quota of this process),
 //!   and the daemon's `NCPU`;
-//! - disk: `statvfs` of the daemon's `DockerRootDir` (images, container layers, logs) and of
-//!   the node's data directory (lease logs); the filesystem with less space available wins.
+//! - disk: `statvfs` of the daemon's `DockerRootDir` (images, container layers, logs), of the
+//!   node's data directory (lease logs) and of its workspace directory (the leases' disk, see
+//!   [`crate::workspace`]); the filesystem with less space available wins, and what it offers is
+//!   the total of workspace quotas whose images fit in that space
+//!   ([`crate::workspace::quota_within`]: ext4's own structures come out of it).
 
 use std::path::{Path, PathBuf};
 
@@ -156,7 +159,8 @@ impl Sandbox {
 }
 
 /// Combines the kernel's and the daemon's views (see the module docs): the smaller of each.
-/// `disks` are the measured filesystems; the one with the least space available counts.
+/// `disks` are the measured filesystems; the one with the least space available counts, as
+/// the workspace quotas it can hold ([`crate::workspace::quota_within`]).
 pub fn combine(
     mem_total_mib: u64,
     cpu_millicores: u64,
@@ -176,16 +180,17 @@ pub fn combine(
         HostFacts {
             ram_mib,
             cpu_millicores: cpu,
-            disk_free_gib: disk.free_bytes / GIB,
+            disk_free_gib: crate::workspace::quota_within(disk.free_bytes) / GIB,
         },
         path.clone(),
     ))
 }
 
 /// Reads the host: the kernel's view, the daemon's when `sandbox` answers, and the disks of
-/// the daemon's root directory and of `data_dir` (or its nearest existing parent). A daemon
-/// that does not answer, or a root directory this process cannot reach (a remote daemon), is
-/// logged and left out; at least one filesystem must be measurable.
+/// the daemon's root directory, of `data_dir` and of its workspace directory (each, or its
+/// nearest existing parent). A daemon that does not answer, or a root directory this process
+/// cannot reach (a remote daemon), is logged and left out; at least one filesystem must be
+/// measurable.
 pub async fn read_host(
     sandbox: Option<&Sandbox>,
     data_dir: &Path,
@@ -210,6 +215,12 @@ pub async fn read_host(
         .unwrap_or(data_dir)
         .to_path_buf();
     candidates.push(data.clone());
+    // Usually the same filesystem as the data directory, unless the provider mounted a disk
+    // of its own there.
+    let workspaces = crate::workspace::dir(data_dir);
+    if let Some(w) = existing_ancestor(&workspaces).filter(|w| *w != data.as_path()) {
+        candidates.push(w.to_path_buf());
+    }
     let mut disks = Vec::new();
     let mut last_err = None;
     for path in candidates {
@@ -273,14 +284,16 @@ mod tests {
         let (f, path) = combine(32 * 1024, 4000, Some(&daemon), &disks).unwrap();
         assert_eq!(f.ram_mib, 16 * 1024);
         assert_eq!(f.cpu_millicores, 4000);
-        assert_eq!(f.disk_free_gib, 40);
+        // 40 GiB free hold workspaces of 37 GiB in all (ext4's structures need the rest).
+        assert_eq!(f.disk_free_gib, 37);
+        assert!(crate::workspace::max_image_bytes(f.disk_free_gib * GIB) <= 40 * GIB);
         assert_eq!(path, PathBuf::from("/var/lib/docker"));
         let (f, _) = combine(8 * 1024, 16_000, Some(&daemon), &disks).unwrap();
         assert_eq!((f.ram_mib, f.cpu_millicores), (8 * 1024, 8000));
         let (f, _) = combine(8 * 1024, 16_000, None, &disks[1..]).unwrap();
         assert_eq!(
             (f.ram_mib, f.cpu_millicores, f.disk_free_gib),
-            (8 * 1024, 16_000, 60)
+            (8 * 1024, 16_000, 56)
         );
         assert!(combine(1, 1, None, &[]).is_none());
     }

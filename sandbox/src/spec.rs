@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bollard::models::{
-    ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, ImageConfig,
-    ResourcesUlimits,
+    ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, ImageConfig, Mount,
+    MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig, ResourcesUlimits,
 };
 use gridlease_protocol::{LeaseId, NetworkPolicy, Timestamp};
 
@@ -21,6 +21,26 @@ pub const LABEL_EXPIRES: &str = "gridlease.expires_at";
 pub const NOBODY: &str = "65534:65534";
 /// Where the writable, size-limited scratch tmpfs is mounted.
 pub const SCRATCH_PATH: &str = "/tmp";
+/// Mount options of the `/tmp` tmpfs (size appended): writable by every user with the sticky
+/// bit (mode 1777, like a host's `/tmp`), executables allowed (Triton and `torch.compile` load
+/// the kernels they compile from there), no setuid and no device nodes.
+///
+/// The tmpfs is an anonymous `local` volume of type tmpfs, not `HostConfig.Tmpfs`: for a
+/// tmpfs mount runc (1.1, under Docker 20.10) chmods the mount point back to the mode of the
+/// image's own directory, whatever `mode=` says (observed: an image with a root 0755 `/tmp`
+/// gave the tenant a 0755 `/tmp` it could not write). A volume is bind-mounted, which runc
+/// leaves as the daemon mounted it. Its pages are still charged to the memory cgroup of the
+/// process that writes them (tested: filling it past the memory limit is an OOM kill), and it
+/// goes with the container (`remove` passes `v`).
+pub const SCRATCH_OPTIONS: &str = "nosuid,nodev,exec,mode=1777";
+/// Where the lease's disk-backed workspace volume is mounted; also `HOME` (unless the renter
+/// sets `HOME`) and the working directory. See [`crate::workspace`].
+pub const WORKSPACE_PATH: &str = "/workspace";
+/// `/dev/shm` gets the lease's memory divided by this by default (half): PyTorch DataLoader
+/// workers and NCCL pass tensors through it (Docker's 64 MiB default breaks them). Its pages are
+/// charged to the container's memory cgroup like any other memory, so it never adds to the
+/// limit.
+pub const SHM_DIVISOR: u32 = 2;
 /// The tenant's Docker log driver: `local` keeps the output's bytes exactly (`json-file`, a
 /// common daemon default, stores JSON strings and replaces invalid UTF-8 with U+FFFD).
 pub const LOG_DRIVER: &str = "local";
@@ -67,6 +87,16 @@ pub struct SandboxSpec {
     /// container's memory cgroup, so scratch counts against `memory_mib`; the mounted size is
     /// never above `memory_mib` (see [`build_create_body`]).
     pub scratch_mib: u32,
+    /// Size of `/dev/shm` in MiB (Docker's `ShmSize`); counts against `memory_mib` like
+    /// scratch, and is never mounted larger than it.
+    pub shm_mib: u32,
+    /// Size of the lease's workspace in bytes: what the tenant can write to `/workspace` (the
+    /// lease's disk). The node creates the volume ([`crate::workspace`]) and sets `workspace`.
+    pub workspace_bytes: u64,
+    /// The Docker volume mounted at [`WORKSPACE_PATH`] (a provider-made name, see
+    /// [`crate::workspace::volume_name`]); `None` mounts nothing there (tests and the GPU
+    /// benchmark container; the node always sets one for a lease).
+    pub workspace: Option<String>,
     /// Open-file limit (`nofile`, soft = hard).
     pub nofile: u32,
     /// Network policy.
@@ -105,8 +135,10 @@ impl Default for ProviderLimits {
 
 impl SandboxSpec {
     /// The spec for an accepted lease: resources are `per_gpu x gpu_count` (at least one
-    /// unit for CPU-only leases); scratch is the lease's disk capped by memory and the
-    /// provider's maximum (tmpfs lives in the memory cgroup).
+    /// unit for CPU-only leases). The lease's disk is its workspace (`workspace_bytes`; the
+    /// volume itself is created by the node, see [`crate::workspace`]); `/tmp` may take up to
+    /// the lease's memory (capped by the provider's maximum) and `/dev/shm` up to
+    /// `memory / SHM_DIVISOR`: both are tmpfs, whose pages count against the memory limit.
     pub fn from_terms(
         lease_id: LeaseId,
         terms: &gridlease_protocol::LeaseTerms,
@@ -117,14 +149,11 @@ impl SandboxSpec {
     ) -> Self {
         let units = u32::from(terms.gpu_count.max(1));
         let memory_mib = terms.per_gpu.ram_mib.saturating_mul(units);
-        let scratch_mib = terms
-            .per_gpu
-            .disk_gib
-            .saturating_mul(units)
-            .saturating_mul(1024)
-            .min(memory_mib)
-            .min(limits.max_scratch_mib)
-            .max(1);
+        let scratch_mib = memory_mib.min(limits.max_scratch_mib).max(1);
+        let shm_mib = (memory_mib / SHM_DIVISOR).max(1);
+        let workspace_bytes = u64::from(terms.per_gpu.disk_gib)
+            .saturating_mul(u64::from(units))
+            .saturating_mul(1024 * 1024 * 1024);
         Self {
             lease_id,
             node_id: node_id.to_string(),
@@ -137,6 +166,9 @@ impl SandboxSpec {
             memory_mib,
             pids_limit: limits.pids_limit,
             scratch_mib,
+            shm_mib,
+            workspace_bytes,
+            workspace: None,
             nofile: limits.nofile,
             network: terms.network_policy,
             egress_network: limits.egress_network.clone(),
@@ -183,6 +215,20 @@ pub enum SpecError {
     /// Egress requested without a network name.
     #[error("network policy egress needs a bridge network name")]
     NoEgressNetwork,
+    /// The workspace volume name is empty or not a plain Docker volume name.
+    #[error("workspace volume name {name:?} is not a plain volume name")]
+    BadWorkspace {
+        /// The name.
+        name: String,
+    },
+}
+
+/// A Docker volume name the node made (`[A-Za-z0-9][A-Za-z0-9_.-]*`): never a path, so the
+/// mount can only be a named volume, never a host directory.
+fn valid_volume_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// True for names the renter may not set ([`gridlease_contracts::terms::is_forbidden_env`],
@@ -285,6 +331,17 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
             value: 0,
         });
     }
+    if spec.shm_mib == 0 {
+        return Err(SpecError::BadLimit {
+            field: "shm_mib",
+            value: 0,
+        });
+    }
+    if let Some(name) = &spec.workspace
+        && !valid_volume_name(name)
+    {
+        return Err(SpecError::BadWorkspace { name: name.clone() });
+    }
 
     let memory_bytes = i64::from(spec.memory_mib) * 1024 * 1024;
     let nano_cpus = i64::from(spec.cpu_millicores) * 1_000_000;
@@ -297,6 +354,11 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
     ));
     if !spec.gpu_uuids.is_empty() {
         env.push("NVIDIA_DRIVER_CAPABILITIES=compute,utility".to_string());
+    }
+    // HOME is the workspace (an image's own HOME, often `/root`, is on the read-only rootfs),
+    // unless the renter chose one: it steers only their own programs.
+    if spec.workspace.is_some() && !spec.env.contains_key("HOME") {
+        env.push(format!("HOME={WORKSPACE_PATH}"));
     }
 
     let device_requests = if spec.gpu_uuids.is_empty() {
@@ -322,14 +384,50 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
     };
 
     // tmpfs pages are charged to the container's memory cgroup (memory == memory+swap, so
-    // they cannot be swapped out either): a full /tmp leaves that much less for processes, and
-    // the mount is never larger than the whole limit.
+    // they cannot be swapped out either): a full /tmp or /dev/shm leaves that much less for
+    // processes, and neither mount is larger than the whole limit.
     let scratch_mib = spec.scratch_mib.min(spec.memory_mib);
-    let mut tmpfs = HashMap::new();
-    tmpfs.insert(
-        SCRATCH_PATH.to_string(),
-        format!("rw,noexec,nosuid,nodev,size={scratch_mib}m"),
-    );
+    let shm_bytes = i64::from(spec.shm_mib.min(spec.memory_mib)) * 1024 * 1024;
+    // /tmp: see SCRATCH_OPTIONS for why a volume. `no_copy` everywhere: an image's own
+    // content at a mount point is hidden, not copied in (a copy would take the tenant's quota
+    // and hand the volume's root to the image's owner).
+    let mut mounts = vec![Mount {
+        target: Some(SCRATCH_PATH.to_string()),
+        source: None,
+        typ: Some(MountType::VOLUME),
+        read_only: Some(false),
+        volume_options: Some(MountVolumeOptions {
+            no_copy: Some(true),
+            driver_config: Some(MountVolumeOptionsDriverConfig {
+                name: Some("local".to_string()),
+                options: Some(HashMap::from([
+                    ("type".to_string(), "tmpfs".to_string()),
+                    ("device".to_string(), "tmpfs".to_string()),
+                    (
+                        "o".to_string(),
+                        format!("{SCRATCH_OPTIONS},size={scratch_mib}m"),
+                    ),
+                ])),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    // The workspace: a named volume the node created (an ext4 image on a loop device, see
+    // crate::workspace), never a host path.
+    if let Some(volume) = &spec.workspace {
+        mounts.push(Mount {
+            target: Some(WORKSPACE_PATH.to_string()),
+            source: Some(volume.clone()),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(false),
+            volume_options: Some(MountVolumeOptions {
+                no_copy: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
 
     let host_config = HostConfig {
         privileged: Some(false),
@@ -342,7 +440,8 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
             crate::seccomp::security_opt(),
         ]),
         readonly_rootfs: Some(true),
-        tmpfs: Some(tmpfs),
+        tmpfs: None,
+        shm_size: Some(shm_bytes),
         pids_limit: Some(i64::from(spec.pids_limit)),
         memory: Some(memory_bytes),
         memory_swap: Some(memory_bytes),
@@ -354,9 +453,10 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         pid_mode: Some(String::new()),
         uts_mode: Some(String::new()),
         userns_mode: Some(String::new()),
-        // No host paths of any kind, ever (so never the Docker socket).
+        // No host paths of any kind, ever (so never the Docker socket): the only mounts are
+        // the lease's own volumes, /tmp and the workspace.
         binds: None,
-        mounts: None,
+        mounts: Some(mounts),
         volumes_from: None,
         devices: None,
         device_cgroup_rules: None,
@@ -394,6 +494,7 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
             Some(spec.command.clone())
         },
         env: Some(env),
+        working_dir: spec.workspace.as_ref().map(|_| WORKSPACE_PATH.to_string()),
         user: Some(if spec.run_as_root {
             "0:0".to_string()
         } else {
@@ -430,10 +531,36 @@ mod tests {
             memory_mib: 256,
             pids_limit: 64,
             scratch_mib: 32,
+            shm_mib: 128,
+            workspace_bytes: 2 << 30,
+            workspace: Some("gridlease-ws-test".into()),
             nofile: 4096,
             network: NetworkPolicy::None,
             egress_network: String::new(),
             run_as_root: false,
+        }
+    }
+
+    /// The anonymous tmpfs volume at /tmp with mount options `o`.
+    fn tmp_mount(o: &str) -> Mount {
+        Mount {
+            target: Some("/tmp".into()),
+            source: None,
+            typ: Some(MountType::VOLUME),
+            read_only: Some(false),
+            volume_options: Some(MountVolumeOptions {
+                no_copy: Some(true),
+                driver_config: Some(MountVolumeOptionsDriverConfig {
+                    name: Some("local".into()),
+                    options: Some(HashMap::from([
+                        ("type".to_string(), "tmpfs".to_string()),
+                        ("device".to_string(), "tmpfs".to_string()),
+                        ("o".to_string(), o.to_string()),
+                    ])),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
         }
     }
 
@@ -501,10 +628,11 @@ mod tests {
             ])
         );
         assert_eq!(hc.readonly_rootfs, Some(true));
-        assert_eq!(
-            hc.tmpfs.unwrap().get("/tmp").map(String::as_str),
-            Some("rw,noexec,nosuid,nodev,size=32m")
+        assert!(
+            hc.tmpfs.is_none(),
+            "/tmp is a tmpfs volume (see SCRATCH_OPTIONS)"
         );
+        assert_eq!(hc.shm_size, Some(128 * 1024 * 1024));
         assert_eq!(hc.oom_score_adj, Some(500));
         assert_eq!(
             hc.ulimits,
@@ -520,7 +648,26 @@ mod tests {
         assert_eq!(hc.nano_cpus, Some(1_500_000_000));
         assert_eq!(hc.init, Some(true));
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
-        assert!(hc.binds.is_none() && hc.mounts.is_none() && hc.volumes_from.is_none());
+        assert!(hc.binds.is_none() && hc.volumes_from.is_none());
+        assert_eq!(
+            hc.mounts,
+            Some(vec![
+                tmp_mount("nosuid,nodev,exec,mode=1777,size=32m"),
+                Mount {
+                    target: Some("/workspace".into()),
+                    source: Some("gridlease-ws-test".into()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(false),
+                    volume_options: Some(MountVolumeOptions {
+                        no_copy: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
+            ]),
+            "/tmp (an anonymous tmpfs volume: writable by the tenant, executables allowed, no \
+             setuid or devices) and the lease's named workspace volume, nothing else"
+        );
         assert_ne!(hc.pid_mode.as_deref(), Some("host"));
         assert_ne!(hc.ipc_mode.as_deref(), Some("host"));
         assert_ne!(hc.uts_mode.as_deref(), Some("host"));
@@ -532,6 +679,8 @@ mod tests {
             (log["max-size"].as_str(), log["max-file"].as_str()),
             ("10m", "3")
         );
+        assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
+        assert!(body.env.unwrap().contains(&"HOME=/workspace".to_string()));
         let labels = body.labels.unwrap();
         assert_eq!(labels[LABEL_NODE], "node-1");
         assert_eq!(labels[LABEL_EXPIRES], "1700000000000");
@@ -606,6 +755,17 @@ mod tests {
         assert_eq!(s.cpu_millicores, terms.per_gpu.cpu_millicores * units);
         assert_eq!(s.memory_mib, terms.per_gpu.ram_mib * units);
         assert!(s.scratch_mib <= s.memory_mib);
+        assert_eq!(
+            s.shm_mib,
+            s.memory_mib / 2,
+            "/dev/shm is half the lease's memory"
+        );
+        assert_eq!(
+            s.workspace_bytes,
+            (u64::from(terms.per_gpu.disk_gib) * u64::from(units)) << 30,
+            "the workspace is the lease's disk"
+        );
+        assert_eq!(s.workspace, None, "the node creates the volume");
         assert_eq!(s.image, terms.image);
         assert_eq!(s.network, terms.network_policy);
         assert_eq!(s.pids_limit, limits.pids_limit);
@@ -619,10 +779,73 @@ mod tests {
         s.scratch_mib = 16 * 1024;
         let hc = build_create_body(&s).unwrap().host_config.unwrap();
         assert_eq!(
-            hc.tmpfs.unwrap()["/tmp"],
-            "rw,noexec,nosuid,nodev,size=128m"
+            hc.mounts.unwrap()[0],
+            tmp_mount("nosuid,nodev,exec,mode=1777,size=128m")
         );
         assert_eq!(hc.memory, Some(128 * 1024 * 1024));
+    }
+
+    #[test]
+    fn shm_is_never_larger_than_the_memory_limit() {
+        let mut s = spec();
+        s.memory_mib = 128;
+        s.shm_mib = 1024;
+        let hc = build_create_body(&s).unwrap().host_config.unwrap();
+        assert_eq!(hc.shm_size, Some(128 * 1024 * 1024));
+        s.shm_mib = 0;
+        assert_eq!(
+            build_create_body(&s),
+            Err(SpecError::BadLimit {
+                field: "shm_mib",
+                value: 0
+            })
+        );
+    }
+
+    #[test]
+    fn the_renter_may_choose_home_and_no_workspace_means_no_mount() {
+        let mut s = spec();
+        s.env.insert("HOME".into(), "/workspace/me".into());
+        let env = build_create_body(&s).unwrap().env.unwrap();
+        let homes: Vec<_> = env.iter().filter(|e| e.starts_with("HOME=")).collect();
+        assert_eq!(homes, vec!["HOME=/workspace/me"]);
+
+        let mut s = spec();
+        s.workspace = None;
+        let body = build_create_body(&s).unwrap();
+        assert!(body.working_dir.is_none());
+        assert!(!body.env.unwrap().iter().any(|e| e.starts_with("HOME=")));
+        let hc = body.host_config.unwrap();
+        assert_eq!(
+            hc.mounts,
+            Some(vec![tmp_mount("nosuid,nodev,exec,mode=1777,size=32m")])
+        );
+        assert!(hc.binds.is_none());
+    }
+
+    #[test]
+    fn the_workspace_is_a_plain_volume_name_never_a_path() {
+        for bad in [
+            "",
+            "/",
+            "/var/run/docker.sock",
+            "../etc",
+            "a/b",
+            ".hidden",
+            "-x",
+            "a b",
+        ] {
+            let mut s = spec();
+            s.workspace = Some(bad.into());
+            assert_eq!(
+                build_create_body(&s),
+                Err(SpecError::BadWorkspace { name: bad.into() }),
+                "{bad:?}"
+            );
+        }
+        let mut s = spec();
+        s.workspace = Some(crate::workspace::volume_name(&s.lease_id));
+        assert!(build_create_body(&s).is_ok());
     }
 
     #[test]

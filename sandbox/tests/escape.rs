@@ -259,7 +259,14 @@ async fn inspect_shows_every_hardening_setting() {
     };
     let image = sb.ensure_probe_image().await.unwrap();
     let mut cleanup = Cleanup::default();
-    let spec = probe_spec(&image, &unique("node"), &["exit", "0"]);
+    let mut spec = probe_spec(&image, &unique("node"), &["exit", "0"]);
+    // As the node creates it: with the lease's workspace volume.
+    let dir = std::env::temp_dir().join(unique("gridlease-inspect-ws"));
+    cleanup.dirs.push(dir.clone());
+    spec.workspace_bytes = 64 * 1024 * 1024;
+    let ws = sb.create_workspace(&dir, &spec).await.unwrap();
+    cleanup.workspaces.push((dir.clone(), spec.lease_id));
+    spec.workspace = Some(ws.volume.clone());
     let id = sb.create(&spec).await.unwrap();
     cleanup.containers.push(id.clone());
     let info = sb.inspect(&id).await.unwrap();
@@ -287,11 +294,8 @@ async fn inspect_shows_every_hardening_setting() {
         (Some(nofile), Some(nofile))
     );
     assert_eq!(hc.readonly_rootfs, Some(true));
-    let tmpfs = hc.tmpfs.unwrap();
-    assert_eq!(
-        tmpfs.get("/tmp").map(String::as_str),
-        Some("rw,noexec,nosuid,nodev,size=16m")
-    );
+    assert!(hc.tmpfs.unwrap_or_default().is_empty(), "/tmp is a volume");
+    assert_eq!(hc.shm_size, Some(64 * 1024 * 1024));
     assert_eq!(hc.pids_limit, Some(64));
     assert_eq!(hc.memory, Some(128 * 1024 * 1024));
     assert_eq!(hc.memory_swap, Some(128 * 1024 * 1024));
@@ -299,11 +303,33 @@ async fn inspect_shows_every_hardening_setting() {
     assert_eq!(hc.init, Some(true));
     assert_eq!(hc.network_mode.as_deref(), Some("none"));
     assert!(hc.binds.unwrap_or_default().is_empty());
-    assert!(hc.mounts.unwrap_or_default().is_empty());
-    assert!(
-        info.mounts.unwrap_or_default().is_empty(),
-        "no mounts at all"
+    assert!(hc.volumes_from.unwrap_or_default().is_empty());
+    let mut mounts = info.mounts.unwrap_or_default();
+    mounts.sort_by(|a, b| a.destination.cmp(&b.destination));
+    assert_eq!(mounts.len(), 2, "only /tmp and the workspace: {mounts:?}");
+    for m in &mounts {
+        assert_eq!(
+            m.typ.as_deref(),
+            Some("volume"),
+            "a volume, not a host path: {m:?}"
+        );
+        assert_eq!(m.driver.as_deref(), Some("local"));
+        assert_eq!(m.rw, Some(true));
+    }
+    assert_eq!(mounts[0].destination.as_deref(), Some("/tmp"));
+    let tmp = sb
+        .docker()
+        .inspect_volume(mounts[0].name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (tmp.options["type"].as_str(), tmp.options["o"].as_str()),
+        ("tmpfs", "nosuid,nodev,exec,mode=1777,size=16m"),
+        "a 1777 tmpfs, executables allowed, no setuid or devices"
     );
+    assert_eq!(mounts[1].destination.as_deref(), Some("/workspace"));
+    assert_eq!(mounts[1].name.as_deref(), Some(ws.volume.as_str()));
+    assert_eq!(cfg.working_dir.as_deref(), Some("/workspace"));
     assert!(hc.devices.unwrap_or_default().is_empty());
     for (name, mode) in [
         ("pid", hc.pid_mode),
@@ -323,6 +349,7 @@ async fn inspect_shows_every_hardening_setting() {
         env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()),
         "{env:?}"
     );
+    assert!(env.contains(&"HOME=/workspace".to_string()), "{env:?}");
     let labels = cfg.labels.unwrap();
     assert_eq!(labels["gridlease.lease_id"], spec.lease_id.to_string());
     assert_eq!(labels["gridlease.node"], spec.node_id);

@@ -130,7 +130,7 @@ async fn host_resources(
         "resources per offered GPU, from the host minus the reserve"
     );
     if per.disk_gib == 0 {
-        tracing::warn!(disk = %reading.disk_path.display(), "no disk left after the reserve: leases get a minimal /tmp");
+        tracing::warn!(disk = %reading.disk_path.display(), "no disk left after the reserve: offers promise no /workspace space");
     }
     Ok(per)
 }

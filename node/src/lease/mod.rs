@@ -436,6 +436,11 @@ impl Ctx {
         self.config.data_dir.join(format!("{id}.log"))
     }
 
+    /// Where the leases' workspace images live (`gridlease_sandbox::workspace`).
+    pub(crate) fn workspace_dir(&self) -> PathBuf {
+        gridlease_sandbox::workspace::dir(&self.config.data_dir)
+    }
+
     /// Now, by the service's clock.
     pub(crate) fn now(&self) -> gridlease_protocol::Timestamp {
         self.config.clock.now()
@@ -1312,6 +1317,19 @@ impl Actor {
                     "containers reconciled"
                 ),
                 Err(e) => tracing::warn!(error = %e, "container reconciliation failed"),
+            }
+            // After the containers: a workspace still mounted by one cannot be removed.
+            let dir = self.ctx.workspace_dir();
+            match sb
+                .reconcile_workspaces(&dir, &self.ctx.node_id, &keep)
+                .await
+            {
+                Ok(r) => tracing::info!(
+                    removed = r.removed.len(),
+                    kept = r.kept.len(),
+                    "workspaces reconciled"
+                ),
+                Err(e) => tracing::warn!(error = %e, "workspace reconciliation failed"),
             }
         }
         for (l, rec) in live {

@@ -410,6 +410,14 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
     // A container from an interrupted start (crash between create and start) is replaced.
     let name = gridlease_sandbox::spec::container_name(&spec);
     let _ = sb.remove(&name).await;
+    // The lease's /workspace, before the container that mounts it (removed in `finish`).
+    let workspace = create_workspace(&ctx, &sb, &spec).await;
+    spec.workspace = Some(workspace.map_err(|e| {
+        StartFailure::new(
+            StartFailureKind::Create,
+            format!("the lease's /workspace could not be created: {e}"),
+        )
+    })?);
     let id = sb.create(&spec).await.map_err(|e| {
         tracing::warn!(error = %e, "cannot create the container");
         StartFailure::new(
@@ -510,6 +518,36 @@ fn docker_message(e: &bollard::errors::Error) -> String {
     match e {
         bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
         other => other.to_string(),
+    }
+}
+
+/// Creates the lease's workspace volume (a fresh one; whatever an interrupted start left is
+/// replaced) and returns its name.
+async fn create_workspace(
+    ctx: &Ctx,
+    sb: &Sandbox,
+    spec: &SandboxSpec,
+) -> Result<String, gridlease_sandbox::WorkspaceError> {
+    match sb.create_workspace(&ctx.workspace_dir(), spec).await {
+        Ok(ws) => Ok(ws.volume),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot create the workspace");
+            Err(e)
+        }
+    }
+}
+
+/// Removes the lease's workspace once its container is gone for good (the volume cannot be
+/// removed while a container uses it; start-up reconciliation removes what is left).
+async fn remove_workspace(s: &Session) {
+    let Some(sb) = &s.ctx.sandbox else {
+        return;
+    };
+    if let Err(e) = sb
+        .remove_workspace(&s.ctx.workspace_dir(), &s.lease.id)
+        .await
+    {
+        tracing::warn!(error = %e, "cannot remove the workspace");
     }
 }
 
@@ -882,6 +920,7 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     remove_container(s).await;
     if s.container.is_none() {
         watchdog::forget(&ctx.config.data_dir, &s.lease.id);
+        remove_workspace(s).await;
     }
     let total = s.channel.paid();
     if s.lease.state.can_settle() {

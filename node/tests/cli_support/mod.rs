@@ -225,9 +225,6 @@ pub struct ContainersGuard(pub String);
 impl Drop for ContainersGuard {
     fn drop(&mut self) {
         let left = containers_labelled(gridlease_sandbox::spec::LABEL_NODE, &self.0);
-        if left.is_empty() {
-            return;
-        }
         let Ok(rt) = tokio::runtime::Runtime::new() else {
             return;
         };
@@ -236,6 +233,8 @@ impl Drop for ContainersGuard {
                 for (cid, _) in left {
                     let _ = sb.remove(&cid).await;
                 }
+                // Then their workspaces (volume, loop device, image file).
+                let _ = sb.remove_node_workspaces(&self.0).await;
             }
         });
     }

@@ -230,9 +230,10 @@ pub async fn read_logs(
     }
 }
 
-/// Removes a lease's container if a test left it behind.
+/// Removes a lease's container and then its workspace if a test left them behind.
 pub async fn remove_container(sb: &Sandbox, id: gridlease_protocol::LeaseId) {
     let _ = sb.remove(&format!("gridlease-{id}")).await;
+    let _ = sb.remove_lease_workspace(&id).await;
 }
 
 /// Polls the lease's view on `svc` until `cond` holds (60 s at most).

@@ -72,6 +72,9 @@ pub fn probe_spec(image: &str, node: &str, args: &[&str]) -> SandboxSpec {
         memory_mib: 128,
         pids_limit: 64,
         scratch_mib: 16,
+        shm_mib: 64,
+        workspace_bytes: 0,
+        workspace: None,
         nofile: gridlease_sandbox::host::tenant_nofile(),
         network: NetworkPolicy::None,
         egress_network: String::new(),
@@ -79,10 +82,15 @@ pub fn probe_spec(image: &str, node: &str, args: &[&str]) -> SandboxSpec {
     }
 }
 
-/// Removes containers and networks on drop (panic included), on its own runtime thread.
+/// Removes containers, workspaces (volume, loop device, image file), directories, networks and
+/// images on drop (panic included), in that order, on its own runtime thread.
 #[derive(Default)]
 pub struct Cleanup {
     pub containers: Vec<String>,
+    /// (workspace directory, lease) pairs made with `Sandbox::create_workspace`.
+    pub workspaces: Vec<(std::path::PathBuf, LeaseId)>,
+    /// Directories the test made (removed with everything in them, after the workspaces).
+    pub dirs: Vec<std::path::PathBuf>,
     pub networks: Vec<String>,
     pub images: Vec<String>,
 }
@@ -90,9 +98,16 @@ pub struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let containers = std::mem::take(&mut self.containers);
+        let workspaces = std::mem::take(&mut self.workspaces);
+        let dirs = std::mem::take(&mut self.dirs);
         let networks = std::mem::take(&mut self.networks);
         let images = std::mem::take(&mut self.images);
-        if containers.is_empty() && networks.is_empty() && images.is_empty() {
+        if containers.is_empty()
+            && workspaces.is_empty()
+            && dirs.is_empty()
+            && networks.is_empty()
+            && images.is_empty()
+        {
             return;
         }
         let _ = std::thread::spawn(move || {
@@ -104,6 +119,14 @@ impl Drop for Cleanup {
                 if let Ok(sb) = Sandbox::connect().await {
                     for c in &containers {
                         let _ = sb.remove(c).await;
+                    }
+                    for (dir, lease) in &workspaces {
+                        if let Err(e) = sb.remove_workspace(dir, lease).await {
+                            eprintln!("cleanup: workspace {lease} in {}: {e}", dir.display());
+                        }
+                    }
+                    for d in &dirs {
+                        let _ = std::fs::remove_dir_all(d);
                     }
                     for n in &networks {
                         let _ = sb.remove_network(n).await;
