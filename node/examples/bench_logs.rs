@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gridlease_node::lease::logs::{WriteMode, append_stream, read_chunk};
+use gridlease_node::lease::logs::{Caps, Progress, WriteMode, append_stream, read_chunk};
 use gridlease_node::lease::wire::MAX_LOG_CHUNK;
 use gridlease_sandbox::SandboxError;
 use tokio_util::sync::CancellationToken;
@@ -179,11 +179,24 @@ async fn main() {
     let stop = CancellationToken::new();
 
     let t = Instant::now();
-    let stats = append_stream(frames(size), &path, size, WriteMode::Truncate, &stop)
-        .await
-        .unwrap();
+    // The whole log as the head (the bench measures serving a file of `size` bytes).
+    let caps = Caps {
+        head: size,
+        tail: 0,
+    };
+    let progress = Progress::default();
+    let written = append_stream(
+        frames(size),
+        &path,
+        caps,
+        WriteMode::Truncate,
+        &stop,
+        &progress,
+    )
+    .await
+    .unwrap();
     let w = t.elapsed().as_secs_f64();
-    assert_eq!(stats.kept, size);
+    assert_eq!(written.stats.kept, size);
     println!(
         "write {mib} MiB through append_stream: {:.2} s ({:.0} MiB/s)",
         w,
@@ -236,7 +249,8 @@ async fn main() {
     while m <= old_max {
         let s = m * MIB;
         let p = dir.path().join(format!("old-{m}.log"));
-        append_stream(frames(s), &p, s, WriteMode::Truncate, &stop)
+        let caps = Caps { head: s, tail: 0 };
+        append_stream(frames(s), &p, caps, WriteMode::Truncate, &stop, &progress)
             .await
             .unwrap();
         let (mut walls, mut rchars) = (Vec::new(), Vec::new());

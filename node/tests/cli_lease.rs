@@ -302,3 +302,56 @@ fn rent_says_why_the_provider_refused_the_image_or_the_environment() {
     let leases = json(&rh, &["leases"]);
     assert_eq!(leases.as_array().map(Vec::len), Some(0), "{leases}");
 }
+
+/// `logs` without `--follow` prints all the output the provider holds (not one 32 KiB chunk),
+/// `--tail N` the last N lines, `--json` one object saying it is complete.
+#[test]
+fn logs_prints_everything_tails_and_speaks_json() {
+    let Some(image) = probe_image_or_skip("logs_everything") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rh = dir.path().join("renter");
+    let m = market(dir.path());
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "60",
+            "--detach",
+            "--image",
+            &image,
+            "--",
+            "lines",
+            "5000",
+            "40",
+            "exit",
+            "0",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to settle", || {
+        lease_of(&rh, &id)["state"] == "settled"
+    });
+    let line = |k: u32| {
+        let t = format!("line {k} ");
+        format!("{t}{}\n", ".".repeat(40 - t.len() - 1))
+    };
+    let all: String = (1..=5000).map(line).collect();
+    let out = cli(&rh, &["logs", &id[..12]]);
+    assert!(out.status.success());
+    assert_eq!(out.stdout.len(), 200_000, "every chunk, not just the first");
+    assert!(out.stdout == all.as_bytes());
+    let out = cli(&rh, &["logs", &id[..12], "--tail", "2"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        line(4999) + &line(5000)
+    );
+    let v = json(&rh, &["logs", &id[..12], "--tail", "1"]);
+    assert_eq!(v["text"], line(5000));
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["cut_bytes"], Value::Null);
+}

@@ -10,6 +10,7 @@ mod lease_support;
 use std::time::Duration;
 
 use gridlease_node::lease::MAX_LOG_BYTES;
+use gridlease_node::lease::logs::cut_notice;
 use lease_support::*;
 
 /// What the probe's `bytes N` step writes: byte i is i mod 256.
@@ -108,7 +109,7 @@ async fn follower_gets_byte_exact_output_while_the_container_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn output_past_the_cap_is_dropped() {
+async fn output_past_the_cap_keeps_its_head_and_its_tail_and_says_what_was_cut() {
     let Some(sb) = docker_or_skip("output_cap").await else {
         return;
     };
@@ -116,7 +117,8 @@ async fn output_past_the_cap_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let (provider, renter, offer) = market(dir.path(), &sb, lease_template(1, 1, 10), 10).await;
     let cap = usize::try_from(MAX_LOG_BYTES).unwrap();
-    let n = (cap + cap / 4).to_string();
+    let total = cap + cap / 4;
+    let n = total.to_string();
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 60, &["bytes", &n, "exit", "0"]))
@@ -125,9 +127,60 @@ async fn output_past_the_cap_is_dropped() {
     let v = closed(&provider.leases, id, 60).await;
     assert_eq!(v.state, gridlease_contracts::LeaseState::Settled);
     let (local, exit) = read_logs(&provider.leases, id).await;
-    assert_eq!(local.len(), cap, "kept exactly the cap");
-    assert!(local == pattern(cap), "the first bytes, exactly");
+    let (head, tail) = (cap / 2, cap - cap / 2);
+    let all = pattern(total);
+    let mut expected = all[..head].to_vec();
+    expected.extend_from_slice(cut_notice((total - head - tail) as u64, tail).as_bytes());
+    expected.extend_from_slice(&all[total - tail..]);
+    assert_eq!(local.len(), expected.len(), "head, notice, tail");
+    assert!(local == expected, "the first and the last bytes, exactly");
     assert_eq!(exit, Some(0));
+    // The renter reads the same over the network.
+    let (remote, _) = read_logs(&renter.leases, id).await;
+    assert!(remote == expected);
+    closed(&renter.leases, id, 30).await;
+    remove_container(&sb, id).await;
+}
+
+/// A 300,000-line job of 40-byte lines (12 MB, past the 8 MiB the provider keeps): the saved
+/// log starts with the first line, ends with the last one, and says how many bytes were cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_job_keeps_its_last_line() {
+    let Some(sb) = docker_or_skip("long_job_last_line").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, renter, offer) = market(dir.path(), &sb, lease_template(1, 1, 10), 10).await;
+    let id = renter
+        .leases
+        .rent(probe_rent(
+            offer,
+            &image,
+            60,
+            &["lines", "300000", "40", "exit", "0"],
+        ))
+        .await
+        .unwrap();
+    closed(&provider.leases, id, 90).await;
+    let (log, exit) = read_logs(&renter.leases, id).await;
+    assert_eq!(exit, Some(0));
+    let line = |k: u32| {
+        let t = format!("line {k} ");
+        format!("{t}{}\n", ".".repeat(40 - t.len() - 1))
+    };
+    let total = 300_000 * 40;
+    let text = String::from_utf8(log).unwrap();
+    assert!(text.starts_with(&(line(1) + &line(2))), "{}", &text[..80]);
+    assert!(
+        text.ends_with(&(line(299_999) + &line(300_000))),
+        "the last line is kept: {}",
+        &text[text.len() - 80..]
+    );
+    let cap = usize::try_from(MAX_LOG_BYTES).unwrap();
+    let notice = cut_notice((total - cap) as u64, cap - cap / 2);
+    assert!(text.contains(&notice), "the cut is stated");
+    assert_eq!(text.len(), cap + notice.len());
     closed(&renter.leases, id, 30).await;
     remove_container(&sb, id).await;
 }

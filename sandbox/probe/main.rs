@@ -540,6 +540,20 @@ fn main() {
                     left -= take;
                 }
             }
+            "lines" => {
+                // `line 1` .. `line N`, one per line, each padded with dots to WIDTH bytes
+                // (newline included), as fast as stdout takes them.
+                let n: u64 = arg(i).parse().unwrap_or(0);
+                let width: usize = arg(i + 1).parse().unwrap_or(0);
+                i += 2;
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                for k in 1..=n {
+                    let text = format!("line {k} ");
+                    let pad = width.saturating_sub(text.len() + 1);
+                    let _ = writeln!(out, "{text}{}", ".".repeat(pad));
+                }
+                let _ = out.flush();
+            }
             "sentinel" => {
                 say(&format!("SENTINEL {}", arg(i)));
                 i += 1;

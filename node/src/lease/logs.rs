@@ -6,22 +6,29 @@
 //! # Writer
 //! [`LogWriter::spawn`] starts following a freshly started container (`follow=true`, stdout and
 //! stderr, raw bytes: no UTF-8 conversion) and truncates the file first; [`LogWriter::resume`]
-//! follows a container the node finds still running after a restart. Bytes past the cap
-//! ([`super::MAX_LOG_BYTES`]) are dropped and counted ([`LogStats::dropped`]). The writer ends
+//! follows a container the node finds still running after a restart. The file keeps the
+//! output's **head and tail** ([`Caps`], half of [`super::MAX_LOG_BYTES`] each): the first
+//! bytes are written as they come (followers see them live); past the head, the last bytes are
+//! held in memory ([`Tail`], bounded) and written when the output is complete, after a
+//! [`cut_notice`] that says how many bytes were cut between them ([`LogStats::dropped`]). So the
+//! end of a job's output (its final metrics, its traceback) is always kept. The writer ends
 //! when Docker's stream ends (the container exited and everything was delivered, or it was
-//! removed); [`LogWriter::finish`] waits for that, at most [`DRAIN_TIMEOUT`], and if the stream
-//! broke it makes one catch-up pass ([`catch_up`], which is also how output of a container whose
-//! writer never ran is saved). Dropping a `LogWriter` stops its task at the next chunk.
+//! removed); [`LogWriter::finish`] waits for that as long as output keeps arriving (stopping a
+//! drain silent for [`DRAIN_TIMEOUT`], or longer than [`DRAIN_LIMIT`]), writes the tail, and if
+//! the stream broke it makes one catch-up pass ([`catch_up`], which is also how output of a
+//! container whose writer never ran is saved). Dropping a `LogWriter` (the node shutting down)
+//! stops its task at the next chunk without writing the tail: a resumed writer rebuilds it.
 //!
 //! **Resume rule:** Docker returns a container's log from its first retained byte, so a resumed
 //! writer reads from the start and skips as many bytes as the file already holds, then appends.
 //! Followers keep their offsets valid (nothing already served changes). This is exact as long
 //! as Docker still holds the start of the output: the tenant's log config
 //! ([`gridlease_sandbox::spec::LOG_MAX_SIZE`] x [`gridlease_sandbox::spec::LOG_MAX_FILE`]) keeps
-//! 20-30 MiB, well above the cap, so it only fails if the container wrote more than that before
-//! the file reached the cap, e.g. while the node was down; the file then has a seam at the
+//! 20-30 MiB, well above the head, so it only fails if the container wrote more than that before
+//! the file reached the head, e.g. while the node was down; the file then has a seam at the
 //! resume point (the skipped bytes were not the ones saved). The alternative (truncate and
-//! rewrite) would change bytes that followers have already read.
+//! rewrite) would change bytes that followers have already read. The tail is rebuilt from what
+//! Docker retains, which always includes the end.
 //!
 //! # Serving
 //! [`read_chunk`] opens the file, seeks to the offset and reads at most
@@ -81,9 +88,9 @@ pub enum LogError {
 /// What a writer did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogStats {
-    /// Length of the file: bytes of output kept (at most the cap).
+    /// Length of the file (the output kept, and the cut notice if any).
     pub kept: u64,
-    /// Bytes of output past the cap that this writer saw and dropped.
+    /// Bytes of output cut between the head and the tail.
     pub dropped: u64,
 }
 
@@ -97,62 +104,131 @@ pub enum WriteMode {
     Resume,
 }
 
-/// Which part of each chunk of output goes to the file: bytes before `skip` are already there,
-/// bytes from `cap` on are dropped.
+/// How much of a container's output is kept: its first `head` bytes and its last `tail`
+/// bytes; what lies between is cut, and a notice saying how much takes its place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Bytes kept from the start (written as they come, so followers see them live).
+    pub head: u64,
+    /// Bytes kept from the end (held in memory, written when the output ends).
+    pub tail: usize,
+}
+
+impl Caps {
+    /// Half of `total` for each end.
+    pub fn split(total: u64) -> Self {
+        Self {
+            head: total / 2,
+            tail: usize::try_from(total - total / 2).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// The notice written where output was cut.
+pub fn cut_notice(cut: u64, tail: usize) -> String {
+    format!("\n[gridlease: {cut} bytes of output cut here; the last {tail} bytes follow]\n")
+}
+
+/// Which part of each chunk of output goes to the file now (the head) and which past it (to
+/// the tail): bytes before `skip` are already in the file.
 #[derive(Clone, Copy, Debug)]
 struct Window {
     /// Bytes of the stream seen so far.
     seen: u64,
     /// Bytes already in the file when the writer started.
     skip: u64,
-    cap: u64,
-    dropped: u64,
+    head: u64,
 }
 
 impl Window {
-    fn new(skip: u64, cap: u64) -> Self {
+    fn new(skip: u64, head: u64) -> Self {
         Self {
             seen: 0,
             skip,
-            cap,
-            dropped: 0,
+            head,
         }
     }
 
-    /// The part of `chunk` (the next bytes of the stream) to append to the file.
-    fn admit<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
+    /// (the part of `chunk`, the next bytes of the stream, to append to the file; the part
+    /// past the head).
+    fn admit<'a>(&mut self, chunk: &'a [u8]) -> (&'a [u8], &'a [u8]) {
         let start = self.seen;
         let len = chunk.len() as u64;
         let end = start.saturating_add(len);
         self.seen = end;
-        self.dropped = self
-            .dropped
-            .saturating_add(end.saturating_sub(start.max(self.cap)));
         let from = self.skip.max(start).min(end);
-        let to = self.cap.max(from).min(end);
-        // Both are within [start, end], so the offsets fit the chunk.
-        let lo = usize::try_from(from - start).unwrap_or(chunk.len());
-        let hi = usize::try_from(to - start).unwrap_or(chunk.len());
-        &chunk[lo..hi]
+        let to = self.head.max(from).min(end);
+        let over = self.head.max(self.skip).max(start).min(end);
+        // All are within [start, end], so the offsets fit the chunk.
+        let at = |x: u64| usize::try_from(x - start).unwrap_or(chunk.len());
+        (&chunk[at(from)..at(to)], &chunk[at(over)..])
     }
 
-    /// The file's length if everything admitted was written.
+    /// The file's length if everything admitted to the head was written.
     fn kept(&self) -> u64 {
-        self.skip.max(self.seen.min(self.cap))
+        self.skip.max(self.seen.min(self.head))
     }
 }
 
-/// Appends `stream` (a container's output from its first byte) to `path`, keeping at most `cap`
-/// bytes in the file, until the stream ends or `stop` is cancelled (checked between chunks, so
-/// a write is never cut short). Each batch of ready chunks is one write, flushed to the OS
-/// before the next is read, so readers of the file see it at once.
+/// The last bytes of the output past the head, at most `cap`, and how many before them were
+/// cut.
+#[derive(Debug, Default)]
+pub struct Tail {
+    bytes: std::collections::VecDeque<u8>,
+    cap: usize,
+    cut: u64,
+}
+
+impl Tail {
+    fn new(cap: usize) -> Self {
+        Self {
+            bytes: std::collections::VecDeque::new(),
+            cap,
+            cut: 0,
+        }
+    }
+
+    fn push(&mut self, b: &[u8]) {
+        if b.len() >= self.cap {
+            self.cut += (self.bytes.len() + b.len() - self.cap) as u64;
+            self.bytes.clear();
+            self.bytes.extend(&b[b.len() - self.cap..]);
+            return;
+        }
+        let over = (self.bytes.len() + b.len()).saturating_sub(self.cap);
+        self.bytes.drain(..over);
+        self.cut += over as u64;
+        self.bytes.extend(b);
+    }
+}
+
+/// What a writer copied: the stats of the head it wrote, and the tail it holds.
+#[derive(Debug)]
+pub struct Written {
+    /// The file as the writer left it (the head).
+    pub stats: LogStats,
+    /// The output past the head.
+    pub tail: Tail,
+}
+
+/// Counts bytes a writer has seen (for [`LogWriter::finish`] to tell a slow drain from a
+/// stalled one).
+pub type Progress = std::sync::Arc<std::sync::atomic::AtomicU64>;
+
+/// Appends `stream` (a container's output from its first byte) to `path`: its first
+/// `caps.head` bytes to the file as they come, the last `caps.tail` past them to a [`Tail`] in
+/// memory, until the stream ends or `stop` is cancelled (checked between chunks, so a write
+/// is never cut short). Each batch of ready chunks is one write, flushed to the OS before the
+/// next is read, so readers of the file see it at once. The tail is written by
+/// [`write_tail`] once the output is complete.
 pub async fn append_stream<S>(
     stream: S,
     path: &Path,
-    cap: u64,
+    caps: Caps,
     mode: WriteMode,
     stop: &CancellationToken,
-) -> Result<LogStats, LogError>
+    progress: &Progress,
+) -> Result<Written, LogError>
 where
     S: Stream<Item = Result<Bytes, SandboxError>>,
 {
@@ -171,7 +247,18 @@ where
         WriteMode::Truncate => 0,
         WriteMode::Resume => file.metadata().await.map_err(file_err)?.len(),
     };
-    let mut window = Window::new(skip, cap);
+    if skip > caps.head {
+        // Longer than the head: the file was completed (tail written) before; nothing to add.
+        return Ok(Written {
+            stats: LogStats {
+                kept: skip,
+                dropped: 0,
+            },
+            tail: Tail::new(caps.tail),
+        });
+    }
+    let mut window = Window::new(skip, caps.head);
+    let mut tail = Tail::new(caps.tail);
     let batches = stream.ready_chunks(BATCH);
     futures::pin_mut!(batches);
     let mut buf = Vec::new();
@@ -188,7 +275,12 @@ where
         let mut failed = None;
         for item in batch {
             match item {
-                Ok(bytes) => buf.extend_from_slice(window.admit(&bytes)),
+                Ok(bytes) => {
+                    let (head, over) = window.admit(&bytes);
+                    buf.extend_from_slice(head);
+                    tail.push(over);
+                    progress.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -204,83 +296,186 @@ where
         }
     }
     file.flush().await.map_err(file_err)?;
-    Ok(LogStats {
-        kept: window.kept(),
-        dropped: window.dropped,
+    Ok(Written {
+        stats: LogStats {
+            kept: window.kept(),
+            dropped: 0,
+        },
+        tail,
     })
 }
+
+/// Completes the file once the output is complete: the tail after the head, preceded by
+/// [`cut_notice`] when bytes between them were cut. Returns what the file holds.
+pub async fn write_tail(path: &Path, w: Written) -> LogStats {
+    let Written { mut stats, tail } = w;
+    if tail.bytes.is_empty() {
+        return stats;
+    }
+    let mut out = Vec::with_capacity(tail.bytes.len() + 96);
+    if tail.cut > 0 {
+        out.extend_from_slice(cut_notice(tail.cut, tail.bytes.len()).as_bytes());
+    }
+    let (a, b) = tail.bytes.as_slices();
+    out.extend_from_slice(a);
+    out.extend_from_slice(b);
+    let written = async {
+        let mut f = tokio::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .await?;
+        f.write_all(&out).await?;
+        f.flush().await
+    }
+    .await;
+    match written {
+        Ok(()) => {
+            stats.kept += out.len() as u64;
+            stats.dropped = tail.cut;
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the end of the container output");
+            stats.dropped = tail.cut + (tail.bytes.len() as u64);
+        }
+    }
+    stats
+}
+
+/// How long [`LogWriter::finish`] waits in all for a drain that keeps making progress.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(120);
 
 /// The task copying one container's output into its lease's file. See the module docs.
 #[derive(Debug)]
 pub struct LogWriter {
-    task: JoinHandle<Result<LogStats, LogError>>,
+    task: JoinHandle<Result<Written, LogError>>,
     stop: CancellationToken,
     /// Cancels `stop` when the writer is dropped (e.g. the node shuts down mid-lease).
     _guard: DropGuard,
+    progress: Progress,
     sandbox: Sandbox,
     container: String,
     path: PathBuf,
-    cap: u64,
+    caps: Caps,
 }
 
 impl LogWriter {
     /// Starts following a container that was just started; truncates `path`.
-    pub fn spawn(sandbox: Sandbox, container_id: String, path: PathBuf, cap: u64) -> Self {
-        Self::start(sandbox, container_id, path, cap, WriteMode::Truncate, true)
+    pub fn spawn(sandbox: Sandbox, container_id: String, path: PathBuf, caps: Caps) -> Self {
+        Self::start(sandbox, container_id, path, caps, WriteMode::Truncate, true)
     }
 
     /// Follows a container whose earlier output may already be in `path` (a node restart while
     /// it runs): skips that many bytes, appends the rest.
-    pub fn resume(sandbox: Sandbox, container_id: String, path: PathBuf, cap: u64) -> Self {
-        Self::start(sandbox, container_id, path, cap, WriteMode::Resume, true)
+    pub fn resume(sandbox: Sandbox, container_id: String, path: PathBuf, caps: Caps) -> Self {
+        Self::start(sandbox, container_id, path, caps, WriteMode::Resume, true)
     }
 
     fn start(
         sandbox: Sandbox,
         container: String,
         path: PathBuf,
-        cap: u64,
+        caps: Caps,
         mode: WriteMode,
         follow: bool,
     ) -> Self {
         let stop = CancellationToken::new();
+        let progress = Progress::default();
         let stream = sandbox.log_stream(&container, follow);
-        let (p, s) = (path.clone(), stop.clone());
+        let (p, s, pr) = (path.clone(), stop.clone(), progress.clone());
         let task = tokio::spawn(
-            async move { append_stream(stream, &p, cap, mode, &s).await }.in_current_span(),
+            async move { append_stream(stream, &p, caps, mode, &s, &pr).await }.in_current_span(),
         );
         Self {
             task,
             _guard: stop.clone().drop_guard(),
             stop,
+            progress,
             sandbox,
             container,
             path,
-            cap,
+            caps,
         }
     }
 
-    /// Waits (at most [`DRAIN_TIMEOUT`]) for the writer to copy the rest of the output of the
-    /// exited (or stopped) container, then stops it. If Docker's stream broke, makes one
-    /// catch-up pass. Problems are logged; the stats say what the file holds.
+    /// Waits for the writer to copy the rest of the output of the exited (or stopped)
+    /// container — as long as it keeps making progress (a drain silent for [`DRAIN_TIMEOUT`],
+    /// or longer than [`DRAIN_LIMIT`] in all, is stopped) — then makes the file final from one
+    /// complete read of what Docker retains ([`catch_up`]): Docker's *follow* stream can end
+    /// early or skip bytes while a fast writer's log rotates (observed here: 9.0 of 10.5 MB
+    /// delivered), so the live copy is only what followers see while the container runs. If
+    /// that read fails, the live copy is completed with its own tail. Problems are logged; the
+    /// stats say what the file holds.
     pub async fn finish(mut self) -> LogStats {
-        let outcome = match tokio::time::timeout(DRAIN_TIMEOUT, &mut self.task).await {
-            Ok(joined) => joined,
-            Err(_) => {
-                tracing::warn!(timeout = ?DRAIN_TIMEOUT, "container output still streaming; stopping the log writer");
-                self.stop.cancel();
-                (&mut self.task).await
+        let begun = tokio::time::Instant::now();
+        let mut last = self.progress.load(std::sync::atomic::Ordering::Relaxed);
+        let outcome = loop {
+            match tokio::time::timeout(DRAIN_TIMEOUT, &mut self.task).await {
+                Ok(joined) => break joined,
+                Err(_) => {
+                    let now = self.progress.load(std::sync::atomic::Ordering::Relaxed);
+                    if now == last || begun.elapsed() > DRAIN_LIMIT {
+                        tracing::warn!(timeout = ?DRAIN_TIMEOUT, "container output stopped arriving; stopping the log writer");
+                        self.stop.cancel();
+                        break (&mut self.task).await;
+                    }
+                    last = now;
+                }
             }
         };
-        let stats = match outcome.map_err(LogError::from).and_then(|r| r) {
-            Ok(stats) => stats,
+        let live = match outcome.map_err(LogError::from).and_then(|r| r) {
+            Ok(w) => Some(w),
             Err(e) => {
-                tracing::warn!(error = %e, "log writer failed; catching up");
-                catch_up(&self.sandbox, &self.container, &self.path, self.cap).await
+                tracing::warn!(error = %e, "log writer failed; saving from Docker");
+                None
             }
+        };
+        let stats = match rewrite(&self.sandbox, &self.container, &self.path, self.caps).await {
+            Some(stats) => stats,
+            None => match live {
+                Some(w) => write_tail(&self.path, w).await,
+                None => file_stats(&self.path).await,
+            },
         };
         report(&stats);
         stats
+    }
+}
+
+/// Writes the container's whole retained output (one read, no follow), head and tail, to a
+/// temporary file and renames it over `path` (readers see the old file or the new one, never
+/// a partial one). `None` when it could not be read (the container is gone) or written.
+async fn rewrite(
+    sandbox: &Sandbox,
+    container_id: &str,
+    path: &Path,
+    caps: Caps,
+) -> Option<LogStats> {
+    let tmp = path.with_extension("log.tmp");
+    let stop = CancellationToken::new();
+    let stream = sandbox.log_stream(container_id, false);
+    let progress = Progress::default();
+    let read = append_stream(stream, &tmp, caps, WriteMode::Truncate, &stop, &progress);
+    let written = match tokio::time::timeout(DRAIN_LIMIT, read).await {
+        Ok(Ok(w)) => w,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot read the container output from Docker");
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?DRAIN_LIMIT, "reading the container output timed out");
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return None;
+        }
+    };
+    let stats = write_tail(&tmp, written).await;
+    match tokio::fs::rename(&tmp, path).await {
+        Ok(()) => Some(stats),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot replace the container output file");
+            let _ = tokio::fs::remove_file(&tmp).await;
+            None
+        }
     }
 }
 
@@ -289,40 +484,20 @@ fn report(stats: &LogStats) {
         tracing::info!(
             kept = stats.kept,
             dropped = stats.dropped,
-            "container output past the cap was dropped"
+            "container output between the head and the tail was cut"
         );
     } else {
         tracing::debug!(kept = stats.kept, "container output saved");
     }
 }
 
-/// One pass over the output Docker has now (no follow), appending what `path` lacks (see
-/// [`WriteMode::Resume`]); at most [`DRAIN_TIMEOUT`]. For a container whose writer never ran
-/// or broke. Returns what the file holds (problems are logged).
-pub async fn catch_up(sandbox: &Sandbox, container_id: &str, path: &Path, cap: u64) -> LogStats {
-    let w = LogWriter::start(
-        sandbox.clone(),
-        container_id.to_string(),
-        path.to_path_buf(),
-        cap,
-        WriteMode::Resume,
-        false,
-    );
-    let outcome = tokio::time::timeout(DRAIN_TIMEOUT, w.task).await;
-    match outcome {
-        Ok(Ok(Ok(stats))) => stats,
-        Ok(Ok(Err(e))) => {
-            tracing::debug!(error = %e, "no container output to save");
-            file_stats(path).await
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "saving the container output failed");
-            file_stats(path).await
-        }
-        Err(_) => {
-            tracing::warn!(timeout = ?DRAIN_TIMEOUT, "saving the container output timed out");
-            file_stats(path).await
-        }
+/// Saves the output of a container whose writer never ran or broke: one complete read of
+/// what Docker retains ([`rewrite`]); if that fails, the file stays as it is. Returns what the
+/// file holds (problems are logged).
+pub async fn catch_up(sandbox: &Sandbox, container_id: &str, path: &Path, caps: Caps) -> LogStats {
+    match rewrite(sandbox, container_id, path, caps).await {
+        Some(stats) => stats,
+        None => file_stats(path).await,
     }
 }
 
@@ -553,43 +728,70 @@ mod tests {
     }
 
     #[test]
-    fn window_skips_what_the_file_has_and_drops_past_the_cap() {
+    fn window_skips_what_the_file_has_and_sends_the_rest_past_the_head_to_the_tail() {
         let data = bytes(100);
         let mut w = Window::new(0, 30);
-        assert_eq!(w.admit(&data[..20]), &data[..20]);
-        assert_eq!(w.admit(&data[20..40]), &data[20..30]);
-        assert_eq!(w.admit(&data[40..]), &[] as &[u8]);
-        assert_eq!((w.kept(), w.dropped), (30, 70));
+        assert_eq!(w.admit(&data[..20]), (&data[..20], &[] as &[u8]));
+        assert_eq!(w.admit(&data[20..40]), (&data[20..30], &data[30..40]));
+        assert_eq!(w.admit(&data[40..]), (&[] as &[u8], &data[40..]));
+        assert_eq!(w.kept(), 30);
 
         let mut w = Window::new(25, 30);
-        assert_eq!(w.admit(&data[..20]), &[] as &[u8]);
-        assert_eq!(w.admit(&data[20..28]), &data[25..28]);
-        assert_eq!(w.admit(&data[28..]), &data[28..30]);
-        assert_eq!((w.kept(), w.dropped), (30, 70));
-
-        // A file already longer than the cap is left alone.
-        let mut w = Window::new(50, 30);
-        assert_eq!(w.admit(&data), &[] as &[u8]);
-        assert_eq!((w.kept(), w.dropped), (50, 70));
+        assert_eq!(w.admit(&data[..20]), (&[] as &[u8], &[] as &[u8]));
+        assert_eq!(w.admit(&data[20..28]), (&data[25..28], &[] as &[u8]));
+        assert_eq!(w.admit(&data[28..]), (&data[28..30], &data[30..]));
+        assert_eq!(w.kept(), 30);
     }
 
-    #[tokio::test]
-    async fn append_stream_writes_bytes_exactly_truncates_resumes_and_caps() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.log");
-        let stop = CancellationToken::new();
-        let data = bytes(10_000);
-        std::fs::write(&path, b"stale output of an interrupted start").unwrap();
+    #[test]
+    fn tail_keeps_the_last_bytes_and_counts_the_cut() {
+        let data = bytes(1000);
+        let mut t = Tail::new(100);
+        for c in data.chunks(7) {
+            t.push(c);
+        }
+        assert_eq!(t.bytes.iter().copied().collect::<Vec<_>>(), &data[900..]);
+        assert_eq!(t.cut, 900);
+        let mut t = Tail::new(100);
+        t.push(&data[..50]);
+        t.push(&data[50..500]);
+        assert_eq!(t.bytes.iter().copied().collect::<Vec<_>>(), &data[400..500]);
+        assert_eq!(t.cut, 400);
+    }
 
-        let s = append_stream(
-            stream_of(&data, 333),
-            &path,
-            1 << 20,
-            WriteMode::Truncate,
+    async fn write_all(
+        data: &[u8],
+        chunk: usize,
+        path: &Path,
+        caps: Caps,
+        mode: WriteMode,
+    ) -> LogStats {
+        let stop = CancellationToken::new();
+        let w = append_stream(
+            stream_of(data, chunk),
+            path,
+            caps,
+            mode,
             &stop,
+            &Progress::default(),
         )
         .await
         .unwrap();
+        write_tail(path, w).await
+    }
+
+    #[tokio::test]
+    async fn append_stream_writes_bytes_exactly_truncates_resumes_and_keeps_head_and_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.log");
+        let data = bytes(10_000);
+        let big = Caps {
+            head: 1 << 20,
+            tail: 1 << 20,
+        };
+        std::fs::write(&path, b"stale output of an interrupted start").unwrap();
+
+        let s = write_all(&data, 333, &path, big, WriteMode::Truncate).await;
         assert_eq!(
             s,
             LogStats {
@@ -601,58 +803,73 @@ mod tests {
 
         // Resume after a restart: the file has a prefix, the stream starts from byte 0 again.
         std::fs::write(&path, &data[..4_321]).unwrap();
-        let s = append_stream(
-            stream_of(&data, 1000),
-            &path,
-            1 << 20,
-            WriteMode::Resume,
-            &stop,
-        )
-        .await
-        .unwrap();
+        let s = write_all(&data, 1000, &path, big, WriteMode::Resume).await;
         assert_eq!(s.kept, 10_000);
         assert_eq!(std::fs::read(&path).unwrap(), data);
 
-        // Cap: the rest is dropped and counted.
-        let s = append_stream(
-            stream_of(&data, 777),
-            &path,
-            6_000,
-            WriteMode::Truncate,
-            &stop,
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            s,
-            LogStats {
-                kept: 6_000,
-                dropped: 4_000
-            }
-        );
-        assert_eq!(std::fs::read(&path).unwrap(), &data[..6_000]);
+        // Past the head and the tail: head, notice, tail.
+        let caps = Caps {
+            head: 3_000,
+            tail: 2_000,
+        };
+        let s = write_all(&data, 777, &path, caps, WriteMode::Truncate).await;
+        let mut expected = data[..3_000].to_vec();
+        expected.extend_from_slice(cut_notice(5_000, 2_000).as_bytes());
+        expected.extend_from_slice(&data[8_000..]);
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+        assert_eq!(s.dropped, 5_000);
+        assert_eq!(s.kept, expected.len() as u64);
+        // Past the head but within the tail: nothing cut, the file is the output exactly.
+        let caps = Caps {
+            head: 6_000,
+            tail: 5_000,
+        };
+        let s = write_all(&data, 500, &path, caps, WriteMode::Truncate).await;
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        assert_eq!(s.dropped, 0);
+        // Resumed with the head full: the tail is rebuilt from the stream.
+        std::fs::write(&path, &data[..3_000]).unwrap();
+        let caps = Caps {
+            head: 3_000,
+            tail: 2_000,
+        };
+        write_all(&data, 999, &path, caps, WriteMode::Resume).await;
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+        // A completed file is never appended to again.
+        write_all(&data, 999, &path, caps, WriteMode::Resume).await;
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
 
         // A broken stream is an error; what came before it is in the file.
+        let stop = CancellationToken::new();
         let broken =
             stream_of(&data[..500], 100).chain(futures::stream::iter([Err(SandboxError::Build {
                 image: "x".into(),
                 message: "gone".into(),
             })]));
-        let r = append_stream(broken, &path, 1 << 20, WriteMode::Truncate, &stop).await;
+        let r = append_stream(
+            broken,
+            &path,
+            big,
+            WriteMode::Truncate,
+            &stop,
+            &Progress::default(),
+        )
+        .await;
         assert!(matches!(r, Err(LogError::Stream(_))), "{r:?}");
         assert_eq!(std::fs::read(&path).unwrap(), &data[..500]);
 
         // Stopped: ends at once, without waiting for the stream.
         stop.cancel();
-        let s = append_stream(
+        let w = append_stream(
             futures::stream::pending(),
             &path,
-            1 << 20,
+            big,
             WriteMode::Resume,
             &stop,
+            &Progress::default(),
         )
         .await
         .unwrap();
-        assert_eq!(s.kept, 500);
+        assert_eq!(w.stats.kept, 500);
     }
 }

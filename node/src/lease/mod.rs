@@ -89,7 +89,8 @@ pub const SERVICE_QUEUE: usize = 64;
 pub const INBOUND_QUEUE: usize = 256;
 /// Capacity of each session's inbox.
 pub const SESSION_QUEUE: usize = 32;
-/// Most bytes of a container's output kept by the provider.
+/// Most bytes of a container's output kept by the provider: its first and its last 4 MiB
+/// (`logs::Caps::split`), with a notice of what was cut between them.
 pub const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Settings of the lease service.

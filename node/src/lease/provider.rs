@@ -452,7 +452,7 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
         sb.clone(),
         id.clone(),
         ctx.log_path(&s.lease.id),
-        MAX_LOG_BYTES,
+        logs::Caps::split(MAX_LOG_BYTES),
     ));
     let now = ctx.now();
     s.channel = ProviderChannel::new(s.lease.id, &terms, now);
@@ -612,7 +612,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             sb.clone(),
             cid.clone(),
             ctx.log_path(&s.lease.id),
-            MAX_LOG_BYTES,
+            logs::Caps::split(MAX_LOG_BYTES),
         )
     });
     let terms = s.lease.terms.clone();
@@ -937,5 +937,11 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
 
 /// Saves the output of a container whose writer never ran here (see [`logs::catch_up`]).
 async fn save_logs(ctx: &Ctx, sb: &Sandbox, cid: &str, id: LeaseId) {
-    logs::catch_up(sb, cid, &ctx.log_path(&id), MAX_LOG_BYTES).await;
+    logs::catch_up(
+        sb,
+        cid,
+        &ctx.log_path(&id),
+        logs::Caps::split(MAX_LOG_BYTES),
+    )
+    .await;
 }
