@@ -184,3 +184,172 @@ async fn a_long_job_keeps_its_last_line() {
     closed(&renter.leases, id, 30).await;
     remove_container(&sb, id).await;
 }
+
+/// The Docker id of the lease's container, once it exists.
+async fn container_id(
+    sb: &gridlease_sandbox::Sandbox,
+    id: gridlease_protocol::LeaseId,
+) -> Option<String> {
+    sb.inspect(&format!("gridlease-{id}")).await.ok()?.id
+}
+
+/// Bytes in the files of `dir` (not recursive; 0 if it does not exist).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// This process's resident memory, KiB (`VmRSS`).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// A tenant printing as fast as it can for 60 s, followed by 50 concurrent log readers of its
+/// renter: Docker's copy stays within the tenant's log config (`LOG_MAX_SIZE` x
+/// `LOG_MAX_FILE`, 30 MiB) and the node's within `MAX_LOG_BYTES` plus the cut notice, at every
+/// sample and at the end; usage reports keep their 1 s interval (no gap over 2 s); the test
+/// process (provider, renter and the 50 followers) stays under 400 MiB resident.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flooding_tenant_and_fifty_followers_stay_bounded_and_metering_keeps_its_interval() {
+    let Some(sb) = docker_or_skip("flood_followers").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_provider, renter, offer) = market(dir.path(), &sb, lease_template(1, 1, 10), 10).await;
+    let id = renter
+        .leases
+        .rent(probe_rent(
+            offer,
+            &image,
+            120,
+            &["flood", "60", "exit", "0"],
+        ))
+        .await
+        .unwrap();
+    let root = sb.docker().info().await.unwrap().docker_root_dir.unwrap();
+    let file = dir
+        .path()
+        .join("provider")
+        .join("leases")
+        .join(format!("{id}.log"));
+    let renter_leases = std::sync::Arc::new(renter.leases.clone());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut followers = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (leases, stop) = (renter_leases.clone(), stop.clone());
+        followers.spawn(async move {
+            let (mut offset, mut read, mut busy) = (0u64, 0u64, 0u64);
+            while !stop.is_cancelled() {
+                match leases.logs(id, offset).await {
+                    Ok(c) => {
+                        read += c.data.len() as u64;
+                        offset = c.next_offset;
+                        if c.eof {
+                            break;
+                        }
+                        if c.data.is_empty() {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
+                    }
+                    Err(_) => {
+                        busy += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            (read, busy)
+        });
+    }
+    let docker_cap = 30 * 1024 * 1024 + 1024 * 1024;
+    let node_cap = MAX_LOG_BYTES + 256;
+    let (mut last_seq, mut last_change) = (0u64, None::<tokio::time::Instant>);
+    let (mut max_gap, mut max_docker, mut max_node, mut max_rss) = (Duration::ZERO, 0, 0, 0);
+    let mut container_dir = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(150);
+    let view = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease did not end"
+        );
+        let v = renter.leases.lease(id).await.unwrap().unwrap();
+        if v.is_terminal() {
+            break v;
+        }
+        let now = tokio::time::Instant::now();
+        if let Some(u) = &v.usage
+            && u.seq != last_seq
+        {
+            if let Some(at) = last_change
+                && last_seq > 0
+            {
+                max_gap = max_gap.max(now - at);
+            }
+            (last_seq, last_change) = (u.seq, Some(now));
+        }
+        if container_dir.is_none()
+            && let Some(c) = container_id(&sb, id).await
+        {
+            container_dir = Some(
+                std::path::Path::new(&root)
+                    .join("containers")
+                    .join(c)
+                    .join("local-logs"),
+            );
+        }
+        if let Some(d) = &container_dir {
+            max_docker = max_docker.max(dir_bytes(d));
+        }
+        max_node = max_node.max(std::fs::metadata(&file).map_or(0, |m| m.len()));
+        max_rss = max_rss.max(rss_kib());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    stop.cancel();
+    let (mut total_read, mut total_busy) = (0, 0);
+    while let Some(r) = followers.join_next().await {
+        let (read, busy) = r.unwrap();
+        total_read += read;
+        total_busy += busy;
+    }
+    eprintln!(
+        "flood: usage seq {last_seq}, max report gap {max_gap:?}, Docker's log copy at most {max_docker} B, the node's at most {max_node} B, RSS at most {max_rss} KiB; followers read {total_read} B, {total_busy} busy answers; {view:#?}"
+    );
+    assert_eq!(view.exit_code, Some(0), "{view:#?}");
+    assert!(last_seq >= 40, "reports kept coming: {last_seq}");
+    assert!(
+        max_gap <= Duration::from_millis(2_200),
+        "a usage report gap of {max_gap:?} (interval 1 s)"
+    );
+    assert!(
+        container_dir.is_some(),
+        "the container's log directory was found"
+    );
+    assert!(max_docker > 0, "Docker's log copy was measured");
+    assert!(
+        max_docker <= docker_cap,
+        "Docker's log copy reached {max_docker} B"
+    );
+    assert!(max_node <= node_cap, "the node's copy reached {max_node} B");
+    let final_len = std::fs::metadata(&file).unwrap().len();
+    assert!(
+        final_len <= node_cap && final_len >= MAX_LOG_BYTES,
+        "{final_len}"
+    );
+    assert!(total_read > 0);
+    assert!(max_rss <= 400 * 1024, "RSS reached {max_rss} KiB");
+    closed(&renter.leases, id, 30).await;
+    remove_container(&sb, id).await;
+}

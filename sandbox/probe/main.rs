@@ -554,6 +554,18 @@ fn main() {
                 }
                 let _ = out.flush();
             }
+            "flood" => {
+                // Text lines as fast as stdout takes them, for SECS seconds.
+                let secs: f64 = arg(i).parse().unwrap_or(1.0);
+                i += 1;
+                let block: String = (0..1024).map(|k| format!("flood line {k:06} ..............................\n")).collect();
+                let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+                let mut out = std::io::stdout().lock();
+                while std::time::Instant::now() < until {
+                    let _ = out.write_all(block.as_bytes());
+                }
+                let _ = out.flush();
+            }
             "sentinel" => {
                 say(&format!("SENTINEL {}", arg(i)));
                 i += 1;

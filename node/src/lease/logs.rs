@@ -12,12 +12,12 @@
 //! held in memory ([`Tail`], bounded) and written when the output is complete, after a
 //! [`cut_notice`] that says how many bytes were cut between them ([`LogStats::dropped`]). So the
 //! end of a job's output (its final metrics, its traceback) is always kept. The writer ends
-//! when Docker's stream ends (the container exited and everything was delivered, or it was
-//! removed); [`LogWriter::finish`] waits for that as long as output keeps arriving (stopping a
-//! drain silent for [`DRAIN_TIMEOUT`], or longer than [`DRAIN_LIMIT`]), writes the tail, and if
-//! the stream broke it makes one catch-up pass ([`catch_up`], which is also how output of a
-//! container whose writer never ran is saved). Dropping a `LogWriter` (the node shutting down)
-//! stops its task at the next chunk without writing the tail: a resumed writer rebuilds it.
+//! when Docker's stream ends or it is stopped. Once the container has stopped,
+//! [`LogWriter::finish`] stops it and makes the file final from one complete read of Docker's
+//! retained output ([`rewrite`], at most [`DRAIN_LIMIT`]; also how the output of a container
+//! whose writer never ran is saved, [`catch_up`]), renamed over the live copy. Dropping a
+//! `LogWriter` (the node shutting down) stops its task at the next chunk without writing the
+//! tail: a resumed writer rebuilds it.
 //!
 //! **Resume rule:** Docker returns a container's log from its first retained byte, so a resumed
 //! writer reads from the start and skips as many bytes as the file already holds, then appends.
@@ -57,11 +57,14 @@ use super::wire::{LogChunk, MAX_LOG_CHUNK, SessionResponse};
 use super::{Ctx, LeaseError};
 use crate::store::{Role, StoredLease};
 
-/// How long [`LogWriter::finish`] (and [`catch_up`]) wait for Docker to deliver the rest of an
-/// exited container's output.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most peers' log requests answered at once; more are answered `Busy` (the renter retries).
 pub const LOG_READERS: usize = 16;
+/// Log requests one peer may make: a burst of 40, then 40 a second (a follower asks about
+/// three times a second; one chunk is at most 32 KiB, so 40/s is above 1 MiB/s of output).
+pub const PEER_LOG_RATE: crate::net::ratelimit::RateLimit = crate::net::ratelimit::RateLimit {
+    burst: 40,
+    per_token: Duration::from_millis(25),
+};
 /// Most Docker log frames the writer gathers into one file write.
 const BATCH: usize = 64;
 
@@ -211,8 +214,7 @@ pub struct Written {
     pub tail: Tail,
 }
 
-/// Counts bytes a writer has seen (for [`LogWriter::finish`] to tell a slow drain from a
-/// stalled one).
+/// Counts the bytes a writer has seen.
 pub type Progress = std::sync::Arc<std::sync::atomic::AtomicU64>;
 
 /// Appends `stream` (a container's output from its first byte) to `path`: its first
@@ -223,6 +225,34 @@ pub type Progress = std::sync::Arc<std::sync::atomic::AtomicU64>;
 /// [`write_tail`] once the output is complete.
 pub async fn append_stream<S>(
     stream: S,
+    path: &Path,
+    caps: Caps,
+    mode: WriteMode,
+    stop: &CancellationToken,
+    progress: &Progress,
+) -> Result<Written, LogError>
+where
+    S: Stream<Item = Result<Bytes, SandboxError>>,
+{
+    append_stream_refilled(stream, None, path, caps, mode, stop, progress).await
+}
+
+/// A fresh, complete (not following) read of the container's output from its first byte.
+pub type Refill =
+    dyn Fn() -> futures::stream::BoxStream<'static, Result<Bytes, SandboxError>> + Send + Sync;
+
+/// How long the follow stream may be silent, while the head is not full, before the writer
+/// reads the retained output once to catch up ([`append_stream_refilled`]).
+pub const REFILL_IDLE: Duration = Duration::from_secs(3);
+
+/// [`append_stream`], and whenever `stream` (Docker's follow stream) has been silent for
+/// [`REFILL_IDLE`] while the head is not full, one read of `refill` appends what the file
+/// lacks up to the head: Docker's follow stream can sit on output already written until the
+/// next write comes (seen here: 100 kB held back for 12 s), so followers would not see it.
+/// Bytes the follow stream delivers later that the file has already are skipped.
+pub async fn append_stream_refilled<S>(
+    stream: S,
+    refill: Option<&Refill>,
     path: &Path,
     caps: Caps,
     mode: WriteMode,
@@ -262,7 +292,10 @@ where
     let batches = stream.ready_chunks(BATCH);
     futures::pin_mut!(batches);
     let mut buf = Vec::new();
+    let idle = tokio::time::sleep(REFILL_IDLE);
+    tokio::pin!(idle);
     loop {
+        let want_refill = refill.is_some() && window.kept() < caps.head;
         let batch = tokio::select! {
             biased;
             () = stop.cancelled() => break,
@@ -270,7 +303,21 @@ where
                 Some(b) => b,
                 None => break,
             },
+            () = &mut idle, if want_refill => {
+                if let Some(r) = refill {
+                    let have = window.kept();
+                    let now_has = top_up(r(), &mut file, have, caps.head).await.map_err(file_err)?;
+                    if now_has > have {
+                        tracing::debug!(added = now_has - have, "caught up with output the follow stream held back");
+                        window.skip = now_has;
+                    }
+                }
+                idle.as_mut().reset(tokio::time::Instant::now() + REFILL_IDLE);
+                continue;
+            }
         };
+        idle.as_mut()
+            .reset(tokio::time::Instant::now() + REFILL_IDLE);
         buf.clear();
         let mut failed = None;
         for item in batch {
@@ -303,6 +350,40 @@ where
         },
         tail,
     })
+}
+
+/// Appends to `file` (holding the first `have` bytes of the output) what `stream` (the output
+/// from its first byte) has beyond them, up to `head` bytes in all; stops reading there, or
+/// after [`REFILL_IDLE`]. Returns the file's length. A failed read adds nothing more.
+async fn top_up<S>(
+    stream: S,
+    file: &mut tokio::fs::File,
+    have: u64,
+    head: u64,
+) -> std::io::Result<u64>
+where
+    S: Stream<Item = Result<Bytes, SandboxError>>,
+{
+    futures::pin_mut!(stream);
+    let (mut seen, mut len) = (0u64, have);
+    let deadline = tokio::time::Instant::now() + REFILL_IDLE;
+    while len < head {
+        let Ok(Some(Ok(bytes))) = tokio::time::timeout_at(deadline, stream.next()).await else {
+            break;
+        };
+        let start = seen;
+        seen += bytes.len() as u64;
+        let from = len.max(start).min(seen);
+        let to = head.min(seen);
+        if to > from {
+            let lo = usize::try_from(from - start).unwrap_or(0);
+            let hi = usize::try_from(to - start).unwrap_or(0);
+            file.write_all(&bytes[lo..hi]).await?;
+            len = to;
+        }
+    }
+    file.flush().await?;
+    Ok(len)
 }
 
 /// Completes the file once the output is complete: the tail after the head, preceded by
@@ -341,7 +422,7 @@ pub async fn write_tail(path: &Path, w: Written) -> LogStats {
     stats
 }
 
-/// How long [`LogWriter::finish`] waits in all for a drain that keeps making progress.
+/// How long reading a stopped container's whole retained output may take ([`rewrite`]).
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(120);
 
 /// The task copying one container's output into its lease's file. See the module docs.
@@ -351,7 +432,6 @@ pub struct LogWriter {
     stop: CancellationToken,
     /// Cancels `stop` when the writer is dropped (e.g. the node shuts down mid-lease).
     _guard: DropGuard,
-    progress: Progress,
     sandbox: Sandbox,
     container: String,
     path: PathBuf,
@@ -381,15 +461,20 @@ impl LogWriter {
         let stop = CancellationToken::new();
         let progress = Progress::default();
         let stream = sandbox.log_stream(&container, follow);
-        let (p, s, pr) = (path.clone(), stop.clone(), progress.clone());
+        let (p, s, pr) = (path.clone(), stop.clone(), progress);
+        let (sb, cid) = (sandbox.clone(), container.clone());
         let task = tokio::spawn(
-            async move { append_stream(stream, &p, caps, mode, &s, &pr).await }.in_current_span(),
+            async move {
+                let refill = move || sb.log_stream(&cid, false).boxed();
+                let refill: Option<&Refill> = if follow { Some(&refill) } else { None };
+                append_stream_refilled(stream, refill, &p, caps, mode, &s, &pr).await
+            }
+            .in_current_span(),
         );
         Self {
             task,
             _guard: stop.clone().drop_guard(),
             stop,
-            progress,
             sandbox,
             container,
             path,
@@ -397,31 +482,16 @@ impl LogWriter {
         }
     }
 
-    /// Waits for the writer to copy the rest of the output of the exited (or stopped)
-    /// container — as long as it keeps making progress (a drain silent for [`DRAIN_TIMEOUT`],
-    /// or longer than [`DRAIN_LIMIT`] in all, is stopped) — then makes the file final from one
-    /// complete read of what Docker retains ([`catch_up`]): Docker's *follow* stream can end
-    /// early or skip bytes while a fast writer's log rotates (observed here: 9.0 of 10.5 MB
-    /// delivered), so the live copy is only what followers see while the container runs. If
-    /// that read fails, the live copy is completed with its own tail. Problems are logged; the
-    /// stats say what the file holds.
+    /// Makes the file final once the container has stopped: the live writer is stopped, and
+    /// the file is rewritten from one complete read of what Docker retains ([`rewrite`]):
+    /// Docker's *follow* stream can end early or skip bytes while a fast writer's log rotates
+    /// (observed here: 9.0 of 10.5 MB delivered, and a stream that stays open after the exit),
+    /// so the live copy is only what followers see while the container runs. If that read
+    /// fails, the live copy is completed with its own tail. Problems are logged; the stats say
+    /// what the file holds.
     pub async fn finish(mut self) -> LogStats {
-        let begun = tokio::time::Instant::now();
-        let mut last = self.progress.load(std::sync::atomic::Ordering::Relaxed);
-        let outcome = loop {
-            match tokio::time::timeout(DRAIN_TIMEOUT, &mut self.task).await {
-                Ok(joined) => break joined,
-                Err(_) => {
-                    let now = self.progress.load(std::sync::atomic::Ordering::Relaxed);
-                    if now == last || begun.elapsed() > DRAIN_LIMIT {
-                        tracing::warn!(timeout = ?DRAIN_TIMEOUT, "container output stopped arriving; stopping the log writer");
-                        self.stop.cancel();
-                        break (&mut self.task).await;
-                    }
-                    last = now;
-                }
-            }
-        };
+        self.stop.cancel();
+        let outcome = (&mut self.task).await;
         let live = match outcome.map_err(LogError::from).and_then(|r| r) {
             Ok(w) => Some(w),
             Err(e) => {
@@ -871,5 +941,59 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(w.stats.kept, 500);
+    }
+
+    /// Real time (the refill waits [`REFILL_IDLE`], 3 s): about 6 s.
+    #[tokio::test]
+    async fn a_silent_follow_stream_is_caught_up_from_a_full_read_without_duplicates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.log");
+        let data = bytes(3_000);
+        // The follow stream delivers 1000 bytes, holds the rest back for a while, then sends
+        // everything after those 1000 (as Docker would once the next write wakes it).
+        let late = data[1_000..].to_vec();
+        let follow = stream_of(&data[..1_000], 100)
+            .chain(futures::stream::once(async {
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                Ok(Bytes::new())
+            }))
+            .chain(stream_of(&late, 250));
+        let full = data.clone();
+        let refill = move || stream_of(&full, 400).boxed();
+        let stop = CancellationToken::new();
+        let caps = Caps {
+            head: 10_000,
+            tail: 10_000,
+        };
+        // Look at the file 4.5 s in, while the follow stream still holds its bytes back.
+        let (p, s) = (path.clone(), stop.clone());
+        let early = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(4_500)).await;
+            let seen = std::fs::read(&p).unwrap();
+            drop(s);
+            seen
+        });
+        let w = append_stream_refilled(
+            follow,
+            Some(&refill),
+            &path,
+            caps,
+            WriteMode::Truncate,
+            &stop,
+            &Progress::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            early.await.unwrap(),
+            data,
+            "caught up while the follow stream was silent"
+        );
+        assert_eq!(w.stats.kept, 3_000);
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            data,
+            "caught up once, nothing twice"
+        );
     }
 }

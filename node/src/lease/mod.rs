@@ -512,6 +512,7 @@ impl LeaseService {
             persists: JoinSet::new(),
             vets: JoinSet::new(),
             facts: images::FactsCache::default(),
+            log_rate: crate::net::ratelimit::RateLimiter::new(logs::PEER_LOG_RATE, 1024),
             waiting: HashMap::new(),
         };
         actor.resume_all().await?;
@@ -989,6 +990,8 @@ struct Actor {
     vets: JoinSet<Vetted>,
     /// Provider: facts about images asked about recently.
     facts: images::FactsCache,
+    /// Provider: log requests per peer ([`logs::PEER_LOG_RATE`]); over it a peer gets `Busy`.
+    log_rate: crate::net::ratelimit::RateLimiter<gridlease_protocol::PeerId>,
     /// Provider: answers waiting for a lease's store write (the first request and identical
     /// retries that came meanwhile).
     waiting: HashMap<LeaseId, Vec<oneshot::Sender<LeaseRpcResponse>>>,
@@ -1258,7 +1261,12 @@ impl Actor {
             max,
         } = m.request
         {
-            // Answered from the output file by a task of its own, never by the session.
+            // Answered from the output file by a task of its own, never by the session; a
+            // peer over its rate, or more readers than the pool, get `Busy` (renters retry).
+            if !self.log_rate.check(&m.peer, self.ctx.now()) {
+                let _ = m.reply.send(SessionResponse::Busy);
+                return;
+            }
             let Ok(permit) = self.ctx.log_reads.clone().try_acquire_owned() else {
                 let _ = m.reply.send(SessionResponse::Busy);
                 return;

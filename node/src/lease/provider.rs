@@ -799,8 +799,9 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
         exit_code = ?s.exit_code,
         "container stopped"
     );
-    log_writer.finish().await;
-    // Final report (minimum billing applies), unless the renter is known to be gone.
+    // Final report (minimum billing applies), unless the renter is known to be gone. Sent
+    // before the output file is made final, which reads the whole log again: the renter
+    // hears the end of the run at once, not after a large log is re-read.
     let send_final = !matches!(
         ended,
         Ended::Stop(CloseReason::RenterUnreachable | CloseReason::BadReceipt)
@@ -821,6 +822,8 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
         let answer = session_rpc(&ctx, peer, SessionRequest::Usage(signed)).await;
         let _ = s.on_answer(answer).await;
     }
+    // Before the lease closes: a follower gets `eof` only once the file is complete.
+    log_writer.finish().await;
     ended
 }
 

@@ -23,6 +23,9 @@ use crate::store::{Role, StoredLease};
 const TICK: Duration = Duration::from_millis(250);
 /// Slack on top of two usage intervals before a silent provider is given up.
 const SILENCE_SLACK_MS: u64 = 2_000;
+/// How long the renter waits for the provider's close after its final report (the provider
+/// saves the container's whole output first); then it settles on that report itself.
+const FINAL_WAIT_MS: u64 = 60_000;
 
 struct Session {
     ctx: Arc<Ctx>,
@@ -306,6 +309,8 @@ pub(crate) async fn run(
     let mut heard_any = s.channel.last_usage().is_some();
     let mut closing_since =
         (s.lease.state == gridlease_contracts::LeaseState::Closing).then(|| ctx.now());
+    // When the provider's final report (with the exit code) came: its close follows.
+    let mut final_since: Option<Timestamp> = None;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -334,6 +339,9 @@ pub(crate) async fn run(
                             let _ = reply.send(answer);
                             last_heard = ctx.now();
                             heard_any = true;
+                            if s.exit_code.is_some() && final_since.is_none() {
+                                final_since = Some(last_heard);
+                            }
                             if let Some(reason) = end {
                                 s.send_close(reason);
                                 s.settle(reason).await;
@@ -380,6 +388,14 @@ pub(crate) async fn run(
                     if now.ms_since(since) > wait {
                         let reason = s.lease.close_reason.unwrap_or(CloseReason::RenterStop);
                         s.settle(reason).await;
+                        return;
+                    }
+                    continue;
+                }
+                if let Some(since) = final_since {
+                    if now.ms_since(since) > FINAL_WAIT_MS {
+                        tracing::warn!("no close after the provider's final report; settling on it");
+                        s.settle(CloseReason::ContainerExited).await;
                         return;
                     }
                     continue;
