@@ -321,3 +321,66 @@ async fn five_pulled_images_with_a_cache_of_two_leave_at_most_two() {
     }
     drop(registry);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_pull_that_keeps_progressing_outlasts_the_start_allowance_and_the_renter_sees_it() {
+    let test = "registry_slow_pull";
+    let Some(sb) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(registry) = Registry::start(test) else {
+        return;
+    };
+    let prefix = run_prefix(test);
+    let direct = format!("{}/{prefix}/probe:slow", registry.host);
+    // 6 MiB of noise at 1 MiB/s: a pull of about 7 s.
+    push_probe(&sb, &direct, 6 << 20, 5, &[]).await;
+    let proxy = StallProxy::throttled(registry.host.clone(), 1 << 20).await;
+    let via_proxy = format!("{}/{prefix}/probe:slow", proxy.host);
+    let _images = ImagesGuard(vec![direct.clone(), via_proxy.clone()]);
+    let mut template = lease_template(1, 1, 3);
+    template.images.registries = vec![proxy.host.clone()];
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let provider = provider_with(root, &sb, template, GRACE_S, |_| {}).await;
+    // The renter gives a provider 2 s (+ 2 intervals) to show a start: far less than the pull.
+    let mut rc = service_config(root, "renter", GRACE_S);
+    rc.start_allowance = Duration::from_secs(2);
+    let mut renter = party(root, "renter", common::config(), rc, None).await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &via_proxy, 30, &["exit", "0"]))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let v = loop {
+        let v = renter.leases.lease(id).await.unwrap().unwrap();
+        if let Some(p) = v.pull {
+            seen.push(p);
+        }
+        if v.is_terminal() {
+            break v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("pull progress seen by the renter: {:?}", seen.last());
+    assert_eq!(v.exit_code, Some(0), "ran after the slow pull: {v:#?}");
+    assert!(seen.len() >= 3, "progress reached the renter: {seen:?}");
+    assert!(
+        seen.windows(2)
+            .any(|w| w[1].pulled_bytes > w[0].pulled_bytes),
+        "the pulled bytes grew: {seen:?}"
+    );
+    assert!(seen.iter().any(|p| p.total_bytes >= 6 << 20), "{seen:?}");
+    for p in [&provider, &renter] {
+        p.cancel.cancel();
+    }
+    drop(proxy);
+    drop(registry);
+}

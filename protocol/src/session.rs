@@ -56,6 +56,17 @@ pub enum SessionRequest {
     Usage(Signed<UsageReport>),
     /// Either side: the lease is over (for the given reason, with the exit code if known).
     Close(Signed<LeaseClose>),
+    /// Provider -> renter: the lease's image is being pulled (bytes of its layers so far, of
+    /// those known); answered `NothingDue`. Tells the renter the start is progressing, so a
+    /// long pull is not taken for a silent provider.
+    Starting {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Bytes pulled so far.
+        pulled: u64,
+        /// Bytes of the layers known so far (grows as the daemon learns of layers).
+        total: u64,
+    },
     /// Renter -> provider: container output from `offset`.
     Logs {
         /// The lease.
@@ -77,7 +88,7 @@ impl SessionRequest {
             Self::Close(s) => LeaseClose::decode_payload(&s.envelope().payload)
                 .ok()
                 .map(|c| c.lease_id),
-            Self::Logs { lease_id, .. } => Some(*lease_id),
+            Self::Logs { lease_id, .. } | Self::Starting { lease_id, .. } => Some(*lease_id),
         }
     }
 }

@@ -165,6 +165,60 @@ pub async fn follow_logs(
     }
 }
 
+/// While the provider pulls the lease's image: a progress bar of the bytes it reports (on a
+/// terminal), then one line with what was pulled. Returns once the container runs or the lease
+/// is over (or after 2 s when no pull is reported: the output follows then).
+async fn show_pull(api: &ApiClient, out: &Printer, lease: &str) -> anyhow::Result<()> {
+    let quiet_limit = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut last = None;
+    loop {
+        let view = api.lease(lease).await?;
+        match view.pull {
+            Some(p) if !view.is_terminal() => {
+                let b = bar.get_or_insert_with(|| {
+                    let b = indicatif::ProgressBar::new(p.total_bytes);
+                    if let Ok(style) = indicatif::ProgressStyle::with_template(
+                        "pulling the image {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+                    ) {
+                        b.set_style(style);
+                    }
+                    if out.quiet || out.json {
+                        b.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+                    }
+                    b
+                });
+                b.set_length(p.total_bytes);
+                b.set_position(p.pulled_bytes);
+                last = Some(p);
+            }
+            _ => {
+                let started = !matches!(
+                    view.state,
+                    gridlease_contracts::LeaseState::Accepted
+                        | gridlease_contracts::LeaseState::Starting
+                );
+                if started
+                    || view.is_terminal()
+                    || (bar.is_none() && tokio::time::Instant::now() > quiet_limit)
+                {
+                    if let Some(b) = bar {
+                        b.finish_and_clear();
+                    }
+                    if let Some(p) = last {
+                        out.note(&format!(
+                            "the provider pulled the image ({:.1} MiB)",
+                            p.total_bytes as f64 / f64::from(1u32 << 20)
+                        ));
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Waits (bounded) until the lease is settled, rejected or failed and returns its view (the
 /// last one seen when `limit` runs out first).
 pub async fn wait_terminal(
@@ -260,6 +314,7 @@ async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, L
         rented.lease_id
     ));
     fg.accepted(&rented.lease_id).await?;
+    fg.drive(show_pull(api, out, &rented.lease_id)).await??;
     let exit = fg
         .drive(follow_logs(api, out, &rented.lease_id, 0, true))
         .await??;

@@ -80,7 +80,7 @@ use crate::renter::{offer_addrs, terms_for};
 use crate::store::lease::SessionRecord;
 use crate::store::{Role, StoreError, StoreHandle, StoredLease};
 
-pub use view::{LeaseStatement, LeaseView, Ledger, UsageView};
+pub use view::{FailureView, LeaseStatement, LeaseView, Ledger, PullView, UsageView};
 pub use wire::{LogChunk, SessionRequest, SessionResponse};
 
 /// Capacity of the service's command channel.

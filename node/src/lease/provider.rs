@@ -359,13 +359,35 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
         stall: ctx.config.pull_stall,
         total: ctx.config.pull_timeout,
     };
-    let presence = sb
-        .ensure_image_within(&terms.image, limits, |_| {})
-        .await
-        .map_err(|e| {
-            tracing::warn!(error = %e, image = %terms.image, "image not available");
-            pull_failure(&e)
-        })?;
+    // Pull progress goes to the renter (at most once a second), so a long pull that keeps
+    // progressing is not taken for a silent provider.
+    let (progress_tx, forward) = pull_progress(&ctx, s.lease.id, s.renter_peer);
+    let mut layers: std::collections::HashMap<String, (u64, u64)> = Default::default();
+    let pulled = sb
+        .ensure_image_within(&terms.image, limits, |p| {
+            let Some(layer) = p.layer else { return };
+            let e = layers.entry(layer).or_default();
+            match (p.status.as_str(), p.current, p.total) {
+                ("Downloading", Some(c), Some(t)) => {
+                    *e = (u64::try_from(c).unwrap_or(0), u64::try_from(t).unwrap_or(0));
+                }
+                ("Download complete" | "Pull complete" | "Already exists", _, _) => e.0 = e.1,
+                _ => return,
+            }
+            let sum = layers
+                .values()
+                .fold((0u64, 0u64), |(a, b), (c, t)| (a + c, b + t));
+            progress_tx.send_replace(sum);
+        })
+        .await;
+    drop(progress_tx);
+    if let Some(f) = forward {
+        f.abort();
+    }
+    let presence = pulled.map_err(|e| {
+        tracing::warn!(error = %e, image = %terms.image, "image not available");
+        pull_failure(&e)
+    })?;
     // Pulled for a lease: tracked in the bounded cache (`images::evict`); used again: touched.
     let (reference, now) = (super::images::canonical(&terms.image), ctx.now());
     let bytes = match presence {
@@ -473,6 +495,37 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
     }
     tracing::info!(container = %id, "lease running");
     Ok(())
+}
+
+/// A channel for pull progress (bytes pulled, bytes known) and the task that forwards its
+/// latest value to the renter at most once a second (none without a renter peer).
+fn pull_progress(
+    ctx: &Arc<Ctx>,
+    lease_id: LeaseId,
+    peer: Option<PeerId>,
+) -> (
+    watch::Sender<(u64, u64)>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    let (tx, mut rx) = watch::channel((0u64, 0u64));
+    let forward = peer.map(|peer| {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let (pulled, total) = *rx.borrow_and_update();
+                let msg = SessionRequest::Starting {
+                    lease_id,
+                    pulled,
+                    total,
+                };
+                if let Err(e) = session_rpc(&ctx, peer, msg).await {
+                    tracing::debug!(error = %e, "pull progress not delivered");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    });
+    (tx, forward)
 }
 
 /// The provider's own bookkeeping failed during a start.

@@ -37,6 +37,8 @@ struct Session {
     exit_code: Option<i32>,
     /// Why the provider could not start the container, as its close said.
     failure: Option<gridlease_protocol::StartFailure>,
+    /// The provider's image pull so far (bytes pulled, bytes known), before the start.
+    pull: Option<(u64, u64)>,
     view: watch::Sender<LeaseView>,
 }
 
@@ -51,7 +53,8 @@ impl Session {
             self.exit_code,
             self.ctx.now(),
         )
-        .with_failure(self.failure.as_ref());
+        .with_failure(self.failure.as_ref())
+        .with_pull(self.pull);
         self.view.send_replace(v);
     }
 
@@ -298,6 +301,7 @@ pub(crate) async fn run(
         last_signed: last_receipt.map(|(s, _)| s),
         exit_code: rec.fields.exit_code,
         failure: rec.fields.failure.clone(),
+        pull: None,
         view: view_tx,
     };
     s.publish();
@@ -372,6 +376,15 @@ pub(crate) async fn run(
                         }
                         SessionRequest::Logs { .. } => {
                             let _ = reply.send(SessionResponse::UnknownLease);
+                        }
+                        SessionRequest::Starting { pulled, total, .. } => {
+                            // The start is progressing: the start allowance counts from now.
+                            let _ = reply.send(SessionResponse::NothingDue);
+                            if !heard_any {
+                                last_heard = ctx.now();
+                                s.pull = Some((pulled, total.max(pulled)));
+                                s.publish();
+                            }
                         }
                     }
                 }

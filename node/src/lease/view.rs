@@ -84,6 +84,18 @@ pub struct LeaseView {
     /// Why the start failed (`close_reason` is `start_failed`): its kind and a sentence.
     #[serde(default)]
     pub failure: Option<FailureView>,
+    /// Renter, before the container runs: the provider's image pull so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull: Option<PullView>,
+}
+
+/// An image pull in progress, as the provider reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullView {
+    /// Bytes of the image's layers pulled so far.
+    pub pulled_bytes: u64,
+    /// Bytes of the layers known so far.
+    pub total_bytes: u64,
 }
 
 /// A start failure, as the API shows it.
@@ -131,6 +143,16 @@ impl LeaseView {
     /// Nothing more will happen to the lease ([`LeaseState::is_terminal`]).
     pub fn is_terminal(&self) -> bool {
         self.state.is_terminal()
+    }
+
+    /// With the image pull (if any, and only before the container runs) shown.
+    pub fn with_pull(mut self, p: Option<(u64, u64)>) -> Self {
+        let before_start = matches!(self.state, LeaseState::Accepted | LeaseState::Starting);
+        self.pull = p.filter(|_| before_start).map(|(pulled, total)| PullView {
+            pulled_bytes: pulled,
+            total_bytes: total,
+        });
+        self
     }
 
     /// With the start failure (if any) shown.
@@ -202,6 +224,7 @@ pub(crate) fn make(
             .map(|r| crate::store::lease::reason_str(r).to_string()),
         settled_total: lease.settled_total.map(|m| m.micros()),
         failure: None,
+        pull: None,
     }
 }
 

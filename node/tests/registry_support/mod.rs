@@ -193,7 +193,16 @@ impl Drop for StallProxy {
 }
 
 impl StallProxy {
+    /// A proxy that forwards answers at most `bytes_per_s` (in 100 ms steps): a slow link.
+    pub async fn throttled(upstream: String, bytes_per_s: usize) -> Self {
+        Self::start_with(upstream, usize::MAX, bytes_per_s).await
+    }
+
     pub async fn start(upstream: String, pass: usize) -> Self {
+        Self::start_with(upstream, pass, usize::MAX).await
+    }
+
+    async fn start_with(upstream: String, pass: usize, bytes_per_s: usize) -> Self {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let host = l.local_addr().unwrap().to_string();
         let task = tokio::spawn(async move {
@@ -231,6 +240,10 @@ impl StallProxy {
                             break;
                         }
                         sent += n;
+                        if bytes_per_s != usize::MAX {
+                            let ms = (n as u64).saturating_mul(1000) / bytes_per_s.max(1) as u64;
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
                     }
                     up.abort();
                 });
