@@ -550,9 +550,19 @@ pub enum FirewallError {
 /// otherwise each delete the same stale jump, and the second transaction would fail).
 static APPLY_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Finds `name` in the system directories first (a root service's `PATH` may lack `sbin`),
+/// then on `PATH`.
+fn binary(name: &str) -> std::path::PathBuf {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| std::path::Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| name.into())
+}
+
 fn run(program: &'static str, args: &[&str], stdin: Option<&str>) -> Result<String, FirewallError> {
     use std::io::Write;
-    let mut child = Command::new(program)
+    let mut child = Command::new(binary(program))
         .args(args)
         .stdin(if stdin.is_some() {
             Stdio::piped()
