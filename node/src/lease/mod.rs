@@ -45,6 +45,7 @@
 //! - Final statement = last valid receipt, on both nodes.
 
 pub mod desk;
+mod egress;
 pub mod images;
 pub mod logs;
 pub mod provider;
@@ -551,6 +552,12 @@ impl LeaseService {
         Ok(Self { tx, ctx })
     }
 
+    /// Resolves once the service has stopped (after its `cancel`) and finished its shutdown
+    /// work (the egress teardown): the daemon waits for it before exiting.
+    pub async fn stopped(&self) {
+        self.tx.closed().await;
+    }
+
     async fn ask<R>(&self, make: impl FnOnce(oneshot::Sender<R>) -> Cmd) -> Result<R, LeaseError> {
         let (reply, rx) = oneshot::channel();
         self.tx
@@ -1053,6 +1060,11 @@ impl Actor {
             }
         }
         self.tasks.shutdown().await;
+        // Containers of live leases keep running across a restart; the teardown keeps the
+        // egress fence for them and removes it otherwise.
+        if let Some(sb) = &self.ctx.sandbox {
+            egress::teardown(&self.ctx, sb).await;
+        }
     }
 
     fn on_session_end(&mut self, end: SessionEnd) {
@@ -1362,6 +1374,10 @@ impl Actor {
                 ),
                 Err(e) => tracing::warn!(error = %e, "workspace reconciliation failed"),
             }
+            let egress = live.iter().any(|(l, _)| {
+                l.role == Role::Provider && l.lease.terms.network_policy == NetworkPolicy::Egress
+            });
+            egress::reconcile(&self.ctx, sb, egress).await;
         }
         for (l, rec) in live {
             self.desk.restore(&l);
