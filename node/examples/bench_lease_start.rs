@@ -110,6 +110,7 @@ async fn main() {
                 command: vec!["sleep".into(), "3".into()],
                 env: Default::default(),
                 max_total: None,
+                network: gridlease_protocol::NetworkPolicy::None,
             })
             .await
             .unwrap();

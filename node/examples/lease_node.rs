@@ -134,6 +134,7 @@ async fn main() {
                 command: args.cmd.clone(),
                 env: Default::default(),
                 max_total: None,
+                network: gridlease_protocol::NetworkPolicy::None,
             })
             .await
             .unwrap();

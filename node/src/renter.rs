@@ -2,11 +2,12 @@
 
 use gridlease_contracts::book::BookEntry;
 use gridlease_contracts::{Money, MoneyError};
-use gridlease_protocol::{LeaseTerms, NetworkId, NetworkPolicy, PublicKey, Timestamp};
+use gridlease_protocol::{LeaseTerms, NetworkId, PublicKey, Timestamp};
 
 use crate::lease::RentRequest;
 
 /// The terms for `req` on the offer in `entry`: the offer's ask price and settings, the
+/// network `req` asks for (the provider refuses one its offer does not allow), the
 /// renter's grace (at least one usage interval) and `nonce`, and the budget cap asked for or,
 /// by default, the cost of the whole duration (or of the minimum billed time, if longer).
 /// Fails only when that cost overflows.
@@ -43,7 +44,7 @@ pub fn terms_for(
         pay_ahead_s: o.pay_ahead_s,
         grace_s: grace_s.max(o.usage_interval_s),
         max_total: max_total.micros(),
-        network_policy: NetworkPolicy::None,
+        network_policy: req.network,
         image: req.image.clone(),
         command: req.command.clone(),
         env: req.env.clone(),

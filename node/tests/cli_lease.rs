@@ -260,7 +260,8 @@ fn a_rent_whose_client_is_killed_after_negotiation_still_settles() {
 }
 
 /// Refusals reach the renter's `rent` as one sentence and exit status 4, before anything is
-/// signed: an unlisted registry, a bare image id, and environment the provider controls.
+/// signed: an unlisted registry, a bare image id, environment the provider controls, and
+/// network egress from an offer without it.
 #[test]
 fn rent_says_why_the_provider_refused_the_image_or_the_environment() {
     let Some(image) = probe_image_or_skip("rent_says_why") else {
@@ -269,7 +270,7 @@ fn rent_says_why_the_provider_refused_the_image_or_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let rh = dir.path().join("renter");
     let m = market(dir.path());
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--image", "registry.example.com/team/train:1"],
             "the provider does not pull from registry registry.example.com",
@@ -288,6 +289,11 @@ fn rent_says_why_the_provider_refused_the_image_or_the_environment() {
         (
             &["--image", "192.168.1.20:5000/x:1"],
             "registry 192.168.1.20:5000 is a loopback, private or local-network host",
+        ),
+        // The offer's network policy is `none`.
+        (
+            &["--image", &image, "--network", "egress"],
+            "the provider's policy does not allow network access",
         ),
     ];
     for (args, sentence) in cases {

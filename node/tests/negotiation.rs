@@ -32,6 +32,7 @@ fn ask(gpus: u16, nonce: u64) -> (RentRequest, u64) {
         command: vec!["burn".into(), "15".into()],
         env: BTreeMap::new(),
         max_total: Some(gridlease_contracts::Money::from_micros(10_000_000)),
+        network: gridlease_protocol::NetworkPolicy::None,
     };
     (req, nonce)
 }

@@ -14,6 +14,12 @@
 //!   ignore-term     ignore SIGTERM from now on (to test kill after grace)
 //!   forkbomb N      try N forks; prints `FORK ok=<n> failed=<n>`
 //!   connect IP:PORT try a TCP connect (2 s timeout); prints `CONNECT addr=.. result=ok|<ERRNO>`
+//!   send IP:PORT N  connect (2 s timeout) and write N bytes; prints `SEND addr=.. bytes=.. result=..`
+//!   listen IP:PORT S  listen, print `LISTEN addr=.. result=ok|<ERRNO>`, then accept for S seconds,
+//!                   one `ACCEPT addr=.. from=..` line per connection
+//!   dns SERVER NAME one A query over UDP to SERVER:53 (2 s timeout); prints
+//!                   `DNS name=.. result=ok addr=A.B.C.D|rcode-N|<ERRNO>`
+//!   cat PATH        print `CAT path=.. value=<first line>|<ERRNO>`
 //!   whoami          print `WHOAMI uid=.. euid=..`
 //!   escape          try each escape, one `ESCAPE <name>=<outcome>` line per attempt
 //!   iouring         raw `io_uring_setup(4, &params)`; prints `IOURING setup=ok|<ERRNO>`
@@ -491,6 +497,122 @@ fn connect(addr: &str) {
     say(&format!("CONNECT addr={addr} result={result}"));
 }
 
+fn send(addr: &str, n: usize) {
+    let result = match addr.parse::<std::net::SocketAddr>() {
+        Ok(sa) => match std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(2)) {
+            Ok(mut s) => {
+                let chunk = vec![0x42u8; 64 * 1024];
+                let mut left = n;
+                let mut r = "ok".to_string();
+                while left > 0 {
+                    let take = left.min(chunk.len());
+                    if let Err(e) = s.write_all(&chunk[..take]) {
+                        r = io_errno(&e);
+                        break;
+                    }
+                    left -= take;
+                }
+                let _ = s.shutdown(std::net::Shutdown::Write);
+                // Wait for the peer to close, so every byte was taken before the container ends.
+                let mut sink = [0u8; 256];
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                while matches!(std::io::Read::read(&mut s, &mut sink), Ok(k) if k > 0) {}
+                r
+            }
+            Err(e) => io_errno(&e),
+        },
+        Err(_) => "bad-address".into(),
+    };
+    say(&format!("SEND addr={addr} bytes={n} result={result}"));
+}
+
+fn listen(addr: &str, secs: f64) {
+    let listener = match std::net::TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) => {
+            say(&format!("LISTEN addr={addr} result={}", io_errno(&e)));
+            return;
+        }
+    };
+    say(&format!("LISTEN addr={addr} result=ok"));
+    let _ = listener.set_nonblocking(true);
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    while Instant::now() < end {
+        match listener.accept() {
+            Ok((_, from)) => say(&format!("ACCEPT addr={addr} from={from}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// One DNS query for the A record of `name`, sent to `server` port 53 over UDP.
+fn dns(server: &str, name: &str) {
+    say(&format!("DNS name={name} result={}", dns_query(server, name)));
+}
+
+fn dns_query(server: &str, name: &str) -> String {
+    let Ok(ip) = server.parse::<std::net::Ipv4Addr>() else {
+        return "bad-address".into();
+    };
+    let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.trim_end_matches('.').split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let sock = match std::net::UdpSocket::bind("0.0.0.0:0") {
+        Ok(s) => s,
+        Err(e) => return io_errno(&e),
+    };
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
+    if let Err(e) = sock.send_to(&q, (ip, 53)) {
+        return io_errno(&e);
+    }
+    let mut buf = [0u8; 512];
+    let n = match sock.recv(&mut buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return "ETIMEDOUT".into(),
+        Err(e) => return io_errno(&e),
+    };
+    let r = &buf[..n];
+    if n < 12 || r[0..2] != [0x12, 0x34] {
+        return "bad-reply".into();
+    }
+    let rcode = r[3] & 0x0f;
+    if rcode != 0 {
+        return format!("rcode-{rcode}");
+    }
+    let answers = u16::from_be_bytes([r[6], r[7]]);
+    // Skip the question (labels, then type and class).
+    let mut i = 12;
+    while i < n && r[i] != 0 {
+        i += 1 + r[i] as usize;
+    }
+    i += 5;
+    for _ in 0..answers {
+        // The owner name: a pointer (two bytes) or labels.
+        if i < n && r[i] & 0xc0 == 0xc0 {
+            i += 2;
+        } else {
+            while i < n && r[i] != 0 {
+                i += 1 + r[i] as usize;
+            }
+            i += 1;
+        }
+        if i + 10 > n {
+            break;
+        }
+        let kind = u16::from_be_bytes([r[i], r[i + 1]]);
+        let len = u16::from_be_bytes([r[i + 8], r[i + 9]]) as usize;
+        i += 10;
+        if kind == 1 && len == 4 && i + 4 <= n {
+            return format!("ok addr={}.{}.{}.{}", r[i], r[i + 1], r[i + 2], r[i + 3]);
+        }
+        i += len;
+    }
+    "no-address".into()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut held: Vec<Vec<u8>> = Vec::new();
@@ -591,6 +713,29 @@ fn main() {
             "connect" => {
                 connect(&arg(i));
                 i += 1;
+            }
+            "send" => {
+                let n = arg(i + 1).parse().unwrap_or(0);
+                send(&arg(i), n);
+                i += 2;
+            }
+            "listen" => {
+                let secs = arg(i + 1).parse().unwrap_or(10.0);
+                listen(&arg(i), secs);
+                i += 2;
+            }
+            "dns" => {
+                dns(&arg(i), &arg(i + 1));
+                i += 2;
+            }
+            "cat" => {
+                let p = arg(i);
+                i += 1;
+                let v = match std::fs::read_to_string(&p) {
+                    Ok(t) => t.lines().next().unwrap_or_default().to_string(),
+                    Err(e) => io_errno(&e),
+                };
+                say(&format!("CAT path={p} value={v}"));
             }
             "whoami" => {
                 // SAFETY: no preconditions.

@@ -2,7 +2,8 @@
 //!
 //! What this crate is for: running a renter's container under a hardened Docker spec with
 //! exactly the leased GPUs ([`spec`], [`runtime`]), the project's own seccomp profile
-//! ([`seccomp`]) and a disk-backed, size-limited `/workspace` ([`workspace`]), reading what
+//! ([`seccomp`]) and a disk-backed, size-limited `/workspace` ([`workspace`]), fencing `egress`
+//! tenants off the provider's LAN and host with host firewall rules ([`firewall`]), reading what
 //! the host has to give ([`host`]), metering what a container uses ([`meter`]), building the
 //! registry-free probe image used by tests ([`probe_image`]), and describing and benchmarking
 //! the provider's GPUs ([`gpu`], [`bench`](mod@bench)).
@@ -16,6 +17,7 @@
 pub mod bench;
 pub mod dev_gpus;
 pub mod docker;
+pub mod firewall;
 pub mod gpu;
 pub mod host;
 pub mod images;

@@ -667,8 +667,9 @@ impl Sandbox {
     }
 
     /// Creates (if missing) the egress bridge: inter-container traffic disabled
-    /// (`enable_icc=false`). Returns its id. Host-LAN and metadata blocking need host firewall
-    /// rules and are not done here (see docs/security-model.md).
+    /// (`enable_icc=false`). Returns its id. This is only the network: LAN, metadata and host
+    /// blocking are host firewall rules, installed by [`Sandbox::ensure_egress`], which the node
+    /// calls before every egress container (see docs/security-model.md).
     pub async fn ensure_egress_network(&self, name: &str) -> Result<String, SandboxError> {
         if let Ok(n) = self.docker.inspect_network(name, None).await {
             return Ok(n.id.unwrap_or_default());

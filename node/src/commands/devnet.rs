@@ -274,6 +274,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
         .collect(),
         env: Default::default(),
         max_total: None,
+        network: gridlease_protocol::NetworkPolicy::None,
     };
     out.line(&format!(
         "\nrenting {} ({} at {}/GPU-hour) for {} s; the probe burns one CPU for {burn} s:",

@@ -46,6 +46,9 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                     }),
                     u.map_or("-".into(), |u| format!("{} MiB", u.vram_peak_mib)),
                     u.map_or("-".into(), |u| format!("{:.1}", u.cpu_ms as f64 / 1000.0)),
+                    u.map_or("-".into(), |u| {
+                        format!("{}/{}", size(u.net_rx_bytes), size(u.net_tx_bytes))
+                    }),
                     money(v.cost_so_far),
                     money(v.paid),
                     v.time_left_s.map_or("-".into(), |x| format!("{x} s")),
@@ -62,15 +65,43 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                 "gpu util",
                 "vram",
                 "cpu s",
+                "net rx/tx",
                 "cost",
                 "paid",
                 "left",
             ],
             rows,
-            // Least important first: counterparty, cpu s, vram, gpu util, gpus, role, paid.
-            &[3, 7, 6, 5, 4, 1, 9],
+            // Least important first: counterparty, net, cpu s, vram, gpu util, gpus, role, paid.
+            &[3, 8, 7, 6, 5, 4, 1, 10],
             args.wide,
         );
     });
     Ok(0)
+}
+
+/// Bytes in the largest binary unit that keeps the number at least 1 (`0`, `512 B`, `1.5 MiB`).
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(super::size(0), "0 B");
+        assert_eq!(super::size(1023), "1023 B");
+        assert_eq!(super::size(1536), "1.5 KiB");
+        assert_eq!(super::size(3 << 20), "3.0 MiB");
+        assert_eq!(super::size(5 << 40), "5.0 TiB");
+    }
 }

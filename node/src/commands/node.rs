@@ -270,5 +270,12 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         let _ = t.await;
     }
     node.shutdown().await;
+    // The lease service stops with the network; let it finish its teardown (bounded).
+    if tokio::time::timeout(std::time::Duration::from_secs(15), leases.stopped())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the lease service did not stop within 15 s");
+    }
     Ok(())
 }

@@ -28,6 +28,24 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 /// failed or stalled, the container could not be created): the reason is printed.
 pub const EXIT_START_FAILED: u8 = 5;
 
+/// `rent --network`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Network {
+    /// No network at all.
+    None,
+    /// The internet, not the provider's LAN, link-local addresses or host.
+    Egress,
+}
+
+impl From<Network> for gridlease_protocol::NetworkPolicy {
+    fn from(n: Network) -> Self {
+        match n {
+            Network::None => Self::None,
+            Network::Egress => Self::Egress,
+        }
+    }
+}
+
 /// Arguments of `gridlease rent`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("duration").required(true).args(["hours", "minutes", "seconds"])))]
@@ -56,6 +74,11 @@ pub struct RentArgs {
     /// Most you will pay in total (default: the whole duration at the offer's price).
     #[arg(long, value_name = "AMOUNT")]
     pub max_total: Option<String>,
+    /// Network for the container: `none` (default: no network at all) or `egress` (the
+    /// internet, never the provider's LAN, link-local/metadata addresses or host; only
+    /// offers showing `egress` accept it).
+    #[arg(long, value_enum, value_name = "NET", default_value_t = Network::None)]
+    pub network: Network,
     /// Print the lease id and return; follow later with `gridlease logs -f`.
     #[arg(long)]
     pub detach: bool,
@@ -274,6 +297,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
                     .map_err(|e| anyhow::anyhow!("--max-total {m:?}: {e}"))
             })
             .transpose()?,
+        network: args.network.into(),
     };
     if args.detach {
         let rented = api.rent(&body).await?;

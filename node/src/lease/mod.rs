@@ -45,6 +45,7 @@
 //! - Final statement = last valid receipt, on both nodes.
 
 pub mod desk;
+mod egress;
 pub mod images;
 pub mod logs;
 pub mod provider;
@@ -225,6 +226,37 @@ pub struct RentRequest {
     /// duration (or of the minimum billed time, if longer).
     #[serde(default, with = "decimal")]
     pub max_total: Option<Money>,
+    /// Network for the container: `"none"` (default) or `"egress"` (internet, not the
+    /// provider's LAN or host; the offer must allow it, or the provider refuses the lease).
+    #[serde(default = "no_network", with = "network_text")]
+    pub network: NetworkPolicy,
+}
+
+fn no_network() -> NetworkPolicy {
+    NetworkPolicy::None
+}
+
+/// [`NetworkPolicy`] as the CLI and `provide` write it: `"none"` or `"egress"`.
+mod network_text {
+    use gridlease_protocol::NetworkPolicy;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer>(n: &NetworkPolicy, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match n {
+            NetworkPolicy::None => "none",
+            NetworkPolicy::Egress => "egress",
+        })
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NetworkPolicy, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "none" => Ok(NetworkPolicy::None),
+            "egress" => Ok(NetworkPolicy::Egress),
+            other => Err(D::Error::custom(format!(
+                "network {other:?} is not none or egress"
+            ))),
+        }
+    }
 }
 
 /// `Option<Money>` as a decimal string (`"0.25"`), as people write amounts.
@@ -520,6 +552,12 @@ impl LeaseService {
         let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
         Ok(Self { tx, ctx })
+    }
+
+    /// Resolves once the service has stopped (after its `cancel`) and finished its shutdown
+    /// work (the egress teardown): the daemon waits for it before exiting.
+    pub async fn stopped(&self) {
+        self.tx.closed().await;
     }
 
     async fn ask<R>(&self, make: impl FnOnce(oneshot::Sender<R>) -> Cmd) -> Result<R, LeaseError> {
@@ -1026,6 +1064,11 @@ impl Actor {
             }
         }
         self.tasks.shutdown().await;
+        // Containers of live leases keep running across a restart; the teardown keeps the
+        // egress fence for them and removes it otherwise.
+        if let Some(sb) = &self.ctx.sandbox {
+            egress::teardown(&self.ctx, sb).await;
+        }
     }
 
     fn on_session_end(&mut self, end: SessionEnd) {
@@ -1340,6 +1383,10 @@ impl Actor {
                 ),
                 Err(e) => tracing::warn!(error = %e, "workspace reconciliation failed"),
             }
+            let egress = live.iter().any(|(l, _)| {
+                l.role == Role::Provider && l.lease.terms.network_policy == NetworkPolicy::Egress
+            });
+            egress::reconcile(&self.ctx, sb, egress).await;
         }
         for (l, rec) in live {
             self.desk.restore(&l);
@@ -1382,5 +1429,24 @@ pub(crate) fn counterparty(l: &StoredLease) -> PublicKey {
     match l.role {
         Role::Provider => l.lease.terms.renter,
         Role::Renter => l.lease.terms.provider,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rent_request_network_defaults_to_none_and_reads_lowercase_names() {
+        let base = r#"{"offer":"x","gpus":1,"duration_s":60,"image":"i"}"#;
+        let r: RentRequest = serde_json::from_str(base).unwrap();
+        assert_eq!(r.network, NetworkPolicy::None);
+        let with = |n: &str| base.replace('}', &format!(r#","network":"{n}"}}"#));
+        let r: RentRequest = serde_json::from_str(&with("egress")).unwrap();
+        assert_eq!(r.network, NetworkPolicy::Egress);
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["network"], "egress");
+        let err = serde_json::from_str::<RentRequest>(&with("host")).unwrap_err();
+        assert!(err.to_string().contains("not none or egress"), "{err}");
     }
 }

@@ -401,6 +401,8 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
     {
         tracing::warn!(error = %e, "cannot record the image in the cache");
     }
+    // Egress only behind the host firewall: no rules, no container.
+    super::egress::ensure(&ctx, &sb, terms.network_policy).await?;
     let uuids = leased_uuids(&ctx, &s.gpus);
     // The deadline counts from now at the latest; the watcher uses the real start below.
     let expires = ctx.now().plus_secs(u64::from(terms.duration_s));

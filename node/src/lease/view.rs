@@ -26,6 +26,12 @@ pub struct UsageView {
     pub cpu_ms: u64,
     /// Peak memory in the last interval, MiB.
     pub mem_peak_mib: u32,
+    /// Bytes the container received over its network, cumulative (0 without network).
+    #[serde(default)]
+    pub net_rx_bytes: u64,
+    /// Bytes the container sent over its network, cumulative.
+    #[serde(default)]
+    pub net_tx_bytes: u64,
 }
 
 impl From<&UsageReport> for UsageView {
@@ -37,6 +43,8 @@ impl From<&UsageReport> for UsageView {
             vram_peak_mib: u.vram_peak_mib,
             cpu_ms: u.cpu_ms,
             mem_peak_mib: u.mem_peak_mib,
+            net_rx_bytes: u.net_rx_bytes,
+            net_tx_bytes: u.net_tx_bytes,
         }
     }
 }

@@ -198,6 +198,7 @@ pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -
         command: args.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
         max_total: None,
+        network: gridlease_protocol::NetworkPolicy::None,
     }
 }
 
