@@ -380,3 +380,86 @@ async fn refused_extensions_say_why_and_change_nothing() {
     provider.cancel.cancel();
     renter.cancel.cancel();
 }
+
+/// The provider accepts an extension but its answer is lost (`Busy` instead): the renter keeps
+/// the amendment pending and, when a report goes past the duration it holds, sends it again,
+/// gets the same acceptance and takes the new terms; the lease runs to the new deadline and
+/// both ledgers book it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_acceptance_is_recovered_before_a_report_is_refused() {
+    let Some(sb) = docker_or_skip("extend_lost_answer").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let provider = provider_with(
+        dir.path(),
+        &sb,
+        lease_template(1, INTERVAL_S, WINDOW_S),
+        GRACE_S,
+        |svc| {
+            svc.watchdog = Some(PathBuf::from(WATCHDOG_EXE));
+            svc.faults.lose_first_extend_answer = true;
+        },
+    )
+    .await;
+    let mut renter = party(
+        dir.path(),
+        "renter",
+        common::config(),
+        service_config(dir.path(), "renter", GRACE_S),
+        None,
+    )
+    .await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+    const D: u32 = 4;
+    const E: u32 = 3;
+    let id = renter
+        .leases
+        .rent(probe_rent(
+            offer,
+            &image,
+            D,
+            &["ignore-term", "sleep", "120"],
+        ))
+        .await
+        .unwrap();
+    wait_view(&renter.leases, id, "running on the renter", |v| {
+        v.state == LeaseState::Running
+    })
+    .await;
+    match renter.leases.extend(id, seconds(E)).await {
+        Err(e @ ExtendError::Remote { .. }) => eprintln!("as expected: {e}"),
+        other => panic!("{other:?}"),
+    }
+    // The provider took it; the renter does not know yet.
+    let p = provider.leases.lease(id).await.unwrap().unwrap();
+    let r = renter.leases.lease(id).await.unwrap().unwrap();
+    assert_eq!((p.duration_s, p.extensions), (D + E, 1));
+    assert_eq!((r.duration_s, r.extensions), (D, 0));
+
+    let pdone = closed(&provider.leases, id, 60).await;
+    let rdone = closed(&renter.leases, id, 30).await;
+    remove_container(&sb, id).await;
+    eprintln!("provider {pdone:#?}\nrenter {rdone:#?}");
+    let lease_cost = u64::from(D + E) * PER_S;
+    assert_eq!(pdone.close_reason.as_deref(), Some("expired"));
+    assert_eq!(
+        rdone.close_reason.as_deref(),
+        Some("expired"),
+        "not implausible_usage"
+    );
+    assert_eq!((rdone.duration_s, rdone.extensions), (D + E, 1));
+    assert_eq!(pdone.settled_total, Some(lease_cost));
+    assert_eq!(rdone.settled_total, Some(lease_cost));
+    assert_eq!(
+        provider.leases.ledger().await.unwrap().total_earned,
+        lease_cost
+    );
+    assert_eq!(
+        renter.leases.ledger().await.unwrap().total_spent,
+        lease_cost
+    );
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+}

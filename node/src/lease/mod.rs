@@ -167,6 +167,9 @@ pub struct Faults {
     /// Provider: decide and store leases but never run their sessions (negotiation tests
     /// without Docker): they stay `accepted`, holding their GPUs.
     pub hold_sessions: bool,
+    /// Provider: accept (and store, and act on) a lease's first extension but answer `Busy`,
+    /// as if the answer were lost on the way.
+    pub lose_first_extend_answer: bool,
 }
 
 /// Which bad receipt a faulty renter sends.

@@ -322,6 +322,10 @@ impl Session {
             deadline = %deadline,
             "lease extended"
         );
+        if ctx.config.faults.lose_first_extend_answer && self.lease.extensions == 1 {
+            let _ = reply.send(SessionResponse::Busy);
+            return true;
+        }
         let _ = reply.send(SessionResponse::Extended(accepted));
         true
     }
