@@ -284,7 +284,7 @@ async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, L
         out.note(note);
     }
     out.line(&format!(
-        "lease {} accepted; {}; following its output",
+        "lease {} accepted; following its output ({})",
         rented.lease_id,
         billing_text(rented.min_billed_s)
     ));
