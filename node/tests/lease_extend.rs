@@ -463,3 +463,98 @@ async fn a_lost_acceptance_is_recovered_before_a_report_is_refused() {
     provider.cancel.cancel();
     renter.cancel.cancel();
 }
+
+/// The provider's node dies right after it accepted an extension and comes back from its home:
+/// its watchdog (a separate process) keeps the container running past the first deadline, the
+/// resumed session has the amended terms from its database, and the lease ends and is paid at
+/// the new deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_restarted_after_an_extension_keeps_the_new_deadline() {
+    let Some(sb) = docker_or_skip("extend_restart").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let template = lease_template(1, INTERVAL_S, WINDOW_S);
+    let with_watchdog = |svc: &mut gridlease_node::lease::LeaseServiceConfig| {
+        svc.watchdog = Some(PathBuf::from(WATCHDOG_EXE));
+    };
+    let provider = provider_with(dir.path(), &sb, template.clone(), GRACE_S, with_watchdog).await;
+    let mut renter = party(
+        dir.path(),
+        "renter",
+        common::config(),
+        service_config(dir.path(), "renter", GRACE_S),
+        None,
+    )
+    .await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+    const D: u32 = 5;
+    const E: u32 = 5;
+    let id = renter
+        .leases
+        .rent(probe_rent(
+            offer,
+            &image,
+            D,
+            &["ignore-term", "sleep", "120"],
+        ))
+        .await
+        .unwrap();
+    wait_view(&renter.leases, id, "running on the renter", |v| {
+        v.state == LeaseState::Running
+    })
+    .await;
+    let x = renter.leases.extend(id, seconds(E)).await.unwrap();
+    let started = x.deadline_ms - u64::from(D + E) * 1000;
+    // Gone at once (nothing settled, nothing said), back from the same home.
+    vanish(provider).await;
+    let mut pc = common::config();
+    pc.offer = Some(template.clone());
+    let mut svc = service_config(dir.path(), "provider", GRACE_S);
+    svc.base_template = Some(template);
+    with_watchdog(&mut svc);
+    let node = common::start_from_home(&dir.path().join("provider"), pc).await;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let leases = gridlease_node::lease::LeaseService::start(
+        node.node.client.clone(),
+        &node.node.events,
+        svc,
+        Some(sb.clone()),
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+    let provider = Party {
+        node,
+        leases,
+        cancel,
+    };
+    common::connect(&renter.node, &provider.node).await;
+    let v = provider.leases.lease(id).await.unwrap().unwrap();
+    assert_eq!((v.duration_s, v.extensions), (D + E, 1), "{v:?}");
+
+    let past_first = started + u64::from(D) * 1000 + 1000;
+    let now = gridlease_node::clock::now().0;
+    tokio::time::sleep(Duration::from_millis(past_first.saturating_sub(now))).await;
+    let state = sb.inspect(&format!("gridlease-{id}")).await.unwrap().state;
+    assert_eq!(
+        state.and_then(|s| s.running),
+        Some(true),
+        "stopped at the first deadline"
+    );
+    let pdone = closed(&provider.leases, id, 60).await;
+    let rdone = closed(&renter.leases, id, 30).await;
+    remove_container(&sb, id).await;
+    eprintln!("provider {pdone:#?}\nrenter {rdone:#?}");
+    let lease_cost = u64::from(D + E) * PER_S;
+    assert_eq!(pdone.close_reason.as_deref(), Some("expired"));
+    assert_eq!(
+        pdone.usage.as_ref().unwrap().wall_ms,
+        u64::from(D + E) * 1000
+    );
+    assert_eq!(pdone.settled_total, Some(lease_cost));
+    assert_eq!(rdone.settled_total, Some(lease_cost));
+    provider.cancel.cancel();
+    renter.cancel.cancel();
+}
