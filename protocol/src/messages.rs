@@ -33,10 +33,10 @@ pub const MAX_LEASE_CLOSE_BYTES: usize = 1024;
 pub const MAX_DETAIL_LEN: usize = 256;
 /// Cap on an encoded [`BenchReport`].
 pub const MAX_BENCH_REPORT_BYTES: usize = 1024;
-/// Cap on an encoded [`LeaseAmendment`] (at most 70 bytes: a lease id, two varints, a
-/// duration and a time).
+/// Cap on an encoded [`LeaseAmendment`] (at most 65 bytes: a 32-byte lease id and four
+/// varints).
 pub const MAX_LEASE_AMENDMENT_BYTES: usize = 256;
-/// Cap on an encoded [`AmendAccept`] (the amendment plus two times).
+/// Cap on an encoded [`AmendAccept`] (at most 83 bytes: the amendment plus two times).
 pub const MAX_AMEND_ACCEPT_BYTES: usize = 512;
 
 /// Most GPUs one offer may list.

@@ -184,13 +184,15 @@ mod tests {
         let lease_id = LeaseId(Digest::of("t", b"lease"));
         // The largest values of every field fit the caps (varints at their longest).
         let a = amendment(lease_id);
-        assert!(a.encode_payload().unwrap().len() <= MAX_LEASE_AMENDMENT_BYTES);
+        assert_eq!(a.encode_payload().unwrap().len(), 65);
+        const { assert!(65 <= MAX_LEASE_AMENDMENT_BYTES) };
         let accept = AmendAccept {
             amendment: a.clone(),
             deadline: Timestamp(u64::MAX),
             accepted_at: Timestamp(u64::MAX),
         };
-        assert!(accept.encode_payload().unwrap().len() <= MAX_AMEND_ACCEPT_BYTES);
+        assert_eq!(accept.encode_payload().unwrap().len(), 83);
+        const { assert!(83 <= MAX_AMEND_ACCEPT_BYTES) };
         let signed = Signed::sign(&key, &net, &accept).unwrap();
         match round_trip_response(SessionResponse::Extended(signed)) {
             SessionResponse::Extended(got) => {
