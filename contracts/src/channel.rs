@@ -115,6 +115,12 @@ impl ProviderChannel {
         &self.tariff
     }
 
+    /// Takes the lease's terms after an accepted amendment ([`crate::amend`]): from now on
+    /// usage is billed, capped and stopped by the new duration and budget cap.
+    pub fn amend(&mut self, amended: &LeaseTerms) {
+        self.tariff = Tariff::of(amended);
+    }
+
     /// Validates a receipt from `signer` received at `now`. On success returns the amount newly
     /// paid (to book), and the receipt becomes the final statement so far.
     pub fn accept_receipt(
@@ -331,6 +337,9 @@ pub fn check_usage(
 pub struct RenterChannel {
     lease_id: LeaseId,
     terms: LeaseTerms,
+    /// The terms before the last amendment: a report the provider signed before it accepted
+    /// the amendment may arrive after the renter applied it (see [`RenterChannel::amend`]).
+    before_amend: Option<LeaseTerms>,
     last_usage: Option<UsageReport>,
     last_receipt: Option<PaymentReceipt>,
 }
@@ -341,9 +350,24 @@ impl RenterChannel {
         Self {
             lease_id,
             terms,
+            before_amend: None,
             last_usage: None,
             last_receipt: None,
         }
+    }
+
+    /// Takes the lease's terms after an accepted amendment ([`crate::amend`]): reports are
+    /// checked against the new duration and paid up to the new cap. A report signed under the
+    /// previous terms (in flight while the amendment was accepted) still passes if it is valid
+    /// under them: its amount may be capped at the previous budget.
+    pub fn amend(&mut self, amended: &LeaseTerms) {
+        let before = std::mem::replace(&mut self.terms, amended.clone());
+        self.before_amend = Some(before);
+    }
+
+    /// The terms the channel checks against (amended ones included).
+    pub fn terms(&self) -> &LeaseTerms {
+        &self.terms
     }
 
     /// Restores from persisted state after a restart.
@@ -385,14 +409,23 @@ impl RenterChannel {
         elapsed_ms: u64,
         now: Timestamp,
     ) -> Result<Option<PaymentReceipt>, UsageError> {
-        check_usage(
-            &self.terms,
-            self.lease_id,
-            self.last_usage.as_ref(),
-            report,
-            signer,
-            elapsed_ms,
-        )?;
+        let check = |terms: &LeaseTerms| {
+            check_usage(
+                terms,
+                self.lease_id,
+                self.last_usage.as_ref(),
+                report,
+                signer,
+                elapsed_ms,
+            )
+        };
+        match (check(&self.terms), &self.before_amend) {
+            (Ok(()), _) => {}
+            (Err(e @ UsageError::AmountMismatch { .. }), Some(before)) => {
+                check(before).map_err(|_| e)?;
+            }
+            (Err(e), _) => return Err(e),
+        }
         self.last_usage = Some(report.clone());
         let due =
             Money::from_micros(report.amount_due).min(Money::from_micros(self.terms.max_total));
@@ -653,6 +686,100 @@ mod tests {
             .micros()
             .min(f.terms.max_total)
         );
+    }
+
+    #[test]
+    fn an_amended_lease_is_billed_and_checked_to_its_new_duration_and_cap() {
+        let mut f = fx();
+        f.terms.max_total = 600_000;
+        // 600 s lease, cap 600 s of cost; extended to 900 s with the cap raised to match.
+        let old_ms = u64::from(f.terms.duration_s) * 1000;
+        let mut amended = f.terms.clone();
+        amended.duration_s = 900;
+        amended.max_total = 900_000;
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        let mut provider = ProviderChannel::new(f.id, &f.terms, T0);
+        // Before the amendment a report past the old duration is refused and the old tariff caps.
+        let mut past = report(&f, 1, old_ms + 10_000);
+        past.amount_due = 610_000;
+        assert!(matches!(
+            renter
+                .clone()
+                .on_usage(&past, &f.provider, old_ms + 10_000, T0),
+            Err(UsageError::WallTimeInflated { .. })
+        ));
+        assert_eq!(
+            provider.tariff().due(old_ms + 10_000).unwrap().micros(),
+            600_000
+        );
+        renter.amend(&amended);
+        provider.amend(&amended);
+        assert_eq!(
+            provider.tariff().due(old_ms + 10_000).unwrap().micros(),
+            610_000
+        );
+        let r = renter
+            .on_usage(&past, &f.provider, old_ms + 10_000, T0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.total_paid, 610_000);
+        provider.accept_receipt(&f.renter, &r, T0).unwrap();
+        assert_eq!(
+            provider.decide(old_ms + 10_000, T0).unwrap(),
+            Decision::Continue,
+            "the old cap no longer stops it"
+        );
+        // The final report is capped at the new duration, exactly.
+        let mut last = report(&f, 2, 900_000);
+        last.exit_code = Some(137);
+        last.amount_due = Tariff::of(&amended).final_due(900_000).unwrap().micros();
+        let r = renter
+            .on_usage(&last, &f.provider, 960_000, T0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.total_paid, 900_000);
+        let mut over = report(&f, 3, 900_001);
+        over.amount_due = 900_000;
+        assert!(renter.on_usage(&over, &f.provider, 960_000, T0).is_err());
+    }
+
+    #[test]
+    fn a_report_capped_by_the_previous_budget_still_passes_after_an_amendment() {
+        let mut f = fx();
+        f.terms.max_total = 30_000; // a tight cap: 30 s of use
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        // The provider signed this at 40 s under the old cap, then accepted the amendment.
+        let mut capped = report(&f, 1, 40_000);
+        capped.amount_due = Tariff::of(&f.terms).due(40_000).unwrap().micros();
+        assert_eq!(capped.amount_due, 30_000);
+        let mut amended = f.terms.clone();
+        amended.duration_s = 900;
+        amended.max_total = 330_000;
+        renter.amend(&amended);
+        let r = renter
+            .on_usage(&capped, &f.provider, 40_000, T0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.total_paid, 30_000);
+        // The next one is billed under the new cap.
+        let next = report(&f, 2, 50_000);
+        let mut next = next;
+        next.amount_due = Tariff::of(&amended).due(50_000).unwrap().micros();
+        assert_eq!(
+            renter
+                .on_usage(&next, &f.provider, 50_000, T0)
+                .unwrap()
+                .unwrap()
+                .total_paid,
+            50_000
+        );
+        // But an amount valid under neither is refused.
+        let mut wrong = report(&f, 3, 60_000);
+        wrong.amount_due = 65_000;
+        assert!(matches!(
+            renter.on_usage(&wrong, &f.provider, 60_000, T0),
+            Err(UsageError::AmountMismatch { .. })
+        ));
     }
 
     #[test]

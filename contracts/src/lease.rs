@@ -71,6 +71,10 @@ impl LeaseState {
     pub fn can_close(self) -> bool {
         matches!(self, Self::Accepted | Self::Starting | Self::Running)
     }
+    /// Amending the terms (a longer duration, `gridlease extend`) is legal only while running.
+    pub fn can_amend(self) -> bool {
+        self == Self::Running
+    }
     /// Settling is legal only while closing.
     pub fn can_settle(self) -> bool {
         self == Self::Closing
@@ -189,10 +193,13 @@ pub struct Transition {
 /// A lease as one node sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
-    /// Hash of the terms.
+    /// Hash of the original terms (amendments do not change it).
     pub id: LeaseId,
-    /// The agreed terms.
+    /// The agreed terms, as amended by the accepted amendments (their duration and budget cap:
+    /// [`crate::amend::amended_terms`]); the original terms are the signed request's.
     pub terms: LeaseTerms,
+    /// Accepted amendments (extensions): the sequence of the last one, 0 for none.
+    pub extensions: u64,
     /// Current state.
     pub state: LeaseState,
     /// When the container started (the lease clock's zero).
@@ -214,6 +221,7 @@ impl Lease {
             id,
             terms,
             state: LeaseState::Proposed,
+            extensions: 0,
             started_at: None,
             closed_at: None,
             close_reason: None,
@@ -226,6 +234,19 @@ impl Lease {
     pub fn deadline(&self) -> Option<Timestamp> {
         self.started_at
             .map(|s| s.plus_secs(u64::from(self.terms.duration_s)))
+    }
+
+    /// Applies an accepted amendment (a longer duration and its budget cap) if it is the next
+    /// one and the lease runs ([`crate::amend::check_next`]); a refused one changes nothing.
+    /// Not a state transition: the lease keeps running, to a later deadline.
+    pub fn amend(
+        &mut self,
+        a: &gridlease_protocol::LeaseAmendment,
+    ) -> Result<(), gridlease_protocol::AmendRefusal> {
+        crate::amend::check_next(self, a)?;
+        self.terms = crate::amend::amended_terms(&self.terms, a);
+        self.extensions = a.seq;
+        Ok(())
     }
 
     /// Whether `actor` may cause `event` at all (independent of state).

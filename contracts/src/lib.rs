@@ -2,7 +2,8 @@
 //!
 //! What this crate is for: money ([`money`]), per-second billing ([`billing`]), offer and lease
 //! term validation ([`terms`]), the lease state machine ([`lease`]), when a lease's container is
-//! signalled ([`deadline`]), the payment channel ([`channel`]) and what an offer may promise
+//! signalled ([`deadline`]), amending a running lease ([`amend`]), the payment channel
+//! ([`channel`]) and what an offer may promise
 //! from the host's capacity ([`capacity`]), and which images a provider runs ([`image`]). The node and the simulator both run exactly this
 //! code.
 //!
@@ -10,6 +11,7 @@
 //! randomness are parameters; every function here is deterministic. It depends on
 //! `gridlease-protocol` only, never on tokio, libp2p, bollard or rusqlite.
 
+pub mod amend;
 pub mod billing;
 pub mod book;
 pub mod capacity;

@@ -32,5 +32,7 @@ fuzz_target!(|data: &[u8]| {
     payload::<PaymentReceipt>(data);
     payload::<LeaseClose>(data);
     payload::<BenchReport>(data);
+    payload::<LeaseAmendment>(data);
+    payload::<AmendAccept>(data);
     let _ = Envelope::from_bytes(data, MessageKind::Offer);
 });

@@ -76,6 +76,7 @@ fn main() -> ExitCode {
                         Command::Leases(a) => commands::leases::run(&api, &out, &a).await,
                         Command::Logs(a) => commands::logs::run(&api, &out, &a).await,
                         Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
+                        Command::Extend(a) => commands::extend::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
                         Command::Devnet(a) => commands::devnet::run(&out, &a).await,
                         Command::Init(_) | Command::Node(_) | Command::Watchdog(_) => Ok(0),

@@ -152,6 +152,23 @@ const MIGRATIONS: &[&str] = &[
         bytes     INTEGER NOT NULL CHECK (bytes >= 0)
     ) STRICT;
     "#,
+    // 6: lease amendments (issue 13, `extend`): the renter's signed proposal and, once
+    // accepted, the provider's signed acceptance. A lease's current duration and budget cap
+    // are those of its last accepted amendment; `leases.duration_s` and the stored request
+    // keep the original terms (whose hash is the lease id). A renter's proposal without an
+    // acceptance is pending (sent, its answer not seen yet).
+    r#"
+    CREATE TABLE lease_amendments (
+        lease_id   BLOB NOT NULL REFERENCES leases(lease_id),
+        seq        INTEGER NOT NULL CHECK (seq >= 1),
+        duration_s INTEGER NOT NULL CHECK (duration_s >= 1),
+        max_total  INTEGER NOT NULL CHECK (max_total >= 0),
+        proposal   BLOB NOT NULL,
+        acceptance BLOB,
+        at         INTEGER NOT NULL,
+        PRIMARY KEY (lease_id, seq)
+    ) STRICT;
+    "#,
 ];
 
 /// Peers remembered (most recently seen first); older ones are forgotten when more are seen.
@@ -836,6 +853,12 @@ impl Store {
             .map(|r: LeaseRequest| r.terms)
             .map_err(|err| self.bad_row("request payload", err))?;
         let mut lease = Lease::propose(lease_id, terms);
+        // The current duration and budget cap: the last accepted amendment's.
+        if let Some((seq, duration_s, max_total)) = self.accepted_amendment(&lease_id)? {
+            lease.terms.duration_s = duration_s;
+            lease.terms.max_total = max_total;
+            lease.extensions = seq;
+        }
         lease.state = state
             .parse::<LeaseState>()
             .map_err(|_| self.bad_row("lease state", state))?;
@@ -1168,5 +1191,108 @@ mod tests {
         assert_eq!(s.lease(&lease_id).unwrap().unwrap().lease.terms, terms);
         assert!(s.lease(&LeaseId(Digest([0; 32]))).unwrap().is_none());
         assert!(s.leases(Some(Role::Renter)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn amendments_are_stored_pending_then_accepted_and_set_the_current_terms() {
+        use gridlease_protocol::{AmendAccept, LeaseAmendment};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.db");
+        let net = NetworkId::devnet();
+        let provider = NodeKey::from_secret([1; 32]);
+        let renter = NodeKey::from_secret([2; 32]);
+        let offer = fixtures::offer(provider.public(), 3, 1, 400_000);
+        let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, renter.public(), 1, 600);
+        let lease_id = terms.lease_id().unwrap();
+        let request = Signed::sign(
+            &renter,
+            &net,
+            &LeaseRequest {
+                terms: terms.clone(),
+                expires_at: T0.plus_secs(30),
+            },
+        )
+        .unwrap();
+        let mut s = Store::open(&p).unwrap();
+        s.insert_lease(&StoredLease {
+            role: Role::Renter,
+            lease: Lease::propose(lease_id, terms.clone()),
+            request,
+            accept: None,
+            gpus: vec![],
+            created_at: T0,
+        })
+        .unwrap();
+        let a = |seq, duration_s, max_total| LeaseAmendment {
+            lease_id,
+            seq,
+            duration_s,
+            max_total,
+            created_at: T0,
+        };
+        let bytes =
+            |m: &LeaseAmendment| Signed::sign(&renter, &net, m).unwrap().to_bytes().unwrap();
+        let accept = |m: &LeaseAmendment| {
+            let acc = AmendAccept {
+                amendment: m.clone(),
+                deadline: T0.plus_secs(u64::from(m.duration_s)),
+                accepted_at: T0,
+            };
+            Signed::sign(&provider, &net, &acc)
+                .unwrap()
+                .to_bytes()
+                .unwrap()
+        };
+        // Pending: stored, not applied.
+        let first = a(1, 900, 20_000_000);
+        s.put_amendment(&lease_id, &first, &bytes(&first), None, T0)
+            .unwrap();
+        let rec = s.session_record(&lease_id).unwrap();
+        let pending = rec.amendment.unwrap();
+        assert_eq!((pending.seq, pending.acceptance), (1, None));
+        assert_eq!(s.lease(&lease_id).unwrap().unwrap().lease.terms, terms);
+        // A refused one is forgotten; a new pending one replaces a pending one.
+        s.drop_pending_amendment(&lease_id, 1).unwrap();
+        assert!(s.session_record(&lease_id).unwrap().amendment.is_none());
+        let again = a(1, 1200, 20_000_000);
+        s.put_amendment(&lease_id, &first, &bytes(&first), None, T0)
+            .unwrap();
+        s.put_amendment(&lease_id, &again, &bytes(&again), None, T0)
+            .unwrap();
+        // Accepted: the lease's terms are the amendment's, the id the original's.
+        s.put_amendment(&lease_id, &again, &bytes(&again), Some(&accept(&again)), T0)
+            .unwrap();
+        drop(s);
+        let mut s = Store::open(&p).unwrap();
+        let l = s.lease(&lease_id).unwrap().unwrap();
+        assert_eq!(
+            (l.lease.terms.duration_s, l.lease.terms.max_total),
+            (1200, 20_000_000)
+        );
+        assert_eq!(l.lease.extensions, 1);
+        assert_eq!(l.lease.id, lease_id);
+        assert_eq!(l.lease.id, terms.lease_id().unwrap());
+        // An accepted row is never replaced, nor dropped as pending.
+        let other = a(1, 5000, 1);
+        s.put_amendment(&lease_id, &other, &bytes(&other), None, T0)
+            .unwrap();
+        s.drop_pending_amendment(&lease_id, 1).unwrap();
+        let l = s.lease(&lease_id).unwrap().unwrap();
+        assert_eq!(l.lease.terms.duration_s, 1200);
+        // The second one, accepted, is the current one.
+        let second = a(2, 1500, 25_000_000);
+        s.put_amendment(
+            &lease_id,
+            &second,
+            &bytes(&second),
+            Some(&accept(&second)),
+            T0,
+        )
+        .unwrap();
+        let l = s.leases(None).unwrap().pop().unwrap();
+        assert_eq!((l.lease.terms.duration_s, l.lease.extensions), (1500, 2));
+        let rec = s.session_record(&lease_id).unwrap().amendment.unwrap();
+        assert_eq!(rec.seq, 2);
+        assert!(rec.acceptance.is_some());
     }
 }

@@ -548,6 +548,7 @@ fn a_watchdog_for_a_missing_container_exits_at_once() {
         deadline_ms: deadline.0,
         grace_ms: 1000,
         term_marker: marker.clone(),
+        deadline_file: None,
     };
     let t = Instant::now();
     let out = Command::new(WATCHDOG_EXE)

@@ -45,6 +45,10 @@ pub enum MessageKind {
     LeaseClose,
     /// A provider's GPU benchmark result.
     BenchReport,
+    /// A renter's proposed amendment of a running lease (a longer duration).
+    LeaseAmendment,
+    /// The provider's signature over the same amendment.
+    AmendAccept,
 }
 
 impl MessageKind {
@@ -59,6 +63,8 @@ impl MessageKind {
             Self::PaymentReceipt => "gridlease/v1/payment-receipt",
             Self::LeaseClose => "gridlease/v1/lease-close",
             Self::BenchReport => "gridlease/v1/bench-report",
+            Self::LeaseAmendment => "gridlease/v1/lease-amendment",
+            Self::AmendAccept => "gridlease/v1/amend-accept",
         }
     }
 }

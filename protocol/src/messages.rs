@@ -33,6 +33,11 @@ pub const MAX_LEASE_CLOSE_BYTES: usize = 1024;
 pub const MAX_DETAIL_LEN: usize = 256;
 /// Cap on an encoded [`BenchReport`].
 pub const MAX_BENCH_REPORT_BYTES: usize = 1024;
+/// Cap on an encoded [`LeaseAmendment`] (at most 65 bytes: a 32-byte lease id and four
+/// varints).
+pub const MAX_LEASE_AMENDMENT_BYTES: usize = 256;
+/// Cap on an encoded [`AmendAccept`] (at most 83 bytes: the amendment plus two times).
+pub const MAX_AMEND_ACCEPT_BYTES: usize = 512;
 
 /// Most GPUs one offer may list.
 pub const MAX_GPUS_PER_OFFER: usize = 16;
@@ -784,6 +789,105 @@ impl Shape for LeaseClose {
     }
 }
 
+/// A renter's proposed amendment of a running lease's terms: a longer duration, and the budget
+/// cap that goes with it. Everything else in the terms stays; the lease id stays the hash of
+/// the original terms. Amendments of one lease are numbered 1, 2, ...; the provider accepts
+/// each by signing the identical amendment in an [`AmendAccept`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAmendment {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// 1 for the first amendment of the lease, then 2, 3, ...
+    pub seq: u64,
+    /// The new duration, seconds from the container's start (longer than the current one).
+    pub duration_s: u32,
+    /// The new budget cap, micro-units (not below the current one).
+    pub max_total: u64,
+    /// When the renter made it.
+    pub created_at: Timestamp,
+}
+
+impl Shape for LeaseAmendment {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        non_zero("seq", self.seq)?;
+        non_zero("duration_s", u64::from(self.duration_s))
+    }
+}
+
+/// The provider's acceptance of an amendment: its signature over the identical amendment, and
+/// the container's new deadline by its clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AmendAccept {
+    /// The amendment, identical to the renter's.
+    pub amendment: LeaseAmendment,
+    /// The container is stopped at this time now (its start + the new duration).
+    pub deadline: Timestamp,
+    /// When the provider accepted.
+    pub accepted_at: Timestamp,
+}
+
+impl Shape for AmendAccept {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        self.amendment.check_shape()
+    }
+}
+
+/// Why a provider refuses an amendment. Nothing changed on either side when one is refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AmendRefusal {
+    /// The lease is not running (not started yet, or over): only a running lease is extended.
+    NotRunning {
+        /// Its state, in words (`starting`, `closing`, ...; at most 32 bytes).
+        state: String,
+    },
+    /// The deadline is too close: the container is already being stopped.
+    TooLate {
+        /// The current deadline.
+        deadline: Timestamp,
+    },
+    /// The sequence is not the next one (a replayed or skipped amendment).
+    BadSequence {
+        /// The sequence the next amendment must have.
+        expected: u64,
+    },
+    /// The new duration is not longer than the current one.
+    NotLonger {
+        /// The current duration, seconds.
+        current_s: u32,
+    },
+    /// The new duration is beyond what the provider offers.
+    BeyondMaxDuration {
+        /// The longest lease the provider's offer allows, seconds.
+        max_s: u32,
+    },
+    /// The new budget cap is below the current one.
+    BudgetLowered {
+        /// The current cap, micro-units.
+        current: u64,
+    },
+    /// The provider no longer offers the lease's GPUs, so it does not commit them for longer.
+    NotOffered,
+    /// The amendment's signature does not verify, or it is not signed by the lease's renter.
+    BadSignature,
+    /// The amendment is structurally invalid.
+    Malformed {
+        /// What is wrong (at most [`MAX_DETAIL_LEN`] bytes).
+        detail: String,
+    },
+    /// The provider could not record the amendment; nothing changed.
+    Internal,
+}
+
+impl Shape for AmendRefusal {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        match self {
+            Self::NotRunning { state } => max_len("refusal.state", state, 32),
+            Self::Malformed { detail } => max_len("refusal.detail", detail, MAX_DETAIL_LEN),
+            _ => Ok(()),
+        }
+    }
+}
+
 wire_message!(Offer, MessageKind::Offer, MAX_OFFER_BYTES);
 wire_message!(
     LeaseRequest,
@@ -815,6 +919,16 @@ wire_message!(
     BenchReport,
     MessageKind::BenchReport,
     MAX_BENCH_REPORT_BYTES
+);
+wire_message!(
+    LeaseAmendment,
+    MessageKind::LeaseAmendment,
+    MAX_LEASE_AMENDMENT_BYTES
+);
+wire_message!(
+    AmendAccept,
+    MessageKind::AmendAccept,
+    MAX_AMEND_ACCEPT_BYTES
 );
 
 impl LeaseTerms {

@@ -8,6 +8,7 @@
 //! | `Session(Usage)` (provider)    | `Receipt` (persisted before sent), `NothingDue`, `Refused` |
 //! | `Session(Close)` (either side) | `Closed` with the responder's last receipt             |
 //! | `Session(Logs)` (renter)       | `Logs` (at most [`MAX_LOG_CHUNK`] bytes)                |
+//! | `Session(Extend)` (renter)     | `Extended` (stored before sent) or `ExtendRefused`      |
 //!
 //! Signed payloads inside are verified by their receiver, never by the codec.
 
@@ -15,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{ENVELOPE_OVERHEAD, Signed, WireMessage};
 use crate::messages::{
-    CloseReason, LeaseAccept, LeaseClose, LeaseReject, LeaseRequest, MAX_LEASE_ACCEPT_BYTES,
-    MAX_LEASE_REQUEST_BYTES, PaymentReceipt, UsageReport,
+    AmendAccept, AmendRefusal, CloseReason, LeaseAccept, LeaseAmendment, LeaseClose, LeaseReject,
+    LeaseRequest, MAX_LEASE_ACCEPT_BYTES, MAX_LEASE_REQUEST_BYTES, PaymentReceipt, UsageReport,
 };
 use crate::types::LeaseId;
 
@@ -76,6 +77,9 @@ pub enum SessionRequest {
         /// Most bytes wanted (capped at [`MAX_LOG_CHUNK`]).
         max: u32,
     },
+    /// Renter -> provider: a signed amendment of the lease's terms (a longer duration);
+    /// answered with [`SessionResponse::Extended`] or [`SessionResponse::ExtendRefused`].
+    Extend(Signed<LeaseAmendment>),
 }
 
 impl SessionRequest {
@@ -89,6 +93,9 @@ impl SessionRequest {
                 .ok()
                 .map(|c| c.lease_id),
             Self::Logs { lease_id, .. } | Self::Starting { lease_id, .. } => Some(*lease_id),
+            Self::Extend(s) => LeaseAmendment::decode_payload(&s.envelope().payload)
+                .ok()
+                .map(|a| a.lease_id),
         }
     }
 }
@@ -129,6 +136,10 @@ pub enum SessionResponse {
     },
     /// Container output.
     Logs(LogChunk),
+    /// The amendment was accepted (and stored): the provider's signature over it.
+    Extended(Signed<AmendAccept>),
+    /// The amendment was refused; nothing changed.
+    ExtendRefused(AmendRefusal),
     /// No such lease here, or not the caller's.
     UnknownLease,
     /// The responder is overloaded, not running, or could not store what it would answer;
@@ -163,6 +174,57 @@ mod tests {
             LeaseRpcResponse::Session(r) => r,
             other => panic!("{other:?}"),
         }
+    }
+
+    fn amendment(lease_id: LeaseId) -> LeaseAmendment {
+        LeaseAmendment {
+            lease_id,
+            seq: u64::MAX,
+            duration_s: u32::MAX,
+            max_total: u64::MAX,
+            created_at: Timestamp(u64::MAX),
+        }
+    }
+
+    #[test]
+    fn amendments_and_their_answers_round_trip_within_their_caps() {
+        use crate::envelope::WireMessage;
+        use crate::messages::{MAX_AMEND_ACCEPT_BYTES, MAX_DETAIL_LEN, MAX_LEASE_AMENDMENT_BYTES};
+        let key = NodeKey::from_secret([8; 32]);
+        let net = NetworkId::devnet();
+        let lease_id = LeaseId(Digest::of("t", b"lease"));
+        // The largest values of every field fit the caps (varints at their longest).
+        let a = amendment(lease_id);
+        assert_eq!(a.encode_payload().unwrap().len(), 65);
+        const { assert!(65 <= MAX_LEASE_AMENDMENT_BYTES) };
+        let accept = AmendAccept {
+            amendment: a.clone(),
+            deadline: Timestamp(u64::MAX),
+            accepted_at: Timestamp(u64::MAX),
+        };
+        assert_eq!(accept.encode_payload().unwrap().len(), 83);
+        const { assert!(83 <= MAX_AMEND_ACCEPT_BYTES) };
+        let signed = Signed::sign(&key, &net, &accept).unwrap();
+        match round_trip_response(SessionResponse::Extended(signed)) {
+            SessionResponse::Extended(got) => {
+                let v = got.verify(&net).unwrap();
+                assert_eq!(v.message, accept);
+                assert_eq!(v.signer, key.public());
+            }
+            other => panic!("{other:?}"),
+        }
+        let refusal = AmendRefusal::Malformed {
+            detail: "y".repeat(MAX_DETAIL_LEN),
+        };
+        match round_trip_response(SessionResponse::ExtendRefused(refusal.clone())) {
+            SessionResponse::ExtendRefused(got) => assert_eq!(got, refusal),
+            other => panic!("{other:?}"),
+        }
+        // An amendment signature is no acceptance: the kinds (and domain tags) differ.
+        let proposal = Signed::sign(&key, &net, &a).unwrap();
+        let bytes = proposal.to_bytes().unwrap();
+        let forged = Signed::<AmendAccept>::from_bytes(&bytes).and_then(|s| s.verify(&net));
+        assert!(forged.is_err(), "an amendment passed off as an acceptance");
     }
 
     #[test]
@@ -216,6 +278,7 @@ mod tests {
                 offset: 7,
                 max: MAX_LOG_CHUNK,
             },
+            SessionRequest::Extend(Signed::sign(&key, &net, &amendment(lease_id)).unwrap()),
         ] {
             assert_eq!(req.lease_hint(), Some(lease_id));
             let bytes =

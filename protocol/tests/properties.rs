@@ -308,6 +308,18 @@ fn receipt() -> impl Strategy<Value = PaymentReceipt> {
     )
 }
 
+fn amendment() -> impl Strategy<Value = LeaseAmendment> {
+    (digest(), any::<(u64, u32, u64)>(), ts()).prop_map(
+        |(id, (seq, duration_s, max_total), created_at)| LeaseAmendment {
+            lease_id: LeaseId(id),
+            seq,
+            duration_s,
+            max_total,
+            created_at,
+        },
+    )
+}
+
 /// Round trip through the codec and through a signed envelope, then decode exactly.
 fn round_trip<T: WireMessage + PartialEq + std::fmt::Debug + Clone>(
     msg: &T,
@@ -363,6 +375,14 @@ proptest! {
 
     #[test]
     fn bench_reports_round_trip(m in bench()) { round_trip(&m)?; }
+
+    #[test]
+    fn amendments_round_trip(m in amendment()) { round_trip(&m)?; }
+
+    #[test]
+    fn amendment_acceptances_round_trip(amendment in amendment(), deadline in ts(), accepted_at in ts()) {
+        round_trip(&AmendAccept { amendment, deadline, accepted_at })?;
+    }
 
     /// Flipping any single bit of a signed envelope's bytes makes it fail: either it no longer
     /// decodes, or it fails verification, or (a bit in a field the signature covers) verify fails.
@@ -450,7 +470,8 @@ proptest! {
         let kinds = [
             MessageKind::Offer, MessageKind::LeaseRequest, MessageKind::LeaseAccept,
             MessageKind::LeaseReject, MessageKind::UsageReport, MessageKind::PaymentReceipt,
-            MessageKind::LeaseClose, MessageKind::BenchReport,
+            MessageKind::LeaseClose, MessageKind::BenchReport, MessageKind::LeaseAmendment,
+            MessageKind::AmendAccept,
         ];
         let sig = ed25519_sign([5; 32], MessageKind::PaymentReceipt, &net, &payload);
         for kind in kinds {

@@ -10,7 +10,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::socket_path;
-use super::types::{ErrorBody, RentRequest, RentedView, StatusView, StoppingView};
+use super::types::{
+    ErrorBody, ExtendRequest, Extended, RentRequest, RentedView, StatusView, StoppingView,
+};
 use crate::lease::{LeaseView, Ledger};
 
 /// Most bytes of one API answer the CLI accepts.
@@ -105,6 +107,12 @@ impl ApiClient {
         struct NoBody {}
         self.post(&format!("/v1/leases/{lease}/stop"), &NoBody {})
             .await
+    }
+
+    /// `POST /v1/leases/{lease}/extend`: extends a running lease this node rents; answers once
+    /// the provider accepted ([`ClientError::Api`] with status 409 when refused).
+    pub async fn extend(&self, lease: &str, body: &ExtendRequest) -> Result<Extended, ClientError> {
+        self.post(&format!("/v1/leases/{lease}/extend"), body).await
     }
 
     /// `GET /v1/ledger`.

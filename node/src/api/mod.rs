@@ -27,8 +27,8 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{
-    LeaseError, LeaseService, LeaseView, Ledger, ProvideError, ProvideSettings, RentError,
-    RentRequest,
+    ExtendError, ExtendRequest, Extended, LeaseError, LeaseService, LeaseView, Ledger,
+    ProvideError, ProvideSettings, RentError, RentRequest,
 };
 use crate::net::Client;
 use types::{
@@ -132,6 +132,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/leases/{id}", get(lease))
         .route("/v1/leases/{id}/logs", get(logs))
         .route("/v1/leases/{id}/stop", post(stop))
+        .route("/v1/leases/{id}/extend", post(extend))
         .route("/v1/ledger", get(ledger))
         .with_state(state)
 }
@@ -321,6 +322,8 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         verified: n.verified,
         age_s: now.ms_since(e.offer.created_at) / 1000,
         region: e.offer.region.clone(),
+        min_billed_s: e.offer.min_billed_s,
+        max_duration_s: e.offer.max_duration_s,
     }
 }
 
@@ -458,6 +461,10 @@ async fn rent(
         Ok(id) => Ok(Json(RentedView {
             lease_id: id.to_string(),
             note,
+            min_billed_s: match s.leases.lease(id).await {
+                Ok(Some(v)) => v.min_billed_s,
+                _ => 0,
+            },
         })),
         Err(RentError::Rejected(reason)) => Err(ApiError::conflict(
             format!("the provider rejected the lease: {}", reject_text(&reason)),
@@ -526,6 +533,37 @@ async fn stop(
         lease_id: id.to_string(),
         stopping: true,
     }))
+}
+
+/// `POST /v1/leases/{id}/extend`: 200 with the new terms; 409 with the reason when refused
+/// (by the provider, or here by the same rule); 400 for a bad request or a lease this node
+/// provides; 404 for an unknown lease; 502 when the provider gave no usable answer (the
+/// extension stays pending and is sent again by the next call).
+async fn extend(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+    Json(req): Json<ExtendRequest>,
+) -> Result<Json<Extended>, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    match s.leases.extend(id, req).await {
+        Ok(x) => Ok(Json(x)),
+        Err(e @ ExtendError::Refused(_)) => Err(ApiError::conflict(
+            format!("lease {} cannot be extended: {e}", id.short()),
+            None,
+        )),
+        Err(e @ (ExtendError::BadRequest(_) | ExtendError::NotRenter(_))) => {
+            Err(ApiError::bad_request(e.to_string(), None))
+        }
+        Err(e @ ExtendError::Unknown(_)) => Err(ApiError::not_found(e.to_string())),
+        Err(e @ ExtendError::Remote { .. }) => Err(ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            body: ErrorBody {
+                error: e.to_string(),
+                hint: Some("run the same `extend` again once the provider is reachable".into()),
+            },
+        }),
+        Err(e) => Err(ApiError::internal(e)),
+    }
 }
 
 /// Query string of `GET /v1/leases/{id}/logs`.

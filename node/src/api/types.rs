@@ -118,6 +118,13 @@ pub struct OfferRow {
     pub age_s: u64,
     /// Region label.
     pub region: String,
+    /// Minimum billed seconds of any lease of this offer (billing is per second, at least this
+    /// long).
+    #[serde(default)]
+    pub min_billed_s: u32,
+    /// Longest lease, seconds (also the most an extension may reach).
+    #[serde(default)]
+    pub max_duration_s: u32,
 }
 
 /// `GET /v1/gpus`: one local GPU.
@@ -154,7 +161,17 @@ pub struct RentedView {
     /// equivalent one and that one was rented.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Minimum billed seconds of the lease (from the offer): it is billed per second, at least
+    /// this long.
+    #[serde(default)]
+    pub min_billed_s: u32,
 }
+
+/// Body of `POST /v1/leases/{id}/extend` (see [`crate::lease::ExtendRequest`]).
+pub use crate::lease::ExtendRequest;
+
+/// Answer of `POST /v1/leases/{id}/extend` (see [`crate::lease::Extended`]).
+pub use crate::lease::Extended;
 
 /// Answer of `POST /v1/leases/{id}/stop`: the stop was taken in hand (the lease settles
 /// shortly after; follow it with `GET /v1/leases/{id}`).

@@ -52,6 +52,11 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                     money(v.cost_so_far),
                     money(v.paid),
                     v.time_left_s.map_or("-".into(), |x| format!("{x} s")),
+                    if v.extensions > 0 {
+                        format!("{} s ({} ext)", v.duration_s, v.extensions)
+                    } else {
+                        format!("{} s", v.duration_s)
+                    },
                 ]
             })
             .collect();
@@ -69,10 +74,12 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                 "cost",
                 "paid",
                 "left",
+                "duration",
             ],
             rows,
-            // Least important first: counterparty, net, cpu s, vram, gpu util, gpus, role, paid.
-            &[3, 8, 7, 6, 5, 4, 1, 10],
+            // Least important first: duration (with its extensions), counterparty, net, cpu s,
+            // vram, gpu util, gpus, role, paid.
+            &[12, 3, 8, 7, 6, 5, 4, 1, 10],
             args.wide,
         );
     });

@@ -1,13 +1,14 @@
 //! The command line: one file per subcommand. `main.rs` parses and dispatches.
 //!
 //! Exit codes: 0 success; 1 failure; 2 usage error or no GPU/CUDA for `bench`; 3 no node is
-//! running for this home; 4 a lease was rejected by the provider (the reason is printed);
-//! 5 the provider accepted a lease but could not start it (the reason is printed,
+//! running for this home; 4 a lease (or an extension, `extend`) was refused (the reason is
+//! printed); 5 the provider accepted a lease but could not start it (the reason is printed,
 //! [`rent::EXIT_START_FAILED`]); `rent` without `--detach` exits with the container's exit
 //! code, or 130 when Ctrl-C interrupted it ([`rent::EXIT_INTERRUPTED`]).
 
 pub mod bench;
 pub mod devnet;
+pub mod extend;
 pub mod gpus;
 pub mod init;
 pub mod leases;
@@ -87,6 +88,10 @@ pub enum Command {
     Logs(logs::LogsArgs),
     /// End a lease now.
     Stop(stop::StopArgs),
+    /// Make a running lease longer: `extend LEASE --minutes 30` (the provider must accept).
+    ///
+    /// Prints the new deadline and budget cap; a refusal exits 4 with the reason.
+    Extend(extend::ExtendArgs),
     /// Earnings and spend, per lease and in total.
     Ledger(ledger::LedgerArgs),
     /// A whole local market in one command: bootstrap, providers, renter, one real lease.

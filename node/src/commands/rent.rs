@@ -259,17 +259,45 @@ pub async fn wait_terminal(
     }
 }
 
+/// How a lease is billed, in words: `billed per second, at least 60 s`.
+pub fn billing_text(min_billed_s: u32) -> String {
+    if min_billed_s > 0 {
+        format!("billed per second, at least {min_billed_s} s")
+    } else {
+        "billed per second".into()
+    }
+}
+
+/// Whether a finished lease paid its minimum billed time rather than its run time: it ran less
+/// than the minimum and paid more than those seconds cost.
+pub fn minimum_applied(view: &LeaseView) -> bool {
+    let wall_s = view.usage.as_ref().map_or(0, |u| u.wall_ms) / 1000;
+    let paid = view.settled_total.unwrap_or(view.paid);
+    let ran_cost = gridlease_contracts::cost(
+        wall_s,
+        view.gpus,
+        Money::from_micros(view.price_per_gpu_hour),
+    );
+    wall_s < u64::from(view.min_billed_s) && ran_cost.is_ok_and(|c| paid > c.micros())
+}
+
 /// Prints the bill of a finished lease.
 pub fn print_bill(out: &Printer, view: &LeaseView) {
     let wall_s = view.usage.as_ref().map_or(0, |u| u.wall_ms) / 1000;
+    let minimum = if minimum_applied(view) {
+        format!("; minimum billing of {} s applied", view.min_billed_s)
+    } else {
+        String::new()
+    };
     out.line(&format!(
-        "lease {} {}: ran {} s on {} GPU(s) at {}/GPU-hour; paid {}{}",
+        "lease {} {}: ran {} s on {} GPU(s) at {}/GPU-hour; paid {}{}{}",
         short(&view.lease_id.to_string()),
         view.state.as_str(),
         wall_s,
         view.gpus,
         money(view.price_per_gpu_hour),
         money(view.settled_total.unwrap_or(view.paid)),
+        minimum,
         view.close_reason
             .as_ref()
             .map(|r| format!(" ({r})"))
@@ -334,8 +362,9 @@ async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, L
         out.note(note);
     }
     out.line(&format!(
-        "lease {} accepted; following its output",
-        rented.lease_id
+        "lease {} accepted; following its output ({})",
+        rented.lease_id,
+        billing_text(rented.min_billed_s)
     ));
     fg.accepted(&rented.lease_id).await?;
     fg.drive(show_pull(api, out, &rented.lease_id)).await??;

@@ -80,6 +80,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                         "unverified".into()
                     },
                     format!("{} s", r.age_s),
+                    format!("{} s", r.min_billed_s),
                 ]
             })
             .collect();
@@ -94,9 +95,12 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "per TFLOP",
                 "verified",
                 "age",
+                "min bill",
             ],
             table,
-            &[1, 6, 8, 4, 7],
+            // Least important first; `min bill` (billed per second, at least this long) shows
+            // in wide terminals and with --wide.
+            &[9, 1, 6, 8, 4, 7],
             args.wide,
         );
     });

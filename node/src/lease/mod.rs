@@ -46,6 +46,7 @@
 
 pub mod desk;
 mod egress;
+pub mod extend;
 pub mod images;
 pub mod logs;
 pub mod provider;
@@ -81,6 +82,7 @@ use crate::renter::{offer_addrs, terms_for};
 use crate::store::lease::SessionRecord;
 use crate::store::{Role, StoreError, StoreHandle, StoredLease};
 
+pub use extend::{ExtendError, ExtendRequest, Extended};
 pub use view::{FailureView, LeaseStatement, LeaseView, Ledger, PullView, UsageView};
 pub use wire::{LogChunk, SessionRequest, SessionResponse};
 
@@ -166,6 +168,9 @@ pub struct Faults {
     /// Provider: decide and store leases but never run their sessions (negotiation tests
     /// without Docker): they stay `accepted`, holding their GPUs.
     pub hold_sessions: bool,
+    /// Provider: accept (and store, and act on) a lease's first extension but answer `Busy`,
+    /// as if the answer were lost on the way.
+    pub lose_first_extend_answer: bool,
 }
 
 /// Which bad receipt a faulty renter sends.
@@ -439,6 +444,8 @@ pub(crate) enum SessionMsg {
     Inbound(Box<InboundSession>),
     /// Stop the lease locally (renter: close; provider: stop the container).
     Stop(oneshot::Sender<()>),
+    /// Extend the lease (renter only; [`extend`]).
+    Extend(Box<extend::ExtendAsk>),
 }
 
 /// Shared, immutable context of all sessions.
@@ -747,6 +754,36 @@ impl LeaseService {
                 Some(_) => Ok(()), // already over
                 None => Err(LeaseError::Unknown(id)),
             }
+        }
+    }
+
+    /// Extends a running lease this node rents ([`extend`]): answers once the provider has
+    /// accepted (and both sides stored) the amendment, or with why not.
+    pub async fn extend(&self, id: LeaseId, req: ExtendRequest) -> Result<Extended, ExtendError> {
+        let add_s = req.added_s()?;
+        let (reply, rx) = oneshot::channel();
+        let ask = extend::ExtendAsk {
+            add_s,
+            max_total: req.max_total,
+            reply,
+        };
+        let msg = Box::new(SessionMsg::Extend(Box::new(ask)));
+        let sent = self
+            .ask(|r| Cmd::ToSession(id, msg, r))
+            .await
+            .map_err(|_| ExtendError::Closed)?;
+        if sent {
+            return rx.await.map_err(|_| ExtendError::Closed)?;
+        }
+        // No session: the lease is over (or not this node's).
+        match self.ctx.store.call(move |s| s.lease(&id)).await? {
+            Some(l) if l.role == Role::Provider => Err(ExtendError::NotRenter(id)),
+            Some(l) => Err(ExtendError::Refused(
+                gridlease_protocol::AmendRefusal::NotRunning {
+                    state: l.lease.state.as_str().to_string(),
+                },
+            )),
+            None => Err(ExtendError::Unknown(id)),
         }
     }
 

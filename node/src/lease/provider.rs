@@ -19,8 +19,8 @@ use gridlease_contracts::{
     StopSchedule, Tariff,
 };
 use gridlease_protocol::{
-    CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey, Signed, StartFailure,
-    StartFailureKind, Timestamp, UsageReport,
+    AmendAccept, AmendRefusal, CloseReason, LeaseClose, LeaseId, PaymentReceipt, PeerId, PublicKey,
+    Signed, StartFailure, StartFailureKind, Timestamp, UsageReport,
 };
 use gridlease_sandbox::meter::{Cut, Meter, MeterControl, Usage, meter_run, to_usage_report};
 use gridlease_sandbox::runtime::SandboxError;
@@ -60,6 +60,9 @@ struct Session {
     logs: Option<LogWriter>,
     /// Why the start failed, once it did.
     failure: Option<StartFailure>,
+    /// The last amendment accepted and its signed acceptance: an identical retry (its answer
+    /// lost) gets the same acceptance again.
+    last_amendment: Option<(gridlease_protocol::LeaseAmendment, Signed<AmendAccept>)>,
 }
 
 impl Session {
@@ -213,6 +216,120 @@ impl Session {
         Some(signed)
     }
 
+    /// The renter's extension ([`super::extend`]): verified, decided by
+    /// `gridlease_contracts::amend::check_amendment`, signed; then (persist before act) the
+    /// watchdog's deadline file and the amendment with its acceptance are written, and only
+    /// then the lease, its payment channel and (in the caller) the stop schedule take the new
+    /// terms and the acceptance is sent. Returns true when the deadline moved.
+    async fn on_extend(&mut self, m: super::InboundSession, grace_ms: u64) -> bool {
+        let super::InboundSession {
+            peer,
+            request,
+            reply,
+        } = m;
+        let SessionRequest::Extend(signed) = request else {
+            let _ = reply.send(SessionResponse::UnknownLease);
+            return false;
+        };
+        if Some(peer) != self.renter_peer {
+            let _ = reply.send(SessionResponse::UnknownLease);
+            return false;
+        }
+        let refuse = |reply: super::SessionReply, r: AmendRefusal| {
+            tracing::info!(refusal = ?r, "extension refused");
+            let _ = reply.send(SessionResponse::ExtendRefused(r));
+            false
+        };
+        let ctx = self.ctx.clone();
+        let Ok(v) = signed.verify(ctx.client.network()) else {
+            return refuse(reply, AmendRefusal::BadSignature);
+        };
+        let a = v.message;
+        if let Some((last, accepted)) = &self.last_amendment
+            && last == &a
+            && v.signer == self.renter
+        {
+            let _ = reply.send(SessionResponse::Extended(accepted.clone()));
+            return false;
+        }
+        let limits = match ctx.client.own_offer().await {
+            Ok(Some(own)) => Some(gridlease_contracts::amend::OfferLimits {
+                max_duration_s: own.offer.max_duration_s,
+                gpus_offered: self
+                    .gpus
+                    .iter()
+                    .all(|g| own.offer.gpus.iter().any(|o| o.spec.uuid_digest == *g)),
+            }),
+            _ => None,
+        };
+        let now = ctx.now();
+        if let Err(r) = gridlease_contracts::amend::check_amendment(
+            &self.lease,
+            &a,
+            &v.signer,
+            limits,
+            grace_ms,
+            now,
+        ) {
+            return refuse(reply, r);
+        }
+        let (Some(old), Some(started)) = (self.lease.deadline(), self.lease.started_at) else {
+            return refuse(reply, AmendRefusal::Internal);
+        };
+        let deadline = started.plus_secs(u64::from(a.duration_s));
+        let accept = AmendAccept {
+            amendment: a.clone(),
+            deadline,
+            accepted_at: now,
+        };
+        let (Some(accepted), Ok(pbytes)) = (sign(&ctx, &accept), signed.to_bytes()) else {
+            return refuse(reply, AmendRefusal::Internal);
+        };
+        let Ok(abytes) = accepted.to_bytes() else {
+            return refuse(reply, AmendRefusal::Internal);
+        };
+        // The watchdog learns the new deadline before anything is acknowledged; were the
+        // amendment not stored, the old deadline goes back (the session keeps it meanwhile).
+        let dir = ctx.config.data_dir.clone();
+        if let Err(e) = watchdog::set_deadline(&dir, &self.lease.id, deadline) {
+            tracing::error!(error = %e, "cannot tell the watchdog the new deadline; extension refused");
+            return refuse(reply, AmendRefusal::Internal);
+        }
+        let (id, stored) = (self.lease.id, a.clone());
+        if let Err(e) = ctx
+            .store
+            .call(move |st| st.put_amendment(&id, &stored, &pbytes, Some(&abytes), now))
+            .await
+        {
+            tracing::error!(error = %e, "cannot store the extension; refused");
+            if let Err(e) = watchdog::set_deadline(&dir, &self.lease.id, old) {
+                tracing::warn!(error = %e, "cannot restore the watchdog's deadline");
+            }
+            return refuse(reply, AmendRefusal::Internal);
+        }
+        if let Err(r) = self.lease.amend(&a) {
+            // Checked above on the same lease: cannot happen.
+            tracing::error!(refusal = ?r, "a checked extension did not apply");
+            return refuse(reply, r);
+        }
+        self.channel.amend(&self.lease.terms);
+        self.last_amendment = Some((a, accepted.clone()));
+        self.publish();
+        tracing::info!(
+            seq = self.lease.extensions,
+            duration_s = self.lease.terms.duration_s,
+            max_total = self.lease.terms.max_total,
+            deadline = %deadline,
+            "lease extended"
+        );
+        if ctx.config.faults.lose_first_extend_answer && self.lease.extensions == 1 {
+            let _ = reply.send(SessionResponse::Busy);
+            return true;
+        }
+        let _ = reply.send(SessionResponse::Extended(accepted));
+        true
+    }
+
     /// Handles the renter's answer to a report. Returns a reason to stop, if any.
     async fn on_answer(&mut self, answer: Result<SessionResponse, String>) -> Option<CloseReason> {
         match answer {
@@ -288,6 +405,11 @@ pub(crate) async fn run(
         view: view_tx,
         logs: None,
         failure: rec.fields.failure.clone(),
+        last_amendment: rec.amendment.as_ref().and_then(|a| {
+            let (_, proposal) = super::extend::decode_proposal(&a.proposal)?;
+            let (signed, _) = super::extend::decode_acceptance(a.acceptance.as_deref()?)?;
+            Some((proposal, signed))
+        }),
     };
     s.publish();
 
@@ -671,9 +793,10 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
         )
     });
     let terms = s.lease.terms.clone();
-    let deadline = started.plus_secs(u64::from(terms.duration_s));
+    // The deadline moves later when the renter's extension is accepted (`on_extend`).
+    let mut deadline = started.plus_secs(u64::from(terms.duration_s));
     let grace_ms = u64::try_from(ctx.config.stop_grace.as_millis()).unwrap_or(u64::MAX);
-    let at_deadline = StopSchedule::at_deadline(deadline, grace_ms);
+    let mut at_deadline = StopSchedule::at_deadline(deadline, grace_ms);
     let claim = watchdog::term_claim(&ctx.config.data_dir, &s.lease.id);
     ensure_watchdog(s, &cid, deadline);
     let gpu_uuids = if ctx.config.gpu_sampler.is_some() {
@@ -738,11 +861,23 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
                 break Ended::Exited;
             }
             () = &mut expiry => break Ended::Stop(CloseReason::Expired),
-            Some(msg) = inbox.recv() => {
-                if let Some(reason) = on_msg(s, msg) {
-                    break Ended::Stop(reason);
+            Some(msg) = inbox.recv() => match msg {
+                SessionMsg::Inbound(m) if matches!(m.request, SessionRequest::Extend(_)) => {
+                    if s.on_extend(*m, grace_ms).await
+                        && let Some(d) = s.lease.deadline()
+                    {
+                        deadline = d;
+                        at_deadline = StopSchedule::at_deadline(deadline, grace_ms);
+                        let until = Duration::from_millis(at_deadline.term_at.ms_since(ctx.now()));
+                        expiry.as_mut().reset(tokio::time::Instant::now() + until);
+                    }
                 }
-            }
+                msg => {
+                    if let Some(reason) = on_msg(s, msg) {
+                        break Ended::Stop(reason);
+                    }
+                }
+            },
             Some(answer) = inflight.join_next(), if !inflight.is_empty() => {
                 let answer = answer.unwrap_or_else(|e| Err(e.to_string()));
                 if let Some(reason) = s.on_answer(answer).await {
@@ -889,6 +1024,12 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
         SessionMsg::Stop(done) => {
             let _ = done.send(());
             Some(CloseReason::ProviderStop)
+        }
+        SessionMsg::Extend(ask) => {
+            let _ = ask
+                .reply
+                .send(Err(super::ExtendError::NotRenter(s.lease.id)));
+            None
         }
         SessionMsg::Inbound(m) => {
             let from_renter = Some(m.peer) == s.renter_peer;

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use gridlease_contracts::{Actor, Lease, LeaseEvent, RenterChannel};
 use gridlease_protocol::{
-    CloseReason, LeaseClose, PaymentReceipt, PeerId, PublicKey, Signed, Timestamp, UsageReport,
+    AmendAccept, CloseReason, LeaseAmendment, LeaseClose, PaymentReceipt, PeerId, PublicKey,
+    Signed, Timestamp, UsageReport,
 };
 use tokio::sync::{mpsc, watch};
 
+use super::extend::{self as ext, Answer, ExtendError, Extended};
 use super::view::{self, LeaseView};
 use super::wire::{SessionRequest, SessionResponse, detail};
 use super::{Ctx, InboundSession, SessionMsg, session_rpc, sign};
@@ -39,6 +41,8 @@ struct Session {
     failure: Option<gridlease_protocol::StartFailure>,
     /// The provider's image pull so far (bytes pulled, bytes known), before the start.
     pull: Option<(u64, u64)>,
+    /// An extension sent (and stored) whose answer was not seen yet ([`super::extend`]).
+    pending: Option<(LeaseAmendment, Signed<LeaseAmendment>)>,
     view: watch::Sender<LeaseView>,
 }
 
@@ -174,6 +178,120 @@ impl Session {
         }
     }
 
+    /// Extends the lease by `add_s` seconds (cap `max_total`, default raised by the added
+    /// time's cost): a pending extension is resolved first (if the provider had accepted it,
+    /// that is the answer); then the next amendment is proposed, stored as pending, sent, and
+    /// applied once its acceptance is verified and stored.
+    async fn extend(
+        &mut self,
+        add_s: u32,
+        max_total: Option<gridlease_contracts::Money>,
+    ) -> Result<Extended, ExtendError> {
+        if let Some((earlier, _)) = self.pending.clone() {
+            match self.resolve_pending().await {
+                Ok(Some(mut x)) => {
+                    x.note = Some(format!(
+                        "extension {} (to {} s) had not been answered; the provider had                          accepted it, so no further extension was asked for",
+                        earlier.seq, earlier.duration_s
+                    ));
+                    return Ok(x);
+                }
+                Ok(None) | Err(ExtendError::Refused(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let now = self.ctx.now();
+        let a = gridlease_contracts::amend::propose(&self.lease, add_s, max_total, now)
+            .map_err(ExtendError::Refused)?;
+        let signed = sign(&self.ctx, &a).ok_or(ExtendError::Refused(
+            gridlease_protocol::AmendRefusal::Internal,
+        ))?;
+        let bytes = signed
+            .to_bytes()
+            .map_err(|e| ExtendError::BadRequest(e.to_string()))?;
+        // Persist before sending: a restarted node still knows what it may have agreed to.
+        let (id, stored) = (self.lease.id, a.clone());
+        self.ctx
+            .store
+            .call(move |s| s.put_amendment(&id, &stored, &bytes, None, now))
+            .await?;
+        self.pending = Some((a, signed));
+        self.resolve_pending().await?.ok_or(ExtendError::Closed)
+    }
+
+    /// Sends the pending extension (if any) and applies its acceptance: `Ok(None)` when none
+    /// was pending. A refusal forgets it; no answer keeps it pending.
+    async fn resolve_pending(&mut self) -> Result<Option<Extended>, ExtendError> {
+        let Some((a, signed)) = self.pending.clone() else {
+            return Ok(None);
+        };
+        let Some(peer) = self.provider_peer else {
+            return Err(ExtendError::Remote {
+                lease_id: self.lease.id,
+                detail: "the provider has no peer id".into(),
+            });
+        };
+        match ext::send(&self.ctx, peer, &self.provider, &signed, &a).await {
+            Answer::Accepted(sa, accept) => {
+                self.accepted(&a, &signed, &sa, &accept).await.map(Some)
+            }
+            Answer::Refused(r) => {
+                tracing::info!(refusal = ?r, seq = a.seq, "extension refused by the provider");
+                let (id, seq) = (self.lease.id, a.seq);
+                if let Err(e) = self
+                    .ctx
+                    .store
+                    .call(move |s| s.drop_pending_amendment(&id, seq))
+                    .await
+                {
+                    tracing::warn!(error = %e, "cannot forget a refused extension");
+                }
+                self.pending = None;
+                Err(ExtendError::Refused(r))
+            }
+            Answer::Failed(detail) => Err(ExtendError::Remote {
+                lease_id: self.lease.id,
+                detail,
+            }),
+        }
+    }
+
+    /// The provider accepted amendment `a`: store its acceptance, then take the new terms.
+    async fn accepted(
+        &mut self,
+        a: &LeaseAmendment,
+        signed: &Signed<LeaseAmendment>,
+        sa: &Signed<AmendAccept>,
+        accept: &AmendAccept,
+    ) -> Result<Extended, ExtendError> {
+        let now = self.ctx.now();
+        let (pbytes, abytes) = match (signed.to_bytes(), sa.to_bytes()) {
+            (Ok(p), Ok(b)) => (p, b),
+            (Err(e), _) | (_, Err(e)) => return Err(ExtendError::BadRequest(e.to_string())),
+        };
+        let (id, stored) = (self.lease.id, a.clone());
+        self.ctx
+            .store
+            .call(move |s| s.put_amendment(&id, &stored, &pbytes, Some(&abytes), now))
+            .await?;
+        self.pending = None;
+        if let Err(r) = self.lease.amend(a) {
+            // Accepted and stored, but this lease moved on meanwhile (it closed): nothing to run.
+            tracing::warn!(refusal = ?r, "an accepted extension no longer applies here");
+            return Err(ExtendError::Refused(r));
+        }
+        self.channel.amend(&self.lease.terms);
+        self.publish();
+        tracing::info!(
+            seq = a.seq,
+            duration_s = a.duration_s,
+            max_total = a.max_total,
+            deadline = %accept.deadline,
+            "lease extended"
+        );
+        Ok(Extended::of(accept, now))
+    }
+
     /// Handles a usage report. Returns `Some(reason)` when the lease must end.
     async fn on_usage(
         &mut self,
@@ -198,7 +316,16 @@ impl Session {
         let elapsed = now.ms_since(seen_at);
         self.note_running(&v.message).await;
         let before = self.channel.clone();
-        match self.channel.on_usage(&v.message, &v.signer, elapsed, now) {
+        let mut checked = self.channel.on_usage(&v.message, &v.signer, elapsed, now);
+        if checked.is_err() && self.pending.is_some() {
+            // A report beyond the terms we hold may be covered by an extension whose answer we
+            // missed: learn its fate before refusing the report.
+            if let Err(e) = self.resolve_pending().await {
+                tracing::debug!(error = %e, "pending extension not resolved");
+            }
+            checked = self.channel.on_usage(&v.message, &v.signer, elapsed, now);
+        }
+        match checked {
             Ok(Some(receipt)) => {
                 let encoded = sign(&self.ctx, &receipt)
                     .and_then(|rs| Some((rs.to_bytes().ok()?, rs)))
@@ -302,6 +429,12 @@ pub(crate) async fn run(
         exit_code: rec.fields.exit_code,
         failure: rec.fields.failure.clone(),
         pull: None,
+        pending: rec
+            .amendment
+            .as_ref()
+            .filter(|a| a.acceptance.is_none())
+            .and_then(|a| ext::decode_proposal(&a.proposal))
+            .map(|(s, m)| (m, s)),
         view: view_tx,
     };
     s.publish();
@@ -330,6 +463,9 @@ pub(crate) async fn run(
                         closing_since = Some(ctx.now());
                     }
                     let _ = done.send(());
+                }
+                Some(SessionMsg::Extend(ask)) => {
+                    let _ = ask.reply.send(s.extend(ask.add_s, ask.max_total).await);
                 }
                 Some(SessionMsg::Inbound(m)) => {
                     let InboundSession { peer, request, reply } = *m;
@@ -374,7 +510,7 @@ pub(crate) async fn run(
                                 }
                             }
                         }
-                        SessionRequest::Logs { .. } => {
+                        SessionRequest::Logs { .. } | SessionRequest::Extend(_) => {
                             let _ = reply.send(SessionResponse::UnknownLease);
                         }
                         SessionRequest::Starting { pulled, total, .. } => {

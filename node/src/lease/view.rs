@@ -66,8 +66,17 @@ pub struct LeaseView {
     pub gpus: u16,
     /// Price per GPU-hour, micro-units.
     pub price_per_gpu_hour: u64,
-    /// Requested duration, seconds.
+    /// Duration, seconds: the requested one, or the last extension's (`extensions`).
     pub duration_s: u32,
+    /// Budget cap, micro-units: the requested one, or the last extension's.
+    #[serde(default)]
+    pub max_total: u64,
+    /// Extensions accepted (`gridlease extend`), 0 for none.
+    #[serde(default)]
+    pub extensions: u64,
+    /// Minimum billed seconds (from the offer): a lease that ends earlier pays for this long.
+    #[serde(default)]
+    pub min_billed_s: u32,
     /// Image.
     pub image: String,
     /// When the container started (unix ms).
@@ -219,6 +228,9 @@ pub(crate) fn make(
         gpus: t.gpu_count,
         price_per_gpu_hour: t.price_per_gpu_hour,
         duration_s: t.duration_s,
+        max_total: t.max_total,
+        extensions: lease.extensions,
+        min_billed_s: t.min_billed_s,
         image: t.image.clone(),
         started_at: lease.started_at.map(|t| t.0),
         closed_at: lease.closed_at.map(|t| t.0),
@@ -473,7 +485,8 @@ mod tests {
             concat!(
                 r#"{{"lease_id":"{id}","role":"provider","state":"settled","#,
                 r#""counterparty":"{peer}","gpus":1,"price_per_gpu_hour":3600000,"#,
-                r#""duration_s":600,"image":"{image}","started_at":{started},"#,
+                r#""duration_s":600,"max_total":10000000,"extensions":0,"min_billed_s":60,"#,
+                r#""image":"{image}","started_at":{started},"#,
                 r#""closed_at":{closed},"usage":{{"seq":6,"wall_ms":60000,"#,
                 r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,
                 r#""mem_peak_mib":1024}},"paid":60000,"cost_so_far":60000,"#,

@@ -12,6 +12,15 @@
 //! at the deadline, through the Docker API; it exits as soon as the container no longer runs
 //! (stopped by itself or by the node, or removed: early, without signalling anything).
 //!
+//! **An extended lease** (`gridlease extend`) moves the deadline later. The watchdog learns it
+//! from `leases/<lease>.deadline` (`--deadline-file`; unix ms, written atomically by the
+//! provider's session *before* it accepts the extension: [`set_deadline`]). Until the SIGTERM
+//! time it reads the file every [`DEADLINE_POLL`]; a later deadline replaces its schedule, an
+//! earlier or unreadable one is ignored (it never stops a container before the deadline it was
+//! started with). The provider accepts an extension only up to
+//! `gridlease_contracts::amend::AMEND_MARGIN_MS` (1 s, four polls) before the SIGTERM time, so
+//! the watchdog sees it before it acts; once SIGTERM is sent nothing moves the deadline.
+//!
 //! It is idempotent with the node's own enforcement: SIGKILL twice is SIGKILL once, and SIGTERM
 //! goes through a [`TermClaim`] (`leases/<lease>.term`), so the tenant gets one SIGTERM whoever
 //! sends it. It never removes the container: the node does, once it has settled the lease
@@ -53,6 +62,10 @@ pub const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 /// Pause between attempts when Docker does not answer.
 const RETRY: Duration = Duration::from_secs(2);
 
+/// How often a watchdog looks for a later deadline (an extended lease) before the SIGTERM
+/// time; well below `gridlease_contracts::amend::AMEND_MARGIN_MS`.
+pub const DEADLINE_POLL: Duration = Duration::from_millis(250);
+
 /// What one watchdog enforces (the arguments of `gridlease __watchdog`).
 #[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
 pub struct WatchdogArgs {
@@ -68,12 +81,15 @@ pub struct WatchdogArgs {
     /// The SIGTERM claim shared with the node (a marker file; see `TermClaim`).
     #[arg(long)]
     pub term_marker: PathBuf,
+    /// Where the provider writes a later deadline when the lease is extended (unix ms).
+    #[arg(long)]
+    pub deadline_file: Option<PathBuf>,
 }
 
 impl WatchdogArgs {
     /// The command line that runs this watchdog (after the executable).
     pub fn to_argv(&self) -> Vec<OsString> {
-        vec![
+        let mut argv: Vec<OsString> = vec![
             SUBCOMMAND.into(),
             "--container".into(),
             self.container.clone().into(),
@@ -83,12 +99,28 @@ impl WatchdogArgs {
             self.grace_ms.to_string().into(),
             "--term-marker".into(),
             self.term_marker.clone().into_os_string(),
-        ]
+        ];
+        if let Some(f) = &self.deadline_file {
+            argv.push("--deadline-file".into());
+            argv.push(f.clone().into_os_string());
+        }
+        argv
     }
 
-    /// When it signals the container.
+    /// When it signals the container, for the deadline it was started with.
     pub fn schedule(&self) -> StopSchedule {
         StopSchedule::at_deadline(Timestamp(self.deadline_ms), self.grace_ms)
+    }
+
+    /// The deadline now: the later of the one it was started with and the deadline file's.
+    pub fn current_deadline(&self) -> Timestamp {
+        let file = self
+            .deadline_file
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        Timestamp(self.deadline_ms.max(file))
     }
 }
 
@@ -140,6 +172,21 @@ fn log_path(data_dir: &Path, id: &LeaseId) -> PathBuf {
     data_dir.join(format!("{id}.watchdog.log"))
 }
 
+/// Where the provider tells a lease's watchdog its current deadline.
+pub fn deadline_path(data_dir: &Path, id: &LeaseId) -> PathBuf {
+    data_dir.join(format!("{id}.deadline"))
+}
+
+/// Tells the watchdog of lease `id` its deadline (after an extension): writes the unix ms to
+/// [`deadline_path`] atomically (a temporary file renamed over it), so the watchdog reads the
+/// old deadline or the new one, never part of one.
+pub fn set_deadline(data_dir: &Path, id: &LeaseId, deadline: Timestamp) -> std::io::Result<()> {
+    let path = deadline_path(data_dir, id);
+    let tmp = path.with_extension("deadline.tmp");
+    std::fs::write(&tmp, deadline.0.to_string())?;
+    std::fs::rename(&tmp, &path)
+}
+
 /// What [`ensure`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ensured {
@@ -168,6 +215,7 @@ pub fn ensure(
         deadline_ms: deadline.0,
         grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
         term_marker: term_claim(data_dir, id).path().to_path_buf(),
+        deadline_file: Some(deadline_path(data_dir, id)),
     };
     let log = log_path(data_dir, id);
     let log_err = |source| WatchdogError::Log {
@@ -218,11 +266,13 @@ fn running_watchdog(pid_file: &Path, container: &str) -> Option<u32> {
     ours.then_some(pid)
 }
 
-/// Removes a settled lease's watchdog files (its pid and the SIGTERM claim; the log stays).
+/// Removes a settled lease's watchdog files (its pid, the SIGTERM claim and the deadline file;
+/// the log stays).
 pub fn forget(data_dir: &Path, id: &LeaseId) {
     for p in [
         pid_path(data_dir, id),
         term_claim(data_dir, id).path().to_path_buf(),
+        deadline_path(data_dir, id),
     ] {
         match std::fs::remove_file(&p) {
             Ok(()) => {}
@@ -233,22 +283,37 @@ pub fn forget(data_dir: &Path, id: &LeaseId) {
 }
 
 /// The watchdog itself (`gridlease __watchdog`): stops the container on its schedule by the
-/// wall clock, then returns; retries while Docker does not answer, until [`GIVE_UP_AFTER`]
-/// past the deadline.
+/// wall clock, then returns; follows a later deadline from the deadline file until the SIGTERM
+/// time; retries while Docker does not answer, until [`GIVE_UP_AFTER`] past the deadline.
 pub async fn run(args: &WatchdogArgs) -> Result<(), WatchdogError> {
-    let schedule = args.schedule();
     let claim = TermClaim::new(args.term_marker.clone());
-    let give_up = schedule
-        .kill_at
-        .plus_ms(u64::try_from(GIVE_UP_AFTER.as_millis()).unwrap_or(u64::MAX));
-    tracing::info!(container = %args.container, term_at = %schedule.term_at, kill_at = %schedule.kill_at, "watchdog started");
+    let mut deadline = args.current_deadline();
+    let first = StopSchedule::at_deadline(deadline, args.grace_ms);
+    tracing::info!(container = %args.container, term_at = %first.term_at, kill_at = %first.kill_at, "watchdog started");
     loop {
-        let attempt = match Sandbox::connect().await {
-            Ok(sb) => sb
-                .enforce_stop(&args.container, schedule, &now_ms, Some(&claim))
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+        let schedule = StopSchedule::at_deadline(deadline, args.grace_ms);
+        let give_up = schedule
+            .kill_at
+            .plus_ms(u64::try_from(GIVE_UP_AFTER.as_millis()).unwrap_or(u64::MAX));
+        let enforce = async {
+            match Sandbox::connect().await {
+                Ok(sb) => sb
+                    .enforce_stop(&args.container, schedule, &now_ms, Some(&claim))
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        // Before the SIGTERM time nothing has been signalled: waiting for it may be cut short
+        // by a later deadline.
+        let attempt = tokio::select! {
+            r = enforce => r,
+            later = later_deadline(args, deadline, schedule.term_at) => {
+                let s = StopSchedule::at_deadline(later, args.grace_ms);
+                tracing::info!(container = %args.container, term_at = %s.term_at, kill_at = %s.kill_at, "deadline moved later (lease extended)");
+                deadline = later;
+                continue;
+            }
         };
         match attempt {
             Ok(()) => {
@@ -269,6 +334,21 @@ pub async fn run(args: &WatchdogArgs) -> Result<(), WatchdogError> {
     }
 }
 
+/// Resolves with a deadline later than `current` once the deadline file says so; never once
+/// the SIGTERM time `term_at` has come (then it stays pending).
+async fn later_deadline(args: &WatchdogArgs, current: Timestamp, term_at: Timestamp) -> Timestamp {
+    loop {
+        tokio::time::sleep(DEADLINE_POLL).await;
+        if now_ms() >= term_at {
+            return std::future::pending().await;
+        }
+        let d = args.current_deadline();
+        if d > current {
+            return d;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +361,7 @@ mod tests {
             deadline_ms: 1_700_000_012_345,
             grace_ms: 2_000,
             term_marker: PathBuf::from("/tmp/some dir/x.term"),
+            deadline_file: Some(PathBuf::from("/tmp/some dir/x.deadline")),
         };
         let mut argv: Vec<OsString> = vec!["gridlease".into()];
         argv.extend(args.to_argv());
@@ -296,6 +377,35 @@ mod tests {
                 kill_at: Timestamp(1_700_000_012_345),
             }
         );
+    }
+
+    #[test]
+    fn the_deadline_file_only_ever_moves_the_deadline_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = LeaseId(gridlease_protocol::Digest::of("t", b"deadline"));
+        let mut args = WatchdogArgs {
+            container: "c".into(),
+            deadline_ms: 10_000,
+            grace_ms: 1_000,
+            term_marker: dir.path().join("x.term"),
+            deadline_file: Some(deadline_path(dir.path(), &id)),
+        };
+        assert_eq!(args.current_deadline(), Timestamp(10_000), "no file yet");
+        set_deadline(dir.path(), &id, Timestamp(25_000)).unwrap();
+        assert_eq!(args.current_deadline(), Timestamp(25_000));
+        set_deadline(dir.path(), &id, Timestamp(5_000)).unwrap();
+        assert_eq!(args.current_deadline(), Timestamp(10_000), "never earlier");
+        std::fs::write(deadline_path(dir.path(), &id), "soon").unwrap();
+        assert_eq!(
+            args.current_deadline(),
+            Timestamp(10_000),
+            "garbage ignored"
+        );
+        args.deadline_file = None;
+        assert_eq!(args.current_deadline(), Timestamp(10_000));
+        set_deadline(dir.path(), &id, Timestamp(25_000)).unwrap();
+        forget(dir.path(), &id);
+        assert!(!deadline_path(dir.path(), &id).exists());
     }
 
     #[test]

@@ -7,7 +7,9 @@
 
 use gridlease_contracts::LeaseState;
 use gridlease_contracts::lease::Transition;
-use gridlease_protocol::{CloseReason, LeaseId, PaymentReceipt, PublicKey, Timestamp};
+use gridlease_protocol::{
+    CloseReason, LeaseAmendment, LeaseId, PaymentReceipt, PublicKey, Timestamp,
+};
 use rusqlite::{OptionalExtension, params};
 
 use super::{Role, Store, StoreError, actor_str, classify, event_str, i64_of, u64_of};
@@ -40,11 +42,24 @@ pub struct SessionPatch {
     pub failure: Option<gridlease_protocol::StartFailure>,
 }
 
+/// An amendment of a lease's terms as stored (`extend`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredAmendment {
+    /// Its sequence (1, 2, ...).
+    pub seq: u64,
+    /// The renter's signed `LeaseAmendment` (envelope bytes).
+    pub proposal: Vec<u8>,
+    /// The provider's signed `AmendAccept` (envelope bytes); `None`: pending.
+    pub acceptance: Option<Vec<u8>>,
+}
+
 /// What the store knows about a lease's session.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionRecord {
     /// Stored fields.
     pub fields: SessionPatch,
+    /// The lease's latest amendment (accepted, or a renter's pending one).
+    pub amendment: Option<StoredAmendment>,
     /// The last usage report (signed envelope bytes) and its sequence.
     pub last_usage: Option<(u64, Vec<u8>)>,
     /// The last receipt (signed envelope bytes) and its sequence.
@@ -356,11 +371,100 @@ impl Store {
         };
         let last_usage = latest("usage_reports")?;
         let last_receipt = latest("receipts")?;
+        let amendment = self
+            .conn
+            .query_row(
+                "SELECT seq, proposal, acceptance FROM lease_amendments WHERE lease_id = ?1
+                 ORDER BY seq DESC LIMIT 1",
+                [lid],
+                |r| {
+                    Ok(StoredAmendment {
+                        seq: u64_of(r.get(0)?),
+                        proposal: r.get(1)?,
+                        acceptance: r.get(2)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(&e)?;
         Ok(SessionRecord {
             fields,
+            amendment,
             last_usage,
             last_receipt,
         })
+    }
+
+    /// Stores an amendment of lease `id` (persist before act): the renter's signed proposal
+    /// (`proposal`, envelope bytes) and, once accepted, the provider's signed acceptance. A
+    /// pending row of the same sequence is replaced (a renter re-proposing, or learning of
+    /// the acceptance); an accepted one never is. In one statement.
+    pub fn put_amendment(
+        &mut self,
+        id: &LeaseId,
+        a: &LeaseAmendment,
+        proposal: &[u8],
+        acceptance: Option<&[u8]>,
+        at: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO lease_amendments(lease_id, seq, duration_s, max_total, proposal,
+                    acceptance, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT(lease_id, seq) DO UPDATE SET
+                    duration_s = excluded.duration_s, max_total = excluded.max_total,
+                    proposal = excluded.proposal, acceptance = excluded.acceptance,
+                    at = excluded.at
+                 WHERE lease_amendments.acceptance IS NULL",
+                params![
+                    &id.0.0[..],
+                    i64_of(a.seq),
+                    i64::from(a.duration_s),
+                    i64_of(a.max_total),
+                    proposal,
+                    acceptance,
+                    i64_of(at.0)
+                ],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// Forgets a renter's pending amendment `seq` of lease `id` (the provider refused it);
+    /// an accepted one stays.
+    pub fn drop_pending_amendment(&mut self, id: &LeaseId, seq: u64) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "DELETE FROM lease_amendments
+                 WHERE lease_id = ?1 AND seq = ?2 AND acceptance IS NULL",
+                params![&id.0.0[..], i64_of(seq)],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// The last accepted amendment of lease `id`: (seq, duration_s, max_total).
+    pub(crate) fn accepted_amendment(
+        &self,
+        id: &LeaseId,
+    ) -> Result<Option<(u64, u32, u64)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, duration_s, max_total FROM lease_amendments
+                 WHERE lease_id = ?1 AND acceptance IS NOT NULL ORDER BY seq DESC LIMIT 1",
+            )
+            .map_err(self.err())?;
+        stmt.query_row([&id.0.0[..]], |r| {
+            Ok((
+                u64_of(r.get(0)?),
+                u32::try_from(r.get::<_, i64>(1)?).unwrap_or(u32::MAX),
+                u64_of(r.get(2)?),
+            ))
+        })
+        .optional()
+        .map_err(self.err())
     }
 
     /// Total earned (lease revenue credited) and spent (lease spend debited), micro-units: one
