@@ -489,7 +489,7 @@ mod tests {
                 r#""image":"{image}","started_at":{started},"#,
                 r#""closed_at":{closed},"usage":{{"seq":6,"wall_ms":60000,"#,
                 r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,
-                r#""mem_peak_mib":1024}},"paid":60000,"cost_so_far":60000,"#,
+                r#""mem_peak_mib":1024,"net_rx_bytes":0,"net_tx_bytes":0}},"paid":60000,"cost_so_far":60000,"#,
                 r#""time_left_s":null,"exit_code":137,"close_reason":"renter_stop","#,
                 r#""settled_total":60000,"failure":null}}"#
             ),
