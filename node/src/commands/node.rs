@@ -220,6 +220,9 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         .await
         .context("cannot start the network")?;
     tracing::info!(peer = %node.client.peer_id(), %network, "node running");
+    // Subscribed before the (slower) lease service start-up, so offers learned meanwhile (a
+    // book sync right after connecting to a bootstrap peer) are logged too.
+    let mut events = node.events.subscribe();
     let leases = crate::lease::start_for_daemon(
         &node,
         &h.dir,
@@ -247,7 +250,6 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let mut events = node.events.subscribe();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot install the SIGTERM handler")?;
     loop {
