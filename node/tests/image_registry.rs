@@ -18,6 +18,25 @@ use registry_support::*;
 
 const GRACE_S: u32 = 3;
 
+/// A provider whose template pulls only from `registry` (its lease service adjusted by
+/// `provider`) and a renter (adjusted by `renter`) holding its offer.
+async fn registry_market(
+    root: &std::path::Path,
+    sb: &gridlease_sandbox::Sandbox,
+    registry: &str,
+    provider: impl FnOnce(&mut gridlease_node::lease::LeaseServiceConfig),
+    renter: impl FnOnce(&mut gridlease_node::lease::LeaseServiceConfig),
+) -> (Party, Party, gridlease_protocol::OfferId) {
+    let mut template = lease_template(1, 1, 3);
+    template.images.registries = vec![registry.to_string()];
+    let p = provider_with(root, sb, template, GRACE_S, provider).await;
+    let mut rc = service_config(root, "renter", GRACE_S);
+    renter(&mut rc);
+    let mut r = party(root, "renter", common::config(), rc, None).await;
+    let offer = connect_for_offer(&mut r, &p).await;
+    (p, r, offer)
+}
+
 /// The lease was refused before signing: neither side stored it.
 async fn nothing_stored(provider: &Party, renter: &Party) {
     assert!(provider.leases.leases().await.unwrap().is_empty());
@@ -206,23 +225,17 @@ async fn a_pull_that_stalls_mid_layer_fails_the_lease_with_that_reason_for_the_r
     let via_proxy = format!("{}/{prefix}/probe:stall", proxy.host);
     let _images = ImagesGuard(vec![direct.clone(), via_proxy.clone()]);
 
-    let mut template = lease_template(1, 1, 3);
-    template.images.registries = vec![proxy.host.clone()];
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let provider = provider_with(root, &sb, template, GRACE_S, |svc| {
-        svc.pull_stall = Duration::from_secs(3);
-    })
-    .await;
-    let mut renter = party(
-        root,
-        "renter",
-        common::config(),
-        service_config(root, "renter", GRACE_S),
-        None,
+    let (provider, renter, offer) = registry_market(
+        dir.path(),
+        &sb,
+        &proxy.host,
+        |svc| {
+            svc.pull_stall = Duration::from_secs(3);
+        },
+        |_| {},
     )
     .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &via_proxy, 60, &["exit", "0"]))
@@ -262,26 +275,20 @@ async fn five_pulled_images_with_a_cache_of_two_leave_at_most_two() {
         // Distinct images: each has its own noise layer.
         push_probe(&sb, image, 64 << 10, 10 + i as u64, &[]).await;
     }
-    let mut template = lease_template(1, 1, 3);
-    template.images.registries = vec![registry.host.clone()];
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let provider = provider_with(root, &sb, template, GRACE_S, |svc| {
-        svc.image_cache = gridlease_contracts::image::CacheLimits {
-            max_images: 2,
-            max_bytes: u64::MAX,
-        };
-    })
-    .await;
-    let mut renter = party(
-        root,
-        "renter",
-        common::config(),
-        service_config(root, "renter", GRACE_S),
-        None,
+    let (provider, renter, offer) = registry_market(
+        dir.path(),
+        &sb,
+        &registry.host,
+        |svc| {
+            svc.image_cache = gridlease_contracts::image::CacheLimits {
+                max_images: 2,
+                max_bytes: u64::MAX,
+            };
+        },
+        |_| {},
     )
     .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
     let present = || async {
         let mut n = Vec::new();
         for image in &images {
@@ -338,16 +345,16 @@ async fn a_slow_pull_that_keeps_progressing_outlasts_the_start_allowance_and_the
     let proxy = StallProxy::throttled(registry.host.clone(), 1 << 20).await;
     let via_proxy = format!("{}/{prefix}/probe:slow", proxy.host);
     let _images = ImagesGuard(vec![direct.clone(), via_proxy.clone()]);
-    let mut template = lease_template(1, 1, 3);
-    template.images.registries = vec![proxy.host.clone()];
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let provider = provider_with(root, &sb, template, GRACE_S, |_| {}).await;
     // The renter gives a provider 2 s (+ 2 intervals) to show a start: far less than the pull.
-    let mut rc = service_config(root, "renter", GRACE_S);
-    rc.start_allowance = Duration::from_secs(2);
-    let mut renter = party(root, "renter", common::config(), rc, None).await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
+    let (provider, renter, offer) = registry_market(
+        dir.path(),
+        &sb,
+        &proxy.host,
+        |_| {},
+        |rc| rc.start_allowance = Duration::from_secs(2),
+    )
+    .await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &via_proxy, 30, &["exit", "0"]))
