@@ -79,9 +79,26 @@ pub struct Config {
     pub image_cache_images: u32,
     /// Most bytes of pulled images kept cached, GiB. Default: 100.
     pub image_cache_gib: u64,
+    /// Renters may open a shell (`gridlease shell`) in their running container. Default: true.
+    pub allow_shell: bool,
+    /// Renters may run commands (`gridlease exec`) in their running container. Default: true.
+    pub allow_exec: bool,
+    /// Renters may forward TCP ports of their running container (`gridlease forward`).
+    /// Default: true (offered only when the node can enter containers' network namespaces,
+    /// i.e. runs as root).
+    pub allow_forward: bool,
 }
 
 impl Config {
+    /// The interactive access these settings allow (before checking the node can forward).
+    pub fn access_policy(&self) -> gridlease_protocol::access::AccessPolicy {
+        gridlease_protocol::access::AccessPolicy {
+            shell: self.allow_shell,
+            exec: self.allow_exec,
+            forward: self.allow_forward,
+        }
+    }
+
     /// The bounds of the cache of pulled images.
     pub fn image_cache(&self) -> gridlease_contracts::image::CacheLimits {
         gridlease_contracts::image::CacheLimits {
@@ -133,6 +150,9 @@ impl Default for Config {
             max_unpacked_gib: gridlease_contracts::image::DEFAULT_MAX_UNPACKED_BYTES >> 30,
             image_cache_images: 8,
             image_cache_gib: 100,
+            allow_shell: true,
+            allow_exec: true,
+            allow_forward: true,
         }
     }
 }
@@ -166,6 +186,18 @@ pub struct Overrides {
     #[arg(long, value_name = "BOOL", env = env_vars::GRIDLEASE_MDNS, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mdns: Option<bool>,
+    /// Let renters open a shell in their container (default true).
+    #[arg(long, value_name = "BOOL", env = env_vars::GRIDLEASE_ALLOW_SHELL, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_shell: Option<bool>,
+    /// Let renters run commands in their container (default true).
+    #[arg(long, value_name = "BOOL", env = env_vars::GRIDLEASE_ALLOW_EXEC, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_exec: Option<bool>,
+    /// Let renters forward TCP ports of their container (default true).
+    #[arg(long, value_name = "BOOL", env = env_vars::GRIDLEASE_ALLOW_FORWARD, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_forward: Option<bool>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]

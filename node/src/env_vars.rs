@@ -16,6 +16,12 @@ pub const GRIDLEASE_EXTERNAL_ADDRS: &str = "GRIDLEASE_EXTERNAL_ADDRS";
 pub const GRIDLEASE_RELAY_SERVER: &str = "GRIDLEASE_RELAY_SERVER";
 /// `true`/`false` (config key `mdns`).
 pub const GRIDLEASE_MDNS: &str = "GRIDLEASE_MDNS";
+/// `true`/`false` (config key `allow_shell`).
+pub const GRIDLEASE_ALLOW_SHELL: &str = "GRIDLEASE_ALLOW_SHELL";
+/// `true`/`false` (config key `allow_exec`).
+pub const GRIDLEASE_ALLOW_EXEC: &str = "GRIDLEASE_ALLOW_EXEC";
+/// `true`/`false` (config key `allow_forward`).
+pub const GRIDLEASE_ALLOW_FORWARD: &str = "GRIDLEASE_ALLOW_FORWARD";
 /// Seconds (config key `announce_secs`).
 pub const GRIDLEASE_ANNOUNCE_SECS: &str = "GRIDLEASE_ANNOUNCE_SECS";
 /// Declared GPUs (config key `dev_gpus`).

@@ -8,6 +8,7 @@
 //! What it must never do: decide market rules itself, block the network event loop on disk, hold
 //! the swarm behind a shared lock, or acknowledge a lease before it is stored.
 
+pub mod access;
 pub mod api;
 pub mod clock;
 pub mod commands;

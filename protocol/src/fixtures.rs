@@ -63,6 +63,7 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
         sandbox: SandboxPolicy {
             network: NetworkPolicy::None,
             image_prefixes: vec![],
+            access: crate::access::AccessPolicy::ALL,
         },
         addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
         region: "eu-west".into(),

@@ -7,6 +7,7 @@
 //! file it touches is the node's key file. Every decode is size-capped, every signature is
 //! checked strictly over the exact received bytes before the payload is decoded.
 
+pub mod access;
 pub mod codec;
 pub mod envelope;
 pub mod fixtures;

@@ -247,6 +247,9 @@ pub struct SandboxPolicy {
     /// Images allowed, as prefixes of the canonical reference (`docker.io/pytorch/`, see
     /// `gridlease_contracts::image`); empty means any image the provider's registries serve.
     pub image_prefixes: Vec<String>,
+    /// Interactive access the renter may open while the lease runs (shell, exec, port
+    /// forwarding over the lease's libp2p connection: [`crate::access`]).
+    pub access: crate::access::AccessPolicy,
 }
 
 impl SandboxPolicy {

@@ -152,6 +152,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                 sandbox: SandboxPolicy {
                     network,
                     image_prefixes,
+                    access: gridlease_protocol::access::AccessPolicy::ALL,
                 },
                 addrs,
                 region,

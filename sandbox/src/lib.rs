@@ -14,6 +14,7 @@
 //! the leased UUIDs; panic when there is no GPU, no CUDA or no Docker. It does not depend on
 //! the node crate or decide money.
 
+pub mod access;
 pub mod bench;
 pub mod dev_gpus;
 pub mod docker;

@@ -74,6 +74,14 @@ pub enum SandboxError {
         /// The limit, seconds.
         secs: u64,
     },
+    /// The daemon answered something the call cannot use.
+    #[error("docker {op}: {message}")]
+    Unexpected {
+        /// Which call.
+        op: &'static str,
+        /// What came back.
+        message: String,
+    },
     /// Building an image reported an error.
     #[error("building {image} failed: {message}")]
     Build {
@@ -84,7 +92,7 @@ pub enum SandboxError {
     },
 }
 
-fn docker_err(
+pub(crate) fn docker_err(
     op: &'static str,
     target: &str,
 ) -> impl FnOnce(bollard::errors::Error) -> SandboxError {

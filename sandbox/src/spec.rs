@@ -290,7 +290,12 @@ pub fn visible_devices(gpu_uuids: &[String]) -> String {
 
 /// The container name for a lease (unique per lease and node).
 pub fn container_name(spec: &SandboxSpec) -> String {
-    format!("gridlease-{}", spec.lease_id)
+    container_name_of(&spec.lease_id)
+}
+
+/// The container name of lease `lease_id` (`gridlease-<lease id>`).
+pub fn container_name_of(lease_id: &LeaseId) -> String {
+    format!("gridlease-{lease_id}")
 }
 
 /// Builds the hardened create body. Pure: no Docker call, no clock.

@@ -120,6 +120,57 @@ impl ApiClient {
         self.get("/v1/ledger").await
     }
 
+    /// `POST path` with a JSON body and `Upgrade: gridlease-access`: answers the upgraded
+    /// connection once the daemon switched protocols (an interactive access stream), or the
+    /// daemon's error (a refusal is [`ClientError::Api`] with status 409).
+    pub async fn upgrade<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|_| ClientError::NoNode {
+                home: self.home.display().to_string(),
+                socket: self.socket.display().to_string(),
+            })?;
+        let transport = |e: &dyn std::fmt::Display| ClientError::Transport(e.to_string());
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| transport(&e))?;
+        tokio::spawn(conn.with_upgrades());
+        let bytes = serde_json::to_vec(body).map_err(|e| transport(&e))?;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header("host", "gridlease")
+            .header("content-type", "application/json")
+            .header(hyper::header::CONNECTION, "upgrade")
+            .header(hyper::header::UPGRADE, super::types::ACCESS_UPGRADE)
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| transport(&e))?;
+        let resp = sender.send_request(req).await.map_err(|e| transport(&e))?;
+        let status = resp.status();
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            let up = hyper::upgrade::on(resp).await.map_err(|e| transport(&e))?;
+            return Ok(TokioIo::new(up));
+        }
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| transport(&e))?
+            .to_bytes();
+        let err: ErrorBody = serde_json::from_slice(&body).unwrap_or(ErrorBody {
+            error: format!("HTTP {status}: {}", String::from_utf8_lossy(&body)),
+            hint: None,
+        });
+        Err(ClientError::Api {
+            status: status.as_u16(),
+            message: err.error,
+            hint: err.hint,
+        })
+    }
+
     /// `GET path`.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.call(Method::GET, path, None::<&()>).await

@@ -133,6 +133,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/leases/{id}/logs", get(logs))
         .route("/v1/leases/{id}/stop", post(stop))
         .route("/v1/leases/{id}/extend", post(extend))
+        .route("/v1/leases/{id}/exec", post(exec))
+        .route("/v1/leases/{id}/forward/{port}", post(forward))
         .route("/v1/ledger", get(ledger))
         .with_state(state)
 }
@@ -564,6 +566,107 @@ async fn extend(
         }),
         Err(e) => Err(ApiError::internal(e)),
     }
+}
+
+/// Most bytes of an exec request body.
+const MAX_EXEC_BODY: usize = 128 * 1024;
+
+/// `POST /v1/leases/{id}/exec` with `Upgrade: gridlease-access`: opens a shell or a command
+/// in the lease's container (through its provider) and, once granted, answers 101 and carries
+/// the exec frames on the upgraded connection.
+async fn exec(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+    mut req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let upgrade = hyper::upgrade::on(&mut req);
+    let body = axum::body::to_bytes(req.into_body(), MAX_EXEC_BODY)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("exec request body: {e}"), None))?;
+    let ask: types::ExecBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("exec request body: {e}"), None))?;
+    let lease_id = resolve_lease(&s, &id).await?;
+    let request = gridlease_protocol::access::AccessRequest::Exec {
+        lease_id,
+        argv: ask.argv,
+        env: ask.env,
+        tty: ask.tty,
+    };
+    splice(&s, request, upgrade).await
+}
+
+/// `POST /v1/leases/{id}/forward/{port}` with `Upgrade: gridlease-access`: one TCP connection
+/// to `port` inside the lease's container; once granted, answers 101 and carries the
+/// connection's bytes on the upgraded connection.
+async fn forward(
+    State(s): State<ApiState>,
+    UrlPath((id, port)): UrlPath<(String, u16)>,
+    mut req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let upgrade = hyper::upgrade::on(&mut req);
+    let lease_id = resolve_lease(&s, &id).await?;
+    let request = gridlease_protocol::access::AccessRequest::Forward { lease_id, port };
+    splice(&s, request, upgrade).await
+}
+
+/// Opens the access stream, then answers 101 and copies bytes both ways between the
+/// upgraded connection and the stream (fixed buffers; each side's flow control holds the
+/// other back).
+async fn splice(
+    s: &ApiState,
+    request: gridlease_protocol::access::AccessRequest,
+    upgrade: hyper::upgrade::OnUpgrade,
+) -> Result<Response, ApiError> {
+    use crate::access::OpenError;
+    let kind = request.kind();
+    let stream = crate::access::open(&s.client, &s.leases, request)
+        .await
+        .map_err(|e| match e {
+            OpenError::Unknown(_) => ApiError::not_found(e.to_string()),
+            OpenError::NotRenter(_) => ApiError::bad_request(e.to_string(), None),
+            OpenError::Refused(ref r) => ApiError::conflict(
+                e.to_string(),
+                matches!(
+                    r,
+                    gridlease_protocol::access::AccessRefusal::NotRunning { .. }
+                )
+                .then(|| "see `gridlease leases`".to_string()),
+            ),
+            OpenError::Unsupported => ApiError::conflict(e.to_string(), None),
+            OpenError::Unreachable(_) => ApiError {
+                status: StatusCode::BAD_GATEWAY,
+                body: ErrorBody {
+                    error: e.to_string(),
+                    hint: Some("check `gridlease peers`, then retry".into()),
+                },
+            },
+            OpenError::Lease(_) => ApiError::internal(e),
+        })?;
+    tokio::spawn(async move {
+        let up = match upgrade.await {
+            Ok(up) => up,
+            Err(e) => {
+                tracing::debug!(error = %e, "access: the CLI's connection was not upgraded");
+                return;
+            }
+        };
+        let mut up = hyper_util::rt::TokioIo::new(up);
+        let mut stream = tokio_util::compat::FuturesAsyncReadCompatExt::compat(stream);
+        let r = tokio::io::copy_bidirectional_with_sizes(
+            &mut up,
+            &mut stream,
+            crate::access::SPLICE_BUFFER,
+            crate::access::SPLICE_BUFFER,
+        )
+        .await;
+        tracing::debug!(kind = kind.name(), result = ?r, "access stream closed");
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(axum::http::header::CONNECTION, "upgrade")
+        .header(axum::http::header::UPGRADE, types::ACCESS_UPGRADE)
+        .body(axum::body::Body::empty())
+        .map_err(ApiError::internal)
 }
 
 /// Query string of `GET /v1/leases/{id}/logs`.

@@ -217,3 +217,21 @@ pub struct ProvideBody {
     #[serde(default)]
     pub off: bool,
 }
+
+/// Body of `POST /v1/leases/{id}/exec` (an HTTP upgrade: the connection then carries the
+/// access protocol's exec frames, `gridlease_protocol::access::{ExecInput, ExecOutput}`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ExecBody {
+    /// Program and arguments; empty runs the container's shell.
+    #[serde(default)]
+    pub argv: Vec<String>,
+    /// `NAME=value` entries added to the command's environment.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Run on a PTY of this size (`gridlease shell`); pipes when absent (`gridlease exec`).
+    #[serde(default)]
+    pub tty: Option<gridlease_protocol::access::TermSize>,
+}
+
+/// The `Upgrade` protocol name of the access routes.
+pub const ACCESS_UPGRADE: &str = "gridlease-access";

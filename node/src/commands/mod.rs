@@ -6,6 +6,7 @@
 //! [`rent::EXIT_START_FAILED`]); `rent` without `--detach` exits with the container's exit
 //! code, or 130 when Ctrl-C interrupted it ([`rent::EXIT_INTERRUPTED`]).
 
+pub mod access;
 pub mod bench;
 pub mod devnet;
 pub mod extend;
@@ -92,6 +93,18 @@ pub enum Command {
     ///
     /// Prints the new deadline and budget cap; a refusal exits 4 with the reason.
     Extend(extend::ExtendArgs),
+    /// An interactive shell in a running lease's container (a terminal over the P2P link).
+    ///
+    /// Keys (Ctrl-C, Ctrl-D too) go to the remote terminal; exits with the shell's exit code.
+    Shell(access::ShellArgs),
+    /// Run a command in a running lease's container: `exec LEASE -- CMD ARGS`.
+    ///
+    /// stdin, stdout and stderr are piped (works in scripts); exits with the command's code.
+    Exec(access::ExecArgs),
+    /// Forward local TCP ports to ports in a running lease's container: `forward LEASE 8888`.
+    ///
+    /// Listens on 127.0.0.1 (--bind to change) until Ctrl-C or the lease ends.
+    Forward(access::ForwardArgs),
     /// Earnings and spend, per lease and in total.
     Ledger(ledger::LedgerArgs),
     /// A whole local market in one command: bootstrap, providers, renter, one real lease.

@@ -135,6 +135,19 @@ async fn host_resources(
     Ok(per)
 }
 
+/// The interactive access this node offers: the config's, without forwarding when the node
+/// cannot enter containers' network namespaces (not root).
+fn access_policy(config: &Config) -> gridlease_protocol::access::AccessPolicy {
+    let mut p = config.access_policy();
+    if p.forward && !gridlease_sandbox::access::can_enter_netns() {
+        tracing::warn!(
+            "port forwarding is not offered: this node cannot enter containers' network namespaces (it needs CAP_SYS_ADMIN; run the provider node as root)"
+        );
+        p.forward = false;
+    }
+    p
+}
+
 /// Runs the node until Ctrl-C or SIGTERM with an already resolved configuration.
 pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
@@ -149,6 +162,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     net.announce_period = std::time::Duration::from_secs(config.announce_secs.max(1));
     net.offer_ttl = NodeConfig::ttl_for(net.announce_period);
     let dev = config.dev_gpus.as_deref().map(DevGpus::parse).transpose()?;
+    let access = access_policy(&config);
     // GPUs from the driver when none are declared: offered after `gridlease provide --price`,
     // each leased one passed to its container by UUID, and sampled for metering.
     let mut driver_template = None;
@@ -159,6 +173,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             Ok(Some((gpus, probe))) => {
                 let mut t = OfferTemplate::new(gpus.offered, 0);
                 t.images = config.image_policy();
+                t.sandbox.access = access;
                 match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
                     Ok(per) => {
                         t.per_gpu = per;
@@ -183,6 +198,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             let offered = first.offered(&h.key.public(), crate::clock::now());
             let mut t = OfferTemplate::new(offered, first.price.micros());
             t.images = config.image_policy();
+            t.sandbox.access = access;
             t.sandbox.image_prefixes = t.images.prefixes.clone();
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
             net.offer = Some(t);
@@ -234,6 +250,18 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     .await
     .context("cannot start the lease service")?;
     let cancel = CancellationToken::new();
+    let access_stats = crate::access::SharedStats::default();
+    let access_task = match leases.sandbox() {
+        Some(sb) => Some(crate::access::serve(
+            &node.client,
+            leases.clone(),
+            sb,
+            access,
+            access_stats.clone(),
+            cancel.clone(),
+        )?),
+        None => None,
+    };
     let api_state = ApiState {
         client: node.client.clone(),
         started: Instant::now(),
@@ -268,6 +296,9 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     cancel.cancel();
     let _ = api_task.await;
+    if let Some(t) = access_task {
+        let _ = t.await;
+    }
     if let Some(t) = metrics_task {
         let _ = t.await;
     }

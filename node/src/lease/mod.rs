@@ -561,6 +561,11 @@ impl LeaseService {
         Ok(Self { tx, ctx })
     }
 
+    /// The Docker sandbox this node runs leases in (`None`: Docker unreachable, renting only).
+    pub fn sandbox(&self) -> Option<Sandbox> {
+        self.ctx.sandbox.clone()
+    }
+
     /// Resolves once the service has stopped (after its `cancel`) and finished its shutdown
     /// work (the egress teardown): the daemon waits for it before exiting.
     pub async fn stopped(&self) {
@@ -675,6 +680,27 @@ impl LeaseService {
             })
             .await?;
         Ok(found.map(|(rec, l)| view::from_store(&l, &rec, self.ctx.now())))
+    }
+
+    /// Who provides lease `id`: `None` when this node has no such lease, `Some(None)` when
+    /// this node is its provider, else the provider's peer id (read from the signed terms).
+    pub async fn provider_of(&self, id: LeaseId) -> Result<Option<Option<PeerId>>, LeaseError> {
+        let Some(l) = self.ctx.store.call(move |s| s.lease(&id)).await? else {
+            return Ok(None);
+        };
+        match l.role {
+            Role::Provider => Ok(Some(None)),
+            Role::Renter => l
+                .lease
+                .terms
+                .provider
+                .peer_id()
+                .map(|p| Some(Some(p)))
+                .map_err(|e| LeaseError::Remote {
+                    lease_id: id,
+                    detail: e.to_string(),
+                }),
+        }
     }
 
     /// Resolves when the lease is settled or failed, with its final view. A lease stored but

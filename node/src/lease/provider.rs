@@ -683,10 +683,12 @@ fn pull_failure(e: &SandboxError) -> StartFailure {
             StartFailureKind::ImagePull,
             format!("image pull failed: {}", docker_message(source)),
         ),
-        SandboxError::Build { message, .. } => StartFailure::new(
-            StartFailureKind::ImagePull,
-            format!("image pull failed: {message}"),
-        ),
+        SandboxError::Build { message, .. } | SandboxError::Unexpected { message, .. } => {
+            StartFailure::new(
+                StartFailureKind::ImagePull,
+                format!("image pull failed: {message}"),
+            )
+        }
     }
 }
 

@@ -48,6 +48,9 @@ pub struct Behaviour {
     pub relay_server: Toggle<relay::Behaviour>,
     /// AutoNAT dial-back server (`--relay-server` only).
     pub autonat_server: Toggle<autonat::v2::server::Behaviour>,
+    /// Raw streams outside the event loop (interactive access, `/gridlease/access/1`): opened
+    /// and accepted through a [`libp2p_stream::Control`], bytes never pass through the loop.
+    pub stream: libp2p_stream::Behaviour,
 }
 
 impl Behaviour {
@@ -114,6 +117,7 @@ impl Behaviour {
             autonat_client: autonat::v2::client::Behaviour::default(),
             relay_server: Toggle::from(relay_server),
             autonat_server: Toggle::from(autonat_server),
+            stream: libp2p_stream::Behaviour::new(),
         })
     }
 }

@@ -151,12 +151,21 @@ pub enum NegotiationOutcome {
 }
 
 /// Handle to a running node's network task.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Client {
     tx: mpsc::Sender<Command>,
     network: NetworkId,
     key: Arc<NodeKey>,
     store: StoreHandle,
+    streams: libp2p_stream::Control,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("network", &self.network)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -165,13 +174,21 @@ impl Client {
         network: NetworkId,
         key: Arc<NodeKey>,
         store: StoreHandle,
+        streams: libp2p_stream::Control,
     ) -> Self {
         Self {
             tx,
             network,
             key,
             store,
+            streams,
         }
+    }
+
+    /// Opens and accepts raw libp2p streams (interactive access): a handle to the swarm's
+    /// stream behaviour, used outside the event loop.
+    pub fn streams(&self) -> libp2p_stream::Control {
+        self.streams.clone()
     }
 
     async fn ask<R>(

@@ -398,7 +398,8 @@ impl Node {
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
         let (events, _) = broadcast::channel(EVENT_QUEUE);
         let cancel = CancellationToken::new();
-        let client = Client::new(cmd_tx, network, key.clone(), store.clone());
+        let streams = swarm.behaviour().stream.new_control();
+        let client = Client::new(cmd_tx, network, key.clone(), store.clone(), streams);
         let mut el = event_loop::EventLoop::new(
             swarm,
             key,

@@ -62,6 +62,7 @@ impl OfferTemplate {
             sandbox: SandboxPolicy {
                 network: NetworkPolicy::None,
                 image_prefixes: Vec::new(),
+                access: gridlease_protocol::access::AccessPolicy::ALL,
             },
             images: ImagePolicy::default(),
             region: String::new(),

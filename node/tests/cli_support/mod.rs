@@ -65,7 +65,20 @@ pub fn wait_for(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
 
 /// Starts `gridlease node` on an ephemeral loopback port and waits for its API.
 pub fn start_node(home: &Path, extra: &[&str]) -> Daemon {
-    let child = bin()
+    start_node_logged(home, extra, None)
+}
+
+/// [`start_node`], its log (at `info`) written to `log` when given.
+pub fn start_node_logged(home: &Path, extra: &[&str], log: Option<&Path>) -> Daemon {
+    let stderr = match log {
+        Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
+        None => Stdio::null(),
+    };
+    let mut cmd = bin();
+    if log.is_some() {
+        cmd.env("RUST_LOG", "info");
+    }
+    let child = cmd
         .arg("--home")
         .arg(home)
         .args([
@@ -83,7 +96,7 @@ pub fn start_node(home: &Path, extra: &[&str]) -> Daemon {
         )
         .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let d = Daemon(child);
@@ -165,8 +178,16 @@ pub struct Market {
 
 /// Starts a [`Market`] under `dir`.
 pub fn market(dir: &Path) -> Market {
+    market_with(dir, &[], None)
+}
+
+/// [`market`] with more provider flags (`extra`), the provider's log written to `log`.
+pub fn market_with(dir: &Path, extra: &[&str], log: Option<&Path>) -> Market {
     let (ph, rh) = (dir.join("provider"), dir.join("renter"));
-    let provider = start(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
+    init(&ph);
+    let mut args = vec!["--dev-gpus", "RTX 4090:24GiB:3.60"];
+    args.extend_from_slice(extra);
+    let provider = start_node_logged(&ph, &args, log);
     let status = json(&ph, &["status"]);
     let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
     let renter = start(&rh, &["--bootstrap", &addr]);
@@ -299,6 +320,17 @@ impl Tmux {
         c
     }
 
+    /// Resizes the window (and its one pane) to `cols` x `rows`.
+    pub fn resize(&self, cols: u16, rows: u16) {
+        let out = self
+            .tmux()
+            .args(["resize-window", "-t", &self.name])
+            .args(["-x", &cols.to_string(), "-y", &rows.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "resize-window: {}", text(&out.stderr));
+    }
+
     /// Types `line` into the pane and presses Enter.
     pub fn type_line(&self, line: &str) {
         self.send(&["-l", line]);
@@ -381,5 +413,112 @@ impl Drop for Tmux {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+/// A from-scratch image with Debian's static busybox (`busybox-static`, installed by
+/// `.ci/run`) as `/bin/busybox` and its applets (`sh`, `stty`, `sleep`, `wc`, `httpd`, ...)
+/// linked to it, under a tag unique to this run and test; removed when dropped.
+pub struct BusyboxImage {
+    /// The tag.
+    pub tag: String,
+}
+
+/// Applets linked in [`BusyboxImage`].
+const APPLETS: &[&str] = &[
+    "sh",
+    "echo",
+    "sleep",
+    "stty",
+    "wc",
+    "cat",
+    "httpd",
+    "dd",
+    "sha256sum",
+    "ls",
+    "env",
+    "id",
+    "head",
+    "true",
+    "false",
+    "printf",
+    "seq",
+    "kill",
+    "ps",
+];
+
+impl BusyboxImage {
+    /// Imports the image, or `None` (skip) when Docker is unreachable and not required.
+    pub fn build_or_skip(test: &str) -> Option<Self> {
+        let busybox = match std::fs::read("/bin/busybox") {
+            Ok(b) => b,
+            Err(e) => {
+                assert!(
+                    !docker_required(),
+                    "{test}: /bin/busybox is missing ({e}); `.ci/run` installs busybox-static"
+                );
+                eprintln!("{test}: SKIPPED, /bin/busybox is missing");
+                return None;
+            }
+        };
+        probe_image_or_skip(test)?;
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut dir = |path: &str, mode: u32| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(mode);
+            h.set_size(0);
+            h.set_mtime(0);
+            tar.append_data(&mut h, path, std::io::empty()).unwrap();
+        };
+        dir("bin/", 0o755);
+        dir("tmp/", 0o1777);
+        dir("workspace/", 0o755);
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o755);
+        h.set_size(busybox.len() as u64);
+        h.set_mtime(0);
+        tar.append_data(&mut h, "bin/busybox", busybox.as_slice())
+            .unwrap();
+        for applet in APPLETS {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_mode(0o777);
+            h.set_size(0);
+            h.set_mtime(0);
+            tar.append_link(&mut h, format!("bin/{applet}"), "busybox")
+                .unwrap();
+        }
+        let rootfs = tar.into_inner().unwrap();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let tag = format!(
+            "gridlease-test-busybox-{}-{nanos}-{}:1",
+            std::process::id(),
+            test.replace('_', "-")
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let sb = gridlease_sandbox::Sandbox::connect().await.unwrap();
+            sb.import_image(&tag, rootfs, &["ENV PATH=/bin", "CMD [\"sh\"]"])
+                .await
+                .unwrap();
+        });
+        Some(Self { tag })
+    }
+}
+
+impl Drop for BusyboxImage {
+    fn drop(&mut self) {
+        let Ok(rt) = tokio::runtime::Runtime::new() else {
+            return;
+        };
+        rt.block_on(async {
+            if let Ok(sb) = gridlease_sandbox::Sandbox::connect().await {
+                let _ = sb.remove_image(&self.tag).await;
+            }
+        });
     }
 }

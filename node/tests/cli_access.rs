@@ -1,0 +1,401 @@
+//! Interactive access end to end (issue 14): two real `gridlease node` processes, the real
+//! Docker daemon, a busybox image, driven through the CLI.
+//!
+//! - `gridlease shell` in a real terminal (a tmux pane): a command's output, `stty size`
+//!   following a window resize, Ctrl-C interrupting a `sleep` in the container, `exit 3`
+//!   returning 3; `gridlease exec` with 1,000,000 bytes piped to `wc -c`.
+//! - `gridlease forward`: busybox `httpd` in the container serves a 256 MiB file fetched with
+//!   curl through the forwarded port (checksum compared), 32 concurrent half-closing
+//!   connections all complete; a peer that is not the lease's renter is refused shell, exec and
+//!   forward (and the provider logs it); after the lease ends, all three are refused.
+//!
+//! Need Docker, tmux, curl and busybox-static: with `GRIDLEASE_REQUIRE_DOCKER=1` (`.ci/run`
+//! installs them) they fail when one is missing, otherwise they skip with a note.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod cli_support;
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use cli_support::{
+    BusyboxImage, ContainersGuard, Market, Tmux, bin, cli, docker_required, json, lease_of,
+    market_with, text, tmux_available, wait_for,
+};
+use gridlease_node::access::{OpenError, open_to};
+use gridlease_protocol::access::{AccessRefusal, AccessRequest, TermSize};
+use sha2::Digest as _;
+
+fn have(tool: &str, test: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            !docker_required(),
+            "{test}: GRIDLEASE_REQUIRE_DOCKER=1 but {tool} is not installed"
+        );
+        eprintln!("{test}: SKIPPED, {tool} is not installed");
+    }
+    ok
+}
+
+/// A market whose provider may run `image` (and logs to `log`), and a running lease of it
+/// (`sleep 600`): the market and the lease id.
+fn running_lease(dir: &Path, image: &str, log: &Path) -> (Market, String) {
+    let locals = format!(
+        "{},{image}",
+        gridlease_sandbox::probe_image::probe_image_tag()
+    );
+    let m = market_with(dir, &["--local-image", &locals], Some(log));
+    let rh = dir.join("renter");
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "300",
+            "--detach",
+            "--image",
+            image,
+            "--",
+            "sleep",
+            "600",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&dir.join("provider"), &id)["state"] == "running"
+    });
+    (m, id)
+}
+
+/// `gridlease exec` on the renter, stdin from `input`: (exit code, stdout, stderr).
+fn exec(rh: &Path, id: &str, argv: &[&str], input: &[u8]) -> (i32, String, String) {
+    let mut child = bin()
+        .arg("--home")
+        .arg(rh)
+        .args(["exec", id, "--"])
+        .args(argv)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let feeder = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}
+
+#[test]
+fn shell_in_a_terminal_and_exec_with_piped_stdin() {
+    let test = "cli_access_shell";
+    if !tmux_available() {
+        assert!(!docker_required(), "{test}: tmux is not installed");
+        eprintln!("{test}: SKIPPED, tmux is not installed");
+        return;
+    }
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("provider.log");
+    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let rh = dir.path().join("renter");
+
+    // exec: a million bytes through stdin, counted in the container; exit codes come back.
+    let (code, stdout, stderr) = exec(&rh, &id[..12], &["wc", "-c"], &vec![b'x'; 1_000_000]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.trim(), "1000000", "{stderr}");
+    let (code, stdout, stderr) = exec(
+        &rh,
+        &id,
+        &["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 9"],
+        b"",
+    );
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (9, "to-stdout\n", "to-stderr\n")
+    );
+
+    // shell: a real terminal.
+    let t = Tmux::start("shell");
+    t.run(&format!(
+        "'{}' --home '{}' shell {}",
+        env!("CARGO_BIN_EXE_gridlease"),
+        rh.display(),
+        &id[..12],
+    ));
+    t.type_line("echo hel''lo-from-the-container; id -u");
+    t.wait_until(Duration::from_secs(30), "the command's output", |screen| {
+        let lines: Vec<&str> = screen.lines().map(str::trim).collect();
+        lines
+            .windows(2)
+            .any(|w| w == ["hello-from-the-container", "65534"])
+    });
+    t.type_line("stty size");
+    t.wait_until(Duration::from_secs(10), "stty size 50 200", |s| {
+        s.lines().any(|l| l.trim() == "50 200")
+    });
+    t.resize(120, 40);
+    std::thread::sleep(Duration::from_millis(300));
+    t.type_line("stty size");
+    t.wait_until(Duration::from_secs(10), "stty size 40 120", |s| {
+        s.lines().any(|l| l.trim() == "40 120")
+    });
+    // Ctrl-C reaches the container's process (the terminal's interrupt character): the
+    // 100 s sleep ends at once with 128 + SIGINT.
+    t.type_line("sleep 100");
+    std::thread::sleep(Duration::from_millis(700));
+    t.send(&["C-c"]);
+    t.type_line("echo slept-$?");
+    t.wait_until(Duration::from_secs(10), "slept-130", |s| {
+        s.lines().any(|l| l.trim() == "slept-130")
+    });
+    t.type_line("exit 3");
+    let (screen, status) = t.wait_exit(Duration::from_secs(20));
+    assert_eq!(status, "3", "{screen}");
+    drop(m);
+}
+
+/// A raw HTTP/1.0 GET on a new connection that half-closes after the request: the body.
+fn http_get(port: u16, path: &str) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let at = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    assert!(
+        all.starts_with(b"HTTP/1.1 200") || all.starts_with(b"HTTP/1.0 200"),
+        "{}",
+        text(&all[..at])
+    );
+    all.split_off(at + 4)
+}
+
+/// What a stranger (an in-process node that holds no lease) gets for `req` from `provider`.
+fn stranger_asks(provider_addr: &str, provider: &str, reqs: Vec<AccessRequest>) -> Vec<String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let root = tempfile::tempdir().unwrap();
+        let n = common::start(root.path(), "stranger", common::config()).await;
+        n.node
+            .client
+            .dial(provider_addr.parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let peer = provider.parse().unwrap();
+        let mut out = Vec::new();
+        for r in reqs {
+            match open_to(&n.node.client, peer, r).await {
+                Err(OpenError::Refused(AccessRefusal::NotRenter)) => {
+                    out.push(n.peer.to_string());
+                }
+                Err(e) => panic!("a stranger got {e} instead of not-the-renter"),
+                Ok(_) => panic!("a stranger was granted access"),
+            }
+        }
+        common::stop(n).await;
+        out
+    })
+}
+
+#[test]
+fn forward_serves_a_big_file_and_many_connections_and_only_the_renter_gets_in() {
+    let test = "cli_access_forward";
+    if !have("curl", test) {
+        return;
+    }
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("provider.log");
+    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+
+    // The files and the server, started in the container through exec.
+    let (code, stdout, stderr) = exec(
+        &rh,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "cd /workspace && dd if=/dev/urandom of=big bs=1M count=256 2>/dev/null \
+             && dd if=/dev/urandom of=small bs=64k count=4 2>/dev/null \
+             && sha256sum big small && httpd -p 8080 -h /workspace",
+        ],
+        b"",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let sums: Vec<&str> = stdout
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(sums.len(), 2, "{stdout}");
+
+    // `forward LEASE 0:8080 0:9`: free local ports, printed (nothing listens on 9).
+    let mut child = bin()
+        .arg("--home")
+        .arg(&rh)
+        .args(["forward", &id[..12], "0:8080", "0:9"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut local_port = |remote: u16| -> u16 {
+        let line = lines.next().unwrap().unwrap();
+        line.strip_prefix("forwarding 127.0.0.1:")
+            .and_then(|r| r.split_once(&format!(" -> port {remote} of lease ")))
+            .and_then(|(p, _)| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+    };
+    let port = local_port(8080);
+    let closed_port = local_port(9);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut fwd = Kill(child);
+
+    // 256 MiB with curl, checksum compared.
+    let out = Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "120"])
+        .arg(format!("http://127.0.0.1:{port}/big"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl: {}", text(&out.stderr));
+    assert_eq!(out.stdout.len(), 256 << 20);
+    assert_eq!(hex::encode(sha2::Sha256::digest(&out.stdout)), sums[0]);
+
+    // 32 connections open at once, each half-closed after its request, all complete.
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(32));
+    let handles: Vec<_> = (0..32)
+        .map(|_| {
+            let b = barrier.clone();
+            std::thread::spawn(move || {
+                b.wait();
+                http_get(port, "/small")
+            })
+        })
+        .collect();
+    for h in handles {
+        let body = h.join().unwrap();
+        assert_eq!(hex::encode(sha2::Sha256::digest(&body)), sums[1]);
+    }
+
+    // A port nothing listens on in the container: the connection closes at once, and the
+    // forwarder says why (read once it is stopped).
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", closed_port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(c.read_to_end(&mut buf).map(|_| buf.len()).unwrap_or(0), 0);
+
+    // A stranger is refused shell, exec and forward, and the provider logs each attempt.
+    let status = json(&ph, &["status"]);
+    let addr = status["listen_addrs"][0].as_str().unwrap();
+    let lease_id = id.parse().unwrap();
+    let stranger = stranger_asks(
+        addr,
+        &m.provider_peer,
+        vec![
+            AccessRequest::Exec {
+                lease_id,
+                argv: vec![],
+                env: vec![],
+                tty: Some(TermSize { cols: 80, rows: 24 }),
+            },
+            AccessRequest::Exec {
+                lease_id,
+                argv: vec!["id".into()],
+                env: vec![],
+                tty: None,
+            },
+            AccessRequest::Forward {
+                lease_id,
+                port: 8080,
+            },
+        ],
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let refusals: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("access refused") && l.contains(&stranger[0]))
+        .collect();
+    assert_eq!(refusals.len(), 3, "{logged}");
+    for kind in ["shell", "exec", "forward"] {
+        assert!(
+            refusals
+                .iter()
+                .any(|l| l.contains(&format!("kind=\"{kind}\""))),
+            "{refusals:?}"
+        );
+    }
+
+    // After the lease ends, shell, exec and forward are all refused.
+    let out = cli(&rh, &["stop", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_for(Duration::from_secs(60), "the lease to settle", || {
+        lease_of(&ph, &id)["state"] == "settled"
+    });
+    let (code, _, stderr) = exec(&rh, &id, &["id"], b"");
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("the lease is not running"), "{stderr}");
+    let shell = cli(&rh, &["shell", &id]);
+    assert_eq!(shell.status.code(), Some(4), "{}", text(&shell.stderr));
+    assert!(text(&shell.stderr).contains("not running"));
+    let refused = Command::new("curl")
+        .args(["-sS", "--max-time", "20"])
+        .arg(format!("http://127.0.0.1:{port}/small"))
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success(),
+        "a forward after the end got an answer"
+    );
+    let _ = fwd.0.kill();
+    let mut errors = String::new();
+    fwd.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut errors)
+        .unwrap();
+    assert!(
+        errors.contains("-> 9: nothing listens on port 9 in the container"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("-> 8080: the lease is not running"),
+        "{errors}"
+    );
+    drop(m);
+}
