@@ -83,14 +83,60 @@ impl Collector for GossipCollector {
     }
 }
 
+/// Interactive access counters (`crate::access::AccessStats`), read at each scrape:
+/// `access_streams_granted_total{kind}`, `access_streams_refused_total{kind}` and
+/// `access_forwarded_bytes_total`.
+#[derive(Debug)]
+struct AccessCollector(crate::access::SharedStats);
+
+impl Collector for AccessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let c = self.0.snapshot();
+        for (name, help, values) in [
+            (
+                "access_streams_granted",
+                "Shell, exec and forward streams this provider granted to a lease's renter",
+                c.granted,
+            ),
+            (
+                "access_streams_refused",
+                "Shell, exec and forward streams this provider refused (not the renter, not running, not offered, port closed)",
+                c.refused,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (kind, v) in ["shell", "exec", "forward"].into_iter().zip(values) {
+                let labels = [("kind", kind)];
+                let m = family.encode_family(&labels)?;
+                ConstCounter::new(v).encode(m)?;
+            }
+        }
+        let bytes = ConstCounter::new(c.forwarded_bytes);
+        let m = encoder.encode_descriptor(
+            "access_forwarded_bytes",
+            "Bytes carried through forwarded ports, both ways",
+            None,
+            bytes.metric_type(),
+        )?;
+        bytes.encode(m)
+    }
+}
+
 /// Serves metrics on `addr` until `cancel`. Returns once bound.
 pub async fn serve(
     addr: &str,
     client: Client,
     leases: LeaseService,
+    access: crate::access::SharedStats,
     cancel: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut registry = Registry::with_prefix("gridlease");
+    registry.register_collector(Box::new(AccessCollector(access)));
     let state = MetricsState {
         client,
         leases,

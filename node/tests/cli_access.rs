@@ -48,12 +48,8 @@ fn have(tool: &str, test: &str) -> bool {
 
 /// A market whose provider may run `image` (and logs to `log`), and a running lease of it
 /// (`sleep 600`): the market and the lease id.
-fn running_lease(dir: &Path, image: &str, log: &Path) -> (Market, String) {
-    let locals = format!(
-        "{},{image}",
-        gridlease_sandbox::probe_image::probe_image_tag()
-    );
-    let m = market_with(dir, &["--local-image", &locals], Some(log));
+fn running_lease(dir: &Path, image: &str, log: &Path, extra: &[&str]) -> (Market, String) {
+    let m = busybox_market(dir, image, log, extra);
     let rh = dir.join("renter");
     let rented = json(
         &rh,
@@ -75,6 +71,43 @@ fn running_lease(dir: &Path, image: &str, log: &Path) -> (Market, String) {
         lease_of(&dir.join("provider"), &id)["state"] == "running"
     });
     (m, id)
+}
+
+/// A market whose provider (more flags: `extra`) may run `image` and logs to `log`.
+fn busybox_market(dir: &Path, image: &str, log: &Path, extra: &[&str]) -> Market {
+    let locals = format!(
+        "{},{image}",
+        gridlease_sandbox::probe_image::probe_image_tag()
+    );
+    let mut args = vec!["--local-image", &locals];
+    args.extend_from_slice(extra);
+    market_with(dir, &args, Some(log))
+}
+
+/// A free loopback TCP port (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET /metrics` of a node's metrics endpoint.
+fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The value of the metric line that starts with `series`.
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
 /// `gridlease exec` on the renter, stdin from `input`: (exit code, stdout, stderr).
@@ -116,7 +149,7 @@ fn shell_in_a_terminal_and_exec_with_piped_stdin() {
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("provider.log");
-    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let (m, id) = running_lease(dir.path(), &image.tag, &log, &[]);
     let _guard = ContainersGuard(m.provider_peer.clone());
     let rh = dir.path().join("renter");
 
@@ -234,7 +267,9 @@ fn forward_serves_a_big_file_and_many_connections_and_only_the_renter_gets_in() 
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("provider.log");
-    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let metrics = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics}");
+    let (m, id) = running_lease(dir.path(), &image.tag, &log, &["--metrics", &metrics_addr]);
     let _guard = ContainersGuard(m.provider_peer.clone());
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
 
@@ -360,6 +395,39 @@ fn forward_serves_a_big_file_and_many_connections_and_only_the_renter_gets_in() 
         );
     }
 
+    // Every stream was counted: 1 + 32 forwarded connections granted (the exec above too),
+    // the closed port and the stranger's forward refused.
+    let counted = scrape(metrics);
+    assert_eq!(
+        metric(
+            &counted,
+            "gridlease_access_streams_granted_total{kind=\"forward\"}"
+        ),
+        33,
+        "{counted}"
+    );
+    assert_eq!(
+        metric(
+            &counted,
+            "gridlease_access_streams_refused_total{kind=\"forward\"}"
+        ),
+        2
+    );
+    assert_eq!(
+        metric(
+            &counted,
+            "gridlease_access_streams_refused_total{kind=\"shell\"}"
+        ),
+        1
+    );
+    assert!(
+        metric(
+            &counted,
+            "gridlease_access_streams_granted_total{kind=\"exec\"}"
+        ) >= 1
+    );
+    assert!(metric(&counted, "gridlease_access_forwarded_bytes_total") > 256 << 20);
+
     // After the lease ends, shell, exec and forward are all refused.
     let out = cli(&rh, &["stop", &id]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -396,6 +464,70 @@ fn forward_serves_a_big_file_and_many_connections_and_only_the_renter_gets_in() 
     assert!(
         errors.contains("-> 8080: the lease is not running"),
         "{errors}"
+    );
+    drop(m);
+}
+
+#[test]
+fn rent_forward_opens_the_port_for_the_lease_life() {
+    let test = "cli_access_rent_forward";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("provider.log");
+    let m = busybox_market(dir.path(), &image.tag, &log, &[]);
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let rh = dir.path().join("renter");
+    // A server as the lease's own command (as `jupyter lab` would be), its port forwarded.
+    let mut rent = bin()
+        .arg("--home")
+        .arg(&rh)
+        .args([
+            "rent", &m.offer, "--seconds", "120", "--image", &image.tag, "--forward", "0:8000",
+            "--", "sh", "-c",
+            "echo served-through-the-p2p-link > /workspace/index.html && exec httpd -f -p 8000 -h /workspace",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufRead::lines(std::io::BufReader::new(rent.stderr.take().unwrap()));
+    let line = err
+        .find_map(|l| l.ok().filter(|l| l.contains("forwarding 127.0.0.1:")))
+        .expect("the forwarding note");
+    let port: u16 = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    let mut body = String::new();
+    wait_for(
+        Duration::from_secs(60),
+        "the forwarded server to answer",
+        || {
+            let out = Command::new("curl")
+                .args(["-sS", "--fail", "--max-time", "5"])
+                .arg(format!("http://127.0.0.1:{port}/"))
+                .output()
+                .unwrap();
+            body = text(&out.stdout);
+            out.status.success()
+        },
+    );
+    assert_eq!(body, "served-through-the-p2p-link\n");
+    // The lease ends (stopped): `rent` prints the bill and exits; the port is closed.
+    let id = json(&rh, &["leases"])[0]["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(cli(&rh, &["stop", &id]).status.success());
+    let status = rent.wait().unwrap();
+    assert!(status.code().is_some(), "rent ended by a signal");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the forwarded port outlived the rent"
     );
     drop(m);
 }

@@ -326,6 +326,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         region: e.offer.region.clone(),
         min_billed_s: e.offer.min_billed_s,
         max_duration_s: e.offer.max_duration_s,
+        access: e.offer.sandbox.access,
     }
 }
 

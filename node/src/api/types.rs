@@ -125,6 +125,9 @@ pub struct OfferRow {
     /// Longest lease, seconds (also the most an extension may reach).
     #[serde(default)]
     pub max_duration_s: u32,
+    /// Interactive access the offer allows while a lease runs (`shell`, `exec`, `forward`).
+    #[serde(default)]
+    pub access: gridlease_protocol::access::AccessPolicy,
 }
 
 /// `GET /v1/gpus`: one local GPU.

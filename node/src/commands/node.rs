@@ -273,8 +273,14 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     tracing::info!(socket = %crate::api::socket_path(home).display(), "control API listening");
     let metrics_task = match metrics_addr {
         Some(addr) => Some(
-            crate::metrics::serve(&addr, node.client.clone(), leases.clone(), cancel.clone())
-                .await?,
+            crate::metrics::serve(
+                &addr,
+                node.client.clone(),
+                leases.clone(),
+                access_stats.clone(),
+                cancel.clone(),
+            )
+            .await?,
         ),
         None => None,
     };

@@ -82,6 +82,13 @@ pub struct RentArgs {
     /// Print the lease id and return; follow later with `gridlease logs -f`.
     #[arg(long)]
     pub detach: bool,
+    /// Forward a local port to a port in the container while the lease runs (repeatable):
+    /// `REMOTE` or `LOCAL:REMOTE`, listening on --bind (e.g. `--forward 8888` for Jupyter).
+    #[arg(long, value_name = "[LOCAL:]REMOTE", conflicts_with = "detach")]
+    pub forward: Vec<super::access::PortSpec>,
+    /// Local address the --forward ports listen on.
+    #[arg(long, value_name = "ADDR", default_value_t = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))]
+    pub bind: std::net::IpAddr,
     /// Command and arguments (after `--`); without them the image's own entrypoint runs.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -343,7 +350,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         stopping: false,
         stop_taken: false,
     };
-    match foreground(&mut fg, &body).await {
+    match foreground(&mut fg, &body, args).await {
         Ok(code) => Ok(code),
         Err(Leave::Error(e)) => Err(e),
         Err(Leave::Detach) => {
@@ -355,7 +362,11 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
 
 /// Negotiates, follows the output, waits for the settlement, prints the bill; Ctrl-C on the
 /// way is handled by [`Foreground::drive`].
-async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, Leave> {
+async fn foreground(
+    fg: &mut Foreground<'_>,
+    body: &RentRequest,
+    args: &RentArgs,
+) -> Result<u8, Leave> {
     let (api, out) = (fg.api, fg.out);
     let rented = fg.drive(api.rent(body)).await??;
     if let Some(note) = &rented.note {
@@ -367,6 +378,17 @@ async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, L
         billing_text(rented.min_billed_s)
     ));
     fg.accepted(&rented.lease_id).await?;
+    // Listening from now on; connections reach the container once it runs (before, the
+    // provider refuses them: not running yet).
+    let mut forwards = Vec::new();
+    for spec in &args.forward {
+        let f = super::access::start_forward(api, &rented.lease_id, args.bind, *spec).await?;
+        out.note(&format!(
+            "forwarding {} -> port {} of the container while the lease runs",
+            f.local, f.remote
+        ));
+        forwards.push(f);
+    }
     fg.drive(show_pull(api, out, &rented.lease_id)).await??;
     let exit = fg
         .drive(follow_logs(api, out, &rented.lease_id, 0, true))
@@ -378,6 +400,7 @@ async fn foreground(fg: &mut Foreground<'_>, body: &RentRequest) -> Result<u8, L
             Duration::from_secs(60),
         ))
         .await??;
+    drop(forwards);
     out.emit(&view, |p| print_bill(p, &view));
     if fg.stopping {
         return Ok(EXIT_INTERRUPTED);

@@ -81,6 +81,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                     },
                     format!("{} s", r.age_s),
                     format!("{} s", r.min_billed_s),
+                    r.access.describe(),
                 ]
             })
             .collect();
@@ -96,11 +97,12 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "verified",
                 "age",
                 "min bill",
+                "access",
             ],
             table,
-            // Least important first; `min bill` (billed per second, at least this long) shows
-            // in wide terminals and with --wide.
-            &[9, 1, 6, 8, 4, 7],
+            // Least important first; `min bill` (billed per second, at least this long) and
+            // `access` (shell, exec, forward) show in wide terminals and with --wide.
+            &[10, 9, 1, 6, 8, 4, 7],
             args.wide,
         );
     });
