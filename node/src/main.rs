@@ -78,6 +78,7 @@ fn main() -> ExitCode {
                         Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
                         Command::Extend(a) => commands::extend::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
+                        Command::Cp(a) => commands::cp::run(&api, &out, &a).await,
                         Command::Shell(a) => commands::access::run_shell(&api, &out, &a).await,
                         Command::Exec(a) => commands::access::run_exec(&api, &out, &a).await,
                         Command::Forward(a) => commands::access::run_forward(&api, &out, &a).await,

@@ -95,12 +95,12 @@ impl Collector for AccessCollector {
         for (name, help, values) in [
             (
                 "access_streams_granted",
-                "Shell, exec and forward streams this provider granted to a lease's renter",
+                "Shell, exec, forward and file-copy streams this provider granted to a lease's renter",
                 c.granted,
             ),
             (
                 "access_streams_refused",
-                "Shell, exec and forward streams this provider refused (not the renter, not running, not offered, port closed)",
+                "Shell, exec, forward and file-copy streams this provider refused (not the renter, not running, not offered, port closed)",
                 c.refused,
             ),
         ] {
@@ -110,7 +110,10 @@ impl Collector for AccessCollector {
                 None,
                 prometheus_client::metrics::MetricType::Counter,
             )?;
-            for (kind, v) in ["shell", "exec", "forward"].into_iter().zip(values) {
+            for (kind, v) in ["shell", "exec", "forward", "files"]
+                .into_iter()
+                .zip(values)
+            {
                 let labels = [("kind", kind)];
                 let m = family.encode_family(&labels)?;
                 ConstCounter::new(v).encode(m)?;

@@ -71,6 +71,7 @@ impl AccessPolicy {
             AccessKind::Shell => self.shell,
             AccessKind::Exec => self.exec,
             AccessKind::Forward => self.forward,
+            AccessKind::Files => true,
         }
     }
 
@@ -104,6 +105,9 @@ pub enum AccessKind {
     Exec,
     /// A TCP connection into the container.
     Forward,
+    /// Files into or out of the lease's `/workspace` (`gridlease cp`; always allowed to the
+    /// lease's renter: the workspace is theirs).
+    Files,
 }
 
 impl AccessKind {
@@ -113,6 +117,7 @@ impl AccessKind {
             Self::Shell => "shell",
             Self::Exec => "exec",
             Self::Forward => "forward",
+            Self::Files => "files",
         }
     }
 }
@@ -149,13 +154,30 @@ pub enum AccessRequest {
         /// The container port.
         port: u16,
     },
+    /// Extract a tar stream into the workspace at `dest` (`crate::transfer`).
+    Upload {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Where, inside `/workspace` ([`crate::transfer::workspace_relative`]).
+        dest: String,
+    },
+    /// Send `path` of the workspace as a tar stream (`crate::transfer`).
+    Download {
+        /// The lease.
+        lease_id: LeaseId,
+        /// What, inside `/workspace`.
+        path: String,
+    },
 }
 
 impl AccessRequest {
     /// The lease asked for.
     pub fn lease_id(&self) -> LeaseId {
         match self {
-            Self::Exec { lease_id, .. } | Self::Forward { lease_id, .. } => *lease_id,
+            Self::Exec { lease_id, .. }
+            | Self::Forward { lease_id, .. }
+            | Self::Upload { lease_id, .. }
+            | Self::Download { lease_id, .. } => *lease_id,
         }
     }
 
@@ -165,6 +187,7 @@ impl AccessRequest {
             Self::Exec { tty: Some(_), .. } => AccessKind::Shell,
             Self::Exec { tty: None, .. } => AccessKind::Exec,
             Self::Forward { .. } => AccessKind::Forward,
+            Self::Upload { .. } | Self::Download { .. } => AccessKind::Files,
         }
     }
 
@@ -214,6 +237,12 @@ impl AccessRequest {
                 } else {
                     Ok(())
                 }
+            }
+            Self::Upload { dest: path, .. } | Self::Download { path, .. } => {
+                if path.len() > 4096 {
+                    return Err("the path is longer than 4096 bytes".into());
+                }
+                crate::transfer::workspace_relative(path).map(|_| ())
             }
         }
     }

@@ -15,6 +15,7 @@ pub mod identity;
 pub mod messages;
 pub mod session;
 pub mod sync;
+pub mod transfer;
 pub mod types;
 
 pub use codec::CodecError;

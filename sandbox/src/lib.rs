@@ -18,6 +18,7 @@ pub mod access;
 pub mod bench;
 pub mod dev_gpus;
 pub mod docker;
+pub mod files;
 pub mod firewall;
 pub mod gpu;
 pub mod host;

@@ -38,6 +38,59 @@ pub fn probe_source_hash() -> String {
     format!("{HASH:016x}")
 }
 
+/// Applets linked to `/bin/busybox` in [`Sandbox::import_busybox_image`].
+pub const BUSYBOX_APPLETS: &[&str] = &[
+    "sh",
+    "echo",
+    "sleep",
+    "stty",
+    "wc",
+    "cat",
+    "httpd",
+    "nc",
+    "dd",
+    "sha256sum",
+    "ls",
+    "env",
+    "id",
+    "head",
+    "true",
+    "false",
+    "printf",
+    "seq",
+    "kill",
+    "ps",
+];
+
+fn busybox_rootfs(busybox: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    append(&mut tar, "bin/", 0o755, tar::EntryType::Directory, &[])?;
+    append(&mut tar, "tmp/", 0o1777, tar::EntryType::Directory, &[])?;
+    append(
+        &mut tar,
+        "workspace/",
+        0o755,
+        tar::EntryType::Directory,
+        &[],
+    )?;
+    append(
+        &mut tar,
+        "bin/busybox",
+        0o755,
+        tar::EntryType::Regular,
+        busybox,
+    )?;
+    for applet in BUSYBOX_APPLETS {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_mode(0o777);
+        h.set_size(0);
+        h.set_mtime(0);
+        tar.append_link(&mut h, format!("bin/{applet}"), "busybox")?;
+    }
+    tar.into_inner()
+}
+
 /// Image tag: `gridlease-probe:<crate version>`.
 pub fn probe_image_tag() -> String {
     format!("gridlease-probe:{}", env!("CARGO_PKG_VERSION"))
@@ -155,6 +208,23 @@ impl Sandbox {
             .await?;
         tracing::info!(image = %tag, "probe image created");
         Ok(())
+    }
+
+    /// Imports `tag`: a from-scratch image of a static busybox (`busybox`: the binary, e.g.
+    /// Debian's `busybox-static` `/bin/busybox`) as `/bin/busybox` with [`BUSYBOX_APPLETS`]
+    /// linked to it, an empty 1777 `/tmp` and `/workspace`, `PATH=/bin`, `CMD ["sh"]`. For the
+    /// interactive-access tests and benchmarks (a shell, `stty`, `httpd`, `nc`), no registry.
+    pub async fn import_busybox_image(
+        &self,
+        tag: &str,
+        busybox: &[u8],
+    ) -> Result<(), SandboxError> {
+        let rootfs = busybox_rootfs(busybox).map_err(|e| SandboxError::Build {
+            image: tag.to_string(),
+            message: format!("building the rootfs tar: {e}"),
+        })?;
+        self.import_image(tag, rootfs, &["ENV PATH=/bin", "CMD [\"sh\"]"])
+            .await
     }
 
     /// Imports a root filesystem tar as image `tag`, applying Dockerfile-style `changes`

@@ -17,6 +17,7 @@
 //! Depends on `net` (streams) and `lease` (what a lease is and whether it runs); the control
 //! API depends on it.
 
+mod files;
 pub mod frames;
 mod serve;
 
@@ -59,8 +60,8 @@ pub fn protocol() -> StreamProtocol {
 /// opened), and the bytes forwarded through ports.
 #[derive(Debug, Default)]
 pub struct AccessStats {
-    granted: [AtomicU64; 3],
-    refused: [AtomicU64; 3],
+    granted: [AtomicU64; 4],
+    refused: [AtomicU64; 4],
     forwarded_bytes: AtomicU64,
 }
 
@@ -69,16 +70,17 @@ fn slot(kind: AccessKind) -> usize {
         AccessKind::Shell => 0,
         AccessKind::Exec => 1,
         AccessKind::Forward => 2,
+        AccessKind::Files => 3,
     }
 }
 
 /// A snapshot of [`AccessStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AccessCounts {
-    /// Streams granted: shell, exec, forward.
-    pub granted: [u64; 3],
-    /// Streams refused: shell, exec, forward.
-    pub refused: [u64; 3],
+    /// Streams granted: shell, exec, forward, files.
+    pub granted: [u64; 4],
+    /// Streams refused: shell, exec, forward, files.
+    pub refused: [u64; 4],
     /// Bytes carried through forwarded ports, both ways.
     pub forwarded_bytes: u64,
 }
@@ -98,13 +100,7 @@ impl AccessStats {
 
     /// The current values.
     pub fn snapshot(&self) -> AccessCounts {
-        let load = |a: &[AtomicU64; 3]| {
-            [
-                a[0].load(Ordering::Relaxed),
-                a[1].load(Ordering::Relaxed),
-                a[2].load(Ordering::Relaxed),
-            ]
-        };
+        let load = |a: &[AtomicU64; 4]| a.each_ref().map(|v| v.load(Ordering::Relaxed));
         AccessCounts {
             granted: load(&self.granted),
             refused: load(&self.refused),

@@ -154,6 +154,29 @@ impl Server {
                 self.exec(peer, lease, kind, spec, io).await;
             }
             AccessRequest::Forward { port, .. } => self.forward(peer, lease, port, io).await,
+            AccessRequest::Upload { dest, .. } => {
+                if frames::send::<_, MAX_REPLY_FRAME, _>(&mut io, &AccessReply::Granted)
+                    .await
+                    .is_ok()
+                {
+                    self.stats.grant(kind);
+                    let n = super::files::upload(&self.sandbox, &container_name(&lease), &dest, io)
+                        .await;
+                    tracing::info!(%peer, lease = %lease, dest, bytes = n, "upload ended");
+                }
+            }
+            AccessRequest::Download { path, .. } => {
+                if frames::send::<_, MAX_REPLY_FRAME, _>(&mut io, &AccessReply::Granted)
+                    .await
+                    .is_ok()
+                {
+                    self.stats.grant(kind);
+                    let n =
+                        super::files::download(&self.sandbox, &container_name(&lease), &path, io)
+                            .await;
+                    tracing::info!(%peer, lease = %lease, path, bytes = n, "download ended");
+                }
+            }
         }
         drop(slot);
     }

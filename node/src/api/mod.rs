@@ -135,6 +135,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/leases/{id}/extend", post(extend))
         .route("/v1/leases/{id}/exec", post(exec))
         .route("/v1/leases/{id}/forward/{port}", post(forward))
+        .route("/v1/leases/{id}/upload", post(upload))
+        .route("/v1/leases/{id}/download", post(download))
         .route("/v1/ledger", get(ledger))
         .with_state(state)
 }
@@ -607,6 +609,57 @@ async fn forward(
     let upgrade = hyper::upgrade::on(&mut req);
     let lease_id = resolve_lease(&s, &id).await?;
     let request = gridlease_protocol::access::AccessRequest::Forward { lease_id, port };
+    splice(&s, request, upgrade).await
+}
+
+/// Body of `POST /v1/leases/{id}/upload` and `/download`.
+#[derive(Debug, Default, Deserialize)]
+struct TransferBody {
+    #[serde(default)]
+    dest: String,
+    #[serde(default)]
+    path: String,
+}
+
+async fn transfer_body(req: axum::extract::Request) -> Result<TransferBody, ApiError> {
+    let body = axum::body::to_bytes(req.into_body(), MAX_EXEC_BODY)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("request body: {e}"), None))?;
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("request body: {e}"), None))
+}
+
+/// `POST /v1/leases/{id}/upload` (`{"dest": PATH}`) with `Upgrade: gridlease-access`: a tar
+/// stream into the lease's workspace (`gridlease cp SRC LEASE:PATH`).
+async fn upload(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+    mut req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let upgrade = hyper::upgrade::on(&mut req);
+    let body = transfer_body(req).await?;
+    let lease_id = resolve_lease(&s, &id).await?;
+    let request = gridlease_protocol::access::AccessRequest::Upload {
+        lease_id,
+        dest: body.dest,
+    };
+    splice(&s, request, upgrade).await
+}
+
+/// `POST /v1/leases/{id}/download` (`{"path": PATH}`) with `Upgrade: gridlease-access`: a
+/// tar stream of a workspace path (`gridlease cp LEASE:PATH DST`).
+async fn download(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+    mut req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let upgrade = hyper::upgrade::on(&mut req);
+    let body = transfer_body(req).await?;
+    let lease_id = resolve_lease(&s, &id).await?;
+    let request = gridlease_protocol::access::AccessRequest::Download {
+        lease_id,
+        path: body.path,
+    };
     splice(&s, request, upgrade).await
 }
 

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod bench;
+pub mod cp;
 pub mod devnet;
 pub mod extend;
 pub mod gpus;
@@ -105,6 +106,11 @@ pub enum Command {
     ///
     /// Listens on 127.0.0.1 (--bind to change) until Ctrl-C or the lease ends.
     Forward(access::ForwardArgs),
+    /// Copy files and directories into or out of a running lease's /workspace.
+    ///
+    /// `cp ./data LEASE:/workspace/data` or `cp LEASE:/workspace/out ./out`: streamed,
+    /// checksummed, resumable (run it again after an interruption), with a progress bar.
+    Cp(cp::CpArgs),
     /// Earnings and spend, per lease and in total.
     Ledger(ledger::LedgerArgs),
     /// A whole local market in one command: bootstrap, providers, renter, one real lease.

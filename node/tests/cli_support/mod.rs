@@ -424,29 +424,6 @@ pub struct BusyboxImage {
     pub tag: String,
 }
 
-/// Applets linked in [`BusyboxImage`].
-const APPLETS: &[&str] = &[
-    "sh",
-    "echo",
-    "sleep",
-    "stty",
-    "wc",
-    "cat",
-    "httpd",
-    "dd",
-    "sha256sum",
-    "ls",
-    "env",
-    "id",
-    "head",
-    "true",
-    "false",
-    "printf",
-    "seq",
-    "kill",
-    "ps",
-];
-
 impl BusyboxImage {
     /// Imports the image, or `None` (skip) when Docker is unreachable and not required.
     pub fn build_or_skip(test: &str) -> Option<Self> {
@@ -462,34 +439,6 @@ impl BusyboxImage {
             }
         };
         probe_image_or_skip(test)?;
-        let mut tar = tar::Builder::new(Vec::new());
-        let mut dir = |path: &str, mode: u32| {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Directory);
-            h.set_mode(mode);
-            h.set_size(0);
-            h.set_mtime(0);
-            tar.append_data(&mut h, path, std::io::empty()).unwrap();
-        };
-        dir("bin/", 0o755);
-        dir("tmp/", 0o1777);
-        dir("workspace/", 0o755);
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(0o755);
-        h.set_size(busybox.len() as u64);
-        h.set_mtime(0);
-        tar.append_data(&mut h, "bin/busybox", busybox.as_slice())
-            .unwrap();
-        for applet in APPLETS {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_mode(0o777);
-            h.set_size(0);
-            h.set_mtime(0);
-            tar.append_link(&mut h, format!("bin/{applet}"), "busybox")
-                .unwrap();
-        }
-        let rootfs = tar.into_inner().unwrap();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -502,9 +451,7 @@ impl BusyboxImage {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             let sb = gridlease_sandbox::Sandbox::connect().await.unwrap();
-            sb.import_image(&tag, rootfs, &["ENV PATH=/bin", "CMD [\"sh\"]"])
-                .await
-                .unwrap();
+            sb.import_busybox_image(&tag, &busybox).await.unwrap();
         });
         Some(Self { tag })
     }

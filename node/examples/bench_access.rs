@@ -1,0 +1,471 @@
+//! Interactive access over the P2P link, measured in one run against like-for-like baselines:
+//! port forwarding (`gridlease forward`) against a direct loopback TCP connection to the same
+//! server, and `gridlease cp` of a 1 GiB tree against `docker cp` of the same tree into the
+//! same container and against raw loopback TCP carrying the same bytes.
+//!
+//! `cargo build --release -p gridlease-node --bins --examples && sudo target/release/examples/bench_access [ROUNDS]`
+//!
+//! Two real `gridlease node` processes (the release binary next to this example) on loopback,
+//! a lease running a from-scratch busybox image (`/bin/busybox`, Debian `busybox-static`)
+//! whose command serves a 1 GiB file with `httpd` on port 8080 and echoes with `nc -ll -e cat`
+//! on port 9000, and one `gridlease forward LEASE 0:8080 0:9000` process. The path forwarded:
+//! client -> the forward process (loopback TCP) -> the renter daemon (control socket) ->
+//! libp2p (TCP, noise, yamux) -> the provider daemon -> the container's loopback.
+//! Direct: the same client code on a socket made inside the container's network namespace
+//! (`setns`, as the provider does), so it reaches the same server on the same loopback.
+//! Needs root (setns) and Docker.
+//!
+//! Measured, direct and forwarded interleaved: GET of the 1 GiB file (MB/s, median of ROUNDS);
+//! 64-byte echo round trips on one open connection (p50/p99 of 2000); a 1 KiB GET on a new
+//! connection each (p50/p99 of 200: connection set-up included).
+//!
+//! Copies (ROUNDS each, interleaved, median): a tree of 64 random 16 MiB files in 4
+//! directories; `gridlease cp DIR LEASE:/workspace/gN` (the renter's CLI and node, libp2p,
+//! the provider's node, Docker's archive API), `docker cp DIR CONTAINER:/workspace/dN` (the
+//! Docker CLI straight to the daemon's archive API), each into the same workspace and removed
+//! after; the download the same way back; and raw TCP: the same files read and sent over one
+//! loopback TCP connection to a reader that discards them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gridlease_sandbox::Sandbox;
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn gridlease() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("gridlease");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build --release -p gridlease-node --bins",
+        bin.display()
+    );
+    bin
+}
+
+fn cli(home: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(gridlease())
+        .arg("--home")
+        .arg(home)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gridlease {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+fn daemon(home: &Path, extra: &[&str]) -> Kill {
+    let init = Command::new(gridlease())
+        .arg("--home")
+        .arg(home)
+        .arg("init")
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    let child = Command::new(gridlease())
+        .arg("--home")
+        .arg(home)
+        .args([
+            "node",
+            "--no-mdns",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--announce-secs",
+            "1",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Kill(child);
+    wait(Duration::from_secs(30), || {
+        Command::new(gridlease())
+            .arg("--home")
+            .arg(home)
+            .arg("status")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    d
+}
+
+fn wait(limit: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < end, "timed out");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Sends an HTTP/1.0 GET on `s` and reads the whole answer: bytes read.
+fn get(mut s: TcpStream, path: &str) -> usize {
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut n = 0;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return n,
+            Ok(k) => n += k,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+fn echo_rounds(mut s: TcpStream, rounds: usize) -> Vec<Duration> {
+    s.set_nodelay(true).unwrap();
+    let msg = [7u8; 64];
+    let mut back = [0u8; 64];
+    let mut out = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        s.write_all(&msg).unwrap();
+        s.read_exact(&mut back).unwrap();
+        out.push(t.elapsed());
+    }
+    out.sort();
+    out
+}
+
+fn run_ok(c: &mut Command) {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// 64 files of 16 MiB of pseudo-random bytes in 4 directories: total bytes.
+fn random_tree(root: &Path) -> u64 {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut buf = vec![0u8; 16 << 20];
+    for i in 0..64 {
+        for chunk in buf.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes());
+        }
+        let p = root.join(format!("d{}/f{i:02}.bin", i % 4));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, &buf).unwrap();
+    }
+    64 * (16 << 20)
+}
+
+/// Reads every file under `root` and sends it over one loopback TCP connection to a thread
+/// that discards it; returns once the reader has everything.
+fn raw_tcp(root: &Path) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut n = 0u64;
+        loop {
+            match s.read(&mut buf).unwrap() {
+                0 => return n,
+                k => n += k as u64,
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let mut f = std::fs::File::open(&p).unwrap();
+                std::io::copy(&mut f, &mut s).unwrap();
+            }
+        }
+    }
+    drop(s);
+    sink.join().unwrap();
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let sb = Sandbox::connect().await.expect("Docker is needed");
+    sb.ensure_probe_image().await.unwrap();
+    let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)");
+    let tag = format!("gridlease-bench-busybox-{}:1", std::process::id());
+    sb.import_busybox_image(&tag, &busybox).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("p"), dir.path().join("r"));
+    let provider = daemon(
+        &ph,
+        &[
+            "--dev-gpus",
+            "RTX 4090:24GiB:3.60",
+            "--local-image",
+            &tag,
+            "--per-gpu-disk-gib",
+            "8",
+        ],
+    );
+    let status = cli(&ph, &["status"]);
+    let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
+    let provider_peer = status["peer_id"].as_str().unwrap().to_string();
+    let renter = daemon(&rh, &["--bootstrap", &addr]);
+    let mut offer = String::new();
+    wait(Duration::from_secs(30), || {
+        let rows = cli(&rh, &["search"]);
+        if let Some(id) = rows[0]["id"].as_str() {
+            offer = id.to_string();
+        }
+        !offer.is_empty()
+    });
+    let rented = cli(
+        &rh,
+        &[
+            "rent",
+            &offer,
+            "--minutes",
+            "30",
+            "--detach",
+            "--image",
+            &tag,
+            "--",
+            "sh",
+            "-c",
+            "cd /workspace && dd if=/dev/zero of=big bs=1M count=1024 2>/dev/null && \
+             dd if=/dev/zero of=small bs=1k count=1 2>/dev/null && \
+             httpd -p 8080 -h /workspace && exec nc -ll -p 9000 -e cat",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait(Duration::from_secs(120), || {
+        let all = cli(&ph, &["leases"]);
+        all.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|l| l["lease_id"] == *id && l["state"] == "running")
+        })
+    });
+    let ns = sb
+        .container_netns(&gridlease_sandbox::spec::container_name_of(
+            &id.parse().unwrap(),
+        ))
+        .await
+        .unwrap();
+    let direct = |port: u16| -> TcpStream {
+        let rt = tokio::runtime::Handle::current();
+        let s =
+            tokio::task::block_in_place(|| rt.block_on(ns.connect(port, Duration::from_secs(5))))
+                .unwrap();
+        s.set_nonblocking(false).unwrap();
+        s
+    };
+    // The files are written by the lease's command: wait for the servers.
+    wait(Duration::from_secs(60), || {
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| rt.block_on(ns.connect(9000, Duration::from_secs(1))))
+            .is_ok()
+    });
+    let mut fwd = Command::new(gridlease())
+        .arg("--home")
+        .arg(&rh)
+        .args(["forward", &id, "0:8080", "0:9000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(fwd.stdout.take().unwrap()).lines();
+    let mut port = || -> u16 {
+        let l = lines.next().unwrap().unwrap();
+        l.strip_prefix("forwarding 127.0.0.1:")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap()
+    };
+    let (http_port, echo_port) = (port(), port());
+    let _fwd = Kill(fwd);
+    let forwarded = |port: u16| -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    };
+
+    // Throughput: 1 GiB GET.
+    let (mut d_mbs, mut f_mbs) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (which, out) in [(0, &mut d_mbs), (1, &mut f_mbs)] {
+            let s = if which == 0 {
+                direct(8080)
+            } else {
+                forwarded(http_port)
+            };
+            let t = Instant::now();
+            let n = get(s, "/big");
+            assert!(n > 1 << 30, "short read: {n}");
+            out.push(n as f64 / t.elapsed().as_secs_f64() / 1e6);
+        }
+    }
+    // Echo latency on one connection.
+    let d_echo = echo_rounds(direct(9000), 2000);
+    let f_echo = echo_rounds(forwarded(echo_port), 2000);
+    // New connection per small GET.
+    let (mut d_new, mut f_new) = (Vec::new(), Vec::new());
+    for _ in 0..200 {
+        let t = Instant::now();
+        get(direct(8080), "/small");
+        d_new.push(t.elapsed());
+        let t = Instant::now();
+        get(forwarded(http_port), "/small");
+        f_new.push(t.elapsed());
+    }
+    d_new.sort();
+    f_new.sort();
+
+    // Copies.
+    let tree = dir.path().join("tree");
+    let tree_bytes = random_tree(&tree);
+    let container = gridlease_sandbox::spec::container_name_of(&id.parse().unwrap());
+    let (mut g_up, mut d_up, mut g_down, mut d_down, mut raw) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let mbs = |t: Instant| tree_bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
+        let t = Instant::now();
+        run_ok(Command::new(gridlease()).arg("--home").arg(&rh).args([
+            "-q",
+            "cp",
+            &tree.display().to_string(),
+            &format!("{}:/workspace/g{r}", &id[..12]),
+        ]));
+        g_up.push(mbs(t));
+        let t = Instant::now();
+        run_ok(Command::new("docker").args([
+            "cp",
+            &tree.display().to_string(),
+            &format!("{container}:/workspace/d{r}"),
+        ]));
+        d_up.push(mbs(t));
+        let back = dir.path().join(format!("back-g{r}"));
+        let t = Instant::now();
+        run_ok(Command::new(gridlease()).arg("--home").arg(&rh).args([
+            "-q",
+            "cp",
+            &format!("{}:/workspace/g{r}", &id[..12]),
+            &back.display().to_string(),
+        ]));
+        g_down.push(mbs(t));
+        let back_d = dir.path().join(format!("back-d{r}"));
+        let t = Instant::now();
+        run_ok(Command::new("docker").args([
+            "cp",
+            &format!("{container}:/workspace/d{r}"),
+            &back_d.display().to_string(),
+        ]));
+        d_down.push(mbs(t));
+        let t = Instant::now();
+        raw_tcp(&tree);
+        raw.push(mbs(t));
+        let _ = std::fs::remove_dir_all(&back);
+        let _ = std::fs::remove_dir_all(&back_d);
+        run_ok(Command::new(gridlease()).arg("--home").arg(&rh).args([
+            "exec",
+            &id,
+            "--",
+            "rm",
+            "-rf",
+            &format!("/workspace/g{r}"),
+            &format!("/workspace/d{r}"),
+        ]));
+    }
+
+    let (dm, fm) = (median(d_mbs), median(f_mbs));
+    println!("| measure | direct loopback | forwarded | ratio / added |");
+    println!("|---|---|---|---|");
+    println!(
+        "| GET 1 GiB, MB/s (median of {rounds}) | {dm:.0} | {fm:.0} | {:.2}x |",
+        fm / dm
+    );
+    for (name, d, f) in [
+        ("64 B echo round trip, open connection", &d_echo, &f_echo),
+        ("1 KiB GET, new connection each", &d_new, &f_new),
+    ] {
+        println!(
+            "| {name}, p50 ms | {:.3} | {:.3} | +{:.3} ms |",
+            pct(d, 0.5),
+            pct(f, 0.5),
+            pct(f, 0.5) - pct(d, 0.5)
+        );
+        println!(
+            "| {name}, p99 ms | {:.3} | {:.3} | +{:.3} ms |",
+            pct(d, 0.99),
+            pct(f, 0.99),
+            pct(f, 0.99) - pct(d, 0.99)
+        );
+    }
+
+    let (gu, du, gd, dd, rt) = (
+        median(g_up),
+        median(d_up),
+        median(g_down),
+        median(d_down),
+        median(raw),
+    );
+    println!();
+    println!(
+        "| copy of a 1 GiB tree (64 x 16 MiB), MB/s, median of {rounds} | gridlease cp | docker cp | raw loopback TCP | cp / docker cp | cp / raw TCP |"
+    );
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| upload | {gu:.0} | {du:.0} | {rt:.0} | {:.2}x | {:.2}x |",
+        gu / du,
+        gu / rt
+    );
+    println!(
+        "| download | {gd:.0} | {dd:.0} | {rt:.0} | {:.2}x | {:.2}x |",
+        gd / dd,
+        gd / rt
+    );
+
+    let _ = Command::new(gridlease())
+        .arg("--home")
+        .arg(&rh)
+        .args(["stop", &id])
+        .output();
+    drop(renter);
+    drop(provider);
+    // The provider is gone: remove its container and workspace, then the image.
+    let name = gridlease_sandbox::spec::container_name_of(&id.parse().unwrap());
+    let _ = sb.remove(&name).await;
+    let _ = sb.remove_node_workspaces(&provider_peer).await;
+    let _ = sb.remove_image(&tag).await;
+}

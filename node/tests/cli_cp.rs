@@ -1,0 +1,274 @@
+//! `gridlease cp` end to end (issue 13): two real `gridlease node` processes, the real Docker
+//! daemon, a busybox image. A 1 GiB tree of random files is uploaded into a running lease's
+//! workspace (the upload's command killed part way and run again: it resumes without sending
+//! the completed files again), transformed in the container, and downloaded (also interrupted
+//! and resumed); every file's SHA-256 matches, and the renter's node and `cp` process stay
+//! under 100 MiB of RSS throughout.
+//!
+//! Needs Docker and busybox-static: with `GRIDLEASE_REQUIRE_DOCKER=1` (`.ci/run` installs it)
+//! it fails when one is missing, otherwise it skips with a note.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod cli_support;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use cli_support::{
+    BusyboxImage, ContainersGuard, bin, json, lease_of, market_with, text, wait_for,
+};
+use sha2::Digest as _;
+
+/// Files of the tree: 64 x 16 MiB in 4 directories = 1 GiB.
+const FILES: usize = 64;
+const FILE_BYTES: usize = 16 << 20;
+
+fn random_tree(root: &Path) -> BTreeMap<String, String> {
+    let mut sums = BTreeMap::new();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut buf = vec![0u8; FILE_BYTES];
+    for i in 0..FILES {
+        let rel = format!("d{}/f{i:02}.bin", i % 4);
+        for chunk in buf.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes());
+        }
+        let p = root.join(&rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::File::create(&p).unwrap().write_all(&buf).unwrap();
+        sums.insert(rel, hex::encode(sha2::Sha256::digest(&buf)));
+    }
+    sums
+}
+
+fn sums_of(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                out.insert(
+                    rel,
+                    hex::encode(sha2::Sha256::digest(std::fs::read(&p).unwrap())),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Largest RSS (KiB) seen of each pid while sampling; stop with the flag.
+fn sample_rss(
+    pids: Vec<u32>,
+    stop: Arc<AtomicBool>,
+) -> (Arc<AtomicU64>, std::thread::JoinHandle<()>) {
+    let max = Arc::new(AtomicU64::new(0));
+    let m = max.clone();
+    let h = std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            for pid in &pids {
+                if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    && let Some(kb) = s
+                        .lines()
+                        .find_map(|l| l.strip_prefix("VmRSS:"))
+                        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+                {
+                    m.fetch_max(kb, Ordering::Relaxed);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    (max, h)
+}
+
+/// The journal files of `home`'s interrupted copies and their line counts.
+fn journal_lines(home: &Path) -> usize {
+    std::fs::read_dir(home.join("transfers"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| {
+                    std::fs::read_to_string(e.path())
+                        .unwrap_or_default()
+                        .lines()
+                        .count()
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Runs `gridlease cp` and kills it once its journal holds `kill_at` lines; answers whether it
+/// was killed (false: it finished first).
+fn cp_killed_part_way(rh: &Path, src: &str, dst: &str, kill_at: usize) -> bool {
+    let mut child = bin()
+        .arg("--home")
+        .arg(rh)
+        .args(["cp", src, dst])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "the first cp failed on its own");
+            return false;
+        }
+        if journal_lines(rh) >= kill_at {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `gridlease --json cp SRC DST`, with the RSS of the renter's node and of `cp` sampled.
+fn cp_measured(rh: &Path, renter_pid: u32, src: &str, dst: &str) -> (serde_json::Value, u64) {
+    let child = bin()
+        .arg("--home")
+        .arg(rh)
+        .args(["--json", "cp", src, dst])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (max, sampler) = sample_rss(vec![renter_pid, child.id()], stop.clone());
+    let out = child.wait_with_output().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    assert!(
+        out.status.success(),
+        "cp {src} {dst}: {}",
+        text(&out.stderr)
+    );
+    (
+        serde_json::from_slice(&out.stdout).unwrap(),
+        max.load(Ordering::Relaxed),
+    )
+}
+
+#[test]
+fn a_1_gib_tree_goes_in_and_out_resumed_after_interruptions_with_checksums_matching() {
+    let test = "cli_cp";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let sums = random_tree(&data);
+    let locals = format!(
+        "{},{}",
+        gridlease_sandbox::probe_image::probe_image_tag(),
+        image.tag
+    );
+    let m = market_with(
+        dir.path(),
+        &["--local-image", &locals, "--per-gpu-disk-gib", "4"],
+        Some(&dir.path().join("provider.log")),
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let renter_pid = m.renter.0.id();
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "600",
+            "--detach",
+            "--image",
+            &image.tag,
+            "--",
+            "sleep",
+            "600",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&ph, &id)["state"] == "running"
+    });
+    let remote = |p: &str| format!("{}:{p}", &id[..12]);
+
+    // Upload, killed once a few batches are in (the journal also lists directories).
+    let src = data.display().to_string();
+    assert!(
+        cp_killed_part_way(&rh, &src, &remote("/workspace/data"), 12),
+        "the upload finished before it could be interrupted"
+    );
+    let (up, rss) = cp_measured(&rh, renter_pid, &src, &remote("/workspace/data"));
+    eprintln!("upload resumed: {up}, max RSS {rss} KiB");
+    let skipped = up["skipped"].as_u64().unwrap();
+    assert!(skipped >= 4, "completed files were sent again: {up}");
+    assert_eq!(
+        skipped + up["files"].as_u64().unwrap(),
+        FILES as u64,
+        "{up}"
+    );
+    assert!(
+        up["bytes"].as_u64().unwrap() < (FILES * FILE_BYTES) as u64,
+        "{up}"
+    );
+    assert!(rss < 100 * 1024, "RSS reached {rss} KiB during the upload");
+
+    // Transformed in the container: a copy of the tree plus its checksums, as the tenant.
+    let exec = bin()
+        .arg("--home")
+        .arg(&rh)
+        .args([
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "cd /workspace && cp -r data out && cd data && find . -type f | sort | xargs sha256sum > ../out/SUMS",
+        ])
+        .output()
+        .unwrap();
+    assert!(exec.status.success(), "{}", text(&exec.stderr));
+
+    // Download, interrupted and resumed too.
+    let back = dir.path().join("back");
+    let back_s = back.display().to_string();
+    assert!(
+        cp_killed_part_way(&rh, &remote("/workspace/out"), &back_s, 8),
+        "the download finished before it could be interrupted"
+    );
+    let (down, rss) = cp_measured(&rh, renter_pid, &remote("/workspace/out"), &back_s);
+    eprintln!("download resumed: {down}, max RSS {rss} KiB");
+    assert!(down["skipped"].as_u64().unwrap() >= 8, "{down}");
+    assert!(
+        rss < 100 * 1024,
+        "RSS reached {rss} KiB during the download"
+    );
+
+    // Every file came back as it went in, and the container saw the same bytes.
+    let mut got = sums_of(&back);
+    let listed = got.remove("SUMS").expect("the container's checksums");
+    assert_eq!(got, sums);
+    let in_container: BTreeMap<String, String> = std::fs::read_to_string(back.join("SUMS"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (sum, name) = l.split_once("  ").unwrap();
+            (name.trim_start_matches("./").to_string(), sum.to_string())
+        })
+        .collect();
+    assert_eq!(in_container, sums, "{listed}");
+    // No journal is left once a copy completed.
+    assert_eq!(journal_lines(&rh), 0);
+    drop(m);
+}
