@@ -71,6 +71,7 @@ fn main() -> ExitCode {
                         Command::Gpus(a) => commands::gpus::run(&api, &out, &a).await,
                         Command::Bench(a) => commands::bench::run(&out, &a).await,
                         Command::Search(a) => commands::search::run(&api, &out, &a).await,
+                        Command::Offer(a) => commands::offer::run(&api, &out, &a).await,
                         Command::Provide(a) => commands::provide::run(&api, &out, &a).await,
                         Command::Rent(a) => commands::rent::run(&api, &out, &a).await,
                         Command::Leases(a) => commands::leases::run(&api, &out, &a).await,

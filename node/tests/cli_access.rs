@@ -476,9 +476,23 @@ fn rent_forward_opens_the_port_for_the_lease_life() {
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("provider.log");
-    let m = busybox_market(dir.path(), &image.tag, &log, &[]);
+    // The offer says what it allows, and a provider can turn each off.
+    let m = busybox_market(dir.path(), &image.tag, &log, &["--allow-shell=false"]);
     let _guard = ContainersGuard(m.provider_peer.clone());
     let rh = dir.path().join("renter");
+    let offer = json(&rh, &["offer", &m.offer]);
+    assert_eq!(
+        offer["access"],
+        serde_json::json!({"shell": false, "exec": true, "forward": true}),
+        "{offer}"
+    );
+    let shown = cli(&rh, &["offer", &m.offer]);
+    assert!(
+        text(&shown.stdout).contains("access       exec, forward"),
+        "{}",
+        text(&shown.stdout)
+    );
+    assert_eq!(json(&rh, &["search"])[0]["access"]["shell"], false);
     // A server as the lease's own command (as `jupyter lab` would be), its port forwarded.
     let mut rent = bin()
         .arg("--home")
@@ -529,5 +543,8 @@ fn rent_forward_opens_the_port_for_the_lease_life() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
         "the forwarded port outlived the rent"
     );
+    // Shell was not offered: refused with that reason.
+    let refused = cli(&rh, &["shell", &id]);
+    assert_eq!(refused.status.code(), Some(4), "{}", text(&refused.stderr));
     drop(m);
 }

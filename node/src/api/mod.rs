@@ -126,6 +126,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/peers", get(peers))
         .route("/v1/offers", get(offers))
+        .route("/v1/offers/{id}", get(offer))
         .route("/v1/gpus", get(gpus))
         .route("/v1/provide", put(provide))
         .route("/v1/leases", get(leases).post(rent))
@@ -330,6 +331,72 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         max_duration_s: e.offer.max_duration_s,
         access: e.offer.sandbox.access,
     }
+}
+
+/// `GET /v1/offers/{id}`: one offer of the book, whole (an id or unique prefix; a replaced
+/// id resolves as `rent` resolves it).
+async fn offer(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<types::OfferDetail>, ApiError> {
+    let (id, _) = resolve_offer(&s, &id).await?;
+    let e = s
+        .client
+        .offer(id)
+        .await
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::not_found(format!("offer {id} is no longer in the book")))?;
+    let o = &e.offer;
+    Ok(Json(types::OfferDetail {
+        id: e.id.to_string(),
+        provider: o
+            .provider
+            .peer_id()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|_| o.provider.to_string()),
+        seq: o.seq,
+        created_at_ms: o.created_at.0,
+        expires_at_ms: o.expires_at.0,
+        gpus: o
+            .gpus
+            .iter()
+            .map(|g| types::OfferGpu {
+                model: g.spec.model.clone(),
+                vram_mib: g.spec.vram_mib,
+                driver_version: g.spec.driver_version.clone(),
+                cuda_version: g.spec.cuda_version.clone(),
+                compute_capability: format!(
+                    "{}.{}",
+                    g.spec.compute_capability.major, g.spec.compute_capability.minor
+                ),
+                pcie: format!("gen {} x{}", g.spec.pcie_gen, g.spec.pcie_width),
+                power_limit_w: g.spec.power_limit_w,
+                fp32_gflops: g.bench.fp32_gflops,
+                fp16_gflops: g.bench.fp16_gflops,
+                device_mem_mbps: g.bench.device_mem_mbps,
+                h2d_mbps: g.bench.h2d_mbps,
+                attestation: match g.bench.attestation {
+                    gridlease_protocol::Attestation::Measured => "measured".into(),
+                    gridlease_protocol::Attestation::Declared => "declared".into(),
+                },
+            })
+            .collect(),
+        per_gpu: o.per_gpu,
+        price_per_gpu_hour: Money::from_micros(o.price_per_gpu_hour).to_string(),
+        min_duration_s: o.min_duration_s,
+        max_duration_s: o.max_duration_s,
+        min_billed_s: o.min_billed_s,
+        usage_interval_s: o.usage_interval_s,
+        pay_ahead_s: o.pay_ahead_s,
+        network: match o.sandbox.network {
+            NetworkPolicy::None => "none".into(),
+            NetworkPolicy::Egress => "egress".into(),
+        },
+        image_prefixes: o.sandbox.image_prefixes.clone(),
+        access: o.sandbox.access,
+        addrs: o.addrs.clone(),
+        region: o.region.clone(),
+    }))
 }
 
 async fn gpus(State(s): State<ApiState>) -> Json<GpusView> {

@@ -238,3 +238,73 @@ pub struct ExecBody {
 
 /// The `Upgrade` protocol name of the access routes.
 pub const ACCESS_UPGRADE: &str = "gridlease-access";
+
+/// `GET /v1/offers/{id}`: one offer whole (`gridlease offer OFFER`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OfferDetail {
+    /// Offer id (64 hex digits).
+    pub id: String,
+    /// Provider peer id.
+    pub provider: String,
+    /// Sequence (a higher one replaces it).
+    pub seq: u64,
+    /// Signed at, ms since the epoch.
+    pub created_at_ms: u64,
+    /// Dead after, ms since the epoch.
+    pub expires_at_ms: u64,
+    /// The GPUs, each with its spec and benchmark.
+    pub gpus: Vec<OfferGpu>,
+    /// Host resources per leased GPU.
+    pub per_gpu: gridlease_protocol::ResourcesPerGpu,
+    /// Price per GPU-hour (decimal units).
+    pub price_per_gpu_hour: String,
+    /// Shortest lease, seconds.
+    pub min_duration_s: u32,
+    /// Longest lease, seconds.
+    pub max_duration_s: u32,
+    /// Minimum billed seconds.
+    pub min_billed_s: u32,
+    /// Seconds between usage reports.
+    pub usage_interval_s: u32,
+    /// Seconds of usage a renter may owe before the provider stops.
+    pub pay_ahead_s: u32,
+    /// `none` or `egress`.
+    pub network: String,
+    /// Image prefixes allowed (empty: any image of the provider's registries).
+    pub image_prefixes: Vec<String>,
+    /// Interactive access allowed while a lease runs.
+    pub access: gridlease_protocol::access::AccessPolicy,
+    /// Where to reach the provider.
+    pub addrs: Vec<String>,
+    /// Region label.
+    pub region: String,
+}
+
+/// One GPU of an [`OfferDetail`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OfferGpu {
+    /// Model name.
+    pub model: String,
+    /// VRAM, MiB.
+    pub vram_mib: u32,
+    /// Driver version.
+    pub driver_version: String,
+    /// Highest CUDA version the driver supports.
+    pub cuda_version: String,
+    /// Compute capability, `major.minor`.
+    pub compute_capability: String,
+    /// PCIe generation and width.
+    pub pcie: String,
+    /// Power limit, W.
+    pub power_limit_w: u32,
+    /// fp32 GEMM, GFLOP/s.
+    pub fp32_gflops: u32,
+    /// fp16 GEMM, GFLOP/s.
+    pub fp16_gflops: u32,
+    /// Device memory bandwidth, MB/s.
+    pub device_mem_mbps: u32,
+    /// Host-to-device bandwidth, MB/s.
+    pub h2d_mbps: u32,
+    /// `measured` (by the node's benchmark) or `declared` (unverified).
+    pub attestation: String,
+}

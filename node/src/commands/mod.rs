@@ -17,6 +17,7 @@ pub mod leases;
 pub mod ledger;
 pub mod logs;
 pub mod node;
+pub mod offer;
 pub mod peers;
 pub mod provide;
 pub mod rent;
@@ -77,6 +78,8 @@ pub enum Command {
     /// Search the offer book, e.g. `gridlease search 'gpu~4090 price<=0.5' --sort price`.
     #[command(after_help = format!("Fields:\n{}", gridlease_contracts::query::Field::help_table()))]
     Search(search::SearchArgs),
+    /// One offer whole: GPUs and benchmarks, price and billing, resources, network, access.
+    Offer(offer::OfferArgs),
     /// Offer this node's GPUs at a price, or stop offering (--off).
     Provide(provide::ProvideArgs),
     /// Rent an offer and run a container on it: `rent OFFER --minutes 30 --image IMG -- CMD`.

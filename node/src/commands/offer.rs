@@ -1,0 +1,80 @@
+//! `gridlease offer OFFER`: one offer of the book, whole.
+
+use clap::Args;
+
+use crate::api::client::ApiClient;
+use crate::api::types::OfferDetail;
+use crate::output::Printer;
+
+/// Arguments of `gridlease offer`.
+#[derive(Debug, Args)]
+pub struct OfferArgs {
+    /// Offer id (or a unique prefix, as `search` shows).
+    #[arg(value_name = "OFFER")]
+    pub offer: String,
+}
+
+/// Prints the offer.
+pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Result<u8> {
+    let o: OfferDetail = api.get(&format!("/v1/offers/{}", a.offer)).await?;
+    out.emit(&o, |p| {
+        let secs = |ms: u64| httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
+        p.line(&format!("offer        {}", o.id));
+        p.line(&format!("provider     {} (seq {})", o.provider, o.seq));
+        p.line(&format!(
+            "price        {}/GPU-hour, billed per second, at least {} s",
+            o.price_per_gpu_hour, o.min_billed_s
+        ));
+        p.line(&format!(
+            "leases       {} s to {} s; usage reported every {} s, at most {} s owed",
+            o.min_duration_s, o.max_duration_s, o.usage_interval_s, o.pay_ahead_s
+        ));
+        p.line(&format!(
+            "per GPU      {} millicores CPU, {} MiB RAM, {} GiB /workspace disk",
+            o.per_gpu.cpu_millicores, o.per_gpu.ram_mib, o.per_gpu.disk_gib
+        ));
+        p.line(&format!("network      {}", o.network));
+        p.line(&format!("access       {}", o.access.describe()));
+        p.line(&format!(
+            "images       {}",
+            if o.image_prefixes.is_empty() {
+                "any image of the provider's registries".to_string()
+            } else {
+                o.image_prefixes.join(", ")
+            }
+        ));
+        if !o.region.is_empty() {
+            p.line(&format!("region       {}", o.region));
+        }
+        p.line(&format!("signed       {}", secs(o.created_at_ms)));
+        p.line(&format!("expires      {}", secs(o.expires_at_ms)));
+        for (i, g) in o.gpus.iter().enumerate() {
+            p.line(&format!(
+                "gpu {i}        {}, {} MiB, driver {} (CUDA {}), sm {}, PCIe {}, {} W",
+                g.model,
+                g.vram_mib,
+                g.driver_version,
+                g.cuda_version,
+                g.compute_capability,
+                g.pcie,
+                g.power_limit_w
+            ));
+            p.line(&format!(
+                "             fp16 {:.1} TFLOPS, fp32 {:.1} TFLOPS, memory {} MB/s, host->device {} MB/s ({})",
+                f64::from(g.fp16_gflops) / 1000.0,
+                f64::from(g.fp32_gflops) / 1000.0,
+                g.device_mem_mbps,
+                g.h2d_mbps,
+                if g.attestation == "declared" {
+                    "declared, unverified"
+                } else {
+                    "measured by the provider's node"
+                }
+            ));
+        }
+        for a in &o.addrs {
+            p.line(&format!("address      {a}"));
+        }
+    });
+    Ok(0)
+}
