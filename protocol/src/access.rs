@@ -352,15 +352,7 @@ pub fn frame<T: Serialize, const MAX: usize>(value: &T) -> Result<Vec<u8>, Codec
 
 /// Truncates a message to [`MAX_MESSAGE`] bytes on a char boundary.
 pub fn message(s: impl std::fmt::Display) -> String {
-    let mut s = s.to_string();
-    if s.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
+    crate::session::truncated(s, MAX_MESSAGE)
 }
 
 #[cfg(test)]

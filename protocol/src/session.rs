@@ -149,9 +149,14 @@ pub enum SessionResponse {
 
 /// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.
 pub fn detail(s: impl std::fmt::Display) -> String {
+    truncated(s, MAX_DETAIL)
+}
+
+/// `s` as text, cut to at most `max` bytes on a char boundary.
+pub fn truncated(s: impl std::fmt::Display, max: usize) -> String {
     let mut s = s.to_string();
-    if s.len() > MAX_DETAIL {
-        let mut cut = MAX_DETAIL;
+    if s.len() > max {
+        let mut cut = max;
         while !s.is_char_boundary(cut) {
             cut -= 1;
         }

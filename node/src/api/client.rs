@@ -128,16 +128,8 @@ impl ApiClient {
         path: &str,
         body: &B,
     ) -> Result<TokioIo<hyper::upgrade::Upgraded>, ClientError> {
-        let stream = tokio::net::UnixStream::connect(&self.socket)
-            .await
-            .map_err(|_| ClientError::NoNode {
-                home: self.home.display().to_string(),
-                socket: self.socket.display().to_string(),
-            })?;
         let transport = |e: &dyn std::fmt::Display| ClientError::Transport(e.to_string());
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| transport(&e))?;
+        let (mut sender, conn) = self.connect().await?;
         tokio::spawn(conn.with_upgrades());
         let bytes = serde_json::to_vec(body).map_err(|e| transport(&e))?;
         let req = Request::builder()
@@ -210,22 +202,35 @@ impl ApiClient {
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Transport(e.to_string()))
     }
 
-    async fn request<B: Serialize>(
+    /// An HTTP/1.1 connection to the daemon's socket.
+    async fn connect(
         &self,
-        method: Method,
-        path: &str,
-        body: Option<&B>,
-    ) -> Result<(hyper::HeaderMap, Bytes), ClientError> {
+    ) -> Result<
+        (
+            hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+            hyper::client::conn::http1::Connection<TokioIo<tokio::net::UnixStream>, Full<Bytes>>,
+        ),
+        ClientError,
+    > {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|_| ClientError::NoNode {
                 home: self.home.display().to_string(),
                 socket: self.socket.display().to_string(),
             })?;
-        let transport = |e: &dyn std::fmt::Display| ClientError::Transport(e.to_string());
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| transport(&e))?;
+            .map_err(|e| ClientError::Transport(e.to_string()))
+    }
+
+    async fn request<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<(hyper::HeaderMap, Bytes), ClientError> {
+        let transport = |e: &dyn std::fmt::Display| ClientError::Transport(e.to_string());
+        let (mut sender, conn) = self.connect().await?;
         let driver = tokio::spawn(conn);
         let bytes = match body {
             Some(b) => serde_json::to_vec(b).map_err(|e| transport(&e))?,

@@ -701,16 +701,15 @@ async fn transfer_body(req: axum::extract::Request) -> Result<TransferBody, ApiE
 async fn upload(
     State(s): State<ApiState>,
     UrlPath(id): UrlPath<String>,
-    mut req: axum::extract::Request,
+    req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let upgrade = hyper::upgrade::on(&mut req);
-    let body = transfer_body(req).await?;
-    let lease_id = resolve_lease(&s, &id).await?;
-    let request = gridlease_protocol::access::AccessRequest::Upload {
-        lease_id,
-        dest: body.dest,
-    };
-    splice(&s, request, upgrade).await
+    transfer(&s, &id, req, |lease_id, b| {
+        gridlease_protocol::access::AccessRequest::Upload {
+            lease_id,
+            dest: b.dest,
+        }
+    })
+    .await
 }
 
 /// `POST /v1/leases/{id}/download` (`{"path": PATH}`) with `Upgrade: gridlease-access`: a
@@ -718,16 +717,28 @@ async fn upload(
 async fn download(
     State(s): State<ApiState>,
     UrlPath(id): UrlPath<String>,
+    req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    transfer(&s, &id, req, |lease_id, b| {
+        gridlease_protocol::access::AccessRequest::Download {
+            lease_id,
+            path: b.path,
+        }
+    })
+    .await
+}
+
+/// The upload and download routes: the body, the lease, then [`splice`].
+async fn transfer(
+    s: &ApiState,
+    id: &str,
     mut req: axum::extract::Request,
+    make: impl FnOnce(LeaseId, TransferBody) -> gridlease_protocol::access::AccessRequest,
 ) -> Result<Response, ApiError> {
     let upgrade = hyper::upgrade::on(&mut req);
     let body = transfer_body(req).await?;
-    let lease_id = resolve_lease(&s, &id).await?;
-    let request = gridlease_protocol::access::AccessRequest::Download {
-        lease_id,
-        path: body.path,
-    };
-    splice(&s, request, upgrade).await
+    let lease_id = resolve_lease(s, id).await?;
+    splice(s, make(lease_id, body), upgrade).await
 }
 
 /// Opens the access stream, then answers 101 and copies bytes both ways between the
