@@ -15,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Most bytes of tar data in one `Chunk`.
-pub const MAX_CHUNK: usize = 32 * 1024;
+pub const MAX_CHUNK: usize = 256 * 1024;
 /// Most bytes of one `Skip` frame's paths, counting [`SKIP_ENTRY_OVERHEAD`] more per path.
 pub const MAX_SKIP_BYTES: usize = 32 * 1024;
 /// What one path costs in a `Skip` frame beyond its bytes (its length prefix, rounded up).
