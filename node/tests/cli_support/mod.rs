@@ -176,6 +176,19 @@ pub struct Market {
     pub offer: String,
 }
 
+/// Dropped (also while a failing test unwinds): both daemons are killed first, then every
+/// container and workspace the provider made is removed, so nothing is left behind and no
+/// live daemon can recreate anything meanwhile.
+impl Drop for Market {
+    fn drop(&mut self) {
+        for d in [&mut self.provider, &mut self.renter] {
+            let _ = d.0.kill();
+            let _ = d.0.wait();
+        }
+        drop(ContainersGuard(self.provider_peer.clone()));
+    }
+}
+
 /// Starts a [`Market`] under `dir`.
 pub fn market(dir: &Path) -> Market {
     market_with(dir, &[], None)
