@@ -155,22 +155,14 @@ impl Server {
             }
             AccessRequest::Forward { port, .. } => self.forward(peer, lease, port, io).await,
             AccessRequest::Upload { dest, .. } => {
-                if frames::send::<_, MAX_REPLY_FRAME, _>(&mut io, &AccessReply::Granted)
-                    .await
-                    .is_ok()
-                {
-                    self.stats.grant(kind);
+                if self.grant(&mut io, kind).await {
                     let n = super::files::upload(&self.sandbox, &container_name(&lease), &dest, io)
                         .await;
                     tracing::info!(%peer, lease = %lease, dest, bytes = n, "upload ended");
                 }
             }
             AccessRequest::Download { path, .. } => {
-                if frames::send::<_, MAX_REPLY_FRAME, _>(&mut io, &AccessReply::Granted)
-                    .await
-                    .is_ok()
-                {
-                    self.stats.grant(kind);
+                if self.grant(&mut io, kind).await {
                     let n =
                         super::files::download(&self.sandbox, &container_name(&lease), &path, io)
                             .await;
@@ -179,6 +171,17 @@ impl Server {
             }
         }
         drop(slot);
+    }
+
+    /// Answers `Granted` and counts it; false when the renter is already gone.
+    async fn grant(&self, io: &mut Io, kind: AccessKind) -> bool {
+        let sent = frames::send::<_, MAX_REPLY_FRAME, _>(io, &AccessReply::Granted)
+            .await
+            .is_ok();
+        if sent {
+            self.stats.grant(kind);
+        }
+        sent
     }
 
     /// Authorizes the request and takes one of the lease's stream slots.
@@ -237,13 +240,9 @@ impl Server {
                 return;
             }
         };
-        if frames::send::<_, MAX_REPLY_FRAME, _>(&mut io, &AccessReply::Granted)
-            .await
-            .is_err()
-        {
+        if !self.grant(&mut io, kind).await {
             return;
         }
-        self.stats.grant(kind);
         tracing::info!(%peer, lease = %lease, kind = kind.name(), argv = ?spec.argv, "exec started");
         let (mut rd, mut wr) = tokio::io::split(io);
         let gridlease_sandbox::access::Exec {
@@ -337,13 +336,9 @@ impl Server {
                 return;
             }
         };
-        if frames::send::<_, MAX_REPLY_FRAME, _>(&mut io, &AccessReply::Granted)
-            .await
-            .is_err()
-        {
+        if !self.grant(&mut io, AccessKind::Forward).await {
             return;
         }
-        self.stats.grant(AccessKind::Forward);
         tracing::debug!(%peer, lease = %lease, port, "forwarded connection opened");
         let Ok(mut tcp) = tokio::net::TcpStream::from_std(tcp) else {
             return;
