@@ -12,8 +12,15 @@
 //! most that wall time x the leased GPUs ([`Tariff::cap`]); nothing beyond the duration is ever
 //! due ([`Tariff::due`], [`Tariff::final_due`]). A container that outlives its deadline (killed
 //! late, or a node that came back late) is still billed exactly the lease, never more.
+//!
+//! **Failed starts**: a start that fails on the renter's image (the pull failed, stalled or
+//! timed out, or the pulled image was refused) costs the minimum billed duration
+//! ([`Tariff::failed_start_fee`], `min_billed_s` of the offer), so a renter cannot make a
+//! provider pull gigabytes again and again for free. A failure on the provider's side (no
+//! container runtime, its database, creating or starting the container) costs nothing
+//! ([`start_failure_is_billed`]).
 
-use gridlease_protocol::LeaseTerms;
+use gridlease_protocol::{LeaseTerms, StartFailureKind};
 
 use crate::money::{Money, MoneyError};
 
@@ -121,6 +128,12 @@ impl Tariff {
         Ok(c.min(self.max_total))
     }
 
+    /// What a start that failed on the renter's image costs (see [`start_failure_is_billed`]):
+    /// the minimum billed duration, within the budget cap.
+    pub fn failed_start_fee(&self) -> Result<Money, MoneyError> {
+        self.final_due(0)
+    }
+
     /// The cost of `seconds` of use (no cap): what a window of that length is worth.
     pub fn window_cost(&self, seconds: u64) -> Result<Money, MoneyError> {
         cost(seconds, self.gpus, self.price_per_gpu_hour)
@@ -136,6 +149,21 @@ impl Tariff {
         let need = u128::from(self.max_total.micros()) * HOUR_S;
         let secs = need.div_ceil(per_hour);
         u64::try_from(secs.saturating_mul(1000)).unwrap_or(u64::MAX)
+    }
+}
+
+/// True when a start that failed this way is the renter's to pay ([`Tariff::failed_start_fee`]):
+/// failures of the image the renter chose. The provider's own failures are free.
+pub fn start_failure_is_billed(kind: StartFailureKind) -> bool {
+    match kind {
+        StartFailureKind::ImagePull
+        | StartFailureKind::PullStalled
+        | StartFailureKind::PullTimeout
+        | StartFailureKind::ImageRefused => true,
+        StartFailureKind::NoSandbox
+        | StartFailureKind::Create
+        | StartFailureKind::Start
+        | StartFailureKind::Internal => false,
     }
 }
 

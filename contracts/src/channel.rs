@@ -444,6 +444,36 @@ impl RenterChannel {
         Ok(Some(receipt))
     }
 
+    /// The receipt the renter owes for a start that failed with `kind` (see
+    /// [`crate::billing::start_failure_is_billed`]): the failed-start fee, once; `None` when
+    /// the failure is the provider's or the fee is already paid. Like [`RenterChannel::on_usage`]
+    /// the channel books it: persist it before sending it, or restore a clone on failure.
+    pub fn on_start_failure(
+        &mut self,
+        kind: gridlease_protocol::StartFailureKind,
+        now: Timestamp,
+    ) -> Result<Option<PaymentReceipt>, MoneyError> {
+        if !crate::billing::start_failure_is_billed(kind) {
+            return Ok(None);
+        }
+        let due = Tariff::of(&self.terms)
+            .failed_start_fee()?
+            .min(Money::from_micros(self.terms.max_total));
+        if due <= self.paid() {
+            return Ok(None);
+        }
+        let receipt = PaymentReceipt {
+            lease_id: self.lease_id,
+            seq: self.last_receipt.as_ref().map_or(1, |r| r.seq + 1),
+            total_paid: due.micros(),
+            covers_wall_ms: 0,
+            usage_seq: self.last_usage.as_ref().map_or(0, |u| u.seq),
+            issued_at: now,
+        };
+        self.last_receipt = Some(receipt.clone());
+        Ok(Some(receipt))
+    }
+
     /// What the renter has paid beyond the usage it has been shown (always zero in this
     /// arrears scheme unless reports were inflated within tolerance).
     pub fn prepaid_exposure(&self, shown_wall_ms: u64) -> Result<Money, MoneyError> {
@@ -480,6 +510,43 @@ mod tests {
             terms,
             id,
         }
+    }
+
+    #[test]
+    fn a_start_failed_on_the_image_costs_the_minimum_once_and_the_providers_own_nothing() {
+        use gridlease_protocol::StartFailureKind as K;
+        let f = fx();
+        // fixtures: min_billed_s 60 at 1000 micro-units per second.
+        let fee = Tariff::of(&f.terms).failed_start_fee().unwrap();
+        assert_eq!(fee, Money::from_micros(60_000));
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        for kind in [K::NoSandbox, K::Create, K::Start, K::Internal] {
+            assert_eq!(renter.on_start_failure(kind, T0).unwrap(), None, "{kind:?}");
+        }
+        let r = renter
+            .on_start_failure(K::PullStalled, T0)
+            .unwrap()
+            .expect("a fee");
+        assert_eq!((r.seq, r.total_paid, r.covers_wall_ms), (1, 60_000, 0));
+        assert_eq!(renter.paid(), fee);
+        assert_eq!(
+            renter.on_start_failure(K::ImagePull, T0).unwrap(),
+            None,
+            "paid once"
+        );
+        // The provider books it like any receipt.
+        let mut provider = ProviderChannel::new(f.id, &f.terms, T0);
+        assert_eq!(provider.accept_receipt(&f.renter, &r, T0).unwrap(), fee);
+        assert_eq!(provider.paid(), fee);
+        // Within the budget cap.
+        let mut capped = f.terms.clone();
+        capped.max_total = 1_000;
+        let mut renter = RenterChannel::new(f.id, capped);
+        let r = renter
+            .on_start_failure(K::ImageRefused, T0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.total_paid, 1_000);
     }
 
     fn report(f: &Fx, seq: u64, wall_ms: u64) -> UsageReport {

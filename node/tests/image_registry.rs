@@ -1,7 +1,8 @@
 //! Images from a real registry (issue 12 image policy, issue 13 failures explained): Debian's
 //! `docker-registry` on loopback, images pushed by the real daemon, real nodes, real Docker.
 //! Refusals happen before the provider signs (no lease is stored on either side); a pull
-//! that stalls mid-layer fails the lease with that reason, on the renter's side too.
+//! that stalls mid-layer fails the lease with that reason, on the renter's side too, and costs
+//! the renter the minimum billed duration on both ledgers.
 // Test helpers unwrap: a failed step is a test failure with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -244,12 +245,30 @@ async fn a_pull_that_stalls_mid_layer_fails_the_lease_with_that_reason_for_the_r
     let v = closed(&renter.leases, id, 120).await;
     eprintln!("renter's view: {v:#?}");
     assert_eq!(v.close_reason.as_deref(), Some("start_failed"));
-    let f = v.failure.expect("the renter is told why");
+    let f = v.failure.clone().expect("the renter is told why");
     assert_eq!(f.kind, "pull_stalled");
     assert_eq!(f.message, "image pull stalled: no progress for 3 s");
     let pv = closed(&provider.leases, id, 30).await;
-    assert_eq!(pv.failure.map(|f| f.kind).as_deref(), Some("pull_stalled"));
+    assert_eq!(
+        pv.failure.as_ref().map(|f| f.kind.as_str()),
+        Some("pull_stalled")
+    );
     assert!(!container_exists(&sb, id).await);
+    // A start that failed on the renter's image costs the minimum billed duration, on both
+    // ledgers alike (so a renter cannot make the provider pull for free, again and again).
+    let fee = u64::from(v.min_billed_s) * v.price_per_gpu_hour * u64::from(v.gpus) / 3600;
+    assert!(fee > 0, "{v:#?}");
+    assert_eq!(
+        v.settled_total,
+        Some(fee),
+        "the renter paid the fee: {v:#?}"
+    );
+    assert_eq!(
+        pv.settled_total,
+        Some(fee),
+        "the provider was paid it: {pv:#?}"
+    );
+    assert_eq!((v.paid, pv.paid), (fee, fee));
     for p in [&provider, &renter] {
         p.cancel.cancel();
     }

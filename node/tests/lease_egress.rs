@@ -239,6 +239,8 @@ async fn a_provider_that_cannot_install_the_rules_starts_no_egress_container() {
                 && f.message.contains("does not exist"),
             "{f:?}"
         );
+        // The provider's own failure: the renter pays nothing.
+        assert_eq!(v.settled_total, Some(0), "{v:#?}");
     }
     assert!(
         remove_leftover(&sb, id).await,

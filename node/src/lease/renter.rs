@@ -292,6 +292,67 @@ impl Session {
         Ok(Extended::of(accept, now))
     }
 
+    /// Signs `receipt` (already booked in the channel) and stores it with the ledger rows (and
+    /// the usage report it answers, if any) before it may be sent: persist before act. `None`
+    /// when it cannot be signed or stored (logged); the caller restores the channel.
+    async fn persist_receipt(
+        &mut self,
+        receipt: &PaymentReceipt,
+        usage: Option<(u64, Vec<u8>)>,
+        now: Timestamp,
+    ) -> Option<Signed<PaymentReceipt>> {
+        let rs = sign(&self.ctx, receipt)?;
+        let rbytes = rs.to_bytes().ok()?;
+        let (id, provider, rc) = (self.lease.id, self.provider, receipt.clone());
+        let booked = self
+            .ctx
+            .store
+            .call(move |s| {
+                let usage = usage.as_ref().map(|(q, b)| (*q, b.as_slice()));
+                s.book_receipt(Role::Renter, &id, &provider, &rc, &rbytes, usage, now)
+            })
+            .await;
+        match booked {
+            Ok(_) => {
+                self.last_signed = Some(rs.clone());
+                Some(rs)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot store a receipt; not sending it");
+                None
+            }
+        }
+    }
+
+    /// Pays the failed-start fee the terms set for a start that failed on the image
+    /// (`gridlease_contracts::billing::start_failure_is_billed`), stored before the provider's
+    /// close is answered with it. Nothing for the provider's own failures.
+    async fn pay_failed_start(&mut self, failure: Option<&gridlease_protocol::StartFailure>) {
+        let Some(kind) = failure.map(|f| f.kind) else {
+            return;
+        };
+        let now = self.ctx.now();
+        let before = self.channel.clone();
+        match self.channel.on_start_failure(kind, now) {
+            Ok(Some(receipt)) => {
+                if self.persist_receipt(&receipt, None, now).await.is_some() {
+                    tracing::info!(
+                        ?kind,
+                        total = %self.channel.paid(),
+                        "failed start on the image: paying the minimum billed duration"
+                    );
+                } else {
+                    self.channel = before;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "failed-start fee not computed");
+                self.channel = before;
+            }
+        }
+    }
+
     /// Handles a usage report. Returns `Some(reason)` when the lease must end.
     async fn on_usage(
         &mut self,
@@ -327,42 +388,16 @@ impl Session {
         }
         match checked {
             Ok(Some(receipt)) => {
-                let encoded = sign(&self.ctx, &receipt)
-                    .and_then(|rs| Some((rs.to_bytes().ok()?, rs)))
-                    .zip(signed.to_bytes().ok());
-                let Some(((rbytes, rs), ubytes)) = encoded else {
-                    self.channel = before;
-                    return (SessionResponse::Busy, None);
-                };
-                let (id, provider, useq) = (self.lease.id, self.provider, v.message.seq);
-                let rc = receipt.clone();
-                // Persist receipt + ledger rows before acknowledging.
-                let booked = self
-                    .ctx
-                    .store
-                    .call(move |s| {
-                        s.book_receipt(
-                            Role::Renter,
-                            &id,
-                            &provider,
-                            &rc,
-                            &rbytes,
-                            Some((useq, &ubytes)),
-                            now,
-                        )
-                    })
-                    .await;
-                match booked {
-                    Ok(_) => {
+                let usage = signed.to_bytes().ok().map(|b| (v.message.seq, b));
+                match self.persist_receipt(&receipt, usage, now).await {
+                    Some(rs) => {
                         if v.message.exit_code.is_some() {
                             self.exit_code = v.message.exit_code;
                         }
-                        self.last_signed = Some(rs.clone());
                         self.publish();
                         (SessionResponse::Receipt(rs), None)
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot store a receipt; not sending it");
+                    None => {
                         self.channel = before;
                         (SessionResponse::Busy, None)
                     }
@@ -492,14 +527,16 @@ pub(crate) async fn run(
                             let net = ctx.client.network().clone();
                             match signed.verify(&net) {
                                 Ok(v) if v.signer == s.provider && v.message.lease_id == s.lease.id => {
+                                    if v.message.reason == CloseReason::StartFailed {
+                                        s.failure = v.message.failure.clone();
+                                        // Stored before the answer that carries it.
+                                        s.pay_failed_start(v.message.failure.as_ref()).await;
+                                    }
                                     let _ = reply.send(SessionResponse::Closed {
                                         last_receipt: s.last_signed.clone(),
                                     });
                                     if v.message.exit_code.is_some() {
                                         s.exit_code = v.message.exit_code;
-                                    }
-                                    if v.message.reason == CloseReason::StartFailed {
-                                        s.failure = v.message.failure.clone();
                                     }
                                     s.close(v.message.reason, Actor::Provider).await;
                                     s.settle(v.message.reason).await;
