@@ -11,7 +11,7 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-use gridlease_protocol::{Attestation, NetworkPolicy, Offer};
+use gridlease_protocol::{Attestation, Isolation, NetworkPolicy, Offer};
 
 use crate::money::Money;
 
@@ -42,6 +42,8 @@ pub struct Numbers {
     pub verified: bool,
     /// Egress allowed.
     pub egress: bool,
+    /// Tenants run under gVisor.
+    pub gvisor: bool,
     /// GPUs in the offer.
     pub gpus: u32,
     /// Price per GPU-hour, micro-units.
@@ -95,6 +97,7 @@ impl OfferSummary {
                         .iter()
                         .all(|g| g.bench.attestation == Attestation::Measured),
                 egress: offer.sandbox.network == NetworkPolicy::Egress,
+                gvisor: offer.sandbox.isolation == Isolation::Gvisor,
                 gpus: u32::try_from(offer.gpus.len()).unwrap_or(u32::MAX),
                 price,
                 price_per_tflop,
@@ -206,6 +209,8 @@ pub enum Field {
     Hours,
     /// Egress network allowed (bool).
     Egress,
+    /// Tenants run under gVisor (bool).
+    Gvisor,
     /// Region label (text).
     Region,
     /// Compute capability, e.g. `8.9`.
@@ -214,7 +219,7 @@ pub enum Field {
 
 impl Field {
     /// Every field with its query name.
-    pub const ALL: [(&'static str, Field); 16] = [
+    pub const ALL: [(&'static str, Field); 17] = [
         ("gpu", Field::Gpu),
         ("vram", Field::Vram),
         ("price", Field::Price),
@@ -229,6 +234,7 @@ impl Field {
         ("disk", Field::Disk),
         ("hours", Field::Hours),
         ("egress", Field::Egress),
+        ("gvisor", Field::Gvisor),
         ("region", Field::Region),
         ("cc", Field::Cc),
     ];
@@ -270,6 +276,7 @@ impl Field {
             Self::Disk => ("number", "disk per GPU, GiB", "disk>=100"),
             Self::Hours => ("number", "longest lease, hours", "hours>=24"),
             Self::Egress => ("bool", "internet access allowed", "egress=true"),
+            Self::Gvisor => ("bool", "tenants run under gVisor (runsc)", "gvisor=true"),
             Self::Region => ("text", "region label", "region=eu-west"),
             Self::Cc => ("number", "CUDA compute capability", "cc>=8.9"),
         }
@@ -288,7 +295,7 @@ impl Field {
     fn kind(self) -> Kind {
         match self {
             Self::Gpu | Self::Region => Kind::Text,
-            Self::Verified | Self::Egress => Kind::Bool,
+            Self::Verified | Self::Egress | Self::Gvisor => Kind::Bool,
             _ => Kind::Number,
         }
     }
@@ -304,7 +311,7 @@ impl Field {
             Self::Hours => (3600, 0),
             Self::Cc => (10, 1),
             Self::Vram | Self::Ram | Self::Gpus | Self::Disk => (1, 0),
-            Self::Gpu | Self::Region | Self::Verified | Self::Egress => (1, 0),
+            Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => (1, 0),
         }
     }
 
@@ -323,7 +330,7 @@ impl Field {
             Self::Disk => u64::from(s.disk_gib),
             Self::Hours => u64::from(s.max_duration_s),
             Self::Cc => u64::from(s.compute_capability),
-            Self::Gpu | Self::Region | Self::Verified | Self::Egress => 0,
+            Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => 0,
         }
     }
 }
@@ -366,6 +373,7 @@ impl Condition {
                 let actual = match self.field {
                     Field::Verified => s.verified,
                     Field::Egress => s.egress,
+                    Field::Gvisor => s.gvisor,
                     _ => return Some(false),
                 };
                 Some(self.op.holds(actual.cmp(v)))
@@ -843,6 +851,8 @@ mod tests {
             ("gpu=\"nvidia geforce rtx 4090\"", true),
             ("gpu=\"NVIDIA GeForce RTX 3090\"", false),
             ("egress=false", true),
+            ("gvisor=false", true),
+            ("gvisor=true", false),
             ("price_per_tflop<=0.003", true),
         ] {
             let parsed = Query::parse(q);

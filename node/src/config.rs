@@ -87,6 +87,13 @@ pub struct Config {
     /// Default: true (offered only when the node can enter containers' network namespaces,
     /// i.e. runs as root).
     pub allow_forward: bool,
+    /// The runtime tenants' containers run under: `runc` (Docker's default) or `gvisor`
+    /// (runsc, an application kernel between tenant and host; checked at start, advertised in
+    /// offers). Default: runc.
+    pub isolation: gridlease_protocol::Isolation,
+    /// The Docker runtime name gVisor is registered under in the daemon's `runtimes`.
+    /// Default: runsc.
+    pub gvisor_runtime: String,
 }
 
 impl Config {
@@ -97,6 +104,11 @@ impl Config {
             exec: self.allow_exec,
             forward: self.allow_forward,
         }
+    }
+
+    /// The Docker runtime tenants run under (`None`: the daemon's default, runc).
+    pub fn runtime(&self) -> Option<String> {
+        gridlease_sandbox::isolation::runtime_for(self.isolation, &self.gvisor_runtime)
     }
 
     /// The bounds of the cache of pulled images.
@@ -153,6 +165,8 @@ impl Default for Config {
             allow_shell: true,
             allow_exec: true,
             allow_forward: true,
+            isolation: gridlease_protocol::Isolation::Runc,
+            gvisor_runtime: gridlease_sandbox::isolation::DEFAULT_GVISOR_RUNTIME.to_string(),
         }
     }
 }
@@ -198,6 +212,14 @@ pub struct Overrides {
     #[arg(long, value_name = "BOOL", env = env_vars::GRIDLEASE_ALLOW_FORWARD, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_forward: Option<bool>,
+    /// Runtime of tenants' containers: runc (default) or gvisor.
+    #[arg(long, value_name = "RUNTIME", env = env_vars::GRIDLEASE_ISOLATION, value_parser = isolation)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<gridlease_protocol::Isolation>,
+    /// Docker runtime name gVisor is registered under (default runsc).
+    #[arg(long, value_name = "NAME", env = env_vars::GRIDLEASE_GVISOR_RUNTIME)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gvisor_runtime: Option<String>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]
@@ -272,6 +294,10 @@ pub struct Overrides {
     #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_IMAGE_CACHE_GIB)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image_cache_gib: Option<u64>,
+}
+
+fn isolation(s: &str) -> Result<gridlease_protocol::Isolation, String> {
+    s.parse()
 }
 
 fn multiaddr(s: &str) -> Result<String, String> {
@@ -400,6 +426,21 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "announce_secs",
                 problem: format!("{} is not in 1..=3600", self.announce_secs),
+            });
+        }
+        let plain = |n: &str| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+                && !n.starts_with(['-', '.'])
+        };
+        if !plain(&self.gvisor_runtime) {
+            return Err(ConfigError::Invalid {
+                field: "gvisor_runtime",
+                problem: format!(
+                    "{:?} is not a Docker runtime name (letters, digits, _ . -)",
+                    self.gvisor_runtime
+                ),
             });
         }
         if let Some(m) = &self.metrics {

@@ -58,3 +58,7 @@ pub const GRIDLEASE_MAX_UNPACKED_GIB: &str = "GRIDLEASE_MAX_UNPACKED_GIB";
 pub const GRIDLEASE_IMAGE_CACHE_IMAGES: &str = "GRIDLEASE_IMAGE_CACHE_IMAGES";
 /// GiB (config key `image_cache_gib`).
 pub const GRIDLEASE_IMAGE_CACHE_GIB: &str = "GRIDLEASE_IMAGE_CACHE_GIB";
+/// `runc` or `gvisor` (config key `isolation`).
+pub const GRIDLEASE_ISOLATION: &str = "GRIDLEASE_ISOLATION";
+/// Docker runtime name of gVisor (config key `gvisor_runtime`).
+pub const GRIDLEASE_GVISOR_RUNTIME: &str = "GRIDLEASE_GVISOR_RUNTIME";

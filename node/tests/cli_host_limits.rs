@@ -380,3 +380,58 @@ fn lease_limits_fit_the_host_and_an_overrun_is_oom_killed_alone() {
         lease_of(&big, &big_lease)["state"] == "settled"
     });
 }
+
+/// `--isolation gvisor`: with a runtime the daemon lacks the node refuses to start and says
+/// how to register it; with Debian's runsc registered (as `.ci/run` does) it starts and its
+/// offer says `gvisor`.
+#[test]
+fn isolation_gvisor_is_checked_at_start_and_advertised() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    cli_support::init(&missing);
+    let name = format!("gridlease-missing-runtime-{}", std::process::id());
+    let out = cli(
+        &missing,
+        &[
+            "node",
+            "--no-mdns",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--dev-gpus",
+            "RTX 4090:24GiB:0.40",
+            "--isolation",
+            "gvisor",
+            "--gvisor-runtime",
+            &name,
+        ],
+    );
+    assert!(!out.status.success(), "started without its runtime");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("gvisor") && err.contains(&name) && err.contains("daemon.json"),
+        "{err}"
+    );
+    // A bad value is refused by the flag parser, naming the choices.
+    let out = cli(&missing, &["node", "--isolation", "kata"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("runc or gvisor"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    if std::env::var("GRIDLEASE_REQUIRE_RUNSC").as_deref() != Ok("1")
+        && !std::path::Path::new("/usr/bin/runsc").exists()
+    {
+        eprintln!("isolation_gvisor: SKIPPED the runsc half, runsc is not installed");
+        return;
+    }
+    let home = dir.path().join("gvisor");
+    let _node = start(
+        &home,
+        &["--dev-gpus", "RTX 4090:24GiB:0.40", "--isolation", "gvisor"],
+    );
+    let id = own_offer(&home)["id"].as_str().unwrap().to_string();
+    let offer = json(&home, &["offer", &id]);
+    assert_eq!(offer["isolation"], "gvisor", "{offer}");
+}

@@ -220,8 +220,8 @@ fn rss_kib() -> u64 {
 }
 
 /// A tenant printing as fast as it can for 60 s, followed by 50 concurrent log readers of its
-/// renter: Docker's copy stays within the tenant's log config (`LOG_MAX_SIZE` x
-/// `LOG_MAX_FILE`, 30 MiB) and the node's within `MAX_LOG_BYTES` plus the cut notice, at every
+/// renter: Docker's copy stays within the tenant's log config (`LOG_MAX_FILE` files of
+/// `log_file_mib` of the lease's disk, read back from the container) and the node's within `MAX_LOG_BYTES` plus the cut notice, at every
 /// sample and at the end; usage reports keep their 1 s interval (no gap over 2 s); the test
 /// process (provider, renter and the 50 followers) stays under 400 MiB resident.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -276,7 +276,9 @@ async fn a_flooding_tenant_and_fifty_followers_stay_bounded_and_metering_keeps_i
             (read, busy)
         });
     }
-    let docker_cap = 30 * 1024 * 1024 + 1024 * 1024;
+    // Docker's copy: at most the container's configured log retention (max-file x max-size,
+    // from the lease's disk), plus 1 MiB for the file being written when it rotates.
+    let mut docker_cap = None::<u64>;
     let node_cap = MAX_LOG_BYTES + 256;
     let (mut last_seq, mut last_change) = (0u64, None::<tokio::time::Instant>);
     let (mut max_gap, mut max_docker, mut max_node, mut max_rss) = (Duration::ZERO, 0, 0, 0);
@@ -305,6 +307,22 @@ async fn a_flooding_tenant_and_fifty_followers_stay_bounded_and_metering_keeps_i
         if container_dir.is_none()
             && let Some(c) = container_id(&sb, id).await
         {
+            let log = sb
+                .inspect(&c)
+                .await
+                .unwrap()
+                .host_config
+                .unwrap()
+                .log_config
+                .unwrap();
+            let cfg = log.config.unwrap();
+            let size: u64 = cfg["max-size"].trim_end_matches('m').parse().unwrap();
+            let files: u64 = cfg["max-file"].parse().unwrap();
+            // Sized from the lease's disk (one GPU of the template), as the spec says.
+            let disk = u64::from(lease_template(1, 1, 10).per_gpu.disk_gib) << 30;
+            assert_eq!(size, u64::from(gridlease_sandbox::spec::log_file_mib(disk)));
+            assert_eq!(files, u64::from(gridlease_sandbox::spec::LOG_MAX_FILE));
+            docker_cap = Some((files * size + 1) << 20);
             container_dir = Some(
                 std::path::Path::new(&root)
                     .join("containers")
@@ -340,9 +358,10 @@ async fn a_flooding_tenant_and_fifty_followers_stay_bounded_and_metering_keeps_i
         "the container's log directory was found"
     );
     assert!(max_docker > 0, "Docker's log copy was measured");
+    let docker_cap = docker_cap.expect("the container's log config was read");
     assert!(
         max_docker <= docker_cap,
-        "Docker's log copy reached {max_docker} B"
+        "Docker's log copy reached {max_docker} B, over its configured {docker_cap} B"
     );
     assert!(max_node <= node_cap, "the node's copy reached {max_node} B");
     let final_len = std::fs::metadata(&file).unwrap().len();

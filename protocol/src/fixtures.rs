@@ -64,6 +64,7 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
             network: NetworkPolicy::None,
             image_prefixes: vec![],
             access: crate::access::AccessPolicy::ALL,
+            isolation: crate::Isolation::Runc,
         },
         addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
         region: "eu-west".into(),

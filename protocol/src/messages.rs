@@ -239,6 +239,48 @@ pub enum NetworkPolicy {
     Egress,
 }
 
+/// The container runtime that isolates a provider's tenants.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// Docker's default runtime (runc): Linux namespaces, cgroups, seccomp; the tenant's
+    /// system calls reach the host kernel (filtered by the seccomp profile).
+    #[default]
+    Runc,
+    /// gVisor (`runsc`): an application kernel in user space answers the tenant's system
+    /// calls; only a small filtered set reaches the host kernel.
+    Gvisor,
+}
+
+impl Isolation {
+    /// The name used in configuration, tables and query filters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Gvisor => "gvisor",
+        }
+    }
+}
+
+impl std::fmt::Display for Isolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "runc" => Ok(Self::Runc),
+            "gvisor" | "runsc" => Ok(Self::Gvisor),
+            other => Err(format!("unknown isolation {other:?} (runc or gvisor)")),
+        }
+    }
+}
+
 /// The provider's sandbox rules.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxPolicy {
@@ -250,6 +292,8 @@ pub struct SandboxPolicy {
     /// Interactive access the renter may open while the lease runs (shell, exec, port
     /// forwarding over the lease's libp2p connection: [`crate::access`]).
     pub access: crate::access::AccessPolicy,
+    /// The runtime tenants' containers run under.
+    pub isolation: Isolation,
 }
 
 impl SandboxPolicy {

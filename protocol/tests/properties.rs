@@ -153,6 +153,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                     network,
                     image_prefixes,
                     access: gridlease_protocol::access::AccessPolicy::ALL,
+                    isolation: gridlease_protocol::Isolation::Runc,
                 },
                 addrs,
                 region,

@@ -41,6 +41,9 @@ fn spec(image: &str, i: usize, args: &[&str]) -> SandboxSpec {
         network: NetworkPolicy::None,
         egress_network: String::new(),
         run_as_root: false,
+        log_file_mib: gridlease_sandbox::spec::LOG_FILE_MIB_MIN,
+        runtime: None,
+        isolation: gridlease_protocol::Isolation::Runc,
     }
 }
 

@@ -71,11 +71,13 @@ unsafe extern "C" {
     fn mmap(addr: *mut u8, len: usize, prot: c_int, flags: c_int, fd: c_int, off: c_long)
     -> *mut u8;
     fn munmap(addr: *mut u8, len: usize) -> c_int;
+    fn uname(buf: *mut u8) -> c_int;
 }
 
 const CLONE_NEWUSER: c_int = 0x1000_0000;
 const CLONE_NEWNS: c_int = 0x0002_0000;
 const SYS_KEYCTL: c_long = 250;
+const SYS_GETPPID: c_long = 110;
 const SYS_IO_URING_SETUP: c_long = 425;
 const KEYCTL_JOIN_SESSION_KEYRING: c_long = 1;
 const SIGTERM: c_int = 15;
@@ -613,6 +615,19 @@ fn dns_query(server: &str, name: &str) -> String {
     "no-address".into()
 }
 
+/// `uname(2)`'s release field.
+fn kernel_release() -> String {
+    // struct utsname on Linux: six fields of 65 bytes; the release is the third.
+    let mut buf = [0u8; 6 * 65];
+    // SAFETY: buf is as large as struct utsname and writable.
+    if unsafe { uname(buf.as_mut_ptr()) } != 0 {
+        return errno_name();
+    }
+    let field = &buf[2 * 65..3 * 65];
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut held: Vec<Vec<u8>> = Vec::new();
@@ -622,6 +637,30 @@ fn main() {
         let step = args[i].as_str();
         i += 1;
         match step {
+            "spin" => {
+                // A fixed amount of pure CPU work (N million LCG steps), timed inside.
+                let n: u64 = arg(i).parse().unwrap_or(1);
+                i += 1;
+                let t = Instant::now();
+                let mut x: u64 = 1;
+                for _ in 0..n * 1_000_000 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    x = std::hint::black_box(x);
+                }
+                say(&format!("SPIN millions={n} ms={:.1}", t.elapsed().as_secs_f64() * 1e3));
+            }
+            "syscalls" => {
+                // N getppid(2) calls, timed inside: the cost of entering the kernel (gVisor's
+                // Sentry under runsc).
+                let n: u64 = arg(i).parse().unwrap_or(1);
+                i += 1;
+                let t = Instant::now();
+                for _ in 0..n {
+                    // SAFETY: getppid takes no arguments and cannot fail.
+                    std::hint::black_box(unsafe { syscall(SYS_GETPPID) });
+                }
+                say(&format!("SYSCALLS n={n} ms={:.1}", t.elapsed().as_secs_f64() * 1e3));
+            }
             "burn" => {
                 let n = arg(i).parse().unwrap_or(1);
                 let s = arg(i + 1).parse().unwrap_or(1.0);
@@ -687,6 +726,11 @@ fn main() {
                     let _ = out.write_all(block.as_bytes());
                 }
                 let _ = out.flush();
+            }
+            "kernel" => {
+                // The kernel the tenant sees (uname(2)): the host's under runc, gVisor's own
+                // under runsc.
+                say(&format!("KERNEL release={}", kernel_release()));
             }
             "sentinel" => {
                 say(&format!("SENTINEL {}", arg(i)));

@@ -436,6 +436,9 @@ mod tests {
             network: gridlease_protocol::NetworkPolicy::None,
             egress_network: String::new(),
             run_as_root: false,
+            log_file_mib: crate::spec::LOG_FILE_MIB_MIN,
+            runtime: None,
+            isolation: gridlease_protocol::Isolation::Runc,
         });
         assert!(body.is_ok());
     }

@@ -1,7 +1,7 @@
 //! gridlease sandbox: everything that touches the provider's machine.
 //!
 //! What this crate is for: running a renter's container under a hardened Docker spec with
-//! exactly the leased GPUs ([`spec`], [`runtime`]), the project's own seccomp profile
+//! exactly the leased GPUs ([`spec`], [`runtime`]) under runc or gVisor ([`isolation`]), the project's own seccomp profile
 //! ([`seccomp`]) and a disk-backed, size-limited `/workspace` ([`workspace`]), fencing `egress`
 //! tenants off the provider's LAN and host with host firewall rules ([`firewall`]), reading what
 //! the host has to give ([`host`]), metering what a container uses ([`meter`]), building the
@@ -23,6 +23,7 @@ pub mod firewall;
 pub mod gpu;
 pub mod host;
 pub mod images;
+pub mod isolation;
 pub mod meter;
 pub mod probe_image;
 pub mod runtime;

@@ -13,6 +13,12 @@
 //!
 //! Invariant: every tenant container carries [`security_opt`] in `HostConfig.SecurityOpt`, so
 //! it runs under this profile, never under whatever default the provider's daemon has.
+//!
+//! Under gVisor (runsc with `--oci-seccomp`) the profile is applied by gVisor's Sentry to the
+//! tenant's calls, without the `clone3` rule ([`profile_for`]): Debian's runsc (20221219)
+//! ignores `errnoRet` and answers `EPERM`, on which libc does not fall back to `clone`, so no
+//! thread could start (seen here). There `clone3` is answered by the Sentry, not the host
+//! kernel, and namespaces it makes are the Sentry's own.
 
 use serde_json::{Value, json};
 
@@ -124,17 +130,25 @@ pub const CLONE_NAMESPACE_FLAGS: &[u64] = &[
     0x4000_0000,
 ];
 
-/// The profile, in the JSON form Docker's daemon reads (`defaultAction`, `defaultErrnoRet`,
+/// The profile under runc, in the JSON form Docker's daemon reads (`defaultAction`,
 /// `syscalls[]` with `names`, `action`, `errnoRet`, `args`).
 pub fn profile() -> Value {
+    profile_for(gridlease_protocol::Isolation::Runc)
+}
+
+/// The profile for a runtime: under gVisor without the `clone3` rule (see the module docs).
+pub fn profile_for(isolation: gridlease_protocol::Isolation) -> Value {
     let denied: Vec<&str> = DENIED
         .iter()
         .flat_map(|(_, names)| names.iter().copied())
         .collect();
-    let mut syscalls = vec![
-        json!({ "names": denied, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM }),
-        json!({ "names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS }),
-    ];
+    let mut syscalls = vec![json!({
+        "names": denied, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM
+    })];
+    if isolation == gridlease_protocol::Isolation::Runc {
+        syscalls
+            .push(json!({ "names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS }));
+    }
     for flag in CLONE_NAMESPACE_FLAGS {
         syscalls.push(json!({
             "names": ["clone"],
@@ -154,7 +168,12 @@ pub fn profile() -> Value {
 /// The `HostConfig.SecurityOpt` entry that applies the profile: `seccomp=<JSON text>` (over
 /// the API the daemon takes the profile's contents, not a path).
 pub fn security_opt() -> String {
-    format!("seccomp={}", profile())
+    security_opt_for(gridlease_protocol::Isolation::Runc)
+}
+
+/// [`security_opt`] for a runtime ([`profile_for`]).
+pub fn security_opt_for(isolation: gridlease_protocol::Isolation) -> String {
+    format!("seccomp={}", profile_for(isolation))
 }
 
 #[cfg(test)]
@@ -235,5 +254,26 @@ mod tests {
         let json = opt.strip_prefix("seccomp=").unwrap();
         let v: Value = serde_json::from_str(json).unwrap();
         assert_eq!(v, profile());
+    }
+
+    #[test]
+    fn under_gvisor_the_same_rules_apply_without_clone3() {
+        use gridlease_protocol::Isolation;
+        let (runc, gvisor) = (profile_for(Isolation::Runc), profile_for(Isolation::Gvisor));
+        assert_eq!(runc, profile());
+        let names = |p: &Value| -> Vec<String> {
+            p["syscalls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r["names"].as_array().unwrap().clone())
+                .map(|n| n.as_str().unwrap().to_string())
+                .collect()
+        };
+        assert!(names(&runc).contains(&"clone3".to_string()));
+        assert!(!names(&gvisor).contains(&"clone3".to_string()));
+        let mut rest = names(&runc);
+        rest.retain(|n| n != "clone3");
+        assert_eq!(rest, names(&gvisor), "every other rule is the same");
     }
 }

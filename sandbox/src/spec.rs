@@ -9,7 +9,7 @@ use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, ImageConfig, Mount,
     MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig, ResourcesUlimits,
 };
-use gridlease_protocol::{LeaseId, NetworkPolicy, Timestamp};
+use gridlease_protocol::{Isolation, LeaseId, NetworkPolicy, Timestamp};
 
 /// Label carrying the lease id (hex).
 pub const LABEL_LEASE: &str = "gridlease.lease_id";
@@ -44,11 +44,26 @@ pub const SHM_DIVISOR: u32 = 2;
 /// The tenant's Docker log driver: `local` keeps the output's bytes exactly (`json-file`, a
 /// common daemon default, stores JSON strings and replaces invalid UTF-8 with U+FFFD).
 pub const LOG_DRIVER: &str = "local";
-/// The tenant's Docker log retention: files of this size...
-pub const LOG_MAX_SIZE: &str = "10m";
-/// ...at most this many of them (the oldest is dropped): the daemon keeps 20-30 MiB of a
-/// tenant's output whatever its own defaults (a stock install keeps everything).
-pub const LOG_MAX_FILE: &str = "3";
+/// The tenant's Docker log retention: at most this many files (the oldest is dropped) of
+/// [`log_file_mib`] each, so the daemon keeps a bounded amount of a tenant's output whatever
+/// its own defaults (a stock install keeps everything).
+pub const LOG_MAX_FILE: u32 = 3;
+/// The smallest log file size, MiB: 3 files keep 20-30 MiB, well above the node's 4 MiB head
+/// (see the resume rule in the node's `lease::logs`).
+pub const LOG_FILE_MIB_MIN: u32 = 10;
+/// The largest log file size, MiB (3 files: at most 300 MiB of a provider's disk).
+pub const LOG_FILE_MIB_MAX: u32 = 100;
+
+/// The size of each of a lease's Docker log files, from the lease's disk: 1/512 of its
+/// workspace (0.6% for the 3 files), within [`LOG_FILE_MIB_MIN`]..=[`LOG_FILE_MIB_MAX`]. A
+/// lease that rents more disk keeps more of its output on the daemon's side; none costs the
+/// provider more than 300 MiB.
+pub fn log_file_mib(workspace_bytes: u64) -> u32 {
+    let mib = workspace_bytes / (1024 * 1024) / 512;
+    u32::try_from(mib)
+        .unwrap_or(u32::MAX)
+        .clamp(LOG_FILE_MIB_MIN, LOG_FILE_MIB_MAX)
+}
 /// The tenant's `oom_score_adj` (-1000..=1000, higher dies first): positive, so when the host
 /// runs out of memory the kernel's OOM killer picks a tenant before the node, dockerd or the
 /// provider's own programs (which run at 0). A lease that overruns its own limit is killed by
@@ -106,6 +121,15 @@ pub struct SandboxSpec {
     /// Run as root inside the container (still no capabilities, no-new-privileges). Off by
     /// default; some images need it to write to their own paths. Providers may refuse it.
     pub run_as_root: bool,
+    /// Size of each Docker log file, MiB ([`LOG_MAX_FILE`] of them; [`log_file_mib`] of the
+    /// lease's disk).
+    pub log_file_mib: u32,
+    /// The Docker runtime to run under (`HostConfig.Runtime`, a name registered in the
+    /// daemon's `runtimes`, e.g. `runsc` for gVisor); `None` is the daemon's default (runc).
+    pub runtime: Option<String>,
+    /// What that runtime is (it picks the seccomp profile's variant,
+    /// [`crate::seccomp::profile_for`]); [`Isolation::Gvisor`] needs a `runtime` name.
+    pub isolation: Isolation,
 }
 
 /// Provider-side limits that are not part of the lease terms.
@@ -120,6 +144,10 @@ pub struct ProviderLimits {
     /// Open-file limit per container (default [`crate::host::tenant_nofile`]: [`DEFAULT_NOFILE`]
     /// or the node's own hard limit if lower).
     pub nofile: u32,
+    /// The Docker runtime tenants run under (see [`SandboxSpec::runtime`]); `None`: runc.
+    pub runtime: Option<String>,
+    /// What that runtime is ([`SandboxSpec::isolation`]).
+    pub isolation: Isolation,
 }
 
 impl Default for ProviderLimits {
@@ -129,6 +157,8 @@ impl Default for ProviderLimits {
             max_scratch_mib: 16 * 1024,
             egress_network: "gridlease-egress".to_string(),
             nofile: crate::host::tenant_nofile(),
+            runtime: None,
+            isolation: Isolation::Runc,
         }
     }
 }
@@ -173,6 +203,9 @@ impl SandboxSpec {
             network: terms.network_policy,
             egress_network: limits.egress_network.clone(),
             run_as_root: false,
+            log_file_mib: log_file_mib(workspace_bytes),
+            runtime: limits.runtime.clone(),
+            isolation: limits.isolation,
         }
     }
 }
@@ -215,6 +248,12 @@ pub enum SpecError {
     /// Egress requested without a network name.
     #[error("network policy egress needs a bridge network name")]
     NoEgressNetwork,
+    /// The runtime name is empty or not a plain name.
+    #[error("runtime name {name:?} is not a plain name")]
+    BadRuntime {
+        /// The name.
+        name: String,
+    },
     /// The workspace volume name is empty or not a plain Docker volume name.
     #[error("workspace volume name {name:?} is not a plain volume name")]
     BadWorkspace {
@@ -225,7 +264,7 @@ pub enum SpecError {
 
 /// A Docker volume name the node made (`[A-Za-z0-9][A-Za-z0-9_.-]*`): never a path, so the
 /// mount can only be a named volume, never a host directory.
-fn valid_volume_name(name: &str) -> bool {
+fn valid_docker_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
@@ -343,9 +382,19 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         });
     }
     if let Some(name) = &spec.workspace
-        && !valid_volume_name(name)
+        && !valid_docker_name(name)
     {
         return Err(SpecError::BadWorkspace { name: name.clone() });
+    }
+    if let Some(name) = &spec.runtime
+        && !valid_docker_name(name)
+    {
+        return Err(SpecError::BadRuntime { name: name.clone() });
+    }
+    if spec.isolation == Isolation::Gvisor && spec.runtime.is_none() {
+        return Err(SpecError::BadRuntime {
+            name: String::new(),
+        });
     }
 
     let memory_bytes = i64::from(spec.memory_mib) * 1024 * 1024;
@@ -442,7 +491,7 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         // default is.
         security_opt: Some(vec![
             "no-new-privileges:true".to_string(),
-            crate::seccomp::security_opt(),
+            crate::seccomp::security_opt_for(spec.isolation),
         ]),
         readonly_rootfs: Some(true),
         tmpfs: None,
@@ -471,6 +520,7 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         auto_remove: Some(false),
         oom_kill_disable: Some(false),
         oom_score_adj: Some(TENANT_OOM_SCORE_ADJ),
+        runtime: spec.runtime.clone(),
         ulimits: Some(vec![ResourcesUlimits {
             name: Some("nofile".to_string()),
             soft: Some(i64::from(spec.nofile)),
@@ -479,7 +529,10 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         log_config: Some(HostConfigLogConfig {
             typ: Some(LOG_DRIVER.to_string()),
             config: Some(HashMap::from([
-                ("max-size".to_string(), LOG_MAX_SIZE.to_string()),
+                (
+                    "max-size".to_string(),
+                    format!("{}m", spec.log_file_mib.clamp(1, LOG_FILE_MIB_MAX)),
+                ),
                 ("max-file".to_string(), LOG_MAX_FILE.to_string()),
             ])),
         }),
@@ -543,6 +596,9 @@ mod tests {
             network: NetworkPolicy::None,
             egress_network: String::new(),
             run_as_root: false,
+            log_file_mib: 10,
+            runtime: None,
+            isolation: Isolation::Runc,
         }
     }
 
@@ -683,6 +739,10 @@ mod tests {
         assert_eq!(
             (log["max-size"].as_str(), log["max-file"].as_str()),
             ("10m", "3")
+        );
+        assert_eq!(
+            hc.runtime, None,
+            "the daemon's default runtime unless one is set"
         );
         assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
         assert!(body.env.unwrap().contains(&"HOME=/workspace".to_string()));
@@ -876,5 +936,72 @@ mod tests {
                 value: 0
             })
         );
+    }
+
+    #[test]
+    fn log_retention_follows_the_lease_disk_within_bounds() {
+        assert_eq!(log_file_mib(0), LOG_FILE_MIB_MIN);
+        assert_eq!(log_file_mib(1 << 30), LOG_FILE_MIB_MIN, "1 GiB: the floor");
+        assert_eq!(log_file_mib(20 << 30), 40, "20 GiB: 1/512");
+        assert_eq!(
+            log_file_mib(50 << 30),
+            LOG_FILE_MIB_MAX,
+            "50 GiB: 100 MiB files"
+        );
+        assert_eq!(log_file_mib(u64::MAX), LOG_FILE_MIB_MAX);
+        use gridlease_protocol::{NodeKey, OfferId, fixtures};
+        let offer = fixtures::offer(NodeKey::from_secret([1; 32]).public(), 1, 1, 400_000);
+        let renter = NodeKey::from_secret([2; 32]).public();
+        let terms = fixtures::terms(OfferId(Digest::of("t", b"o")), &offer, renter, 1, 600);
+        let limits = ProviderLimits {
+            runtime: Some("runsc".into()),
+            isolation: Isolation::Gvisor,
+            ..Default::default()
+        };
+        let s = SandboxSpec::from_terms(
+            LeaseId(Digest::of("test", b"lease")),
+            &terms,
+            "node",
+            Timestamp(1),
+            vec![],
+            &limits,
+        );
+        assert_eq!(s.log_file_mib, log_file_mib(s.workspace_bytes));
+        assert_eq!(
+            s.runtime.as_deref(),
+            Some("runsc"),
+            "the provider's runtime"
+        );
+        assert_eq!(s.isolation, Isolation::Gvisor);
+        let mut big = spec();
+        big.log_file_mib = 40;
+        let hc = build_create_body(&big).unwrap().host_config.unwrap();
+        assert_eq!(hc.log_config.unwrap().config.unwrap()["max-size"], "40m");
+    }
+
+    #[test]
+    fn the_runtime_is_passed_through_and_must_be_a_plain_name() {
+        let mut s = spec();
+        s.runtime = Some("runsc".into());
+        s.isolation = Isolation::Gvisor;
+        let hc = build_create_body(&s).unwrap().host_config.unwrap();
+        assert_eq!(hc.runtime.as_deref(), Some("runsc"));
+        assert_eq!(
+            hc.security_opt.unwrap()[1],
+            crate::seccomp::security_opt_for(Isolation::Gvisor),
+            "gVisor's variant of the profile"
+        );
+        s.runtime = None;
+        assert!(
+            build_create_body(&s).is_err(),
+            "gVisor without a runtime name"
+        );
+        for bad in ["", "/usr/bin/runsc", "run sc", "-x"] {
+            s.runtime = Some(bad.into());
+            assert_eq!(
+                build_create_body(&s).unwrap_err(),
+                SpecError::BadRuntime { name: bad.into() }
+            );
+        }
     }
 }

@@ -330,6 +330,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         min_billed_s: e.offer.min_billed_s,
         max_duration_s: e.offer.max_duration_s,
         access: e.offer.sandbox.access,
+        isolation: e.offer.sandbox.isolation,
     }
 }
 
@@ -394,6 +395,7 @@ async fn offer(
         },
         image_prefixes: o.sandbox.image_prefixes.clone(),
         access: o.sandbox.access,
+        isolation: o.sandbox.isolation,
         addrs: o.addrs.clone(),
         region: o.region.clone(),
     }))

@@ -128,6 +128,9 @@ pub struct OfferRow {
     /// Interactive access the offer allows while a lease runs (`shell`, `exec`, `forward`).
     #[serde(default)]
     pub access: gridlease_protocol::access::AccessPolicy,
+    /// The runtime tenants run under: `runc` or `gvisor`.
+    #[serde(default)]
+    pub isolation: gridlease_protocol::Isolation,
 }
 
 /// `GET /v1/gpus`: one local GPU.
@@ -274,6 +277,8 @@ pub struct OfferDetail {
     pub image_prefixes: Vec<String>,
     /// Interactive access allowed while a lease runs.
     pub access: gridlease_protocol::access::AccessPolicy,
+    /// The runtime tenants run under: `runc` or `gvisor`.
+    pub isolation: gridlease_protocol::Isolation,
     /// Where to reach the provider.
     pub addrs: Vec<String>,
     /// Region label.

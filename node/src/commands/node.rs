@@ -148,6 +148,33 @@ fn access_policy(config: &Config) -> gridlease_protocol::access::AccessPolicy {
     p
 }
 
+/// The Docker runtime tenants run under, checked: for `isolation = "gvisor"` a probe container
+/// must run under the registered runtime and see gVisor's kernel, or the node does not start
+/// (a provider who asked for gVisor never silently gets runc). Without Docker there is nothing
+/// to check (the node cannot run leases; the lease service says so).
+async fn check_isolation(config: &Config) -> anyhow::Result<Option<String>> {
+    let runtime = config.runtime();
+    if config.isolation == gridlease_protocol::Isolation::Runc {
+        return Ok(runtime);
+    }
+    let Ok(sb) = gridlease_sandbox::Sandbox::connect().await else {
+        return Ok(runtime);
+    };
+    let seen =
+        gridlease_sandbox::isolation::check_runtime(&sb, config.isolation, runtime.as_deref())
+            .await
+            .context("isolation = \"gvisor\" cannot be used")?;
+    tracing::info!(
+        runtime = ?seen.runtime,
+        path = ?seen.path,
+        args = ?seen.args,
+        tenant_kernel = %seen.tenant_kernel,
+        host_kernel = %seen.host_kernel,
+        "tenants run under gVisor"
+    );
+    Ok(runtime)
+}
+
 /// Runs the node until Ctrl-C or SIGTERM with an already resolved configuration.
 pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
@@ -163,6 +190,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     net.offer_ttl = NodeConfig::ttl_for(net.announce_period);
     let dev = config.dev_gpus.as_deref().map(DevGpus::parse).transpose()?;
     let access = access_policy(&config);
+    let runtime = (config.isolation, check_isolation(&config).await?);
     // GPUs from the driver when none are declared: offered after `gridlease provide --price`,
     // each leased one passed to its container by UUID, and sampled for metering.
     let mut driver_template = None;
@@ -174,6 +202,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                 let mut t = OfferTemplate::new(gpus.offered, 0);
                 t.images = config.image_policy();
                 t.sandbox.access = access;
+                t.sandbox.isolation = config.isolation;
                 match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
                     Ok(per) => {
                         t.per_gpu = per;
@@ -192,6 +221,11 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             }
         }
     }
+    if driver_template.is_some() && config.isolation == gridlease_protocol::Isolation::Gvisor {
+        tracing::warn!(
+            "gVisor and GPUs: a container reaches the GPU under runsc only through its nvproxy (gVisor 2023 or later, runsc --nvproxy; Debian 12's runsc 20221219 has none); untested by this project, which has no GPU in CI"
+        );
+    }
     if let Some(gpus) = &dev {
         let groups = gpus.groups();
         if let Some(first) = groups.first() {
@@ -199,6 +233,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             let mut t = OfferTemplate::new(offered, first.price.micros());
             t.images = config.image_policy();
             t.sandbox.access = access;
+            t.sandbox.isolation = config.isolation;
             t.sandbox.image_prefixes = t.images.prefixes.clone();
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
             net.offer = Some(t);
@@ -246,6 +281,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         gpu_uuids,
         gpu_sampler,
         image_cache,
+        runtime,
     )
     .await
     .context("cannot start the lease service")?;

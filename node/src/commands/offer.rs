@@ -36,6 +36,14 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
         p.line(&format!("network      {}", o.network));
         p.line(&format!("access       {}", o.access.describe()));
         p.line(&format!(
+            "isolation    {}",
+            match o.isolation {
+                gridlease_protocol::Isolation::Runc => "runc (namespaces, cgroups, seccomp)",
+                gridlease_protocol::Isolation::Gvisor =>
+                    "gvisor (runsc: an application kernel between the container and the host)",
+            }
+        ));
+        p.line(&format!(
             "images       {}",
             if o.image_prefixes.is_empty() {
                 "any image of the provider's registries".to_string()

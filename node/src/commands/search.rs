@@ -82,6 +82,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                     format!("{} s", r.age_s),
                     format!("{} s", r.min_billed_s),
                     r.access.describe(),
+                    r.isolation.to_string(),
                 ]
             })
             .collect();
@@ -98,11 +99,13 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "age",
                 "min bill",
                 "access",
+                "isolation",
             ],
             table,
-            // Least important first; `min bill` (billed per second, at least this long) and
-            // `access` (shell, exec, forward) show in wide terminals and with --wide.
-            &[10, 9, 1, 6, 8, 4, 7],
+            // Least important first; `min bill` (billed per second, at least this long),
+            // `access` (shell, exec, forward) and `isolation` (runc, gvisor) show in wide
+            // terminals and with --wide.
+            &[11, 10, 9, 1, 6, 8, 4, 7],
             args.wide,
         );
     });

@@ -23,7 +23,7 @@
 //! writer reads from the start and skips as many bytes as the file already holds, then appends.
 //! Followers keep their offsets valid (nothing already served changes). This is exact as long
 //! as Docker still holds the start of the output: the tenant's log config
-//! ([`gridlease_sandbox::spec::LOG_MAX_SIZE`] x [`gridlease_sandbox::spec::LOG_MAX_FILE`]) keeps
+//! ([`gridlease_sandbox::spec::LOG_MAX_FILE`] files of [`gridlease_sandbox::spec::log_file_mib`]) keeps
 //! 20-30 MiB, well above the head, so it only fails if the container wrote more than that before
 //! the file reached the head, e.g. while the node was down; the file then has a seam at the
 //! resume point (the skipped bytes were not the ones saved). The alternative (truncate and

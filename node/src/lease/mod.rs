@@ -928,9 +928,11 @@ pub async fn start_for_daemon(
     gpu_uuids: BTreeMap<Digest, String>,
     gpu_sampler: Option<SharedGpuSampler>,
     image_cache: gridlease_contracts::image::CacheLimits,
+    runtime: (gridlease_protocol::Isolation, Option<String>),
 ) -> Result<LeaseService, LeaseError> {
     let mut config = LeaseServiceConfig::new(home.join("leases"));
     config.image_cache = image_cache;
+    (config.limits.isolation, config.limits.runtime) = runtime;
     config.base_template = base_template;
     config.gpu_uuids = gpu_uuids;
     config.gpu_sampler = gpu_sampler;

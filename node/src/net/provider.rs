@@ -63,6 +63,7 @@ impl OfferTemplate {
                 network: NetworkPolicy::None,
                 image_prefixes: Vec::new(),
                 access: gridlease_protocol::access::AccessPolicy::ALL,
+                isolation: gridlease_protocol::Isolation::Runc,
             },
             images: ImagePolicy::default(),
             region: String::new(),

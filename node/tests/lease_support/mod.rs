@@ -50,6 +50,24 @@ pub async fn docker_or_skip(test: &str) -> Option<Sandbox> {
     }
 }
 
+/// The Docker runtime gVisor is registered under for tests
+/// (`gridlease_sandbox::isolation::test_runtime`), or `None` (skip) when the daemon lacks it;
+/// with `GRIDLEASE_REQUIRE_RUNSC=1` (set by `.ci/run`) a missing runtime fails the test.
+pub async fn gvisor_or_skip(test: &str, sb: &Sandbox) -> Option<String> {
+    match gridlease_sandbox::isolation::test_runtime(sb).await {
+        Ok(name) => Some(name),
+        Err(why) => {
+            if std::env::var("GRIDLEASE_REQUIRE_RUNSC").as_deref() == Ok("1") {
+                panic!("{test}: GRIDLEASE_REQUIRE_RUNSC=1 but {why}");
+            }
+            eprintln!(
+                "{test}: SKIPPED under gVisor: {why}; set GRIDLEASE_REQUIRE_RUNSC=1 to make this a failure"
+            );
+            None
+        }
+    }
+}
+
 /// A provider template with short test intervals.
 pub fn lease_template(gpus: u8, interval_s: u32, pay_ahead_s: u32) -> OfferTemplate {
     let mut t = template(gpus, PRICE);

@@ -31,6 +31,26 @@ pub async fn sandbox_or_skip(test: &str) -> Option<Sandbox> {
     }
 }
 
+/// The Docker runtime gVisor is registered under for tests
+/// ([`gridlease_sandbox::isolation::test_runtime`]). `None` (the test skips) when the daemon does
+/// not have it, unless `GRIDLEASE_REQUIRE_RUNSC=1` (set by `.ci/run`, which installs and
+/// registers runsc): then the test fails.
+pub async fn gvisor_or_skip(test: &str) -> Option<&'static str> {
+    let sb = sandbox_or_skip(test).await?;
+    match gridlease_sandbox::isolation::test_runtime(&sb).await {
+        Ok(name) => Some(Box::leak(name.into_boxed_str())),
+        Err(why) => {
+            if std::env::var("GRIDLEASE_REQUIRE_RUNSC").as_deref() == Ok("1") {
+                panic!("{test}: GRIDLEASE_REQUIRE_RUNSC=1 but {why}");
+            }
+            eprintln!(
+                "{test}: SKIPPED under gVisor: {why}; set GRIDLEASE_REQUIRE_RUNSC=1 to make this a failure"
+            );
+            None
+        }
+    }
+}
+
 /// Returns early from the test when Docker is unreachable and not required.
 #[macro_export]
 macro_rules! docker_or_skip {
@@ -79,6 +99,9 @@ pub fn probe_spec(image: &str, node: &str, args: &[&str]) -> SandboxSpec {
         network: NetworkPolicy::None,
         egress_network: String::new(),
         run_as_root: false,
+        log_file_mib: gridlease_sandbox::spec::LOG_FILE_MIB_MIN,
+        runtime: None,
+        isolation: gridlease_protocol::Isolation::Runc,
     }
 }
 
