@@ -807,10 +807,13 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
         Vec::new()
     };
     let (cut_tx, cuts) = mpsc::channel(4);
-    let clock = ctx.config.clock.clone();
+    // The meter measures what the container really used, so it stamps samples and cuts with
+    // the system clock whatever the service's clock is: a test that advances the lease clock
+    // (a grace period passing at once) moves silence limits and deadlines, not the usage the
+    // container had. In a daemon the two are the same clock.
     let mut control = MeterControl {
         cuts,
-        now: Arc::new(move || clock.now()),
+        now: Arc::new(crate::clock::now),
     };
     let mut metering: tokio::task::JoinSet<_> = tokio::task::JoinSet::new();
     {
@@ -891,7 +894,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
                 if StopSchedule::expired(deadline, grace_ms, now) {
                     break Ended::Stop(CloseReason::Expired);
                 }
-                let Some((interval, totals)) = cut(now).await else {
+                let Some((interval, totals)) = cut(crate::clock::now()).await else {
                     // The meter ended (container exited): the next turn collects it.
                     continue;
                 };
@@ -967,7 +970,10 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             if let Some(x) = &exit {
                 s.exit_code = Some(i32::try_from(x.exit_code).unwrap_or(-1));
             }
-            (meter.finish(ctx.now(), exit.and_then(|x| x.run_ms)), 0)
+            (
+                meter.finish(crate::clock::now(), exit.and_then(|x| x.run_ms)),
+                0,
+            )
         }
         _ => {
             tracing::error!("the meter did not finish; reporting the last totals");
