@@ -63,7 +63,7 @@ async fn follower_gets_byte_exact_output_while_the_container_runs() {
             }
         };
         assert_eq!(chunk.next_offset, offset + chunk.data.len() as u64);
-        assert!(chunk.data.len() <= 32 * 1024);
+        assert!(chunk.data.len() <= gridlease_node::lease::wire::MAX_LOG_CHUNK as usize);
         out.extend_from_slice(&chunk.data);
         offset = chunk.next_offset;
         // Docker's log copier holds back a trailing partial line (the bytes after the last

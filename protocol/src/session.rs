@@ -21,14 +21,24 @@ use crate::messages::{
 };
 use crate::types::LeaseId;
 
-/// Largest log chunk in one response, bytes.
-pub const MAX_LOG_CHUNK: u32 = 32 * 1024;
+/// Largest log chunk in one response, bytes: 1023 KiB (with its framing the response stays
+/// under the codec's 1 MiB frame cap), so following a big log is a few hundred requests (at
+/// 32 KiB a 200 MiB log took 6,400, and the per-peer rate limit of 40 requests a second held a
+/// reader to 1.25 MiB/s). A renter asks for at most this; a provider answers with at most what
+/// was asked, so either side of an older version still works (32 KiB).
+pub const MAX_LOG_CHUNK: u32 = 1023 * 1024;
 /// Longest free-text detail in a refusal, bytes.
 pub const MAX_DETAIL: usize = 200;
 /// Cap on a request frame body: the largest request envelope plus the enum tag.
 pub const MAX_REQUEST_FRAME: usize = MAX_LEASE_REQUEST_BYTES + ENVELOPE_OVERHEAD + 16;
 /// Cap on a response frame body: the largest response envelope plus the enum tag.
-pub const MAX_RESPONSE_FRAME: usize = MAX_LEASE_ACCEPT_BYTES + ENVELOPE_OVERHEAD + 16;
+pub const MAX_RESPONSE_FRAME: usize = {
+    let accept = MAX_LEASE_ACCEPT_BYTES + ENVELOPE_OVERHEAD + 16;
+    // A log chunk: its bytes, the offset, eof, exit code and the enum tags.
+    let logs = MAX_LOG_CHUNK as usize + 64;
+    if accept > logs { accept } else { logs }
+};
+const _: () = assert!(MAX_RESPONSE_FRAME <= crate::codec::MAX_FRAME_BYTES);
 
 /// What a renter sends to a provider (and, for lease sessions, either side to the other).
 #[derive(Clone, Debug, Serialize, Deserialize)]

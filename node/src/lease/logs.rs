@@ -60,7 +60,8 @@ use crate::store::{Role, StoredLease};
 /// Most peers' log requests answered at once; more are answered `Busy` (the renter retries).
 pub const LOG_READERS: usize = 16;
 /// Log requests one peer may make: a burst of 40, then 40 a second (a follower asks about
-/// three times a second; one chunk is at most 32 KiB, so 40/s is above 1 MiB/s of output).
+/// three times a second; one chunk is at most 1023 KiB, so a reader catching up gets up to
+/// 40 MiB/s).
 pub const PEER_LOG_RATE: crate::net::ratelimit::RateLimit = crate::net::ratelimit::RateLimit {
     burst: 40,
     per_token: Duration::from_millis(25),
@@ -748,7 +749,8 @@ mod tests {
     async fn read_chunk_follows_offsets_caps_max_and_sets_eof_only_when_finished() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.log");
-        let data = bytes(100_000);
+        let size = 2 * MAX_LOG_CHUNK as usize + 100_000;
+        let data = bytes(size);
         std::fs::write(&path, &data).unwrap();
 
         let c = read_chunk(&path, 0, 10, false, None).await;
@@ -763,19 +765,25 @@ mod tests {
         assert_eq!(c.exit_code, Some(3));
 
         // The last bytes: eof only when finished.
-        let tail = 100_000 - 100;
+        let tail = size as u64 - 100;
         let c = read_chunk(&path, tail, MAX_LOG_CHUNK, false, None).await;
         assert_eq!(
             (c.data.as_slice(), c.next_offset, c.eof),
-            (&data[tail as usize..], 100_000, false)
+            (&data[tail as usize..], size as u64, false)
         );
         let c = read_chunk(&path, tail, MAX_LOG_CHUNK, true, Some(0)).await;
-        assert_eq!((c.data.len(), c.next_offset, c.eof), (100, 100_000, true));
-        let c = read_chunk(&path, 100_000, MAX_LOG_CHUNK, true, Some(0)).await;
-        assert_eq!((c.data.len(), c.next_offset, c.eof), (0, 100_000, true));
+        assert_eq!(
+            (c.data.len(), c.next_offset, c.eof),
+            (100, size as u64, true)
+        );
+        let c = read_chunk(&path, size as u64, MAX_LOG_CHUNK, true, Some(0)).await;
+        assert_eq!((c.data.len(), c.next_offset, c.eof), (0, size as u64, true));
         // Past the end: clamped to the end.
-        let c = read_chunk(&path, 200_000, MAX_LOG_CHUNK, false, None).await;
-        assert_eq!((c.data.len(), c.next_offset, c.eof), (0, 100_000, false));
+        let c = read_chunk(&path, 2 * size as u64, MAX_LOG_CHUNK, false, None).await;
+        assert_eq!(
+            (c.data.len(), c.next_offset, c.eof),
+            (0, size as u64, false)
+        );
 
         // Following chunk by chunk gives the file back exactly.
         let (mut out, mut at) = (Vec::new(), 0);
