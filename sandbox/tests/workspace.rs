@@ -426,9 +426,9 @@ async fn tmp_and_shm_count_against_the_memory_limit() {
         spec.scratch_mib = 64;
         spec.shm_mib = 64;
         let (_, exit, logs) = run_to_exit(&sb, &spec, &mut cleanup).await;
-        assert!(
-            exit.oom_killed && exit.exit_code == 137,
-            "{path}: {exit:?}\n{logs}"
-        );
+        // Killed by SIGKILL: only the OOM killer sends one here. Docker 20.10 does not always
+        // set OOMKilled for it (seen in a CI run: exit 137, oom_killed false), so the exit code
+        // decides; an ENOSPC would have ended in 0.
+        assert_eq!(exit.exit_code, 137, "{path}: {exit:?}\n{logs}");
     }
 }
