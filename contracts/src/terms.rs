@@ -235,6 +235,9 @@ pub fn check_request(
     if t.min_billed_s != offer.min_billed_s {
         return Err(mismatch("min_billed_s"));
     }
+    if t.output_retention_s > offer.sandbox.output_retention_s {
+        return Err(mismatch("output_retention_s"));
+    }
     if t.usage_interval_s != offer.usage_interval_s {
         return Err(mismatch("usage_interval_s"));
     }

@@ -111,6 +111,7 @@ async fn main() {
                 env: Default::default(),
                 max_total: None,
                 network: gridlease_protocol::NetworkPolicy::None,
+                keep_outputs_s: 0,
             })
             .await
             .unwrap();

@@ -84,6 +84,7 @@ async fn main() {
                 env: BTreeMap::new(),
                 nonce,
                 created_at: now,
+                output_retention_s: 0,
             };
             let t0 = Instant::now();
             let out = renter

@@ -94,6 +94,11 @@ pub struct Config {
     /// The Docker runtime name gVisor is registered under in the daemon's `runtimes`.
     /// Default: runsc.
     pub gvisor_runtime: String,
+    /// Most seconds a finished lease's stopped container and workspace are kept for the
+    /// renter's downloads, when it asks (`rent --keep-outputs`, `--download`); advertised in
+    /// offers. 0: never. Default: 3600 (they take this host's disk meanwhile, within the
+    /// lease's workspace size).
+    pub output_retention_secs: u32,
 }
 
 impl Config {
@@ -167,6 +172,7 @@ impl Default for Config {
             allow_forward: true,
             isolation: gridlease_protocol::Isolation::Runc,
             gvisor_runtime: gridlease_sandbox::isolation::DEFAULT_GVISOR_RUNTIME.to_string(),
+            output_retention_secs: 3600,
         }
     }
 }
@@ -220,6 +226,10 @@ pub struct Overrides {
     #[arg(long, value_name = "NAME", env = env_vars::GRIDLEASE_GVISOR_RUNTIME)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gvisor_runtime: Option<String>,
+    /// Most seconds finished leases' outputs are kept when renters ask (default 3600; 0: never).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_OUTPUT_RETENTION_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_retention_secs: Option<u32>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]

@@ -60,5 +60,7 @@ pub const GRIDLEASE_IMAGE_CACHE_IMAGES: &str = "GRIDLEASE_IMAGE_CACHE_IMAGES";
 pub const GRIDLEASE_IMAGE_CACHE_GIB: &str = "GRIDLEASE_IMAGE_CACHE_GIB";
 /// `runc` or `gvisor` (config key `isolation`).
 pub const GRIDLEASE_ISOLATION: &str = "GRIDLEASE_ISOLATION";
+/// Seconds (config key `output_retention_secs`).
+pub const GRIDLEASE_OUTPUT_RETENTION_SECS: &str = "GRIDLEASE_OUTPUT_RETENTION_SECS";
 /// Docker runtime name of gVisor (config key `gvisor_runtime`).
 pub const GRIDLEASE_GVISOR_RUNTIME: &str = "GRIDLEASE_GVISOR_RUNTIME";

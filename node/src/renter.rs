@@ -50,6 +50,7 @@ pub fn terms_for(
         env: req.env.clone(),
         nonce,
         created_at: now,
+        output_retention_s: req.keep_outputs_s.min(o.sandbox.output_retention_s),
     })
 }
 

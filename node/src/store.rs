@@ -169,6 +169,14 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (lease_id, seq)
     ) STRICT;
     "#,
+    // 7: finished leases whose container and workspace the provider keeps for the renter's
+    // downloads (issue 13, `LeaseTerms::output_retention_s`), until this time; NULL once
+    // removed (or never kept). The partial index makes the sweep read only kept ones.
+    r#"
+    ALTER TABLE lease_session ADD COLUMN outputs_until INTEGER;
+    CREATE INDEX lease_session_outputs ON lease_session(outputs_until)
+        WHERE outputs_until IS NOT NULL;
+    "#,
 ];
 
 /// Peers remembered (most recently seen first); older ones are forgotten when more are seen.

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use cli_support::{
-    BusyboxImage, ContainersGuard, bin, json, lease_of, market_with, text, wait_for,
+    BusyboxImage, ContainersGuard, bin, containers_labelled, json, lease_of, market_with, text,
+    wait_for,
 };
 use sha2::Digest as _;
 
@@ -271,4 +272,112 @@ fn a_1_gib_tree_goes_in_and_out_resumed_after_interruptions_with_checksums_match
     // No journal is left once a copy completed.
     assert_eq!(journal_lines(&rh), 0);
     drop(m);
+}
+
+/// `rent --download` (issue 13): the command writes its results in `/workspace`, exits, and
+/// `rent` brings them home; the provider keeps the stopped container and workspace (the terms'
+/// output retention), so `cp` still downloads after the lease has settled, while an upload is
+/// refused; the renter's view says until when.
+#[test]
+fn rent_download_brings_the_outputs_home_and_they_stay_for_cp_after_the_lease() {
+    let test = "cli_rent_download";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let locals = format!(
+        "{},{}",
+        gridlease_sandbox::probe_image::probe_image_tag(),
+        image.tag
+    );
+    let m = market_with(
+        dir.path(),
+        &[
+            "--local-image",
+            &locals,
+            "--per-gpu-disk-gib",
+            "1",
+            "--output-retention-secs",
+            "900",
+        ],
+        Some(&dir.path().join("provider.log")),
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let here = dir.path().join("here");
+    std::fs::create_dir_all(&here).unwrap();
+    let out = bin()
+        .current_dir(&here)
+        .arg("--home")
+        .arg(&rh)
+        .args([
+            "rent",
+            &m.offer,
+            "--seconds",
+            "120",
+            "--image",
+            &image.tag,
+            "--download",
+            "out:got",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p out/sub && seq 1 200000 > out/sub/numbers && echo done > out/flag",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    eprintln!("rent: {stdout}\n{stderr}");
+    assert!(out.status.success(), "rent failed: {stdout} {stderr}");
+    assert!(
+        stdout.contains("downloaded out -> got: 2 file(s)"),
+        "{stdout}"
+    );
+    let numbers = std::fs::read_to_string(here.join("got/sub/numbers")).unwrap();
+    let expected: String = (1..=200_000).map(|i| format!("{i}\n")).collect();
+    assert!(numbers == expected, "the numbers file differs");
+    assert_eq!(
+        std::fs::read_to_string(here.join("got/flag")).unwrap(),
+        "done\n"
+    );
+
+    // Settled on both sides; the renter's view says until when the outputs are kept.
+    let leases = json(&rh, &["leases", "--all"]);
+    let id = leases[0]["lease_id"].as_str().unwrap().to_string();
+    let v = lease_of(&rh, &id);
+    assert_eq!(v["state"], "settled", "{v}");
+    let until = v["outputs_until"].as_u64().expect("outputs kept");
+    let closed = v["closed_at"].as_u64().unwrap();
+    assert!(
+        until > closed && until <= closed + 600_000,
+        "kept for --download's 10 minutes: {v}"
+    );
+    assert_eq!(lease_of(&ph, &id)["state"], "settled");
+    // The provider keeps the container, stopped.
+    let kept = containers_labelled("gridlease.lease_id", &id);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].1, "exited", "{kept:?}");
+
+    // `cp` after the lease: a download works, an upload is refused.
+    let again = dir.path().join("again");
+    let out = bin()
+        .arg("--home")
+        .arg(&rh)
+        .args(["cp", &format!("{}:/workspace/out/flag", &id[..12])])
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&again).unwrap(), "done\n");
+    let out = bin()
+        .arg("--home")
+        .arg(&rh)
+        .arg("cp")
+        .arg(&again)
+        .arg(format!("{}:/workspace/back", &id[..12]))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "an upload into a finished lease");
+    let err = text(&out.stderr);
+    assert!(err.contains("not running"), "{err}");
 }

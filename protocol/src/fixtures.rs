@@ -65,6 +65,7 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
             image_prefixes: vec![],
             access: crate::access::AccessPolicy::ALL,
             isolation: crate::Isolation::Runc,
+            output_retention_s: 0,
         },
         addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
         region: "eu-west".into(),
@@ -100,6 +101,7 @@ pub fn terms(
         env: BTreeMap::from([("MODE".to_string(), "test".to_string())]),
         nonce: 42,
         created_at: T0,
+        output_retention_s: 0,
     }
 }
 

@@ -294,6 +294,10 @@ pub struct SandboxPolicy {
     pub access: crate::access::AccessPolicy,
     /// The runtime tenants' containers run under.
     pub isolation: Isolation,
+    /// Most seconds the provider keeps a finished lease's container (stopped) and
+    /// `/workspace` when the renter asks (`LeaseTerms::output_retention_s`), so its outputs
+    /// can still be downloaded (`gridlease cp`, `rent --download`); 0: never kept. Free.
+    pub output_retention_s: u32,
 }
 
 impl SandboxPolicy {
@@ -419,6 +423,10 @@ pub struct LeaseTerms {
     pub nonce: u64,
     /// When the renter made the request.
     pub created_at: Timestamp,
+    /// Seconds the provider keeps the finished lease's container and workspace for the
+    /// renter to download from (at most the offer's `output_retention_s`; 0: removed at the
+    /// end). Signed by both: a promise.
+    pub output_retention_s: u32,
 }
 
 impl Shape for LeaseTerms {

@@ -154,6 +154,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                     image_prefixes,
                     access: gridlease_protocol::access::AccessPolicy::ALL,
                     isolation: gridlease_protocol::Isolation::Runc,
+                    output_retention_s: 0,
                 },
                 addrs,
                 region,
@@ -213,6 +214,7 @@ fn terms() -> impl Strategy<Value = LeaseTerms> {
                     env: env.into_iter().collect::<BTreeMap<_, _>>(),
                     nonce,
                     created_at,
+                    output_retention_s: d.4,
                 }
             },
         )

@@ -1121,6 +1121,7 @@ impl<'s> Market<'s> {
             env: Default::default(),
             nonce: u64::from(job) << 32 | u64::from(j.generation),
             created_at: ts(now),
+            output_retention_s: 0,
         };
         let request = LeaseRequest {
             terms,

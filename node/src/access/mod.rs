@@ -113,7 +113,9 @@ impl AccessStats {
 pub type SharedStats = Arc<AccessStats>;
 
 /// The provider's decision on a request from `peer`, given the lease's view (`None`: no such
-/// lease here) and what the provider allows. Pure: the one place the rules live.
+/// lease here), what the provider allows and the time `now`. Pure: the one place the rules
+/// live. Everything needs a running lease, except a download from a finished lease whose
+/// outputs are still kept (`LeaseView::outputs_until` after `now`).
 ///
 /// The renter check comes first, so a stranger learns nothing about a lease's state.
 pub fn authorize(
@@ -121,6 +123,7 @@ pub fn authorize(
     req: &AccessRequest,
     view: Option<&LeaseView>,
     policy: AccessPolicy,
+    now: gridlease_protocol::Timestamp,
 ) -> Result<(), AccessRefusal> {
     req.check()
         .map_err(|message| AccessRefusal::BadRequest { message })?;
@@ -133,7 +136,10 @@ pub fn authorize(
     if !policy.allows(req.kind()) {
         return Err(AccessRefusal::NotOffered { kind: req.kind() });
     }
-    if v.state != LeaseState::Running {
+    let kept_outputs = matches!(req, AccessRequest::Download { .. })
+        && v.state.is_terminal()
+        && v.outputs_until.is_some_and(|until| until > now.0);
+    if v.state != LeaseState::Running && !kept_outputs {
         return Err(AccessRefusal::NotRunning {
             state: v.state.as_str().to_string(),
         });
@@ -227,6 +233,9 @@ pub async fn open_to(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gridlease_protocol::Timestamp;
+
+    const T: Timestamp = Timestamp(1_700_000_000_000);
     use gridlease_protocol::Digest;
     use gridlease_protocol::access::TermSize;
 
@@ -263,18 +272,18 @@ mod tests {
         };
         let running = view(Role::Provider, LeaseState::Running, &renter.to_string());
         let all = AccessPolicy::ALL;
-        assert_eq!(authorize(&renter, &shell, Some(&running), all), Ok(()));
+        assert_eq!(authorize(&renter, &shell, Some(&running), all, T), Ok(()));
         assert_eq!(
-            authorize(&stranger, &shell, Some(&running), all),
+            authorize(&stranger, &shell, Some(&running), all, T),
             Err(AccessRefusal::NotRenter)
         );
         assert_eq!(
-            authorize(&renter, &fwd, None, all),
+            authorize(&renter, &fwd, None, all, T),
             Err(AccessRefusal::UnknownLease)
         );
         let rented = view(Role::Renter, LeaseState::Running, &renter.to_string());
         assert_eq!(
-            authorize(&renter, &fwd, Some(&rented), all),
+            authorize(&renter, &fwd, Some(&rented), all, T),
             Err(AccessRefusal::UnknownLease)
         );
         let no_fwd = AccessPolicy {
@@ -282,19 +291,43 @@ mod tests {
             ..all
         };
         assert_eq!(
-            authorize(&renter, &fwd, Some(&running), no_fwd),
+            authorize(&renter, &fwd, Some(&running), no_fwd, T),
             Err(AccessRefusal::NotOffered {
                 kind: AccessKind::Forward
             })
         );
         let settled = view(Role::Provider, LeaseState::Settled, &renter.to_string());
         assert!(matches!(
-            authorize(&renter, &fwd, Some(&settled), all),
+            authorize(&renter, &fwd, Some(&settled), all, T),
             Err(AccessRefusal::NotRunning { .. })
         ));
         // A stranger is told it is not the renter, not the lease's state.
         assert_eq!(
-            authorize(&stranger, &fwd, Some(&settled), all),
+            authorize(&stranger, &fwd, Some(&settled), all, T),
+            Err(AccessRefusal::NotRenter)
+        );
+        // Kept outputs: a download from the finished lease until then, nothing else.
+        let mut kept = settled.clone();
+        kept.outputs_until = Some(T.0 + 1000);
+        let download = AccessRequest::Download {
+            lease_id: id,
+            path: "/workspace/out".into(),
+        };
+        assert_eq!(authorize(&renter, &download, Some(&kept), all, T), Ok(()));
+        assert!(matches!(
+            authorize(&renter, &download, Some(&settled), all, T),
+            Err(AccessRefusal::NotRunning { .. })
+        ));
+        assert!(matches!(
+            authorize(&renter, &download, Some(&kept), all, Timestamp(T.0 + 1000)),
+            Err(AccessRefusal::NotRunning { .. })
+        ));
+        assert!(matches!(
+            authorize(&renter, &shell, Some(&kept), all, T),
+            Err(AccessRefusal::NotRunning { .. })
+        ));
+        assert_eq!(
+            authorize(&stranger, &download, Some(&kept), all, T),
             Err(AccessRefusal::NotRenter)
         );
     }

@@ -194,7 +194,8 @@ impl Server {
             .map_err(|e| AccessRefusal::Failed {
                 message: message(e),
             })?;
-        if let Err(r) = authorize(peer, req, view.as_ref(), self.policy) {
+        let now = self.leases.now();
+        if let Err(r) = authorize(peer, req, view.as_ref(), self.policy, now) {
             if matches!(
                 r,
                 AccessRefusal::NotRunning { .. } | AccessRefusal::UnknownLease

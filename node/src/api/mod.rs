@@ -331,6 +331,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         max_duration_s: e.offer.max_duration_s,
         access: e.offer.sandbox.access,
         isolation: e.offer.sandbox.isolation,
+        output_retention_s: e.offer.sandbox.output_retention_s,
     }
 }
 
@@ -396,6 +397,7 @@ async fn offer(
         image_prefixes: o.sandbox.image_prefixes.clone(),
         access: o.sandbox.access,
         isolation: o.sandbox.isolation,
+        output_retention_s: o.sandbox.output_retention_s,
         addrs: o.addrs.clone(),
         region: o.region.clone(),
     }))
@@ -545,6 +547,10 @@ async fn rent(
             Some("pick another offer with `gridlease search`".into()),
         )),
         Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::not_found(e.to_string())),
+        Err(e @ RentError::KeepOutputs { .. }) => Err(ApiError::bad_request(
+            e.to_string(),
+            Some("ask for less with --keep-outputs, or copy results out while it runs".into()),
+        )),
         Err(e) => Err(ApiError::internal(e)),
     }
 }

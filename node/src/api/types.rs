@@ -131,6 +131,9 @@ pub struct OfferRow {
     /// The runtime tenants run under: `runc` or `gvisor`.
     #[serde(default)]
     pub isolation: gridlease_protocol::Isolation,
+    /// Most seconds a finished lease's outputs are kept for downloads, if the renter asks.
+    #[serde(default)]
+    pub output_retention_s: u32,
 }
 
 /// `GET /v1/gpus`: one local GPU.
@@ -279,6 +282,9 @@ pub struct OfferDetail {
     pub access: gridlease_protocol::access::AccessPolicy,
     /// The runtime tenants run under: `runc` or `gvisor`.
     pub isolation: gridlease_protocol::Isolation,
+    /// Most seconds a finished lease's outputs are kept for downloads, if the renter asks
+    /// (`rent --keep-outputs`, `--download`); 0: never.
+    pub output_retention_s: u32,
     /// Where to reach the provider.
     pub addrs: Vec<String>,
     /// Region label.

@@ -506,7 +506,7 @@ async fn upload_batch(
     }
 }
 
-async fn download(
+pub(crate) async fn download(
     api: &ApiClient,
     out: &Printer,
     lease: &str,

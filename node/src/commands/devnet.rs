@@ -275,6 +275,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
         env: Default::default(),
         max_total: None,
         network: gridlease_protocol::NetworkPolicy::None,
+        keep_outputs_s: 0,
     };
     out.line(&format!(
         "\nrenting {} ({} at {}/GPU-hour) for {} s; the probe burns one CPU for {burn} s:",

@@ -36,6 +36,17 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
         p.line(&format!("network      {}", o.network));
         p.line(&format!("access       {}", o.access.describe()));
         p.line(&format!(
+            "outputs      {}",
+            if o.output_retention_s == 0 {
+                "removed when a lease ends (copy results out while it runs)".to_string()
+            } else {
+                format!(
+                    "kept up to {} s after a lease ends when asked (rent --keep-outputs, --download)",
+                    o.output_retention_s
+                )
+            }
+        ));
+        p.line(&format!(
             "isolation    {}",
             match o.isolation {
                 gridlease_protocol::Isolation::Runc => "runc (namespaces, cgroups, seccomp)",

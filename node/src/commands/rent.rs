@@ -86,12 +86,66 @@ pub struct RentArgs {
     /// `REMOTE` or `LOCAL:REMOTE`, listening on --bind (e.g. `--forward 8888` for Jupyter).
     #[arg(long, value_name = "[LOCAL:]REMOTE", conflicts_with = "detach")]
     pub forward: Vec<super::access::PortSpec>,
+    /// Ask the provider to keep the finished lease's stopped container and `/workspace` this
+    /// many minutes for downloads (`gridlease cp LEASE:/workspace/PATH DST`); at most what the
+    /// offer keeps (`gridlease offer` shows it).
+    #[arg(long, value_name = "MINUTES")]
+    pub keep_outputs: Option<u32>,
+    /// Download PATH (in `/workspace`) to DEST (default: its name in the current directory)
+    /// once the command has ended (repeatable); keeps the outputs for the download (10
+    /// minutes, or --keep-outputs).
+    #[arg(long, value_name = "PATH[:DEST]", conflicts_with = "detach")]
+    pub download: Vec<String>,
     /// Local address the --forward ports listen on.
     #[arg(long, value_name = "ADDR", default_value_t = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))]
     pub bind: std::net::IpAddr,
     /// Command and arguments (after `--`); without them the image's own entrypoint runs.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// How long outputs are kept by default for `--download` (enough to download them right
+/// after the command ends, and again if that was interrupted).
+pub const DOWNLOAD_KEEP_S: u32 = 600;
+
+/// The output retention to ask for: `--keep-outputs`, else [`DOWNLOAD_KEEP_S`] with
+/// `--download` (capped at what the offer keeps, `most`), else none.
+pub fn keep_outputs_s(a: &RentArgs, most: u32) -> anyhow::Result<u32> {
+    match a.keep_outputs {
+        Some(m) => {
+            let asked = m.saturating_mul(60);
+            if asked > most {
+                anyhow::bail!(
+                    "--keep-outputs {m}: this provider keeps a finished lease's outputs for at most {} minute(s)",
+                    most / 60
+                );
+            }
+            Ok(asked)
+        }
+        None if !a.download.is_empty() => {
+            if most == 0 {
+                anyhow::bail!(
+                    "--download: this provider removes a lease's outputs when it ends; copy them out while it runs (gridlease cp LEASE:/workspace/PATH DST), or pick an offer that keeps them (gridlease offer OFFER shows it)"
+                );
+            }
+            Ok(DOWNLOAD_KEEP_S.min(most))
+        }
+        None => Ok(0),
+    }
+}
+
+/// `--download PATH[:DEST]`: the path in the container and the local destination.
+pub fn download_spec(spec: &str) -> (String, std::path::PathBuf) {
+    match spec.split_once(':') {
+        Some((src, dst)) if !dst.is_empty() => (src.to_string(), dst.into()),
+        _ => {
+            let src = spec.trim_end_matches(':').to_string();
+            let name = std::path::Path::new(src.trim_end_matches('/'))
+                .file_name()
+                .map_or_else(|| std::path::PathBuf::from("."), std::path::PathBuf::from);
+            (src, name)
+        }
+    }
 }
 
 /// Duration in seconds from the duration flags.
@@ -317,6 +371,13 @@ pub fn print_bill(out: &Printer, view: &LeaseView) {
 
 /// Rents, then follows unless detached.
 pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Result<u8> {
+    let keep_outputs_s = if args.keep_outputs.is_some() || !args.download.is_empty() {
+        let o: crate::api::types::OfferDetail =
+            api.get(&format!("/v1/offers/{}", args.offer)).await?;
+        keep_outputs_s(args, o.output_retention_s)?
+    } else {
+        0
+    };
     let body = RentRequest {
         offer: args.offer.clone(),
         gpus: args.gpus,
@@ -333,6 +394,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
             })
             .transpose()?,
         network: args.network.into(),
+        keep_outputs_s,
     };
     if args.detach {
         let rented = api.rent(&body).await?;
@@ -403,13 +465,71 @@ async fn foreground(
     drop(forwards);
     out.emit(&view, |p| print_bill(p, &view));
     if fg.stopping {
+        if view.outputs_until.is_some() {
+            out.note(&format!(
+                "outputs kept for {} minute(s): gridlease cp {}:/workspace/PATH DST",
+                view.outputs_until
+                    .unwrap_or(0)
+                    .saturating_sub(crate::clock::now().0)
+                    / 60_000,
+                short(&view.lease_id.to_string())
+            ));
+        }
         return Ok(EXIT_INTERRUPTED);
     }
     if view.failure.is_some() {
         return Ok(EXIT_START_FAILED);
     }
     let code = exit.or(view.exit_code).unwrap_or(1);
+    let downloaded = fg
+        .drive(download_outputs(api, out, &view, &args.download))
+        .await??;
+    if !downloaded && code == 0 {
+        return Ok(1);
+    }
     Ok(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+/// `--download`: copies each PATH out of the finished lease's kept `/workspace` (the same
+/// copy as `gridlease cp`: checksummed, resumable). False if any failed (each one is said).
+async fn download_outputs(
+    api: &ApiClient,
+    out: &Printer,
+    view: &LeaseView,
+    specs: &[String],
+) -> anyhow::Result<bool> {
+    if specs.is_empty() {
+        return Ok(true);
+    }
+    let lease = view.lease_id.to_string();
+    if view.outputs_until.is_none() {
+        out.status(&format!(
+            "error: nothing to download: the provider did not keep lease {}'s outputs (it did not run)",
+            short(&lease)
+        ));
+        return Ok(false);
+    }
+    let mut ok = true;
+    for spec in specs {
+        let (src, dst) = download_spec(spec);
+        match super::cp::download(api, out, &lease, &src, &dst).await {
+            Ok(r) => out.line(&format!(
+                "downloaded {src} -> {}: {} file(s), {:.1} MiB",
+                dst.display(),
+                r.files,
+                r.bytes as f64 / 1048576.0
+            )),
+            Err(e) => {
+                ok = false;
+                out.status(&format!(
+                    "error: download of {src} failed: {e:#}; retry with gridlease cp {}:{src} {} (outputs kept for a while)",
+                    short(&lease),
+                    dst.display()
+                ));
+            }
+        }
+    }
+    Ok(ok)
 }
 
 /// Why a foreground `rent` ends before the bill.

@@ -49,6 +49,7 @@ mod egress;
 pub mod extend;
 pub mod images;
 pub mod logs;
+mod outputs;
 pub mod provider;
 pub mod renter;
 pub mod view;
@@ -135,6 +136,9 @@ pub struct LeaseServiceConfig {
     pub watchdog: Option<PathBuf>,
     /// How long a session waits for an answer from the other side.
     pub rpc_timeout: Duration,
+    /// Provider: how often finished leases' kept outputs are checked for removal
+    /// (`outputs::SWEEP`, 10 s, in a daemon).
+    pub outputs_sweep: Duration,
     /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
     /// daemon; a [`clock::ManualClock`] in tests of grace periods and expiry).
     pub clock: SharedClock,
@@ -201,6 +205,7 @@ impl LeaseServiceConfig {
             stop_grace: Duration::from_secs(2),
             watchdog: None,
             rpc_timeout: Duration::from_secs(10),
+            outputs_sweep: outputs::SWEEP,
             clock: clock::system(),
             faults: Faults::default(),
         }
@@ -235,6 +240,11 @@ pub struct RentRequest {
     /// provider's LAN or host; the offer must allow it, or the provider refuses the lease).
     #[serde(default = "no_network", with = "network_text")]
     pub network: NetworkPolicy,
+    /// Seconds the provider should keep the finished lease's container and `/workspace` for
+    /// downloads (`gridlease cp`, `rent --download`); at most the offer's
+    /// `output_retention_s`. 0 (default): removed when the lease ends.
+    #[serde(default)]
+    pub keep_outputs_s: u32,
 }
 
 fn no_network() -> NetworkPolicy {
@@ -304,6 +314,16 @@ pub enum RentError {
     /// The budget computation overflowed.
     #[error("the price of this lease overflows")]
     Overflow,
+    /// More output retention asked than the offer gives.
+    #[error(
+        "the provider keeps a finished lease's outputs for at most {most} s; {asked} s were asked"
+    )]
+    KeepOutputs {
+        /// Asked for.
+        asked: u32,
+        /// The offer's most.
+        most: u32,
+    },
     /// The lease service has stopped.
     #[error("the lease service has stopped")]
     Closed,
@@ -514,6 +534,11 @@ struct Entry {
 }
 
 impl LeaseService {
+    /// Now, by the service's clock (what its sessions and holds read).
+    pub fn now(&self) -> gridlease_protocol::Timestamp {
+        self.ctx.now()
+    }
+
     /// Starts the service: reconciles this node's containers with its stored leases, holds
     /// the GPUs of live provider leases, resumes every live lease, then takes inbound
     /// lease-stream requests from the network. Stops with `cancel`. (`events` is no longer
@@ -555,6 +580,9 @@ impl LeaseService {
             waiting: HashMap::new(),
         };
         actor.resume_all().await?;
+        if ctx.sandbox.is_some() {
+            tokio::spawn(outputs::run(ctx.clone(), ctx.config.outputs_sweep));
+        }
         client.set_lease_handler(in_tx).await?;
         let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
@@ -601,6 +629,13 @@ impl LeaseService {
             .parse()
             .map_err(|_| RentError::BadOffer(req.offer.clone()))?;
         let entry = client.offer(id).await?.ok_or(RentError::UnknownOffer(id))?;
+        let most = entry.offer.sandbox.output_retention_s;
+        if req.keep_outputs_s > most {
+            return Err(RentError::KeepOutputs {
+                asked: req.keep_outputs_s,
+                most,
+            });
+        }
         let grace_s = self.ctx.config.renter_grace_s;
         let now = self.ctx.now();
         let terms = terms_for(
@@ -1421,11 +1456,13 @@ impl Actor {
     async fn resume_all(&mut self) -> Result<(), LeaseError> {
         let live = self.ctx.store.call(|s| s.live_leases()).await?;
         if let Some(sb) = &self.ctx.sandbox {
-            let keep: std::collections::BTreeSet<LeaseId> = live
-                .iter()
-                .filter(|(l, _)| l.role == Role::Provider)
-                .map(|(l, _)| l.lease.id)
-                .collect();
+            // Finished leases whose outputs are still kept stay too (expired ones go first).
+            let mut keep = outputs::sweep(&self.ctx).await;
+            keep.extend(
+                live.iter()
+                    .filter(|(l, _)| l.role == Role::Provider)
+                    .map(|(l, _)| l.lease.id),
+            );
             match sb.reconcile(&self.ctx.node_id, &keep).await {
                 Ok(r) => tracing::info!(
                     removed = r.removed.len(),

@@ -60,6 +60,9 @@ struct Session {
     logs: Option<LogWriter>,
     /// Why the start failed, once it did.
     failure: Option<StartFailure>,
+    /// The finished lease's stopped container and workspace are kept for downloads (the
+    /// terms' `output_retention_s`); the service's sweep removes them.
+    kept_outputs: bool,
     /// The last amendment accepted and its signed acceptance: an identical retry (its answer
     /// lost) gets the same acceptance again.
     last_amendment: Option<(gridlease_protocol::LeaseAmendment, Signed<AmendAccept>)>,
@@ -405,6 +408,7 @@ pub(crate) async fn run(
         view: view_tx,
         logs: None,
         failure: rec.fields.failure.clone(),
+        kept_outputs: false,
         last_amendment: rec.amendment.as_ref().and_then(|a| {
             let (_, proposal) = super::extend::decode_proposal(&a.proposal)?;
             let (signed, _) = super::extend::decode_acceptance(a.acceptance.as_deref()?)?;
@@ -446,7 +450,7 @@ pub(crate) async fn run(
     if let Some(ended) = ended {
         wrap_up(&mut s, ended, &mut inbox).await;
     }
-    !ctx.cancel.is_cancelled() && s.container.is_none()
+    !ctx.cancel.is_cancelled() && (s.container.is_none() || s.kept_outputs)
 }
 
 /// Ensure image, create and start the container. Persist before act: `Starting` is stored
@@ -728,6 +732,18 @@ async fn remove_workspace(s: &Session) {
     {
         tracing::warn!(error = %e, "cannot remove the workspace");
     }
+}
+
+/// Whether the lease's container exists and has stopped.
+async fn stopped(s: &Session) -> bool {
+    let (Some(sb), Some(cid)) = (&s.ctx.sandbox, &s.container) else {
+        return false;
+    };
+    sb.inspect(cid)
+        .await
+        .ok()
+        .and_then(|i| i.state?.running)
+        .is_some_and(|running| !running)
 }
 
 /// Stops and removes the lease's container; `s.container` is cleared once it is gone.
@@ -1082,12 +1098,21 @@ async fn wrap_up(s: &mut Session, ended: Ended, inbox: &mut mpsc::Receiver<Sessi
 async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receiver<SessionMsg>) {
     let ctx = s.ctx.clone();
     let now = ctx.now();
+    // Outputs the terms keep: the stopped container and its workspace stay for the renter's
+    // downloads (stored with the close, before anything is removed or kept).
+    let retention = u64::from(s.lease.terms.output_retention_s);
+    let keep = retention > 0
+        && s.container.is_some()
+        && s.lease.started_at.is_some()
+        && reason != CloseReason::StartFailed;
+    let until = keep.then(|| s.lease.closed_at.unwrap_or(now).plus_secs(retention));
     if s.lease.state.can_close() {
         let patch = SessionPatch {
             closed_at: Some(now),
             close_reason: Some(reason),
             exit_code: s.exit_code,
             failure: s.failure.clone(),
+            outputs_until: until,
             ..SessionPatch::default()
         };
         s.transition(LeaseEvent::Close(reason), Actor::Provider, patch)
@@ -1123,16 +1148,27 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     {
         save_logs(&ctx, sb, cid, s.lease.id).await;
     }
-    // The GPUs are free once this is gone (the service releases them when the session ends).
-    remove_container(s).await;
-    if s.container.is_none() {
+    // The GPUs are free once this is gone (the service releases them when the session ends),
+    // or, for kept outputs, once it is stopped: a stopped container holds no GPU, and the
+    // service's sweep removes it and its workspace when their time is up.
+    let kept = keep && stopped(s).await;
+    if kept {
         watchdog::forget(&ctx.config.data_dir, &s.lease.id);
-        remove_workspace(s).await;
+        tracing::info!(until = ?until, "outputs kept for the renter's downloads");
+    } else {
+        remove_container(s).await;
+        if s.container.is_none() {
+            watchdog::forget(&ctx.config.data_dir, &s.lease.id);
+            remove_workspace(s).await;
+        }
     }
+    s.kept_outputs = kept;
     let total = s.channel.paid();
     if s.lease.state.can_settle() {
         let patch = SessionPatch {
             settled_total: Some(total.micros()),
+            // Again with the settlement: a close stored before a restart did not carry it.
+            outputs_until: until.filter(|_| kept),
             ..SessionPatch::default()
         };
         s.transition(LeaseEvent::Settle { total }, Actor::Provider, patch)

@@ -104,6 +104,10 @@ pub struct LeaseView {
     /// Renter, before the container runs: the provider's image pull so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull: Option<PullView>,
+    /// A finished lease whose terms keep its outputs (`output_retention_s`): the provider keeps
+    /// the stopped container and `/workspace` for downloads until then (unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs_until: Option<u64>,
 }
 
 /// An image pull in progress, as the provider reported it.
@@ -245,7 +249,19 @@ pub(crate) fn make(
         settled_total: lease.settled_total.map(|m| m.micros()),
         failure: None,
         pull: None,
+        outputs_until: outputs_until(lease),
     }
+}
+
+/// Until when a finished lease's outputs are kept: its close plus the terms' retention, if it
+/// asked for one and its container ran.
+pub(crate) fn outputs_until(lease: &Lease) -> Option<u64> {
+    let retention = u64::from(lease.terms.output_retention_s);
+    let closed = lease.closed_at?;
+    (retention > 0
+        && lease.started_at.is_some()
+        && lease.close_reason != Some(gridlease_protocol::CloseReason::StartFailed))
+    .then(|| closed.plus_secs(retention).0)
 }
 
 /// Decodes a stored usage report / receipt payload (they were verified before being stored).

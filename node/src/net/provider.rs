@@ -64,6 +64,7 @@ impl OfferTemplate {
                 image_prefixes: Vec::new(),
                 access: gridlease_protocol::access::AccessPolicy::ALL,
                 isolation: gridlease_protocol::Isolation::Runc,
+                output_retention_s: 0,
             },
             images: ImagePolicy::default(),
             region: String::new(),

@@ -40,6 +40,8 @@ pub struct SessionPatch {
     pub settled_total: Option<u64>,
     /// Why the start failed (kind and sentence).
     pub failure: Option<gridlease_protocol::StartFailure>,
+    /// Provider: the finished lease's container and workspace are kept until then.
+    pub outputs_until: Option<Timestamp>,
 }
 
 /// An amendment of a lease's terms as stored (`extend`).
@@ -192,8 +194,8 @@ impl Store {
         }
         tx.execute(
             "INSERT INTO lease_session(lease_id, container_id, started_at, closed_at, close_reason,
-                exit_code, settled_total, failure)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                exit_code, settled_total, failure, outputs_until)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT(lease_id) DO UPDATE SET
                 container_id = COALESCE(excluded.container_id, container_id),
                 started_at = COALESCE(excluded.started_at, started_at),
@@ -201,7 +203,8 @@ impl Store {
                 close_reason = COALESCE(excluded.close_reason, close_reason),
                 exit_code = COALESCE(excluded.exit_code, exit_code),
                 settled_total = COALESCE(excluded.settled_total, settled_total),
-                failure = COALESCE(excluded.failure, failure)",
+                failure = COALESCE(excluded.failure, failure),
+                outputs_until = COALESCE(excluded.outputs_until, outputs_until)",
             params![
                 lid,
                 patch.container_id,
@@ -214,10 +217,51 @@ impl Store {
                     .failure
                     .as_ref()
                     .and_then(|f| serde_json::to_string(f).ok()),
+                patch.outputs_until.map(|t| i64_of(t.0)),
             ],
         )
         .map_err(e)?;
         tx.commit().map_err(e)
+    }
+
+    /// Provider: the finished leases whose outputs are kept, with the time they are kept until
+    /// (an index scan of only those rows).
+    pub fn kept_outputs(&self) -> Result<Vec<(LeaseId, Timestamp)>, StoreError> {
+        let path = self.path.clone();
+        let e = |source| classify(&path, source);
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT lease_id, outputs_until FROM lease_session
+                 WHERE outputs_until IS NOT NULL ORDER BY outputs_until",
+            )
+            .map_err(e)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(e)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, until) = row.map_err(e)?;
+            if let Ok(d) = <[u8; 32]>::try_from(id.as_slice()) {
+                out.push((
+                    LeaseId(gridlease_protocol::Digest(d)),
+                    Timestamp(u64_of(until)),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Provider: the lease's kept outputs are gone (removed after their time).
+    pub fn outputs_removed(&mut self, id: &LeaseId) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        self.conn
+            .execute(
+                "UPDATE lease_session SET outputs_until = NULL WHERE lease_id = ?1",
+                [&id.0.0[..]],
+            )
+            .map_err(|source| classify(&path, source))?;
+        Ok(())
     }
 
     /// Stores a usage report (sent by a provider or accepted by a renter). Idempotent by seq.
@@ -322,12 +366,13 @@ impl Store {
             Option<i32>,
             Option<i64>,
             Option<String>,
+            Option<i64>,
         );
         let row: Option<Row> = self
             .conn
             .query_row(
                 "SELECT container_id, started_at, closed_at, close_reason, exit_code,
-                    settled_total, failure FROM lease_session WHERE lease_id = ?1",
+                    settled_total, failure, outputs_until FROM lease_session WHERE lease_id = ?1",
                 [lid],
                 |r| {
                     Ok((
@@ -338,13 +383,14 @@ impl Store {
                         r.get(4)?,
                         r.get(5)?,
                         r.get(6)?,
+                        r.get(7)?,
                     ))
                 },
             )
             .optional()
             .map_err(&e)?;
         let fields = row
-            .map(|(c, s, cl, r, x, t, f)| SessionPatch {
+            .map(|(c, s, cl, r, x, t, f, o)| SessionPatch {
                 container_id: c,
                 started_at: s.map(|v| Timestamp(u64_of(v))),
                 closed_at: cl.map(|v| Timestamp(u64_of(v))),
@@ -353,6 +399,7 @@ impl Store {
                 settled_total: t.map(u64_of),
                 // A row this build cannot read is no failure worth losing the lease over.
                 failure: f.and_then(|j| serde_json::from_str(&j).ok()),
+                outputs_until: o.map(|v| Timestamp(u64_of(v))),
             })
             .unwrap_or_default();
         // The latest (seq, envelope) of a lease in `table` (a fixed name, never input).

@@ -223,7 +223,7 @@ pub fn market_with(dir: &Path, extra: &[&str], log: Option<&Path>) -> Market {
 
 /// Docker containers (also stopped ones) with the label `key=value`: `(container id, state)`
 /// (`running`, `exited`..).
-fn containers_labelled(key: &str, value: &str) -> Vec<(String, String)> {
+pub fn containers_labelled(key: &str, value: &str) -> Vec<(String, String)> {
     use bollard::query_parameters::ListContainersOptionsBuilder;
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

@@ -217,6 +217,7 @@ pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -
         env: BTreeMap::new(),
         max_total: None,
         network: gridlease_protocol::NetworkPolicy::None,
+        keep_outputs_s: 0,
     }
 }
 
