@@ -8,11 +8,11 @@
 //! 1. Writes a `MIB` (default 200) MiB log through the writer path: `logs::append_stream`, the
 //!    function a lease's `LogWriter` runs, fed a Docker-like stream of 16 KiB frames of
 //!    pseudo-random bytes (cap = the size, so nothing is dropped).
-//! 2. Follows it as `gridlease logs -f` does: `logs::read_chunk(offset, 32 KiB)` until `eof`,
+//! 2. Follows it as `gridlease logs -f` does: `logs::read_chunk(offset, MAX_LOG_CHUNK)` until `eof`,
 //!    `ROUNDS` (default 5) times; reports the median wall time and the bytes read, from
 //!    `/proc/self/io` before and after: `rchar` (bytes returned by read syscalls, page cache
 //!    included) and `read_bytes` (bytes fetched from the block device), as ratios to the size;
-//!    and, as the time baseline, the file read once sequentially (one open, 32 KiB reads).
+//!    and, as the time baseline, the file read once sequentially (one open, reads of MAX_LOG_CHUNK).
 //! 3. For comparison, the approach before issue 11 (`logs_from_file` read the whole file for
 //!    every chunk) on 1, 2, 4, ... `OLD_MAX_MIB` (default 8) MiB, and its cost extrapolated to
 //!    `MIB` (chunks x size: quadratic). The live path before issue 11 re-streamed the Docker log
@@ -99,7 +99,7 @@ async fn follow(path: &Path, size: u64) -> Cost {
     }
 }
 
-/// Baseline: the file read once, sequentially, in 32 KiB reads through one open file.
+/// Baseline: the file read once, sequentially, in reads of `MAX_LOG_CHUNK` through one open file.
 async fn read_once(path: &Path) -> Duration {
     let p = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
@@ -114,7 +114,7 @@ async fn read_once(path: &Path) -> Duration {
     .unwrap()
 }
 
-/// The same requests as [`follow`] without the blocking-pool hop: per 32 KiB, open, fstat,
+/// The same requests as [`follow`] without the blocking-pool hop: per chunk, open, fstat,
 /// seek and read on this thread (to split the per-request cost).
 async fn follow_inline(path: &Path) -> Duration {
     use std::io::{Read, Seek, SeekFrom};
@@ -224,17 +224,19 @@ async fn main() {
     }
     let inline = median(&mut inline);
     println!(
-        "follow {mib} MiB with read_chunk (32 KiB, {chunks} chunks), median of {rounds}: \
+        "follow {mib} MiB with read_chunk ({} KiB, {chunks} chunks), median of {rounds}: \
          {wall:.3} s ({:.0} MiB/s, {:.1} us/chunk), rchar/size {:.4}, read_bytes/size {:.4}",
+        MAX_LOG_CHUNK / 1024,
         mib as f64 / wall,
         wall * 1e6 / chunks as f64,
         median(&mut rchars),
         median(&mut blocks),
     );
     println!(
-        "read {mib} MiB once (one open, 32 KiB reads), median of {rounds}: {once:.3} s; \
+        "read {mib} MiB once (one open, {} KiB reads), median of {rounds}: {once:.3} s; \
          follow / read once = {:.1} (the difference is per request: a blocking-pool hop, open, \
          fstat, seek)",
+        MAX_LOG_CHUNK / 1024,
         wall / once
     );
     println!(

@@ -16,41 +16,26 @@
 
 use std::time::Instant;
 
-use gridlease_protocol::{Digest, LeaseId, NetworkPolicy, Timestamp};
+use gridlease_protocol::{Digest, LeaseId};
 use gridlease_sandbox::runtime::now_ms;
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 
 fn spec(image: &str, i: usize, args: &[&str], runtime: Option<&str>) -> SandboxSpec {
-    SandboxSpec {
-        lease_id: LeaseId(Digest::of(
+    let mut s = SandboxSpec::small(
+        LeaseId(Digest::of(
             "isolation-bench",
             format!("{}-{i}-{}", std::process::id(), now_ms().0).as_bytes(),
         )),
-        node_id: format!("isolation-bench-{}", std::process::id()),
-        expires_at: Timestamp(u64::MAX / 2),
-        image: image.to_string(),
-        command: args.iter().map(|s| s.to_string()).collect(),
-        env: Default::default(),
-        gpu_uuids: vec![],
-        cpu_millicores: 1000,
-        memory_mib: 256,
-        pids_limit: 64,
-        scratch_mib: 16,
-        shm_mib: 64,
-        workspace_bytes: 0,
-        workspace: None,
-        nofile: gridlease_sandbox::host::tenant_nofile(),
-        network: NetworkPolicy::None,
-        egress_network: String::new(),
-        run_as_root: false,
-        log_file_mib: gridlease_sandbox::spec::LOG_FILE_MIB_MIN,
-        runtime: runtime.map(str::to_string),
-        isolation: if runtime.is_some() {
-            gridlease_protocol::Isolation::Gvisor
-        } else {
-            gridlease_protocol::Isolation::Runc
-        },
+        &format!("isolation-bench-{}", std::process::id()),
+        image,
+        args,
+    );
+    s.memory_mib = 256;
+    if let Some(r) = runtime {
+        s.runtime = Some(r.to_string());
+        s.isolation = gridlease_protocol::Isolation::Gvisor;
     }
+    s
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -13,38 +13,21 @@
 
 use std::time::Instant;
 
-use gridlease_protocol::{Digest, LeaseId, NetworkPolicy, Timestamp};
+use gridlease_protocol::{Digest, LeaseId};
 use gridlease_sandbox::meter::{Meter, MeterControl, meter_run};
 use gridlease_sandbox::runtime::now_ms;
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 
 fn spec(image: &str, i: usize, args: &[&str]) -> SandboxSpec {
-    SandboxSpec {
-        lease_id: LeaseId(Digest::of(
+    SandboxSpec::small(
+        LeaseId(Digest::of(
             "latency",
             format!("{}-{i}-{}", std::process::id(), now_ms().0).as_bytes(),
         )),
-        node_id: format!("latency-{}", std::process::id()),
-        expires_at: Timestamp(u64::MAX / 2),
-        image: image.to_string(),
-        command: args.iter().map(|s| s.to_string()).collect(),
-        env: Default::default(),
-        gpu_uuids: vec![],
-        cpu_millicores: 1000,
-        memory_mib: 128,
-        pids_limit: 64,
-        scratch_mib: 16,
-        shm_mib: 64,
-        workspace_bytes: 0,
-        workspace: None,
-        nofile: gridlease_sandbox::host::tenant_nofile(),
-        network: NetworkPolicy::None,
-        egress_network: String::new(),
-        run_as_root: false,
-        log_file_mib: gridlease_sandbox::spec::LOG_FILE_MIB_MIN,
-        runtime: None,
-        isolation: gridlease_protocol::Isolation::Runc,
-    }
+        &format!("latency-{}", std::process::id()),
+        image,
+        args,
+    )
 }
 
 fn median_ms(v: &mut [f64]) -> f64 {

@@ -13,9 +13,7 @@
 //! cannot start containers on this kernel is a clear start-up error, not a silent downgrade or a
 //! lease that fails later.
 
-use std::collections::BTreeMap;
-
-use gridlease_protocol::{Digest, Isolation, LeaseId, NetworkPolicy, Timestamp};
+use gridlease_protocol::{Digest, Isolation, LeaseId, Timestamp};
 
 use crate::runtime::{Sandbox, SandboxError};
 use crate::spec::SandboxSpec;
@@ -177,37 +175,22 @@ async fn probe_kernel(
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let spec = SandboxSpec {
-        lease_id: LeaseId(Digest::of(
+    let mut spec = SandboxSpec::small(
+        LeaseId(Digest::of(
             "gridlease-runtime-check",
             format!("{}-{nonce}", std::process::id()).as_bytes(),
         )),
-        node_id: "gridlease-runtime-check".to_string(),
-        expires_at: Timestamp(crate::runtime::now_ms().0.saturating_add(60_000)),
-        image,
-        command: vec!["kernel".to_string()],
-        env: BTreeMap::new(),
-        gpu_uuids: Vec::new(),
-        cpu_millicores: 1000,
-        memory_mib: 128,
-        pids_limit: 64,
-        scratch_mib: 16,
-        shm_mib: 16,
-        workspace_bytes: 0,
-        workspace: None,
-        nofile: crate::host::tenant_nofile(),
-        network: NetworkPolicy::None,
-        egress_network: String::new(),
-        run_as_root: false,
-        log_file_mib: crate::spec::LOG_FILE_MIB_MIN,
-        runtime: runtime.map(str::to_string),
-        // The seccomp variant follows the claim; a "gVisor" without a name is refused below.
-        isolation: if runtime.is_some() {
-            isolation
-        } else {
-            Isolation::Runc
-        },
-    };
+        "gridlease-runtime-check",
+        &image,
+        &["kernel"],
+    );
+    spec.expires_at = Timestamp(crate::runtime::now_ms().0.saturating_add(60_000));
+    spec.shm_mib = 16;
+    spec.runtime = runtime.map(str::to_string);
+    // The seccomp variant follows the claim; a "gVisor" without a name is refused below.
+    if runtime.is_some() {
+        spec.isolation = isolation;
+    }
     let id = sb.create(&spec).await?;
     let result = async {
         sb.start(&id).await.map_err(|e| failed(format!("{e}")))?;

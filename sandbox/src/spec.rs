@@ -164,6 +164,36 @@ impl Default for ProviderLimits {
 }
 
 impl SandboxSpec {
+    /// A small hardened spec for a container that is no lease's (the runtime check at start-up,
+    /// benchmarks, tests): 1 CPU, 128 MiB, 64 processes, 16 MiB `/tmp`, 64 MiB `/dev/shm`, no
+    /// workspace, no network, no deadline, under the daemon's default runtime. Callers adjust
+    /// fields.
+    pub fn small(lease_id: LeaseId, node_id: &str, image: &str, command: &[&str]) -> Self {
+        Self {
+            lease_id,
+            node_id: node_id.to_string(),
+            expires_at: Timestamp(u64::MAX / 2),
+            image: image.to_string(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::new(),
+            gpu_uuids: Vec::new(),
+            cpu_millicores: 1000,
+            memory_mib: 128,
+            pids_limit: 64,
+            scratch_mib: 16,
+            shm_mib: 64,
+            workspace_bytes: 0,
+            workspace: None,
+            nofile: crate::host::tenant_nofile(),
+            network: NetworkPolicy::None,
+            egress_network: String::new(),
+            run_as_root: false,
+            log_file_mib: LOG_FILE_MIB_MIN,
+            runtime: None,
+            isolation: Isolation::Runc,
+        }
+    }
+
     /// The spec for an accepted lease: resources are `per_gpu x gpu_count` (at least one
     /// unit for CPU-only leases). The lease's disk is its workspace (`workspace_bytes`; the
     /// volume itself is created by the node, see [`crate::workspace`]); `/tmp` may take up to

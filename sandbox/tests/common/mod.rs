@@ -8,11 +8,10 @@
 // Test support code: a panic is a test failure with a clear location.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use gridlease_protocol::{Digest, LeaseId, NetworkPolicy, Timestamp};
+use gridlease_protocol::{Digest, LeaseId, Timestamp};
 use gridlease_sandbox::{ExitInfo, Sandbox, SandboxSpec};
 
 /// Connects, or skips / fails according to `GRIDLEASE_REQUIRE_DOCKER`.
@@ -80,29 +79,7 @@ pub fn lease(tag: &str) -> LeaseId {
 
 /// A probe spec with small limits; the caller adjusts fields.
 pub fn probe_spec(image: &str, node: &str, args: &[&str]) -> SandboxSpec {
-    SandboxSpec {
-        lease_id: lease("lease"),
-        node_id: node.to_string(),
-        expires_at: Timestamp(u64::MAX / 2),
-        image: image.to_string(),
-        command: args.iter().map(|s| s.to_string()).collect(),
-        env: BTreeMap::new(),
-        gpu_uuids: vec![],
-        cpu_millicores: 1000,
-        memory_mib: 128,
-        pids_limit: 64,
-        scratch_mib: 16,
-        shm_mib: 64,
-        workspace_bytes: 0,
-        workspace: None,
-        nofile: gridlease_sandbox::host::tenant_nofile(),
-        network: NetworkPolicy::None,
-        egress_network: String::new(),
-        run_as_root: false,
-        log_file_mib: gridlease_sandbox::spec::LOG_FILE_MIB_MIN,
-        runtime: None,
-        isolation: gridlease_protocol::Isolation::Runc,
-    }
+    SandboxSpec::small(lease("lease"), node, image, args)
 }
 
 /// Removes containers, workspaces (volume, loop device, image file), directories, networks and
