@@ -427,21 +427,26 @@ impl RenterChannel {
             (Err(e), _) => return Err(e),
         }
         self.last_usage = Some(report.clone());
-        let due =
-            Money::from_micros(report.amount_due).min(Money::from_micros(self.terms.max_total));
+        Ok(self.pay(Money::from_micros(report.amount_due), report.wall_ms, now))
+    }
+
+    /// Books and returns the next receipt, paying `due` (capped at the budget) in total, if
+    /// that is more than paid so far; `None` otherwise.
+    fn pay(&mut self, due: Money, covers_wall_ms: u64, now: Timestamp) -> Option<PaymentReceipt> {
+        let due = due.min(Money::from_micros(self.terms.max_total));
         if due <= self.paid() {
-            return Ok(None);
+            return None;
         }
         let receipt = PaymentReceipt {
             lease_id: self.lease_id,
             seq: self.last_receipt.as_ref().map_or(1, |r| r.seq + 1),
             total_paid: due.micros(),
-            covers_wall_ms: report.wall_ms,
-            usage_seq: report.seq,
+            covers_wall_ms,
+            usage_seq: self.last_usage.as_ref().map_or(0, |u| u.seq),
             issued_at: now,
         };
         self.last_receipt = Some(receipt.clone());
-        Ok(Some(receipt))
+        Some(receipt)
     }
 
     /// The receipt the renter owes for a start that failed with `kind` (see
@@ -456,22 +461,7 @@ impl RenterChannel {
         if !crate::billing::start_failure_is_billed(kind) {
             return Ok(None);
         }
-        let due = Tariff::of(&self.terms)
-            .failed_start_fee()?
-            .min(Money::from_micros(self.terms.max_total));
-        if due <= self.paid() {
-            return Ok(None);
-        }
-        let receipt = PaymentReceipt {
-            lease_id: self.lease_id,
-            seq: self.last_receipt.as_ref().map_or(1, |r| r.seq + 1),
-            total_paid: due.micros(),
-            covers_wall_ms: 0,
-            usage_seq: self.last_usage.as_ref().map_or(0, |u| u.seq),
-            issued_at: now,
-        };
-        self.last_receipt = Some(receipt.clone());
-        Ok(Some(receipt))
+        Ok(self.pay(Tariff::of(&self.terms).failed_start_fee()?, 0, now))
     }
 
     /// What the renter has paid beyond the usage it has been shown (always zero in this

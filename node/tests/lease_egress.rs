@@ -140,15 +140,7 @@ async fn an_egress_lease_runs_behind_the_firewall_and_shutdown_removes_it() {
     let listener = TcpListener::bind((gateway.as_str(), 0)).unwrap();
     let target = listener.local_addr().unwrap().to_string();
 
-    let mut renter = party(
-        dir.path(),
-        "renter",
-        common::config(),
-        service_config(dir.path(), "renter", 10),
-        None,
-    )
-    .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
+    let (renter, offer) = renter_of(dir.path(), &provider, 10).await;
     let mut req = probe_rent(
         offer,
         &image,
@@ -212,15 +204,7 @@ async fn a_provider_that_cannot_install_the_rules_starts_no_egress_container() {
     })
     .await;
     guard.node = Some(provider.node.node.client.peer_id().to_string());
-    let mut renter = party(
-        dir.path(),
-        "renter",
-        common::config(),
-        service_config(dir.path(), "renter", 10),
-        None,
-    )
-    .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
+    let (renter, offer) = renter_of(dir.path(), &provider, 10).await;
     let mut req = probe_rent(offer, &image, 30, &["exit", "0"]);
     req.network = NetworkPolicy::Egress;
     let id = renter.leases.rent(req).await.unwrap();

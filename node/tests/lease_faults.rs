@@ -53,15 +53,7 @@ async fn renter_vanishes_provider_stops_after_the_grace_on_its_clock() {
         },
     )
     .await;
-    let mut renter = party(
-        root,
-        "renter",
-        common::config(),
-        service_config(root, "renter", GRACE_S),
-        None,
-    )
-    .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
+    let (renter, offer) = renter_of(root, &provider, GRACE_S).await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 120, LONG))
@@ -254,15 +246,7 @@ async fn inflated_usage_is_refused_and_closes_the_lease() {
         },
     )
     .await;
-    let mut renter = party(
-        root,
-        "renter",
-        common::config(),
-        service_config(root, "renter", GRACE_S),
-        None,
-    )
-    .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
+    let (renter, offer) = renter_of(root, &provider, GRACE_S).await;
     let id = renter
         .leases
         .rent(probe_rent(offer, &image, 120, LONG))

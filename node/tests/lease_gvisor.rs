@@ -29,15 +29,7 @@ async fn a_lease_under_gvisor_runs_there_and_settles_with_agreeing_ledgers() {
         svc.limits.isolation = Isolation::Gvisor;
     })
     .await;
-    let mut renter = party(
-        dir.path(),
-        "renter",
-        common::config(),
-        service_config(dir.path(), "renter", 10),
-        None,
-    )
-    .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
+    let (renter, offer) = renter_of(dir.path(), &provider, 10).await;
     let held = renter.node.node.client.offer(offer).await.unwrap().unwrap();
     assert_eq!(
         held.offer.sandbox.isolation,

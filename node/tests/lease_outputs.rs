@@ -32,15 +32,7 @@ async fn kept_outputs_free_the_gpu_and_go_when_their_time_is_up() {
         svc.outputs_sweep = Duration::from_millis(100);
     })
     .await;
-    let mut renter = party(
-        root,
-        "renter",
-        common::config(),
-        service_config(root, "renter", 10),
-        None,
-    )
-    .await;
-    let offer = connect_for_offer(&mut renter, &provider).await;
+    let (renter, offer) = renter_of(root, &provider, 10).await;
 
     // More than the offer keeps is refused before anything is signed.
     let mut req = probe_rent(

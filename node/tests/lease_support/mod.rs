@@ -145,15 +145,7 @@ pub async fn market(
     grace_s: u32,
 ) -> (Party, Party, OfferId) {
     let provider = provider_with(root, sb, template, grace_s, |_| {}).await;
-    let mut renter = party(
-        root,
-        "renter",
-        config(),
-        service_config(root, "renter", grace_s),
-        None,
-    )
-    .await;
-    let id = connect_for_offer(&mut renter, &provider).await;
+    let (renter, id) = renter_of(root, &provider, grace_s).await;
     (provider, renter, id)
 }
 
@@ -182,6 +174,20 @@ pub async fn setup(test: &str, template: OfferTemplate, grace_s: u32) -> Option<
         renter,
         offer,
     })
+}
+
+/// A renter (with `grace_s`) connected to `provider`, holding its offer.
+pub async fn renter_of(root: &Path, provider: &Party, grace_s: u32) -> (Party, OfferId) {
+    let mut renter = party(
+        root,
+        "renter",
+        config(),
+        service_config(root, "renter", grace_s),
+        None,
+    )
+    .await;
+    let offer = connect_for_offer(&mut renter, provider).await;
+    (renter, offer)
 }
 
 /// Connects the renter to the provider and waits until the renter holds the provider's offer.
