@@ -70,6 +70,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         network: &net,
         offer: &offer,
         offer_id,
+        equivalent: &[],
         free_gpus: 2,
         now,
         images: &gridlease_contracts::image::ImagePolicy::default(),

@@ -46,6 +46,8 @@ pub struct Numbers {
     pub gvisor: bool,
     /// GPUs in the offer.
     pub gpus: u32,
+    /// Of those, free when the offer was signed.
+    pub free_gpus: u32,
     /// Price per GPU-hour, micro-units.
     pub price: u64,
     /// Price per GPU-hour per fp16 TFLOPS, micro-units (`u64::MAX` without a benchmark).
@@ -99,6 +101,7 @@ impl OfferSummary {
                 egress: offer.sandbox.network == NetworkPolicy::Egress,
                 gvisor: offer.sandbox.isolation == Isolation::Gvisor,
                 gpus: u32::try_from(offer.gpus.len()).unwrap_or(u32::MAX),
+                free_gpus: u32::from(offer.free_gpus),
                 price,
                 price_per_tflop,
                 cpu_millicores: offer.per_gpu.cpu_millicores,
@@ -199,6 +202,8 @@ pub enum Field {
     Verified,
     /// GPUs in the offer.
     Gpus,
+    /// Free GPUs of the offer.
+    Free,
     /// CPU cores per GPU.
     Cpu,
     /// RAM per GPU, GiB.
@@ -219,7 +224,7 @@ pub enum Field {
 
 impl Field {
     /// Every field with its query name.
-    pub const ALL: [(&'static str, Field); 17] = [
+    pub const ALL: [(&'static str, Field); 18] = [
         ("gpu", Field::Gpu),
         ("vram", Field::Vram),
         ("price", Field::Price),
@@ -229,6 +234,7 @@ impl Field {
         ("price_per_tflop", Field::PricePerTflop),
         ("verified", Field::Verified),
         ("gpus", Field::Gpus),
+        ("free", Field::Free),
         ("cpu", Field::Cpu),
         ("ram", Field::Ram),
         ("disk", Field::Disk),
@@ -271,6 +277,7 @@ impl Field {
             ),
             Self::Verified => ("bool", "every GPU's benchmark measured", "verified=true"),
             Self::Gpus => ("number", "GPUs in the offer", "gpus>=2"),
+            Self::Free => ("number", "GPUs free now (default free>=1)", "free>=2"),
             Self::Cpu => ("number", "CPU cores per GPU", "cpu>=4"),
             Self::Ram => ("number", "RAM per GPU, GiB", "ram>=32"),
             Self::Disk => ("number", "disk per GPU, GiB", "disk>=100"),
@@ -310,7 +317,7 @@ impl Field {
             Self::Cpu => (1000, 3),
             Self::Hours => (3600, 0),
             Self::Cc => (10, 1),
-            Self::Vram | Self::Ram | Self::Gpus | Self::Disk => (1, 0),
+            Self::Vram | Self::Ram | Self::Gpus | Self::Free | Self::Disk => (1, 0),
             Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => (1, 0),
         }
     }
@@ -326,6 +333,7 @@ impl Field {
             Self::Fp32Tflops => u64::from(s.fp32_gflops),
             Self::MemBw => u64::from(s.mem_mbps),
             Self::Gpus => u64::from(s.gpus),
+            Self::Free => u64::from(s.free_gpus),
             Self::Cpu => u64::from(s.cpu_millicores),
             Self::Disk => u64::from(s.disk_gib),
             Self::Hours => u64::from(s.max_duration_s),
@@ -852,6 +860,8 @@ mod tests {
             ("gpu=\"NVIDIA GeForce RTX 3090\"", false),
             ("egress=false", true),
             ("gvisor=false", true),
+            ("free>=1", true),
+            ("free>=9", false),
             ("gvisor=true", false),
             ("price_per_tflop<=0.003", true),
         ] {

@@ -104,6 +104,9 @@ pub fn validate_offer(offer: &Offer, signer: &PublicKey, now: Timestamp) -> Resu
     if offer.min_duration_s > offer.max_duration_s {
         return Err(field("min_duration_s", "greater than max_duration_s"));
     }
+    if usize::from(offer.free_gpus) > offer.gpus.len() {
+        return Err(field("free_gpus", "more than the GPUs offered"));
+    }
     let (lo, hi) = USAGE_INTERVAL_RANGE_S;
     if !(lo..=hi).contains(&offer.usage_interval_s) {
         return Err(field(
@@ -159,6 +162,10 @@ pub struct ProviderView<'a> {
     pub offer: &'a Offer,
     /// That offer's id.
     pub offer_id: OfferId,
+    /// Earlier signatures of the same offer the provider still honours (id, sequence): the
+    /// same terms re-signed only for its expiry, addresses or free GPU count, so a request
+    /// made from one of them is decided against the current offer as if it named it.
+    pub equivalent: &'a [(OfferId, u64)],
     /// GPUs of that offer not leased right now.
     pub free_gpus: u16,
     /// The provider's image rules (the part decidable from the reference alone is checked
@@ -198,7 +205,12 @@ pub fn check_request(
     if t.provider != offer.provider {
         return Err(RejectReason::WrongProvider);
     }
-    if t.offer_id != view.offer_id {
+    let same_offer = t.offer_id == view.offer_id && t.offer_seq == offer.seq;
+    let equivalent = view
+        .equivalent
+        .iter()
+        .any(|(id, seq)| *id == t.offer_id && *seq == t.offer_seq);
+    if t.offer_id != view.offer_id && !equivalent {
         return Err(if t.offer_seq < offer.seq {
             RejectReason::StaleOffer {
                 current_seq: offer.seq,
@@ -229,7 +241,7 @@ pub fn check_request(
     let mismatch = |f: &str| RejectReason::TermsMismatch {
         field: f.to_string(),
     };
-    if t.offer_seq != offer.seq {
+    if !same_offer && !equivalent {
         return Err(mismatch("offer_seq"));
     }
     if t.min_billed_s != offer.min_billed_s {
@@ -381,6 +393,7 @@ mod tests {
             network: &w.net,
             offer: &w.offer,
             offer_id: w.offer_id,
+            equivalent: &[],
             free_gpus: 4,
             now: T0.plus_secs(1),
             images: &w.images,
@@ -470,6 +483,22 @@ mod tests {
         assert_eq!(
             check(&|r| r.terms.offer_id = OfferId(Digest([6; 32]))),
             RejectReason::UnknownOffer
+        );
+        // An earlier signature of the same offer the provider still honours is decided
+        // against the current one; an older one it does not list stays stale.
+        let earlier = [(OfferId(Digest([6; 32])), 6)];
+        let honouring = ProviderView {
+            equivalent: &earlier,
+            ..view(&w)
+        };
+        let mut r = request(&w);
+        r.terms.offer_id = OfferId(Digest([6; 32]));
+        r.terms.offer_seq = 6;
+        assert!(check_request(&honouring, &r, &renter).is_ok());
+        r.terms.offer_seq = 5;
+        assert_eq!(
+            check_request(&honouring, &r, &renter).unwrap_err(),
+            RejectReason::StaleOffer { current_seq: 7 }
         );
         assert_eq!(check(&|r| r.expires_at = T0), RejectReason::RequestExpired);
         assert_eq!(

@@ -345,6 +345,10 @@ pub struct Offer {
     pub addrs: Vec<String>,
     /// Free-form region label, e.g. `eu-west`.
     pub region: String,
+    /// How many of `gpus` no lease held when this was signed: the provider re-signs its offer
+    /// when a lease takes or frees one, so renters see what is free (0: fully rented). At
+    /// most `gpus.len()`.
+    pub free_gpus: u16,
 }
 
 impl Shape for Offer {

@@ -156,6 +156,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                     isolation: gridlease_protocol::Isolation::Runc,
                     output_retention_s: 0,
                 },
+                free_gpus: 0,
                 addrs,
                 region,
             },

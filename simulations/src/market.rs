@@ -1132,6 +1132,7 @@ impl<'s> Market<'s> {
             images: &self.images,
             offer: &pr.offer,
             offer_id: pr.offer_id,
+            equivalent: &[],
             free_gpus: pr.free,
             now: ts(now),
         };

@@ -298,6 +298,16 @@ async fn offers(
             )),
         )
     })?;
+    // Fully rented offers are left out unless the query asks about `free` itself.
+    let mut query = query;
+    if !query
+        .conditions
+        .iter()
+        .any(|c| c.field == gridlease_contracts::query::Field::Free)
+        && let Ok(free) = Query::parse("free>=1")
+    {
+        query.conditions.extend(free.conditions);
+    }
     let limit = p.limit.unwrap_or(20).clamp(1, MAX_SEARCH_LIMIT);
     let rows = s
         .client
@@ -318,6 +328,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         provider: e.offer.provider.to_string(),
         gpu: models.join(", "),
         gpus: n.gpus,
+        free_gpus: n.free_gpus,
         vram_gib: (f64::from(n.vram_mib) / 1024.0 * 10.0).round() / 10.0,
         fp16_tflops: f64::from(n.fp16_gflops) / 1000.0,
         fp32_tflops: f64::from(n.fp32_gflops) / 1000.0,

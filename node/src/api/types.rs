@@ -102,6 +102,9 @@ pub struct OfferRow {
     pub gpu: String,
     /// GPUs in the offer.
     pub gpus: u32,
+    /// Of those, free when the provider last signed it (leases hold the others).
+    #[serde(default)]
+    pub free_gpus: u32,
     /// Smallest VRAM, GiB (one decimal).
     pub vram_gib: f64,
     /// Smallest fp16 rate, TFLOPS.

@@ -65,10 +65,10 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 vec![
                     short(&r.id),
                     short(&r.provider),
-                    if r.gpus > 1 {
-                        format!("{}x {}", r.gpus, r.gpu)
-                    } else {
-                        r.gpu.clone()
+                    match (r.gpus, r.free_gpus) {
+                        (1, _) => r.gpu.clone(),
+                        (n, f) if f == n => format!("{n}x {}", r.gpu),
+                        (n, f) => format!("{f}/{n}x {}", r.gpu),
                     },
                     format!("{:.0} GiB", r.vram_gib),
                     format!("{:.1}", r.fp16_tflops),

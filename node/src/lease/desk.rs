@@ -107,6 +107,11 @@ impl Desk {
         self.holds.contains_key(lease_id)
     }
 
+    /// Every GPU a lease holds now.
+    pub fn held_gpus(&self) -> std::collections::BTreeSet<Digest> {
+        self.holds.values().flatten().copied().collect()
+    }
+
     /// GPUs of `offer` not held by any lease.
     pub fn free_gpus(&self, offer: &OwnOffer) -> Vec<Digest> {
         offer
@@ -167,6 +172,7 @@ impl Desk {
             network,
             offer: &cur.offer,
             offer_id: cur.id,
+            equivalent: &cur.earlier,
             free_gpus: u16::try_from(free.len()).unwrap_or(u16::MAX),
             now,
             images: &cur.images,

@@ -44,6 +44,7 @@
 //!   after a crash.
 //! - Final statement = last valid receipt, on both nodes.
 
+mod capacity;
 pub mod desk;
 mod egress;
 pub mod extend;
@@ -479,6 +480,9 @@ pub(crate) struct Ctx {
     pub(crate) cancel: CancellationToken,
     /// Bounds the tasks answering peers' log requests ([`logs::LOG_READERS`]).
     pub(crate) log_reads: Arc<tokio::sync::Semaphore>,
+    /// Provider: the GPUs (UUID digests) leases hold now, as the desk last published them;
+    /// [`capacity::run`] turns each change into the offer's free count.
+    pub(crate) holds: watch::Sender<std::collections::BTreeSet<Digest>>,
 }
 
 impl Ctx {
@@ -563,6 +567,7 @@ impl LeaseService {
             node_id,
             cancel: cancel.clone(),
             log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
+            holds: watch::Sender::new(std::collections::BTreeSet::new()),
         });
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
@@ -580,6 +585,8 @@ impl LeaseService {
             waiting: HashMap::new(),
         };
         actor.resume_all().await?;
+        actor.publish_holds();
+        tokio::spawn(capacity::run(ctx.clone()));
         if ctx.sandbox.is_some() {
             tokio::spawn(outputs::run(ctx.clone(), ctx.config.outputs_sweep));
         }
@@ -628,7 +635,18 @@ impl LeaseService {
             .offer
             .parse()
             .map_err(|_| RentError::BadOffer(req.offer.clone()))?;
-        let entry = client.offer(id).await?.ok_or(RentError::UnknownOffer(id))?;
+        let entry = match client.offer(id).await? {
+            Some(e) => e,
+            // Re-signed meanwhile (its expiry, addresses or free GPUs): the provider's current
+            // offer, if it has the same GPUs at the same or a lower price.
+            None => client
+                .replaced_offers(id.to_string())
+                .await?
+                .into_iter()
+                .find(|r| r.old == id && r.equivalent)
+                .map(|r| r.current)
+                .ok_or(RentError::UnknownOffer(id))?,
+        };
         let most = entry.offer.sandbox.output_retention_s;
         if req.keep_outputs_s > most {
             return Err(RentError::KeepOutputs {
@@ -903,6 +921,8 @@ impl LeaseService {
     async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
         let t = s.template(self.ctx.config.base_template.as_ref())?;
         self.ctx.client.set_offer(t).await?;
+        // Other GPUs may be offered now: count the free ones again.
+        self.ctx.holds.send_modify(|_| {});
         Ok(())
     }
 }
@@ -1146,7 +1166,10 @@ impl Actor {
                     Err(e) => tracing::error!(error = %e, "image check task failed"),
                 },
                 Some(done) = self.persists.join_next(), if !self.persists.is_empty() => match done {
-                    Ok(p) => self.on_persisted(p),
+                    Ok(p) => {
+                        self.on_persisted(p);
+                        self.publish_holds();
+                    }
                     Err(e) => tracing::error!(error = %e, "lease write task failed"),
                 },
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
@@ -1171,10 +1194,21 @@ impl Actor {
         }
     }
 
+    /// Publishes the desk's held GPUs (to [`capacity::run`]) when they changed.
+    fn publish_holds(&self) {
+        let held = self.desk.held_gpus();
+        self.ctx.holds.send_if_modified(|cur| {
+            let changed = *cur != held;
+            *cur = held;
+            changed
+        });
+    }
+
     fn on_session_end(&mut self, end: SessionEnd) {
         self.sessions.remove(&end.id);
         if end.released {
             self.desk.release(&end.id);
+            self.publish_holds();
             self.evict_images();
         } else if self.desk.holds(&end.id) && !self.ctx.cancel.is_cancelled() {
             tracing::error!(lease = %end.id, "the lease's container could not be removed: its GPUs stay held until the next start reconciles it");

@@ -81,6 +81,7 @@ pub(crate) enum Command {
     BookLen(oneshot::Sender<usize>),
     SyncStats(oneshot::Sender<SyncStats>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
+    SetFree(u16, oneshot::Sender<()>),
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
     Announce(oneshot::Sender<()>),
     PublishRaw(Vec<u8>, oneshot::Sender<Result<(), String>>),
@@ -304,6 +305,12 @@ impl Client {
         template: Option<OfferTemplate>,
     ) -> Result<Option<OwnOffer>, NegotiationError> {
         self.ask(|r| Command::SetOffer(template, r)).await
+    }
+
+    /// How many of the offer's GPUs are free now (the lease side's count): when it changes the
+    /// offer is re-signed with it and announced at once, so renters do not see taken GPUs.
+    pub async fn set_free_gpus(&self, free: u16) -> Result<(), NegotiationError> {
+        self.ask(|r| Command::SetFree(free, r)).await
     }
 
     /// The current own offer.

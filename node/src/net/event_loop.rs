@@ -387,6 +387,22 @@ impl EventLoop {
                 }
                 let _ = reply.send(self.provider.current.clone());
             }
+            Command::SetFree(free, reply) => {
+                // Re-signed and announced at once when the count changes.
+                let changed = self.provider.free_gpus != Some(free);
+                self.provider.free_gpus = Some(free);
+                if changed
+                    && self
+                        .provider
+                        .current
+                        .as_ref()
+                        .is_some_and(|c| c.offer.free_gpus != free)
+                {
+                    self.provider.resign = true;
+                    self.announce();
+                }
+                let _ = reply.send(());
+            }
             Command::OwnOffer(reply) => {
                 let _ = reply.send(self.provider.current.clone());
             }
@@ -454,16 +470,24 @@ impl EventLoop {
         // Re-sign when close to expiry, or when our reachable addresses changed (a relay
         // reservation came up, an external address was confirmed). No addresses yet (just
         // started, listeners not reported) is not a change worth a new sequence.
-        let stale = match &self.provider.current {
-            None => true,
-            Some(cur) => {
-                cur.offer.expires_at.ms_since(now) <= margin
-                    || (!addrs.is_empty() && cur.offer.addrs != addrs)
-            }
-        };
+        let stale = self.provider.resign
+            || match &self.provider.current {
+                None => true,
+                Some(cur) => {
+                    cur.offer.expires_at.ms_since(now) <= margin
+                        || (!addrs.is_empty() && cur.offer.addrs != addrs)
+                }
+            };
         if stale {
             let seq = self.provider.next_seq(now);
-            let offer = template.offer(self.key.public(), seq, now, ttl_ms, addrs);
+            let offer = template.offer(
+                self.key.public(),
+                seq,
+                now,
+                ttl_ms,
+                addrs,
+                self.provider.free_gpus,
+            );
             let signed = match Signed::sign(&self.key, &self.config.network, &offer) {
                 Ok(s) => s,
                 Err(e) => {
@@ -485,11 +509,21 @@ impl EventLoop {
                 tracing::warn!("store queue full; own offer sequence not persisted this round");
             }
             let images = std::sync::Arc::new(template.images.clone());
+            // The same template signed before stays acceptable for requests in flight.
+            let earlier = match self.provider.current.take() {
+                Some(prev) => std::iter::once((prev.id, prev.offer.seq))
+                    .chain(prev.earlier)
+                    .take(super::provider::EARLIER_KEPT)
+                    .collect(),
+                None => Vec::new(),
+            };
+            self.provider.resign = false;
             self.provider.current = Some(OwnOffer {
                 signed,
                 offer,
                 id,
                 images,
+                earlier,
             });
             self.emit(NetworkEvent::OfferPublished { id, seq });
         }

@@ -387,6 +387,7 @@ impl Node {
                     offer: v.message,
                     id,
                     images: std::sync::Arc::new(images),
+                    earlier: Vec::new(),
                 });
             }
         }

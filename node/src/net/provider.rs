@@ -72,6 +72,7 @@ impl OfferTemplate {
     }
 
     /// The offer with sequence `seq`, created at `now`, living `ttl_ms`.
+    /// `free`: how many of the GPUs the lease side says are free (`None`: all of them).
     pub fn offer(
         &self,
         provider: PublicKey,
@@ -79,7 +80,9 @@ impl OfferTemplate {
         now: Timestamp,
         ttl_ms: u64,
         addrs: Vec<String>,
+        free: Option<u16>,
     ) -> Offer {
+        let all = u16::try_from(self.gpus.len()).unwrap_or(u16::MAX);
         Offer {
             provider,
             seq,
@@ -96,6 +99,7 @@ impl OfferTemplate {
             sandbox: self.sandbox.clone(),
             addrs,
             region: self.region.clone(),
+            free_gpus: free.map_or(all, |f| f.min(all)),
         }
     }
 }
@@ -111,7 +115,14 @@ pub struct OwnOffer {
     pub id: OfferId,
     /// The image rules of the template it was signed from.
     pub images: Arc<ImagePolicy>,
+    /// Earlier signatures of the same template (id, sequence), newest first, at most
+    /// [`EARLIER_KEPT`]: re-signed only for expiry, addresses or the free GPU count, so a
+    /// request made from one of them is still decided (against this offer).
+    pub earlier: Vec<(OfferId, u64)>,
 }
+
+/// Earlier signatures of the current template that requests may still name.
+pub const EARLIER_KEPT: usize = 8;
 
 /// The announcing state owned by the event loop.
 #[derive(Debug, Default)]
@@ -122,6 +133,12 @@ pub struct ProviderState {
     pub current: Option<OwnOffer>,
     /// Highest sequence ever used (persisted).
     pub last_seq: u64,
+    /// The current offer must be re-signed at the next announce (its free GPU count changed).
+    pub resign: bool,
+    /// How many GPUs the lease side last said are free (`None`: not said, all): the offer
+    /// carries it. The count is the lease side's business (its desk holds the GPUs); the
+    /// network loop only signs what it is told.
+    pub free_gpus: Option<u16>,
 }
 
 impl ProviderState {

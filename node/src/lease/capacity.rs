@@ -1,0 +1,46 @@
+//! Provider: the offer says how many of its GPUs are free (`Offer::free_gpus`). The desk owns
+//! the holds; whenever they change the actor publishes them ([`super::Ctx::holds`]), and this
+//! task counts the free GPUs of the offer the node advertises now and hands the count to the
+//! network loop, which re-signs and announces the offer at once when it differs. So a fully
+//! rented offer says `0` within a round trip on loopback, and renters' searches leave it out;
+//! a release puts it back. A `watch` keeps only the latest holds: quick changes coalesce, and
+//! an older count never overwrites a newer one.
+
+use std::sync::Arc;
+
+use super::Ctx;
+
+/// Runs until the service stops.
+pub(crate) async fn run(ctx: Arc<Ctx>) {
+    let mut holds = ctx.holds.subscribe();
+    holds.mark_changed();
+    loop {
+        tokio::select! {
+            () = ctx.cancel.cancelled() => return,
+            changed = holds.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+        let held = holds.borrow_and_update().clone();
+        let own = match ctx.client.own_offer().await {
+            Ok(Some(o)) => o,
+            Ok(None) => continue,
+            Err(_) => return,
+        };
+        let free = own
+            .offer
+            .gpus
+            .iter()
+            .filter(|g| !held.contains(&g.spec.uuid_digest))
+            .count();
+        let free = u16::try_from(free).unwrap_or(u16::MAX);
+        if own.offer.free_gpus != free {
+            tracing::debug!(free, "offer re-signed with its free GPUs");
+        }
+        if ctx.client.set_free_gpus(free).await.is_err() {
+            return;
+        }
+    }
+}
