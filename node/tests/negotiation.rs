@@ -225,13 +225,36 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
         .iter()
         .filter(|p| !matches!(p, libp2p::multiaddr::Protocol::P2p(_)))
         .collect();
+    // The lease took one of the two GPUs: the provider re-signed its offer with one free
+    // (issue 21); that is the offer it has when it stops.
+    let pc = provider.node.client.clone();
+    eventually("the offer re-signed with the GPUs still free", || {
+        let pc = pc.clone();
+        async move { pc.own_offer().await.unwrap().unwrap().offer.free_gpus == 1 }
+    })
+    .await;
+    let signed_before = provider.node.client.own_offer().await.unwrap().unwrap();
     let provider_home = stop(provider).await;
     let renter_home = stop(renter).await;
 
-    // The renter comes back alone: its book and its lease are there, without any peer.
+    // The renter comes back alone: its book and its lease are there, without any peer. (It
+    // holds the provider's first or its re-signed offer, whichever reached it before it
+    // stopped.)
     let renter = start_from_home(&renter_home, config()).await;
-    let held = renter.node.client.offer(entry.id).await.unwrap();
-    assert!(held.is_some(), "offer book restored from the store");
+    let held = renter
+        .node
+        .client
+        .search(
+            gridlease_contracts::query::Query::parse("free>=0").unwrap(),
+            10,
+        )
+        .await
+        .unwrap();
+    assert!(
+        held.iter()
+            .any(|e| e.offer.provider == entry.offer.provider),
+        "offer book restored from the store"
+    );
     let mine = renter
         .store
         .call(|s| s.leases(Some(Role::Renter)))
@@ -246,14 +269,14 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     let provider = start_provider_from_home(&provider_home, restart_cfg).await;
     let own = provider.node.client.own_offer().await.unwrap().unwrap();
     assert_eq!(
-        own.id, entry.id,
+        own.id, signed_before.id,
         "the unexpired own offer is kept across restarts"
     );
     assert!(
         provider
             .node
             .client
-            .offer(entry.id)
+            .offer(signed_before.id)
             .await
             .unwrap()
             .is_some(),
@@ -276,9 +299,18 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
         .unwrap();
     let (_, _, again_accept) = accepted(again);
     assert_eq!(again_accept.to_bytes().unwrap(), accept.to_bytes().unwrap());
-    // Its GPU is still held: a two-GPU request finds one free.
+    // Its GPU is still held: a two-GPU request (made from the provider's current offer, which
+    // the renter learns on connecting) finds one free.
+    let (rc, current) = (renter.node.client.clone(), own.id);
+    eventually("the renter holds the provider's current offer", || {
+        let rc = rc.clone();
+        async move { rc.offer(current).await.unwrap().is_some() }
+    })
+    .await;
+    let now_entry = renter.node.client.offer(own.id).await.unwrap().unwrap();
+    assert_eq!(now_entry.offer.free_gpus, 1);
     assert_eq!(
-        rejected(negotiate(&renter, &entry, terms(&renter, &entry, &ask(2, 8))).await),
+        rejected(negotiate(&renter, &now_entry, terms(&renter, &now_entry, &ask(2, 8))).await),
         RejectReason::NoCapacity { free: 1 }
     );
 }
