@@ -438,13 +438,8 @@ impl Config {
                 problem: format!("{} is not in 1..=3600", self.announce_secs),
             });
         }
-        let plain = |n: &str| {
-            !n.is_empty()
-                && n.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-                && !n.starts_with(['-', '.'])
-        };
-        if !plain(&self.gvisor_runtime) {
+        // The rule the sandbox applies to the name when it creates a container.
+        if !gridlease_sandbox::spec::valid_docker_name(&self.gvisor_runtime) {
             return Err(ConfigError::Invalid {
                 field: "gvisor_runtime",
                 problem: format!(

@@ -292,9 +292,9 @@ pub enum SpecError {
     },
 }
 
-/// A Docker volume name the node made (`[A-Za-z0-9][A-Za-z0-9_.-]*`): never a path, so the
-/// mount can only be a named volume, never a host directory.
-fn valid_docker_name(name: &str) -> bool {
+/// A plain Docker object name (`[A-Za-z0-9][A-Za-z0-9_.-]*`), as volume and runtime names must
+/// be: never a path, so a mount can only be a named volume, never a host directory.
+pub fn valid_docker_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
