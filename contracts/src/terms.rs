@@ -250,6 +250,9 @@ pub fn check_request(
     if t.output_retention_s > offer.sandbox.output_retention_s {
         return Err(mismatch("output_retention_s"));
     }
+    if t.upload_hold_s > offer.sandbox.upload_hold_s {
+        return Err(mismatch("upload_hold_s"));
+    }
     if t.usage_interval_s != offer.usage_interval_s {
         return Err(mismatch("usage_interval_s"));
     }

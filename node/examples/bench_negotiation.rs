@@ -85,6 +85,7 @@ async fn main() {
                 nonce,
                 created_at: now,
                 output_retention_s: 0,
+                upload_hold_s: 0,
             };
             let t0 = Instant::now();
             let out = renter

@@ -136,6 +136,7 @@ async fn main() {
                 max_total: None,
                 network: gridlease_protocol::NetworkPolicy::None,
                 keep_outputs_s: 0,
+                upload_hold_s: 0,
             })
             .await
             .unwrap();

@@ -99,6 +99,10 @@ pub struct Config {
     /// offers. 0: never. Default: 3600 (they take this host's disk meanwhile, within the
     /// lease's workspace size).
     pub output_retention_secs: u32,
+    /// Most seconds a lease's created container is held before its command starts, while the
+    /// renter uploads (`rent --upload`); advertised in offers. 0: never. Default: 600 (the
+    /// GPUs are held meanwhile, not billed).
+    pub upload_hold_secs: u32,
 }
 
 impl Config {
@@ -173,6 +177,7 @@ impl Default for Config {
             isolation: gridlease_protocol::Isolation::Runc,
             gvisor_runtime: gridlease_sandbox::isolation::DEFAULT_GVISOR_RUNTIME.to_string(),
             output_retention_secs: 3600,
+            upload_hold_secs: 600,
         }
     }
 }
@@ -230,6 +235,11 @@ pub struct Overrides {
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_OUTPUT_RETENTION_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_retention_secs: Option<u32>,
+    /// Most seconds a lease's container is held for uploads before its command starts
+    /// (default 600; 0: never).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_UPLOAD_HOLD_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upload_hold_secs: Option<u32>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]

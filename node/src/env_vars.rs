@@ -62,5 +62,7 @@ pub const GRIDLEASE_IMAGE_CACHE_GIB: &str = "GRIDLEASE_IMAGE_CACHE_GIB";
 pub const GRIDLEASE_ISOLATION: &str = "GRIDLEASE_ISOLATION";
 /// Seconds (config key `output_retention_secs`).
 pub const GRIDLEASE_OUTPUT_RETENTION_SECS: &str = "GRIDLEASE_OUTPUT_RETENTION_SECS";
+/// Seconds (config key `upload_hold_secs`).
+pub const GRIDLEASE_UPLOAD_HOLD_SECS: &str = "GRIDLEASE_UPLOAD_HOLD_SECS";
 /// Docker runtime name of gVisor (config key `gvisor_runtime`).
 pub const GRIDLEASE_GVISOR_RUNTIME: &str = "GRIDLEASE_GVISOR_RUNTIME";

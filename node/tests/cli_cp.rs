@@ -381,3 +381,139 @@ fn rent_download_brings_the_outputs_home_and_they_stay_for_cp_after_the_lease() 
     let err = text(&out.stderr);
     assert!(err.contains("not running"), "{err}");
 }
+
+/// `rent --upload ./data --upload ./train.sh --download out -- ./train.sh` (issue 13): the
+/// provider holds the created container while a 1 GiB random tree and the script go in
+/// (checksummed; the renter's node and `rent` stay under 100 MiB of RSS), then the command
+/// runs on them (its checksums of the uploaded files are its output), and `--download` brings
+/// that home; every checksum matches the local files, and nothing was billed for the hold.
+#[test]
+fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_output_home() {
+    let test = "cli_rent_upload";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().join("here");
+    let sums = random_tree(&here.join("data"));
+    let script = here.join("train.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nset -e\nmkdir -p out\ncd data\nfind . -type f | sort | xargs sha256sum > ../out/sums.txt\necho trained\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let locals = format!(
+        "{},{}",
+        gridlease_sandbox::probe_image::probe_image_tag(),
+        image.tag
+    );
+    let m = market_with(
+        dir.path(),
+        &[
+            "--local-image",
+            &locals,
+            "--per-gpu-disk-gib",
+            "2",
+            "--upload-hold-secs",
+            "300",
+        ],
+        Some(&dir.path().join("provider.log")),
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let offer = text(
+        &bin()
+            .arg("--home")
+            .arg(&rh)
+            .args(["offer", &m.offer])
+            .output()
+            .unwrap()
+            .stdout,
+    );
+    assert!(
+        offer.contains("held up to 300 s, not billed"),
+        "the offer says how long it holds: {offer}"
+    );
+    let child = bin()
+        .current_dir(&here)
+        .arg("--home")
+        .arg(&rh)
+        .args([
+            "rent",
+            &m.offer,
+            "--seconds",
+            "300",
+            "--image",
+            &image.tag,
+            "--upload",
+            "./data",
+            "--upload",
+            "./train.sh",
+            "--download",
+            "out",
+            "--",
+            "./train.sh",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (max_rss, sampler) = sample_rss(vec![m.renter.0.id(), child.id()], stop.clone());
+    let out = child.wait_with_output().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    eprintln!("rent: {stdout}\n{stderr}");
+    assert!(out.status.success(), "rent failed: {stdout} {stderr}");
+    assert!(
+        stdout.contains("uploaded ./data -> /workspace/data: 64 file(s), 1024.0 MiB"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("trained"), "the command's output: {stdout}");
+    assert!(
+        stdout.contains("downloaded out -> out: 1 file(s)"),
+        "{stdout}"
+    );
+    let max_rss = max_rss.load(Ordering::Relaxed);
+    assert!(
+        max_rss < 100 * 1024,
+        "renter node or rent above 100 MiB RSS: {max_rss} KiB"
+    );
+
+    // The command saw every uploaded byte: its checksums are the local files'.
+    let listed: BTreeMap<String, String> = std::fs::read_to_string(here.join("out/sums.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (sum, path) = l.split_once("  ").unwrap();
+            (path.trim_start_matches("./").to_string(), sum.to_string())
+        })
+        .collect();
+    assert_eq!(listed, sums, "checksums in the container = local ones");
+
+    // Billed from the command's start, not the hold's: at most its run plus the minimum.
+    let leases = json(&rh, &["leases", "--all"]);
+    let id = leases[0]["lease_id"].as_str().unwrap().to_string();
+    let v = lease_of(&rh, &id);
+    assert_eq!(v["state"], "settled", "{v}");
+    let p = lease_of(&ph, &id);
+    assert_eq!(p["settled_total"], v["settled_total"], "ledgers agree");
+    let started = v["started_at"].as_u64().unwrap();
+    let closed = v["closed_at"].as_u64().unwrap();
+    let wall_ms = v["usage"]["wall_ms"].as_u64().unwrap();
+    assert!(
+        wall_ms <= closed - started + 1000,
+        "billed time is the command's: {v}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("provider.log")).unwrap();
+    let held = log
+        .find("container held for the renter's uploads")
+        .expect("held");
+    let begun = log
+        .find("the renter's uploads are done; starting")
+        .expect("begun");
+    assert!(held < begun, "held, then begun by the renter");
+}

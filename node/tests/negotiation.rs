@@ -34,6 +34,7 @@ fn ask(gpus: u16, nonce: u64) -> (RentRequest, u64) {
         max_total: Some(gridlease_contracts::Money::from_micros(10_000_000)),
         network: gridlease_protocol::NetworkPolicy::None,
         keep_outputs_s: 0,
+        upload_hold_s: 0,
     };
     (req, nonce)
 }

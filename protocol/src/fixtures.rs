@@ -66,6 +66,7 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
             access: crate::access::AccessPolicy::ALL,
             isolation: crate::Isolation::Runc,
             output_retention_s: 0,
+            upload_hold_s: 0,
         },
         addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
         region: "eu-west".into(),
@@ -103,6 +104,7 @@ pub fn terms(
         nonce: 42,
         created_at: T0,
         output_retention_s: 0,
+        upload_hold_s: 0,
     }
 }
 

@@ -298,6 +298,10 @@ pub struct SandboxPolicy {
     /// `/workspace` when the renter asks (`LeaseTerms::output_retention_s`), so its outputs
     /// can still be downloaded (`gridlease cp`, `rent --download`); 0: never kept. Free.
     pub output_retention_s: u32,
+    /// Most seconds the provider holds a lease's created container before starting its
+    /// command, while the renter uploads into `/workspace` (`LeaseTerms::upload_hold_s`,
+    /// `rent --upload`); 0: never held. Not billed: the lease clock starts with the command.
+    pub upload_hold_s: u32,
 }
 
 impl SandboxPolicy {
@@ -431,6 +435,11 @@ pub struct LeaseTerms {
     /// renter to download from (at most the offer's `output_retention_s`; 0: removed at the
     /// end). Signed by both: a promise.
     pub output_retention_s: u32,
+    /// Seconds the provider holds the created container, its `/workspace` open to the
+    /// renter's uploads, before it starts the command: until the renter says to begin
+    /// ([`crate::SessionRequest::Begin`]) or this runs out (at most the offer's
+    /// `upload_hold_s`; 0: started at once).
+    pub upload_hold_s: u32,
 }
 
 impl Shape for LeaseTerms {

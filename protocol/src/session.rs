@@ -19,7 +19,7 @@ use crate::messages::{
     AmendAccept, AmendRefusal, CloseReason, LeaseAccept, LeaseAmendment, LeaseClose, LeaseReject,
     LeaseRequest, MAX_LEASE_ACCEPT_BYTES, MAX_LEASE_REQUEST_BYTES, PaymentReceipt, UsageReport,
 };
-use crate::types::LeaseId;
+use crate::types::{LeaseId, Timestamp};
 
 /// Largest log chunk in one response, bytes: 1023 KiB (with its framing the response stays
 /// under the codec's 1 MiB frame cap), so following a big log is a few hundred requests (at
@@ -90,6 +90,21 @@ pub enum SessionRequest {
     /// Renter -> provider: a signed amendment of the lease's terms (a longer duration);
     /// answered with [`SessionResponse::Extended`] or [`SessionResponse::ExtendRefused`].
     Extend(Signed<LeaseAmendment>),
+    /// Provider -> renter: the lease's container is created and held, its `/workspace` open to
+    /// the renter's uploads, until the renter sends [`Self::Begin`] or `until` (the terms'
+    /// `upload_hold_s`); answered `NothingDue`.
+    Held {
+        /// The lease.
+        lease_id: LeaseId,
+        /// When the provider starts the command anyway.
+        until: Timestamp,
+    },
+    /// Renter -> provider: start the held container's command now (uploads are done);
+    /// answered `NothingDue` (also when it already runs).
+    Begin {
+        /// The lease.
+        lease_id: LeaseId,
+    },
 }
 
 impl SessionRequest {
@@ -102,7 +117,10 @@ impl SessionRequest {
             Self::Close(s) => LeaseClose::decode_payload(&s.envelope().payload)
                 .ok()
                 .map(|c| c.lease_id),
-            Self::Logs { lease_id, .. } | Self::Starting { lease_id, .. } => Some(*lease_id),
+            Self::Logs { lease_id, .. }
+            | Self::Starting { lease_id, .. }
+            | Self::Held { lease_id, .. }
+            | Self::Begin { lease_id } => Some(*lease_id),
             Self::Extend(s) => LeaseAmendment::decode_payload(&s.envelope().payload)
                 .ok()
                 .map(|a| a.lease_id),
@@ -179,7 +197,7 @@ pub fn truncated(s: impl std::fmt::Display, max: usize) -> String {
 mod tests {
     use super::*;
     use crate::codec;
-    use crate::types::{Digest, Timestamp};
+    use crate::types::Digest;
     use crate::{NetworkId, NodeKey};
 
     fn round_trip_response(r: SessionResponse) -> SessionResponse {
@@ -294,6 +312,11 @@ mod tests {
                 max: MAX_LOG_CHUNK,
             },
             SessionRequest::Extend(Signed::sign(&key, &net, &amendment(lease_id)).unwrap()),
+            SessionRequest::Held {
+                lease_id,
+                until: Timestamp(9),
+            },
+            SessionRequest::Begin { lease_id },
         ] {
             assert_eq!(req.lease_hint(), Some(lease_id));
             let bytes =

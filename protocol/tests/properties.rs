@@ -155,6 +155,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                     access: gridlease_protocol::access::AccessPolicy::ALL,
                     isolation: gridlease_protocol::Isolation::Runc,
                     output_retention_s: 0,
+                    upload_hold_s: 0,
                 },
                 free_gpus: 0,
                 addrs,
@@ -216,6 +217,7 @@ fn terms() -> impl Strategy<Value = LeaseTerms> {
                     nonce,
                     created_at,
                     output_retention_s: d.4,
+                    upload_hold_s: d.4 / 2,
                 }
             },
         )

@@ -1122,6 +1122,7 @@ impl<'s> Market<'s> {
             nonce: u64::from(job) << 32 | u64::from(j.generation),
             created_at: ts(now),
             output_retention_s: 0,
+            upload_hold_s: 0,
         };
         let request = LeaseRequest {
             terms,

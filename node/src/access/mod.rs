@@ -115,7 +115,8 @@ pub type SharedStats = Arc<AccessStats>;
 /// The provider's decision on a request from `peer`, given the lease's view (`None`: no such
 /// lease here), what the provider allows and the time `now`. Pure: the one place the rules
 /// live. Everything needs a running lease, except a download from a finished lease whose
-/// outputs are still kept (`LeaseView::outputs_until` after `now`).
+/// outputs are still kept (`LeaseView::outputs_until` after `now`), and copies into and out
+/// of a container held for uploads (`LeaseView::upload_until` after `now`).
 ///
 /// The renter check comes first, so a stranger learns nothing about a lease's state.
 pub fn authorize(
@@ -139,7 +140,14 @@ pub fn authorize(
     let kept_outputs = matches!(req, AccessRequest::Download { .. })
         && v.state.is_terminal()
         && v.outputs_until.is_some_and(|until| until > now.0);
-    if v.state != LeaseState::Running && !kept_outputs {
+    // A held container (created, its command not started: `rent --upload`) takes copies in
+    // and out of its /workspace, nothing else.
+    let held = matches!(
+        req,
+        AccessRequest::Upload { .. } | AccessRequest::Download { .. }
+    ) && v.state == LeaseState::Starting
+        && v.upload_until.is_some_and(|until| until > now.0);
+    if v.state != LeaseState::Running && !kept_outputs && !held {
         return Err(AccessRefusal::NotRunning {
             state: v.state.as_str().to_string(),
         });

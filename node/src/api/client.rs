@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 
 use super::socket_path;
 use super::types::{
-    ErrorBody, ExtendRequest, Extended, RentRequest, RentedView, StatusView, StoppingView,
+    BegunView, ErrorBody, ExtendRequest, Extended, RentRequest, RentedView, StatusView,
+    StoppingView,
 };
 use crate::lease::{LeaseView, Ledger};
 
@@ -106,6 +107,15 @@ impl ApiClient {
         #[derive(Serialize)]
         struct NoBody {}
         self.post(&format!("/v1/leases/{lease}/stop"), &NoBody {})
+            .await
+    }
+
+    /// `POST /v1/leases/{lease}/begin`: starts the command of a lease held for uploads.
+    pub async fn begin(&self, lease: &str) -> Result<BegunView, ClientError> {
+        /// The route takes no body; `{}` keeps it valid JSON.
+        #[derive(Serialize)]
+        struct NoBody {}
+        self.post(&format!("/v1/leases/{lease}/begin"), &NoBody {})
             .await
     }
 

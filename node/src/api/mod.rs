@@ -32,8 +32,8 @@ use crate::lease::{
 };
 use crate::net::Client;
 use types::{
-    ErrorBody, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentedView,
-    StatusView, StoppingView,
+    BegunView, ErrorBody, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView, ProvideBody,
+    RentedView, StatusView, StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -133,6 +133,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/leases/{id}", get(lease))
         .route("/v1/leases/{id}/logs", get(logs))
         .route("/v1/leases/{id}/stop", post(stop))
+        .route("/v1/leases/{id}/begin", post(begin))
         .route("/v1/leases/{id}/extend", post(extend))
         .route("/v1/leases/{id}/exec", post(exec))
         .route("/v1/leases/{id}/forward/{port}", post(forward))
@@ -343,6 +344,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         access: e.offer.sandbox.access,
         isolation: e.offer.sandbox.isolation,
         output_retention_s: e.offer.sandbox.output_retention_s,
+        upload_hold_s: e.offer.sandbox.upload_hold_s,
     }
 }
 
@@ -409,6 +411,7 @@ async fn offer(
         access: o.sandbox.access,
         isolation: o.sandbox.isolation,
         output_retention_s: o.sandbox.output_retention_s,
+        upload_hold_s: o.sandbox.upload_hold_s,
         addrs: o.addrs.clone(),
         region: o.region.clone(),
     }))
@@ -562,6 +565,10 @@ async fn rent(
             e.to_string(),
             Some("ask for less with --keep-outputs, or copy results out while it runs".into()),
         )),
+        Err(e @ RentError::UploadHold { .. }) => Err(ApiError::bad_request(
+            e.to_string(),
+            Some("upload with `gridlease cp` once the lease runs, or pick an offer that holds containers for uploads".into()),
+        )),
         Err(e) => Err(ApiError::internal(e)),
     }
 }
@@ -623,6 +630,21 @@ async fn stop(
     Ok(Json(StoppingView {
         lease_id: id.to_string(),
         stopping: true,
+    }))
+}
+
+/// `POST /v1/leases/{id}/begin` (renter): the provider starts the command of a container it
+/// holds for uploads (`rent --upload`); 200 also when it already runs; 404 for an unknown
+/// lease; 500 with the provider's answer when it could not be told.
+async fn begin(
+    State(s): State<ApiState>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<BegunView>, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    s.leases.begin(id).await.map_err(lease_err)?;
+    Ok(Json(BegunView {
+        lease_id: id.to_string(),
+        begun: true,
     }))
 }
 

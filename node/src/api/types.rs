@@ -137,6 +137,9 @@ pub struct OfferRow {
     /// Most seconds a finished lease's outputs are kept for downloads, if the renter asks.
     #[serde(default)]
     pub output_retention_s: u32,
+    /// Most seconds a created container is held for uploads before its command starts.
+    #[serde(default)]
+    pub upload_hold_s: u32,
 }
 
 /// `GET /v1/gpus`: one local GPU.
@@ -193,6 +196,16 @@ pub struct StoppingView {
     pub lease_id: String,
     /// Always true: the lease is stopping or already over.
     pub stopping: bool,
+}
+
+/// Answer of `POST /v1/leases/{id}/begin`: the provider starts the held container's command
+/// (or it already runs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BegunView {
+    /// The lease, in full (the path may have named a prefix).
+    pub lease_id: String,
+    /// Always true.
+    pub begun: bool,
 }
 
 /// `PUT /v1/provide`: what this node offers.
@@ -288,6 +301,10 @@ pub struct OfferDetail {
     /// Most seconds a finished lease's outputs are kept for downloads, if the renter asks
     /// (`rent --keep-outputs`, `--download`); 0: never.
     pub output_retention_s: u32,
+    /// Most seconds the provider holds a lease's created container before starting its
+    /// command, for uploads (`rent --upload`); 0: never.
+    #[serde(default)]
+    pub upload_hold_s: u32,
     /// Where to reach the provider.
     pub addrs: Vec<String>,
     /// Region label.

@@ -315,7 +315,7 @@ fn retryable(e: &anyhow::Error) -> bool {
 #[error("the connection to the provider was lost: {0}")]
 struct Lost(String);
 
-async fn upload(
+pub(crate) async fn upload(
     api: &ApiClient,
     out: &Printer,
     src: &Path,

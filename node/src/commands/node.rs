@@ -204,6 +204,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                 t.sandbox.access = access;
                 t.sandbox.isolation = config.isolation;
                 t.sandbox.output_retention_s = config.output_retention_secs;
+                t.sandbox.upload_hold_s = config.upload_hold_secs;
                 match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
                     Ok(per) => {
                         t.per_gpu = per;
@@ -236,6 +237,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             t.sandbox.access = access;
             t.sandbox.isolation = config.isolation;
             t.sandbox.output_retention_s = config.output_retention_secs;
+            t.sandbox.upload_hold_s = config.upload_hold_secs;
             t.sandbox.image_prefixes = t.images.prefixes.clone();
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
             net.offer = Some(t);

@@ -47,6 +47,17 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
             }
         ));
         p.line(&format!(
+            "uploads      {}",
+            if o.upload_hold_s == 0 {
+                "copy them in once the lease runs (gridlease cp)".to_string()
+            } else {
+                format!(
+                    "before the command starts: the container is held up to {} s, not billed (rent --upload)",
+                    o.upload_hold_s
+                )
+            }
+        ));
+        p.line(&format!(
             "isolation    {}",
             match o.isolation {
                 gridlease_protocol::Isolation::Runc => "runc (namespaces, cgroups, seccomp)",

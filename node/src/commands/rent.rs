@@ -91,6 +91,11 @@ pub struct RentArgs {
     /// offer keeps (`gridlease offer` shows it).
     #[arg(long, value_name = "MINUTES")]
     pub keep_outputs: Option<u32>,
+    /// Upload SRC (a local file or directory) to DEST in `/workspace` (default: its name)
+    /// before the command starts (repeatable): the provider holds the created container, not
+    /// billed, until the uploads are done (at most what the offer holds: `gridlease offer`).
+    #[arg(long, value_name = "SRC[:DEST]", conflicts_with = "detach")]
+    pub upload: Vec<String>,
     /// Download PATH (in `/workspace`) to DEST (default: its name in the current directory)
     /// once the command has ended (repeatable); keeps the outputs for the download (10
     /// minutes, or --keep-outputs).
@@ -146,6 +151,42 @@ pub fn download_spec(spec: &str) -> (String, std::path::PathBuf) {
             (src, name)
         }
     }
+}
+
+/// `--upload SRC[:DEST]`: the local source and the path in `/workspace` (default: the
+/// source's name).
+pub fn upload_spec(spec: &str) -> anyhow::Result<(std::path::PathBuf, String)> {
+    let (src, dest) = match spec.split_once(':') {
+        Some((src, dst)) if !dst.is_empty() => (src, dst.to_string()),
+        _ => {
+            let src = spec.trim_end_matches(':');
+            let name = std::path::Path::new(src.trim_end_matches('/'))
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--upload {spec:?}: name the destination, e.g. {src}:data")
+                })?;
+            (src, name)
+        }
+    };
+    if src.is_empty() {
+        anyhow::bail!("--upload {spec:?}: the source is empty");
+    }
+    Ok((src.into(), dest))
+}
+
+/// The upload hold to ask for: all the offer holds (`most`) with `--upload` (the renter ends
+/// it as soon as the uploads are done), else none.
+pub fn upload_hold_s(a: &RentArgs, most: u32) -> anyhow::Result<u32> {
+    if a.upload.is_empty() {
+        return Ok(0);
+    }
+    if most == 0 {
+        anyhow::bail!(
+            "--upload: this provider starts a lease's command at once; copy data in once it runs (gridlease cp SRC LEASE:/workspace/PATH), or pick an offer that holds containers for uploads (gridlease offer OFFER shows it)"
+        );
+    }
+    Ok(most)
 }
 
 /// Duration in seconds from the duration flags.
@@ -249,10 +290,43 @@ pub async fn follow_logs(
     }
 }
 
+/// `--upload`: copies each SRC into the held container's `/workspace` (the same copy as
+/// `gridlease cp`: checksummed, resumable). The first failure ends it.
+async fn upload_inputs(
+    api: &ApiClient,
+    out: &Printer,
+    lease: &str,
+    specs: &[String],
+) -> anyhow::Result<()> {
+    let view = api.lease(lease).await?;
+    if view.is_terminal() {
+        return Ok(());
+    }
+    if view.upload_until.is_none() {
+        out.status(
+            "warning: the provider started the command before the uploads (its hold ran out); uploading into the running container",
+        );
+    }
+    for spec in specs {
+        let (src, dest) = upload_spec(spec)?;
+        let r = super::cp::upload(api, out, &src, lease, &dest)
+            .await
+            .with_context(|| format!("upload of {} failed", src.display()))?;
+        out.line(&format!(
+            "uploaded {} -> /workspace/{dest}: {} file(s), {:.1} MiB",
+            src.display(),
+            r.files,
+            r.bytes as f64 / 1048576.0
+        ));
+    }
+    Ok(())
+}
+
 /// While the provider pulls the lease's image: a progress bar of the bytes it reports (on a
 /// terminal), then one line with what was pulled. Returns once the container runs or the lease
-/// is over (or after 2 s when no pull is reported: the output follows then).
-async fn show_pull(api: &ApiClient, out: &Printer, lease: &str) -> anyhow::Result<()> {
+/// is over, or with `held` once the provider holds the container for uploads (else after 2 s
+/// when no pull is reported: the output follows then).
+async fn show_pull(api: &ApiClient, out: &Printer, lease: &str, held: bool) -> anyhow::Result<()> {
     let quiet_limit = tokio::time::Instant::now() + Duration::from_secs(2);
     let mut bar: Option<indicatif::ProgressBar> = None;
     let mut last = None;
@@ -282,10 +356,12 @@ async fn show_pull(api: &ApiClient, out: &Printer, lease: &str) -> anyhow::Resul
                     gridlease_contracts::LeaseState::Accepted
                         | gridlease_contracts::LeaseState::Starting
                 );
-                if started
-                    || view.is_terminal()
-                    || (bar.is_none() && tokio::time::Instant::now() > quiet_limit)
-                {
+                let waiting = if held {
+                    view.upload_until.is_none()
+                } else {
+                    bar.is_some() || tokio::time::Instant::now() <= quiet_limit
+                };
+                if started || view.is_terminal() || !waiting {
                     if let Some(b) = bar {
                         b.finish_and_clear();
                     }
@@ -371,13 +447,23 @@ pub fn print_bill(out: &Printer, view: &LeaseView) {
 
 /// Rents, then follows unless detached.
 pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Result<u8> {
-    let keep_outputs_s = if args.keep_outputs.is_some() || !args.download.is_empty() {
-        let o: crate::api::types::OfferDetail =
-            api.get(&format!("/v1/offers/{}", args.offer)).await?;
-        keep_outputs_s(args, o.output_retention_s)?
-    } else {
-        0
-    };
+    for spec in &args.upload {
+        let (src, _) = upload_spec(spec)?;
+        if !src.exists() {
+            anyhow::bail!("--upload {spec:?}: {} does not exist", src.display());
+        }
+    }
+    let (keep_outputs_s, upload_hold_s) =
+        if args.keep_outputs.is_some() || !args.download.is_empty() || !args.upload.is_empty() {
+            let o: crate::api::types::OfferDetail =
+                api.get(&format!("/v1/offers/{}", args.offer)).await?;
+            (
+                keep_outputs_s(args, o.output_retention_s)?,
+                upload_hold_s(args, o.upload_hold_s)?,
+            )
+        } else {
+            (0, 0)
+        };
     let body = RentRequest {
         offer: args.offer.clone(),
         gpus: args.gpus,
@@ -395,6 +481,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
             .transpose()?,
         network: args.network.into(),
         keep_outputs_s,
+        upload_hold_s,
     };
     if args.detach {
         let rented = api.rent(&body).await?;
@@ -451,7 +538,36 @@ async fn foreground(
         ));
         forwards.push(f);
     }
-    fg.drive(show_pull(api, out, &rented.lease_id)).await??;
+    let uploads = !args.upload.is_empty();
+    fg.drive(show_pull(api, out, &rented.lease_id, uploads))
+        .await??;
+    if uploads {
+        match fg
+            .drive(upload_inputs(api, out, &rented.lease_id, &args.upload))
+            .await?
+        {
+            Ok(()) if !fg.stopping => {
+                api.begin(&rented.lease_id).await.with_context(|| {
+                    format!(
+                        "uploads done, but the provider could not be told to start; it starts the command when its hold runs out ({})",
+                        command_line(api, &format!("logs -f {}", rented.lease_id))
+                    )
+                })?;
+                out.note("uploads done; the command starts now");
+            }
+            Ok(()) => {}
+            // Ctrl-C stopped the lease meanwhile: its end and bill follow.
+            Err(e) if fg.stopping => tracing::debug!(error = %e, "upload ended by the stop"),
+            Err(e) => {
+                let stopped = api.stop(&rented.lease_id).await.is_ok();
+                return Err(Leave::Error(e.context(if stopped {
+                    "the lease was stopped before its command ran"
+                } else {
+                    "the lease could not be stopped; stop it with `gridlease stop`"
+                })));
+            }
+        }
+    }
     let exit = fg
         .drive(follow_logs(api, out, &rented.lease_id, 0, true))
         .await??;

@@ -246,6 +246,12 @@ pub struct RentRequest {
     /// `output_retention_s`. 0 (default): removed when the lease ends.
     #[serde(default)]
     pub keep_outputs_s: u32,
+    /// Seconds the provider should hold the created container before starting the command,
+    /// for the renter's uploads into `/workspace` (`rent --upload`); at most the offer's
+    /// `upload_hold_s`. The renter ends the hold sooner with [`LeaseService::begin`].
+    /// 0 (default): started at once.
+    #[serde(default)]
+    pub upload_hold_s: u32,
 }
 
 fn no_network() -> NetworkPolicy {
@@ -320,6 +326,16 @@ pub enum RentError {
         "the provider keeps a finished lease's outputs for at most {most} s; {asked} s were asked"
     )]
     KeepOutputs {
+        /// Asked for.
+        asked: u32,
+        /// The offer's most.
+        most: u32,
+    },
+    /// A longer upload hold asked than the offer gives.
+    #[error(
+        "the provider holds a container for uploads for at most {most} s; {asked} s were asked"
+    )]
+    UploadHold {
         /// Asked for.
         asked: u32,
         /// The offer's most.
@@ -654,6 +670,13 @@ impl LeaseService {
                 most,
             });
         }
+        let most = entry.offer.sandbox.upload_hold_s;
+        if req.upload_hold_s > most {
+            return Err(RentError::UploadHold {
+                asked: req.upload_hold_s,
+                most,
+            });
+        }
         let grace_s = self.ctx.config.renter_grace_s;
         let now = self.ctx.now();
         let terms = terms_for(
@@ -817,6 +840,32 @@ impl LeaseService {
                     }),
                 }
             }
+        }
+    }
+
+    /// Renter: tells the provider to start the command of a container held for uploads
+    /// (`rent --upload`: the uploads are done). Also fine once it runs (the hold ran out).
+    pub async fn begin(&self, id: LeaseId) -> Result<(), LeaseError> {
+        let l = self.ctx.stored_lease(id).await?;
+        let remote = |detail: String| LeaseError::Remote {
+            lease_id: id,
+            detail,
+        };
+        if l.role != Role::Renter {
+            return Err(remote(
+                "this node provides the lease; the renter begins it".into(),
+            ));
+        }
+        let peer = l
+            .lease
+            .terms
+            .provider
+            .peer_id()
+            .map_err(|e| remote(e.to_string()))?;
+        match session_rpc(&self.ctx, peer, SessionRequest::Begin { lease_id: id }).await {
+            Ok(SessionResponse::NothingDue) => Ok(()),
+            Ok(other) => Err(remote(format!("provider answered {other:?}"))),
+            Err(detail) => Err(remote(detail)),
         }
     }
 

@@ -42,6 +42,22 @@ enum Ended {
     Stop(CloseReason),
 }
 
+/// How a start ended without the command running.
+enum Halt {
+    /// It failed: the renter is told why (and pays the failed-start fee where one is due).
+    Failed(StartFailure),
+    /// A party stopped the lease while its container was held for uploads.
+    Stopped(CloseReason),
+    /// The node is shutting down.
+    Shutdown,
+}
+
+impl From<StartFailure> for Halt {
+    fn from(f: StartFailure) -> Self {
+        Self::Failed(f)
+    }
+}
+
 struct Session {
     ctx: Arc<Ctx>,
     lease: Lease,
@@ -63,6 +79,8 @@ struct Session {
     /// The finished lease's stopped container and workspace are kept for downloads (the
     /// terms' `output_retention_s`); the service's sweep removes them.
     kept_outputs: bool,
+    /// While the created container is held for the renter's uploads: until when.
+    held_until: Option<Timestamp>,
     /// The last amendment accepted and its signed acceptance: an identical retry (its answer
     /// lost) gets the same acceptance again.
     last_amendment: Option<(gridlease_protocol::LeaseAmendment, Signed<AmendAccept>)>,
@@ -79,7 +97,8 @@ impl Session {
             self.exit_code,
             self.ctx.now(),
         )
-        .with_failure(self.failure.as_ref());
+        .with_failure(self.failure.as_ref())
+        .with_hold(self.held_until);
         self.view.send_replace(v);
     }
 
@@ -409,6 +428,7 @@ pub(crate) async fn run(
         logs: None,
         failure: rec.fields.failure.clone(),
         kept_outputs: false,
+        held_until: None,
         last_amendment: rec.amendment.as_ref().and_then(|a| {
             let (_, proposal) = super::extend::decode_proposal(&a.proposal)?;
             let (signed, _) = super::extend::decode_acceptance(a.acceptance.as_deref()?)?;
@@ -418,14 +438,20 @@ pub(crate) async fn run(
     s.publish();
 
     let ended = match s.lease.state {
-        LeaseState::Accepted | LeaseState::Starting => match start(&mut s).await {
+        LeaseState::Accepted | LeaseState::Starting => match start(&mut s, &mut inbox).await {
             Ok(()) => Some(meter_loop(&mut s, &mut inbox).await),
-            Err(failure) => {
+            Err(Halt::Failed(failure)) => {
                 tracing::warn!(kind = ?failure.kind, "start failed: {}", failure.message);
                 s.failure = Some(failure);
                 finish(&mut s, CloseReason::StartFailed, &mut inbox).await;
                 None
             }
+            Err(Halt::Stopped(reason)) => {
+                tracing::info!(?reason, "stopped while held for uploads");
+                finish(&mut s, reason, &mut inbox).await;
+                None
+            }
+            Err(Halt::Shutdown) => return false,
         },
         LeaseState::Running => {
             let present = match (&ctx.sandbox, &s.container) {
@@ -456,15 +482,17 @@ pub(crate) async fn run(
 /// Ensure image, create and start the container. Persist before act: `Starting` is stored
 /// before anything is pulled or created, the container id before the container is started,
 /// `Running` (with the start time: the lease clock's zero) right after; a write that fails
-/// stops the start, and a container already created is removed.
-async fn start(s: &mut Session) -> Result<(), StartFailure> {
+/// stops the start, and a container already created is removed. With an upload hold in the
+/// terms, the created container waits for the renter between create and start ([`hold`]).
+async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Result<(), Halt> {
     let ctx = s.ctx.clone();
     let Some(sb) = ctx.sandbox.clone() else {
         tracing::error!("no Docker: cannot start the container");
         return Err(StartFailure::new(
             StartFailureKind::NoSandbox,
             "the provider's node has no container runtime (Docker is unreachable)",
-        ));
+        )
+        .into());
     };
     if s.lease.state == LeaseState::Accepted
         && !s
@@ -475,12 +503,21 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
             )
             .await
     {
-        return Err(internal("cannot record the start"));
+        return Err(internal("cannot record the start").into());
     }
     if let Some(d) = ctx.config.faults.slow_start {
         tokio::time::sleep(d).await;
     }
     let terms = s.lease.terms.clone();
+    if terms.upload_hold_s > 0 && s.container.is_some() {
+        // This node stopped while the container was held: the workspace is made afresh below,
+        // so what the renter uploaded (and its copy journal says is there) would be gone.
+        remove_container(s).await;
+        return Err(internal(
+            "the provider's node restarted while the container was held for uploads; rent again",
+        )
+        .into());
+    }
     let limits = gridlease_sandbox::runtime::PullLimits {
         stall: ctx.config.pull_stall,
         total: ctx.config.pull_timeout,
@@ -530,8 +567,12 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
     // Egress only behind the host firewall: no rules, no container.
     super::egress::ensure(&ctx, &sb, terms.network_policy).await?;
     let uuids = leased_uuids(&ctx, &s.gpus);
-    // The deadline counts from now at the latest; the watcher uses the real start below.
-    let expires = ctx.now().plus_secs(u64::from(terms.duration_s));
+    // The deadline counts from now (after the upload hold) at the latest; the watcher uses
+    // the real start below.
+    let expires = ctx
+        .now()
+        .plus_secs(u64::from(terms.upload_hold_s))
+        .plus_secs(u64::from(terms.duration_s));
     let mut spec = SandboxSpec::from_terms(
         s.lease.id,
         &terms,
@@ -588,7 +629,11 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
     {
         tracing::error!(error = %e, "cannot store the container id; not starting it");
         remove_container(s).await;
-        return Err(internal("cannot record the container"));
+        return Err(internal("cannot record the container").into());
+    }
+    if let Err(halt) = hold(s, inbox).await {
+        remove_container(s).await;
+        return Err(halt);
     }
     if let Err(e) = sb.start(&id).await {
         tracing::warn!(error = %e, "cannot start the container");
@@ -596,7 +641,8 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
         return Err(StartFailure::new(
             StartFailureKind::Start,
             format!("the container could not be started: {e}"),
-        ));
+        )
+        .into());
     }
     s.logs = Some(LogWriter::spawn(
         sb.clone(),
@@ -619,10 +665,76 @@ async fn start(s: &mut Session) -> Result<(), StartFailure> {
     if !running {
         // Not recorded as running: it must not run (or be billed) unrecorded.
         remove_container(s).await;
-        return Err(internal("cannot record the running container"));
+        return Err(internal("cannot record the running container").into());
     }
     tracing::info!(container = %id, "lease running");
     Ok(())
+}
+
+/// `rent --upload`: the created container waits, its `/workspace` open to the renter's copies
+/// (`access::authorize` sees `upload_until` in the view), until the renter says to begin
+/// (`SessionRequest::Begin`) or the terms' `upload_hold_s` runs out (then the command starts
+/// anyway: the renter asked for that long). A stop or close meanwhile ends the lease; it was
+/// not billed (the lease clock starts with the command). No hold in the terms: returns at once.
+async fn hold(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Result<(), Halt> {
+    let hold_s = s.lease.terms.upload_hold_s;
+    if hold_s == 0 {
+        return Ok(());
+    }
+    let ctx = s.ctx.clone();
+    let until = ctx.now().plus_secs(u64::from(hold_s));
+    s.held_until = Some(until);
+    s.publish();
+    tracing::info!(hold_s, "container held for the renter's uploads");
+    if let Some(peer) = s.renter_peer {
+        // Told once, off the loop: a renter that misses it sees the lease start at the end.
+        let (ctx, lease_id) = (ctx.clone(), s.lease.id);
+        tokio::spawn(async move {
+            let req = SessionRequest::Held { lease_id, until };
+            if let Err(e) = session_rpc(&ctx, peer, req).await {
+                tracing::warn!(error = %e, "cannot tell the renter about the upload hold");
+            }
+        });
+    }
+    // Paces the look at the clock (a manual clock in tests moves without a timer).
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let ended = loop {
+        tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => break Err(Halt::Shutdown),
+            msg = inbox.recv() => match msg {
+                None => break Err(Halt::Shutdown),
+                Some(SessionMsg::Inbound(m))
+                    if matches!(m.request, SessionRequest::Begin { .. }) =>
+                {
+                    if Some(m.peer) == s.renter_peer {
+                        let _ = m.reply.send(SessionResponse::NothingDue);
+                        tracing::info!("the renter's uploads are done; starting");
+                        break Ok(());
+                    }
+                    let _ = m.reply.send(SessionResponse::UnknownLease);
+                }
+                Some(SessionMsg::Inbound(m)) if matches!(m.request, SessionRequest::Extend(_)) => {
+                    // Decided once the command runs (the deadline counts from then).
+                    let _ = m.reply.send(SessionResponse::Busy);
+                }
+                Some(msg) => {
+                    if let Some(reason) = on_msg(s, msg) {
+                        break Err(Halt::Stopped(reason));
+                    }
+                }
+            },
+            _ = tick.tick() => {
+                if ctx.now() >= until {
+                    tracing::warn!(hold_s, "upload hold ran out; starting the command anyway");
+                    break Ok(());
+                }
+            }
+        }
+    };
+    s.held_until = None;
+    s.publish();
+    ended
 }
 
 /// A channel for pull progress (bytes pulled, bytes known) and the task that forwards its
@@ -1071,6 +1183,11 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
                             None
                         }
                     }
+                }
+                // Already started (the hold ran out, or a retried begin).
+                SessionRequest::Begin { .. } if from_renter => {
+                    let _ = m.reply.send(SessionResponse::NothingDue);
+                    None
                 }
                 _ => {
                     let _ = m.reply.send(SessionResponse::UnknownLease);

@@ -41,6 +41,8 @@ struct Session {
     failure: Option<gridlease_protocol::StartFailure>,
     /// The provider's image pull so far (bytes pulled, bytes known), before the start.
     pull: Option<(u64, u64)>,
+    /// The provider holds the created container for our uploads until then (before the start).
+    held_until: Option<Timestamp>,
     /// An extension sent (and stored) whose answer was not seen yet ([`super::extend`]).
     pending: Option<(LeaseAmendment, Signed<LeaseAmendment>)>,
     view: watch::Sender<LeaseView>,
@@ -58,7 +60,8 @@ impl Session {
             self.ctx.now(),
         )
         .with_failure(self.failure.as_ref())
-        .with_pull(self.pull);
+        .with_pull(self.pull)
+        .with_hold(self.held_until);
         self.view.send_replace(v);
     }
 
@@ -464,6 +467,7 @@ pub(crate) async fn run(
         exit_code: rec.fields.exit_code,
         failure: rec.fields.failure.clone(),
         pull: None,
+        held_until: None,
         pending: rec
             .amendment
             .as_ref()
@@ -479,6 +483,8 @@ pub(crate) async fn run(
     let start_ms = u64::try_from(ctx.config.start_allowance.as_millis()).unwrap_or(u64::MAX);
     let mut last_heard = ctx.now();
     let mut heard_any = s.channel.last_usage().is_some();
+    // The provider holds the container for our uploads this long more before it starts.
+    let mut hold_ms = 0u64;
     let mut closing_since =
         (s.lease.state == gridlease_contracts::LeaseState::Closing).then(|| ctx.now());
     // When the provider's final report (with the exit code) came: its close follows.
@@ -547,8 +553,23 @@ pub(crate) async fn run(
                                 }
                             }
                         }
-                        SessionRequest::Logs { .. } | SessionRequest::Extend(_) => {
+                        SessionRequest::Logs { .. }
+                        | SessionRequest::Extend(_)
+                        | SessionRequest::Begin { .. } => {
                             let _ = reply.send(SessionResponse::UnknownLease);
+                        }
+                        SessionRequest::Held { until, .. } => {
+                            // Created and waiting for our uploads: the start allowance
+                            // counts from the end of the hold.
+                            let _ = reply.send(SessionResponse::NothingDue);
+                            if !heard_any {
+                                last_heard = ctx.now();
+                                hold_ms = until
+                                    .ms_since(last_heard)
+                                    .min(u64::from(terms.upload_hold_s) * 1000);
+                                s.held_until = Some(until);
+                                s.publish();
+                            }
                         }
                         SessionRequest::Starting { pulled, total, .. } => {
                             // The start is progressing: the start allowance counts from now.
@@ -589,7 +610,7 @@ pub(crate) async fn run(
                 let limit = if heard_any {
                     2 * interval_ms + SILENCE_SLACK_MS
                 } else {
-                    start_ms.saturating_add(2 * interval_ms)
+                    start_ms.saturating_add(2 * interval_ms).saturating_add(hold_ms)
                 };
                 if now.ms_since(last_heard) > limit {
                     tracing::warn!(silent_ms = now.ms_since(last_heard), "provider silent; closing");

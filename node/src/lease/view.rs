@@ -108,6 +108,11 @@ pub struct LeaseView {
     /// the stopped container and `/workspace` for downloads until then (unix ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outputs_until: Option<u64>,
+    /// Before the command starts: the created container is held for the renter's uploads
+    /// (`rent --upload`, the terms' `upload_hold_s`) until the renter begins it or this time
+    /// (unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_until: Option<u64>,
 }
 
 /// An image pull in progress, as the provider reported it.
@@ -173,6 +178,13 @@ impl LeaseView {
             pulled_bytes: pulled,
             total_bytes: total,
         });
+        self
+    }
+
+    /// With the upload hold (if any, and only before the container runs) shown.
+    pub fn with_hold(mut self, until: Option<Timestamp>) -> Self {
+        let before_start = matches!(self.state, LeaseState::Accepted | LeaseState::Starting);
+        self.upload_until = until.filter(|_| before_start).map(|t| t.0);
         self
     }
 
@@ -250,6 +262,7 @@ pub(crate) fn make(
         failure: None,
         pull: None,
         outputs_until: outputs_until(lease),
+        upload_until: None,
     }
 }
 

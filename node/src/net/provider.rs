@@ -65,6 +65,7 @@ impl OfferTemplate {
                 access: gridlease_protocol::access::AccessPolicy::ALL,
                 isolation: gridlease_protocol::Isolation::Runc,
                 output_retention_s: 0,
+                upload_hold_s: 0,
             },
             images: ImagePolicy::default(),
             region: String::new(),
