@@ -16,4 +16,5 @@ pub mod output;
 pub mod plot;
 pub mod rng;
 pub mod scenario;
+pub mod stats;
 pub mod zi;
