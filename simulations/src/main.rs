@@ -43,6 +43,10 @@ enum Command {
         /// Skip plots.
         #[arg(long)]
         no_plots: bool,
+        /// Merge even if shards are missing; the manifest lists the missing shards and
+        /// replications (`coverage`).
+        #[arg(long)]
+        allow_partial: bool,
         /// Shard directories.
         #[arg(required = true)]
         shards: Vec<PathBuf>,
@@ -90,8 +94,9 @@ fn main() -> ExitCode {
         Command::Merge {
             out,
             no_plots,
+            allow_partial,
             shards,
-        } => commands::merge::merge(&shards, &out, !no_plots, &printer),
+        } => commands::merge::merge(&shards, &out, !no_plots, allow_partial, &printer),
         Command::Zi(a) => commands::zi::zi(a, &printer),
     };
     match res {

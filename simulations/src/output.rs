@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use gridlease_contracts::Money;
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::market::{Market, RunResult, revenue_gini};
@@ -388,8 +388,8 @@ pub fn summary(runs: &Table) -> Table {
     out
 }
 
-/// The manifest.
-#[derive(Clone, Debug, Serialize)]
+/// The manifest (`manifest.json`), written by `run`/`sweep` and read back by `merge`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {
     /// `gridlease-sim` version.
     pub version: String,
@@ -419,6 +419,12 @@ pub struct Manifest {
     pub wall_seconds: f64,
     /// Events per wall-clock second.
     pub events_per_second: f64,
+    /// `merge` only: the shard directories merged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<String>,
+    /// `merge` only: which shards and replications the merged output covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<crate::shards::Coverage>,
 }
 
 /// SHA-256 hex of a scenario's canonical TOML.
