@@ -393,7 +393,7 @@ pub fn summary(runs: &Table) -> Table {
 pub struct Manifest {
     /// `gridlease-sim` version.
     pub version: String,
-    /// `git rev-parse HEAD` where the run was started, if available.
+    /// The git revision the binary was built from ([`git_revision`]).
     pub git_revision: Option<String>,
     /// Scenario name.
     pub scenario: String,
@@ -432,23 +432,11 @@ pub fn scenario_hash(s: &Scenario) -> String {
     hex::encode(Sha256::digest(s.to_toml().as_bytes()))
 }
 
-/// The git revision of the working directory (`-dirty` appended when tracked files differ
-/// from it), or `None` when git or a repository is not there.
+/// The git revision this binary was built from (`-dirty` when the simulator's sources differed
+/// from it at build time; recorded by `build.rs`), or `None` when it was not built from a git
+/// checkout. Never read from the directory a run starts in.
 pub fn git_revision() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let rev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let clean = std::process::Command::new("git")
-        .args(["diff", "--quiet", "HEAD", "--"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(true);
-    Some(if clean { rev } else { format!("{rev}-dirty") })
+    option_env!("GRIDLEASE_SIM_GIT_REVISION").map(str::to_string)
 }
 
 /// Writes the tables, summary and plots into `dir`; returns the file names.

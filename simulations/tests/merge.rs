@@ -227,3 +227,61 @@ fn zero_replications_and_empty_sweeps_are_refused() {
         assert!(!out_dir.join("manifest.json").exists());
     }
 }
+
+/// `git_revision` is the binary's own (recorded at build time), not the repository of the
+/// directory the run starts in: run from a temporary directory, it still names this checkout's
+/// HEAD.
+#[test]
+fn manifest_names_the_binarys_own_revision() {
+    let head = Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let Some(head) = head else {
+        println!("not a git checkout: nothing to compare");
+        return;
+    };
+    let s = Study::new();
+    let out = bin()
+        .current_dir(s.tmp.path())
+        .args([
+            "-q",
+            "run",
+            "tiny.toml",
+            "--reps",
+            "1",
+            "--no-plots",
+            "--out",
+            "o",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let m = manifest(&s.path("o"));
+    let rev = m["git_revision"].as_str().unwrap();
+    assert!(
+        rev == head || rev == format!("{head}-dirty"),
+        "{rev} vs {head}"
+    );
+}
+
+/// An invalid scenario's parser message is printed once (it used to be repeated, once in the
+/// error's message and once as its source).
+#[test]
+fn errors_are_printed_once() {
+    let s = Study::new();
+    let bad = s.path("bad.toml");
+    std::fs::write(&bad, "name = \"x\"\ndays = \"a\"\n").unwrap();
+    let out = run(&[
+        "run",
+        bad.to_str().unwrap(),
+        "--out",
+        s.path("o").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    assert_eq!(err.matches("expected f64").count(), 1, "{err}");
+}
