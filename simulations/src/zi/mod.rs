@@ -354,6 +354,42 @@ mod tests {
         }
     }
 
+    /// When a trade clears the book, `own` and `market` admit different shouts but trade
+    /// identically (only the best quote trades, and it moves only by improvement or by a trade
+    /// that empties the book); without clearing they differ.
+    #[test]
+    fn own_and_market_coincide_when_trades_clear_the_book() {
+        let s = Schedules {
+            buyers: (0..4).map(|i| vec![150 - 10 * i, 100 - 10 * i]).collect(),
+            sellers: (0..4).map(|i| vec![40 + 10 * i, 90 + 10 * i]).collect(),
+            min_price: 1,
+            max_price: 200,
+        };
+        let go = |improvement, clear_after_trade| {
+            let rules = Rules {
+                improvement,
+                clear_after_trade,
+            };
+            let mut rng = stream(3, 0, StreamKind::Market, 0);
+            (0..50)
+                .map(|_| {
+                    let p = period(
+                        &s,
+                        rules,
+                        &Trader::Constrained,
+                        &Trader::Constrained,
+                        200,
+                        &mut rng,
+                    );
+                    (p.surplus, p.prices)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(go(Improvement::Own, true), go(Improvement::Market, true));
+        assert_ne!(go(Improvement::Own, false), go(Improvement::Market, false));
+        assert_ne!(go(Improvement::None, true), go(Improvement::Market, true));
+    }
+
     /// With the `market` rule a shout that does not beat the best quote is discarded: a
     /// strategy that always bids 10 and asks 190 gets one bid and one ask admitted, never trades.
     #[test]
