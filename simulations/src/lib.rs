@@ -16,4 +16,6 @@ pub mod output;
 pub mod plot;
 pub mod rng;
 pub mod scenario;
+pub mod shards;
+pub mod stats;
 pub mod zi;

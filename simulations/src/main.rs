@@ -43,22 +43,17 @@ enum Command {
         /// Skip plots.
         #[arg(long)]
         no_plots: bool,
+        /// Merge even if shards are missing; the manifest lists the missing shards and
+        /// replications (`coverage`).
+        #[arg(long)]
+        allow_partial: bool,
         /// Shard directories.
         #[arg(required = true)]
         shards: Vec<PathBuf>,
     },
-    /// Reproduce Gode & Sunder (1993): ZI-C vs ZI-U efficiency in the double auction.
-    Zi {
-        /// Trading periods per market and trader type.
-        #[arg(long, default_value_t = 200)]
-        periods: u32,
-        /// Shouts per period.
-        #[arg(long, default_value_t = 2000)]
-        shouts: u32,
-        /// Seed.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
+    /// A zero-intelligence double-auction experiment (Gode & Sunder 1993) from a file:
+    /// efficiency, volume and prices per period and replication, with intervals.
+    Zi(commands::zi::ZiArgs),
 }
 
 /// All output goes through here: knows `--json` and `--quiet`; a closed pipe is not an error.
@@ -99,13 +94,10 @@ fn main() -> ExitCode {
         Command::Merge {
             out,
             no_plots,
+            allow_partial,
             shards,
-        } => commands::merge::merge(&shards, &out, !no_plots, &printer),
-        Command::Zi {
-            periods,
-            shouts,
-            seed,
-        } => commands::zi::zi(periods, shouts, seed, &printer),
+        } => commands::merge::merge(&shards, &out, !no_plots, allow_partial, &printer),
+        Command::Zi(a) => commands::zi::zi(a, &printer),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,6 @@
 //! Running replications and sweeps, and writing what they produce: `runs.csv` (one row per
 //! replication), `buckets.csv` (one row per replication and time bucket), `waits.csv`
-//! (wait-time histograms), `summary.csv` (mean and 95 % confidence interval per sweep point and
+//! (wait-time histograms), `summary.csv` (mean, quartiles and 95/99 % intervals per sweep point and
 //! metric), `manifest.json`, and plots.
 //!
 //! Tables are kept as text cells so that shards written on different machines can be merged
@@ -13,12 +13,13 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use gridlease_contracts::Money;
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::market::{Market, RunResult, revenue_gini};
 use crate::metrics::WAIT_BINS_S;
 use crate::scenario::Scenario;
+use crate::stats::{self, Summary};
 
 /// One sweep point: the parameter settings and the scenario they produce.
 #[derive(Clone, Debug)]
@@ -339,38 +340,28 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
     (runs, buckets, waits)
 }
 
-/// Two-sided 95 % Student-t critical value for `df` degrees of freedom.
-pub fn t95(df: usize) -> f64 {
-    const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042,
-    ];
-    match df {
-        0 => f64::NAN,
-        1..=30 => T[df - 1],
-        31..=60 => 2.000,
-        61..=120 => 1.980,
-        _ => 1.960,
-    }
-}
-
 /// Columns of `runs.csv` that are identifiers, not metrics.
 fn is_id(name: &str, params: usize, idx: usize) -> bool {
     idx <= params || name == "replication" || name == "seed"
 }
 
-/// Mean, standard deviation and 95 % CI of every numeric metric in `runs`, per point.
+/// Per point and numeric metric of `runs`: the [`Summary`] columns (mean, sd, quartiles,
+/// Student-t 95/99 % and percentile-bootstrap 95/99 % intervals of the mean over
+/// replications). The bootstrap stream is keyed by the base seed (the `seed` column), the point
+/// and the metric's name, so a merged output's summary equals the unsharded one's.
 pub fn summary(runs: &Table) -> Table {
     let params = runs.col("replication").unwrap_or(1).saturating_sub(1);
     let mut header: Vec<String> = runs.header[..=params].to_vec();
-    for h in ["metric", "n", "mean", "sd", "ci95_low", "ci95_high"] {
-        header.push(h.into());
-    }
+    header.push("metric".into());
+    header.extend(Summary::COLUMNS.iter().map(|c| c.to_string()));
     let mut out = Table {
         header,
         rows: Vec::new(),
     };
+    let seed = runs
+        .col("seed")
+        .and_then(|c| runs.rows.first().map(|r| r[c].parse::<u64>().unwrap_or(0)))
+        .unwrap_or(0);
     let mut points: Vec<String> = runs.rows.iter().map(|r| r[0].clone()).collect();
     points.sort_by_key(|p| p.parse::<u64>().unwrap_or(u64::MAX));
     points.dedup();
@@ -384,42 +375,25 @@ pub fn summary(runs: &Table) -> Table {
                 .iter()
                 .filter_map(|r| r[ci].parse::<f64>().ok())
                 .collect();
-            let n = xs.len();
-            if n == 0 {
+            if xs.is_empty() {
                 continue;
             }
-            let mean = xs.iter().sum::<f64>() / n as f64;
-            let sd = if n > 1 {
-                (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
-            } else {
-                0.0
-            };
-            let half = if n > 1 {
-                t95(n - 1) * sd / (n as f64).sqrt()
-            } else {
-                0.0
-            };
+            let s = Summary::of(&xs, seed, stats::key(&format!("{point}/{name}")));
             let mut row: Vec<String> = rows[0][..=params].to_vec();
-            row.extend([
-                name.clone(),
-                n.to_string(),
-                f(mean),
-                f(sd),
-                f(mean - half),
-                f(mean + half),
-            ]);
+            row.push(name.clone());
+            row.extend(s.cells());
             out.rows.push(row);
         }
     }
     out
 }
 
-/// The manifest.
-#[derive(Clone, Debug, Serialize)]
+/// The manifest (`manifest.json`), written by `run`/`sweep` and read back by `merge`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {
     /// `gridlease-sim` version.
     pub version: String,
-    /// `git rev-parse HEAD` where the run was started, if available.
+    /// The git revision the binary was built from ([`git_revision`]).
     pub git_revision: Option<String>,
     /// Scenario name.
     pub scenario: String,
@@ -445,6 +419,12 @@ pub struct Manifest {
     pub wall_seconds: f64,
     /// Events per wall-clock second.
     pub events_per_second: f64,
+    /// `merge` only: the shard directories merged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<String>,
+    /// `merge` only: which shards and replications the merged output covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<crate::shards::Coverage>,
 }
 
 /// SHA-256 hex of a scenario's canonical TOML.
@@ -452,23 +432,11 @@ pub fn scenario_hash(s: &Scenario) -> String {
     hex::encode(Sha256::digest(s.to_toml().as_bytes()))
 }
 
-/// The git revision of the working directory (`-dirty` appended when tracked files differ
-/// from it), or `None` when git or a repository is not there.
+/// The git revision this binary was built from (`-dirty` when the simulator's sources differed
+/// from it at build time; recorded by `build.rs`), or `None` when it was not built from a git
+/// checkout. Never read from the directory a run starts in.
 pub fn git_revision() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let rev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let clean = std::process::Command::new("git")
-        .args(["diff", "--quiet", "HEAD", "--"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(true);
-    Some(if clean { rev } else { format!("{rev}-dirty") })
+    option_env!("GRIDLEASE_SIM_GIT_REVISION").map(str::to_string)
 }
 
 /// Writes the tables, summary and plots into `dir`; returns the file names.
@@ -540,12 +508,5 @@ mod tests {
         union.sort_unstable();
         assert_eq!(union, all);
         assert_eq!(all.len(), 12);
-    }
-
-    #[test]
-    fn t_table() {
-        assert_eq!(t95(1), 12.706);
-        assert_eq!(t95(29), 2.045);
-        assert_eq!(t95(1000), 1.96);
     }
 }

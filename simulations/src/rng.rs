@@ -18,6 +18,8 @@ pub enum StreamKind {
     Market = 3,
     /// A renter group (arrival times of the group's jobs).
     RenterGroup = 4,
+    /// Statistics (bootstrap resampling).
+    Statistics = 5,
 }
 
 /// SplitMix64 finaliser: a bijective 64-bit mix.

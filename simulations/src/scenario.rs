@@ -50,8 +50,9 @@ pub enum ScenarioError {
         #[source]
         source: std::io::Error,
     },
-    /// The TOML is invalid.
-    #[error("invalid scenario: {0}")]
+    /// The TOML is invalid (the cause, the parser's message, is the error's source: shown once
+    /// by `{:#}`, not repeated in this message).
+    #[error("invalid scenario")]
     Parse(#[from] toml::de::Error),
     /// A value is out of range or inconsistent.
     #[error("invalid scenario: {0}")]

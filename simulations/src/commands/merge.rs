@@ -2,71 +2,59 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
-use serde_json::Value;
+use anyhow::{Context, Result};
+use gridlease_sim::shards;
 
 use crate::Printer;
 
-pub(crate) fn merge(shards: &[PathBuf], out: &Path, plots: bool, p: &Printer) -> Result<()> {
+pub(crate) fn merge(
+    shards: &[PathBuf],
+    out: &Path,
+    plots: bool,
+    allow_partial: bool,
+    p: &Printer,
+) -> Result<()> {
     let dirs: Vec<&Path> = shards.iter().map(PathBuf::as_path).collect();
-    let manifest = merged_manifest(&dirs)?;
+    let set = shards::check(&dirs, allow_partial)?;
     let mut files = gridlease_sim::output::merge(&dirs, out, plots)?;
     files.push("manifest.json".into());
-    let mut manifest = manifest;
-    manifest["files"] = Value::from(files.clone());
-    let text = serde_json::to_string_pretty(&manifest)? + "\n";
+    // The first shard's manifest, with runs, events and wall seconds summed over the shards,
+    // `shard` null, the directories merged and the coverage (what is missing, if anything).
+    let mut m = set.manifests[0].clone();
+    m.runs = set.manifests.iter().map(|s| s.runs).sum();
+    m.events = set.manifests.iter().map(|s| s.events).sum();
+    m.wall_seconds = set.manifests.iter().map(|s| s.wall_seconds).sum();
+    m.events_per_second = if m.wall_seconds > 0.0 {
+        m.events as f64 / m.wall_seconds
+    } else {
+        0.0
+    };
+    m.shard = None;
+    m.merged_from = dirs.iter().map(|d| d.display().to_string()).collect();
+    m.coverage = Some(set.coverage.clone());
+    m.files = files.clone();
+    let text = serde_json::to_string_pretty(&m)? + "\n";
     std::fs::write(out.join("manifest.json"), text).context("write manifest.json")?;
+    let gaps = if set.coverage.partial {
+        format!(
+            " -- PARTIAL: shard(s) {:?} of {} missing, {} replications absent (listed in manifest.json)",
+            set.coverage.missing_shards,
+            set.coverage.shards,
+            set.coverage.missing_replications.len()
+        )
+    } else {
+        String::new()
+    };
     p.result(
         &format!(
-            "merged {} shards into {}: {}",
+            "merged {} shards ({} runs) into {}: {}{gaps}",
             dirs.len(),
+            m.runs,
             out.display(),
             files.join(", ")
         ),
-        &serde_json::json!({ "out": out, "files": files }),
+        &serde_json::json!({ "out": out, "files": files, "runs": m.runs,
+            "coverage": set.coverage }),
     );
     Ok(())
-}
-
-/// The shards' manifests combined: they must agree on scenario hash, seed, replications and
-/// sweep; runs, events and wall seconds are summed; `shard` becomes null and `merged_from`
-/// lists the shard directories.
-fn merged_manifest(dirs: &[&Path]) -> Result<Value> {
-    let mut merged: Option<Value> = None;
-    let (mut runs, mut events, mut wall) = (0u64, 0u64, 0.0f64);
-    for dir in dirs {
-        let path = dir.join("manifest.json");
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-        let m: Value =
-            serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
-        runs += m["runs"].as_u64().unwrap_or(0);
-        events += m["events"].as_u64().unwrap_or(0);
-        wall += m["wall_seconds"].as_f64().unwrap_or(0.0);
-        if let Some(first) = &merged {
-            for key in ["scenario_hash", "seed", "replications", "sweep"] {
-                if first[key] != m[key] {
-                    bail!("{}: {key} differs from the first shard's", path.display());
-                }
-            }
-        } else {
-            merged = Some(m);
-        }
-    }
-    let mut m = merged.context("no shards")?;
-    m["runs"] = Value::from(runs);
-    m["events"] = Value::from(events);
-    m["wall_seconds"] = Value::from(wall);
-    m["events_per_second"] = Value::from(if wall > 0.0 {
-        events as f64 / wall
-    } else {
-        0.0
-    });
-    m["shard"] = Value::Null;
-    m["merged_from"] = Value::from(
-        dirs.iter()
-            .map(|d| d.display().to_string())
-            .collect::<Vec<_>>(),
-    );
-    Ok(m)
 }

@@ -70,7 +70,14 @@ pub(crate) fn sweep(a: SweepArgs, p: &Printer) -> Result<()> {
     let mut axes: Vec<(String, Vec<String>)> = Vec::new();
     for spec in &a.params {
         let (k, vs) = spec.split_once('=').context("--param wants key=v1,v2")?;
-        axes.push((k.to_string(), vs.split(',').map(str::to_string).collect()));
+        let values: Vec<String> = vs.split(',').map(|v| v.trim().to_string()).collect();
+        if k.trim().is_empty() || values.iter().any(String::is_empty) {
+            bail!("--param {spec}: needs a key and at least one non-empty value (key=v1,v2)");
+        }
+        if axes.iter().any(|(other, _)| other == k) {
+            bail!("--param {k} given twice; list all its values in one --param");
+        }
+        axes.push((k.to_string(), values));
     }
     let mut combos: Vec<Vec<(String, String)>> = vec![Vec::new()];
     for (k, vs) in &axes {
@@ -106,6 +113,9 @@ fn execute(
     axes: Vec<(String, Vec<String>)>,
     p: &Printer,
 ) -> Result<()> {
+    if a.reps == 0 {
+        bail!("--reps 0: nothing to run (need at least 1 replication)");
+    }
     let shard = a.shard.as_deref().map(parse_shard).transpose()?;
     let tasks = output::tasks(points.len(), a.reps, shard);
     // Progress in simulated minutes over all runs of this invocation.
@@ -151,6 +161,8 @@ fn execute(
         events,
         wall_seconds: wall,
         events_per_second: events as f64 / wall.max(1e-9),
+        merged_from: Vec::new(),
+        coverage: None,
     };
     write_manifest(&a.out, &manifest)?;
     p.result(

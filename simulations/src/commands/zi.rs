@@ -1,33 +1,152 @@
-//! `gridlease-sim zi`: the Gode & Sunder validation, printed.
+//! `gridlease-sim zi`: a double-auction experiment (Gode & Sunder 1993) from a scenario file.
 
-use anyhow::Result;
-use gridlease_sim::zi::{Trader, experiment, market_a, market_b, max_surplus};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gridlease_sim::output;
+use gridlease_sim::zi::experiment::{self, Experiment};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::Printer;
 
-pub(crate) fn zi(periods: u32, shouts: u32, seed: u64, p: &Printer) -> Result<()> {
-    let mut rows = Vec::new();
-    for (name, s) in [("A", market_a()), ("B", market_b())] {
-        for kind in [Trader::Constrained, Trader::Unconstrained] {
-            let r = experiment(&s, kind, periods, shouts, seed);
-            let k = if kind == Trader::Constrained {
-                "ZI-C"
-            } else {
-                "ZI-U"
+/// `zi` arguments.
+#[derive(Args, Debug)]
+pub(crate) struct ZiArgs {
+    /// Experiment file, e.g. `simulations/scenarios/gs-market1.toml`.
+    #[arg(long)]
+    scenario: PathBuf,
+    /// Replications per treatment and period length (default: the file's).
+    #[arg(long)]
+    reps: Option<u32>,
+    /// Trading periods per replication (default: the file's).
+    #[arg(long)]
+    periods: Option<u32>,
+    /// Period lengths in shouts, comma-separated, e.g. `500,2000` (default: the file's).
+    #[arg(long, value_delimiter = ',')]
+    shouts: Vec<u32>,
+    /// Base seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write periods.csv, replications.csv, summary.csv, manifest.json and a copy of the file
+    /// here (default: print only).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `manifest.json` of a `zi` output.
+#[derive(Serialize)]
+struct ZiManifest {
+    version: &'static str,
+    git_revision: Option<String>,
+    command: Vec<String>,
+    experiment: String,
+    experiment_hash: String,
+    seed: u64,
+    replications: u32,
+    periods: u32,
+    shouts_per_period: Vec<u32>,
+    files: Vec<String>,
+}
+
+pub(crate) fn zi(a: ZiArgs, p: &Printer) -> Result<()> {
+    let mut e = Experiment::load(&a.scenario)?;
+    if let Some(r) = a.reps {
+        e.replications = r;
+    }
+    if let Some(n) = a.periods {
+        e.periods = n;
+    }
+    if !a.shouts.is_empty() {
+        e.shouts_per_period = a.shouts.clone();
+    }
+    e.validate()?;
+    let eq = e.equilibrium();
+    p.result(
+        &format!(
+            "{}: equilibrium {} units at {}..={}, maximum surplus {}; {} replications x {} periods, seed {}",
+            e.name, eq.quantity, eq.price_low, eq.price_high, eq.max_surplus, e.replications,
+            e.periods, a.seed
+        ),
+        &serde_json::json!({ "experiment": e.name, "equilibrium": eq,
+            "replications": e.replications, "periods": e.periods, "seed": a.seed }),
+    );
+    let reps = experiment::run(&e, a.seed);
+    let cells = experiment::summaries(&e, &reps, a.seed);
+    for t in &e.treatments {
+        for &shouts in &e.shouts_per_period {
+            let get = |m| experiment::find(&cells, &t.name, shouts, m);
+            let (Some(eff), Some(vol), Some(price)) =
+                (get("efficiency"), get("volume"), get("mean_price"))
+            else {
+                continue;
             };
+            let reported = e
+                .reported_efficiency
+                .get(&t.name)
+                .map_or(String::new(), |r| format!(" (source reports {r:.1} %)"));
             p.result(
                 &format!(
-                    "market {name} {k}: efficiency {:.4}, trades {}, mean price {:.2} (max surplus {})",
-                    r.efficiency,
-                    r.trades,
-                    r.mean_price,
-                    max_surplus(&s)
+                    "{} {} shouts {shouts}: efficiency {:.2} % (99 % t [{:.2}, {:.2}], bootstrap [{:.2}, {:.2}]){reported}, volume {:.2}, mean price {:.2}",
+                    e.name,
+                    t.name,
+                    100.0 * eff.mean,
+                    100.0 * eff.t99.low,
+                    100.0 * eff.t99.high,
+                    100.0 * eff.boot99.low,
+                    100.0 * eff.boot99.high,
+                    vol.mean,
+                    price.mean
                 ),
-                &serde_json::json!({ "market": name, "trader": k, "efficiency": r.efficiency,
-                    "trades": r.trades, "mean_price": r.mean_price }),
+                &serde_json::json!({ "experiment": e.name, "treatment": t.name, "shouts": shouts,
+                    "n": eff.n, "efficiency": eff.mean,
+                    "efficiency_t99": [eff.t99.low, eff.t99.high],
+                    "efficiency_boot99": [eff.boot99.low, eff.boot99.high],
+                    "reported_efficiency_percent": e.reported_efficiency.get(&t.name),
+                    "volume": vol.mean, "mean_price": price.mean }),
             );
-            rows.push(r);
         }
     }
+    if let Some(out) = &a.out {
+        write(out, &a, &e, &reps, &cells)?;
+    }
     Ok(())
+}
+
+fn write(
+    out: &Path,
+    a: &ZiArgs,
+    e: &Experiment,
+    reps: &[experiment::Replication],
+    cells: &[experiment::CellSummary],
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    let mut files = Vec::new();
+    for (name, t) in [
+        ("periods.csv", experiment::periods_table(e, reps)),
+        ("replications.csv", experiment::replications_table(e, reps)),
+        ("summary.csv", experiment::summary_table(cells)),
+    ] {
+        t.write(&out.join(name))?;
+        files.push(name.to_string());
+    }
+    std::fs::copy(&a.scenario, out.join("experiment.toml"))
+        .with_context(|| format!("copy {}", a.scenario.display()))?;
+    files.push("experiment.toml".into());
+    files.push("manifest.json".into());
+    let m = ZiManifest {
+        version: env!("CARGO_PKG_VERSION"),
+        git_revision: output::git_revision(),
+        command: std::env::args().collect(),
+        experiment: e.name.clone(),
+        experiment_hash: hex::encode(Sha256::digest(e.to_toml().as_bytes())),
+        seed: a.seed,
+        replications: e.replications,
+        periods: e.periods,
+        shouts_per_period: e.shouts_per_period.clone(),
+        files,
+    };
+    let text = serde_json::to_string_pretty(&m)? + "\n";
+    std::fs::write(out.join("manifest.json"), text).context("write manifest.json")
 }

@@ -1,0 +1,554 @@
+//! Double-auction experiments from scenario files: unit schedules, market rules, treatments
+//! (trader type per side), period lengths, periods and replications; results per period and
+//! per replication, and their statistics.
+//!
+//! A replication is one session of `periods` trading periods; every period starts from the full
+//! schedules (fresh endowments), as in Gode & Sunder's sessions. Replication r of treatment t at
+//! period length s draws from its own stream, keyed by (seed, r, t, s), so adding a treatment or
+//! a period length never changes another cell's results.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::{Equilibrium, Period, Rules, Schedules, Trader, equilibrium, period};
+use crate::output::Table;
+use crate::rng::{StreamKind, mix64, stream};
+use crate::stats::{self, Summary};
+
+/// Errors loading an experiment file.
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    /// The file could not be read.
+    #[error("cannot read experiment {path}")]
+    Read {
+        /// The path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is invalid.
+    #[error("invalid experiment file")]
+    Parse(#[from] toml::de::Error),
+    /// A value is out of range or inconsistent.
+    #[error("invalid experiment: {0}")]
+    Invalid(String),
+}
+
+/// One buyer: its units' redemption values, in trading order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Buyer {
+    /// Values.
+    pub values: Vec<u64>,
+}
+
+/// One seller: its units' costs, in trading order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seller {
+    /// Costs.
+    pub costs: Vec<u64>,
+}
+
+/// A treatment: a label and the trader type on each side.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Treatment {
+    /// Label in outputs (`ZI-C`).
+    pub name: String,
+    /// Buyers' type.
+    pub buyers: Trader,
+    /// Sellers' type.
+    pub sellers: Trader,
+}
+
+fn default_treatments() -> Vec<Treatment> {
+    vec![
+        Treatment {
+            name: "ZI-C".into(),
+            buyers: Trader::Constrained,
+            sellers: Trader::Constrained,
+        },
+        Treatment {
+            name: "ZI-U".into(),
+            buyers: Trader::Unconstrained,
+            sellers: Trader::Unconstrained,
+        },
+    ]
+}
+
+/// An experiment file (`simulations/scenarios/gs-market*.toml`). Unknown fields are refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    /// Label in outputs.
+    pub name: String,
+    /// Where the schedules come from (citation).
+    #[serde(default)]
+    pub source: String,
+    /// Non-empty when the schedules are a reconstruction, not the source's own numbers: says
+    /// what was reconstructed and how.
+    #[serde(default)]
+    pub reconstruction: String,
+    /// Lowest admissible price (default 1).
+    #[serde(default = "one")]
+    pub min_price: u64,
+    /// Highest admissible price (default 200, Gode & Sunder's range).
+    #[serde(default = "two_hundred")]
+    pub max_price: u64,
+    /// Trading periods per replication (default 6, Gode & Sunder's session length).
+    #[serde(default = "six")]
+    pub periods: u32,
+    /// Replications (sessions) per treatment and period length (default 30).
+    #[serde(default = "thirty")]
+    pub replications: u32,
+    /// Period lengths to run, in shouts (default `[500, 2000]`).
+    #[serde(default = "default_shouts")]
+    pub shouts_per_period: Vec<u32>,
+    /// Market rules.
+    #[serde(default)]
+    pub rules: Rules,
+    /// Treatments (default ZI-C on both sides, ZI-U on both sides).
+    #[serde(default = "default_treatments", rename = "treatment")]
+    pub treatments: Vec<Treatment>,
+    /// Buyers.
+    #[serde(rename = "buyer")]
+    pub buyers: Vec<Buyer>,
+    /// Sellers.
+    #[serde(rename = "seller")]
+    pub sellers: Vec<Seller>,
+    /// Mean efficiencies (percent) the source reports, by treatment name, for comparison.
+    #[serde(default)]
+    pub reported_efficiency: BTreeMap<String, f64>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn two_hundred() -> u64 {
+    200
+}
+fn six() -> u32 {
+    6
+}
+fn thirty() -> u32 {
+    30
+}
+fn default_shouts() -> Vec<u32> {
+    vec![500, 2000]
+}
+
+impl Experiment {
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ExperimentError> {
+        let e: Self = toml::from_str(text)?;
+        e.validate()?;
+        Ok(e)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &Path) -> Result<Self, ExperimentError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The canonical TOML (what the hash covers).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), ExperimentError> {
+        let bad = |m: String| Err(ExperimentError::Invalid(m));
+        if self.min_price == 0 || self.min_price >= self.max_price {
+            return bad(format!(
+                "need 1 <= min_price < max_price, got {}..{}",
+                self.min_price, self.max_price
+            ));
+        }
+        if self.periods == 0 {
+            return bad("periods must be at least 1".into());
+        }
+        if self.replications == 0 {
+            return bad("replications must be at least 1".into());
+        }
+        if self.shouts_per_period.is_empty() || self.shouts_per_period.contains(&0) {
+            return bad("shouts_per_period must list at least one length, each >= 1".into());
+        }
+        if self.treatments.is_empty() {
+            return bad("at least one [[treatment]]".into());
+        }
+        let mut names: Vec<&str> = self.treatments.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return bad("treatment names must be unique".into());
+        }
+        if self.buyers.is_empty() || self.sellers.is_empty() {
+            return bad("at least one [[buyer]] and one [[seller]]".into());
+        }
+        let range = self.min_price..=self.max_price;
+        for (i, b) in self.buyers.iter().enumerate() {
+            if b.values.is_empty() || !b.values.iter().all(|v| range.contains(v)) {
+                return bad(format!(
+                    "buyer {i}: needs at least one value, each in {}..={}",
+                    self.min_price, self.max_price
+                ));
+            }
+        }
+        for (i, s) in self.sellers.iter().enumerate() {
+            if s.costs.is_empty() || !s.costs.iter().all(|c| range.contains(c)) {
+                return bad(format!(
+                    "seller {i}: needs at least one cost, each in {}..={}",
+                    self.min_price, self.max_price
+                ));
+            }
+        }
+        if equilibrium(&self.schedules()).max_surplus == 0 {
+            return bad("no unit can trade at a gain: maximum surplus is 0".into());
+        }
+        Ok(())
+    }
+
+    /// The schedules.
+    pub fn schedules(&self) -> Schedules {
+        Schedules {
+            buyers: self.buyers.iter().map(|b| b.values.clone()).collect(),
+            sellers: self.sellers.iter().map(|s| s.costs.clone()).collect(),
+            min_price: self.min_price,
+            max_price: self.max_price,
+        }
+    }
+
+    /// The competitive equilibrium.
+    pub fn equilibrium(&self) -> Equilibrium {
+        equilibrium(&self.schedules())
+    }
+}
+
+/// One replication's periods, for one treatment and period length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replication {
+    /// Treatment index.
+    pub treatment: usize,
+    /// Shouts per period.
+    pub shouts: u32,
+    /// Replication index.
+    pub replication: u32,
+    /// The periods, in order.
+    pub periods: Vec<Period>,
+}
+
+impl Replication {
+    /// Realised surplus over all periods / (periods x maximum surplus).
+    pub fn efficiency(&self) -> f64 {
+        let n = self.periods.len().max(1) as f64;
+        self.periods.iter().map(|p| p.efficiency).sum::<f64>() / n
+    }
+
+    /// Mean units traded per period.
+    pub fn volume(&self) -> f64 {
+        let n = self.periods.len().max(1) as f64;
+        self.periods
+            .iter()
+            .map(|p| f64::from(p.trades))
+            .sum::<f64>()
+            / n
+    }
+
+    /// Mean price over all of the replication's trades (NaN without trades).
+    pub fn mean_price(&self) -> f64 {
+        let (sum, n) = self.periods.iter().fold((0u64, 0usize), |(s, n), p| {
+            (s + p.prices.iter().sum::<u64>(), n + p.prices.len())
+        });
+        if n == 0 {
+            f64::NAN
+        } else {
+            sum as f64 / n as f64
+        }
+    }
+}
+
+/// The stream of replication `r` of treatment `t` at `shouts` per period.
+fn cell_stream(seed: u64, r: u32, t: usize, shouts: u32) -> rand_pcg::Pcg64Mcg {
+    let index = mix64(((t as u64) << 32) | u64::from(shouts));
+    stream(seed, u64::from(r), StreamKind::Market, index)
+}
+
+/// Runs one replication.
+pub fn replication(e: &Experiment, t: usize, shouts: u32, r: u32, seed: u64) -> Replication {
+    let s = e.schedules();
+    let tr = &e.treatments[t];
+    let mut rng = cell_stream(seed, r, t, shouts);
+    let periods = (0..e.periods)
+        .map(|_| period(&s, e.rules, &tr.buyers, &tr.sellers, shouts, &mut rng))
+        .collect();
+    Replication {
+        treatment: t,
+        shouts,
+        replication: r,
+        periods,
+    }
+}
+
+/// Runs every (treatment, period length, replication), in parallel; results in that order.
+pub fn run(e: &Experiment, seed: u64) -> Vec<Replication> {
+    let cells: Vec<(usize, u32, u32)> = (0..e.treatments.len())
+        .flat_map(|t| {
+            e.shouts_per_period
+                .iter()
+                .flat_map(move |&s| (0..e.replications).map(move |r| (t, s, r)))
+        })
+        .collect();
+    cells
+        .par_iter()
+        .map(|&(t, s, r)| replication(e, t, s, r, seed))
+        .collect()
+}
+
+fn f(x: f64) -> String {
+    if x.is_nan() {
+        String::new()
+    } else {
+        format!("{x:.6}")
+    }
+}
+
+/// `periods.csv`: one row per (treatment, shouts, replication, period).
+pub fn periods_table(e: &Experiment, reps: &[Replication]) -> Table {
+    let mut t = Table {
+        header: [
+            "treatment",
+            "shouts",
+            "replication",
+            "period",
+            "efficiency",
+            "surplus",
+            "trades",
+            "mean_price",
+            "admitted_shouts",
+            "prices",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: Vec::new(),
+    };
+    for r in reps {
+        for (k, p) in r.periods.iter().enumerate() {
+            t.rows.push(vec![
+                e.treatments[r.treatment].name.clone(),
+                r.shouts.to_string(),
+                r.replication.to_string(),
+                (k + 1).to_string(),
+                f(p.efficiency),
+                p.surplus.to_string(),
+                p.trades.to_string(),
+                f(p.mean_price()),
+                p.admitted.to_string(),
+                p.prices
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ]);
+        }
+    }
+    t
+}
+
+/// `replications.csv`: one row per (treatment, shouts, replication).
+pub fn replications_table(e: &Experiment, reps: &[Replication]) -> Table {
+    let mut t = Table {
+        header: [
+            "treatment",
+            "shouts",
+            "replication",
+            "efficiency",
+            "volume",
+            "mean_price",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: Vec::new(),
+    };
+    for r in reps {
+        t.rows.push(vec![
+            e.treatments[r.treatment].name.clone(),
+            r.shouts.to_string(),
+            r.replication.to_string(),
+            f(r.efficiency()),
+            f(r.volume()),
+            f(r.mean_price()),
+        ]);
+    }
+    t
+}
+
+/// Statistics of one metric in one (treatment, shouts) cell; `period` is `None` for the
+/// replication-level metric (one value per replication), `Some(k)` for period k's values across
+/// replications.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CellSummary {
+    /// Treatment name.
+    pub treatment: String,
+    /// Shouts per period.
+    pub shouts: u32,
+    /// Period (1-based), or `None` for the whole replication.
+    pub period: Option<u32>,
+    /// `efficiency`, `volume` or `mean_price`.
+    pub metric: &'static str,
+    /// The statistics.
+    pub summary: Summary,
+}
+
+/// Statistics of efficiency, volume and mean price per (treatment, shouts): over replications
+/// (`period = None`) and per period index across replications.
+pub fn summaries(e: &Experiment, reps: &[Replication], seed: u64) -> Vec<CellSummary> {
+    let mut out = Vec::new();
+    for (ti, tr) in e.treatments.iter().enumerate() {
+        for &shouts in &e.shouts_per_period {
+            let cell: Vec<&Replication> = reps
+                .iter()
+                .filter(|r| r.treatment == ti && r.shouts == shouts)
+                .collect();
+            let mut push = |period: Option<u32>, metric: &'static str, xs: Vec<f64>| {
+                let key = stats::key(&format!(
+                    "{}/{shouts}/{}/{metric}",
+                    tr.name,
+                    period.unwrap_or(0)
+                ));
+                out.push(CellSummary {
+                    treatment: tr.name.clone(),
+                    shouts,
+                    period,
+                    metric,
+                    summary: Summary::of(&xs, seed, key),
+                });
+            };
+            push(
+                None,
+                "efficiency",
+                cell.iter().map(|r| r.efficiency()).collect(),
+            );
+            push(None, "volume", cell.iter().map(|r| r.volume()).collect());
+            push(
+                None,
+                "mean_price",
+                cell.iter().map(|r| r.mean_price()).collect(),
+            );
+            for k in 0..e.periods as usize {
+                let at = |g: &dyn Fn(&Period) -> f64| -> Vec<f64> {
+                    cell.iter()
+                        .filter_map(|r| r.periods.get(k).map(g))
+                        .collect()
+                };
+                let p = Some(k as u32 + 1);
+                push(p, "efficiency", at(&|p| p.efficiency));
+                push(p, "volume", at(&|p| f64::from(p.trades)));
+                push(p, "mean_price", at(&|p| p.mean_price()));
+            }
+        }
+    }
+    out
+}
+
+/// `summary.csv`: one row per [`CellSummary`] (`period` empty for the replication level).
+pub fn summary_table(cells: &[CellSummary]) -> Table {
+    let mut header: Vec<String> = ["treatment", "shouts", "period", "metric"]
+        .map(String::from)
+        .to_vec();
+    header.extend(Summary::COLUMNS.iter().map(|c| c.to_string()));
+    let mut t = Table {
+        header,
+        rows: Vec::new(),
+    };
+    for c in cells {
+        let mut row = vec![
+            c.treatment.clone(),
+            c.shouts.to_string(),
+            c.period.map_or(String::new(), |p| p.to_string()),
+            c.metric.to_string(),
+        ];
+        row.extend(c.summary.cells());
+        t.rows.push(row);
+    }
+    t
+}
+
+/// The replication-level summary of `metric` for a treatment and period length.
+pub fn find<'a>(
+    cells: &'a [CellSummary],
+    treatment: &str,
+    shouts: u32,
+    metric: &str,
+) -> Option<&'a Summary> {
+    cells
+        .iter()
+        .find(|c| {
+            c.treatment == treatment
+                && c.shouts == shouts
+                && c.period.is_none()
+                && c.metric == metric
+        })
+        .map(|c| &c.summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"
+name = "t"
+periods = 2
+replications = 3
+shouts_per_period = [50, 100]
+[[buyer]]
+values = [150, 60]
+[[buyer]]
+values = [120]
+[[seller]]
+costs = [40, 140]
+[[seller]]
+costs = [90]
+"#;
+
+    #[test]
+    fn defaults_and_refusals() {
+        let e = Experiment::from_toml(TEXT).unwrap();
+        assert_eq!(e.treatments.len(), 2);
+        assert_eq!((e.min_price, e.max_price), (1, 200));
+        assert_eq!(e.equilibrium().max_surplus, 140);
+        for (from, to) in [
+            ("replications = 3", "replications = 0"),
+            ("periods = 2", "periods = 0"),
+            ("shouts_per_period = [50, 100]", "shouts_per_period = []"),
+            ("values = [120]", "values = [220]"),
+            ("costs = [90]", "costs = []"),
+            ("name = \"t\"", "name = \"t\"\ncolour = 1"),
+        ] {
+            let text = TEXT.replace(from, to);
+            assert!(Experiment::from_toml(&text).is_err(), "{to} accepted");
+        }
+    }
+
+    #[test]
+    fn tables_have_a_row_per_unit_of_work_and_are_reproducible() {
+        let e = Experiment::from_toml(TEXT).unwrap();
+        let a = run(&e, 9);
+        assert_eq!(a.len(), 2 * 2 * 3);
+        assert_eq!(a, run(&e, 9));
+        assert_ne!(a, run(&e, 10));
+        assert_eq!(periods_table(&e, &a).rows.len(), 2 * 2 * 3 * 2);
+        assert_eq!(replications_table(&e, &a).rows.len(), 12);
+        let s = summaries(&e, &a, 9);
+        // 2 treatments x 2 lengths x 3 metrics x (1 + 2 periods)
+        assert_eq!(s.len(), 36);
+        assert_eq!(find(&s, "ZI-C", 100, "efficiency").unwrap().n, 3);
+    }
+}
