@@ -31,9 +31,11 @@
 //! Docker retains, which always includes the end.
 //!
 //! # Serving
-//! [`read_chunk`] opens the file, seeks to the offset and reads at most
-//! [`super::wire::MAX_LOG_CHUNK`] bytes on the blocking pool: a follower's total cost is the
-//! size of the output (`node/examples/bench_logs.rs`, docs/benchmarks.md). `eof` is set only
+//! [`read_chunk`] opens the file and reads at most [`super::wire::MAX_LOG_CHUNK`] bytes from
+//! the offset: for a live lease on the calling task when the page cache holds them all
+//! (`preadv2` with `RWF_NOWAIT`, which never waits for the disk: a follower reads what was
+//! just written), else on the blocking pool. A follower's total cost is the size of the
+//! output (`node/examples/bench_logs.rs`, docs/benchmarks.md). `eof` is set only
 //! once the lease is over (settled or failed; the provider session finishes its writer before it
 //! closes the lease) and the offset has reached the end of the file. Whether it is over and the
 //! exit code come from the live session's [`LeaseView`] (a `watch`, never waiting on the
@@ -590,12 +592,25 @@ pub async fn read_chunk(
     finished: bool,
     exit_code: Option<i32>,
 ) -> LogChunk {
-    let p = path.to_path_buf();
     let max = max.min(MAX_LOG_CHUNK);
-    let read = tokio::task::spawn_blocking(move || read_at(&p, offset, max)).await;
-    let read = match read {
-        Ok(r) => r,
-        Err(e) => Err(std::io::Error::other(e)),
+    // A live lease's file is being written by this node (its inode is cached) and a follower
+    // reads what was just written (in the page cache): read it here when the page cache holds
+    // all of it, which never waits for the disk; otherwise (or for a finished lease's file,
+    // which may be cold) on the blocking pool. The pool's hop was most of a request's cost.
+    let cached = if finished {
+        None
+    } else {
+        read_cached(path, offset, max)
+    };
+    let read = match cached {
+        Some(r) => r,
+        None => {
+            let p = path.to_path_buf();
+            match tokio::task::spawn_blocking(move || read_at(&p, offset, max)).await {
+                Ok(r) => r,
+                Err(e) => Err(std::io::Error::other(e)),
+            }
+        }
     };
     match read {
         Ok((start, data, len)) => {
@@ -619,6 +634,40 @@ pub async fn read_chunk(
     }
 }
 
+/// [`read_at`] without waiting for the disk: `preadv2(RWF_NOWAIT)` answers only from the page
+/// cache. `None` when it cannot (part of the range not cached, or the kernel lacks the flag):
+/// the caller reads on the blocking pool.
+fn read_cached(path: &Path, offset: u64, max: u32) -> Option<std::io::Result<(u64, Vec<u8>, u64)>> {
+    use rustix::io::{Errno, ReadWriteFlags, preadv2};
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Ok((0, Vec::new(), 0))),
+        Err(e) => return Some(Err(e)),
+    };
+    let len = match f.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return Some(Err(e)),
+    };
+    let start = offset.min(len);
+    let n = usize::try_from((len - start).min(u64::from(max))).unwrap_or(0);
+    let mut data = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        let mut bufs = [std::io::IoSliceMut::new(&mut data[got..])];
+        match preadv2(&f, &mut bufs, start + got as u64, ReadWriteFlags::NOWAIT) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(Errno::INTR) => {}
+            // Not (all) in the page cache, or no RWF_NOWAIT here: the blocking pool reads it.
+            Err(_) => return None,
+        }
+    }
+    if got < n {
+        return None;
+    }
+    Some(Ok((start, data, len)))
+}
+
 /// (where the data starts: `offset` clamped to the file's length, the data, the file's length).
 fn read_at(path: &Path, offset: u64, max: u32) -> std::io::Result<(u64, Vec<u8>, u64)> {
     let mut f = match std::fs::File::open(path) {
@@ -629,10 +678,16 @@ fn read_at(path: &Path, offset: u64, max: u32) -> std::io::Result<(u64, Vec<u8>,
     let len = f.metadata()?.len();
     let start = offset.min(len);
     let n = (len - start).min(u64::from(max));
-    // n <= MAX_LOG_CHUNK.
-    let mut data = vec![0; usize::try_from(n).unwrap_or(0)];
+    // n <= MAX_LOG_CHUNK. Read into uninitialised capacity (`read_to_end` through `take`):
+    // no zero-fill of a buffer the read overwrites anyway, which was a third of a request's
+    // cost (docs/benchmarks.md).
+    let mut data = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     f.seek(SeekFrom::Start(start))?;
-    f.read_exact(&mut data)?;
+    f.take(n).read_to_end(&mut data)?;
+    if (data.len() as u64) < n {
+        // The file shrank under us (it is only ever renamed over, so this is a replaced file).
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+    }
     Ok((start, data, len))
 }
 
@@ -732,6 +787,35 @@ mod tests {
 
     fn bytes(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i % 251) as u8).collect()
+    }
+
+    #[test]
+    fn a_cached_read_gives_what_the_pool_read_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.log");
+        let data = bytes(3 * MAX_LOG_CHUNK as usize / 2);
+        std::fs::write(&path, &data).unwrap();
+        for (offset, max) in [
+            (0, MAX_LOG_CHUNK),
+            (100, 7),
+            (data.len() as u64 - 3, 64),
+            (1 << 40, 8),
+        ] {
+            // Just written: in the page cache (where RWF_NOWAIT exists, which it does on the
+            // kernels this runs on: 4.14+).
+            let cached = read_cached(&path, offset, max)
+                .expect("in the page cache")
+                .unwrap();
+            assert_eq!(
+                cached,
+                read_at(&path, offset, max).unwrap(),
+                "offset {offset}"
+            );
+        }
+        let missing = read_cached(&dir.path().join("none"), 0, 8)
+            .unwrap()
+            .unwrap();
+        assert_eq!(missing, (0, Vec::new(), 0));
     }
 
     fn stream_of(
