@@ -300,6 +300,9 @@ fn provider_kill9_restart_lease_continues_and_ledgers_agree() {
     let exe = harness();
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let _cleanup = NodeContainers {
+        node: init_home(&ph),
+    };
     let plog = dir.path().join("provider.log");
     let p1 = Proc::spawn(&exe, &plog, &provider_args(&ph, &[]));
     let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
@@ -360,6 +363,9 @@ fn renter_kill9_restart_lease_continues_and_ledgers_agree() {
     let exe = harness();
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let _cleanup = NodeContainers {
+        node: init_home(&ph),
+    };
     let rlog = dir.path().join("renter.log");
     let p = Proc::spawn(
         &exe,
@@ -400,6 +406,9 @@ fn provider_down_past_expiry_stops_and_settles_on_restart() {
     let exe = harness();
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let _cleanup = NodeContainers {
+        node: init_home(&ph),
+    };
     let plog = dir.path().join("provider.log");
     let p1 = Proc::spawn(&exe, &plog, &provider_args(&ph, &[]));
     let paddr = p1.wait_line("LISTEN ", Duration::from_secs(30));
@@ -417,15 +426,16 @@ fn provider_down_past_expiry_stops_and_settles_on_restart() {
     );
     p1.kill9();
     let settled_r = r.wait_line(&format!("SETTLED {id} "), Duration::from_secs(30));
-    // Stay down until the 12 s lease is certainly past its deadline.
-    std::thread::sleep(Duration::from_secs(12));
-    let info = rt
-        .block_on(sb.inspect(&format!("gridlease-{id}")))
-        .expect("the container outlived its dead provider");
-    assert_eq!(
-        info.state.and_then(|s| s.running),
-        Some(false),
-        "but its watchdog stopped it at the deadline"
+    // Stay down until the 12 s lease is past its deadline: its watchdog stops the container.
+    wait_until(
+        "the watchdog to stop the container",
+        Duration::from_secs(30),
+        || {
+            let info = rt
+                .block_on(sb.inspect(&format!("gridlease-{id}")))
+                .expect("the container outlived its dead provider");
+            info.state.and_then(|s| s.running) == Some(false)
+        },
     );
     let p2 = Proc::spawn(&exe, &plog, &provider_args(&ph, &["--bootstrap", &raddr]));
     let settled_p = p2.wait_line(&format!("SETTLED {id} "), Duration::from_secs(60));
