@@ -62,6 +62,11 @@ pub struct Numbers {
     pub max_duration_s: u32,
     /// Best compute capability, as `major * 10 + minor`.
     pub compute_capability: u32,
+    /// Lowest CUDA version the offer's drivers support, as `major * 10 + minor` (0 when a GPU
+    /// reports none that parses, e.g. a declared GPU).
+    pub cuda: u32,
+    /// Lowest driver major version (550 for 550.54.14; 0 when one does not parse).
+    pub driver: u32,
     /// Creation time of the offer (unix ms): sort key `age`.
     pub created_at: u64,
 }
@@ -117,12 +122,26 @@ impl OfferSummary {
                     })
                     .max()
                     .unwrap_or(0),
+                cuda: min(&|g| {
+                    version(&g.spec.cuda_version).map_or(0, |(major, minor)| {
+                        major.saturating_mul(10).saturating_add(minor.min(9))
+                    })
+                }),
+                driver: min(&|g| version(&g.spec.driver_version).map_or(0, |(major, _)| major)),
                 created_at: offer.created_at.0,
             },
             models_lower,
             region_lower: offer.region.to_lowercase(),
         }
     }
+}
+
+/// `MAJOR[.MINOR[...]]` as (major, minor); `None` unless it starts with a number.
+fn version(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.trim().split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next().map_or(Some(0), |m| m.parse().ok())?;
+    Some((major, minor))
 }
 
 /// A comparison operator.
@@ -220,11 +239,15 @@ pub enum Field {
     Region,
     /// Compute capability, e.g. `8.9`.
     Cc,
+    /// CUDA version the drivers support, e.g. `12.4` (one decimal).
+    Cuda,
+    /// Driver major version, e.g. `550`.
+    Driver,
 }
 
 impl Field {
     /// Every field with its query name.
-    pub const ALL: [(&'static str, Field); 18] = [
+    pub const ALL: [(&'static str, Field); 20] = [
         ("gpu", Field::Gpu),
         ("vram", Field::Vram),
         ("price", Field::Price),
@@ -243,6 +266,8 @@ impl Field {
         ("gvisor", Field::Gvisor),
         ("region", Field::Region),
         ("cc", Field::Cc),
+        ("cuda", Field::Cuda),
+        ("driver", Field::Driver),
     ];
 
     fn from_name(name: &str) -> Option<Self> {
@@ -286,6 +311,8 @@ impl Field {
             Self::Gvisor => ("bool", "tenants run under gVisor (runsc)", "gvisor=true"),
             Self::Region => ("text", "region label", "region=eu-west"),
             Self::Cc => ("number", "CUDA compute capability", "cc>=8.9"),
+            Self::Cuda => ("number", "CUDA version the driver supports", "cuda>=12.4"),
+            Self::Driver => ("number", "NVIDIA driver major version", "driver>=550"),
         }
     }
 
@@ -316,7 +343,8 @@ impl Field {
             Self::Fp16Tflops | Self::Fp32Tflops | Self::MemBw => (1000, 3),
             Self::Cpu => (1000, 3),
             Self::Hours => (3600, 0),
-            Self::Cc => (10, 1),
+            Self::Cc | Self::Cuda => (10, 1),
+            Self::Driver => (1, 0),
             Self::Vram | Self::Ram | Self::Gpus | Self::Free | Self::Disk => (1, 0),
             Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => (1, 0),
         }
@@ -338,6 +366,8 @@ impl Field {
             Self::Disk => u64::from(s.disk_gib),
             Self::Hours => u64::from(s.max_duration_s),
             Self::Cc => u64::from(s.compute_capability),
+            Self::Cuda => u64::from(s.cuda),
+            Self::Driver => u64::from(s.driver),
             Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => 0,
         }
     }
@@ -864,6 +894,14 @@ mod tests {
             ("free>=9", false),
             ("gvisor=true", false),
             ("price_per_tflop<=0.003", true),
+            // The fixture's GPUs: driver 550.54.14, CUDA 12.4.
+            ("cuda>=12.4", true),
+            ("cuda>12.4", false),
+            ("cuda<12.5", true),
+            ("cuda>=12", true),
+            ("driver>=550", true),
+            ("driver>550", false),
+            ("driver=550", true),
         ] {
             let parsed = Query::parse(q);
             let parsed = match parsed {
@@ -963,5 +1001,29 @@ mod tests {
         assert_eq!(parse_scaled("-1", 1000, 3), None);
         assert_eq!(parse_scaled("", 1000, 3), None);
         assert_eq!(parse_scaled("99999999999999999999", 1, 0), None);
+    }
+
+    #[test]
+    fn cuda_and_driver_take_the_weakest_gpu_and_unknown_versions_match_nothing() {
+        let key = NodeKey::from_secret([3; 32]);
+        let mut offer = fixtures::offer(key.public(), 1, 2, 400_000);
+        offer.gpus[1].spec.cuda_version = "12.8".into();
+        offer.gpus[1].spec.driver_version = "570.86.10".into();
+        let s = OfferSummary::of(&offer);
+        assert_eq!(
+            (s.numbers.cuda, s.numbers.driver),
+            (124, 550),
+            "the weakest GPU's"
+        );
+        offer.gpus[0].spec.cuda_version = "declared".into();
+        offer.gpus[0].spec.driver_version = String::new();
+        let s = OfferSummary::of(&offer);
+        assert_eq!((s.numbers.cuda, s.numbers.driver), (0, 0));
+        for q in ["cuda>=1", "driver>=1"] {
+            assert!(!Query::parse(q).unwrap().matches(&s), "{q}");
+        }
+        assert_eq!(version("13.0"), Some((13, 0)));
+        assert_eq!(version("560"), Some((560, 0)));
+        assert_eq!(version("x.1"), None);
     }
 }
