@@ -12,6 +12,12 @@ use serde::{Deserialize, Serialize};
 /// Micro-units in one unit.
 pub const MICROS_PER_UNIT: u64 = 1_000_000;
 
+/// The unit's name as tables and bills show it: gridlease units. An accounting unit: both
+/// parties sign amounts in it (offers, receipts, statements) and each node keeps the ledger,
+/// but gridlease does not move money itself yet; settling a statement in a currency is the
+/// parties' business.
+pub const UNIT: &str = "GLU";
+
 /// An amount of money in micro-units.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,

@@ -128,7 +128,7 @@ fn extend_through_the_cli_prints_the_new_deadline_and_refusals_exit_4() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("paid 0.06; minimum billing of 60 s applied"),
+        stdout.contains("paid 0.06 GLU; minimum billing of 60 s applied"),
         "{stdout}"
     );
 }

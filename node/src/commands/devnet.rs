@@ -279,10 +279,11 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
         upload_hold_s: 0,
     };
     out.line(&format!(
-        "\nrenting {} ({} at {}/GPU-hour) for {} s; the probe burns one CPU for {burn} s:",
+        "\nrenting {} ({} at {} {}/GPU-hour) for {} s; the probe burns one CPU for {burn} s:",
         short(&cheapest.id),
         cheapest.gpu,
         cheapest.price_per_gpu_hour,
+        gridlease_contracts::money::UNIT,
         body.duration_s
     ));
     let rented = r.rent(&body).await?;

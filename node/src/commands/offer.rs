@@ -22,8 +22,10 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
         p.line(&format!("offer        {}", o.id));
         p.line(&format!("provider     {} (seq {})", o.provider, o.seq));
         p.line(&format!(
-            "price        {}/GPU-hour, billed per second, at least {} s",
-            o.price_per_gpu_hour, o.min_billed_s
+            "price        {} {}/GPU-hour, billed per second, at least {} s",
+            o.price_per_gpu_hour,
+            gridlease_contracts::money::UNIT,
+            o.min_billed_s
         ));
         p.line(&format!(
             "leases       {} s to {} s; usage reported every {} s, at most {} s owed",

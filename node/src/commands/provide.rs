@@ -72,9 +72,10 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
     let s: StatusView = api.put("/v1/provide", &body).await?;
     out.emit(&s, |p| match &s.own_offer {
         Some(o) => p.line(&format!(
-            "offering {} GPU(s) at {}/GPU-hour (offer {})",
+            "offering {} GPU(s) at {} {}/GPU-hour (offer {})",
             o.gpus,
             o.price_per_gpu_hour,
+            gridlease_contracts::money::UNIT,
             crate::output::short(&o.id)
         )),
         None => p.line("not offering anything"),

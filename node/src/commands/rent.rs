@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use gridlease_contracts::Money;
+use gridlease_contracts::money::UNIT;
 use tokio::signal::unix::{Signal, SignalKind};
 
 use crate::api::client::{ApiClient, ClientError};
@@ -427,7 +428,7 @@ pub fn print_bill(out: &Printer, view: &LeaseView) {
         String::new()
     };
     out.line(&format!(
-        "lease {} {}: ran {} s on {} GPU(s) at {}/GPU-hour; paid {}{}{}",
+        "lease {} {}: ran {} s on {} GPU(s) at {} {UNIT}/GPU-hour; paid {} {UNIT}{}{}",
         short(&view.lease_id.to_string()),
         view.state.as_str(),
         wall_s,

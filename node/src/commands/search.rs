@@ -93,7 +93,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "gpu",
                 "vram",
                 "fp16 TFLOPS",
-                "price/h",
+                "GLU/GPU-h",
                 "per TFLOP",
                 "verified",
                 "age",

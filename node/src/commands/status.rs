@@ -29,9 +29,10 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
         match &s.own_offer {
             Some(o) => {
                 p.line(&format!(
-                    "providing    {} GPU(s) at {}/GPU-hour (offer {}, seq {})",
+                    "providing    {} GPU(s) at {} {}/GPU-hour (offer {}, seq {})",
                     o.gpus,
                     o.price_per_gpu_hour,
+                    gridlease_contracts::money::UNIT,
                     crate::output::short(&o.id),
                     o.seq
                 ));
