@@ -22,8 +22,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cli_support::{
-    BusyboxImage, ContainersGuard, Market, Tmux, bin, cli, docker_required, json, lease_of,
-    market_with, text, tmux_available, wait_for,
+    BusyboxImage, ContainersGuard, Market, Tmux, bin, busybox_market, cli, docker_required, json,
+    lease_of, text, tmux_available, wait_for,
 };
 use gridlease_node::access::{OpenError, open_to};
 use gridlease_protocol::access::{AccessRefusal, AccessRequest, TermSize};
@@ -71,17 +71,6 @@ fn running_lease(dir: &Path, image: &str, log: &Path, extra: &[&str]) -> (Market
         lease_of(&dir.join("provider"), &id)["state"] == "running"
     });
     (m, id)
-}
-
-/// A market whose provider (more flags: `extra`) may run `image` and logs to `log`.
-fn busybox_market(dir: &Path, image: &str, log: &Path, extra: &[&str]) -> Market {
-    let locals = format!(
-        "{},{image}",
-        gridlease_sandbox::probe_image::probe_image_tag()
-    );
-    let mut args = vec!["--local-image", &locals];
-    args.extend_from_slice(extra);
-    market_with(dir, &args, Some(log))
 }
 
 /// A free loopback TCP port (bound, then released).

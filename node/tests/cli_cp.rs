@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use cli_support::{
-    BusyboxImage, ContainersGuard, bin, containers_labelled, json, lease_of, market_with, text,
+    BusyboxImage, ContainersGuard, bin, busybox_market, containers_labelled, json, lease_of, text,
     wait_for,
 };
 use sha2::Digest as _;
@@ -170,15 +170,11 @@ fn a_1_gib_tree_goes_in_and_out_resumed_after_interruptions_with_checksums_match
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let sums = random_tree(&data);
-    let locals = format!(
-        "{},{}",
-        gridlease_sandbox::probe_image::probe_image_tag(),
-        image.tag
-    );
-    let m = market_with(
+    let m = busybox_market(
         dir.path(),
-        &["--local-image", &locals, "--per-gpu-disk-gib", "4"],
-        Some(&dir.path().join("provider.log")),
+        &image.tag,
+        &dir.path().join("provider.log"),
+        &["--per-gpu-disk-gib", "4"],
     );
     let _guard = ContainersGuard(m.provider_peer.clone());
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
@@ -285,22 +281,11 @@ fn rent_download_brings_the_outputs_home_and_they_stay_for_cp_after_the_lease() 
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let locals = format!(
-        "{},{}",
-        gridlease_sandbox::probe_image::probe_image_tag(),
-        image.tag
-    );
-    let m = market_with(
+    let m = busybox_market(
         dir.path(),
-        &[
-            "--local-image",
-            &locals,
-            "--per-gpu-disk-gib",
-            "1",
-            "--output-retention-secs",
-            "900",
-        ],
-        Some(&dir.path().join("provider.log")),
+        &image.tag,
+        &dir.path().join("provider.log"),
+        &["--per-gpu-disk-gib", "1", "--output-retention-secs", "900"],
     );
     let _guard = ContainersGuard(m.provider_peer.clone());
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
@@ -404,22 +389,11 @@ fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_out
     .unwrap();
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let locals = format!(
-        "{},{}",
-        gridlease_sandbox::probe_image::probe_image_tag(),
-        image.tag
-    );
-    let m = market_with(
+    let m = busybox_market(
         dir.path(),
-        &[
-            "--local-image",
-            &locals,
-            "--per-gpu-disk-gib",
-            "2",
-            "--upload-hold-secs",
-            "300",
-        ],
-        Some(&dir.path().join("provider.log")),
+        &image.tag,
+        &dir.path().join("provider.log"),
+        &["--per-gpu-disk-gib", "2", "--upload-hold-secs", "300"],
     );
     let _guard = ContainersGuard(m.provider_peer.clone());
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));

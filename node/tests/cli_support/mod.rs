@@ -221,6 +221,18 @@ pub fn market_with(dir: &Path, extra: &[&str], log: Option<&Path>) -> Market {
     }
 }
 
+/// A market whose provider (more flags: `extra`) may run `image` (besides the probe image)
+/// and logs to `log`.
+pub fn busybox_market(dir: &Path, image: &str, log: &Path, extra: &[&str]) -> Market {
+    let locals = format!(
+        "{},{image}",
+        gridlease_sandbox::probe_image::probe_image_tag()
+    );
+    let mut args = vec!["--local-image", &locals];
+    args.extend_from_slice(extra);
+    market_with(dir, &args, Some(log))
+}
+
 /// Docker containers (also stopped ones) with the label `key=value`: `(container id, state)`
 /// (`running`, `exited`..).
 pub fn containers_labelled(key: &str, value: &str) -> Vec<(String, String)> {
