@@ -424,3 +424,62 @@ async fn a_late_joiner_holds_the_live_offers_within_2_s_of_connecting() {
     }
     stop(late).await;
 }
+
+/// Issue 21: a peer whose gossip with its bootstrap never started (here it subscribes only
+/// after its first connection closed: a stand-in for gossipsub giving up on a connection's
+/// stream, which leaves the two connected and the peer deaf) is disconnected by the other
+/// node once the grace has passed, dials its bootstrap again, and then hears the provider's
+/// announcements by gossip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_gossip_never_started_is_reconnected_and_then_hears_offers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pc = config();
+    pc.gossip_grace = Duration::from_secs(1);
+    pc.offer = Some(template(1, 400_000));
+    let provider = start(dir.path(), "provider", pc).await;
+    let mut watch = provider.node.events.subscribe();
+    let mut rc = config();
+    rc.bootstrap = vec![provider.addr.clone()];
+    rc.faults.subscribe_after_first_disconnect = true;
+    let renter = start(dir.path(), "renter", rc).await;
+    let t = tokio::time::Instant::now();
+    // The provider sees: connected, no subscription, disconnected after the grace, connected
+    // again (the renter redials its bootstrap), subscribed.
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match watch.recv().await {
+                Ok(NetworkEvent::PeerConnected { peer }) if peer == renter.peer => {
+                    seen.push("connected")
+                }
+                Ok(NetworkEvent::PeerDisconnected { peer }) if peer == renter.peer => {
+                    seen.push("disconnected")
+                }
+                Ok(NetworkEvent::PeerSubscribed { peer }) if peer == renter.peer => {
+                    seen.push("subscribed");
+                    break;
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no recovery within 20 s: {seen:?}"));
+    assert_eq!(
+        seen,
+        ["connected", "disconnected", "connected", "subscribed"]
+    );
+    assert!(
+        t.elapsed() >= Duration::from_secs(1),
+        "not before the grace: {:?}",
+        t.elapsed()
+    );
+    // Gossip works now: the renter accepts the provider's periodic announcements.
+    let client = renter.node.client.clone();
+    eventually("an offer accepted from gossip", || {
+        let c = client.clone();
+        async move { c.gossip_stats().await.unwrap().accepted >= 1 }
+    })
+    .await;
+}

@@ -137,6 +137,8 @@ pub(super) struct EventLoop {
     probe_logs: RateLimiter<PeerId>,
     /// Book sync response bytes read (counted by the codec).
     sync_bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Gossip that never started, lost bootstrap peers.
+    liveness: super::liveness::Liveness,
 }
 
 /// Most book syncs run at once; more connections wait in a queue.
@@ -170,6 +172,7 @@ impl EventLoop {
         cancel: CancellationToken,
         sync_bytes: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
+        let (config_grace, config_bootstrap) = (config.gossip_grace, config.bootstrap.clone());
         Self {
             topic: gossip::offer_topic(&config.network),
             ingestor: OfferIngestor::new(config.network.clone(), config.book_capacity),
@@ -212,6 +215,7 @@ impl EventLoop {
                 RATE_KEYS,
             ),
             sync_bytes,
+            liveness: super::liveness::Liveness::new(config_grace, &config_bootstrap),
         }
     }
 
@@ -263,6 +267,22 @@ impl EventLoop {
         }
     }
 
+    /// Disconnects gridlease peers whose gossip never started (the next connection starts
+    /// it afresh) and dials lost bootstrap peers whose backoff is over (`liveness.rs`).
+    fn check_liveness(&mut self) {
+        let now = std::time::Instant::now();
+        for peer in self.liveness.overdue(now) {
+            tracing::info!(%peer, grace_s = self.config.gossip_grace.as_secs_f64(), "gossip with this peer did not start; disconnecting so it starts on a new connection");
+            let _ = self.swarm.disconnect_peer_id(peer);
+        }
+        for addr in self.liveness.due(now) {
+            tracing::info!(%addr, "dialing a lost bootstrap peer again");
+            if let Err(e) = self.swarm.dial(addr.clone()) {
+                tracing::debug!(%addr, error = %e, "cannot dial bootstrap peer");
+            }
+        }
+    }
+
     fn emit(&self, event: NetworkEvent) {
         // No subscriber is fine; a lagging one loses old events.
         let _ = self.events.send(event);
@@ -275,6 +295,8 @@ impl EventLoop {
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut kad_walk = tokio::time::interval(Duration::from_secs(300));
         kad_walk.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut live = tokio::time::interval(Duration::from_millis(250));
+        live.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
@@ -294,6 +316,7 @@ impl EventLoop {
                     // Random walk to keep the routing table fresh; no known peers is fine.
                     let _ = self.swarm.behaviour_mut().kad.bootstrap();
                 }
+                _ = live.tick() => self.check_liveness(),
             }
         }
         self.flush_offers();
@@ -641,6 +664,7 @@ impl EventLoop {
                 ..
             } if num_established.get() == 1 => {
                 tracing::debug!(peer = %peer_id, addr = %endpoint.get_remote_address(), "connected");
+                self.liveness.connected(&peer_id);
                 self.emit(NetworkEvent::PeerConnected { peer: peer_id });
                 self.start_sync(peer_id);
             }
@@ -649,9 +673,18 @@ impl EventLoop {
                 num_established: 0,
                 ..
             } => {
+                self.liveness.lost(&peer_id, std::time::Instant::now());
+                if self.config.faults.subscribe_after_first_disconnect {
+                    // Test fault: gossip starts working after the first reconnection.
+                    self.config.faults.subscribe_after_first_disconnect = false;
+                    let _ = self.swarm.behaviour_mut().gossipsub.subscribe(&self.topic);
+                }
                 self.emit(NetworkEvent::PeerDisconnected { peer: peer_id });
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                if let Some(peer) = peer_id {
+                    self.liveness.lost(&peer, std::time::Instant::now());
+                }
                 tracing::debug!(peer = ?peer_id, error = %error, "outgoing connection failed");
             }
             SwarmEvent::ExternalAddrConfirmed { address } => {
@@ -665,6 +698,19 @@ impl EventLoop {
                 info,
                 ..
             })) => {
+                let topic = self.topic.hash();
+                let subscribed = self
+                    .swarm
+                    .behaviour()
+                    .gossipsub
+                    .all_peers()
+                    .any(|(p, topics)| *p == peer_id && topics.contains(&&topic));
+                self.liveness.identified(
+                    peer_id,
+                    info.protocol_version == super::behaviour::IDENTIFY_PROTOCOL,
+                    subscribed,
+                    std::time::Instant::now(),
+                );
                 let kad_proto = super::behaviour::KAD_PROTOCOL;
                 if info.protocols.contains(&kad_proto) {
                     for addr in &info.listen_addrs {
@@ -828,7 +874,15 @@ impl EventLoop {
                     .report_message_validation_result(&message_id, &propagation_source, acceptance);
             }
             gossipsub::Event::Subscribed { peer_id, topic } if topic == self.topic.hash() => {
+                self.liveness.subscribed(&peer_id);
                 self.emit(NetworkEvent::PeerSubscribed { peer: peer_id });
+            }
+            gossipsub::Event::GossipsubNotSupported { peer_id }
+                if self.liveness.is_waiting(&peer_id) =>
+            {
+                // A gridlease node whose gossip stream was refused: a new connection retries.
+                tracing::info!(peer = %peer_id, "gossip with this gridlease peer was refused; disconnecting so it starts on a new connection");
+                let _ = self.swarm.disconnect_peer_id(peer_id);
             }
             _ => {}
         }

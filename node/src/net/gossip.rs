@@ -160,8 +160,10 @@ pub fn behaviour(
         .map_err(|e| BuildError::Gossip(e.to_string()))?;
     gs.with_peer_score(score_params(&config.network), thresholds())
         .map_err(BuildError::Gossip)?;
-    gs.subscribe(&offer_topic(&config.network))
-        .map_err(|e| BuildError::Gossip(e.to_string()))?;
+    if !config.faults.subscribe_after_first_disconnect {
+        gs.subscribe(&offer_topic(&config.network))
+            .map_err(|e| BuildError::Gossip(e.to_string()))?;
+    }
     Ok(gs)
 }
 

@@ -13,6 +13,7 @@ pub mod client;
 pub mod codec;
 mod event_loop;
 pub mod gossip;
+mod liveness;
 pub mod provider;
 pub mod ratelimit;
 
@@ -86,6 +87,20 @@ pub struct NodeConfig {
     pub peer_rate: RateLimit,
     /// What this node offers as a provider.
     pub offer: Option<OfferTemplate>,
+    /// A connected gridlease peer that has not subscribed to the offer topic within this long
+    /// has a connection whose gossip never started; it is disconnected so the next connection
+    /// starts it afresh (`liveness.rs`).
+    pub gossip_grace: Duration,
+    /// Test faults; all off in a daemon.
+    pub faults: NetFaults,
+}
+
+/// Faults a test can inject into the network loop.
+#[derive(Clone, Debug, Default)]
+pub struct NetFaults {
+    /// Subscribe to the offer topic only once the first connection has closed: a node whose
+    /// gossip with its first peer never starts, and works after a reconnection.
+    pub subscribe_after_first_disconnect: bool,
 }
 
 impl NodeConfig {
@@ -117,6 +132,8 @@ impl NodeConfig {
                 per_token: Duration::from_millis(2),
             },
             offer: None,
+            gossip_grace: Duration::from_secs(30),
+            faults: NetFaults::default(),
         }
     }
 
