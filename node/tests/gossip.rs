@@ -483,3 +483,68 @@ async fn a_peer_whose_gossip_never_started_is_reconnected_and_then_hears_offers(
     })
     .await;
 }
+
+/// Issue 21: a provider whose capacity changes faster than receivers take new sequences from
+/// one provider (the per-provider rate: a burst, then one per `per_token`) paces its re-signs
+/// to that rate instead of having receivers ignore the newest ones: after 40 quick changes an
+/// observer's book holds the last count within a few pace intervals, not at the next
+/// periodic announcement (30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_churn_is_paced_to_what_receivers_take_and_the_last_count_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    // A long announce period, so no periodic re-announcement brings the last count late;
+    // receivers take a burst of 5 new sequences per provider, then one per 200 ms.
+    let paced = || {
+        let mut c = NodeConfig::local(net(), Duration::from_secs(30));
+        c.provider_rate = gridlease_node::net::ratelimit::RateLimit {
+            burst: 5,
+            per_token: Duration::from_millis(200),
+        };
+        c
+    };
+    let mut pc = paced();
+    pc.offer = Some(template(2, 400_000));
+    let provider = start(dir.path(), "provider", pc).await;
+    let observer = start(dir.path(), "observer", paced()).await;
+    connect(&observer, &provider).await;
+    let client = observer.node.client.clone();
+    let free_seen = || {
+        let c = client.clone();
+        async move {
+            let q = gridlease_contracts::query::Query::parse("free>=0").unwrap();
+            c.search(q, 10)
+                .await
+                .unwrap()
+                .first()
+                .map(|e| e.offer.free_gpus)
+        }
+    };
+    eventually("the offer at the observer", || {
+        let f = free_seen();
+        async move { f.await.is_some() }
+    })
+    .await;
+    let before = client.gossip_stats().await.unwrap();
+    // 40 changes at once: more than the burst the observer takes from one provider.
+    // 39 between 0 and 1, then 2: a count no earlier sequence had.
+    for i in 0..39u16 {
+        provider.node.client.set_free_gpus(i % 2).await.unwrap();
+    }
+    let last = 2;
+    provider.node.client.set_free_gpus(last).await.unwrap();
+    let t = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while free_seen().await != Some(last) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the last count did not reach the observer within 5 s");
+    eprintln!("last count at the observer after {:?}", t.elapsed());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(free_seen().await, Some(last), "and it stays");
+    let after = client.gossip_stats().await.unwrap();
+    assert_eq!(after.rejected, before.rejected, "{after:?}");
+    let sync = client.sync_stats().await.unwrap();
+    eprintln!("gossip before {before:?} after {after:?}; sync {sync:?}");
+}

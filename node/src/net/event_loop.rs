@@ -139,6 +139,10 @@ pub(super) struct EventLoop {
     sync_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Gossip that never started, lost bootstrap peers.
     liveness: super::liveness::Liveness,
+    /// This node's own new offer sequences, paced to the rate receivers take from one
+    /// provider (`NodeConfig::provider_rate`): a re-sign for capacity beyond it waits for a
+    /// token instead of being ignored by every receiver.
+    own_resigns: RateLimiter<()>,
 }
 
 /// Most book syncs run at once; more connections wait in a queue.
@@ -173,6 +177,7 @@ impl EventLoop {
         sync_bytes: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         let (config_grace, config_bootstrap) = (config.gossip_grace, config.bootstrap.clone());
+        let config_provider_rate = config.provider_rate;
         Self {
             topic: gossip::offer_topic(&config.network),
             ingestor: OfferIngestor::new(config.network.clone(), config.book_capacity),
@@ -216,6 +221,7 @@ impl EventLoop {
             ),
             sync_bytes,
             liveness: super::liveness::Liveness::new(config_grace, &config_bootstrap),
+            own_resigns: RateLimiter::new(config_provider_rate, 1),
         }
     }
 
@@ -316,7 +322,13 @@ impl EventLoop {
                     // Random walk to keep the routing table fresh; no known peers is fine.
                     let _ = self.swarm.behaviour_mut().kad.bootstrap();
                 }
-                _ = live.tick() => self.check_liveness(),
+                _ = live.tick() => {
+                    self.check_liveness();
+                    if self.provider.resign {
+                        // A capacity re-sign waiting for the pace.
+                        self.refresh_own(false);
+                    }
+                }
             }
         }
         self.flush_offers();
@@ -484,6 +496,15 @@ impl EventLoop {
         self.book.evict_expired(now);
         let book = &self.book;
         self.last_accepted.retain(|id, _| book.get(id).is_some());
+        self.refresh_own(true);
+    }
+
+    /// Re-signs the own offer when it must be (missing, close to expiry, addresses changed)
+    /// or when a capacity change asks for it (`provider.resign`) and the pace allows (else
+    /// it stays asked for: the network loop's tick comes back); publishes it when re-signed,
+    /// or always with `publish`.
+    fn refresh_own(&mut self, publish: bool) {
+        let now = clock::now();
         let Some(template) = self.provider.template.clone() else {
             return;
         };
@@ -493,14 +514,24 @@ impl EventLoop {
         // Re-sign when close to expiry, or when our reachable addresses changed (a relay
         // reservation came up, an external address was confirmed). No addresses yet (just
         // started, listeners not reported) is not a change worth a new sequence.
-        let stale = self.provider.resign
-            || match &self.provider.current {
-                None => true,
-                Some(cur) => {
-                    cur.offer.expires_at.ms_since(now) <= margin
-                        || (!addrs.is_empty() && cur.offer.addrs != addrs)
-                }
-            };
+        let must = match &self.provider.current {
+            None => true,
+            Some(cur) => {
+                cur.offer.expires_at.ms_since(now) <= margin
+                    || (!addrs.is_empty() && cur.offer.addrs != addrs)
+            }
+        };
+        // Every new sequence takes a token (receivers count them all); only a capacity
+        // re-sign waits for one.
+        let stale = if must {
+            let _ = self.own_resigns.check(&(), now);
+            true
+        } else {
+            self.provider.resign && self.own_resigns.check(&(), now)
+        };
+        if !stale && !publish {
+            return;
+        }
         if stale {
             let seq = self.provider.next_seq(now);
             let offer = template.offer(
