@@ -23,6 +23,7 @@ use crate::money::Money;
 /// which the control API's JSON and scripts rely on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum LeaseState {
     /// The renter sent the request; no answer yet.
     Proposed,

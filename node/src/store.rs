@@ -250,7 +250,9 @@ pub enum StoreError {
 
 /// Which side of a lease this node is. Serializes as `"provider"` / `"renter"` (the control
 /// API's JSON), the same text as in the database.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// This node runs the container.

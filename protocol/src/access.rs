@@ -42,6 +42,7 @@ pub const MAX_MESSAGE: usize = 400;
 
 /// Which kinds of access an offer allows. A provider may turn each off in its config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AccessPolicy {
     /// `gridlease shell`: an interactive terminal (a PTY) in the container.
     pub shell: bool,
@@ -124,6 +125,7 @@ impl AccessKind {
 
 /// A terminal's size in character cells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TermSize {
     /// Columns.
     pub cols: u16,

@@ -209,6 +209,7 @@ pub struct OfferedGpu {
 
 /// Host resources that come with each leased GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ResourcesPerGpu {
     /// CPU in millicores (1000 = one core).
     pub cpu_millicores: u32,
@@ -244,6 +245,7 @@ pub enum NetworkPolicy {
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Isolation {
     /// Docker's default runtime (runc): Linux namespaces, cgroups, seccomp; the tenant's
     /// system calls reach the host kernel (filtered by the seccomp profile).

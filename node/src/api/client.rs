@@ -9,10 +9,10 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::problem::{Problem, ProblemType};
 use super::socket_path;
 use super::types::{
-    BegunView, ErrorBody, ExtendRequest, Extended, RentRequest, RentedView, StatusView,
-    StoppingView,
+    BegunView, ExtendRequest, Extended, RentRequest, RentedView, StatusView, StoppingView,
 };
 use crate::lease::{LeaseView, Ledger};
 
@@ -32,12 +32,14 @@ pub enum ClientError {
         /// The socket tried.
         socket: String,
     },
-    /// The daemon answered with an error.
+    /// The daemon answered with an error (a [`Problem`]).
     #[error("{message}{}", hint.as_ref().map(|h| format!("\nhint: {h}")).unwrap_or_default())]
     Api {
         /// HTTP status.
         status: u16,
-        /// The error.
+        /// The problem's kind (`None`: one this CLI does not know, or no problem body).
+        kind: Option<ProblemType>,
+        /// What went wrong (the problem's `detail`).
         message: String,
         /// What to do.
         hint: Option<String>,
@@ -49,12 +51,32 @@ pub enum ClientError {
 
 impl ClientError {
     /// The process exit code for this error: 3 when no node runs, 4 when the other side
-    /// refused (a rejected lease), 1 otherwise.
+    /// refused ([`ProblemType::is_refusal`]: a rejected lease, a refused extension or
+    /// access), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::NoNode { .. } => 3,
-            Self::Api { status: 409, .. } => 4,
+            Self::Api { kind: Some(k), .. } if k.is_refusal() => 4,
             _ => 1,
+        }
+    }
+
+    /// The error for a non-success answer: its problem body, or (from something that is not
+    /// this API) the status and the text.
+    fn from_answer(status: StatusCode, body: &[u8]) -> Self {
+        match serde_json::from_slice::<Problem>(body) {
+            Ok(p) => Self::Api {
+                status: status.as_u16(),
+                kind: p.problem_type(),
+                message: p.detail,
+                hint: p.hint,
+            },
+            Err(_) => Self::Api {
+                status: status.as_u16(),
+                kind: None,
+                message: format!("HTTP {status}: {}", String::from_utf8_lossy(body)),
+                hint: None,
+            },
         }
     }
 }
@@ -162,15 +184,7 @@ impl ApiClient {
             .await
             .map_err(|e| transport(&e))?
             .to_bytes();
-        let err: ErrorBody = serde_json::from_slice(&body).unwrap_or(ErrorBody {
-            error: format!("HTTP {status}: {}", String::from_utf8_lossy(&body)),
-            hint: None,
-        });
-        Err(ClientError::Api {
-            status: status.as_u16(),
-            message: err.error,
-            hint: err.hint,
-        })
+        Err(ClientError::from_answer(status, &body))
     }
 
     /// `GET path`.
@@ -263,15 +277,7 @@ impl ApiClient {
             .to_bytes();
         driver.abort();
         if status != StatusCode::OK {
-            let err: ErrorBody = serde_json::from_slice(&body).unwrap_or(ErrorBody {
-                error: format!("HTTP {status}: {}", String::from_utf8_lossy(&body)),
-                hint: None,
-            });
-            return Err(ClientError::Api {
-                status: status.as_u16(),
-                message: err.error,
-                hint: err.hint,
-            });
+            return Err(ClientError::from_answer(status, &body));
         }
         Ok((headers, body))
     }

@@ -6,6 +6,8 @@
 //! goes through the network [`Client`] (bounded channel to the swarm task) or the lease service.
 
 pub mod client;
+pub mod openapi;
+pub mod problem;
 pub mod types;
 
 use std::path::{Path, PathBuf};
@@ -14,26 +16,29 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::Path as UrlPath;
-use axum::extract::{Query as QueryParams, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
 use gridlease_contracts::Money;
 use gridlease_contracts::book::BookEntry;
 use gridlease_contracts::query::Query;
 use gridlease_protocol::{LeaseId, NetworkPolicy, OfferId, RejectReason};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::lease::{
     ExtendError, ExtendRequest, Extended, LeaseError, LeaseService, LeaseView, Ledger,
     ProvideError, ProvideSettings, RentError, RentRequest,
 };
 use crate::net::Client;
+pub use problem::{ApiError, Problem, ProblemType};
+use problem::{ApiJson, ApiPath, ApiQuery, ProblemType as P};
 use types::{
-    BegunView, ErrorBody, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView, ProvideBody,
-    RentedView, StatusView, StoppingView,
+    BegunView, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentedView,
+    StatusView, StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -61,86 +66,79 @@ pub struct ApiState {
     pub leases: LeaseService,
 }
 
-/// A handler failure: HTTP status plus an [`ErrorBody`].
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    body: ErrorBody,
+/// The document's root: title, version, servers, tags. The paths and schemas come from the
+/// routes ([`api_router`]).
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "gridlease control API",
+        version = "1",
+        description = "The local control API of a gridlease node: HTTP/1.1 on the Unix socket \
+            `<home>/api.sock` (mode 0600). Errors are RFC 9457 problems \
+            (`application/problem+json`) whose `type` is `urn:gridlease:problem:<slug>`; \
+            `docs/api.md` lists the kinds. Generated from the handlers \
+            (`node/src/api`); do not edit `docs/openapi.json` by hand.",
+        license(name = "MIT OR Apache-2.0")
+    ),
+    servers((url = "http://gridlease", description = "the Unix socket <home>/api.sock")),
+    tags(
+        (name = "node", description = "This node: status, peers, GPUs, what it offers"),
+        (name = "offers", description = "The offer book, searched locally"),
+        (name = "leases", description = "Leases this node rents or provides"),
+        (name = "access", description = "Interactive access to a lease (HTTP upgrades)"),
+    )
+)]
+struct ApiDoc;
+
+/// Every route with its OpenAPI description (one list: a route cannot exist undocumented).
+pub fn api_router() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(openapi_json))
+        .routes(routes!(status))
+        .routes(routes!(peers))
+        .routes(routes!(offers))
+        .routes(routes!(offer))
+        .routes(routes!(gpus))
+        .routes(routes!(provide))
+        .routes(routes!(leases, rent))
+        .routes(routes!(lease))
+        .routes(routes!(logs))
+        .routes(routes!(stop))
+        .routes(routes!(begin))
+        .routes(routes!(extend))
+        .routes(routes!(exec))
+        .routes(routes!(forward))
+        .routes(routes!(upload))
+        .routes(routes!(download))
+        .routes(routes!(ledger))
 }
 
-impl ApiError {
-    /// 400 with a message and an optional hint.
-    pub fn bad_request(error: impl Into<String>, hint: Option<String>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            body: ErrorBody {
-                error: error.into(),
-                hint,
-            },
-        }
-    }
-
-    /// 404.
-    pub fn not_found(error: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::NOT_FOUND,
-            body: ErrorBody {
-                error: error.into(),
-                hint: None,
-            },
-        }
-    }
-
-    /// 409 for a refusal by the other side (a rejected lease).
-    pub fn conflict(error: impl Into<String>, hint: Option<String>) -> Self {
-        Self {
-            status: StatusCode::CONFLICT,
-            body: ErrorBody {
-                error: error.into(),
-                hint,
-            },
-        }
-    }
-
-    /// 500 for failures inside the node.
-    pub fn internal(error: impl std::fmt::Display) -> Self {
-        Self {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            body: ErrorBody {
-                error: error.to_string(),
-                hint: Some("see the node's log".into()),
-            },
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
-    }
-}
-
-/// The router with every route.
+/// The router with every route; unknown paths and methods answer problems too.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/v1/status", get(status))
-        .route("/v1/peers", get(peers))
-        .route("/v1/offers", get(offers))
-        .route("/v1/offers/{id}", get(offer))
-        .route("/v1/gpus", get(gpus))
-        .route("/v1/provide", put(provide))
-        .route("/v1/leases", get(leases).post(rent))
-        .route("/v1/leases/{id}", get(lease))
-        .route("/v1/leases/{id}/logs", get(logs))
-        .route("/v1/leases/{id}/stop", post(stop))
-        .route("/v1/leases/{id}/begin", post(begin))
-        .route("/v1/leases/{id}/extend", post(extend))
-        .route("/v1/leases/{id}/exec", post(exec))
-        .route("/v1/leases/{id}/forward/{port}", post(forward))
-        .route("/v1/leases/{id}/upload", post(upload))
-        .route("/v1/leases/{id}/download", post(download))
-        .route("/v1/ledger", get(ledger))
+    let (router, _) = api_router().split_for_parts();
+    router
+        .fallback(problem::no_route)
+        .method_not_allowed_fallback(problem::wrong_method)
         .with_state(state)
+}
+
+/// `GET /v1/openapi.json`: this document.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    operation_id = "getOpenApi",
+    tag = "node",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document of this API (the text of docs/openapi.json)",
+            content_type = "application/json", body = Object),
+    )
+)]
+async fn openapi_json() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        openapi::document(),
+    )
+        .into_response()
 }
 
 /// Problems starting the API.
@@ -210,6 +208,18 @@ pub async fn serve(
     }))
 }
 
+/// `GET /v1/status`.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    operation_id = "getStatus",
+    tag = "node",
+    summary = "Identity, addresses, reachability, peers, offers known, own offer, image cache",
+    responses(
+        (status = 200, description = "This node now", body = StatusView),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError> {
     let c = &s.client;
     let listen = c.listen_addrs().await.map_err(ApiError::internal)?;
@@ -249,6 +259,18 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
     }))
 }
 
+/// `GET /v1/peers`.
+#[utoipa::path(
+    get,
+    path = "/v1/peers",
+    operation_id = "listPeers",
+    tag = "node",
+    summary = "Connected peers with gossip score and mesh membership",
+    responses(
+        (status = 200, description = "Connected peers, by peer id", body = Vec<PeerView>),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn peers(State(s): State<ApiState>) -> Result<Json<Vec<PeerView>>, ApiError> {
     let c = &s.client;
     let connected = c.connected_peers().await.map_err(ApiError::internal)?;
@@ -267,37 +289,75 @@ async fn peers(State(s): State<ApiState>) -> Result<Json<Vec<PeerView>>, ApiErro
 }
 
 /// Query string of `GET /v1/offers`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct OffersParams {
-    /// The search query (see `docs/search.md`); empty matches everything.
+    /// The search query (see `docs/search.md`); empty matches every offer with a free GPU.
     #[serde(default)]
     pub q: String,
-    /// Sort key, e.g. `price`, `-fp16_tflops`, `price_per_tflop`.
+    /// Sort key: `price` (default), `fp16_tflops`, `fp32_tflops`, `price_per_tflop`, `vram`
+    /// or `age`; a leading `-` sorts descending. Same as a `sort:KEY` term in `q` (not both).
     pub sort: Option<String>,
-    /// Most rows (default 20).
+    /// Most rows.
+    #[param(minimum = 1, maximum = 10000, default = 20)]
     pub limit: Option<usize>,
 }
 
+/// `GET /v1/offers`: a search of the local book.
+#[utoipa::path(
+    get,
+    path = "/v1/offers",
+    operation_id = "searchOffers",
+    tag = "offers",
+    summary = "Search the offer book",
+    params(OffersParams),
+    responses(
+        (status = 200, description = "Matching offers, in the sort order", body = Vec<OfferRow>,
+            links(
+                ("getOffer" = (operation_id = "getOffer", parameters(("id" = "$response.body#/0/id")),
+                    description = "The first row's offer, whole")),
+                ("rentOffer" = (operation_id = "rentOffer", request_body = json!({"offer": "$response.body#/0/id"}),
+                    description = "Rent the first row's offer")),
+            )),
+        (status = 400, description = "A parameter is malformed (`invalid-parameter`: limit out of 1..10000, an unknown sort key), or the query does not parse (`invalid-query`: the detail shows it with carets under the bad token)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn offers(
     State(s): State<ApiState>,
-    QueryParams(p): QueryParams<OffersParams>,
+    ApiQuery(p): ApiQuery<OffersParams>,
 ) -> Result<Json<Vec<OfferRow>>, ApiError> {
+    let limit = p.limit.unwrap_or(20);
+    if !(1..=MAX_SEARCH_LIMIT).contains(&limit) {
+        return Err(ApiError::new(
+            P::InvalidParameter,
+            format!("limit {limit} is not between 1 and {MAX_SEARCH_LIMIT}"),
+        ));
+    }
     let text = match &p.sort {
-        Some(k) if !k.trim().is_empty() => format!("{} sort:{}", p.q, k.trim()),
-        _ => p.q.clone(),
+        Some(k) if openapi::SORT.is_match(k) => format!("{} sort:{k}", p.q),
+        Some(k) => {
+            return Err(ApiError::new(
+                P::InvalidParameter,
+                format!("sort {k:?} is not a sort key"),
+            )
+            .hint("price, fp16_tflops, fp32_tflops, price_per_tflop, vram or age; - before it sorts descending"));
+        }
+        None => p.q.clone(),
     };
     let query = Query::parse(&text).map_err(|e| {
-        ApiError::bad_request(
+        ApiError::new(
+            P::InvalidQuery,
             format!("invalid query\n{}", e.render(&text)),
-            Some(format!(
-                "fields: {} (types and examples: `gridlease search --help`)",
-                gridlease_contracts::query::Field::ALL
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
         )
+        .hint(format!(
+            "fields: {} (types and examples: `gridlease search --help`)",
+            gridlease_contracts::query::Field::ALL
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
     })?;
     // Fully rented offers are left out unless the query asks about `free` itself.
     let mut query = query;
@@ -309,7 +369,6 @@ async fn offers(
     {
         query.conditions.extend(free.conditions);
     }
-    let limit = p.limit.unwrap_or(20).clamp(1, MAX_SEARCH_LIMIT);
     let rows = s
         .client
         .search(query, limit)
@@ -350,9 +409,25 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
 
 /// `GET /v1/offers/{id}`: one offer of the book, whole (an id or unique prefix; a replaced
 /// id resolves as `rent` resolves it).
+#[utoipa::path(
+    get,
+    path = "/v1/offers/{id}",
+    operation_id = "getOffer",
+    tag = "offers",
+    summary = "One offer whole",
+    description = "An id or a unique prefix of at least 4 hex digits. An id its provider has replaced resolves to the provider's current offer when that has the same GPUs at the same or a lower price.",
+    params(("id" = String, Path, description = "Offer id or unique hex prefix")),
+    responses(
+        (status = 200, description = "The offer: GPUs with spec and benchmark, price, billing, durations, resources, sandbox, addresses", body = types::OfferDetail),
+        (status = 400, description = "Not an offer id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "Not in the book, nor a remembered replaced offer (`unknown-offer`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The prefix matches several offers (`ambiguous-id`), or the offer was replaced with other GPUs or a higher price (`offer-replaced`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn offer(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<types::OfferDetail>, ApiError> {
     let (id, _) = resolve_offer(&s, &id).await?;
     let e = s
@@ -360,7 +435,12 @@ async fn offer(
         .offer(id)
         .await
         .map_err(ApiError::internal)?
-        .ok_or_else(|| ApiError::not_found(format!("offer {id} is no longer in the book")))?;
+        .ok_or_else(|| {
+            ApiError::new(
+                P::UnknownOffer,
+                format!("offer {id} is no longer in the book"),
+            )
+        })?;
     let o = &e.offer;
     Ok(Json(types::OfferDetail {
         id: e.id.to_string(),
@@ -417,12 +497,28 @@ async fn offer(
     }))
 }
 
+/// `GET /v1/gpus`.
+#[utoipa::path(
+    get,
+    path = "/v1/gpus",
+    operation_id = "listGpus",
+    tag = "node",
+    summary = "GPUs found (NVML) or declared (--dev-gpus)",
+    responses((status = 200, description = "This node's GPUs", body = GpusView))
+)]
 async fn gpus(State(s): State<ApiState>) -> Json<GpusView> {
     Json((*s.gpus).clone())
 }
 
 /// Finds the one lease whose id starts with `prefix` (hex).
 async fn resolve_lease(s: &ApiState, prefix: &str) -> Result<LeaseId, ApiError> {
+    if !openapi::LEASE_ID.is_match(prefix) {
+        return Err(ApiError::new(
+            P::InvalidParameter,
+            format!("{prefix:?} is not a lease id (hex digits)"),
+        )
+        .hint("use an id (or its first digits) from `gridlease leases`"));
+    }
     if let Ok(id) = prefix.parse::<LeaseId>() {
         return Ok(id);
     }
@@ -434,16 +530,18 @@ async fn resolve_lease(s: &ApiState, prefix: &str) -> Result<LeaseId, ApiError> 
         .collect();
     match hits.as_slice() {
         [one] => Ok(*one),
-        [] => Err(ApiError::not_found(format!(
-            "no lease {prefix} on this node"
-        ))),
-        _ => Err(ApiError::bad_request(
+        [] => Err(ApiError::new(
+            P::UnknownLease,
+            format!("no lease {prefix} on this node"),
+        )),
+        _ => Err(ApiError::new(
+            P::AmbiguousId,
             format!(
                 "lease id prefix {prefix} is ambiguous ({} leases)",
                 hits.len()
             ),
-            Some("give more digits".into()),
-        )),
+        )
+        .hint("give more digits")),
     }
 }
 
@@ -453,13 +551,14 @@ async fn resolve_lease(s: &ApiState, prefix: &str) -> Result<LeaseId, ApiError> 
 /// at the same or a lower price, with a note saying so; otherwise it is a conflict naming the
 /// current offer and its price.
 async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<String>), ApiError> {
-    let p = prefix.trim_end_matches('…').to_ascii_lowercase();
-    if p.len() < 4 || p.len() > 64 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(ApiError::bad_request(
+    if !openapi::OFFER_ID.is_match(prefix) {
+        return Err(ApiError::new(
+            P::InvalidParameter,
             format!("{prefix:?} is not an offer id"),
-            Some("use an id (or its first digits) from `gridlease search`".into()),
-        ));
+        )
+        .hint("use an id (or its first digits) from `gridlease search`"));
     }
+    let p = prefix.trim_end_matches('…').to_ascii_lowercase();
     let hits = s
         .client
         .offer_ids(p.clone())
@@ -469,10 +568,11 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<St
         [one] => return Ok((*one, None)),
         [] => {}
         _ => {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
+                P::AmbiguousId,
                 format!("offer id prefix {prefix} is ambiguous"),
-                Some("give more digits".into()),
-            ));
+            )
+            .hint("give more digits"));
         }
     }
     let replaced = s
@@ -481,9 +581,12 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<St
         .await
         .map_err(ApiError::internal)?;
     match replaced.as_slice() {
-        [] => Err(ApiError::not_found(format!(
-            "offer {prefix} is not in this node's book (it may have expired); search again"
-        ))),
+        [] => Err(ApiError::new(
+            P::UnknownOffer,
+            format!(
+                "offer {prefix} is not in this node's book (it may have expired); search again"
+            ),
+        )),
         [r] if r.equivalent => Ok((
             r.current.id,
             Some(format!(
@@ -493,7 +596,8 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<St
                 Money::from_micros(r.current.offer.price_per_gpu_hour)
             )),
         )),
-        [r] => Err(ApiError::conflict(
+        [r] => Err(ApiError::new(
+            P::OfferReplaced,
             format!(
                 "offer {} was replaced by its provider: now {} ({}, {}/GPU-hour, was {})",
                 r.old.short(),
@@ -502,32 +606,77 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<St
                 Money::from_micros(r.current.offer.price_per_gpu_hour),
                 Money::from_micros(r.old_price_per_gpu_hour)
             ),
-            Some(format!(
-                "rent {} to accept the new terms, or search again",
-                r.current.id.short()
-            )),
-        )),
-        _ => Err(ApiError::bad_request(
+        )
+        .hint(format!(
+            "rent {} to accept the new terms, or search again",
+            r.current.id.short()
+        ))),
+        _ => Err(ApiError::new(
+            P::AmbiguousId,
             format!("offer id prefix {prefix} is ambiguous"),
-            Some("give more digits".into()),
-        )),
+        )
+        .hint("give more digits")),
     }
 }
 
 fn lease_err(e: LeaseError) -> ApiError {
     match e {
-        LeaseError::Unknown(id) => ApiError::not_found(format!("no lease {id} on this node")),
+        LeaseError::Unknown(id) => {
+            ApiError::new(P::UnknownLease, format!("no lease {id} on this node"))
+        }
+        e @ LeaseError::Remote { .. } => ApiError::new(P::ProviderUnreachable, e.to_string())
+            .hint("check `gridlease peers`, then retry"),
         other => ApiError::internal(other),
     }
 }
 
+/// `GET /v1/leases`.
+#[utoipa::path(
+    get,
+    path = "/v1/leases",
+    operation_id = "listLeases",
+    tag = "leases",
+    summary = "This node's leases (renter and provider side), oldest first",
+    responses(
+        (status = 200, description = "Every lease of this node", body = Vec<LeaseView>,
+            links(
+                ("getLease" = (operation_id = "getLease", parameters(("id" = "$response.body#/0/lease_id")),
+                    description = "The first lease")),
+                ("getLeaseLogs" = (operation_id = "getLeaseLogs", parameters(("id" = "$response.body#/0/lease_id")),
+                    description = "The first lease's output")),
+                ("extendLease" = (operation_id = "extendLease", parameters(("id" = "$response.body#/0/lease_id")),
+                    description = "Extend the first lease")),
+                ("beginLease" = (operation_id = "beginLease", parameters(("id" = "$response.body#/0/lease_id")),
+                    description = "Start the first lease's held command")),
+                ("stopLease" = (operation_id = "stopLease", parameters(("id" = "$response.body#/0/lease_id")),
+                    description = "Stop the first lease")),
+            )),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn leases(State(s): State<ApiState>) -> Result<Json<Vec<LeaseView>>, ApiError> {
     Ok(Json(s.leases.leases().await.map_err(lease_err)?))
 }
 
+/// `GET /v1/leases/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{id}",
+    operation_id = "getLease",
+    tag = "leases",
+    summary = "One lease",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix")),
+    responses(
+        (status = 200, description = "The lease now", body = LeaseView),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn lease(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<LeaseView>, ApiError> {
     let id = resolve_lease(&s, &id).await?;
     s.leases
@@ -535,17 +684,74 @@ async fn lease(
         .await
         .map_err(lease_err)?
         .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("no lease {id} on this node")))
+        .ok_or_else(|| ApiError::new(P::UnknownLease, format!("no lease {id} on this node")))
 }
 
+/// What the document says of `POST /v1/leases`, checked before anything is looked up.
+fn check_rent(req: &RentRequest) -> Result<(), ApiError> {
+    let bad = |detail: String| Err(ApiError::new(P::InvalidBody, detail));
+    if req.gpus == 0 {
+        return bad("gpus must be at least 1".into());
+    }
+    if req.duration_s == 0 {
+        return bad("the duration must be positive".into());
+    }
+    if req.image.is_empty() || req.image.len() > gridlease_protocol::MAX_IMAGE_LEN {
+        return bad(format!(
+            "image must be 1 to {} bytes",
+            gridlease_protocol::MAX_IMAGE_LEN
+        ));
+    }
+    if !openapi::OFFER_ID.is_match(&req.offer) {
+        return bad(format!("offer {:?} is not an offer id", req.offer));
+    }
+    if req
+        .max_total
+        .is_some_and(|m| m.micros() > openapi::MAX_AMOUNT_MICROS)
+    {
+        return bad("max_total is too large".into());
+    }
+    Ok(())
+}
+
+/// `POST /v1/leases`.
+#[utoipa::path(
+    post,
+    path = "/v1/leases",
+    operation_id = "rentOffer",
+    tag = "leases",
+    summary = "Rent an offer",
+    description = "Answers once both sides signed and stored the lease; the run proceeds in the background (follow it with getLease).",
+    request_body = RentRequest,
+    responses(
+        (status = 200, description = "The lease was agreed", body = RentedView,
+            links(
+                ("getLease" = (operation_id = "getLease", parameters(("id" = "$response.body#/lease_id")),
+                    description = "The new lease")),
+                ("getLeaseLogs" = (operation_id = "getLeaseLogs", parameters(("id" = "$response.body#/lease_id")),
+                    description = "The new lease's output")),
+                ("beginLease" = (operation_id = "beginLease", parameters(("id" = "$response.body#/lease_id")),
+                    description = "Start the command of a lease held for uploads")),
+                ("extendLease" = (operation_id = "extendLease", parameters(("id" = "$response.body#/lease_id")),
+                    description = "Extend the new lease")),
+                ("stopLease" = (operation_id = "stopLease", parameters(("id" = "$response.body#/lease_id")),
+                    description = "Stop the new lease")),
+            )),
+        (status = 400, description = "The body is not JSON (`malformed-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "The offer is not in the book, nor a remembered replaced offer (`unknown-offer`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The provider rejected the lease (`lease-rejected`, the reason in words); the offer was replaced with other GPUs or a higher price (`offer-replaced`); the prefix matches several offers (`ambiguous-id`); keep_outputs_s or upload_hold_s exceed the offer's (`beyond-offer-terms`)", content_type = "application/problem+json", body = Problem),
+        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", content_type = "application/problem+json", body = Problem),
+        (status = 422, description = "The body is not a valid rent request (`invalid-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider could not be reached (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn rent(
     State(s): State<ApiState>,
-    Json(mut req): Json<RentRequest>,
+    ApiJson(mut req): ApiJson<RentRequest>,
 ) -> Result<Json<RentedView>, ApiError> {
+    check_rent(&req)?;
     let (offer, note) = resolve_offer(&s, &req.offer).await?;
-    if req.duration_s == 0 {
-        return Err(ApiError::bad_request("the duration must be positive", None));
-    }
     req.offer = offer.to_string();
     match s.leases.rent(req).await {
         Ok(id) => Ok(Json(RentedView {
@@ -556,19 +762,27 @@ async fn rent(
                 _ => 0,
             },
         })),
-        Err(RentError::Rejected(reason)) => Err(ApiError::conflict(
+        Err(RentError::Rejected(reason)) => Err(ApiError::new(
+            P::LeaseRejected,
             format!("the provider rejected the lease: {}", reject_text(&reason)),
-            Some("pick another offer with `gridlease search`".into()),
-        )),
-        Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::not_found(e.to_string())),
-        Err(e @ RentError::KeepOutputs { .. }) => Err(ApiError::bad_request(
+        )
+        .hint("pick another offer with `gridlease search`")),
+        Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::new(P::UnknownOffer, e.to_string())),
+        Err(e @ RentError::KeepOutputs { .. }) => Err(ApiError::new(
+            P::BeyondOfferTerms,
             e.to_string(),
-            Some("ask for less with --keep-outputs, or copy results out while it runs".into()),
-        )),
-        Err(e @ RentError::UploadHold { .. }) => Err(ApiError::bad_request(
+        )
+        .hint("ask for less with --keep-outputs, or copy results out while it runs")),
+        Err(e @ RentError::UploadHold { .. }) => Err(ApiError::new(
+            P::BeyondOfferTerms,
             e.to_string(),
-            Some("upload with `gridlease cp` once the lease runs, or pick an offer that holds containers for uploads".into()),
-        )),
+        )
+        .hint("upload with `gridlease cp` once the lease runs, or pick an offer that holds containers for uploads")),
+        Err(e @ RentError::Negotiation(_)) => Err(ApiError::new(
+            P::ProviderUnreachable,
+            e.to_string(),
+        )
+        .hint("check `gridlease peers`, then retry")),
         Err(e) => Err(ApiError::internal(e)),
     }
 }
@@ -621,9 +835,26 @@ fn reject_text(r: &RejectReason) -> String {
     }
 }
 
+/// `POST /v1/leases/{id}/stop`.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/stop",
+    operation_id = "stopLease",
+    tag = "leases",
+    summary = "End the lease (renter: a signed close; provider: stop the container)",
+    description = "Answers once the node has taken the stop in hand, before the lease has settled; poll getLease until its state is terminal. Stopping a lease that is already closing or over answers 200 too. A body, if any, is ignored.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix")),
+    responses(
+        (status = 200, description = "The stop was taken in hand", body = StoppingView),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn stop(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<StoppingView>, ApiError> {
     let id = resolve_lease(&s, &id).await?;
     s.leases.stop(id).await.map_err(lease_err)?;
@@ -634,13 +865,51 @@ async fn stop(
 }
 
 /// `POST /v1/leases/{id}/begin` (renter): the provider starts the command of a container it
-/// holds for uploads (`rent --upload`); 200 also when it already runs; 404 for an unknown
-/// lease; 500 with the provider's answer when it could not be told.
+/// holds for uploads (`rent --upload`).
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/begin",
+    operation_id = "beginLease",
+    tag = "leases",
+    summary = "Start the command of a lease whose container the provider holds for uploads (renter)",
+    description = "Tells the provider the uploads are done (`gridlease rent --upload` calls it after them). 200 once the provider took it, also when the command already runs (the hold ran out). A body, if any, is ignored.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix")),
+    responses(
+        (status = 200, description = "The provider starts (or already runs) the command", body = BegunView),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "This node provides the lease (`not-renter`), the lease is over (`lease-over`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider could not be told (`provider-unreachable`); it starts the command when the hold runs out", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn begin(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<BegunView>, ApiError> {
     let id = resolve_lease(&s, &id).await?;
+    let view = s
+        .leases
+        .lease(id)
+        .await
+        .map_err(lease_err)?
+        .ok_or_else(|| ApiError::new(P::UnknownLease, format!("no lease {id} on this node")))?;
+    if view.role != crate::store::Role::Renter {
+        return Err(ApiError::new(
+            P::NotRenter,
+            format!(
+                "this node provides lease {}; its renter begins it",
+                id.short()
+            ),
+        ));
+    }
+    if view.is_terminal() {
+        return Err(ApiError::new(
+            P::LeaseOver,
+            format!("lease {} is over ({})", id.short(), view.state.as_str()),
+        )
+        .hint("see `gridlease leases`"));
+    }
     s.leases.begin(id).await.map_err(lease_err)?;
     Ok(Json(BegunView {
         lease_id: id.to_string(),
@@ -648,33 +917,55 @@ async fn begin(
     }))
 }
 
-/// `POST /v1/leases/{id}/extend`: 200 with the new terms; 409 with the reason when refused
-/// (by the provider, or here by the same rule); 400 for a bad request or a lease this node
-/// provides; 404 for an unknown lease; 502 when the provider gave no usable answer (the
-/// extension stays pending and is sent again by the next call).
+/// `POST /v1/leases/{id}/extend`.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/extend",
+    operation_id = "extendLease",
+    tag = "leases",
+    summary = "Extend a running lease this node rents (a signed amendment the provider accepts)",
+    description = "Answers once the provider accepted the amendment and both nodes stored it. The budget cap rises by the cost of the added time unless max_total names a higher one.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix")),
+    request_body = ExtendRequest,
+    responses(
+        (status = 200, description = "The lease's terms now", body = Extended),
+        (status = 400, description = "Not a lease id (`invalid-parameter`), or the body is not JSON (`malformed-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "Refused, with the reason in words (`extension-refused`: not running, too late, beyond the offer's longest lease, a lower cap; nothing changed), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", content_type = "application/problem+json", body = Problem),
+        (status = 422, description = "Not exactly one of minutes and seconds, zero, or another field (`invalid-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider gave no usable answer (`provider-unreachable`); the extension is kept pending and sent again by the next call", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn extend(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
-    Json(req): Json<ExtendRequest>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<ExtendRequest>,
 ) -> Result<Json<Extended>, ApiError> {
+    if let Err(e) = req.added_s() {
+        return Err(ApiError::new(P::InvalidBody, e.to_string()));
+    }
+    if req
+        .max_total
+        .is_some_and(|m| m.micros() > openapi::MAX_AMOUNT_MICROS)
+    {
+        return Err(ApiError::new(P::InvalidBody, "max_total is too large"));
+    }
     let id = resolve_lease(&s, &id).await?;
     match s.leases.extend(id, req).await {
         Ok(x) => Ok(Json(x)),
-        Err(e @ ExtendError::Refused(_)) => Err(ApiError::conflict(
+        Err(e @ ExtendError::Refused(_)) => Err(ApiError::new(
+            P::ExtensionRefused,
             format!("lease {} cannot be extended: {e}", id.short()),
-            None,
         )),
-        Err(e @ (ExtendError::BadRequest(_) | ExtendError::NotRenter(_))) => {
-            Err(ApiError::bad_request(e.to_string(), None))
+        Err(e @ ExtendError::BadRequest(_)) => Err(ApiError::new(P::InvalidBody, e.to_string())),
+        Err(e @ ExtendError::NotRenter(_)) => Err(ApiError::new(P::NotRenter, e.to_string())),
+        Err(e @ ExtendError::Unknown(_)) => Err(ApiError::new(P::UnknownLease, e.to_string())),
+        Err(e @ ExtendError::Remote { .. }) => {
+            Err(ApiError::new(P::ProviderUnreachable, e.to_string())
+                .hint("run the same `extend` again once the provider is reachable"))
         }
-        Err(e @ ExtendError::Unknown(_)) => Err(ApiError::not_found(e.to_string())),
-        Err(e @ ExtendError::Remote { .. }) => Err(ApiError {
-            status: StatusCode::BAD_GATEWAY,
-            body: ErrorBody {
-                error: e.to_string(),
-                hint: Some("run the same `extend` again once the provider is reachable".into()),
-            },
-        }),
         Err(e) => Err(ApiError::internal(e)),
     }
 }
@@ -682,20 +973,60 @@ async fn extend(
 /// Most bytes of an exec request body.
 const MAX_EXEC_BODY: usize = 128 * 1024;
 
+/// An access route needs `Upgrade: gridlease-access`: without it nothing is opened.
+fn require_upgrade(req: &axum::extract::Request) -> Result<(), ApiError> {
+    let ok = req
+        .headers()
+        .get(axum::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case(types::ACCESS_UPGRADE));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            P::UpgradeRequired,
+            format!(
+                "this route switches protocols: send Connection: upgrade and Upgrade: {}",
+                types::ACCESS_UPGRADE
+            ),
+        ))
+    }
+}
+
 /// `POST /v1/leases/{id}/exec` with `Upgrade: gridlease-access`: opens a shell or a command
 /// in the lease's container (through its provider) and, once granted, answers 101 and carries
 /// the exec frames on the upgraded connection.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/exec",
+    operation_id = "execInLease",
+    tag = "access",
+    summary = "A shell or a command in the lease's container (HTTP upgrade)",
+    description = "After 101 the connection carries ExecInput frames up and ExecOutput frames down.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)")),
+    request_body = types::ExecBody,
+    responses(
+        (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn exec(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    ApiPath(id): ApiPath<String>,
     mut req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    require_upgrade(&req)?;
     let upgrade = hyper::upgrade::on(&mut req);
     let body = axum::body::to_bytes(req.into_body(), MAX_EXEC_BODY)
         .await
-        .map_err(|e| ApiError::bad_request(format!("exec request body: {e}"), None))?;
+        .map_err(|e| ApiError::new(P::MalformedBody, format!("exec request body: {e}")))?;
     let ask: types::ExecBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("exec request body: {e}"), None))?;
+        .map_err(|e| ApiError::new(P::InvalidBody, format!("exec request body: {e}")))?;
     let lease_id = resolve_lease(&s, &id).await?;
     let request = gridlease_protocol::access::AccessRequest::Exec {
         lease_id,
@@ -709,42 +1040,77 @@ async fn exec(
 /// `POST /v1/leases/{id}/forward/{port}` with `Upgrade: gridlease-access`: one TCP connection
 /// to `port` inside the lease's container; once granted, answers 101 and carries the
 /// connection's bytes on the upgraded connection.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/forward/{port}",
+    operation_id = "forwardToLease",
+    tag = "access",
+    summary = "One TCP connection to a port inside the lease's container (HTTP upgrade)",
+    description = "No body. After 101 the connection carries the TCP connection's bytes both ways.",
+    params(
+        ("id" = String, Path, description = "Lease id or unique hex prefix"),
+        ("port" = u16, Path, description = "Port inside the container"),
+        ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)"),
+    ),
+    responses(
+        (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn forward(
     State(s): State<ApiState>,
-    UrlPath((id, port)): UrlPath<(String, u16)>,
+    ApiPath((id, port)): ApiPath<(String, u16)>,
     mut req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    require_upgrade(&req)?;
     let upgrade = hyper::upgrade::on(&mut req);
     let lease_id = resolve_lease(&s, &id).await?;
     let request = gridlease_protocol::access::AccessRequest::Forward { lease_id, port };
     splice(&s, request, upgrade).await
 }
 
-/// Body of `POST /v1/leases/{id}/upload` and `/download`.
-#[derive(Debug, Default, Deserialize)]
-struct TransferBody {
-    #[serde(default)]
-    dest: String,
-    #[serde(default)]
-    path: String,
-}
-
-async fn transfer_body(req: axum::extract::Request) -> Result<TransferBody, ApiError> {
+async fn transfer_body<T: serde::de::DeserializeOwned>(
+    req: axum::extract::Request,
+) -> Result<T, ApiError> {
     let body = axum::body::to_bytes(req.into_body(), MAX_EXEC_BODY)
         .await
-        .map_err(|e| ApiError::bad_request(format!("request body: {e}"), None))?;
+        .map_err(|e| ApiError::new(P::MalformedBody, format!("request body: {e}")))?;
     serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("request body: {e}"), None))
+        .map_err(|e| ApiError::new(P::InvalidBody, format!("request body: {e}")))
 }
 
 /// `POST /v1/leases/{id}/upload` (`{"dest": PATH}`) with `Upgrade: gridlease-access`: a tar
 /// stream into the lease's workspace (`gridlease cp SRC LEASE:PATH`).
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/upload",
+    operation_id = "uploadToLease",
+    tag = "access",
+    summary = "A tar stream into the lease's /workspace (HTTP upgrade)",
+    description = "After 101: TransferFrame Chunks of a tar stream and End up, Done or Error down.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)")),
+    request_body = types::UploadBody,
+    responses(
+        (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn upload(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    ApiPath(id): ApiPath<String>,
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    transfer(&s, &id, req, |lease_id, b| {
+    transfer(&s, &id, req, |lease_id, b: types::UploadBody| {
         gridlease_protocol::access::AccessRequest::Upload {
             lease_id,
             dest: b.dest,
@@ -755,12 +1121,31 @@ async fn upload(
 
 /// `POST /v1/leases/{id}/download` (`{"path": PATH}`) with `Upgrade: gridlease-access`: a
 /// tar stream of a workspace path (`gridlease cp LEASE:PATH DST`).
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/download",
+    operation_id = "downloadFromLease",
+    tag = "access",
+    summary = "A tar stream of a path in the lease's /workspace (HTTP upgrade)",
+    description = "After 101: Skips and Go up; Root, Chunks and End (or Error) down.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)")),
+    request_body = types::DownloadBody,
+    responses(
+        (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn download(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
+    ApiPath(id): ApiPath<String>,
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    transfer(&s, &id, req, |lease_id, b| {
+    transfer(&s, &id, req, |lease_id, b: types::DownloadBody| {
         gridlease_protocol::access::AccessRequest::Download {
             lease_id,
             path: b.path,
@@ -770,12 +1155,13 @@ async fn download(
 }
 
 /// The upload and download routes: the body, the lease, then [`splice`].
-async fn transfer(
+async fn transfer<B: serde::de::DeserializeOwned>(
     s: &ApiState,
     id: &str,
     mut req: axum::extract::Request,
-    make: impl FnOnce(LeaseId, TransferBody) -> gridlease_protocol::access::AccessRequest,
+    make: impl FnOnce(LeaseId, B) -> gridlease_protocol::access::AccessRequest,
 ) -> Result<Response, ApiError> {
+    require_upgrade(&req)?;
     let upgrade = hyper::upgrade::on(&mut req);
     let body = transfer_body(req).await?;
     let lease_id = resolve_lease(s, id).await?;
@@ -795,24 +1181,18 @@ async fn splice(
     let stream = crate::access::open(&s.client, &s.leases, request)
         .await
         .map_err(|e| match e {
-            OpenError::Unknown(_) => ApiError::not_found(e.to_string()),
-            OpenError::NotRenter(_) => ApiError::bad_request(e.to_string(), None),
-            OpenError::Refused(ref r) => ApiError::conflict(
-                e.to_string(),
+            OpenError::Unknown(_) => ApiError::new(P::UnknownLease, e.to_string()),
+            OpenError::NotRenter(_) => ApiError::new(P::NotRenter, e.to_string()),
+            OpenError::Refused(ref r) => ApiError::new(P::AccessRefused, e.to_string()).maybe_hint(
                 matches!(
                     r,
                     gridlease_protocol::access::AccessRefusal::NotRunning { .. }
                 )
                 .then(|| "see `gridlease leases`".to_string()),
             ),
-            OpenError::Unsupported => ApiError::conflict(e.to_string(), None),
-            OpenError::Unreachable(_) => ApiError {
-                status: StatusCode::BAD_GATEWAY,
-                body: ErrorBody {
-                    error: e.to_string(),
-                    hint: Some("check `gridlease peers`, then retry".into()),
-                },
-            },
+            OpenError::Unsupported => ApiError::new(P::AccessRefused, e.to_string()),
+            OpenError::Unreachable(_) => ApiError::new(P::ProviderUnreachable, e.to_string())
+                .hint("check `gridlease peers`, then retry"),
             OpenError::Lease(_) => ApiError::internal(e),
         })?;
     tokio::spawn(async move {
@@ -843,10 +1223,12 @@ async fn splice(
 }
 
 /// Query string of `GET /v1/leases/{id}/logs`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LogsParams {
     /// Byte offset to read from.
     #[serde(default)]
+    #[param(default = 0)]
     pub from: u64,
 }
 
@@ -857,10 +1239,32 @@ pub const EOF_HEADER: &str = "x-gridlease-eof";
 /// Header carrying the container's exit code once known.
 pub const EXIT_CODE_HEADER: &str = "x-gridlease-exit-code";
 
+/// `GET /v1/leases/{id}/logs`.
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{id}/logs",
+    operation_id = "getLeaseLogs",
+    tag = "leases",
+    summary = "Container output from an offset (a renter fetches it from the provider)",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), LogsParams),
+    responses(
+        (status = 200, description = "Raw output bytes, at most 1 MiB per call", content_type = "application/octet-stream", body = Vec<u8>,
+            headers(
+                ("x-gridlease-next-offset" = u64, description = "The offset to ask for next"),
+                ("x-gridlease-eof" = String, description = "Present (`1`) once no more output will come"),
+                ("x-gridlease-exit-code" = i32, description = "Present once the container exited"),
+            )),
+        (status = 400, description = "Not a lease id, or from is not a number (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider could not be reached (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn logs(
     State(s): State<ApiState>,
-    UrlPath(id): UrlPath<String>,
-    QueryParams(p): QueryParams<LogsParams>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(p): ApiQuery<LogsParams>,
 ) -> Result<Response, ApiError> {
     let id = resolve_lease(&s, &id).await?;
     let chunk = s.leases.logs(id, p.from).await.map_err(lease_err)?;
@@ -887,44 +1291,128 @@ async fn logs(
     Ok(resp)
 }
 
+/// `GET /v1/ledger`.
+#[utoipa::path(
+    get,
+    path = "/v1/ledger",
+    operation_id = "getLedger",
+    tag = "leases",
+    summary = "Per-lease statements, per-counterparty totals, totals, double-entry check",
+    responses(
+        (status = 200, description = "The ledger", body = Ledger),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn ledger(State(s): State<ApiState>) -> Result<Json<Ledger>, ApiError> {
     Ok(Json(s.leases.ledger().await.map_err(lease_err)?))
 }
 
+/// What the document says of `PUT /v1/provide`, checked before anything changes.
+fn check_provide(b: &ProvideBody) -> Result<(), ApiError> {
+    let bad = |detail: String| Err(ApiError::new(P::InvalidBody, detail));
+    if let Some(p) = &b.price
+        && !openapi::PRICE.is_match(p)
+    {
+        return Err(ApiError::new(
+            P::InvalidBody,
+            format!("price {p:?} is not an amount above 0 (at most 6 decimals)"),
+        )
+        .hint("e.g. `gridlease provide --price 0.40`"));
+    }
+    if let Some(g) = &b.gpus
+        && (g.is_empty() || g.iter().any(String::is_empty))
+    {
+        return bad("gpus lists GPU ids (or `all`); an empty list or id offers nothing".into());
+    }
+    if b.max_hours == Some(0) {
+        return Err(
+            ApiError::new(P::InvalidBody, "the longest lease must be at least 1 hour")
+                .hint("e.g. --max-hours 24"),
+        );
+    }
+    if let Some(n) = &b.network_policy
+        && n != "none"
+        && n != "egress"
+    {
+        return bad(format!("network policy {n:?} is not none or egress"));
+    }
+    if let Some(h) = b
+        .registries
+        .iter()
+        .flatten()
+        .find(|h| !openapi::HOST.is_match(h))
+    {
+        return bad(format!("registry {h:?} is not a host[:port]"));
+    }
+    if let Some(p) = &b.image_prefixes {
+        if p.len() > gridlease_protocol::MAX_IMAGE_PREFIXES {
+            return bad(format!(
+                "at most {} image prefixes",
+                gridlease_protocol::MAX_IMAGE_PREFIXES
+            ));
+        }
+        if let Some(x) = p
+            .iter()
+            .find(|x| x.is_empty() || x.len() > gridlease_protocol::MAX_IMAGE_LEN)
+        {
+            return bad(format!(
+                "image prefix {x:?} must be 1 to {} bytes",
+                gridlease_protocol::MAX_IMAGE_LEN
+            ));
+        }
+    }
+    if let Some(l) = b
+        .local_images
+        .iter()
+        .flatten()
+        .find(|l| !openapi::IMAGE.is_match(l) || l.len() > gridlease_protocol::MAX_IMAGE_LEN)
+    {
+        return bad(format!("local image {l:?} is not an image reference"));
+    }
+    if b.max_image_gib == Some(0) || b.max_unpacked_gib == Some(0) {
+        return bad("image size caps must be at least 1 GiB".into());
+    }
+    Ok(())
+}
+
+/// `PUT /v1/provide`.
+#[utoipa::path(
+    put,
+    path = "/v1/provide",
+    operation_id = "setProvide",
+    tag = "node",
+    summary = "Set or withdraw this node's offer",
+    description = "Every field is optional: what the request leaves out stays as the last call set it (the first call starts from the node's configuration). The offer is re-signed and announced at once.",
+    request_body = ProvideBody,
+    responses(
+        (status = 200, description = "This node now, with its new offer (or none)", body = StatusView),
+        (status = 400, description = "The body is not JSON (`malformed-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "No price given and none set before (`price-needed`), or no GPU of this node matches (`no-gpus`)", content_type = "application/problem+json", body = Problem),
+        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", content_type = "application/problem+json", body = Problem),
+        (status = 422, description = "A field is out of range or does not match its pattern (`invalid-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
 async fn provide(
     State(s): State<ApiState>,
-    Json(b): Json<ProvideBody>,
+    ApiJson(b): ApiJson<ProvideBody>,
 ) -> Result<Json<StatusView>, ApiError> {
+    check_provide(&b)?;
     // What the request leaves out stays as the last `provide` set it.
     let current = s.leases.provide_settings();
     let price = match (&b.price, &current) {
-        (Some(p), _) => {
-            let m = p.parse::<Money>().map_err(|e| {
-                ApiError::bad_request(e.to_string(), Some("e.g. --price 0.40".into()))
-            })?;
-            if m == Money::ZERO && !b.off {
-                return Err(ApiError::bad_request(
-                    "the price must be above 0",
-                    Some("e.g. `gridlease provide --price 0.40`".into()),
-                ));
-            }
-            m
-        }
+        (Some(p), _) => p
+            .parse::<Money>()
+            .map_err(|e| ApiError::new(P::InvalidBody, e.to_string()).hint("e.g. --price 0.40"))?,
         (None, Some(c)) => c.price_per_gpu_hour,
         (None, None) if b.off => Money::ZERO,
         (None, None) => {
-            return Err(ApiError::bad_request(
-                "a price is needed to provide",
-                Some("e.g. `gridlease provide --price 0.40`".into()),
-            ));
+            return Err(
+                ApiError::new(P::PriceNeeded, "a price is needed to provide")
+                    .hint("e.g. `gridlease provide --price 0.40`"),
+            );
         }
     };
-    if b.max_hours == Some(0) {
-        return Err(ApiError::bad_request(
-            "the longest lease must be at least 1 hour",
-            Some("e.g. --max-hours 24".into()),
-        ));
-    }
     let network_policy = match b.network_policy.as_deref() {
         None => current
             .as_ref()
@@ -932,9 +1420,9 @@ async fn provide(
         Some("none") => NetworkPolicy::None,
         Some("egress") => NetworkPolicy::Egress,
         Some(other) => {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
+                P::InvalidBody,
                 format!("network policy {other:?} is not none or egress"),
-                None,
             ));
         }
     };
@@ -964,7 +1452,7 @@ async fn provide(
         images.max_unpacked_bytes = g.saturating_mul(1 << 30);
     }
     gridlease_contracts::image::check_policy(&images)
-        .map_err(|e| ApiError::bad_request(format!("image policy: {e}"), None))?;
+        .map_err(|e| ApiError::new(P::InvalidBody, format!("image policy: {e}")))?;
     let settings = ProvideSettings {
         price_per_gpu_hour: price,
         gpus,
@@ -976,7 +1464,7 @@ async fn provide(
     match s.leases.provide(settings).await {
         Ok(()) => status(State(s)).await,
         Err(e @ (ProvideError::NoGpus | ProvideError::NoMatchingGpus)) => {
-            Err(ApiError::bad_request(e.to_string(), None))
+            Err(ApiError::new(P::NoGpus, e.to_string()))
         }
         Err(e) => Err(ApiError::internal(e)),
     }

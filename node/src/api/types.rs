@@ -6,18 +6,11 @@ use serde::{Deserialize, Serialize};
 /// API version prefix.
 pub const API_PREFIX: &str = "/v1";
 
-/// An error answer: what went wrong, and what to do about it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ErrorBody {
-    /// What went wrong.
-    pub error: String,
-    /// What to do, when there is something to do.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
-}
+/// The error body of every route: an RFC 9457 problem (see [`super::problem`]).
+pub use super::problem::Problem;
 
 /// `GET /v1/status`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatusView {
     /// This node's peer id.
     pub peer_id: String,
@@ -44,7 +37,7 @@ pub struct StatusView {
 }
 
 /// The provider's cache of pulled images.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ImageCacheView {
     /// Images kept.
     pub images: u64,
@@ -57,7 +50,7 @@ pub struct ImageCacheView {
 }
 
 /// The node's own offer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OwnOfferView {
     /// Offer id (hex).
     pub id: String,
@@ -81,7 +74,7 @@ pub struct OwnOfferView {
 }
 
 /// `GET /v1/peers`: one connected peer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PeerView {
     /// Peer id.
     pub peer_id: String,
@@ -92,7 +85,7 @@ pub struct PeerView {
 }
 
 /// `GET /v1/offers`: one row of a search.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OfferRow {
     /// Offer id (hex, 64 digits); any unique prefix is accepted by `rent`.
     pub id: String,
@@ -143,7 +136,7 @@ pub struct OfferRow {
 }
 
 /// `GET /v1/gpus`: one local GPU.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GpuView {
     /// Index or UUID.
     pub id: String,
@@ -156,7 +149,7 @@ pub struct GpuView {
 }
 
 /// `GET /v1/gpus` body.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GpusView {
     /// GPUs found or declared.
     pub gpus: Vec<GpuView>,
@@ -168,7 +161,7 @@ pub struct GpusView {
 pub use crate::lease::RentRequest;
 
 /// Answer of `POST /v1/leases`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RentedView {
     /// The new lease's id.
     pub lease_id: String,
@@ -190,7 +183,7 @@ pub use crate::lease::Extended;
 
 /// Answer of `POST /v1/leases/{id}/stop`: the stop was taken in hand (the lease settles
 /// shortly after; follow it with `GET /v1/leases/{id}`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StoppingView {
     /// The lease, in full (the path may have named a prefix).
     pub lease_id: String,
@@ -200,7 +193,7 @@ pub struct StoppingView {
 
 /// Answer of `POST /v1/leases/{id}/begin`: the provider starts the held container's command
 /// (or it already runs).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BegunView {
     /// The lease, in full (the path may have named a prefix).
     pub lease_id: String,
@@ -209,16 +202,18 @@ pub struct BegunView {
 }
 
 /// `PUT /v1/provide`: what this node offers.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProvideBody {
     /// Price per GPU-hour, decimal.
     #[serde(default)]
     pub price: Option<String>,
-    /// GPU UUIDs, or `["all"]` / absent for all.
+    /// GPU ids (`gridlease gpus`), or `["all"]` / absent for all.
     #[serde(default)]
+    #[schema(min_items = 1)]
     pub gpus: Option<Vec<String>>,
     /// Longest lease, hours.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub max_hours: Option<u32>,
     /// `none` (default) or `egress`.
     #[serde(default)]
@@ -234,9 +229,11 @@ pub struct ProvideBody {
     pub local_images: Option<Vec<String>>,
     /// Largest compressed image, GiB.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub max_image_gib: Option<u64>,
     /// Largest unpacked image, GiB.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub max_unpacked_gib: Option<u64>,
     /// Stop offering.
     #[serde(default)]
@@ -245,7 +242,7 @@ pub struct ProvideBody {
 
 /// Body of `POST /v1/leases/{id}/exec` (an HTTP upgrade: the connection then carries the
 /// access protocol's exec frames, `gridlease_protocol::access::{ExecInput, ExecOutput}`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecBody {
     /// Program and arguments; empty runs the container's shell.
     #[serde(default)]
@@ -258,11 +255,27 @@ pub struct ExecBody {
     pub tty: Option<gridlease_protocol::access::TermSize>,
 }
 
+/// Body of `POST /v1/leases/{id}/upload`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UploadBody {
+    /// Where in `/workspace` the entries go (empty: `/workspace` itself).
+    #[serde(default)]
+    pub dest: String,
+}
+
+/// Body of `POST /v1/leases/{id}/download`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DownloadBody {
+    /// The path inside `/workspace` to download.
+    #[serde(default)]
+    pub path: String,
+}
+
 /// The `Upgrade` protocol name of the access routes.
 pub const ACCESS_UPGRADE: &str = "gridlease-access";
 
 /// `GET /v1/offers/{id}`: one offer whole (`gridlease offer OFFER`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OfferDetail {
     /// Offer id (64 hex digits).
     pub id: String,
@@ -312,7 +325,7 @@ pub struct OfferDetail {
 }
 
 /// One GPU of an [`OfferDetail`].
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OfferGpu {
     /// Model name.
     pub model: String,

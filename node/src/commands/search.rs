@@ -45,7 +45,8 @@ pub fn urlencode(s: &str) -> String {
 pub fn path(query: &str, sort: Option<&str>, limit: u32) -> String {
     let mut p = format!("/v1/offers?q={}&limit={limit}", urlencode(query));
     if let Some(s) = sort {
-        p.push_str(&format!("&sort={}", urlencode(s)));
+        // The API takes sort keys in lower case (its document's pattern).
+        p.push_str(&format!("&sort={}", urlencode(&s.to_ascii_lowercase())));
     }
     p
 }

@@ -41,7 +41,7 @@ use crate::store::StoreError;
 
 /// What a renter asks for: the body of `POST /v1/leases/{id}/extend`. Exactly one of
 /// `minutes` and `seconds`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendRequest {
     /// Minutes to add to the lease's duration.
@@ -57,6 +57,7 @@ pub struct ExtendRequest {
         with = "super::decimal",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(value_type = Option<String>)]
     pub max_total: Option<Money>,
 }
 
@@ -84,7 +85,7 @@ impl ExtendRequest {
 }
 
 /// The answer of an accepted extension: the lease's terms now.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Extended {
     /// The lease (64 hex digits).
     pub lease_id: String,

@@ -216,7 +216,7 @@ impl LeaseServiceConfig {
 /// What a renter asks for: the one rent request, built by the CLI, sent as the body of
 /// `POST /v1/leases`, and taken by [`LeaseService::rent`] (which fills in the rest of the
 /// terms from the offer: [`crate::renter::terms_for`]).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct RentRequest {
     /// Offer id (64 hex digits), or a unique prefix of it as `gridlease search` shows: the
     /// control API resolves a prefix; [`LeaseService::rent`] needs the whole id.
@@ -236,10 +236,12 @@ pub struct RentRequest {
     /// Budget cap (a decimal amount in JSON, e.g. `"1.5"`); default: the cost of the whole
     /// duration (or of the minimum billed time, if longer).
     #[serde(default, with = "decimal")]
+    #[schema(value_type = Option<String>)]
     pub max_total: Option<Money>,
     /// Network for the container: `"none"` (default) or `"egress"` (internet, not the
     /// provider's LAN or host; the offer must allow it, or the provider refuses the lease).
     #[serde(default = "no_network", with = "network_text")]
+    #[schema(value_type = String)]
     pub network: NetworkPolicy,
     /// Seconds the provider should keep the finished lease's container and `/workspace` for
     /// downloads (`gridlease cp`, `rent --download`); at most the offer's

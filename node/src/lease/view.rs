@@ -12,7 +12,7 @@ use crate::store::lease::{LedgerRow, SessionRecord};
 use crate::store::{Role, StoredLease};
 
 /// Metered usage as last reported (cumulative meters, interval peaks).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageView {
     /// Report sequence.
     pub seq: u64,
@@ -50,10 +50,11 @@ impl From<&UsageReport> for UsageView {
 }
 
 /// A lease as the control API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LeaseView {
     /// The lease id (64 hex digits in JSON).
     #[serde(serialize_with = "ser_display", deserialize_with = "de_from_str")]
+    #[schema(value_type = String)]
     pub lease_id: LeaseId,
     /// This node's side: `renter` or `provider`.
     pub role: Role,
@@ -116,7 +117,7 @@ pub struct LeaseView {
 }
 
 /// An image pull in progress, as the provider reported it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PullView {
     /// Bytes of the image's layers pulled so far.
     pub pulled_bytes: u64,
@@ -125,7 +126,7 @@ pub struct PullView {
 }
 
 /// A start failure, as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FailureView {
     /// `no_sandbox`, `image_pull`, `pull_stalled`, `pull_timeout`, `image_refused`,
     /// `create`, `start` or `internal`.
@@ -325,10 +326,11 @@ pub(crate) fn from_store(l: &StoredLease, rec: &SessionRecord, now: Timestamp) -
 }
 
 /// One lease's statement.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LeaseStatement {
     /// The lease (64 hex digits in JSON).
     #[serde(serialize_with = "ser_display", deserialize_with = "de_from_str")]
+    #[schema(value_type = String)]
     pub lease_id: LeaseId,
     /// `renter` (spent) or `provider` (earned).
     pub role: Role,
@@ -341,7 +343,7 @@ pub struct LeaseStatement {
 }
 
 /// Totals with one counterparty.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CounterpartyTotals {
     /// Earned from it as a provider, micro-units.
     pub earned: u64,
@@ -350,7 +352,7 @@ pub struct CounterpartyTotals {
 }
 
 /// The node's ledger.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Ledger {
     /// Per lease.
     pub leases: Vec<LeaseStatement>,

@@ -1,0 +1,344 @@
+//! The control API's OpenAPI 3.1 document, generated from the routes ([`super::api_router`]),
+//! their `#[utoipa::path]` annotations and the request/response types' `ToSchema` derives.
+//! The daemon serves it at `GET /v1/openapi.json`; `docs/openapi.json` is the same text
+//! (`cargo run -p gridlease-node --example openapi > docs/openapi.json`; a test keeps them
+//! equal).
+//!
+//! What a derive cannot state is added here, after generation, from the same constants the
+//! handlers check ([`constrain`]): the input patterns ([`Pattern`]), the bounds every integer
+//! has by its Rust width, enumerations of text fields, and "exactly one of" rules. So a
+//! request the document calls valid is one the handlers take (or answer with a documented
+//! 404/409 that depends on the node's state), and one it calls invalid is refused with 400
+//! or 422.
+
+use std::sync::OnceLock;
+
+use regex::Regex;
+use serde_json::{Map, Value, json};
+
+/// A regular expression a text input must match: written once, stated in the document and
+/// checked by the handler with the same text (a subset of ECMA-262 and Rust `regex` that both
+/// read alike: no look-around, no back-references).
+#[derive(Debug)]
+pub struct Pattern {
+    /// The expression, anchored.
+    pub text: &'static str,
+    compiled: OnceLock<Option<Regex>>,
+}
+
+impl Pattern {
+    const fn new(text: &'static str) -> Self {
+        Self {
+            text,
+            compiled: OnceLock::new(),
+        }
+    }
+
+    /// Whether `s` matches (never, if the expression did not compile: a test asserts they do).
+    pub fn is_match(&self, s: &str) -> bool {
+        self.compiled
+            .get_or_init(|| Regex::new(self.text).ok())
+            .as_ref()
+            .is_some_and(|r| r.is_match(s))
+    }
+}
+
+/// A lease id or a prefix of one (hex digits).
+pub static LEASE_ID: Pattern = Pattern::new("^[0-9a-fA-F]{1,64}$");
+/// An offer id or a prefix of at least 4 of its hex digits (a trailing `…`, as tables print
+/// it, is allowed).
+pub static OFFER_ID: Pattern = Pattern::new("^[0-9a-fA-F]{4,64}…?$");
+/// An amount of money, decimal: up to 13 integer digits (after leading zeros) and 6 decimals.
+pub static AMOUNT: Pattern =
+    Pattern::new(r"^(?:0*[1-9][0-9]{0,12}(?:\.[0-9]{0,6})?|0+(?:\.[0-9]{0,6})?|0*\.[0-9]{1,6})$");
+/// A price: an [`AMOUNT`] above zero.
+pub static PRICE: Pattern = Pattern::new(concat!(
+    r"^0*(?:[1-9][0-9]{0,12}(?:\.[0-9]{0,6})?",
+    r"|\.(?:[1-9][0-9]{0,5}|0[1-9][0-9]{0,4}|00[1-9][0-9]{0,3}|000[1-9][0-9]{0,2}|0000[1-9][0-9]?|00000[1-9]))$"
+));
+/// A registry host, `name[:port]` (DNS labels of letters, digits and inner `-`).
+pub static HOST: Pattern = Pattern::new(concat!(
+    r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*",
+    r"(?::(?:[0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$"
+));
+/// An image reference, `[host/]path[:tag][@sha256:digest]` (docker's grammar; the host part
+/// has a `.`, a port or is `localhost`).
+pub static IMAGE: Pattern = Pattern::new(concat!(
+    r"^(?:(?:localhost|[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+)",
+    r"(?::(?:[0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?/)?",
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+));
+/// A sort key of `GET /v1/offers` (`-` before it: descending).
+pub static SORT: Pattern =
+    Pattern::new("^[-+]?(?:price|fp16_tflops|fp32_tflops|price_per_tflop|vram|age)$");
+
+/// Every pattern, for the test that they compile.
+pub fn patterns() -> [&'static Pattern; 7] {
+    [&LEASE_ID, &OFFER_ID, &AMOUNT, &PRICE, &HOST, &IMAGE, &SORT]
+}
+
+/// Amounts must stay below 10^13 units ([`AMOUNT`]'s 13 integer digits).
+pub const MAX_AMOUNT_MICROS: u64 = 10_000_000_000_000 * 1_000_000 - 1;
+
+/// The document as served and committed (pretty JSON, a final newline).
+pub fn document() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut v = generate();
+        constrain(&mut v);
+        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
+        text.push('\n');
+        text
+    })
+}
+
+/// The document as utoipa generates it from the routes.
+fn generate() -> Value {
+    let (_, api) = super::api_router().split_for_parts();
+    serde_json::to_value(&api).unwrap_or_default()
+}
+
+/// Adds what the derives cannot state (see the module docs).
+fn constrain(doc: &mut Value) {
+    integer_bounds(doc);
+    let amount = json!({"pattern": AMOUNT.text});
+    let network = json!({"enum": ["none", "egress"]});
+    let schemas = [
+        (
+            "RentRequest",
+            vec![
+                ("offer", json!({"pattern": OFFER_ID.text})),
+                ("gpus", json!({"minimum": 1})),
+                ("duration_s", json!({"minimum": 1})),
+                (
+                    "image",
+                    json!({"minLength": 1, "maxLength": gridlease_protocol::MAX_IMAGE_LEN}),
+                ),
+                ("max_total", amount.clone()),
+                ("network", network.clone()),
+            ],
+        ),
+        (
+            "ExtendRequest",
+            vec![
+                ("minutes", json!({"minimum": 1, "maximum": u32::MAX / 60})),
+                ("seconds", json!({"minimum": 1})),
+                ("max_total", amount.clone()),
+            ],
+        ),
+        (
+            "ProvideBody",
+            vec![
+                ("price", json!({"pattern": PRICE.text})),
+                ("network_policy", network),
+                ("registries", json!({"items": {"pattern": HOST.text}})),
+                (
+                    "image_prefixes",
+                    json!({
+                        "maxItems": gridlease_protocol::MAX_IMAGE_PREFIXES,
+                        "items": {"minLength": 1, "maxLength": gridlease_protocol::MAX_IMAGE_LEN},
+                    }),
+                ),
+                (
+                    "local_images",
+                    json!({"items": {"pattern": IMAGE.text, "maxLength": gridlease_protocol::MAX_IMAGE_LEN}}),
+                ),
+            ],
+        ),
+    ];
+    for (schema, props) in schemas {
+        for (prop, extra) in props {
+            if let Some(p) =
+                doc.pointer_mut(&format!("/components/schemas/{schema}/properties/{prop}"))
+            {
+                merge(p, &extra);
+            }
+        }
+    }
+    // `minutes` or `seconds`, exactly one.
+    if let Some(s) = doc.pointer_mut("/components/schemas/ExtendRequest") {
+        merge(
+            s,
+            &json!({"oneOf": [{"required": ["minutes"]}, {"required": ["seconds"]}]}),
+        );
+    }
+    // Path parameters: lease and offer ids.
+    if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {
+        for (path, item) in paths.iter_mut() {
+            let pattern = if path.starts_with("/v1/leases/{id}") {
+                LEASE_ID.text
+            } else if path.starts_with("/v1/offers/{id}") {
+                OFFER_ID.text
+            } else {
+                continue;
+            };
+            for_each_parameter(item, |p| {
+                if p["in"] == "path" && p["name"] == "id" {
+                    merge(&mut p["schema"], &json!({"pattern": pattern}));
+                }
+            });
+        }
+    }
+    if let Some(p) = doc.pointer_mut("/paths/~1v1~1offers/get/parameters") {
+        for_each_in_array(p, |p| match p["name"].as_str() {
+            Some("sort") => merge(&mut p["schema"], &json!({"pattern": SORT.text})),
+            _ => {}
+        });
+    }
+}
+
+fn for_each_parameter(item: &mut Value, mut f: impl FnMut(&mut Value)) {
+    if let Some(ops) = item.as_object_mut() {
+        for (_, op) in ops.iter_mut() {
+            if let Some(ps) = op.get_mut("parameters") {
+                for_each_in_array(ps, &mut f);
+            }
+        }
+    }
+}
+
+fn for_each_in_array(v: &mut Value, mut f: impl FnMut(&mut Value)) {
+    if let Some(a) = v.as_array_mut() {
+        a.iter_mut().for_each(&mut f);
+    }
+}
+
+/// Merges `extra`'s members into `target` (objects recursively).
+fn merge(target: &mut Value, extra: &Value) {
+    match (target, extra) {
+        (Value::Object(t), Value::Object(e)) => {
+            for (k, v) in e {
+                match t.get_mut(k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge(existing, v),
+                    _ => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (t, e) => *t = e.clone(),
+    }
+}
+
+/// Every integer schema whose `format` names a Rust width (`uint16`, `int32`, ...) gets that
+/// width's bounds, unless it states tighter ones.
+fn integer_bounds(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            add_bounds(m);
+            m.values_mut().for_each(integer_bounds);
+        }
+        Value::Array(a) => a.iter_mut().for_each(integer_bounds),
+        _ => {}
+    }
+}
+
+fn add_bounds(m: &mut Map<String, Value>) {
+    let is_integer = match m.get("type") {
+        Some(Value::String(t)) => t == "integer",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+        _ => false,
+    };
+    if !is_integer {
+        return;
+    }
+    // utoipa writes unsigned widths as `u-int16`; the document says `uint16`.
+    let format = m
+        .get("format")
+        .and_then(Value::as_str)
+        .map(|f| f.replace("u-int", "uint"));
+    let (min, max): (Value, Value) = match format.as_deref() {
+        Some("uint8") => (0.into(), u8::MAX.into()),
+        Some("uint16") => (0.into(), u16::MAX.into()),
+        Some("uint32") => (0.into(), u32::MAX.into()),
+        Some("uint64") => (0.into(), u64::MAX.into()),
+        Some("int8") => (i8::MIN.into(), i8::MAX.into()),
+        Some("int16") => (i16::MIN.into(), i16::MAX.into()),
+        Some("int32") => (i32::MIN.into(), i32::MAX.into()),
+        Some("int64") => (i64::MIN.into(), i64::MAX.into()),
+        _ => return,
+    };
+    if let Some(f) = format {
+        m.insert("format".into(), f.into());
+    }
+    m.entry("minimum").or_insert(min);
+    m.entry("maximum").or_insert(max);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_compile() {
+        for p in patterns() {
+            assert!(Regex::new(p.text).is_ok(), "{}", p.text);
+        }
+    }
+
+    #[test]
+    fn amounts_match_what_money_parses() {
+        for ok in ["0", "0.40", ".5", "12.", "0012.5", "9999999999999.999999"] {
+            assert!(AMOUNT.is_match(ok), "{ok}");
+            assert!(ok.parse::<gridlease_contracts::Money>().is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "-1",
+            "1e3",
+            "1.1234567",
+            "10000000000000",
+            " 1",
+            "1\n",
+        ] {
+            assert!(!AMOUNT.is_match(bad), "{bad:?}");
+        }
+        for ok in ["0.000001", "1", "00.5", "7."] {
+            assert!(PRICE.is_match(ok), "{ok}");
+        }
+        for bad in ["0", "0.0", ".000000", "000", ""] {
+            assert!(!PRICE.is_match(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn image_and_host_patterns_agree_with_the_image_rules() {
+        use gridlease_contracts::image::{ImagePolicy, check_policy};
+        for img in [
+            "busybox",
+            "ghcr.io/org/app:1.2",
+            "localhost:5000/x",
+            "reg.example:443/a/b__c-d@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(IMAGE.is_match(img), "{img}");
+            let p = ImagePolicy {
+                local_images: vec![img.to_string()],
+                ..ImagePolicy::default()
+            };
+            assert!(check_policy(&p).is_ok(), "{img}");
+        }
+        for bad in ["", "Busybox", "a//b", "x:", "-a", "a:-1"] {
+            assert!(!IMAGE.is_match(bad), "{bad}");
+        }
+        for h in ["docker.io", "localhost:5000", "a-b.c"] {
+            assert!(HOST.is_match(h), "{h}");
+        }
+        for bad in ["", "a_b", "-a", "a:65536", "a:"] {
+            assert!(!HOST.is_match(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn integers_get_the_bounds_of_their_width() {
+        let mut v = json!({"a": {"type": "integer", "format": "u-int16"},
+                           "b": {"type": ["integer", "null"], "format": "uint32", "minimum": 1}});
+        integer_bounds(&mut v);
+        assert_eq!(v["a"]["maximum"], 65535);
+        assert_eq!(v["a"]["format"], "uint16");
+        assert_eq!(v["a"]["minimum"], 0);
+        assert_eq!(v["b"]["minimum"], 1, "a stated bound is kept");
+        assert_eq!(v["b"]["maximum"], u32::MAX);
+    }
+}
