@@ -334,8 +334,9 @@ impl Field {
         }
     }
 
-    /// How many summary units one unit of the query value is, and how many decimals it takes.
-    fn scale(self) -> (u64, u32) {
+    /// How many summary units one unit of the query value is, and how many decimals it takes
+    /// (public for the control API's description of the query language).
+    pub fn scale(self) -> (u64, u32) {
         match self {
             // price: micro-units
             Self::Price | Self::PricePerTflop => (1_000_000, 6),

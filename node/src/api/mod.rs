@@ -296,7 +296,7 @@ pub struct OffersParams {
     #[serde(default)]
     pub q: String,
     /// Sort key: `price` (default), `fp16_tflops`, `fp32_tflops`, `price_per_tflop`, `vram`
-    /// or `age`; a leading `-` sorts descending. Same as a `sort:KEY` term in `q` (not both).
+    /// or `age`; a leading `-` sorts descending. Given, it wins over a `sort:KEY` term of `q`.
     pub sort: Option<String>,
     /// Most rows.
     #[param(minimum = 1, maximum = 10000, default = 20)]
@@ -316,8 +316,8 @@ pub struct OffersParams {
             links(
                 ("getOffer" = (operation_id = "getOffer", parameters(("id" = "$response.body#/0/id")),
                     description = "The first row's offer, whole")),
-                ("rentOffer" = (operation_id = "rentOffer", request_body = json!({"offer": "$response.body#/0/id"}),
-                    description = "Rent the first row's offer")),
+                ("rentOffer" = (operation_id = "rentOffer", request_body = json!({"offer": "$response.body#/0/id", "gpus": 1, "duration_s": 600}),
+                    description = "Rent one GPU of the first row's offer for 10 minutes")),
             )),
         (status = 400, description = "A parameter is malformed (`invalid-parameter`: limit out of 1..10000, an unknown sort key), or the query does not parse (`invalid-query`: the detail shows it with carets under the bad token)", content_type = "application/problem+json", body = Problem),
         (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
@@ -334,33 +334,46 @@ async fn offers(
             format!("limit {limit} is not between 1 and {MAX_SEARCH_LIMIT}"),
         ));
     }
-    let text = match &p.sort {
-        Some(k) if openapi::SORT.is_match(k) => format!("{} sort:{k}", p.q),
-        Some(k) => {
-            return Err(ApiError::new(
-                P::InvalidParameter,
-                format!("sort {k:?} is not a sort key"),
-            )
-            .hint("price, fp16_tflops, fp32_tflops, price_per_tflop, vram or age; - before it sorts descending"));
-        }
-        None => p.q.clone(),
-    };
-    let query = Query::parse(&text).map_err(|e| {
-        ApiError::new(
-            P::InvalidQuery,
-            format!("invalid query\n{}", e.render(&text)),
-        )
-        .hint(format!(
+    let fields = || {
+        format!(
             "fields: {} (types and examples: `gridlease search --help`)",
             gridlease_contracts::query::Field::ALL
                 .iter()
                 .map(|(n, _)| *n)
                 .collect::<Vec<_>>()
                 .join(", ")
-        ))
-    })?;
+        )
+    };
+    let parsed = Query::parse(&p.q);
+    let mut query = match parsed {
+        Ok(q) if openapi::query_matches(&p.q) => q,
+        Ok(_) => {
+            return Err(ApiError::new(
+                P::InvalidQuery,
+                format!("invalid query\n{}", p.q),
+            )
+            .hint("terms are separated by single spaces, at most 31 conditions, a sort: term only last; see docs/search.md"));
+        }
+        Err(e) => {
+            return Err(ApiError::new(
+                P::InvalidQuery,
+                format!("invalid query\n{}", e.render(&p.q)),
+            )
+            .hint(fields()));
+        }
+    };
+    // The `sort` parameter, when given, is the order (over a `sort:` term of the query).
+    if let Some(k) = &p.sort {
+        query.sort = gridlease_contracts::query::SortKey::parse(k)
+            .ok()
+            .filter(|_| openapi::SORT.is_match(k))
+            .ok_or_else(|| {
+                ApiError::new(P::InvalidParameter, format!("sort {k:?} is not a sort key")).hint(
+                    "price, fp16_tflops, fp32_tflops, price_per_tflop, vram or age; - before it sorts descending",
+                )
+            })?;
+    }
     // Fully rented offers are left out unless the query asks about `free` itself.
-    let mut query = query;
     if !query
         .conditions
         .iter()
@@ -1365,7 +1378,7 @@ fn check_provide(b: &ProvideBody) -> Result<(), ApiError> {
         .local_images
         .iter()
         .flatten()
-        .find(|l| !openapi::IMAGE.is_match(l) || l.len() > gridlease_protocol::MAX_IMAGE_LEN)
+        .find(|l| !openapi::IMAGE.is_match(l) || l.len() > openapi::MAX_LOCAL_IMAGE_LEN)
     {
         return bad(format!("local image {l:?} is not an image reference"));
     }

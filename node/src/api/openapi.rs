@@ -61,17 +61,112 @@ pub static HOST: Pattern = Pattern::new(concat!(
     r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*",
     r"(?::(?:[0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$"
 ));
-/// An image reference, `[host/]path[:tag][@sha256:digest]` (docker's grammar; the host part
-/// has a `.`, a port or is `localhost`).
+/// An image reference, `[host/]path[:tag][@sha256:digest]` (docker's grammar, as
+/// `ImageRef::parse` reads it: a first part is the registry host when more parts follow and it
+/// has a `.`, a port or is `localhost`, so a first path component has no `.`). With
+/// [`MAX_LOCAL_IMAGE_LEN`].
 pub static IMAGE: Pattern = Pattern::new(concat!(
-    r"^(?:(?:localhost|[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+)",
-    r"(?::(?:[0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?/)?",
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+    "^(?:",
+    // host/path
+    r"(?:localhost(?::(?:[0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?|[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+(?::(?:[0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?|[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?:(?:[0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))",
+    r"/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
+    // first/more (the first without a `.`)
+    r"|[a-z0-9]+(?:(?:_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+",
+    // one component
+    r"|[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*",
+    r")(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
 ));
+
+/// Longest local image reference `PUT /v1/provide` takes: a single-component Docker Hub name
+/// is stored as `library/NAME`, whose path may have 255 bytes.
+pub const MAX_LOCAL_IMAGE_LEN: usize = 247;
+
 /// A sort key of `GET /v1/offers` (`-` before it: descending).
 pub static SORT: Pattern =
     Pattern::new("^[-+]?(?:price|fp16_tflops|fp32_tflops|price_per_tflop|vram|age)$");
+
+/// The search language of `GET /v1/offers?q=` (`docs/search.md`) as a regular expression,
+/// built from the query fields ([`gridlease_contracts::query::Field::ALL`]: each field's
+/// kind, operators and decimals): up to 32 terms separated by spaces, at most one `sort:KEY`
+/// and that one last. Field names, booleans and sort keys in any case; text values unquoted
+/// (printable ASCII, no `"`, not starting with `=`) or quoted (anything but `"`); numbers
+/// with at most 9 integer digits.
+pub fn query_pattern() -> &'static str {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    TEXT.get_or_init(|| {
+        use gridlease_contracts::query::Field;
+        let ci = |word: &str| -> String {
+            word.chars()
+                .map(|c| {
+                    if c.is_ascii_alphabetic() {
+                        format!("[{}{}]", c.to_ascii_lowercase(), c.to_ascii_uppercase())
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect()
+        };
+        let mut alternatives = Vec::new();
+        for (name, field) in Field::ALL {
+            let (kind, _, _) = field.describe();
+            let (op, value) = match kind {
+                "text" => (
+                    "(?:!=|==|=|~)".to_string(),
+                    r#"(?:[!#-<>-~][!#-~]*|"[^"]*")"#.to_string(),
+                ),
+                "bool" => (
+                    "(?:!=|==|=)".to_string(),
+                    format!(
+                        "(?:{})",
+                        ["true", "false", "yes", "no", "1", "0"].map(ci).join("|")
+                    ),
+                ),
+                _ => {
+                    let (_, decimals) = field.scale();
+                    let value = if decimals == 0 {
+                        "[0-9]{1,9}".to_string()
+                    } else {
+                        format!(
+                            r"(?:[0-9]{{1,9}}(?:\.[0-9]{{0,{decimals}}})?|\.[0-9]{{1,{decimals}}})"
+                        )
+                    };
+                    ("(?:<=|>=|!=|==|<|>|=)".to_string(), value)
+                }
+            };
+            alternatives.push(format!("{}{op}{value}", ci(name)));
+        }
+        let cond = format!("(?:{})", alternatives.join("|"));
+        let keys = [
+            "price",
+            "fp16_tflops",
+            "fp32_tflops",
+            "price_per_tflop",
+            "vram",
+            "age",
+        ]
+        .map(ci)
+        .join("|");
+        let sort = format!("sort[:=][-+]?(?:{keys})");
+        let most = gridlease_contracts::query::MAX_TERMS;
+        format!(
+            "^ *(?:{cond}(?: +{cond}){{0,{}}}(?: +{sort})?|{sort})? *$",
+            most - 2
+        )
+    })
+}
+
+/// Whether `q` is in the search language as [`query_pattern`] states it.
+pub fn query_matches(q: &str) -> bool {
+    static RE: OnceLock<Option<Regex>> = OnceLock::new();
+    RE.get_or_init(|| {
+        regex::RegexBuilder::new(query_pattern())
+            .size_limit(64 << 20)
+            .build()
+            .ok()
+    })
+    .as_ref()
+    .is_some_and(|r| r.is_match(q))
+}
 
 /// Every pattern, for the test that they compile.
 pub fn patterns() -> [&'static Pattern; 7] {
@@ -132,6 +227,7 @@ fn constrain(doc: &mut Value) {
             vec![
                 ("price", json!({"pattern": PRICE.text})),
                 ("network_policy", network),
+                ("gpus", json!({"items": {"minLength": 1}})),
                 ("registries", json!({"items": {"pattern": HOST.text}})),
                 (
                     "image_prefixes",
@@ -142,7 +238,7 @@ fn constrain(doc: &mut Value) {
                 ),
                 (
                     "local_images",
-                    json!({"items": {"pattern": IMAGE.text, "maxLength": gridlease_protocol::MAX_IMAGE_LEN}}),
+                    json!({"items": {"pattern": IMAGE.text, "maxLength": MAX_LOCAL_IMAGE_LEN}}),
                 ),
             ],
         ),
@@ -156,12 +252,10 @@ fn constrain(doc: &mut Value) {
             }
         }
     }
-    // `minutes` or `seconds`, exactly one.
+    // `minutes` or `seconds`, exactly one (a `null` one counts as absent, as serde reads it).
     if let Some(s) = doc.pointer_mut("/components/schemas/ExtendRequest") {
-        merge(
-            s,
-            &json!({"oneOf": [{"required": ["minutes"]}, {"required": ["seconds"]}]}),
-        );
+        let given = |f: &str| json!({"required": [f], "properties": {f: {"type": "integer"}}});
+        merge(s, &json!({"oneOf": [given("minutes"), given("seconds")]}));
     }
     // Path parameters: lease and offer ids.
     if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {
@@ -183,6 +277,7 @@ fn constrain(doc: &mut Value) {
     if let Some(p) = doc.pointer_mut("/paths/~1v1~1offers/get/parameters") {
         for_each_in_array(p, |p| match p["name"].as_str() {
             Some("sort") => merge(&mut p["schema"], &json!({"pattern": SORT.text})),
+            Some("q") => merge(&mut p["schema"], &json!({"pattern": query_pattern()})),
             _ => {}
         });
     }
@@ -271,6 +366,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_query_pattern_takes_the_documented_examples_and_refuses_what_does_not_parse() {
+        for ok in [
+            "",
+            "gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=true gpus>=2 sort:price_per_tflop",
+            "GPU=\"nvidia geforce rtx 4090\" cc>=8.9 sort:-FP16_TFLOPS",
+            "free>=0 hours>=24 egress=no region=eu-west",
+            " cpu>=1.5 ",
+        ] {
+            assert!(query_matches(ok), "{ok}");
+            assert!(gridlease_contracts::query::Query::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "vram>>24",
+            "vram>=24.5",
+            "gpu>=4090",
+            "sort:price gpus>=1",
+            "gpu==",
+            "x=1",
+        ] {
+            assert!(!query_matches(bad), "{bad}");
+        }
+        let many = vec!["gpus>=1"; gridlease_contracts::query::MAX_TERMS].join(" ");
+        assert!(
+            !query_matches(&many),
+            "at most 31 conditions (32 terms with the sort)"
+        );
+    }
+
+    /// Every string the pattern describes is a query the parser takes (the document never
+    /// calls a query valid that the handler refuses).
+    #[test]
+    fn strings_of_the_query_pattern_parse() {
+        use proptest::strategy::{Strategy, ValueTree};
+        use proptest::test_runner::TestRunner;
+        // proptest generates from the expression without its anchors.
+        let p = query_pattern();
+        let strategy = proptest::string::string_regex(&p[1..p.len() - 1]).unwrap();
+        let mut runner = TestRunner::deterministic();
+        for _ in 0..300 {
+            let q = strategy.new_tree(&mut runner).unwrap().current();
+            assert!(query_matches(&q), "{q:?}");
+            let parsed = gridlease_contracts::query::Query::parse(&q);
+            assert!(parsed.is_ok(), "{q:?}: {:?}", parsed.err());
+        }
+    }
+
+    #[test]
     fn patterns_compile() {
         for p in patterns() {
             assert!(Regex::new(p.text).is_ok(), "{}", p.text);
@@ -310,6 +452,8 @@ mod tests {
             "busybox",
             "ghcr.io/org/app:1.2",
             "localhost:5000/x",
+            "a:1/b",
+            "a.b",
             "reg.example:443/a/b__c-d@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         ] {
             assert!(IMAGE.is_match(img), "{img}");
@@ -319,7 +463,7 @@ mod tests {
             };
             assert!(check_policy(&p).is_ok(), "{img}");
         }
-        for bad in ["", "Busybox", "a//b", "x:", "-a", "a:-1"] {
+        for bad in ["", "Busybox", "a//b", "x:", "-a", "a:-1", "a.b_c/d"] {
             assert!(!IMAGE.is_match(bad), "{bad}");
         }
         for h in ["docker.io", "localhost:5000", "a-b.c"] {
@@ -327,6 +471,36 @@ mod tests {
         }
         for bad in ["", "a_b", "-a", "a:65536", "a:"] {
             assert!(!HOST.is_match(bad), "{bad}");
+        }
+    }
+
+    /// Strings of the image pattern (within the length) are local images the policy takes,
+    /// except bare image ids (12 to 64 hex digits, `sha256:...`), which the pattern cannot
+    /// tell from names without look-ahead: the one known gap, answered 422.
+    #[test]
+    fn strings_of_the_image_pattern_are_references_the_policy_takes() {
+        use gridlease_contracts::image::{ImagePolicy, check_policy};
+        use proptest::strategy::{Strategy, ValueTree};
+        use proptest::test_runner::TestRunner;
+        let p = IMAGE.text;
+        let strategy = proptest::string::string_regex(&p[1..p.len() - 1]).unwrap();
+        let mut runner = TestRunner::deterministic();
+        for _ in 0..200 {
+            let img = strategy.new_tree(&mut runner).unwrap().current();
+            let bare_id = img.starts_with("sha256:")
+                || ((12..=64).contains(&img.len()) && img.bytes().all(|b| b.is_ascii_hexdigit()));
+            if img.len() > MAX_LOCAL_IMAGE_LEN || bare_id {
+                continue;
+            }
+            let policy = ImagePolicy {
+                local_images: vec![img.clone()],
+                ..ImagePolicy::default()
+            };
+            assert!(
+                check_policy(&policy).is_ok(),
+                "{img:?}: {:?}",
+                check_policy(&policy)
+            );
         }
     }
 

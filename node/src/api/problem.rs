@@ -4,7 +4,7 @@
 //! Every failure a handler, an extractor or the router gives goes through [`ApiError`], so a
 //! client reads one shape: `type` to decide, `detail` and `hint` to show.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
@@ -291,17 +291,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<JsonRejection> for ApiError {
-    fn from(r: JsonRejection) -> Self {
-        let kind = match &r {
-            JsonRejection::JsonDataError(_) => ProblemType::InvalidBody,
-            JsonRejection::MissingJsonContentType(_) => ProblemType::UnsupportedMediaType,
-            _ => ProblemType::MalformedBody,
-        };
-        Self::new(kind, r.body_text())
-    }
-}
-
 impl From<QueryRejection> for ApiError {
     fn from(r: QueryRejection) -> Self {
         Self::new(ProblemType::InvalidParameter, r.body_text())
@@ -314,7 +303,10 @@ impl From<PathRejection> for ApiError {
     }
 }
 
-/// `axum::Json` whose rejection is a [`Problem`].
+/// A JSON body whose rejection is a [`Problem`]: 415 without `Content-Type: application/json`
+/// (or `+json`), 400 when it is not JSON, 422 when it is not the request. A number with a
+/// zero fraction (`60.0`) is the integer it equals, as in JSON Schema, where it is an
+/// `integer`.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
@@ -322,8 +314,51 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::Json(v) = axum::Json::<T>::from_request(req, state).await?;
-        Ok(Self(v))
+        let json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|m| m.trim().to_ascii_lowercase())
+            .is_some_and(|m| m == "application/json" || m.ends_with("+json"));
+        if !json {
+            return Err(ApiError::new(
+                ProblemType::UnsupportedMediaType,
+                "expected a body with Content-Type: application/json",
+            ));
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::new(ProblemType::MalformedBody, e.body_text()))?;
+        let mut value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::new(ProblemType::MalformedBody, format!("not JSON: {e}")))?;
+        integral_floats(&mut value);
+        T::deserialize(value)
+            .map(Self)
+            .map_err(|e| ApiError::new(ProblemType::InvalidBody, e.to_string()))
+    }
+}
+
+/// Numbers with a zero fraction become integers (within the 64-bit range).
+fn integral_floats(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+            {
+                // The casts are exact: f is whole and within the bounds checked.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                    *v = Value::from(f as u64);
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                    *v = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(integral_floats),
+        Value::Object(m) => m.values_mut().for_each(integral_floats),
+        _ => {}
     }
 }
 
@@ -382,6 +417,13 @@ mod tests {
             assert!(k.status().is_client_error() || k.status().is_server_error());
         }
         assert_eq!(ProblemType::from_uri("urn:gridlease:problem:nope"), None);
+    }
+
+    #[test]
+    fn whole_floats_are_integers() {
+        let mut v = serde_json::json!({"a": 60.0, "b": [1.5, -3.0], "c": 1e300});
+        integral_floats(&mut v);
+        assert_eq!(v, serde_json::json!({"a": 60, "b": [1.5, -3], "c": 1e300}));
     }
 
     #[test]
