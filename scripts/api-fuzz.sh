@@ -24,7 +24,8 @@ SCHEMATHESIS_VERSION=4.32.5
 examples="${GRIDLEASE_FUZZ_EXAMPLES:-100}"
 limit_s="${GRIDLEASE_FUZZ_TIMEOUT:-240}"
 seed="${GRIDLEASE_FUZZ_SEED:-20}"
-target="${CARGO_TARGET_DIR:-target}"
+repo="$(pwd)"
+target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 venv="$target/api-fuzz/venv"
 image="gridlease-fuzz/busybox:1"
 
@@ -100,7 +101,9 @@ wait_until 10 "the loopback bridge" python3 -c "import socket; socket.create_con
 
 echo "==> schemathesis $SCHEMATHESIS_VERSION: all checks, all phases (stateful included), seed $seed"
 status=0
-timeout "$limit_s" "$venv/bin/st" --config-file scripts/api-fuzz.toml run "http://127.0.0.1:$port/v1/openapi.json" \
+# From the scratch directory: schemathesis keeps its crash cache in the working directory.
+(cd "$work" && timeout "$limit_s" "$venv/bin/st" --config-file "$repo/scripts/api-fuzz.toml" \
+  run "http://127.0.0.1:$port/v1/openapi.json" \
   --url "http://127.0.0.1:$port" \
   --checks all \
   --phases examples,coverage,fuzzing,stateful \
@@ -109,7 +112,7 @@ timeout "$limit_s" "$venv/bin/st" --config-file scripts/api-fuzz.toml run "http:
   --seed "$seed" \
   --workers 1 \
   --request-timeout 30 \
-  --report junit --report-dir "$target/api-fuzz/report" || status=$?
+  --report junit --report-dir "$target/api-fuzz/report") || status=$?
 if [ "$status" -ne 0 ]; then
   echo "api-fuzz: schemathesis failed (exit $status); node logs follow" >&2
   tail -n 40 "$work/provider.log" "$work/renter.log" >&2 || true

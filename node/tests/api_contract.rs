@@ -209,6 +209,26 @@ fn a_daemon_serves_the_generated_document_and_answers_errors_as_documented_probl
     }
 }
 
+/// `docs/api.md` lists every problem kind with its status, and every operation by its id.
+#[test]
+fn the_api_doc_lists_every_problem_kind_and_operation() {
+    use gridlease_node::api::ProblemType;
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/api.md"))
+            .unwrap();
+    for k in ProblemType::ALL {
+        let row = format!("| `{}` | {} |", k.slug(), k.status().as_u16());
+        assert!(text.contains(&row), "docs/api.md lacks the row {row}");
+    }
+    let doc: Value = serde_json::from_str(openapi::document()).unwrap();
+    for item in doc["paths"].as_object().unwrap().values() {
+        for op in item.as_object().unwrap().values() {
+            let id = op["operationId"].as_str().unwrap();
+            assert!(text.contains(&format!("`{id}`")), "docs/api.md lacks {id}");
+        }
+    }
+}
+
 /// Every operation has an id; every answer it documents has a description, and every error
 /// answer is a `Problem` in `application/problem+json`; the links from renting a lease reach
 /// reading it, its logs and stopping it.

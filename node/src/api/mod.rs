@@ -1,6 +1,8 @@
 //! The local control API: HTTP/1.1 with JSON bodies on a Unix socket in the node's home
 //! (`<home>/api.sock`, mode 0600, in a 0700 directory), versioned paths under `/v1`.
-//! The CLI ([`client`]) is a typed client of it; `docs/api.md` describes every route.
+//! The CLI ([`client`]) is a typed client of it. Its OpenAPI document is generated from the
+//! routes below ([`api_router`], [`openapi`]) and committed as `docs/openapi.json`; every error
+//! answer is a [`Problem`] (`application/problem+json`); `docs/api.md` is the overview.
 //!
 //! Invariant: the API only reads and asks; it never holds the swarm or the store. Every handler
 //! goes through the network [`Client`] (bounded channel to the swarm task) or the lease service.
