@@ -8,11 +8,11 @@
 # Two nodes on loopback: a provider with a declared GPU and a renter bootstrapped from it, the
 # provider's offer in the renter's book and one running lease of a tiny local image, so the links
 # (searchOffers -> rentOffer -> getLease/getLeaseLogs/extendLease/stopLease, listLeases ->
-# ...) reach real leases. The renter's API (a Unix socket) is bridged to 127.0.0.1 with socat
-# for the run only; nothing listens on another interface.
+# ...) reach real leases. Each node's API (a Unix socket) is bridged to 127.0.0.1 with socat
+# for its run only; nothing listens on another interface.
 #
-# Bounded: at most GRIDLEASE_FUZZ_EXAMPLES (default 100) cases per operation and phase, the run
-# killed after GRIDLEASE_FUZZ_TIMEOUT seconds (default 240). The seed is fixed
+# Bounded: at most GRIDLEASE_FUZZ_EXAMPLES (default 100) cases per operation and phase, each
+# of the two runs (renter, provider) killed after GRIDLEASE_FUZZ_TIMEOUT seconds (default 120). The seed is fixed
 # (GRIDLEASE_FUZZ_SEED, default 20) so a CI failure reproduces; set another to explore.
 # The access routes (tag `access`: exec, forward, upload, download) switch protocols with an
 # HTTP upgrade, which a request/response fuzzer cannot drive; they are left out here and
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 
 SCHEMATHESIS_VERSION=4.32.5
 examples="${GRIDLEASE_FUZZ_EXAMPLES:-100}"
-limit_s="${GRIDLEASE_FUZZ_TIMEOUT:-240}"
+limit_s="${GRIDLEASE_FUZZ_TIMEOUT:-120}"
 seed="${GRIDLEASE_FUZZ_SEED:-20}"
 repo="$(pwd)"
 target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
@@ -33,7 +33,7 @@ for tool in socat docker python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "api-fuzz: $tool is needed" >&2; exit 1; }
 done
 
-if [ "$("$venv/bin/st" --version 2>/dev/null || true)" != "schemathesis, version $SCHEMATHESIS_VERSION" ]; then
+if ! "$venv/bin/st" --version 2>/dev/null | grep -qx ".*, version $SCHEMATHESIS_VERSION"; then
   echo "==> schemathesis $SCHEMATHESIS_VERSION into $venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
@@ -94,25 +94,30 @@ offer="$(gl --home "$work/renter" --json search | json_field "[0]['id']")"
 gl --home "$work/renter" --json rent "$offer" --minutes 30 --image "$image" --detach \
   -- /bin/busybox sleep 1800 >/dev/null
 
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$work/renter/api.sock" &
-pids+=($!)
-wait_until 10 "the loopback bridge" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port)).close()"
-
-echo "==> schemathesis $SCHEMATHESIS_VERSION: all checks, all phases (stateful included), seed $seed"
+# One run per node: the renter (its leases are rented) and the provider (its lease is
+# provided; `PUT /v1/provide` finds GPUs there).
 status=0
-# From the scratch directory: schemathesis keeps its crash cache in the working directory.
-(cd "$work" && timeout "$limit_s" "$venv/bin/st" --config-file "$repo/scripts/api-fuzz.toml" \
-  run "http://127.0.0.1:$port/v1/openapi.json" \
-  --url "http://127.0.0.1:$port" \
-  --checks all \
-  --phases examples,coverage,fuzzing,stateful \
-  --exclude-tag access \
-  --max-examples "$examples" \
-  --seed "$seed" \
-  --workers 1 \
-  --request-timeout 30 \
-  --report junit --report-dir "$target/api-fuzz/report") || status=$?
+for side in renter provider; do
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$work/$side/api.sock" &
+  pids+=($!)
+  wait_until 10 "the loopback bridge" python3 -c "import socket; socket.create_connection(('127.0.0.1', $port)).close()"
+
+  echo "==> schemathesis $SCHEMATHESIS_VERSION on the $side: all checks, all phases (stateful included), seed $seed"
+  # From the scratch directory: schemathesis keeps its crash cache in the working directory.
+  (cd "$work" && timeout "$limit_s" "$venv/bin/st" --config-file "$repo/scripts/api-fuzz.toml" \
+    run "http://127.0.0.1:$port/v1/openapi.json" \
+    --url "http://127.0.0.1:$port" \
+    --checks all \
+    --phases examples,coverage,fuzzing,stateful \
+    --exclude-tag access \
+    --max-examples "$examples" \
+    --seed "$seed" \
+    --workers 1 \
+    --request-timeout 30 \
+    --report junit --report-dir "$target/api-fuzz/report-$side") || status=$?
+  [ "$status" -eq 0 ] || break
+done
 if [ "$status" -ne 0 ]; then
   echo "api-fuzz: schemathesis failed (exit $status); node logs follow" >&2
   tail -n 40 "$work/provider.log" "$work/renter.log" >&2 || true
