@@ -27,7 +27,8 @@ seed="${GRIDLEASE_FUZZ_SEED:-20}"
 repo="$(pwd)"
 target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 venv="$target/api-fuzz/venv"
-image="gridlease-fuzz/busybox:1"
+# Per run, so parallel or leftover runs never share (or remove) each other's image.
+image="gridlease-fuzz-$$-$(date +%s)/busybox:1"
 
 for tool in socat docker python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "api-fuzz: $tool is needed" >&2; exit 1; }
@@ -49,8 +50,13 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ -n "$provider_peer" ]; then
+    # The lease's container, then its workspace: the volume and the loop device under it.
     docker ps -aq --filter "label=gridlease.node=$provider_peer" | xargs -r docker rm -f >/dev/null
+    docker volume ls -q --filter "label=gridlease.node=$provider_peer" | xargs -r docker volume rm -f >/dev/null
   fi
+  find "$work" -name '*.img' -print0 2>/dev/null | while IFS= read -r -d '' img; do
+    losetup -j "$img" | cut -d: -f1 | xargs -r -n1 losetup -d 2>/dev/null || true
+  done
   docker rmi -f "$image" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
