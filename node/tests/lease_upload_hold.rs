@@ -126,7 +126,19 @@ async fn a_held_container_starts_when_the_renter_begins_or_its_hold_runs_out() {
         "started when the hold ran out: {done:#?}"
     );
     assert_eq!(done.exit_code, Some(0));
-
+    // Nothing of the three leases is left once the provider has closed them.
+    closed(&provider.leases, second, 30).await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    for id in [id, third, second] {
+        let volume = gridlease_sandbox::workspace::volume_name(&id);
+        while container_exists(&sb, id).await || sb.docker().inspect_volume(&volume).await.is_ok() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "lease {id}'s container or workspace outlived it"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
     for p in [&provider, &renter] {
         p.cancel.cancel();
     }
