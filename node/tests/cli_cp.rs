@@ -69,6 +69,18 @@ fn sums_of(root: &Path) -> BTreeMap<String, String> {
     out
 }
 
+/// A `sha256sum` listing (`SUM  ./PATH` lines) as path -> sum.
+fn sha256sum_output(file: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (sum, path) = l.split_once("  ").unwrap();
+            (path.trim_start_matches("./").to_string(), sum.to_string())
+        })
+        .collect()
+}
+
 /// Largest RSS (KiB) seen of each pid while sampling; stop with the flag.
 fn sample_rss(
     pids: Vec<u32>,
@@ -256,15 +268,7 @@ fn a_1_gib_tree_goes_in_and_out_resumed_after_interruptions_with_checksums_match
     let mut got = sums_of(&back);
     let listed = got.remove("SUMS").expect("the container's checksums");
     assert_eq!(got, sums);
-    let in_container: BTreeMap<String, String> = std::fs::read_to_string(back.join("SUMS"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (sum, name) = l.split_once("  ").unwrap();
-            (name.trim_start_matches("./").to_string(), sum.to_string())
-        })
-        .collect();
-    assert_eq!(in_container, sums, "{listed}");
+    assert_eq!(sha256sum_output(&back.join("SUMS")), sums, "{listed}");
     // No journal is left once a copy completed.
     assert_eq!(journal_lines(&rh), 0);
     drop(m);
@@ -458,15 +462,11 @@ fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_out
     );
 
     // The command saw every uploaded byte: its checksums are the local files'.
-    let listed: BTreeMap<String, String> = std::fs::read_to_string(here.join("out/sums.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (sum, path) = l.split_once("  ").unwrap();
-            (path.trim_start_matches("./").to_string(), sum.to_string())
-        })
-        .collect();
-    assert_eq!(listed, sums, "checksums in the container = local ones");
+    assert_eq!(
+        sha256sum_output(&here.join("out/sums.txt")),
+        sums,
+        "checksums in the container = local ones"
+    );
 
     // Billed from the command's start, not the hold's: at most its run plus the minimum.
     let leases = json(&rh, &["leases", "--all"]);

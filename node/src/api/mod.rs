@@ -1008,6 +1008,48 @@ fn require_upgrade(req: &axum::extract::Request) -> Result<(), ApiError> {
     }
 }
 
+/// The refusals every access route (exec, forward, upload, download) can give, documented once.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // A documentation type: never built, only described.
+enum AccessProblems {
+    #[response(
+        status = 400,
+        description = "Not a lease id (`invalid-parameter`)",
+        content_type = "application/problem+json"
+    )]
+    BadId(Problem),
+    #[response(
+        status = 404,
+        description = "No such lease (`unknown-lease`)",
+        content_type = "application/problem+json"
+    )]
+    Unknown(Problem),
+    #[response(
+        status = 409,
+        description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)",
+        content_type = "application/problem+json"
+    )]
+    Refused(Problem),
+    #[response(
+        status = 426,
+        description = "No `Upgrade: gridlease-access` header (`upgrade-required`)",
+        content_type = "application/problem+json"
+    )]
+    NoUpgrade(Problem),
+    #[response(
+        status = 502,
+        description = "The provider is unreachable (`provider-unreachable`)",
+        content_type = "application/problem+json"
+    )]
+    Unreachable(Problem),
+    #[response(
+        status = 500,
+        description = "A failure inside the node (`internal`)",
+        content_type = "application/problem+json"
+    )]
+    Internal(Problem),
+}
+
 /// `POST /v1/leases/{id}/exec` with `Upgrade: gridlease-access`: opens a shell or a command
 /// in the lease's container (through its provider) and, once granted, answers 101 and carries
 /// the exec frames on the upgraded connection.
@@ -1022,12 +1064,7 @@ fn require_upgrade(req: &axum::extract::Request) -> Result<(), ApiError> {
     request_body = types::ExecBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
-        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
-        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
-        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
-        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
-        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
-        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+        AccessProblems,
     )
 )]
 async fn exec(
@@ -1069,12 +1106,7 @@ async fn exec(
     ),
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
-        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
-        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
-        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
-        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
-        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
-        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+        AccessProblems,
     )
 )]
 async fn forward(
@@ -1112,12 +1144,7 @@ async fn transfer_body<T: serde::de::DeserializeOwned>(
     request_body = types::UploadBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
-        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
-        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
-        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
-        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
-        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
-        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+        AccessProblems,
     )
 )]
 async fn upload(
@@ -1147,12 +1174,7 @@ async fn upload(
     request_body = types::DownloadBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
-        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
-        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
-        (status = 409, description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
-        (status = 426, description = "No `Upgrade: gridlease-access` header (`upgrade-required`)", content_type = "application/problem+json", body = Problem),
-        (status = 502, description = "The provider is unreachable (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
-        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+        AccessProblems,
     )
 )]
 async fn download(

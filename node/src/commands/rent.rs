@@ -140,39 +140,37 @@ pub fn keep_outputs_s(a: &RentArgs, most: u32) -> anyhow::Result<u32> {
     }
 }
 
-/// `--download PATH[:DEST]`: the path in the container and the local destination.
-pub fn download_spec(spec: &str) -> (String, std::path::PathBuf) {
+/// `SRC[:DEST]` as (SRC, DEST), DEST defaulting to SRC's last name (trailing `/` ignored;
+/// `None` when SRC has none, e.g. `..`).
+fn copy_spec(spec: &str) -> (&str, Option<String>) {
     match spec.split_once(':') {
-        Some((src, dst)) if !dst.is_empty() => (src.to_string(), dst.into()),
+        Some((src, dst)) if !dst.is_empty() => (src, Some(dst.to_string())),
         _ => {
-            let src = spec.trim_end_matches(':').to_string();
+            let src = spec.trim_end_matches(':');
             let name = std::path::Path::new(src.trim_end_matches('/'))
                 .file_name()
-                .map_or_else(|| std::path::PathBuf::from("."), std::path::PathBuf::from);
+                .map(|n| n.to_string_lossy().into_owned());
             (src, name)
         }
     }
 }
 
+/// `--download PATH[:DEST]`: the path in the container and the local destination.
+pub fn download_spec(spec: &str) -> (String, std::path::PathBuf) {
+    let (src, dest) = copy_spec(spec);
+    (src.to_string(), dest.unwrap_or_else(|| ".".into()).into())
+}
+
 /// `--upload SRC[:DEST]`: the local source and the path in `/workspace` (default: the
 /// source's name).
 pub fn upload_spec(spec: &str) -> anyhow::Result<(std::path::PathBuf, String)> {
-    let (src, dest) = match spec.split_once(':') {
-        Some((src, dst)) if !dst.is_empty() => (src, dst.to_string()),
-        _ => {
-            let src = spec.trim_end_matches(':');
-            let name = std::path::Path::new(src.trim_end_matches('/'))
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .ok_or_else(|| {
-                    anyhow::anyhow!("--upload {spec:?}: name the destination, e.g. {src}:data")
-                })?;
-            (src, name)
-        }
-    };
+    let (src, dest) = copy_spec(spec);
     if src.is_empty() {
         anyhow::bail!("--upload {spec:?}: the source is empty");
     }
+    let dest = dest.ok_or_else(|| {
+        anyhow::anyhow!("--upload {spec:?}: name the destination, e.g. {src}:data")
+    })?;
     Ok((src.into(), dest))
 }
 
@@ -801,6 +799,23 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn copy_specs_default_to_the_sources_last_name() {
+        assert_eq!(download_spec("out/sub/"), ("out/sub/".into(), "sub".into()));
+        assert_eq!(download_spec("out:got"), ("out".into(), "got".into()));
+        assert_eq!(download_spec(".."), ("..".into(), ".".into()));
+        assert_eq!(
+            upload_spec("./data").unwrap(),
+            ("./data".into(), "data".to_string())
+        );
+        assert_eq!(
+            upload_spec("a/b:c/d").unwrap(),
+            ("a/b".into(), "c/d".to_string())
+        );
+        assert!(upload_spec("..").is_err(), "no name to default to");
+        assert!(upload_spec(":x").is_err(), "no source");
+    }
 
     #[test]
     fn hints_name_the_home_when_it_is_not_the_default() {

@@ -582,7 +582,8 @@ async fn file_stats(path: &Path) -> LogStats {
 }
 
 /// Reads at most `max` (capped at [`MAX_LOG_CHUNK`]) bytes of the output file from `offset`:
-/// one open, seek and read, on the blocking pool. `finished`: the lease is over, so the file
+/// one open and read, from the page cache on the calling task or else on the blocking pool
+/// (below). `finished`: the lease is over, so the file
 /// will not grow (then `eof` is set once `offset` reaches its end). A missing file is empty
 /// output; another I/O error is logged and gives an empty chunk without `eof`.
 pub async fn read_chunk(
@@ -634,53 +635,56 @@ pub async fn read_chunk(
     }
 }
 
+/// The output file opened for a read of at most `max` bytes from `offset`: (the file, where
+/// the data starts: `offset` clamped to the file's length, how many bytes, the file's length);
+/// `None` for a missing file (empty output).
+fn open_range(
+    path: &Path,
+    offset: u64,
+    max: u32,
+) -> std::io::Result<Option<(std::fs::File, u64, u64, u64)>> {
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = f.metadata()?.len();
+    let start = offset.min(len);
+    Ok(Some((f, start, (len - start).min(u64::from(max)), len)))
+}
+
 /// [`read_at`] without waiting for the disk: `preadv2(RWF_NOWAIT)` answers only from the page
 /// cache. `None` when it cannot (part of the range not cached, or the kernel lacks the flag):
 /// the caller reads on the blocking pool.
 fn read_cached(path: &Path, offset: u64, max: u32) -> Option<std::io::Result<(u64, Vec<u8>, u64)>> {
     use rustix::io::{Errno, ReadWriteFlags, preadv2};
-    let f = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Ok((0, Vec::new(), 0))),
+    let (f, start, n, len) = match open_range(path, offset, max) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Some(Ok((0, Vec::new(), 0))),
         Err(e) => return Some(Err(e)),
     };
-    let len = match f.metadata() {
-        Ok(m) => m.len(),
-        Err(e) => return Some(Err(e)),
-    };
-    let start = offset.min(len);
-    let n = usize::try_from((len - start).min(u64::from(max))).unwrap_or(0);
-    let mut data = vec![0u8; n];
+    // n <= MAX_LOG_CHUNK.
+    let mut data = vec![0u8; usize::try_from(n).unwrap_or(0)];
     let mut got = 0;
-    while got < n {
+    while got < data.len() {
         let mut bufs = [std::io::IoSliceMut::new(&mut data[got..])];
         match preadv2(&f, &mut bufs, start + got as u64, ReadWriteFlags::NOWAIT) {
-            Ok(0) => break,
+            Ok(0) => return None,
             Ok(k) => got += k,
             Err(Errno::INTR) => {}
             // Not (all) in the page cache, or no RWF_NOWAIT here: the blocking pool reads it.
             Err(_) => return None,
         }
     }
-    if got < n {
-        return None;
-    }
     Some(Ok((start, data, len)))
 }
 
 /// (where the data starts: `offset` clamped to the file's length, the data, the file's length).
 fn read_at(path: &Path, offset: u64, max: u32) -> std::io::Result<(u64, Vec<u8>, u64)> {
-    let mut f = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, Vec::new(), 0)),
-        Err(e) => return Err(e),
+    let Some((mut f, start, n, len)) = open_range(path, offset, max)? else {
+        return Ok((0, Vec::new(), 0));
     };
-    let len = f.metadata()?.len();
-    let start = offset.min(len);
-    let n = (len - start).min(u64::from(max));
-    // n <= MAX_LOG_CHUNK. Read into uninitialised capacity (`read_to_end` through `take`):
-    // no zero-fill of a buffer the read overwrites anyway, which was a third of a request's
-    // cost (docs/benchmarks.md).
+    // n <= MAX_LOG_CHUNK, read into uninitialised capacity (`read_to_end` through `take`).
     let mut data = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
     f.seek(SeekFrom::Start(start))?;
     f.take(n).read_to_end(&mut data)?;

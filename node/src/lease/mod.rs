@@ -816,30 +816,14 @@ impl LeaseService {
         match l.role {
             Role::Provider => logs::logs_from_file(&self.ctx, &l, from_offset, max).await,
             Role::Renter => {
-                let peer = l
-                    .lease
-                    .terms
-                    .provider
-                    .peer_id()
-                    .map_err(|e| LeaseError::Remote {
-                        lease_id: id,
-                        detail: e.to_string(),
-                    })?;
                 let req = SessionRequest::Logs {
                     lease_id: id,
                     offset: from_offset,
                     max: wire::MAX_LOG_CHUNK,
                 };
-                match session_rpc(&self.ctx, peer, req).await {
-                    Ok(SessionResponse::Logs(chunk)) => Ok(chunk),
-                    Ok(other) => Err(LeaseError::Remote {
-                        lease_id: id,
-                        detail: format!("provider answered {other:?}"),
-                    }),
-                    Err(detail) => Err(LeaseError::Remote {
-                        lease_id: id,
-                        detail,
-                    }),
+                match self.provider_rpc(&l, req).await? {
+                    SessionResponse::Logs(chunk) => Ok(chunk),
+                    other => Err(unexpected(id, &other)),
                 }
             }
         }
@@ -849,26 +833,39 @@ impl LeaseService {
     /// (`rent --upload`: the uploads are done). Also fine once it runs (the hold ran out).
     pub async fn begin(&self, id: LeaseId) -> Result<(), LeaseError> {
         let l = self.ctx.stored_lease(id).await?;
+        if l.role != Role::Renter {
+            return Err(LeaseError::Remote {
+                lease_id: id,
+                detail: "this node provides the lease; the renter begins it".into(),
+            });
+        }
+        match self
+            .provider_rpc(&l, SessionRequest::Begin { lease_id: id })
+            .await?
+        {
+            SessionResponse::NothingDue => Ok(()),
+            other => Err(unexpected(id, &other)),
+        }
+    }
+
+    /// Renter: one session request to the provider of `l`; an unreachable provider (or a key
+    /// that is no peer id) is [`LeaseError::Remote`].
+    async fn provider_rpc(
+        &self,
+        l: &StoredLease,
+        req: SessionRequest,
+    ) -> Result<SessionResponse, LeaseError> {
         let remote = |detail: String| LeaseError::Remote {
-            lease_id: id,
+            lease_id: l.lease.id,
             detail,
         };
-        if l.role != Role::Renter {
-            return Err(remote(
-                "this node provides the lease; the renter begins it".into(),
-            ));
-        }
         let peer = l
             .lease
             .terms
             .provider
             .peer_id()
             .map_err(|e| remote(e.to_string()))?;
-        match session_rpc(&self.ctx, peer, SessionRequest::Begin { lease_id: id }).await {
-            Ok(SessionResponse::NothingDue) => Ok(()),
-            Ok(other) => Err(remote(format!("provider answered {other:?}"))),
-            Err(detail) => Err(remote(detail)),
-        }
+        session_rpc(&self.ctx, peer, req).await.map_err(remote)
     }
 
     /// Stops a lease: a renter closes it (signed `LeaseClose`), a provider stops the container.
@@ -1069,6 +1066,14 @@ fn fresh_nonce() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         .unwrap_or(1)
+}
+
+/// A provider's answer that does not fit the request, as an error.
+fn unexpected(lease_id: LeaseId, answer: &SessionResponse) -> LeaseError {
+    LeaseError::Remote {
+        lease_id,
+        detail: format!("provider answered {answer:?}"),
+    }
 }
 
 /// Sends one session request and returns the answer (or why there is none).
