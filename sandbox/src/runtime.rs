@@ -615,7 +615,9 @@ impl Sandbox {
         }
     }
 
-    /// Removes a container (forcefully: kills it if still running). Missing is not an error.
+    /// Removes a container (forcefully: kills it if still running). Missing is not an error,
+    /// and neither is a removal already in progress (someone else's `docker rm`, a watchdog):
+    /// that waits, at most [`REMOVAL_WAIT`], until the container is gone.
     pub async fn remove(&self, id: &str) -> Result<(), SandboxError> {
         let opts = RemoveContainerOptionsBuilder::default()
             .force(true)
@@ -626,6 +628,30 @@ impl Sandbox {
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
             }) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409,
+                message,
+            }) if message.contains("already in progress") => {
+                // The container is still listed (as running, until killed) meanwhile.
+                let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
+                loop {
+                    match self.docker.inspect_container(id, None).await {
+                        Err(bollard::errors::Error::DockerResponseServerError {
+                            status_code: 404,
+                            ..
+                        }) => return Ok(()),
+                        Err(e) => return Err(docker_err("inspect_container", id)(e)),
+                        Ok(_) if tokio::time::Instant::now() >= deadline => {
+                            let e = bollard::errors::Error::DockerResponseServerError {
+                                status_code: 409,
+                                message,
+                            };
+                            return Err(docker_err("remove_container", id)(e));
+                        }
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+            }
             Err(e) => Err(docker_err("remove_container", id)(e)),
         }
     }
@@ -725,6 +751,9 @@ const MAX_NAP: Duration = Duration::from_secs(1);
 /// How long [`Sandbox::enforce_stop`] waits for the daemon to record a SIGKILLed container as
 /// stopped.
 const KILL_WAIT: Duration = Duration::from_secs(30);
+
+/// How long [`Sandbox::remove`] waits for someone else's removal of the same container.
+const REMOVAL_WAIT: Duration = Duration::from_secs(30);
 
 async fn sleep_until(at: Timestamp, now: &(dyn Fn() -> Timestamp + Sync)) {
     loop {

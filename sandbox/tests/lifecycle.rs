@@ -174,6 +174,30 @@ async fn reconciliation_removes_orphans_and_flags_missing() {
     );
 }
 
+/// Two removals of the same running container at once (the node's and an operator's `docker
+/// rm`, or the watchdog's) both succeed: the one that finds the removal in progress (Docker's
+/// 409) waits for it instead of reporting a container that will be gone a moment later (a
+/// provider that believed it kept the lease's GPUs held until its next restart).
+#[tokio::test]
+async fn concurrent_removals_of_one_container_both_succeed() {
+    let Some(sb) = common::sandbox_or_skip("remove-twice").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let mut cleanup = Cleanup::default();
+    let node = unique("node");
+    // Several rounds: a 409 needs the second call to arrive while the first is removing.
+    for _ in 0..5 {
+        let spec = probe_spec(&image, &node, &["ignore-term", "sleep", "60"]);
+        let id = sb.create(&spec).await.unwrap();
+        cleanup.containers.push(id.clone());
+        sb.start(&id).await.unwrap();
+        let (a, b) = tokio::join!(sb.remove(&id), sb.remove(&id));
+        assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
+        assert!(sb.inspect(&id).await.is_err(), "the container is gone");
+    }
+}
+
 #[tokio::test]
 async fn unreachable_daemon_error_says_how_to_fix_it() {
     let path = format!("/tmp/{}.sock", unique("gl-no-docker"));

@@ -501,6 +501,10 @@ pub(crate) struct Ctx {
     /// Provider: the GPUs (UUID digests) leases hold now, as the desk last published them;
     /// [`capacity::run`] turns each change into the offer's free count.
     pub(crate) holds: watch::Sender<std::collections::BTreeSet<Digest>>,
+    /// Provider: a session whose GPUs are free says so here before it publishes its settled
+    /// view, so that the desk has released them before anyone who saw the view can ask for
+    /// them ([`Ctx::gpus_free`]). The session's end releases them too (idempotent).
+    released: mpsc::Sender<LeaseId>,
 }
 
 impl Ctx {
@@ -526,6 +530,12 @@ impl Ctx {
     /// Now, by the service's clock.
     pub(crate) fn now(&self) -> gridlease_protocol::Timestamp {
         self.config.clock.now()
+    }
+
+    /// Provider session: the lease's GPUs are free (its container is gone or stopped). Never
+    /// waits: a full queue leaves the release to the session's end.
+    pub(crate) fn gpus_free(&self, id: LeaseId) {
+        let _ = self.released.try_send(id);
     }
 }
 
@@ -577,6 +587,7 @@ impl LeaseService {
         }
         let store = client.store().clone();
         let node_id = client.peer_id().to_string();
+        let (released_tx, released) = mpsc::channel(SERVICE_QUEUE);
         let ctx = Arc::new(Ctx {
             client: client.clone(),
             store,
@@ -586,6 +597,7 @@ impl LeaseService {
             cancel: cancel.clone(),
             log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
             holds: watch::Sender::new(std::collections::BTreeSet::new()),
+            released: released_tx,
         });
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
@@ -593,6 +605,7 @@ impl LeaseService {
             ctx: ctx.clone(),
             cmds: rx,
             inbound: in_rx,
+            released,
             sessions: HashMap::new(),
             tasks: JoinSet::new(),
             desk: desk::Desk::new(),
@@ -1194,6 +1207,8 @@ struct Actor {
     ctx: Arc<Ctx>,
     cmds: mpsc::Receiver<Cmd>,
     inbound: mpsc::Receiver<InboundLease>,
+    /// Provider: sessions whose GPUs are free ([`Ctx::gpus_free`]).
+    released: mpsc::Receiver<LeaseId>,
     sessions: HashMap<LeaseId, Entry>,
     tasks: JoinSet<SessionEnd>,
     /// Provider: decisions, GPU holds, nonces.
@@ -1217,6 +1232,10 @@ impl Actor {
             tokio::select! {
                 biased;
                 () = self.ctx.cancel.cancelled() => break,
+                Some(id) = self.released.recv() => {
+                    self.desk.release(&id);
+                    self.publish_holds();
+                }
                 Some(done) = self.vets.join_next(), if !self.vets.is_empty() => match done {
                     Ok(v) => self.on_vetted(v),
                     Err(e) => tracing::error!(error = %e, "image check task failed"),

@@ -1280,6 +1280,9 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
         }
     }
     s.kept_outputs = kept;
+    if kept || s.container.is_none() {
+        ctx.gpus_free(s.lease.id);
+    }
     let total = s.channel.paid();
     if s.lease.state.can_settle() {
         let patch = SessionPatch {
