@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod lease;
 pub mod money;
 pub mod query;
+pub mod statement;
 pub mod terms;
 
 pub use billing::{BilledTime, Tariff, cost, interval_charge};

@@ -79,6 +79,10 @@ fn main() -> ExitCode {
                         Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
                         Command::Extend(a) => commands::extend::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
+                        Command::Statement(a) => {
+                            commands::statement::run_statement(&api, &out, &a).await
+                        }
+                        Command::Verify(a) => commands::statement::run_verify(&out, &a),
                         Command::Cp(a) => commands::cp::run(&api, &out, &a).await,
                         Command::Shell(a) => commands::access::run_shell(&api, &out, &a).await,
                         Command::Exec(a) => commands::access::run_exec(&api, &out, &a).await,

@@ -177,6 +177,15 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX lease_session_outputs ON lease_session(outputs_until)
         WHERE outputs_until IS NOT NULL;
     "#,
+    // 8: the signed offer a lease's terms were made from (issue 16, `gridlease statement`),
+    // as the node had it when the lease was made: the renter's from its book, the provider's
+    // own (when the terms name the offer it advertised then, not an earlier signature).
+    r#"
+    CREATE TABLE lease_offers (
+        lease_id BLOB PRIMARY KEY REFERENCES leases(lease_id),
+        envelope BLOB NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// Peers remembered (most recently seen first); older ones are forgotten when more are seen.
@@ -1131,8 +1140,24 @@ mod tests {
 
         let lease_id = LeaseId(Digest([9; 32]));
         for seq in 1..=40u64 {
-            s.put_usage(&lease_id, seq, &[1, 2, 3], T0).unwrap();
+            s.put_usage(&lease_id, seq, &[1, 2, 3], T0, lease::UsageKept::Newest)
+                .unwrap();
         }
+        // A provider's own reports are all kept (its evidence in a statement).
+        let own = LeaseId(Digest([8; 32]));
+        for seq in 1..=40u64 {
+            s.put_usage(&own, seq, &[1, 2, 3], T0, lease::UsageKept::All)
+                .unwrap();
+        }
+        let own_count: i64 = s
+            .conn
+            .query_row(
+                "SELECT count(*) FROM usage_reports WHERE lease_id = ?1",
+                [&own.0.0[..]],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(own_count, 40);
         let (count, min): (i64, i64) = s
             .conn
             .query_row(

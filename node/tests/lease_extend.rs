@@ -255,6 +255,14 @@ async fn a_lease_extended_mid_run_runs_past_its_first_deadline_and_pays_every_se
     let rl = renter.leases.ledger().await.unwrap();
     assert_eq!(pl.total_earned, lease_cost);
     assert_eq!(rl.total_spent, lease_cost);
+    // Both sides' statements verify with the amendment, owing exactly the extended lease.
+    for side in [&provider, &renter] {
+        let st = side.leases.statement(id).await.unwrap();
+        let v = gridlease_contracts::statement::verify(&st).expect("the statement verifies");
+        assert_eq!(v.amendments, 1);
+        assert_eq!(v.terms.duration_s, D + E);
+        assert_eq!(v.owed.micros(), lease_cost);
+    }
     // The watchdog learned the new deadline (and did not act on the old one).
     let wlog = std::fs::read_to_string(leases_dir.join(format!("{id}.watchdog.log"))).unwrap();
     eprintln!("watchdog log:\n{wlog}");

@@ -14,6 +14,7 @@ pub mod fixtures;
 pub mod identity;
 pub mod messages;
 pub mod session;
+pub mod statement;
 pub mod sync;
 pub mod transfer;
 pub mod types;

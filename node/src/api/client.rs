@@ -18,6 +18,8 @@ use crate::lease::{LeaseView, Ledger};
 
 /// Most bytes of one API answer the CLI accepts.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// Most bytes of a statement answer (`GET /v1/leases/{id}/statement`).
+pub const MAX_STATEMENT_RESPONSE: usize = gridlease_protocol::statement::MAX_STATEMENT_BYTES;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +149,15 @@ impl ApiClient {
         self.post(&format!("/v1/leases/{lease}/extend"), body).await
     }
 
+    /// `GET /v1/leases/{lease}/statement`: the statement file's bytes.
+    pub async fn statement(&self, lease: &str) -> Result<Bytes, ClientError> {
+        let path = format!("/v1/leases/{lease}/statement");
+        let (_, body) = self
+            .request_capped(Method::GET, &path, None::<&()>, MAX_STATEMENT_RESPONSE)
+            .await?;
+        Ok(body)
+    }
+
     /// `GET /v1/ledger`.
     pub async fn ledger(&self) -> Result<Ledger, ClientError> {
         self.get("/v1/ledger").await
@@ -253,6 +264,18 @@ impl ApiClient {
         path: &str,
         body: Option<&B>,
     ) -> Result<(hyper::HeaderMap, Bytes), ClientError> {
+        self.request_capped(method, path, body, MAX_RESPONSE_BYTES)
+            .await
+    }
+
+    /// [`ApiClient::request`] reading at most `max` bytes of the answer.
+    async fn request_capped<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        max: usize,
+    ) -> Result<(hyper::HeaderMap, Bytes), ClientError> {
         let transport = |e: &dyn std::fmt::Display| ClientError::Transport(e.to_string());
         let (mut sender, conn) = self.connect().await?;
         let driver = tokio::spawn(conn);
@@ -270,7 +293,7 @@ impl ApiClient {
         let resp = sender.send_request(req).await.map_err(|e| transport(&e))?;
         let status = resp.status();
         let headers = resp.headers().clone();
-        let body = http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
+        let body = http_body_util::Limited::new(resp.into_body(), max)
             .collect()
             .await
             .map_err(|e| transport(&e))?

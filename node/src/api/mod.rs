@@ -112,6 +112,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(forward))
         .routes(routes!(upload))
         .routes(routes!(download))
+        .routes(routes!(statement))
         .routes(routes!(ledger))
 }
 
@@ -1326,6 +1327,43 @@ async fn logs(
         h.insert(EXIT_CODE_HEADER, v);
     }
     Ok(resp)
+}
+
+/// `GET /v1/leases/{id}/statement`.
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{id}/statement",
+    operation_id = "getLeaseStatement",
+    tag = "leases",
+    summary = "The lease's statement: every signed message that says what is owed (`gridlease statement`)",
+    description = "The statement file `gridlease verify` checks with no node and no network: the offer (when kept), the signed request and acceptance, accepted amendments, the usage reports this node keeps and the last receipt (format: docs/billing.md). Either side of a lease may ask; a provider's holds all of its reports.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix")),
+    responses(
+        (status = 200, description = "The statement file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+async fn statement(
+    State(s): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    let bytes = s
+        .leases
+        .statement(id)
+        .await
+        .map_err(lease_err)?
+        .to_bytes()
+        .map_err(ApiError::internal)?;
+    Ok((
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response())
 }
 
 /// `GET /v1/ledger`.

@@ -22,6 +22,7 @@ pub mod peers;
 pub mod provide;
 pub mod rent;
 pub mod search;
+pub mod statement;
 pub mod status;
 pub mod stop;
 pub mod watchdog;
@@ -116,6 +117,14 @@ pub enum Command {
     Cp(cp::CpArgs),
     /// Earnings and spend, per lease and in total.
     Ledger(ledger::LedgerArgs),
+    /// Write a lease's statement: every signed message that says what is owed, in one file.
+    ///
+    /// `statement LEASE --out FILE`; anyone checks it with `gridlease verify FILE`.
+    Statement(statement::StatementArgs),
+    /// Check a statement file (signatures and arithmetic) and print what is owed.
+    ///
+    /// Needs no node and no network; an invalid statement exits 1 naming what is wrong.
+    Verify(statement::VerifyArgs),
     /// A whole local market in one command: bootstrap, providers, renter, one real lease.
     Devnet(devnet::DevnetArgs),
     /// Stop one tenant container at its deadline (spawned by the node per container, not for

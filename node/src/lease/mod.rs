@@ -711,6 +711,17 @@ impl LeaseService {
             NegotiationOutcome::Accepted {
                 lease_id, stored, ..
             } => {
+                // The offer the terms were made from, for the lease's statement.
+                if stored.lease.terms.offer_id == entry.id
+                    && let Ok(bytes) = entry.signed.to_bytes()
+                    && let Err(e) = self
+                        .ctx
+                        .store
+                        .call(move |s| s.put_lease_offer(&lease_id, &bytes))
+                        .await
+                {
+                    tracing::warn!(lease = %lease_id, error = %e, "cannot keep the lease's offer: its statement will lack it");
+                }
                 self.ask(|r| Cmd::Register(stored, r))
                     .await
                     .map_err(|_| RentError::Closed)?;
@@ -749,6 +760,18 @@ impl LeaseService {
             .into_iter()
             .map(|v| v.at(now))
             .collect())
+    }
+
+    /// Lease `id`'s statement (`gridlease statement`): what this node keeps of it, signed.
+    pub async fn statement(
+        &self,
+        id: LeaseId,
+    ) -> Result<gridlease_protocol::statement::Statement, LeaseError> {
+        self.ctx
+            .store
+            .call(move |s| s.statement(&id))
+            .await?
+            .ok_or(LeaseError::Unknown(id))
     }
 
     /// Total earned and spent, micro-units (one aggregate query).
@@ -1435,6 +1458,11 @@ impl Actor {
             desk::Decision::Persist { stored, accept } => {
                 self.waiting.entry(stored.lease.id).or_default().push(reply);
                 let store = self.ctx.store.clone();
+                // The offer the terms name, for the lease's statement: the one advertised now
+                // (a request made from an earlier signature of it keeps none).
+                let offer_bytes = offer
+                    .filter(|o| o.id == stored.lease.terms.offer_id)
+                    .and_then(|o| o.signed.to_bytes().ok());
                 self.persists.spawn(async move {
                     let row = (*stored).clone();
                     // An identical lease already stored (a retry after a restart forgot its
@@ -1442,6 +1470,9 @@ impl Actor {
                     let result = store
                         .call(move |s| {
                             if s.insert_lease(&row)? {
+                                if let Some(b) = &offer_bytes {
+                                    s.put_lease_offer(&row.lease.id, b)?;
+                                }
                                 Ok(None)
                             } else {
                                 s.lease(&row.lease.id)

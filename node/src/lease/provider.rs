@@ -32,7 +32,7 @@ use super::view::{self, LeaseView};
 use super::watchdog::{self, Ensured};
 use super::wire::{SessionRequest, SessionResponse};
 use super::{Ctx, MAX_LOG_BYTES, SessionMsg, session_rpc, sign};
-use crate::store::lease::{SessionPatch, SessionRecord};
+use crate::store::lease::{SessionPatch, SessionRecord, UsageKept};
 use crate::store::{Role, StoredLease};
 
 /// How the run ended.
@@ -227,7 +227,7 @@ impl Session {
         if let Err(e) = self
             .ctx
             .store
-            .call(move |s| s.put_usage(&id, seq, &bytes, now))
+            .call(move |s| s.put_usage(&id, seq, &bytes, now, UsageKept::All))
             .await
         {
             tracing::error!(error = %e, "cannot persist a usage report; not sending it");

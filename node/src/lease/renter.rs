@@ -18,7 +18,7 @@ use super::extend::{self as ext, Answer, ExtendError, Extended};
 use super::view::{self, LeaseView};
 use super::wire::{SessionRequest, SessionResponse, detail};
 use super::{Ctx, InboundSession, SessionMsg, session_rpc, sign};
-use crate::store::lease::{SessionPatch, SessionRecord};
+use crate::store::lease::{SessionPatch, SessionRecord, UsageKept};
 use crate::store::{Role, StoredLease};
 
 /// How often the renter checks on a silent provider.
@@ -412,7 +412,7 @@ impl Session {
                     let _ = self
                         .ctx
                         .store
-                        .call(move |s| s.put_usage(&id, seq, &bytes, now))
+                        .call(move |s| s.put_usage(&id, seq, &bytes, now, UsageKept::Newest))
                         .await;
                 }
                 if v.message.exit_code.is_some() {

@@ -7,8 +7,9 @@
 
 use gridlease_contracts::LeaseState;
 use gridlease_contracts::lease::Transition;
+use gridlease_protocol::statement::{SignedAmendment, Statement};
 use gridlease_protocol::{
-    CloseReason, LeaseAmendment, LeaseId, PaymentReceipt, PublicKey, Timestamp,
+    CloseReason, LeaseAmendment, LeaseId, Offer, PaymentReceipt, PublicKey, Signed, Timestamp,
 };
 use rusqlite::{OptionalExtension, params};
 
@@ -123,27 +124,43 @@ pub fn parse_reason(s: &str) -> Option<CloseReason> {
     .find(|r| reason_str(*r) == s)
 }
 
-/// Usage reports kept per lease (the newest; see [`Store::put_usage`]).
+/// Usage reports a renter keeps per lease (the newest; see [`Store::put_usage`]).
 pub const USAGE_REPORTS_KEPT: u64 = 16;
 
-/// Inserts a usage report and drops the lease's reports older than the last
-/// [`USAGE_REPORTS_KEPT`] (the primary key makes both index lookups).
+/// Which of a lease's usage reports the store keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageKept {
+    /// Every one: a provider's own reports, one per usage interval of a lease whose duration
+    /// both sides signed (so at most `duration_s / usage_interval_s` and the final one). They
+    /// are the provider's evidence in a statement (`gridlease statement`).
+    All,
+    /// The newest [`USAGE_REPORTS_KEPT`]: a renter's, received from the provider (a provider
+    /// that sends reports faster than agreed cannot fill the renter's disk). Reports are
+    /// cumulative: the last one carries the totals.
+    Newest,
+}
+
+/// Inserts a usage report; with [`UsageKept::Newest`] drops the lease's reports older than the
+/// last [`USAGE_REPORTS_KEPT`] (the primary key makes both index lookups).
 fn insert_usage(
     tx: &rusqlite::Transaction<'_>,
     lid: &[u8],
     seq: u64,
     envelope: &[u8],
     at: Timestamp,
+    kept: UsageKept,
 ) -> rusqlite::Result<()> {
     tx.execute(
         "INSERT OR IGNORE INTO usage_reports(lease_id, seq, envelope, received_at)
          VALUES (?1, ?2, ?3, ?4)",
         params![lid, i64_of(seq), envelope, i64_of(at.0)],
     )?;
-    tx.execute(
-        "DELETE FROM usage_reports WHERE lease_id = ?1 AND seq <= ?2",
-        params![lid, i64_of(seq.saturating_sub(USAGE_REPORTS_KEPT))],
-    )?;
+    if kept == UsageKept::Newest {
+        tx.execute(
+            "DELETE FROM usage_reports WHERE lease_id = ?1 AND seq <= ?2",
+            params![lid, i64_of(seq.saturating_sub(USAGE_REPORTS_KEPT))],
+        )?;
+    }
     Ok(())
 }
 
@@ -265,19 +282,19 @@ impl Store {
     }
 
     /// Stores a usage report (sent by a provider or accepted by a renter). Idempotent by seq.
-    /// Keeps the last [`USAGE_REPORTS_KEPT`] of the lease: reports are cumulative, so the last
-    /// one (with the last receipt) is the statement; older ones are only history.
+    /// `kept`: which of the lease's reports stay ([`UsageKept`]).
     pub fn put_usage(
         &mut self,
         id: &LeaseId,
         seq: u64,
         envelope: &[u8],
         at: Timestamp,
+        kept: UsageKept,
     ) -> Result<(), StoreError> {
         let path = self.path.clone();
         let e = |source| classify(&path, source);
         let tx = self.conn.transaction().map_err(e)?;
-        insert_usage(&tx, &id.0.0[..], seq, envelope, at).map_err(e)?;
+        insert_usage(&tx, &id.0.0[..], seq, envelope, at, kept).map_err(e)?;
         tx.commit().map_err(e)
     }
 
@@ -301,7 +318,7 @@ impl Store {
         let lid = &id.0.0[..];
         let tx = self.conn.transaction().map_err(e)?;
         if let Some((seq, bytes)) = usage {
-            insert_usage(&tx, lid, seq, bytes, at).map_err(e)?;
+            insert_usage(&tx, lid, seq, bytes, at, UsageKept::Newest).map_err(e)?;
         }
         let last: Option<(i64, i64)> = tx
             .query_row(
@@ -440,6 +457,97 @@ impl Store {
             last_usage,
             last_receipt,
         })
+    }
+
+    /// Keeps the signed offer (envelope bytes) lease `id`'s terms were made from. The first
+    /// one stays.
+    pub fn put_lease_offer(&mut self, id: &LeaseId, envelope: &[u8]) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR IGNORE INTO lease_offers(lease_id, envelope) VALUES (?1, ?2)",
+                params![&id.0.0[..], envelope],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// Lease `id`'s statement ([`Statement`]) from what this node keeps: the offer (if kept),
+    /// the signed request and acceptance, the accepted amendments, the usage reports and the
+    /// last receipt. `None`: no such lease, or one without an acceptance.
+    pub fn statement(&self, id: &LeaseId) -> Result<Option<Statement>, StoreError> {
+        let Some(l) = self.lease(id)? else {
+            return Ok(None);
+        };
+        let Some(accept) = l.accept else {
+            return Ok(None);
+        };
+        let lid = &id.0.0[..];
+        let e = self.err();
+        let offer = self
+            .conn
+            .query_row(
+                "SELECT envelope FROM lease_offers WHERE lease_id = ?1",
+                [lid],
+                |r| r.get::<_, Vec<u8>>(0),
+            )
+            .optional()
+            .map_err(&e)?
+            .map(|b| Signed::<Offer>::from_bytes(&b))
+            .transpose()
+            .map_err(|err| self.bad_row("lease offer", err))?;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT proposal, acceptance FROM lease_amendments
+                 WHERE lease_id = ?1 AND acceptance IS NOT NULL ORDER BY seq",
+            )
+            .map_err(&e)?;
+        let rows = stmt
+            .query_map([lid], |r| {
+                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?))
+            })
+            .map_err(&e)?;
+        let mut amendments = Vec::new();
+        for row in rows {
+            let (p, a) = row.map_err(&e)?;
+            amendments.push(SignedAmendment {
+                proposal: Signed::from_bytes(&p).map_err(|err| self.bad_row("amendment", err))?,
+                acceptance: Signed::from_bytes(&a)
+                    .map_err(|err| self.bad_row("amendment acceptance", err))?,
+            });
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT envelope FROM usage_reports WHERE lease_id = ?1 ORDER BY seq")
+            .map_err(&e)?;
+        let rows = stmt
+            .query_map([lid], |r| r.get::<_, Vec<u8>>(0))
+            .map_err(&e)?;
+        let mut usage = Vec::new();
+        for row in rows {
+            let b = row.map_err(&e)?;
+            usage.push(Signed::from_bytes(&b).map_err(|err| self.bad_row("usage report", err))?);
+        }
+        let receipt = self
+            .conn
+            .query_row(
+                "SELECT envelope FROM receipts WHERE lease_id = ?1 ORDER BY seq DESC LIMIT 1",
+                [lid],
+                |r| r.get::<_, Vec<u8>>(0),
+            )
+            .optional()
+            .map_err(&e)?
+            .map(|b| Signed::<PaymentReceipt>::from_bytes(&b))
+            .transpose()
+            .map_err(|err| self.bad_row("receipt", err))?;
+        Ok(Some(Statement {
+            offer,
+            request: l.request,
+            accept,
+            amendments,
+            usage,
+            receipt,
+        }))
     }
 
     /// Stores an amendment of lease `id` (persist before act): the renter's signed proposal

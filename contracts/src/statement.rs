@@ -1,0 +1,512 @@
+//! Checking a lease's statement ([`gridlease_protocol::statement::Statement`]) with nothing but
+//! the statement: every signature, who signed what, and the arithmetic of what is owed.
+//!
+//! The rules, in order (the first one broken is the answer, naming the message):
+//! 1. The request verifies (strict ed25519 over the exact bytes, on the network its terms name)
+//!    and is signed by the terms' renter; the acceptance verifies, is signed by the terms'
+//!    provider, carries identical terms, and names the lease id the terms hash to.
+//! 2. The offer, when included, verifies, is signed by the provider, and is the one the terms
+//!    name (its content id and sequence).
+//! 3. Amendments are numbered 1, 2, ... for this lease; each proposal is signed by the renter,
+//!    each acceptance by the provider over the identical amendment; durations grow and caps do
+//!    not fall. The terms in force are the last amendment's ([`crate::amend::amended_terms`]).
+//! 4. Usage reports are signed by the provider, for this lease, consecutive by sequence (a
+//!    missing one is refused), and each passes the renter's own check
+//!    ([`crate::channel::check_usage`]: meters never fall, GPU time within wall time x GPUs,
+//!    wall time within the lease's duration, the amount due exactly the tariff's) under the
+//!    terms in force or an earlier version of them (a report signed before an amendment).
+//! 5. The receipt is signed by the renter, for this lease, within the budget cap, and pays
+//!    exactly what the report it answers (which must be included) says is due, or the cap
+//!    where the cap bound it; or, covering no usage, exactly the failed-start fee.
+//!
+//! What is owed is the receipt's `total_paid`: the renter signed it. Usage reported after it
+//! (at most one pay-ahead window, by the channel's rules) is shown as unpaid; no renter
+//! signature backs it.
+//!
+//! Pure: no clock, no I/O.
+
+use gridlease_protocol::statement::Statement;
+use gridlease_protocol::{
+    LeaseId, LeaseTerms, NetworkId, OfferId, PaymentReceipt, PublicKey, Signed, UsageReport,
+    Verified, WireMessage,
+};
+
+use crate::amend::amended_terms;
+use crate::billing::Tariff;
+use crate::channel::check_usage;
+use crate::money::Money;
+
+/// What is wrong with a statement: which part, and the problem in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{part}: {problem}")]
+pub struct StatementError {
+    /// The message at fault (`the request`, `usage report 7`, ...).
+    pub part: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+fn fail<T>(part: impl Into<String>, problem: impl std::fmt::Display) -> Result<T, StatementError> {
+    Err(StatementError {
+        part: part.into(),
+        problem: problem.to_string(),
+    })
+}
+
+/// What a valid statement says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its network.
+    pub network: NetworkId,
+    /// The terms in force (the last amendment applied).
+    pub terms: LeaseTerms,
+    /// Accepted amendments.
+    pub amendments: usize,
+    /// Whether the offer was included (and matched).
+    pub offer_included: bool,
+    /// The usage reports included.
+    pub reports: usize,
+    /// The first and last report's sequence numbers.
+    pub report_seqs: Option<(u64, u64)>,
+    /// The last report (the cumulative totals).
+    pub last_report: Option<UsageReport>,
+    /// The last receipt.
+    pub receipt: Option<PaymentReceipt>,
+    /// What the renter signed to pay: the amount owed.
+    pub owed: Money,
+    /// What the last report says is due.
+    pub reported_due: Money,
+    /// Reported but not paid: `reported_due - owed` (no renter signature backs it).
+    pub unpaid: Money,
+}
+
+fn verified<T: WireMessage>(
+    signed: &Signed<T>,
+    network: &NetworkId,
+    part: &str,
+    signer: &PublicKey,
+    role: &str,
+) -> Result<Verified<T>, StatementError> {
+    let v = match signed.verify(network) {
+        Ok(v) => v,
+        Err(e) => return fail(part, e),
+    };
+    if &v.signer != signer {
+        return fail(
+            part,
+            format!("signed by {}, not by the lease's {role}", v.signer),
+        );
+    }
+    Ok(v)
+}
+
+/// Checks `s` by the rules above; the verdict, or the first rule broken.
+pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
+    // 1. The lease.
+    let network = s.request.envelope().network.clone();
+    let claimed_renter = s.request.signer();
+    let request = verified(
+        &s.request,
+        &network,
+        "the request",
+        &claimed_renter,
+        "renter",
+    )?;
+    let terms = request.message.terms;
+    if terms.network != network {
+        return fail(
+            "the request",
+            format!(
+                "signed for network {network}, its terms name {}",
+                terms.network
+            ),
+        );
+    }
+    if request.signer != terms.renter {
+        return fail(
+            "the request",
+            format!("signed by {}, not by the terms' renter", request.signer),
+        );
+    }
+    let lease_id = match terms.lease_id() {
+        Ok(id) => id,
+        Err(e) => return fail("the terms", e),
+    };
+    let accept = verified(
+        &s.accept,
+        &network,
+        "the acceptance",
+        &terms.provider,
+        "provider",
+    )?;
+    if accept.message.terms != terms {
+        return fail("the acceptance", "its terms differ from the request's");
+    }
+    if accept.message.lease_id != lease_id {
+        return fail(
+            "the acceptance",
+            format!(
+                "names lease {}, the terms hash to {lease_id}",
+                accept.message.lease_id
+            ),
+        );
+    }
+
+    // 2. The offer.
+    if let Some(offer) = &s.offer {
+        let v = verified(offer, &network, "the offer", &terms.provider, "provider")?;
+        let id = OfferId(offer.envelope().content_digest());
+        if id != terms.offer_id || v.message.seq != terms.offer_seq {
+            return fail(
+                "the offer",
+                format!(
+                    "is offer {id} seq {}, the terms name {} seq {}",
+                    v.message.seq, terms.offer_id, terms.offer_seq
+                ),
+            );
+        }
+    }
+
+    // 3. Amendments.
+    let mut versions = vec![terms.clone()];
+    for (i, a) in s.amendments.iter().enumerate() {
+        let part = format!("amendment {}", i + 1);
+        let p = verified(&a.proposal, &network, &part, &terms.renter, "renter")?;
+        let acc = verified(&a.acceptance, &network, &part, &terms.provider, "provider")?;
+        let current = versions.last().cloned().unwrap_or_else(|| terms.clone());
+        let am = &p.message;
+        if am.lease_id != lease_id {
+            return fail(part, format!("is for lease {}", am.lease_id));
+        }
+        if am.seq != i as u64 + 1 {
+            return fail(part, format!("is numbered {}", am.seq));
+        }
+        if acc.message.amendment != *am {
+            return fail(part, "the provider's acceptance is of another amendment");
+        }
+        if am.duration_s <= current.duration_s || am.max_total < current.max_total {
+            return fail(
+                part,
+                format!(
+                    "{} s and cap {} do not extend {} s and cap {}",
+                    am.duration_s, am.max_total, current.duration_s, current.max_total
+                ),
+            );
+        }
+        versions.push(amended_terms(&current, am));
+    }
+    let in_force = versions.last().cloned().unwrap_or_else(|| terms.clone());
+
+    // 4. Usage reports.
+    let mut reports: Vec<UsageReport> = Vec::with_capacity(s.usage.len());
+    for signed in &s.usage {
+        let part = format!("usage report {}", reports.len() + 1);
+        let v = verified(signed, &network, &part, &terms.provider, "provider")?;
+        let r = v.message;
+        let part = format!("usage report {}", r.seq);
+        let prev = reports.last();
+        if let Some(p) = prev
+            && r.seq != p.seq.saturating_add(1)
+        {
+            return fail(
+                part,
+                format!(
+                    "follows report {}: the report(s) in between are missing",
+                    p.seq
+                ),
+            );
+        }
+        // The newest terms first; a report signed before an amendment passes under the
+        // terms it was signed under.
+        let mut first_error = None;
+        let ok = versions.iter().rev().any(|t| {
+            match check_usage(t, lease_id, prev, &r, &v.signer, u64::MAX) {
+                Ok(()) => true,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    false
+                }
+            }
+        });
+        if !ok {
+            let e = first_error.map_or_else(String::new, |e| e.to_string());
+            return fail(part, e);
+        }
+        reports.push(r);
+    }
+
+    // 5. The receipt.
+    let receipt = match &s.receipt {
+        None => None,
+        Some(signed) => {
+            let v = verified(signed, &network, "the receipt", &terms.renter, "renter")?;
+            let r = v.message;
+            if r.lease_id != lease_id {
+                return fail("the receipt", format!("is for lease {}", r.lease_id));
+            }
+            let paid = Money::from_micros(r.total_paid);
+            let cap = Money::from_micros(in_force.max_total);
+            if paid > cap {
+                return fail(
+                    "the receipt",
+                    format!("pays {paid}, over the budget cap {cap}"),
+                );
+            }
+            let fee = Tariff::of(&in_force).failed_start_fee();
+            let is_fee = r.covers_wall_ms == 0 && fee.as_ref().is_ok_and(|f| *f == paid);
+            if !is_fee {
+                let Some(report) = reports.iter().find(|u| u.seq == r.usage_seq) else {
+                    return fail(
+                        "the receipt",
+                        format!(
+                            "answers usage report {}, which is not in the statement",
+                            r.usage_seq
+                        ),
+                    );
+                };
+                let due = Money::from_micros(report.amount_due);
+                let capped = versions
+                    .iter()
+                    .any(|t| paid == due.min(Money::from_micros(t.max_total)));
+                if !capped || r.covers_wall_ms != report.wall_ms {
+                    return fail(
+                        "the receipt",
+                        format!(
+                            "pays {paid} for {} ms; usage report {} says {due} is due for {} ms",
+                            r.covers_wall_ms, report.seq, report.wall_ms
+                        ),
+                    );
+                }
+            }
+            Some(r)
+        }
+    };
+    let owed = receipt
+        .as_ref()
+        .map_or(Money::ZERO, |r| Money::from_micros(r.total_paid));
+    let last_report = reports.last().cloned();
+    let reported_due = last_report
+        .as_ref()
+        .map_or(Money::ZERO, |r| Money::from_micros(r.amount_due));
+    Ok(Verdict {
+        lease_id,
+        network,
+        amendments: s.amendments.len(),
+        offer_included: s.offer.is_some(),
+        reports: reports.len(),
+        report_seqs: reports
+            .first()
+            .zip(reports.last())
+            .map(|(a, b)| (a.seq, b.seq)),
+        last_report,
+        receipt,
+        owed,
+        unpaid: reported_due.saturating_sub(owed),
+        reported_due,
+        terms: in_force,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::fixtures::{self, T0};
+    use gridlease_protocol::statement::SignedAmendment;
+    use gridlease_protocol::{
+        AmendAccept, LeaseAccept, LeaseAmendment, LeaseRequest, NodeKey, OfferId,
+    };
+
+    struct Parties {
+        provider: NodeKey,
+        renter: NodeKey,
+        net: NetworkId,
+    }
+
+    /// A finished lease: offer, terms, `n` reports 10 s apart, the receipt for the last, and
+    /// one amendment when `amend`.
+    fn statement(n: u64, amend: bool) -> (Parties, Statement) {
+        let p = Parties {
+            provider: NodeKey::generate(),
+            renter: NodeKey::generate(),
+            net: NetworkId::devnet(),
+        };
+        let offer = fixtures::offer(p.provider.public(), 3, 2, 3_600_000);
+        let signed_offer = Signed::sign(&p.provider, &p.net, &offer).unwrap();
+        let offer_id = OfferId(signed_offer.envelope().content_digest());
+        let terms = fixtures::terms(offer_id, &offer, p.renter.public(), 1, 600);
+        let lease_id = terms.lease_id().unwrap();
+        let request = LeaseRequest {
+            terms: terms.clone(),
+            expires_at: T0.plus_secs(30),
+        };
+        let accept = LeaseAccept {
+            lease_id,
+            terms: terms.clone(),
+            gpus: vec![],
+            accepted_at: T0,
+        };
+        let mut in_force = terms.clone();
+        let mut amendments = vec![];
+        if amend {
+            let a = LeaseAmendment {
+                lease_id,
+                seq: 1,
+                duration_s: 1200,
+                max_total: terms.max_total + 1_000_000,
+                created_at: T0.plus_secs(5),
+            };
+            let acc = AmendAccept {
+                amendment: a.clone(),
+                deadline: T0.plus_secs(1200),
+                accepted_at: T0.plus_secs(5),
+            };
+            in_force = amended_terms(&terms, &a);
+            amendments.push(SignedAmendment {
+                proposal: Signed::sign(&p.renter, &p.net, &a).unwrap(),
+                acceptance: Signed::sign(&p.provider, &p.net, &acc).unwrap(),
+            });
+        }
+        let tariff = Tariff::of(&in_force);
+        let mut usage = vec![];
+        let mut last = None;
+        for seq in 1..=n {
+            let mut u = fixtures::usage(lease_id, seq, seq * 10_000, 1);
+            u.amount_due = tariff.due(u.wall_ms).unwrap().micros();
+            usage.push(Signed::sign(&p.provider, &p.net, &u).unwrap());
+            last = Some(u);
+        }
+        let receipt = last.map(|u| {
+            let r = PaymentReceipt {
+                lease_id,
+                seq: u.seq,
+                total_paid: u.amount_due,
+                covers_wall_ms: u.wall_ms,
+                usage_seq: u.seq,
+                issued_at: u.interval_end,
+            };
+            Signed::sign(&p.renter, &p.net, &r).unwrap()
+        });
+        let s = Statement {
+            offer: Some(signed_offer),
+            request: Signed::sign(&p.renter, &p.net, &request).unwrap(),
+            accept: Signed::sign(&p.provider, &p.net, &accept).unwrap(),
+            amendments,
+            usage,
+            receipt,
+        };
+        (p, s)
+    }
+
+    #[test]
+    fn a_whole_statement_verifies_and_says_what_is_owed() {
+        let (_, s) = statement(6, true);
+        let v = verify(&s).unwrap();
+        // 60 s of one GPU at 3.6 units per GPU-hour: 0.06 units.
+        assert_eq!(v.owed, Money::from_micros(60_000));
+        assert_eq!(v.reported_due, v.owed);
+        assert_eq!(v.unpaid, Money::ZERO);
+        assert_eq!(v.reports, 6);
+        assert_eq!(v.report_seqs, Some((1, 6)));
+        assert_eq!(v.amendments, 1);
+        assert_eq!(v.terms.duration_s, 1200);
+        assert!(v.offer_included);
+        // The file round-trips byte for byte.
+        let bytes = s.to_bytes().unwrap();
+        assert_eq!(Statement::from_bytes(&bytes).unwrap(), s);
+    }
+
+    #[test]
+    fn flipping_any_byte_of_the_file_is_refused() {
+        let (_, s) = statement(2, true);
+        let bytes = s.to_bytes().unwrap();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x01;
+            if let Ok(t) = Statement::from_bytes(&b) {
+                assert!(
+                    verify(&t).is_err(),
+                    "byte {i} of {} flipped: still valid",
+                    b.len()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_dropped_report_is_named() {
+        let (_, mut s) = statement(5, false);
+        s.usage.remove(2);
+        let e = verify(&s).unwrap_err();
+        assert_eq!(e.part, "usage report 4");
+        assert!(e.problem.contains("follows report 2"), "{e}");
+        // The report the receipt answers, dropped.
+        let (_, mut s) = statement(5, false);
+        s.usage.pop();
+        let e = verify(&s).unwrap_err();
+        assert_eq!(e.part, "the receipt");
+        assert!(e.problem.contains("usage report 5"), "{e}");
+    }
+
+    #[test]
+    fn an_altered_amount_is_named_even_when_re_signed_by_its_own_signer() {
+        // The provider re-signs a report claiming more than the tariff.
+        let (p, mut s) = statement(3, false);
+        let mut u = s.usage[1].verify(&p.net).unwrap().message;
+        u.amount_due += 1;
+        s.usage[1] = Signed::sign(&p.provider, &p.net, &u).unwrap();
+        let e = verify(&s).unwrap_err();
+        assert_eq!(e.part, "usage report 2");
+        assert!(e.problem.contains("tariff"), "{e}");
+        // The renter's receipt for more or less than the report it answers.
+        for delta in [1i64, -1] {
+            let (p, mut s) = statement(3, false);
+            let mut r = s.receipt.as_ref().unwrap().verify(&p.net).unwrap().message;
+            r.total_paid = r.total_paid.saturating_add_signed(delta);
+            s.receipt = Some(Signed::sign(&p.renter, &p.net, &r).unwrap());
+            let e = verify(&s).unwrap_err();
+            assert_eq!(e.part, "the receipt");
+        }
+        // A receipt signed by the provider instead of the renter.
+        let (p, mut s) = statement(3, false);
+        let r = s.receipt.as_ref().unwrap().verify(&p.net).unwrap().message;
+        s.receipt = Some(Signed::sign(&p.provider, &p.net, &r).unwrap());
+        let e = verify(&s).unwrap_err();
+        assert!(e.problem.contains("not by the lease's renter"), "{e}");
+    }
+
+    #[test]
+    fn reports_past_the_receipt_are_unpaid_not_owed() {
+        let (p, mut s) = statement(4, false);
+        let r4 = s.usage.pop().unwrap();
+        let r3 = s.usage[2].verify(&p.net).unwrap().message;
+        let receipt = PaymentReceipt {
+            lease_id: r3.lease_id,
+            seq: 3,
+            total_paid: r3.amount_due,
+            covers_wall_ms: r3.wall_ms,
+            usage_seq: 3,
+            issued_at: r3.interval_end,
+        };
+        s.receipt = Some(Signed::sign(&p.renter, &p.net, &receipt).unwrap());
+        s.usage.push(r4);
+        let v = verify(&s).unwrap();
+        assert_eq!(v.owed, Money::from_micros(r3.amount_due));
+        assert_eq!(v.unpaid, Money::from_micros(10_000));
+    }
+
+    #[test]
+    fn another_lease_s_acceptance_or_offer_is_refused() {
+        let (p, mut s) = statement(1, false);
+        let mut a = s.accept.verify(&p.net).unwrap().message;
+        a.terms.nonce += 1;
+        s.accept = Signed::sign(&p.provider, &p.net, &a).unwrap();
+        assert_eq!(verify(&s).unwrap_err().part, "the acceptance");
+
+        let (p, mut s) = statement(1, false);
+        let other = fixtures::offer(p.provider.public(), 4, 2, 3_600_000);
+        s.offer = Some(Signed::sign(&p.provider, &p.net, &other).unwrap());
+        assert_eq!(verify(&s).unwrap_err().part, "the offer");
+    }
+}

@@ -1,0 +1,95 @@
+//! A lease's statement: every signed message that says what is owed, in one self-contained
+//! file a third party can check with no node and no network (`gridlease statement`, `gridlease
+//! verify`; the rules are `gridlease_contracts::statement`).
+//!
+//! File layout: [`STATEMENT_MAGIC`] (8 bytes), then one [`Statement`] in the project's codec
+//! ([`crate::codec`]: bincode 2, standard configuration, little-endian varints), at most
+//! [`MAX_STATEMENT_BYTES`] in all. Each signed message inside is an [`crate::Envelope`]
+//! exactly as it travelled: its signature covers the same bytes it covered on the wire.
+//!
+//! What it holds, in order: the offer the terms were made from (when the node kept it), the
+//! renter's signed request and the provider's signed acceptance (the same terms: the lease),
+//! every accepted amendment (the renter's proposal and the provider's acceptance), the usage
+//! reports the node kept (contiguous by sequence; the provider keeps all of its own, a renter
+//! the newest; each is cumulative, so the last carries the totals) and the last payment
+//! receipt (the renter's signature over the cumulative amount: the settlement).
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{self, CodecError};
+use crate::envelope::Signed;
+use crate::messages::{
+    AmendAccept, LeaseAccept, LeaseAmendment, LeaseRequest, Offer, PaymentReceipt, UsageReport,
+};
+
+/// First bytes of a statement file: "GLSTMT" and the layout version.
+pub const STATEMENT_MAGIC: [u8; 8] = *b"GLSTMT\x00\x01";
+
+/// Largest statement file accepted (magic included). A 30-day lease reporting every 10 s has
+/// about 260,000 reports of about 330 bytes: some 86 MB.
+pub const MAX_STATEMENT_BYTES: usize = 256 << 20;
+
+/// An amendment and its acceptance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedAmendment {
+    /// The renter's proposal.
+    pub proposal: Signed<LeaseAmendment>,
+    /// The provider's signature over the identical amendment.
+    pub acceptance: Signed<AmendAccept>,
+}
+
+/// The bundle (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Statement {
+    /// The offer the terms name (`None`: not kept by the node that wrote the statement).
+    pub offer: Option<Signed<Offer>>,
+    /// The renter's signed request: the terms, the renter's signature.
+    pub request: Signed<LeaseRequest>,
+    /// The provider's signed acceptance of the same terms.
+    pub accept: Signed<LeaseAccept>,
+    /// Accepted amendments, in order (1, 2, ...).
+    pub amendments: Vec<SignedAmendment>,
+    /// Usage reports, by sequence.
+    pub usage: Vec<Signed<UsageReport>>,
+    /// The last payment receipt (`None`: nothing was paid).
+    pub receipt: Option<Signed<PaymentReceipt>>,
+}
+
+/// Why bytes are not a statement.
+#[derive(Debug, thiserror::Error)]
+pub enum StatementFormatError {
+    /// Too long to be one.
+    #[error("{len} bytes: a statement is at most {MAX_STATEMENT_BYTES}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+    },
+    /// Another kind of file.
+    #[error("not a gridlease statement (it does not start with the statement magic)")]
+    NotAStatement,
+    /// The codec refused it.
+    #[error("the statement does not decode: {0}")]
+    Codec(#[from] CodecError),
+}
+
+impl Statement {
+    /// The file's bytes: magic, then the encoded bundle.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, CodecError> {
+        let body = codec::encode::<Self, { MAX_STATEMENT_BYTES - 8 }>(self)?;
+        let mut out = Vec::with_capacity(8 + body.len());
+        out.extend_from_slice(&STATEMENT_MAGIC);
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    /// Reads a statement file's bytes (signatures are not checked here).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, StatementFormatError> {
+        if bytes.len() > MAX_STATEMENT_BYTES {
+            return Err(StatementFormatError::TooLarge { len: bytes.len() });
+        }
+        let body = bytes
+            .strip_prefix(&STATEMENT_MAGIC[..])
+            .ok_or(StatementFormatError::NotAStatement)?;
+        Ok(codec::decode::<Self, { MAX_STATEMENT_BYTES - 8 }>(body)?)
+    }
+}
