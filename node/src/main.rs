@@ -56,6 +56,9 @@ fn main() -> ExitCode {
                     .map(|()| 0)
             }
         },
+        Command::Service(args) => commands::service::run(&out, &home, &args),
+        Command::Completions(args) => commands::service::completions(&args),
+        Command::Man(args) => commands::service::man(&out, &args),
         Command::Watchdog(args) => {
             // Its stderr is the lease's watchdog log: say what it did.
             init_tracing(LogFormat::Text, "info");
@@ -88,7 +91,12 @@ fn main() -> ExitCode {
                         Command::Exec(a) => commands::access::run_exec(&api, &out, &a).await,
                         Command::Forward(a) => commands::access::run_forward(&api, &out, &a).await,
                         Command::Devnet(a) => commands::devnet::run(&out, &a).await,
-                        Command::Init(_) | Command::Node(_) | Command::Watchdog(_) => Ok(0),
+                        Command::Init(_)
+                        | Command::Node(_)
+                        | Command::Watchdog(_)
+                        | Command::Service(_)
+                        | Command::Completions(_)
+                        | Command::Man(_) => Ok(0),
                     }
                 })
             })

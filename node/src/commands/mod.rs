@@ -22,6 +22,7 @@ pub mod peers;
 pub mod provide;
 pub mod rent;
 pub mod search;
+pub mod service;
 pub mod statement;
 pub mod status;
 pub mod stop;
@@ -35,7 +36,11 @@ use crate::env_vars;
 
 /// gridlease: a peer-to-peer GPU rental market.
 #[derive(Debug, Parser)]
-#[command(name = "gridlease", version, about)]
+#[command(
+    name = "gridlease",
+    version,
+    about = "A peer-to-peer GPU market: offer your GPUs, rent others', run containers on them"
+)]
 pub struct Cli {
     /// Node home directory (identity, database, API socket). Defaults to ~/.gridlease.
     #[arg(long, global = true, env = env_vars::GRIDLEASE_HOME, value_name = "DIR")]
@@ -127,6 +132,13 @@ pub enum Command {
     Verify(statement::VerifyArgs),
     /// A whole local market in one command: bootstrap, providers, renter, one real lease.
     Devnet(devnet::DevnetArgs),
+    /// Run the node as a systemd service: `service install` (a user unit; --system for a
+    /// system one), `service uninstall`, `service status`.
+    Service(service::ServiceArgs),
+    /// Print shell completions: `gridlease completions bash > /etc/bash_completion.d/gridlease`.
+    Completions(service::CompletionsArgs),
+    /// Print the man page (`gridlease man | man -l -`), or write all of them with --out DIR.
+    Man(service::ManArgs),
     /// Stop one tenant container at its deadline (spawned by the node per container, not for
     /// users).
     #[command(name = "__watchdog", hide = true)]

@@ -27,6 +27,11 @@ pub fn bin() -> Command {
     c
 }
 
+/// The binary's path (what [`bin`] runs).
+pub fn bin_path() -> std::path::PathBuf {
+    assert_cmd::cargo::cargo_bin("gridlease")
+}
+
 /// Runs `gridlease --home HOME ARGS..` (global flags first: everything after `rent ... --`
 /// is the container's command).
 pub fn cli(home: &Path, args: &[&str]) -> Output {
