@@ -139,9 +139,10 @@ pub(super) struct EventLoop {
     sync_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Gossip that never started, lost bootstrap peers.
     liveness: super::liveness::Liveness,
-    /// This node's own new offer sequences, paced to the rate receivers take from one
-    /// provider (`NodeConfig::provider_rate`): a re-sign for capacity beyond it waits for a
-    /// token instead of being ignored by every receiver.
+    /// This node's own new offer sequences, paced a little below the rate receivers take from
+    /// one provider (`NodeConfig::provider_rate`, [`super::ratelimit::RateLimit::with_headroom`]): a re-sign
+    /// for capacity beyond it waits for a token instead of being ignored by every receiver,
+    /// also when the network bunches two of them.
     own_resigns: RateLimiter<()>,
 }
 
@@ -221,7 +222,7 @@ impl EventLoop {
             ),
             sync_bytes,
             liveness: super::liveness::Liveness::new(config_grace, &config_bootstrap),
-            own_resigns: RateLimiter::new(config_provider_rate, 1),
+            own_resigns: RateLimiter::new(config_provider_rate.with_headroom(), 1),
         }
     }
 

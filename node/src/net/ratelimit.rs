@@ -15,6 +15,20 @@ pub struct RateLimit {
     pub per_token: Duration,
 }
 
+impl RateLimit {
+    /// The pace for a sender whose messages receivers count with `self`: one token less of
+    /// burst and a quarter longer per token, so messages that arrive bunched by the network
+    /// (one delayed, the next not) still find a token at the receiver, up to a delay of a
+    /// quarter of `per_token` plus one banked token. Pacing at exactly the receivers' rate
+    /// loses a message whenever delivery jitter bunches two of them.
+    pub fn with_headroom(self) -> Self {
+        Self {
+            burst: self.burst.saturating_sub(1).max(1),
+            per_token: self.per_token.saturating_mul(5) / 4,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Bucket {
     /// Tokens in milli-tokens, so refill needs no floats.
@@ -114,6 +128,55 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sender pacing with `pace` sends as fast as its tokens allow for 60 s; the network
+    /// delays every other message by `jitter_ms`; a receiver counting with `recv` rejects how
+    /// many?
+    fn rejected(pace: RateLimit, recv: RateLimit, jitter_ms: u64) -> usize {
+        let mut sender = RateLimiter::new(pace, 1);
+        let mut arrivals = Vec::new();
+        for t in 0..60_000u64 {
+            if sender.check(&(), Timestamp(t)) {
+                let delay = if arrivals.len() % 2 == 0 {
+                    jitter_ms
+                } else {
+                    0
+                };
+                arrivals.push(t + delay);
+            }
+        }
+        arrivals.sort_unstable();
+        let mut receiver = RateLimiter::new(recv, 1);
+        arrivals
+            .into_iter()
+            .filter(|t| !receiver.check(&(), Timestamp(*t)))
+            .count()
+    }
+
+    #[test]
+    fn a_sender_paced_with_headroom_survives_bunched_delivery() {
+        let recv = RateLimit {
+            burst: 5,
+            per_token: Duration::from_millis(200),
+        };
+        // Delays of up to a quarter of a token interval bunch messages: at the receivers'
+        // exact rate some are dropped, with the headroom none.
+        for jitter in [10, 50, 100] {
+            assert!(rejected(recv, recv, jitter) > 0, "jitter {jitter} ms");
+            assert_eq!(
+                rejected(recv.with_headroom(), recv, jitter),
+                0,
+                "jitter {jitter}"
+            );
+        }
+        let h = recv.with_headroom();
+        assert_eq!((h.burst, h.per_token), (4, Duration::from_millis(250)));
+        let one = RateLimit {
+            burst: 1,
+            per_token: Duration::from_secs(1),
+        };
+        assert_eq!(one.with_headroom().burst, 1);
+    }
 
     #[test]
     fn burst_then_refill() {

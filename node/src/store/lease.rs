@@ -10,6 +10,7 @@ use gridlease_contracts::lease::Transition;
 use gridlease_protocol::statement::{SignedAmendment, Statement};
 use gridlease_protocol::{
     CloseReason, LeaseAmendment, LeaseId, Offer, PaymentReceipt, PublicKey, Signed, Timestamp,
+    WireMessage,
 };
 use rusqlite::{OptionalExtension, params};
 
@@ -483,18 +484,27 @@ impl Store {
         };
         let lid = &id.0.0[..];
         let e = self.err();
-        let offer = self
-            .conn
-            .query_row(
-                "SELECT envelope FROM lease_offers WHERE lease_id = ?1",
-                [lid],
-                |r| r.get::<_, Vec<u8>>(0),
-            )
-            .optional()
-            .map_err(&e)?
-            .map(|b| Signed::<Offer>::from_bytes(&b))
-            .transpose()
-            .map_err(|err| self.bad_row("lease offer", err))?;
+        // One envelope of the lease from `sql` (a fixed query, never input), decoded.
+        fn one<T: WireMessage>(
+            s: &Store,
+            sql: &str,
+            lid: &[u8],
+            what: &'static str,
+        ) -> Result<Option<Signed<T>>, StoreError> {
+            s.conn
+                .query_row(sql, [lid], |r| r.get::<_, Vec<u8>>(0))
+                .optional()
+                .map_err(s.err())?
+                .map(|b| Signed::<T>::from_bytes(&b))
+                .transpose()
+                .map_err(|err| s.bad_row(what, err))
+        }
+        let offer = one::<Offer>(
+            self,
+            "SELECT envelope FROM lease_offers WHERE lease_id = ?1",
+            lid,
+            "lease offer",
+        )?;
         let mut stmt = self
             .conn
             .prepare(
@@ -528,18 +538,12 @@ impl Store {
             let b = row.map_err(&e)?;
             usage.push(Signed::from_bytes(&b).map_err(|err| self.bad_row("usage report", err))?);
         }
-        let receipt = self
-            .conn
-            .query_row(
-                "SELECT envelope FROM receipts WHERE lease_id = ?1 ORDER BY seq DESC LIMIT 1",
-                [lid],
-                |r| r.get::<_, Vec<u8>>(0),
-            )
-            .optional()
-            .map_err(&e)?
-            .map(|b| Signed::<PaymentReceipt>::from_bytes(&b))
-            .transpose()
-            .map_err(|err| self.bad_row("receipt", err))?;
+        let receipt = one::<PaymentReceipt>(
+            self,
+            "SELECT envelope FROM receipts WHERE lease_id = ?1 ORDER BY seq DESC LIMIT 1",
+            lid,
+            "receipt",
+        )?;
         Ok(Some(Statement {
             offer,
             request: l.request,
