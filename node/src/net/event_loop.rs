@@ -42,6 +42,14 @@ const OFFER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
 const MAX_RELAYS: usize = 2;
 /// Most peers recorded per identify round in the store, and dialed from it at start.
 pub(super) const STORED_PEERS: usize = 16;
+/// How long a new connection may take (transport, security, multiplexing). Shorter than
+/// libp2p's 10 s default because an AutoNAT v2 client waits 10 s for its server's verdict: a
+/// dial-back to an address behind a router that drops unsolicited packets (most home routers)
+/// must fail before that, or the client sees a timeout, learns nothing, and its NAT status
+/// stays unknown.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most peers with a connection reversal remembered at once.
+const MAX_REVERSALS: usize = 1024;
 /// Most tracked peers in each rate limiter.
 const RATE_KEYS: usize = 10_000;
 
@@ -71,6 +79,7 @@ pub(super) fn build_swarm(
         })
         .map_err(|e| t(&e))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_connection_timeout))
+        .with_connection_timeout(CONNECTION_TIMEOUT)
         .build();
     Ok(swarm)
 }
@@ -119,8 +128,18 @@ pub(super) struct EventLoop {
     unflushed: Vec<(OfferId, Signed<Offer>, Offer, Timestamp)>,
     /// When each held offer was last accepted from gossip (bounded by the book: swept with it).
     last_accepted: HashMap<OfferId, Timestamp>,
-    /// Relays we asked for a reservation (at most [`MAX_RELAYS`]).
-    relays: Vec<PeerId>,
+    /// Relays we asked for a reservation (at most [`MAX_RELAYS`]), with the listener that
+    /// holds it: when it closes (the relay went away) the relay may be asked again.
+    relays: Vec<(PeerId, libp2p::core::transport::ListenerId)>,
+    /// Relays that accepted our reservation (a subset of `relays`).
+    reserved: Vec<PeerId>,
+    /// What AutoNAT v2 observed about our addresses.
+    observed: super::reach::Observed,
+    /// Open connections per peer, relayed or direct.
+    connections: super::reach::Connections,
+    /// Peers reached only through a relay that this node dialed directly once (connection
+    /// reversal), at most [`MAX_REVERSALS`]; forgotten when the peer disconnects.
+    reversed: std::collections::HashSet<PeerId>,
     /// Where inbound lease-stream requests go (the lease service), once registered.
     lease_handler: Option<mpsc::Sender<InboundLease>>,
     /// Book syncs this node runs with peers it connected to (at most [`MAX_SYNCS`]).
@@ -200,6 +219,10 @@ impl EventLoop {
             unflushed: Vec::new(),
             last_accepted: HashMap::new(),
             relays: Vec::new(),
+            reserved: Vec::new(),
+            observed: super::reach::Observed::default(),
+            connections: super::reach::Connections::default(),
+            reversed: std::collections::HashSet::new(),
             lease_handler: None,
             syncs: HashMap::new(),
             sync_queue: std::collections::VecDeque::new(),
@@ -289,6 +312,15 @@ impl EventLoop {
         }
     }
 
+    /// Closes relayed connections to peers that have a direct one now (hole punched or
+    /// dialed): the lease's traffic then rides the direct connection only.
+    fn retire_relayed(&mut self) {
+        for (peer, id) in self.connections.due(std::time::Instant::now()) {
+            tracing::info!(%peer, "direct connection up: closing the relayed one");
+            self.swarm.close_connection(id);
+        }
+    }
+
     fn emit(&self, event: NetworkEvent) {
         // No subscriber is fine; a lagging one loses old events.
         let _ = self.events.send(event);
@@ -324,6 +356,7 @@ impl EventLoop {
                 }
                 _ = live.tick() => {
                     self.check_liveness();
+                    self.retire_relayed();
                     if self.provider.resign {
                         // A capacity re-sign waiting for the pace.
                         self.refresh_own(false);
@@ -461,8 +494,22 @@ impl EventLoop {
                 rpc,
                 reply,
             } => {
+                // Never one of our own direct addresses (a provider's LAN or loopback address
+                // can be ours too): dialing it reaches this node, and that wrong-peer
+                // connection fails the dial with all its addresses. (A relayed address names
+                // its target: the relay's part is the same for every peer on that relay.)
+                let own: Vec<Multiaddr> = self
+                    .listen_addrs
+                    .iter()
+                    .filter(|a| !super::reach::is_relayed(a))
+                    .map(super::reach::transport_part)
+                    .collect();
                 for a in addrs {
-                    self.swarm.add_peer_address(peer, a);
+                    if super::reach::is_relayed(&a)
+                        || !own.contains(&super::reach::transport_part(&a))
+                    {
+                        self.swarm.add_peer_address(peer, a);
+                    }
                 }
                 let id = self
                     .swarm
@@ -474,6 +521,18 @@ impl EventLoop {
             Command::SetLeaseHandler(tx, reply) => {
                 self.lease_handler = Some(tx);
                 let _ = reply.send(());
+            }
+            Command::Reachability(reply) => {
+                let _ = reply.send(super::client::Reachability {
+                    nat_status: self.observed.status(),
+                    reachable: self.observed.reachable(),
+                    unreachable: self.observed.unreachable(),
+                    external: self.swarm.external_addresses().cloned().collect(),
+                    relays: self.reserved.clone(),
+                });
+            }
+            Command::Connections(peer, reply) => {
+                let _ = reply.send(self.connections.of(&peer));
             }
         }
     }
@@ -606,13 +665,21 @@ impl EventLoop {
         }
     }
 
-    /// Our addresses as text for the offer: external ones first, then listen addresses.
+    /// Our addresses as text for the offer: external ones first, then listen addresses;
+    /// loopback ones only when there is nothing else (a node on one machine). A renter that
+    /// dialed a provider's `127.0.0.1:4001` would reach itself when it listens there too, and
+    /// that wrong-peer connection fails the whole dial, the good addresses with it.
     fn advertised_addrs(&self) -> Vec<String> {
         let me = *self.swarm.local_peer_id();
-        let mut out: Vec<String> = self
+        let all: Vec<&Multiaddr> = self
             .swarm
             .external_addresses()
             .chain(self.listen_addrs.iter())
+            .collect();
+        let beyond_loopback = all.iter().any(|a| !super::reach::is_loopback(a));
+        let mut out: Vec<String> = all
+            .into_iter()
+            .filter(|a| !beyond_loopback || !super::reach::is_loopback(a))
             .map(|a| with_peer(a.clone(), me).to_string())
             .filter(|s| s.len() <= gridlease_protocol::MAX_ADDR_LEN)
             .collect();
@@ -690,21 +757,47 @@ impl EventLoop {
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
+                connection_id,
                 num_established,
                 endpoint,
                 ..
-            } if num_established.get() == 1 => {
-                tracing::debug!(peer = %peer_id, addr = %endpoint.get_remote_address(), "connected");
-                self.liveness.connected(&peer_id);
-                self.emit(NetworkEvent::PeerConnected { peer: peer_id });
-                self.start_sync(peer_id);
+            } => {
+                let remote = endpoint.get_remote_address().clone();
+                let relayed = endpoint.is_relayed();
+                let dialer = endpoint.is_dialer();
+                tracing::debug!(peer = %peer_id, addr = %remote, relayed, "connected");
+                self.connections.established(
+                    peer_id,
+                    super::reach::Connection {
+                        id: connection_id,
+                        remote,
+                        relayed,
+                        dialer,
+                    },
+                    std::time::Instant::now(),
+                );
+                if num_established.get() == 1 {
+                    self.liveness.connected(&peer_id);
+                    self.emit(NetworkEvent::PeerConnected { peer: peer_id });
+                    self.start_sync(peer_id);
+                }
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established: 0,
+                connection_id,
+                num_established,
+                ..
+            } if num_established > 0 => {
+                self.connections.closed(&peer_id, connection_id);
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                connection_id,
                 ..
             } => {
+                self.connections.closed(&peer_id, connection_id);
                 self.liveness.lost(&peer_id, std::time::Instant::now());
+                self.reversed.remove(&peer_id);
                 if self.config.faults.subscribe_after_first_disconnect {
                     // Test fault: gossip starts working after the first reconnection.
                     self.config.faults.subscribe_after_first_disconnect = false;
@@ -720,6 +813,26 @@ impl EventLoop {
             }
             SwarmEvent::ExternalAddrConfirmed { address } => {
                 tracing::info!(%address, "external address confirmed");
+            }
+            SwarmEvent::ExternalAddrExpired { address } => {
+                tracing::info!(%address, "external address expired");
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                let me = *self.swarm.local_peer_id();
+                let addr = with_peer(address, me);
+                tracing::info!(%addr, "no longer listening");
+                self.listen_addrs.retain(|a| *a != addr);
+            }
+            SwarmEvent::ListenerClosed {
+                listener_id,
+                reason,
+                ..
+            } => {
+                if let Some(i) = self.relays.iter().position(|(_, l)| *l == listener_id) {
+                    let (relay, _) = self.relays.remove(i);
+                    self.reserved.retain(|r| *r != relay);
+                    tracing::info!(%relay, ?reason, "relay reservation ended; the relay is asked again when it is identified");
+                }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(e)) => self.on_gossip(e),
             SwarmEvent::Behaviour(BehaviourEvent::Lease(e)) => self.on_lease(e),
@@ -754,6 +867,7 @@ impl EventLoop {
                 if info.protocols.contains(&relay::HOP_PROTOCOL_NAME) {
                     self.maybe_reserve(peer_id, &info.listen_addrs);
                 }
+                self.maybe_reverse(peer_id, &info.listen_addrs);
                 let addrs: Vec<String> = info
                     .listen_addrs
                     .iter()
@@ -780,6 +894,9 @@ impl EventLoop {
             SwarmEvent::Behaviour(BehaviourEvent::RelayClient(
                 relay::client::Event::ReservationReqAccepted { relay_peer_id, .. },
             )) => {
+                if !self.reserved.contains(&relay_peer_id) {
+                    self.reserved.push(relay_peer_id);
+                }
                 self.emit(NetworkEvent::RelayReservation {
                     relay: relay_peer_id,
                 });
@@ -787,21 +904,31 @@ impl EventLoop {
             SwarmEvent::Behaviour(BehaviourEvent::AutonatClient(autonat::v2::client::Event {
                 tested_addr,
                 result,
+                server,
                 ..
             })) => {
+                let reachable = result.is_ok();
+                tracing::info!(addr = %tested_addr, %server, reachable, "AutoNAT probe");
+                self.observed.probed(tested_addr.clone(), reachable);
                 self.emit(NetworkEvent::NatProbe {
                     addr: tested_addr,
-                    reachable: result.is_ok(),
+                    reachable,
                 });
             }
             SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event {
                 remote_peer_id,
-                result: Ok(_),
-            })) => {
-                self.emit(NetworkEvent::HolePunched {
-                    peer: remote_peer_id,
-                });
-            }
+                result,
+            })) => match result {
+                Ok(_) => {
+                    tracing::info!(peer = %remote_peer_id, "hole punch succeeded: direct connection");
+                    self.emit(NetworkEvent::HolePunched {
+                        peer: remote_peer_id,
+                    });
+                }
+                Err(e) => {
+                    tracing::info!(peer = %remote_peer_id, error = %e, "hole punch failed: the relay carries the connection");
+                }
+            },
             SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::RoutingUpdated {
                 peer, ..
             })) => {
@@ -811,29 +938,80 @@ impl EventLoop {
         }
     }
 
+    /// Connection reversal (the DCUtR spec's unilateral upgrade, which libp2p-dcutr 0.15
+    /// lacks): a peer reached only through a relay that announces public addresses may be
+    /// dialed directly. Without it a hole punch towards a public peer fails: the public
+    /// peer's listener accepts the punch's SYN, and both ends then wait as the responder of
+    /// the security handshake. The dial takes a new local port, so it never collides with a
+    /// hole punch's port-reusing one.
+    fn maybe_reverse(&mut self, peer: PeerId, addrs: &[Multiaddr]) {
+        let conns = self.connections.of(&peer);
+        if conns.is_empty()
+            || conns.iter().any(|c| !c.relayed)
+            || self.reversed.contains(&peer)
+            || self.reversed.len() >= MAX_REVERSALS
+        {
+            return;
+        }
+        let public: Vec<Multiaddr> = addrs
+            .iter()
+            .filter(|a| super::reach::is_public_direct(a))
+            .cloned()
+            .collect();
+        if public.is_empty() {
+            return;
+        }
+        self.reversed.insert(peer);
+        tracing::info!(%peer, addrs = ?public, "relayed peer announces public addresses: dialing it directly");
+        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+            .addresses(public)
+            .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+            .allocate_new_port()
+            .build();
+        if let Err(e) = self.swarm.dial(opts) {
+            tracing::debug!(%peer, error = %e, "connection reversal not dialed");
+        }
+    }
+
     /// Listens through `relay` when this node has no confirmed external address (it may be
     /// behind NAT): the relay then forwards inbound connections, and DCUtR tries to upgrade
     /// them to direct ones.
     fn maybe_reserve(&mut self, relay: PeerId, relay_addrs: &[Multiaddr]) {
+        // A relay's reservation is itself a confirmed external address (libp2p-relay 0.22):
+        // only a direct one (configured, or confirmed by AutoNAT) makes relays unnecessary.
         if self.config.relay_server
             || !self.config.use_relays
             || self.relays.len() >= MAX_RELAYS
-            || self.relays.contains(&relay)
-            || self.swarm.external_addresses().next().is_some()
+            || self.relays.iter().any(|(r, _)| *r == relay)
+            || self
+                .swarm
+                .external_addresses()
+                .any(|a| !super::reach::is_relayed(a))
         {
             return;
         }
-        let Some(base) = relay_addrs
-            .iter()
-            .find(|a| !a.iter().any(|p| matches!(p, Protocol::P2pCircuit)))
-        else {
+        // The address this node reached the relay on (it works from here; a relay listening
+        // on every interface also lists loopback and LAN addresses), else the first direct
+        // one it announces.
+        let dialed = self
+            .connections
+            .of(&relay)
+            .into_iter()
+            .find(|c| !c.relayed && c.dialer)
+            .map(|c| c.remote);
+        let Some(base) = dialed.or_else(|| {
+            relay_addrs
+                .iter()
+                .find(|a| !super::reach::is_relayed(a))
+                .cloned()
+        }) else {
             return;
         };
-        let circuit = with_peer(base.clone(), relay).with(Protocol::P2pCircuit);
+        let circuit = with_peer(base, relay).with(Protocol::P2pCircuit);
         match self.swarm.listen_on(circuit.clone()) {
-            Ok(_) => {
+            Ok(listener) => {
                 tracing::info!(%relay, addr = %circuit, "requesting a relay reservation");
-                self.relays.push(relay);
+                self.relays.push((relay, listener));
             }
             Err(e) => tracing::warn!(%relay, error = %e, "cannot listen through relay"),
         }
