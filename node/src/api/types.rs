@@ -105,7 +105,8 @@ pub struct PeerView {
 /// One open connection to a peer.
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ConnectionView {
-    /// The peer's address on it (a relayed one ends in `/p2p-circuit`).
+    /// The peer's address on it (a relayed one has `/p2p-circuit`); for a relayed connection
+    /// the peer opened, this node's relayed address it came through (naming the relay).
     pub remote_addr: String,
     /// Through a relay (else direct: dialed, or hole punched).
     pub relayed: bool,

@@ -113,7 +113,10 @@ impl Behaviour {
         }
         let identify = identify::Behaviour::new(
             identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
-                .with_agent_version(format!("gridlease/{}", env!("CARGO_PKG_VERSION"))),
+                .with_agent_version(format!("gridlease/{}", env!("CARGO_PKG_VERSION")))
+                // No address cache: the event loop records the announced addresses it may dial
+                // (`net::reach::dialable`), never loopback or its own ones.
+                .with_cache_size(0),
         );
         let mdns = if config.mdns {
             Some(

@@ -494,22 +494,9 @@ impl EventLoop {
                 rpc,
                 reply,
             } => {
-                // Never one of our own direct addresses (a provider's LAN or loopback address
-                // can be ours too): dialing it reaches this node, and that wrong-peer
-                // connection fails the dial with all its addresses. (A relayed address names
-                // its target: the relay's part is the same for every peer on that relay.)
-                let own: Vec<Multiaddr> = self
-                    .listen_addrs
-                    .iter()
-                    .filter(|a| !super::reach::is_relayed(a))
-                    .map(super::reach::transport_part)
-                    .collect();
-                for a in addrs {
-                    if super::reach::is_relayed(&a)
-                        || !own.contains(&super::reach::transport_part(&a))
-                    {
-                        self.swarm.add_peer_address(peer, a);
-                    }
+                // Never one of our own addresses (see `reach::dialable`).
+                for a in super::reach::dialable(&addrs, &self.listen_addrs) {
+                    self.swarm.add_peer_address(peer, a);
                 }
                 let id = self
                     .swarm
@@ -762,9 +749,16 @@ impl EventLoop {
                 endpoint,
                 ..
             } => {
-                let remote = endpoint.get_remote_address().clone();
                 let relayed = endpoint.is_relayed();
                 let dialer = endpoint.is_dialer();
+                // A relayed connection this node accepted has no address of the peer (just
+                // `/p2p/<id>`): the relayed address it was reached at names the relay.
+                let remote = match &endpoint {
+                    libp2p::core::ConnectedPoint::Listener { local_addr, .. } if relayed => {
+                        local_addr.clone()
+                    }
+                    _ => endpoint.get_remote_address().clone(),
+                };
                 tracing::debug!(peer = %peer_id, addr = %remote, relayed, "connected");
                 self.connections.established(
                     peer_id,
@@ -855,9 +849,16 @@ impl EventLoop {
                     subscribed,
                     std::time::Instant::now(),
                 );
+                // The peer's addresses this node may dial it on later (identify's own address
+                // cache is off: it would hand out every announced address, loopback and this
+                // node's own included; see `reach::dialable`).
+                let dialable = super::reach::dialable(&info.listen_addrs, &self.listen_addrs);
+                for addr in dialable.iter().take(gridlease_protocol::MAX_OFFER_ADDRS) {
+                    self.swarm.add_peer_address(peer_id, addr.clone());
+                }
                 let kad_proto = super::behaviour::KAD_PROTOCOL;
                 if info.protocols.contains(&kad_proto) {
-                    for addr in &info.listen_addrs {
+                    for addr in &dialable {
                         self.swarm
                             .behaviour_mut()
                             .kad

@@ -149,12 +149,36 @@ pub fn transport_part(addr: &Multiaddr) -> Multiaddr {
     a
 }
 
+/// Which of a peer's announced addresses this node should dial: never one of its own direct
+/// addresses (`own`: its listen addresses), loopback ones only when the peer announces
+/// nothing else. Dialing an address that reaches this node itself (the same LAN address,
+/// `127.0.0.1:4001` when both listen there) gives a connection with the wrong peer id, and
+/// libp2p fails the whole dial on it, the peer's good addresses with it. Relayed addresses
+/// name their target and are always kept.
+pub fn dialable(addrs: &[Multiaddr], own: &[Multiaddr]) -> Vec<Multiaddr> {
+    let own: Vec<Multiaddr> = own
+        .iter()
+        .filter(|a| !is_relayed(a))
+        .map(transport_part)
+        .collect();
+    let beyond_loopback = addrs.iter().any(|a| !is_loopback(a));
+    addrs
+        .iter()
+        .filter(|a| {
+            is_relayed(a)
+                || ((!beyond_loopback || !is_loopback(a)) && !own.contains(&transport_part(a)))
+        })
+        .cloned()
+        .collect()
+}
+
 /// One open connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Connection {
     /// The swarm's id.
     pub id: ConnectionId,
-    /// The peer's address on it (for a relayed one, the circuit address).
+    /// The peer's address on it; for a relayed connection this node accepted, its own
+    /// relayed address the peer came through (it names the relay).
     pub remote: Multiaddr,
     /// Through a relay.
     pub relayed: bool,
@@ -250,6 +274,37 @@ mod tests {
         ] {
             assert_eq!(is_public_direct(&addr(a)), public, "{a}");
         }
+    }
+
+    #[test]
+    fn dialable_leaves_out_own_and_loopback_addresses() {
+        let peer = PeerId::random();
+        let relay = PeerId::random();
+        let theirs = [
+            addr("/ip4/127.0.0.1/tcp/4001"),
+            addr("/ip4/10.1.0.10/tcp/4001"),
+            addr("/ip4/10.2.0.10/tcp/4001"),
+            addr(&format!(
+                "/ip4/198.18.0.1/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{peer}"
+            )),
+        ];
+        let me = PeerId::random();
+        let own = [
+            addr(&format!("/ip4/10.2.0.10/tcp/4001/p2p/{me}")),
+            addr(&format!(
+                "/ip4/198.18.0.1/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{me}"
+            )),
+        ];
+        assert_eq!(
+            dialable(&theirs, &own),
+            vec![theirs[1].clone(), theirs[3].clone()]
+        );
+        let local = [addr("/ip4/127.0.0.1/tcp/5000")];
+        assert_eq!(
+            dialable(&local, &[]),
+            local.to_vec(),
+            "a node on one machine"
+        );
     }
 
     #[test]
