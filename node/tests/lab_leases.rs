@@ -163,8 +163,8 @@ fn both_behind_cone_nats_the_lease_runs_on_a_hole_punched_connection() {
 
 /// (c) Provider behind a symmetric NAT, renter behind a cone NAT: the port the provider's
 /// router uses towards the renter is not the one anyone observed, so no hole punch works; the
-/// relay carries the whole lease (with the relay limits sized for leases: the libp2p default
-/// of 128 KiB and 2 min per circuit would cut it), which settles normally.
+/// relay carries the whole lease and megabytes of its logs (the relay limits are sized for
+/// leases: the libp2p default of 128 KiB per circuit would cut it), which settles normally.
 #[test]
 fn behind_a_symmetric_nat_the_relay_carries_the_lease() {
     let Some(image) = ready("lab_symmetric") else {
@@ -178,16 +178,28 @@ fn behind_a_symmetric_nat_the_relay_carries_the_lease() {
     );
     wait_nat(&m.provider.home, "private", NAT_LIMIT);
     wait_nat(&m.renter.home, "private", NAT_LIMIT);
-    let id = m.rent(&image, &args(&probe(10)));
+    // Megabytes of output first: reading them back crosses the relay (libp2p's default
+    // circuit limit, 128 KiB, would cut the connection halfway).
+    let mut cmd = vec!["flood".to_string(), "0.05".into()];
+    cmd.extend(probe(10));
+    let id = m.rent(&image, &args(&cmd));
     let c = wait_connections(&m, "a relayed connection", Duration::from_secs(30), |c| {
         !c.is_empty()
     });
     assert!(c.iter().all(|(_, relayed)| *relayed), "{c:?}");
     let (p, _) = m.settled(&id, Duration::from_secs(60));
     assert_eq!(p["close_reason"], "container_exited", "{p:#}");
+    let out = cli_support::cli(&m.renter.home, &["logs", &id]);
+    assert!(out.status.success(), "{}", cli_support::text(&out.stderr));
+    let logs = out.stdout.len();
+    eprintln!("{logs} bytes of logs read through the relay");
+    assert!(
+        logs > 512 << 10 && cli_support::text(&out.stdout).contains("SENTINEL LAB"),
+        "{logs} bytes of logs"
+    );
     let c = connections_to(&m.renter.home, &m.provider.peer);
     assert!(
-        c.iter().all(|(_, relayed)| *relayed),
+        !c.is_empty() && c.iter().all(|(_, relayed)| *relayed),
         "still relayed only: {c:?}"
     );
     m.ledgers_agree();
