@@ -308,7 +308,7 @@ fn a_partition_shorter_than_the_grace_leaves_the_lease_running() {
         window: 12,
         grace: 9,
     };
-    let m = market_with(Place::Behind(Nat::Cone), Place::Public, 1, 0, w);
+    let m = market_with(Place::Behind(Nat::Cone), Place::Public, 1, 0, w, 0);
     let site = m.provider_site.clone().unwrap();
     let id = m.rent(&image, &args(&probe(20)));
     let before = wait_paid_above(&m, &id, 0, Duration::from_secs(30));
@@ -344,6 +344,7 @@ fn a_relay_killed_mid_lease_the_lease_reroutes_through_the_other() {
         2,
         0,
         w,
+        0,
     );
     cli_support::wait_for(
         Duration::from_secs(30),

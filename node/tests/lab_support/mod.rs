@@ -189,11 +189,24 @@ pub struct Lab {
     links: Vec<(String, String)>,
     /// Helper processes, killed first.
     children: Vec<Child>,
+    /// The internet is a userspace switch with latency (`delay_switch.py`), started by
+    /// [`Lab::start_delay_switch`], instead of a kernel bridge.
+    delayed: bool,
 }
 
 impl Lab {
-    /// An empty internet.
+    /// An empty internet (a kernel bridge: no latency).
     pub fn new() -> Self {
+        Self::build(false)
+    }
+
+    /// An empty internet whose switch adds latency: build the topology, then call
+    /// [`Lab::start_delay_switch`] (this kernel has no `sch_netem`).
+    pub fn delayed() -> Self {
+        Self::build(true)
+    }
+
+    fn build(delayed: bool) -> Self {
         let p = prefix();
         let mut lab = Self {
             inet: format!("{p}-inet"),
@@ -204,9 +217,13 @@ impl Lab {
             site_hosts: Default::default(),
             links: Vec::new(),
             children: Vec::new(),
+            delayed,
         };
         let inet = lab.inet.clone();
         lab.add_ns(&inet);
+        if delayed {
+            return lab;
+        }
         ns_must(
             &inet,
             "ip",
@@ -239,12 +256,29 @@ impl Lab {
                 "netns", &self.inet,
             ],
         );
-        ns_must(&self.inet, "ip", &["link", "set", &port, "master", "inet0"]);
+        if !self.delayed {
+            ns_must(&self.inet, "ip", &["link", "set", &port, "master", "inet0"]);
+        }
         ns_must(&self.inet, "ip", &["link", "set", &port, "up"]);
         ns_must(ns, "ip", &["addr", "add", &format!("{ip}/16"), "dev", dev]);
         ns_must(ns, "ip", &["link", "set", dev, "up"]);
+        self.no_offload(ns, dev);
+        self.no_offload(&self.inet.clone(), &port);
         self.links.push((ns.to_string(), dev.to_string()));
         self.links.push((self.inet.clone(), port));
+    }
+
+    /// With the userspace switch, checksums must be in the frames it reads: a veth leaves
+    /// them to "hardware" (offload) otherwise, and the receiver drops the forwarded frame.
+    fn no_offload(&self, ns: &str, dev: &str) {
+        if self.delayed {
+            let out = ns_run(ns, "ethtool", &["-K", dev, "tx", "off"]);
+            assert!(
+                out.status.success(),
+                "ethtool -K {dev} tx off in {ns}: {}",
+                text(&out.stderr)
+            );
+        }
     }
 
     fn public_ip(&mut self) -> Ipv4Addr {
@@ -384,6 +418,8 @@ impl Lab {
         );
         ns_must(&site.router, "ip", &["link", "set", &port, "master", "lan"]);
         ns_must(&site.router, "ip", &["link", "set", &port, "up"]);
+        self.no_offload(&site.router, &port);
+        self.no_offload(&ns, "eth0");
         ns_must(
             &ns,
             "ip",
@@ -426,6 +462,37 @@ impl Lab {
                 ],
             );
         }
+    }
+
+    /// Starts the userspace internet switch of a [`Lab::delayed`] lab between every internet
+    /// link made so far: each frame held `delay_ms` (two hosts see 2 x `delay_ms` round trip),
+    /// `loss_pct` % dropped. Killed with the lab.
+    pub fn start_delay_switch(&mut self, delay_ms: u32, loss_pct: u32) {
+        assert!(self.delayed, "a Lab::delayed lab");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/lab_support/delay_switch.py");
+        let ports: Vec<String> = self
+            .links
+            .iter()
+            .filter(|(ns, _)| *ns == self.inet)
+            .map(|(_, dev)| dev.clone())
+            .collect();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.inet, "python3"])
+            .arg(&script)
+            .args([delay_ms.to_string(), loss_pct.to_string()])
+            .args(&ports)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        // Ready once it says so (its sockets are bound).
+        let mut line = String::new();
+        let out = child.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
+        assert!(line.starts_with("switching"), "delay switch: {line:?}");
+        self.children.push(child);
     }
 
     /// Cuts `site` off the internet: its router drops everything it would forward.
@@ -691,19 +758,25 @@ pub struct Market {
 
 /// Builds a [`Market`] with the [`SHORT`] windows.
 pub fn market(provider_at: Place, renter_at: Place, relays: usize, loss_pct: u32) -> Market {
-    market_with(provider_at, renter_at, relays, loss_pct, SHORT)
+    market_with(provider_at, renter_at, relays, loss_pct, SHORT, 0)
 }
 
-/// Builds a [`Market`] whose leases run with `w`.
+/// Builds a [`Market`] whose leases run with `w`; with `delay_ms` > 0 the internet is the
+/// userspace switch holding every frame that long ([`Lab::delayed`]).
 pub fn market_with(
     provider_at: Place,
     renter_at: Place,
     relays: usize,
     loss_pct: u32,
     w: Windows,
+    delay_ms: u32,
 ) -> Market {
     let dir = tempfile::tempdir().unwrap();
-    let mut lab = Lab::new();
+    let mut lab = if delay_ms > 0 {
+        Lab::delayed()
+    } else {
+        Lab::new()
+    };
     let relay_hosts: Vec<Host> = (0..relays)
         .map(|i| lab.public_host(&format!("relay{i}")))
         .collect();
@@ -718,6 +791,9 @@ pub fn market_with(
     let (renter_host, renter_site) = place(&mut lab, "renter", renter_at);
     if loss_pct > 0 {
         lab.loss(loss_pct);
+    }
+    if delay_ms > 0 {
+        lab.start_delay_switch(delay_ms, 0);
     }
     let relays: Vec<Party> = relay_hosts
         .iter()
@@ -749,11 +825,25 @@ pub fn market_with(
     let mut rflags: Vec<&str> = vec!["--renter-grace-secs", &g];
     rflags.extend(common.iter().map(String::as_str));
     let renter = Party::start(dir.path(), "renter", &renter_host, &rflags);
-    // The offer, with a relayed address when the provider is behind a NAT (it re-signs its
-    // offer when its reservation is accepted; renting from the first one would dial only
-    // unreachable addresses).
     let private = provider_site.is_some();
-    let offer;
+    let offer = offer_seen(&provider, &renter, private);
+    Market {
+        provider,
+        renter,
+        relays,
+        guard,
+        provider_site,
+        renter_site,
+        offer,
+        lab,
+        dir,
+    }
+}
+
+/// Waits until `renter` holds `provider`'s offer, with a relayed address in it when the
+/// provider is `private` (it re-signs its offer when its reservation is accepted; renting from
+/// the first one would dial only unreachable addresses); answers the offer id's first digits.
+fn offer_seen(provider: &Party, renter: &Party, private: bool) -> String {
     let limit = Duration::from_secs(60);
     let deadline = Instant::now() + limit;
     loop {
@@ -765,8 +855,7 @@ pub fn market_with(
                     .any(|x| x.as_str().unwrap_or("").contains("p2p-circuit"))
             });
             if relayed || !private {
-                offer = id[..12].to_string();
-                break;
+                return id[..12].to_string();
             }
         }
         assert!(
@@ -782,20 +871,15 @@ pub fn market_with(
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-    Market {
-        provider,
-        renter,
-        relays,
-        guard,
-        provider_site,
-        renter_site,
-        offer,
-        lab,
-        dir,
-    }
 }
 
 impl Market {
+    /// Waits for the renter to hold the provider's current offer (see [`offer_seen`]) and
+    /// rents from it from now on (after a renter was replaced).
+    pub fn refresh_offer(&mut self) {
+        self.offer = offer_seen(&self.provider, &self.renter, self.provider_site.is_some());
+    }
+
     /// Rents the offer for 60 s (the minimum billed) with the probe `args`; answers the lease id.
     pub fn rent(&self, image: &str, args: &[&str]) -> String {
         let mut all = vec![
