@@ -95,6 +95,14 @@ enum Internal {
     },
 }
 
+/// A lease-stream request sent and not answered yet.
+#[derive(Debug)]
+struct PendingRpc {
+    reply: oneshot::Sender<Result<LeaseRpcResponse, String>>,
+    /// Kept for one more try when the first dial fails (see [`EventLoop::send_rpc`]).
+    retry: Option<(PeerId, Vec<Multiaddr>, LeaseRpc)>,
+}
+
 /// Most ids answered for an id prefix: two are enough to call it ambiguous.
 const MAX_PREFIX_MATCHES: usize = 2;
 
@@ -124,7 +132,7 @@ pub(super) struct EventLoop {
     provider_limits: RateLimiter<PublicKey>,
     listen_addrs: Vec<Multiaddr>,
     listen_waiters: Vec<oneshot::Sender<Vec<Multiaddr>>>,
-    pending_rpcs: HashMap<OutboundRequestId, oneshot::Sender<Result<LeaseRpcResponse, String>>>,
+    pending_rpcs: HashMap<OutboundRequestId, PendingRpc>,
     unflushed: Vec<(OfferId, Signed<Offer>, Offer, Timestamp)>,
     /// When each held offer was last accepted from gossip (bounded by the book: swept with it).
     last_accepted: HashMap<OfferId, Timestamp>,
@@ -494,16 +502,9 @@ impl EventLoop {
                 rpc,
                 reply,
             } => {
-                // Never one of our own addresses (see `reach::dialable`).
-                for a in super::reach::dialable(&addrs, &self.listen_addrs) {
-                    self.swarm.add_peer_address(peer, a);
-                }
-                let id = self
-                    .swarm
-                    .behaviour_mut()
-                    .lease
-                    .send_request(&peer, Incoming::Valid(rpc));
-                self.pending_rpcs.insert(id, reply);
+                let retry =
+                    (!self.swarm.is_connected(&peer)).then(|| (peer, addrs.clone(), rpc.clone()));
+                self.send_rpc(peer, &addrs, rpc, PendingRpc { reply, retry });
             }
             Command::SetLeaseHandler(tx, reply) => {
                 self.lease_handler = Some(tx);
@@ -522,6 +523,32 @@ impl EventLoop {
                 let _ = reply.send(self.connections.of(&peer));
             }
         }
+    }
+
+    /// Sends a lease-stream request to `peer`, dialing it first at `addrs` (never one of our
+    /// own: `reach::dialable`) when not connected. The explicit dial matters: request-response
+    /// would otherwise join a dial already under way (kad's, with the peer's LAN addresses
+    /// only) and fail the request with it.
+    fn send_rpc(&mut self, peer: PeerId, addrs: &[Multiaddr], rpc: LeaseRpc, pending: PendingRpc) {
+        let addrs = super::reach::dialable(addrs, &self.listen_addrs);
+        for a in &addrs {
+            self.swarm.add_peer_address(peer, a.clone());
+        }
+        if !self.swarm.is_connected(&peer) && !addrs.is_empty() {
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                .addresses(addrs)
+                .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!(%peer, error = %e, "lease request dial not started");
+            }
+        }
+        let id = self
+            .swarm
+            .behaviour_mut()
+            .lease
+            .send_request(&peer, Incoming::Valid(rpc));
+        self.pending_rpcs.insert(id, pending);
     }
 
     fn search(&self, query: &Query, limit: usize) -> Vec<gridlease_contracts::book::BookEntry> {
@@ -1398,16 +1425,31 @@ impl EventLoop {
                     request_id,
                     response,
                 } => {
-                    if let Some(reply) = self.pending_rpcs.remove(&request_id) {
-                        let _ = reply.send(Ok(response));
+                    if let Some(p) = self.pending_rpcs.remove(&request_id) {
+                        let _ = p.reply.send(Ok(response));
                     }
                 }
             },
             request_response::Event::OutboundFailure {
                 request_id, error, ..
             } => {
-                if let Some(reply) = self.pending_rpcs.remove(&request_id) {
-                    let _ = reply.send(Err(error.to_string()));
+                let Some(p) = self.pending_rpcs.remove(&request_id) else {
+                    return;
+                };
+                match (error, p.retry) {
+                    // The first dial that failed may have been another one (a request joins
+                    // any dial to its peer); once more, dialing the given addresses.
+                    (request_response::OutboundFailure::DialFailure, Some((peer, addrs, rpc))) => {
+                        tracing::debug!(%peer, "lease request's dial failed; trying once more");
+                        let pending = PendingRpc {
+                            reply: p.reply,
+                            retry: None,
+                        };
+                        self.send_rpc(peer, &addrs, rpc, pending);
+                    }
+                    (error, _) => {
+                        let _ = p.reply.send(Err(error.to_string()));
+                    }
                 }
             }
             request_response::Event::InboundFailure { peer, error, .. } => {
