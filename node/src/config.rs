@@ -103,6 +103,17 @@ pub struct Config {
     /// renter uploads (`rent --upload`); advertised in offers. 0: never. Default: 600 (the
     /// GPUs are held meanwhile, not billed).
     pub upload_hold_secs: u32,
+    /// Seconds between a provider's usage reports (each answered by a payment receipt);
+    /// advertised in offers. Default: 10.
+    pub usage_interval_secs: u32,
+    /// The provider's pay-ahead window: the most seconds of usage it runs unpaid before it
+    /// stops a lease (`PaymentLagging`); advertised in offers, at least one usage interval.
+    /// Default: 60.
+    pub pay_ahead_secs: u32,
+    /// Renter: the most seconds a provider may keep a lease running while it hears nothing
+    /// from this renter (`grace_s` of the terms; at least the offer's usage interval).
+    /// Default: 30.
+    pub renter_grace_secs: u32,
 }
 
 impl Config {
@@ -178,6 +189,9 @@ impl Default for Config {
             gvisor_runtime: gridlease_sandbox::isolation::DEFAULT_GVISOR_RUNTIME.to_string(),
             output_retention_secs: 3600,
             upload_hold_secs: 600,
+            usage_interval_secs: 10,
+            pay_ahead_secs: 60,
+            renter_grace_secs: 30,
         }
     }
 }
@@ -240,6 +254,19 @@ pub struct Overrides {
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_UPLOAD_HOLD_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upload_hold_secs: Option<u32>,
+    /// Seconds between this provider's usage reports (default 10; advertised).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_USAGE_INTERVAL_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_interval_secs: Option<u32>,
+    /// Most seconds of usage this provider runs unpaid before it stops a lease (default 60;
+    /// advertised).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_PAY_AHEAD_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pay_ahead_secs: Option<u32>,
+    /// Renter: most seconds a provider may run a lease while this renter is silent (default 30).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_RENTER_GRACE_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renter_grace_secs: Option<u32>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]
@@ -446,6 +473,29 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "announce_secs",
                 problem: format!("{} is not in 1..=3600", self.announce_secs),
+            });
+        }
+        let (lo, hi) = gridlease_contracts::terms::USAGE_INTERVAL_RANGE_S;
+        if !(lo..=hi).contains(&self.usage_interval_secs) {
+            return Err(ConfigError::Invalid {
+                field: "usage_interval_secs",
+                problem: format!("{} is not in {lo}..={hi}", self.usage_interval_secs),
+            });
+        }
+        if self.pay_ahead_secs < self.usage_interval_secs {
+            return Err(ConfigError::Invalid {
+                field: "pay_ahead_secs",
+                problem: format!(
+                    "{} is shorter than one usage interval ({} s): every lease would stop at its first report",
+                    self.pay_ahead_secs, self.usage_interval_secs
+                ),
+            });
+        }
+        let max_grace = gridlease_contracts::terms::MAX_GRACE_S;
+        if !(1..=max_grace).contains(&self.renter_grace_secs) {
+            return Err(ConfigError::Invalid {
+                field: "renter_grace_secs",
+                problem: format!("{} is not in 1..={max_grace}", self.renter_grace_secs),
             });
         }
         // The rule the sandbox applies to the name when it creates a container.

@@ -66,3 +66,9 @@ pub const GRIDLEASE_OUTPUT_RETENTION_SECS: &str = "GRIDLEASE_OUTPUT_RETENTION_SE
 pub const GRIDLEASE_UPLOAD_HOLD_SECS: &str = "GRIDLEASE_UPLOAD_HOLD_SECS";
 /// Docker runtime name of gVisor (config key `gvisor_runtime`).
 pub const GRIDLEASE_GVISOR_RUNTIME: &str = "GRIDLEASE_GVISOR_RUNTIME";
+/// Seconds (config key `usage_interval_secs`).
+pub const GRIDLEASE_USAGE_INTERVAL_SECS: &str = "GRIDLEASE_USAGE_INTERVAL_SECS";
+/// Seconds (config key `pay_ahead_secs`).
+pub const GRIDLEASE_PAY_AHEAD_SECS: &str = "GRIDLEASE_PAY_AHEAD_SECS";
+/// Seconds (config key `renter_grace_secs`).
+pub const GRIDLEASE_RENTER_GRACE_SECS: &str = "GRIDLEASE_RENTER_GRACE_SECS";

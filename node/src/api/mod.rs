@@ -39,8 +39,8 @@ use crate::net::Client;
 pub use problem::{ApiError, Problem, ProblemType};
 use problem::{ApiJson, ApiPath, ApiQuery, ProblemType as P};
 use types::{
-    BegunView, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView, ProvideBody, RentedView,
-    StatusView, StoppingView,
+    BegunView, ConnectionView, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView,
+    ProvideBody, RentedView, StatusView, StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -62,8 +62,6 @@ pub struct ApiState {
     pub started: Instant,
     /// Local GPUs (found or declared at start).
     pub gpus: Arc<GpusView>,
-    /// Addresses configured as publicly reachable.
-    pub external_addrs: Vec<String>,
     /// Leases: renting, providing, logs, ledger.
     pub leases: LeaseService,
 }
@@ -229,7 +227,9 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
     let peers = c.connected_peers().await.map_err(ApiError::internal)?;
     let offers = c.book_len().await.map_err(ApiError::internal)?;
     let own = c.own_offer().await.map_err(ApiError::internal)?;
+    let reach = c.reachability().await.map_err(ApiError::internal)?;
     let (cache, limits) = s.leases.image_cache().await;
+    let text = |v: &[libp2p::Multiaddr]| v.iter().map(ToString::to_string).collect();
     Ok(Json(StatusView {
         image_cache: ImageCacheView {
             images: cache.images,
@@ -244,11 +244,11 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
         listen_addrs: listen.iter().map(ToString::to_string).collect(),
         connected_peers: peers.len(),
         offers_known: offers,
-        nat_status: if s.external_addrs.is_empty() {
-            "unknown".into()
-        } else {
-            "public".into()
-        },
+        nat_status: reach.nat_status.to_string(),
+        reachable_addrs: text(&reach.reachable),
+        unreachable_addrs: text(&reach.unreachable),
+        external_addrs: text(&reach.external),
+        relays: reach.relays.iter().map(ToString::to_string).collect(),
         own_offer: own.map(|o| OwnOfferView {
             id: o.id.to_string(),
             seq: o.offer.seq,
@@ -281,10 +281,21 @@ async fn peers(State(s): State<ApiState>) -> Result<Json<Vec<PeerView>>, ApiErro
     let mut out = Vec::with_capacity(connected.len());
     for p in connected {
         let score = c.peer_score(p).await.map_err(ApiError::internal)?;
+        let connections = c
+            .connections(p)
+            .await
+            .map_err(ApiError::internal)?
+            .into_iter()
+            .map(|k| ConnectionView {
+                remote_addr: k.remote.to_string(),
+                relayed: k.relayed,
+            })
+            .collect();
         out.push(PeerView {
             peer_id: p.to_string(),
             score,
             in_mesh: mesh.contains(&p),
+            connections,
         });
     }
     out.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));

@@ -26,9 +26,24 @@ pub struct StatusView {
     pub connected_peers: usize,
     /// Offers in the local book.
     pub offers_known: usize,
-    /// Reachability as far as the node knows: `public` (external address confirmed or
-    /// configured), or `unknown`.
+    /// Reachability as observed by AutoNAT v2 dial-backs (never what was configured):
+    /// `public` (a server dialed one of its addresses back), `private` (every dial-back
+    /// failed: behind a NAT or firewall; reached through a relay or a hole punch) or
+    /// `unknown` (no verdict yet).
     pub nat_status: String,
+    /// Addresses AutoNAT servers dialed back.
+    #[serde(default)]
+    pub reachable_addrs: Vec<String>,
+    /// Addresses whose AutoNAT dial-back failed.
+    #[serde(default)]
+    pub unreachable_addrs: Vec<String>,
+    /// Confirmed external addresses: configured ones, AutoNAT-confirmed ones, and the
+    /// relayed (`/p2p-circuit`) addresses of accepted reservations.
+    #[serde(default)]
+    pub external_addrs: Vec<String>,
+    /// Relays (peer ids) holding a reservation for this node.
+    #[serde(default)]
+    pub relays: Vec<String>,
     /// This node's own offer, if it provides.
     pub own_offer: Option<OwnOfferView>,
     /// Images pulled for leases and kept cached, with the cache's bounds.
@@ -82,6 +97,19 @@ pub struct PeerView {
     pub score: Option<f64>,
     /// In this node's offer-topic mesh.
     pub in_mesh: bool,
+    /// The open connections to the peer.
+    #[serde(default)]
+    pub connections: Vec<ConnectionView>,
+}
+
+/// One open connection to a peer.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ConnectionView {
+    /// The peer's address on it (a relayed one has `/p2p-circuit`); for a relayed connection
+    /// the peer opened, this node's relayed address it came through (naming the relay).
+    pub remote_addr: String,
+    /// Through a relay (else direct: dialed, or hole punched).
+    pub relayed: bool,
 }
 
 /// `GET /v1/offers`: one row of a search.

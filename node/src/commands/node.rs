@@ -205,6 +205,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                 t.sandbox.isolation = config.isolation;
                 t.sandbox.output_retention_s = config.output_retention_secs;
                 t.sandbox.upload_hold_s = config.upload_hold_secs;
+                t.usage_interval_s = config.usage_interval_secs;
+                t.pay_ahead_s = config.pay_ahead_secs;
                 match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
                     Ok(per) => {
                         t.per_gpu = per;
@@ -238,6 +240,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             t.sandbox.isolation = config.isolation;
             t.sandbox.output_retention_s = config.output_retention_secs;
             t.sandbox.upload_hold_s = config.upload_hold_secs;
+            t.usage_interval_s = config.usage_interval_secs;
+            t.pay_ahead_s = config.pay_ahead_secs;
             t.sandbox.image_prefixes = t.images.prefixes.clone();
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
             net.offer = Some(t);
@@ -266,8 +270,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     }
     let gpus = Arc::new(gpu_view(dev.as_ref()));
     let metrics_addr = config.metrics.clone();
-    let external_addrs = config.external_addrs.clone();
     let image_cache = config.image_cache();
+    let renter_grace_s = config.renter_grace_secs;
     let config = net;
     let network = h.network.clone();
 
@@ -284,8 +288,11 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         base_template,
         gpu_uuids,
         gpu_sampler,
-        image_cache,
-        runtime,
+        crate::lease::DaemonLeaseSettings {
+            image_cache,
+            runtime,
+            renter_grace_s,
+        },
     )
     .await
     .context("cannot start the lease service")?;
@@ -306,7 +313,6 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         client: node.client.clone(),
         started: Instant::now(),
         gpus,
-        external_addrs,
         leases: leases.clone(),
     };
     let api_task = crate::api::serve(home, api_state, cancel.clone()).await?;

@@ -20,7 +20,16 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
             "version      {}  (up {} s)",
             s.version, s.uptime_s
         ));
-        p.line(&format!("reachability {}", s.nat_status));
+        p.line(&format!(
+            "reachability {} (observed by AutoNAT)",
+            s.nat_status
+        ));
+        for a in &s.external_addrs {
+            p.line(&format!("external     {a}"));
+        }
+        for r in &s.relays {
+            p.line(&format!("relay        {r}"));
+        }
         for a in &s.listen_addrs {
             p.line(&format!("listening    {a}"));
         }

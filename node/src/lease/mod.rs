@@ -1058,6 +1058,17 @@ impl ProvideSettings {
     }
 }
 
+/// The daemon's settings of its lease service (from its configuration).
+#[derive(Clone, Debug)]
+pub struct DaemonLeaseSettings {
+    /// Bounds of the cache of pulled images.
+    pub image_cache: gridlease_contracts::image::CacheLimits,
+    /// The isolation tenants run under, and the Docker runtime that gives it.
+    pub runtime: (gridlease_protocol::Isolation, Option<String>),
+    /// As a renter: the grace the terms give a provider for this node's silence.
+    pub renter_grace_s: u32,
+}
+
 /// Starts the lease service of a daemon: output under `<home>/leases`, Docker if reachable
 /// (without it, leases this node provides fail to start with `StartFailed`; renting works).
 pub async fn start_for_daemon(
@@ -1066,12 +1077,12 @@ pub async fn start_for_daemon(
     base_template: Option<OfferTemplate>,
     gpu_uuids: BTreeMap<Digest, String>,
     gpu_sampler: Option<SharedGpuSampler>,
-    image_cache: gridlease_contracts::image::CacheLimits,
-    runtime: (gridlease_protocol::Isolation, Option<String>),
+    settings: DaemonLeaseSettings,
 ) -> Result<LeaseService, LeaseError> {
     let mut config = LeaseServiceConfig::new(home.join("leases"));
-    config.image_cache = image_cache;
-    (config.limits.isolation, config.limits.runtime) = runtime;
+    config.renter_grace_s = settings.renter_grace_s;
+    config.image_cache = settings.image_cache;
+    (config.limits.isolation, config.limits.runtime) = settings.runtime;
     config.base_template = base_template;
     config.gpu_uuids = gpu_uuids;
     config.gpu_sampler = gpu_sampler;

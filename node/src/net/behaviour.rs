@@ -53,6 +53,33 @@ pub struct Behaviour {
     pub stream: libp2p_stream::Behaviour,
 }
 
+/// Most reservations a relay holds (libp2p default: 128).
+pub const RELAY_MAX_RESERVATIONS: usize = 1024;
+/// Most relayed circuits at once (libp2p default: 16).
+pub const RELAY_MAX_CIRCUITS: usize = 256;
+/// Most circuits per peer (libp2p default: 4): a provider behind a symmetric NAT serves each of
+/// its renters through one.
+pub const RELAY_MAX_CIRCUITS_PER_PEER: usize = 32;
+/// How long one relayed circuit may live: the longest lease an offer may allow (24 h). The
+/// libp2p default, 2 min, would cut every lease that cannot be hole punched.
+pub const RELAY_MAX_CIRCUIT_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// Bytes one relayed circuit may carry: usage reports, receipts, logs and a few `cp`
+/// transfers of a long lease (libp2p default: 128 KiB, a few minutes of reports and logs).
+pub const RELAY_MAX_CIRCUIT_BYTES: u64 = 4 << 30;
+
+/// The relay server's limits, sized for lease traffic (see the constants above and
+/// `docs/networking.md`); rate limits per peer and IP as libp2p's defaults.
+pub fn relay_config() -> relay::Config {
+    relay::Config {
+        max_reservations: RELAY_MAX_RESERVATIONS,
+        max_circuits: RELAY_MAX_CIRCUITS,
+        max_circuits_per_peer: RELAY_MAX_CIRCUITS_PER_PEER,
+        max_circuit_duration: RELAY_MAX_CIRCUIT_DURATION,
+        max_circuit_bytes: RELAY_MAX_CIRCUIT_BYTES,
+        ..relay::Config::default()
+    }
+}
+
 impl Behaviour {
     /// Builds the behaviour for `key` under `config`.
     pub fn new(
@@ -86,7 +113,10 @@ impl Behaviour {
         }
         let identify = identify::Behaviour::new(
             identify::Config::new(IDENTIFY_PROTOCOL.to_string(), key.public())
-                .with_agent_version(format!("gridlease/{}", env!("CARGO_PKG_VERSION"))),
+                .with_agent_version(format!("gridlease/{}", env!("CARGO_PKG_VERSION")))
+                // No address cache: the event loop records the announced addresses it may dial
+                // (`net::reach::dialable`), never loopback or its own ones.
+                .with_cache_size(0),
         );
         let mdns = if config.mdns {
             Some(
@@ -98,7 +128,7 @@ impl Behaviour {
         };
         let (relay_server, autonat_server) = if config.relay_server {
             (
-                Some(relay::Behaviour::new(peer_id, relay::Config::default())),
+                Some(relay::Behaviour::new(peer_id, relay_config())),
                 Some(autonat::v2::server::Behaviour::default()),
             )
         } else {

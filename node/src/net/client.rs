@@ -92,6 +92,24 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Result<LeaseRpcResponse, String>>,
     },
     SetLeaseHandler(mpsc::Sender<super::InboundLease>, oneshot::Sender<()>),
+    Reachability(oneshot::Sender<Reachability>),
+    Connections(PeerId, oneshot::Sender<Vec<super::reach::Connection>>),
+}
+
+/// How this node is reached, as observed (see [`super::reach`]).
+#[derive(Clone, Debug)]
+pub struct Reachability {
+    /// What AutoNAT v2 dial-backs found.
+    pub nat_status: super::reach::NatStatus,
+    /// Addresses an AutoNAT server dialed back.
+    pub reachable: Vec<Multiaddr>,
+    /// Addresses whose dial-back failed.
+    pub unreachable: Vec<Multiaddr>,
+    /// The swarm's confirmed external addresses (configured, AutoNAT-confirmed, and the
+    /// relayed addresses of accepted reservations).
+    pub external: Vec<Multiaddr>,
+    /// Relays that accepted a reservation.
+    pub relays: Vec<PeerId>,
 }
 
 /// Why a negotiation failed (a rejection is not a failure: see [`NegotiationOutcome`]).
@@ -232,6 +250,19 @@ impl Client {
     /// Dials an address; resolves when the dial was started (connection events follow).
     pub async fn dial(&self, addr: Multiaddr) -> Result<Result<(), String>, NegotiationError> {
         self.ask(|r| Command::Dial(addr, r)).await
+    }
+
+    /// How this node is reached, as observed.
+    pub async fn reachability(&self) -> Result<Reachability, NegotiationError> {
+        self.ask(Command::Reachability).await
+    }
+
+    /// The open connections to `peer`.
+    pub async fn connections(
+        &self,
+        peer: PeerId,
+    ) -> Result<Vec<super::reach::Connection>, NegotiationError> {
+        self.ask(|r| Command::Connections(peer, r)).await
     }
 
     /// Connected peers.

@@ -42,6 +42,14 @@ const OFFER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
 const MAX_RELAYS: usize = 2;
 /// Most peers recorded per identify round in the store, and dialed from it at start.
 pub(super) const STORED_PEERS: usize = 16;
+/// How long a new connection may take (transport, security, multiplexing). Shorter than
+/// libp2p's 10 s default because an AutoNAT v2 client waits 10 s for its server's verdict: a
+/// dial-back to an address behind a router that drops unsolicited packets (most home routers)
+/// must fail before that, or the client sees a timeout, learns nothing, and its NAT status
+/// stays unknown.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most peers with a connection reversal remembered at once.
+const MAX_REVERSALS: usize = 1024;
 /// Most tracked peers in each rate limiter.
 const RATE_KEYS: usize = 10_000;
 
@@ -71,6 +79,7 @@ pub(super) fn build_swarm(
         })
         .map_err(|e| t(&e))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_connection_timeout))
+        .with_connection_timeout(CONNECTION_TIMEOUT)
         .build();
     Ok(swarm)
 }
@@ -84,6 +93,14 @@ enum Internal {
         channel: ResponseChannel<LeaseRpcResponse>,
         response: LeaseRpcResponse,
     },
+}
+
+/// A lease-stream request sent and not answered yet.
+#[derive(Debug)]
+struct PendingRpc {
+    reply: oneshot::Sender<Result<LeaseRpcResponse, String>>,
+    /// Kept for one more try when the first dial fails (see [`EventLoop::send_rpc`]).
+    retry: Option<(PeerId, Vec<Multiaddr>, LeaseRpc)>,
 }
 
 /// Most ids answered for an id prefix: two are enough to call it ambiguous.
@@ -115,12 +132,22 @@ pub(super) struct EventLoop {
     provider_limits: RateLimiter<PublicKey>,
     listen_addrs: Vec<Multiaddr>,
     listen_waiters: Vec<oneshot::Sender<Vec<Multiaddr>>>,
-    pending_rpcs: HashMap<OutboundRequestId, oneshot::Sender<Result<LeaseRpcResponse, String>>>,
+    pending_rpcs: HashMap<OutboundRequestId, PendingRpc>,
     unflushed: Vec<(OfferId, Signed<Offer>, Offer, Timestamp)>,
     /// When each held offer was last accepted from gossip (bounded by the book: swept with it).
     last_accepted: HashMap<OfferId, Timestamp>,
-    /// Relays we asked for a reservation (at most [`MAX_RELAYS`]).
-    relays: Vec<PeerId>,
+    /// Relays we asked for a reservation (at most [`MAX_RELAYS`]), with the listener that
+    /// holds it: when it closes (the relay went away) the relay may be asked again.
+    relays: Vec<(PeerId, libp2p::core::transport::ListenerId)>,
+    /// Relays that accepted our reservation (a subset of `relays`).
+    reserved: Vec<PeerId>,
+    /// What AutoNAT v2 observed about our addresses.
+    observed: super::reach::Observed,
+    /// Open connections per peer, relayed or direct.
+    connections: super::reach::Connections,
+    /// Peers reached only through a relay that this node dialed directly once (connection
+    /// reversal), at most [`MAX_REVERSALS`]; forgotten when the peer disconnects.
+    reversed: std::collections::HashSet<PeerId>,
     /// Where inbound lease-stream requests go (the lease service), once registered.
     lease_handler: Option<mpsc::Sender<InboundLease>>,
     /// Book syncs this node runs with peers it connected to (at most [`MAX_SYNCS`]).
@@ -201,6 +228,10 @@ impl EventLoop {
             unflushed: Vec::new(),
             last_accepted: HashMap::new(),
             relays: Vec::new(),
+            reserved: Vec::new(),
+            observed: super::reach::Observed::default(),
+            connections: super::reach::Connections::default(),
+            reversed: std::collections::HashSet::new(),
             lease_handler: None,
             syncs: HashMap::new(),
             sync_queue: std::collections::VecDeque::new(),
@@ -290,6 +321,15 @@ impl EventLoop {
         }
     }
 
+    /// Closes relayed connections to peers that have a direct one now (hole punched or
+    /// dialed): the lease's traffic then rides the direct connection only.
+    fn retire_relayed(&mut self) {
+        for (peer, id) in self.connections.due(std::time::Instant::now()) {
+            tracing::info!(%peer, "direct connection up: closing the relayed one");
+            self.swarm.close_connection(id);
+        }
+    }
+
     fn emit(&self, event: NetworkEvent) {
         // No subscriber is fine; a lagging one loses old events.
         let _ = self.events.send(event);
@@ -325,6 +365,7 @@ impl EventLoop {
                 }
                 _ = live.tick() => {
                     self.check_liveness();
+                    self.retire_relayed();
                     if self.provider.resign {
                         // A capacity re-sign waiting for the pace.
                         self.refresh_own(false);
@@ -462,21 +503,53 @@ impl EventLoop {
                 rpc,
                 reply,
             } => {
-                for a in addrs {
-                    self.swarm.add_peer_address(peer, a);
-                }
-                let id = self
-                    .swarm
-                    .behaviour_mut()
-                    .lease
-                    .send_request(&peer, Incoming::Valid(rpc));
-                self.pending_rpcs.insert(id, reply);
+                let retry =
+                    (!self.swarm.is_connected(&peer)).then(|| (peer, addrs.clone(), rpc.clone()));
+                self.send_rpc(peer, &addrs, rpc, PendingRpc { reply, retry });
             }
             Command::SetLeaseHandler(tx, reply) => {
                 self.lease_handler = Some(tx);
                 let _ = reply.send(());
             }
+            Command::Reachability(reply) => {
+                let _ = reply.send(super::client::Reachability {
+                    nat_status: self.observed.status(),
+                    reachable: self.observed.reachable(),
+                    unreachable: self.observed.unreachable(),
+                    external: self.swarm.external_addresses().cloned().collect(),
+                    relays: self.reserved.clone(),
+                });
+            }
+            Command::Connections(peer, reply) => {
+                let _ = reply.send(self.connections.of(&peer));
+            }
         }
+    }
+
+    /// Sends a lease-stream request to `peer`, dialing it first at `addrs` (never one of our
+    /// own: `reach::dialable`) when not connected. The explicit dial matters: request-response
+    /// would otherwise join a dial already under way (kad's, with the peer's LAN addresses
+    /// only) and fail the request with it.
+    fn send_rpc(&mut self, peer: PeerId, addrs: &[Multiaddr], rpc: LeaseRpc, pending: PendingRpc) {
+        let addrs = super::reach::dialable(addrs, &self.listen_addrs);
+        for a in &addrs {
+            self.swarm.add_peer_address(peer, a.clone());
+        }
+        if !self.swarm.is_connected(&peer) && !addrs.is_empty() {
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                .addresses(addrs)
+                .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!(%peer, error = %e, "lease request dial not started");
+            }
+        }
+        let id = self
+            .swarm
+            .behaviour_mut()
+            .lease
+            .send_request(&peer, Incoming::Valid(rpc));
+        self.pending_rpcs.insert(id, pending);
     }
 
     fn search(&self, query: &Query, limit: usize) -> Vec<gridlease_contracts::book::BookEntry> {
@@ -607,13 +680,21 @@ impl EventLoop {
         }
     }
 
-    /// Our addresses as text for the offer: external ones first, then listen addresses.
+    /// Our addresses as text for the offer: external ones first, then listen addresses;
+    /// loopback ones only when there is nothing else (a node on one machine). A renter that
+    /// dialed a provider's `127.0.0.1:4001` would reach itself when it listens there too, and
+    /// that wrong-peer connection fails the whole dial, the good addresses with it.
     fn advertised_addrs(&self) -> Vec<String> {
         let me = *self.swarm.local_peer_id();
-        let mut out: Vec<String> = self
+        let all: Vec<&Multiaddr> = self
             .swarm
             .external_addresses()
             .chain(self.listen_addrs.iter())
+            .collect();
+        let beyond_loopback = all.iter().any(|a| !super::reach::is_loopback(a));
+        let mut out: Vec<String> = all
+            .into_iter()
+            .filter(|a| !beyond_loopback || !super::reach::is_loopback(a))
             .map(|a| with_peer(a.clone(), me).to_string())
             .filter(|s| s.len() <= gridlease_protocol::MAX_ADDR_LEN)
             .collect();
@@ -691,21 +772,54 @@ impl EventLoop {
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id,
+                connection_id,
                 num_established,
                 endpoint,
                 ..
-            } if num_established.get() == 1 => {
-                tracing::debug!(peer = %peer_id, addr = %endpoint.get_remote_address(), "connected");
-                self.liveness.connected(&peer_id);
-                self.emit(NetworkEvent::PeerConnected { peer: peer_id });
-                self.start_sync(peer_id);
+            } => {
+                let relayed = endpoint.is_relayed();
+                let dialer = endpoint.is_dialer();
+                // A relayed connection this node accepted has no address of the peer (just
+                // `/p2p/<id>`): the relayed address it was reached at names the relay.
+                let remote = match &endpoint {
+                    libp2p::core::ConnectedPoint::Listener { local_addr, .. } if relayed => {
+                        local_addr.clone()
+                    }
+                    _ => endpoint.get_remote_address().clone(),
+                };
+                tracing::debug!(peer = %peer_id, addr = %remote, relayed, "connected");
+                self.connections.established(
+                    peer_id,
+                    super::reach::Connection {
+                        id: connection_id,
+                        remote,
+                        relayed,
+                        dialer,
+                    },
+                    std::time::Instant::now(),
+                );
+                if num_established.get() == 1 {
+                    self.liveness.connected(&peer_id);
+                    self.emit(NetworkEvent::PeerConnected { peer: peer_id });
+                    self.start_sync(peer_id);
+                }
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established: 0,
+                connection_id,
+                num_established,
+                ..
+            } if num_established > 0 => {
+                self.connections.closed(&peer_id, connection_id);
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                connection_id,
                 ..
             } => {
+                self.connections.closed(&peer_id, connection_id);
                 self.liveness.lost(&peer_id, std::time::Instant::now());
+                self.reversed.remove(&peer_id);
                 if self.config.faults.subscribe_after_first_disconnect {
                     // Test fault: gossip starts working after the first reconnection.
                     self.config.faults.subscribe_after_first_disconnect = false;
@@ -721,6 +835,26 @@ impl EventLoop {
             }
             SwarmEvent::ExternalAddrConfirmed { address } => {
                 tracing::info!(%address, "external address confirmed");
+            }
+            SwarmEvent::ExternalAddrExpired { address } => {
+                tracing::info!(%address, "external address expired");
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                let me = *self.swarm.local_peer_id();
+                let addr = with_peer(address, me);
+                tracing::info!(%addr, "no longer listening");
+                self.listen_addrs.retain(|a| *a != addr);
+            }
+            SwarmEvent::ListenerClosed {
+                listener_id,
+                reason,
+                ..
+            } => {
+                if let Some(i) = self.relays.iter().position(|(_, l)| *l == listener_id) {
+                    let (relay, _) = self.relays.remove(i);
+                    self.reserved.retain(|r| *r != relay);
+                    tracing::info!(%relay, ?reason, "relay reservation ended; the relay is asked again when it is identified");
+                }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(e)) => self.on_gossip(e),
             SwarmEvent::Behaviour(BehaviourEvent::Lease(e)) => self.on_lease(e),
@@ -743,9 +877,16 @@ impl EventLoop {
                     subscribed,
                     std::time::Instant::now(),
                 );
+                // The peer's addresses this node may dial it on later (identify's own address
+                // cache is off: it would hand out every announced address, loopback and this
+                // node's own included; see `reach::dialable`).
+                let dialable = super::reach::dialable(&info.listen_addrs, &self.listen_addrs);
+                for addr in dialable.iter().take(gridlease_protocol::MAX_OFFER_ADDRS) {
+                    self.swarm.add_peer_address(peer_id, addr.clone());
+                }
                 let kad_proto = super::behaviour::KAD_PROTOCOL;
                 if info.protocols.contains(&kad_proto) {
-                    for addr in &info.listen_addrs {
+                    for addr in &dialable {
                         self.swarm
                             .behaviour_mut()
                             .kad
@@ -755,6 +896,7 @@ impl EventLoop {
                 if info.protocols.contains(&relay::HOP_PROTOCOL_NAME) {
                     self.maybe_reserve(peer_id, &info.listen_addrs);
                 }
+                self.maybe_reverse(peer_id, &info.listen_addrs);
                 let addrs: Vec<String> = info
                     .listen_addrs
                     .iter()
@@ -781,6 +923,9 @@ impl EventLoop {
             SwarmEvent::Behaviour(BehaviourEvent::RelayClient(
                 relay::client::Event::ReservationReqAccepted { relay_peer_id, .. },
             )) => {
+                if !self.reserved.contains(&relay_peer_id) {
+                    self.reserved.push(relay_peer_id);
+                }
                 self.emit(NetworkEvent::RelayReservation {
                     relay: relay_peer_id,
                 });
@@ -788,21 +933,31 @@ impl EventLoop {
             SwarmEvent::Behaviour(BehaviourEvent::AutonatClient(autonat::v2::client::Event {
                 tested_addr,
                 result,
+                server,
                 ..
             })) => {
+                let reachable = result.is_ok();
+                tracing::info!(addr = %tested_addr, %server, reachable, "AutoNAT probe");
+                self.observed.probed(tested_addr.clone(), reachable);
                 self.emit(NetworkEvent::NatProbe {
                     addr: tested_addr,
-                    reachable: result.is_ok(),
+                    reachable,
                 });
             }
             SwarmEvent::Behaviour(BehaviourEvent::Dcutr(dcutr::Event {
                 remote_peer_id,
-                result: Ok(_),
-            })) => {
-                self.emit(NetworkEvent::HolePunched {
-                    peer: remote_peer_id,
-                });
-            }
+                result,
+            })) => match result {
+                Ok(_) => {
+                    tracing::info!(peer = %remote_peer_id, "hole punch succeeded: direct connection");
+                    self.emit(NetworkEvent::HolePunched {
+                        peer: remote_peer_id,
+                    });
+                }
+                Err(e) => {
+                    tracing::info!(peer = %remote_peer_id, error = %e, "hole punch failed: the relay carries the connection");
+                }
+            },
             SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::RoutingUpdated {
                 peer, ..
             })) => {
@@ -812,29 +967,80 @@ impl EventLoop {
         }
     }
 
+    /// Connection reversal (the DCUtR spec's unilateral upgrade, which libp2p-dcutr 0.15
+    /// lacks): a peer reached only through a relay that announces public addresses may be
+    /// dialed directly. Without it a hole punch towards a public peer fails: the public
+    /// peer's listener accepts the punch's SYN, and both ends then wait as the responder of
+    /// the security handshake. The dial takes a new local port, so it never collides with a
+    /// hole punch's port-reusing one.
+    fn maybe_reverse(&mut self, peer: PeerId, addrs: &[Multiaddr]) {
+        let conns = self.connections.of(&peer);
+        if conns.is_empty()
+            || conns.iter().any(|c| !c.relayed)
+            || self.reversed.contains(&peer)
+            || self.reversed.len() >= MAX_REVERSALS
+        {
+            return;
+        }
+        let public: Vec<Multiaddr> = addrs
+            .iter()
+            .filter(|a| super::reach::is_public_direct(a))
+            .cloned()
+            .collect();
+        if public.is_empty() {
+            return;
+        }
+        self.reversed.insert(peer);
+        tracing::info!(%peer, addrs = ?public, "relayed peer announces public addresses: dialing it directly");
+        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+            .addresses(public)
+            .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+            .allocate_new_port()
+            .build();
+        if let Err(e) = self.swarm.dial(opts) {
+            tracing::debug!(%peer, error = %e, "connection reversal not dialed");
+        }
+    }
+
     /// Listens through `relay` when this node has no confirmed external address (it may be
     /// behind NAT): the relay then forwards inbound connections, and DCUtR tries to upgrade
     /// them to direct ones.
     fn maybe_reserve(&mut self, relay: PeerId, relay_addrs: &[Multiaddr]) {
+        // A relay's reservation is itself a confirmed external address (libp2p-relay 0.22):
+        // only a direct one (configured, or confirmed by AutoNAT) makes relays unnecessary.
         if self.config.relay_server
             || !self.config.use_relays
             || self.relays.len() >= MAX_RELAYS
-            || self.relays.contains(&relay)
-            || self.swarm.external_addresses().next().is_some()
+            || self.relays.iter().any(|(r, _)| *r == relay)
+            || self
+                .swarm
+                .external_addresses()
+                .any(|a| !super::reach::is_relayed(a))
         {
             return;
         }
-        let Some(base) = relay_addrs
-            .iter()
-            .find(|a| !a.iter().any(|p| matches!(p, Protocol::P2pCircuit)))
-        else {
+        // The address this node reached the relay on (it works from here; a relay listening
+        // on every interface also lists loopback and LAN addresses), else the first direct
+        // one it announces.
+        let dialed = self
+            .connections
+            .of(&relay)
+            .into_iter()
+            .find(|c| !c.relayed && c.dialer)
+            .map(|c| c.remote);
+        let Some(base) = dialed.or_else(|| {
+            relay_addrs
+                .iter()
+                .find(|a| !super::reach::is_relayed(a))
+                .cloned()
+        }) else {
             return;
         };
-        let circuit = with_peer(base.clone(), relay).with(Protocol::P2pCircuit);
+        let circuit = with_peer(base, relay).with(Protocol::P2pCircuit);
         match self.swarm.listen_on(circuit.clone()) {
-            Ok(_) => {
+            Ok(listener) => {
                 tracing::info!(%relay, addr = %circuit, "requesting a relay reservation");
-                self.relays.push(relay);
+                self.relays.push((relay, listener));
             }
             Err(e) => tracing::warn!(%relay, error = %e, "cannot listen through relay"),
         }
@@ -1220,16 +1426,31 @@ impl EventLoop {
                     request_id,
                     response,
                 } => {
-                    if let Some(reply) = self.pending_rpcs.remove(&request_id) {
-                        let _ = reply.send(Ok(response));
+                    if let Some(p) = self.pending_rpcs.remove(&request_id) {
+                        let _ = p.reply.send(Ok(response));
                     }
                 }
             },
             request_response::Event::OutboundFailure {
                 request_id, error, ..
             } => {
-                if let Some(reply) = self.pending_rpcs.remove(&request_id) {
-                    let _ = reply.send(Err(error.to_string()));
+                let Some(p) = self.pending_rpcs.remove(&request_id) else {
+                    return;
+                };
+                match (error, p.retry) {
+                    // The first dial that failed may have been another one (a request joins
+                    // any dial to its peer); once more, dialing the given addresses.
+                    (request_response::OutboundFailure::DialFailure, Some((peer, addrs, rpc))) => {
+                        tracing::debug!(%peer, "lease request's dial failed; trying once more");
+                        let pending = PendingRpc {
+                            reply: p.reply,
+                            retry: None,
+                        };
+                        self.send_rpc(peer, &addrs, rpc, pending);
+                    }
+                    (error, _) => {
+                        let _ = p.reply.send(Err(error.to_string()));
+                    }
                 }
             }
             request_response::Event::InboundFailure { peer, error, .. } => {

@@ -16,6 +16,7 @@ pub mod gossip;
 mod liveness;
 pub mod provider;
 pub mod ratelimit;
+pub mod reach;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
 pub use client::{
-    Client, GossipStats, NegotiationError, NegotiationOutcome, ReplacedOffer, SyncStats,
+    Client, GossipStats, NegotiationError, NegotiationOutcome, Reachability, ReplacedOffer,
+    SyncStats,
 };
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
