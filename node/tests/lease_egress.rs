@@ -22,12 +22,7 @@ use gridlease_sandbox::firewall::Firewall;
 use lease_support::*;
 
 fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|u| u.split_whitespace().next().map(|u| u == "0"))
-        .unwrap_or(false)
+    rustix::process::geteuid().is_root()
 }
 
 async fn docker_and_root(test: &str) -> Option<Sandbox> {

@@ -78,12 +78,7 @@ pub struct Site {
 
 /// Is this process root?
 pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|u| u.split_whitespace().next().map(|u| u == "0"))
-        .unwrap_or(false)
+    rustix::process::geteuid().is_root()
 }
 
 fn have(program: &str) -> bool {
@@ -313,30 +308,20 @@ impl Lab {
         );
         ns_must(r, "ip", &["link", "set", "lan", "up"]);
         ns_must(r, "sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"]);
-        let masquerade: &[&str] = match nat {
-            Nat::Cone => &[
-                "-t",
-                "nat",
-                "-A",
-                "POSTROUTING",
-                "-o",
-                "wan",
-                "-j",
-                "MASQUERADE",
-            ],
-            Nat::Symmetric => &[
-                "-t",
-                "nat",
-                "-A",
-                "POSTROUTING",
-                "-o",
-                "wan",
-                "-j",
-                "MASQUERADE",
-                "--random-fully",
-            ],
-        };
-        ns_must(r, "iptables", masquerade);
+        let mut masquerade = vec![
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-o",
+            "wan",
+            "-j",
+            "MASQUERADE",
+        ];
+        if nat == Nat::Symmetric {
+            masquerade.push("--random-fully");
+        }
+        ns_must(r, "iptables", &masquerade);
         // A home router's firewall: out from the LAN, back in only for established flows (and
         // for flows a port forwarding let in: conntrack state DNAT).
         ns_must(r, "iptables", &["-P", "FORWARD", "DROP"]);
