@@ -31,13 +31,14 @@ fn the_committed_document_is_the_generated_one() {
 fn http(home: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String, Vec<u8>) {
     let mut s = std::os::unix::net::UnixStream::connect(home.join("api.sock")).unwrap();
     let body = body.unwrap_or("");
-    write!(
-        s,
+    // One write of the whole request: `write!` would send it in pieces, and a daemon that
+    // answers once it has the head (and closes) could break the pipe before the body.
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: gridlease\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    );
+    s.write_all(request.as_bytes()).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
