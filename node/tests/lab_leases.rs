@@ -178,9 +178,10 @@ fn behind_a_symmetric_nat_the_relay_carries_the_lease() {
     );
     wait_nat(&m.provider.home, "private", NAT_LIMIT);
     wait_nat(&m.renter.home, "private", NAT_LIMIT);
-    // Megabytes of output first: reading them back crosses the relay (libp2p's default
-    // circuit limit, 128 KiB, would cut the connection halfway).
-    let mut cmd = vec!["flood".to_string(), "0.05".into()];
+    // 800,000 bytes of output first (a fixed amount: how much a timed flood prints depends
+    // on the machine's load): reading them back crosses the relay (libp2p's default circuit
+    // limit, 128 KiB, would cut the connection halfway).
+    let mut cmd = vec!["lines".to_string(), "20000".into(), "40".into()];
     cmd.extend(probe(10));
     let id = m.rent(&image, &args(&cmd));
     let c = wait_connections(&m, "a relayed connection", Duration::from_secs(30), |c| {
