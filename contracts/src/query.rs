@@ -60,6 +60,10 @@ pub struct Numbers {
     pub disk_gib: u32,
     /// Longest lease, seconds.
     pub max_duration_s: u32,
+    /// Shortest lease, seconds.
+    pub min_duration_s: u32,
+    /// Least time billed for a lease, seconds.
+    pub min_billed_s: u32,
     /// Best compute capability, as `major * 10 + minor`.
     pub compute_capability: u32,
     /// Lowest CUDA version the offer's drivers support, as `major * 10 + minor` (0 when a GPU
@@ -113,6 +117,8 @@ impl OfferSummary {
                 ram_mib: offer.per_gpu.ram_mib,
                 disk_gib: offer.per_gpu.disk_gib,
                 max_duration_s: offer.max_duration_s,
+                min_duration_s: offer.min_duration_s,
+                min_billed_s: offer.min_billed_s,
                 compute_capability: offer
                     .gpus
                     .iter()
@@ -231,6 +237,10 @@ pub enum Field {
     Disk,
     /// Longest lease, hours.
     Hours,
+    /// Shortest lease, minutes.
+    MinMinutes,
+    /// Least time billed for a lease, seconds.
+    MinBilled,
     /// Egress network allowed (bool).
     Egress,
     /// Tenants run under gVisor (bool).
@@ -247,7 +257,7 @@ pub enum Field {
 
 impl Field {
     /// Every field with its query name.
-    pub const ALL: [(&'static str, Field); 20] = [
+    pub const ALL: [(&'static str, Field); 22] = [
         ("gpu", Field::Gpu),
         ("vram", Field::Vram),
         ("price", Field::Price),
@@ -262,6 +272,8 @@ impl Field {
         ("ram", Field::Ram),
         ("disk", Field::Disk),
         ("hours", Field::Hours),
+        ("min_minutes", Field::MinMinutes),
+        ("min_billed", Field::MinBilled),
         ("egress", Field::Egress),
         ("gvisor", Field::Gvisor),
         ("region", Field::Region),
@@ -291,7 +303,7 @@ impl Field {
         match self {
             Self::Gpu => ("text", "GPU model name (~ contains)", "gpu~4090"),
             Self::Vram => ("number", "VRAM per GPU, GiB", "vram>=24"),
-            Self::Price => ("number", "price per GPU-hour, units", "price<=0.45"),
+            Self::Price => ("number", "price per GPU-hour, GLU", "price<=0.45"),
             Self::Fp16Tflops => ("number", "fp16 TFLOPS per GPU", "fp16_tflops>=100"),
             Self::Fp32Tflops => ("number", "fp32 TFLOPS per GPU", "fp32_tflops>=40"),
             Self::MemBw => ("number", "device memory bandwidth, GB/s", "mem_bw>=900"),
@@ -307,6 +319,8 @@ impl Field {
             Self::Ram => ("number", "RAM per GPU, GiB", "ram>=32"),
             Self::Disk => ("number", "disk per GPU, GiB", "disk>=100"),
             Self::Hours => ("number", "longest lease, hours", "hours>=24"),
+            Self::MinMinutes => ("number", "shortest lease, minutes", "min_minutes<=10"),
+            Self::MinBilled => ("number", "least time billed, seconds", "min_billed<=60"),
             Self::Egress => ("bool", "internet access allowed", "egress=true"),
             Self::Gvisor => ("bool", "tenants run under gVisor (runsc)", "gvisor=true"),
             Self::Region => ("text", "region label", "region=eu-west"),
@@ -344,6 +358,8 @@ impl Field {
             Self::Fp16Tflops | Self::Fp32Tflops | Self::MemBw => (1000, 3),
             Self::Cpu => (1000, 3),
             Self::Hours => (3600, 0),
+            Self::MinMinutes => (60, 1),
+            Self::MinBilled => (1, 0),
             Self::Cc | Self::Cuda => (10, 1),
             Self::Driver => (1, 0),
             Self::Vram | Self::Ram | Self::Gpus | Self::Free | Self::Disk => (1, 0),
@@ -366,6 +382,8 @@ impl Field {
             Self::Cpu => u64::from(s.cpu_millicores),
             Self::Disk => u64::from(s.disk_gib),
             Self::Hours => u64::from(s.max_duration_s),
+            Self::MinMinutes => u64::from(s.min_duration_s),
+            Self::MinBilled => u64::from(s.min_billed_s),
             Self::Cc => u64::from(s.compute_capability),
             Self::Cuda => u64::from(s.cuda),
             Self::Driver => u64::from(s.driver),
@@ -903,6 +921,14 @@ mod tests {
             ("driver>=550", true),
             ("driver>550", false),
             ("driver=550", true),
+            // The fixture's lease terms: 60 s to 24 h, at least 60 s billed.
+            ("min_minutes<=1", true),
+            ("min_minutes<1", false),
+            ("min_minutes<=0.9", false),
+            ("min_minutes=1.0", true),
+            ("min_billed<=60", true),
+            ("min_billed<60", false),
+            ("min_billed>=60", true),
         ] {
             let parsed = Query::parse(q);
             let parsed = match parsed {

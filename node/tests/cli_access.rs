@@ -495,12 +495,19 @@ fn rent_forward_opens_the_port_for_the_lease_life() {
         serde_json::json!({"shell": false, "exec": true, "forward": true}),
         "{offer}"
     );
+    let gpus = offer["gpus"].as_array().unwrap().len();
+    assert_eq!(offer["free_gpus"], gpus, "no lease yet: {offer}");
     let shown = cli(&rh, &["offer", &m.offer]);
-    assert!(
-        text(&shown.stdout).contains("access       exec, forward"),
-        "{}",
-        text(&shown.stdout)
-    );
+    for line in [
+        "access       exec, forward".to_string(),
+        format!("gpus         {gpus} free of {gpus} when signed"),
+    ] {
+        assert!(
+            text(&shown.stdout).contains(&line),
+            "{line:?} in:\n{}",
+            text(&shown.stdout)
+        );
+    }
     assert_eq!(json(&rh, &["search"])[0]["access"]["shell"], false);
     // A server as the lease's own command (as `jupyter lab` would be), its port forwarded.
     let mut rent = bin()

@@ -8,7 +8,10 @@ mod cli_support;
 
 use std::time::Duration;
 
-use cli_support::{bin, cli, json, lease_of, market, probe_image_or_skip, wait_for};
+use cli_support::{
+    Tmux, bin, bin_path, cli, docker_required, json, lease_of, market, probe_image_or_skip,
+    tmux_available, wait_for,
+};
 use serde_json::Value;
 
 #[test]
@@ -99,6 +102,34 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    // In a real terminal 80 columns wide (tmux, COLUMNS unset) the width comes from the
+    // terminal itself: what a person sees. The output is what the pane shows between the typed
+    // command line and the shell's `EXIT=` line (`capture` joins wrapped lines, so a row wider
+    // than the pane shows as one line wider than 80).
+    let tmux = tmux_available();
+    assert!(
+        tmux || !docker_required(),
+        "GRIDLEASE_REQUIRE_DOCKER=1 but tmux is not installed"
+    );
+    if !tmux {
+        eprintln!("cli_lease: the tmux half SKIPPED, tmux is not installed");
+    }
+    let in_tmux = |args: &[&str]| {
+        let t = Tmux::start("cli_lease_80");
+        t.resize(80, 50);
+        t.run(&format!(
+            "unset COLUMNS; {} --home {} {}",
+            bin_path().display(),
+            rh.display(),
+            args.join(" ")
+        ));
+        let (screen, status) = t.wait_exit(Duration::from_secs(30));
+        assert_eq!(status, "0", "{args:?} in tmux:\n{screen}");
+        let lines: Vec<&str> = screen.lines().collect();
+        let typed = lines.iter().position(|l| l.contains("EXIT=$?")).unwrap();
+        let done = lines.iter().rposition(|l| l.trim() == "EXIT=0").unwrap();
+        lines[typed + 1..done].join("\n")
+    };
     let view = lease_of(&rh, &id);
     let cost =
         gridlease_contracts::Money::from_micros(view["cost_so_far"].as_u64().unwrap()).to_string();
@@ -110,22 +141,19 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
         (&["search"][..], vec!["RTX 4090", "24 GiB", "unverified"]),
     ] {
         let narrow = at("80", args);
-        for line in narrow.lines() {
-            assert!(
-                line.chars().count() <= 80,
-                "{args:?} at 80 columns:\n{narrow}"
-            );
+        let mut shown = vec![("COLUMNS=80", narrow.clone())];
+        if tmux {
+            shown.push(("tmux at 80 columns", in_tmux(args)));
         }
-        let data: Vec<&str> = narrow
-            .lines()
-            .filter(|l| l.contains(must_show[0]))
-            .collect();
-        assert_eq!(data.len(), 1, "one line per row at 80 columns:\n{narrow}");
-        for v in &must_show {
-            assert!(
-                data[0].contains(v),
-                "{v:?} whole on its row at 80 columns:\n{narrow}"
-            );
+        for (how, out) in shown {
+            for line in out.lines() {
+                assert!(line.chars().count() <= 80, "{args:?}, {how}:\n{out}");
+            }
+            let data: Vec<&str> = out.lines().filter(|l| l.contains(must_show[0])).collect();
+            assert_eq!(data.len(), 1, "one line per row, {how}:\n{out}");
+            for v in &must_show {
+                assert!(data[0].contains(v), "{v:?} whole on its row, {how}:\n{out}");
+            }
         }
         let mut wide_args = args.to_vec();
         wide_args.push("--wide");

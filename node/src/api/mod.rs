@@ -503,6 +503,7 @@ async fn offer(
                 },
             })
             .collect(),
+        free_gpus: o.free_gpus,
         per_gpu: o.per_gpu,
         price_per_gpu_hour: Money::from_micros(o.price_per_gpu_hour).to_string(),
         min_duration_s: o.min_duration_s,

@@ -317,9 +317,12 @@ pub struct OfferDetail {
     pub expires_at_ms: u64,
     /// The GPUs, each with its spec and benchmark.
     pub gpus: Vec<OfferGpu>,
+    /// Of those, how many no lease held when the offer was signed (the provider re-signs it
+    /// when that changes).
+    pub free_gpus: u16,
     /// Host resources per leased GPU.
     pub per_gpu: gridlease_protocol::ResourcesPerGpu,
-    /// Price per GPU-hour (decimal units).
+    /// Price per GPU-hour (decimal GLU).
     pub price_per_gpu_hour: String,
     /// Shortest lease, seconds.
     pub min_duration_s: u32,

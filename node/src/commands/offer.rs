@@ -22,6 +22,11 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
         p.line(&format!("offer        {}", o.id));
         p.line(&format!("provider     {} (seq {})", o.provider, o.seq));
         p.line(&format!(
+            "gpus         {} free of {} when signed",
+            o.free_gpus,
+            o.gpus.len()
+        ));
+        p.line(&format!(
             "price        {} {}/GPU-hour, billed per second, at least {} s",
             o.price_per_gpu_hour,
             gridlease_contracts::money::UNIT,
