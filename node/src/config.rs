@@ -2,7 +2,7 @@
 //! variables, then command-line flags (each later source overrides the earlier ones).
 //! Merged in one place ([`Config::resolve`]); `gridlease node --dump-config` prints the result.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +40,11 @@ pub struct Config {
     pub announce_secs: u64,
     /// Declared (unverified) GPUs to offer, e.g. `"RTX 4090:24GiB:0.40"`. Default: none.
     pub dev_gpus: Option<String>,
+    /// A curves file that scripts the declared GPUs' samples (JSON, one object per declared
+    /// GPU: `util_percent`, `vram_used_mib`, optional `power_w`, `temp_c`, `sm_clock_mhz`
+    /// series), for development and tests of `gridlease top`: not a real GPU, and telemetry
+    /// says so (`source: scripted`). Default: none (declared GPUs are not sampled: n/a).
+    pub dev_gpu_samples: Option<PathBuf>,
     /// Address for the Prometheus metrics endpoint, e.g. `127.0.0.1:9464`. Default: off.
     pub metrics: Option<String>,
     /// Log format. Default: text.
@@ -164,6 +169,7 @@ impl Default for Config {
             mdns: true,
             announce_secs: 60,
             dev_gpus: None,
+            dev_gpu_samples: None,
             metrics: None,
             log_format: LogFormat::Text,
             reserve_ram_mib: None,
@@ -280,6 +286,11 @@ pub struct Overrides {
     #[arg(long, value_name = "SPEC", env = env_vars::GRIDLEASE_DEV_GPUS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dev_gpus: Option<String>,
+    /// Script the declared GPUs' samples from a curves file (JSON; for development and tests
+    /// of `gridlease top`, labelled `scripted`, never a real GPU). Needs --dev-gpus.
+    #[arg(long, value_name = "FILE", env = env_vars::GRIDLEASE_DEV_GPU_SAMPLES)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dev_gpu_samples: Option<PathBuf>,
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR", env = env_vars::GRIDLEASE_METRICS)]
     #[serde(skip_serializing_if = "Option::is_none")]

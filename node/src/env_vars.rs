@@ -26,6 +26,8 @@ pub const GRIDLEASE_ALLOW_FORWARD: &str = "GRIDLEASE_ALLOW_FORWARD";
 pub const GRIDLEASE_ANNOUNCE_SECS: &str = "GRIDLEASE_ANNOUNCE_SECS";
 /// Declared GPUs (config key `dev_gpus`).
 pub const GRIDLEASE_DEV_GPUS: &str = "GRIDLEASE_DEV_GPUS";
+/// A curves file scripting declared GPUs' samples (config key `dev_gpu_samples`).
+pub const GRIDLEASE_DEV_GPU_SAMPLES: &str = "GRIDLEASE_DEV_GPU_SAMPLES";
 /// Prometheus endpoint address (config key `metrics`).
 pub const GRIDLEASE_METRICS: &str = "GRIDLEASE_METRICS";
 /// `text` or `json` (config key `log_format`).

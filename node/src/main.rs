@@ -79,6 +79,7 @@ fn main() -> ExitCode {
                         Command::Rent(a) => commands::rent::run(&api, &out, &a).await,
                         Command::Leases(a) => commands::leases::run(&api, &out, &a).await,
                         Command::Logs(a) => commands::logs::run(&api, &out, &a).await,
+                        Command::Top(a) => commands::top::run(&api, &out, &a).await,
                         Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
                         Command::Extend(a) => commands::extend::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,

@@ -96,6 +96,18 @@ impl Printer {
         let _ = out.flush();
     }
 
+    /// `value` as one line of compact JSON (a stream of objects, `top --json`); not in
+    /// `--quiet` mode.
+    pub fn json_line<T: Serialize>(&self, value: &T) {
+        if self.quiet {
+            return;
+        }
+        match serde_json::to_string(value) {
+            Ok(s) => self.raw_line(&s),
+            Err(e) => self.raw_line(&format!("{{\"error\": \"cannot render JSON: {e}\"}}")),
+        }
+    }
+
     fn raw_line(&self, text: &str) {
         let mut out = std::io::stdout().lock();
         // A closed pipe is not an error for a CLI.

@@ -16,6 +16,7 @@ pub mod messages;
 pub mod session;
 pub mod statement;
 pub mod sync;
+pub mod telemetry;
 pub mod transfer;
 pub mod types;
 

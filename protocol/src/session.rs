@@ -9,6 +9,7 @@
 //! | `Session(Close)` (either side) | `Closed` with the responder's last receipt             |
 //! | `Session(Logs)` (renter)       | `Logs` (at most [`MAX_LOG_CHUNK`] bytes)                |
 //! | `Session(Extend)` (renter)     | `Extended` (stored before sent) or `ExtendRefused`      |
+//! | `Session(Telemetry)` (renter)  | `Telemetry` (at most [`MAX_TELEMETRY_SAMPLES`] samples) |
 //!
 //! Signed payloads inside are verified by their receiver, never by the codec.
 
@@ -19,6 +20,9 @@ use crate::messages::{
     AmendAccept, AmendRefusal, CloseReason, LeaseAccept, LeaseAmendment, LeaseClose, LeaseReject,
     LeaseRequest, MAX_LEASE_ACCEPT_BYTES, MAX_LEASE_REQUEST_BYTES, PaymentReceipt, UsageReport,
 };
+#[cfg(doc)]
+use crate::telemetry::MAX_TELEMETRY_SAMPLES;
+use crate::telemetry::TelemetryBatch;
 use crate::types::{LeaseId, Timestamp};
 
 /// Largest log chunk in one response, bytes: 1023 KiB (with its framing the response stays
@@ -39,6 +43,7 @@ pub const MAX_RESPONSE_FRAME: usize = {
     if accept > logs { accept } else { logs }
 };
 const _: () = assert!(MAX_RESPONSE_FRAME <= crate::codec::MAX_FRAME_BYTES);
+const _: () = assert!(crate::telemetry::MAX_TELEMETRY_BYTES + 16 <= MAX_RESPONSE_FRAME);
 
 /// What a renter sends to a provider (and, for lease sessions, either side to the other).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -105,6 +110,15 @@ pub enum SessionRequest {
         /// The lease.
         lease_id: LeaseId,
     },
+    /// Renter -> provider: the live telemetry samples taken after `after` (`gridlease top`);
+    /// answered [`SessionResponse::Telemetry`], or `UnknownLease` when the lease does not run
+    /// here or is not the caller's.
+    Telemetry {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Only samples taken after this (provider's clock; 0 for all it keeps).
+        after: Timestamp,
+    },
 }
 
 impl SessionRequest {
@@ -120,6 +134,7 @@ impl SessionRequest {
             Self::Logs { lease_id, .. }
             | Self::Starting { lease_id, .. }
             | Self::Held { lease_id, .. }
+            | Self::Telemetry { lease_id, .. }
             | Self::Begin { lease_id } => Some(*lease_id),
             Self::Extend(s) => LeaseAmendment::decode_payload(&s.envelope().payload)
                 .ok()
@@ -173,6 +188,8 @@ pub enum SessionResponse {
     /// The responder is overloaded, not running, or could not store what it would answer;
     /// retry later (a provider's next cumulative report covers what this one did).
     Busy,
+    /// Live telemetry of a running lease.
+    Telemetry(TelemetryBatch),
 }
 
 /// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.

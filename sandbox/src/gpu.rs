@@ -10,7 +10,7 @@ use gridlease_protocol::{
     Attestation, BenchReport, ComputeCapability, Digest, GpuSpec, OfferedGpu, Timestamp,
 };
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::Clock;
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use serde::{Deserialize, Serialize};
 
 use crate::dev_gpus::DevGpus;
@@ -262,10 +262,17 @@ impl GpuProbe for NvmlProbe {
             .utilization_rates()
             .map_err(nvml_err("utilization_rates", uuid))?;
         let mem = d.memory_info().map_err(nvml_err("memory_info", uuid))?;
+        let mib = |b: u64| u32::try_from(b / (1024 * 1024)).unwrap_or(u32::MAX);
+        // What the board does not report stays `None` (shown as n/a, never as 0).
         Ok(GpuSample {
             util_percent: util.gpu,
-            vram_used_mib: u32::try_from(mem.used / (1024 * 1024)).unwrap_or(u32::MAX),
+            vram_used_mib: mib(mem.used),
             energy_mj: d.total_energy_consumption().unwrap_or(0),
+            vram_total_mib: Some(mib(mem.total)),
+            power_mw: d.power_usage().ok(),
+            power_limit_mw: d.enforced_power_limit().ok(),
+            temp_c: d.temperature(TemperatureSensor::Gpu).ok(),
+            sm_clock_mhz: d.clock_info(Clock::SM).ok(),
         })
     }
 }
@@ -280,11 +287,42 @@ impl GpuSampler for NvmlProbe {
 }
 
 /// A scripted inventory for tests and `--dev-gpus`. Every GPU is [`Attestation::Declared`].
+/// Samples are scripted per GPU as a curve: the n-th sample of a GPU is the curve's
+/// `n % len`-th point (a GPU without one samples as zeros).
 #[derive(Clone, Debug, Default)]
 pub struct ScriptedProbe {
     gpus: Vec<GpuInfo>,
-    samples: BTreeMap<String, GpuSample>,
+    curves: BTreeMap<String, Curve>,
 }
+
+#[derive(Clone, Debug)]
+struct Curve {
+    points: Vec<GpuSample>,
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One scripted GPU's series in a curves file (`--dev-gpu-samples`): JSON, one object per
+/// declared GPU in order; each series repeats from its start when it runs out.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CurveSpec {
+    /// Utilisation, percent (required, 0..=100).
+    pub util_percent: Vec<u32>,
+    /// VRAM in use, MiB (required).
+    pub vram_used_mib: Vec<u32>,
+    /// Power draw, watts.
+    #[serde(default)]
+    pub power_w: Vec<u32>,
+    /// Core temperature, degrees Celsius.
+    #[serde(default)]
+    pub temp_c: Vec<u32>,
+    /// SM clock, MHz.
+    #[serde(default)]
+    pub sm_clock_mhz: Vec<u32>,
+}
+
+/// Most points in one scripted series.
+pub const MAX_CURVE_POINTS: usize = 10_000;
 
 impl ScriptedProbe {
     /// A probe returning exactly `gpus` (their attestation is forced to Declared).
@@ -298,7 +336,7 @@ impl ScriptedProbe {
             .collect();
         Self {
             gpus,
-            samples: BTreeMap::new(),
+            curves: BTreeMap::new(),
         }
     }
 
@@ -338,7 +376,78 @@ impl ScriptedProbe {
 
     /// Scripts what [`GpuProbe::sample`] returns for `uuid`.
     pub fn set_sample(&mut self, uuid: &str, sample: GpuSample) {
-        self.samples.insert(uuid.to_string(), sample);
+        self.set_curve(uuid, vec![sample]);
+    }
+
+    /// Scripts the samples of `uuid`: the n-th call returns `points[n % len]` (no points: zeros).
+    pub fn set_curve(&mut self, uuid: &str, points: Vec<GpuSample>) {
+        self.curves.insert(
+            uuid.to_string(),
+            Curve {
+                points,
+                next: std::sync::Arc::default(),
+            },
+        );
+    }
+
+    /// Scripts every GPU from a curves file's text (JSON: an array of [`CurveSpec`], one per
+    /// GPU of this inventory, in order). Refused: a count other than the GPUs', an empty or
+    /// over-long required series, a utilisation over 100, unknown fields.
+    pub fn set_curves_json(&mut self, text: &str) -> Result<(), GpuError> {
+        let bad = |reason: String| GpuError::BadDevSpec {
+            entry: "--dev-gpu-samples".into(),
+            reason,
+        };
+        let specs: Vec<CurveSpec> =
+            serde_json::from_str(text).map_err(|e| bad(format!("not a curves file: {e}")))?;
+        if specs.len() != self.gpus.len() {
+            return Err(bad(format!(
+                "{} curves for {} declared GPUs (one per GPU, in order)",
+                specs.len(),
+                self.gpus.len()
+            )));
+        }
+        let uuids: Vec<(String, u32)> = self
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.vram_mib))
+            .collect();
+        for (i, (spec, (uuid, vram_total))) in specs.iter().zip(uuids).enumerate() {
+            let series = [
+                ("util_percent", &spec.util_percent, true),
+                ("vram_used_mib", &spec.vram_used_mib, true),
+                ("power_w", &spec.power_w, false),
+                ("temp_c", &spec.temp_c, false),
+                ("sm_clock_mhz", &spec.sm_clock_mhz, false),
+            ];
+            for (name, s, required) in series {
+                if (required && s.is_empty()) || s.len() > MAX_CURVE_POINTS {
+                    return Err(bad(format!(
+                        "GPU {i}: {name} needs 1 to {MAX_CURVE_POINTS} points, has {}",
+                        s.len()
+                    )));
+                }
+            }
+            if let Some(u) = spec.util_percent.iter().find(|u| **u > 100) {
+                return Err(bad(format!("GPU {i}: utilisation {u} % is over 100")));
+            }
+            let len = series.iter().map(|(_, s, _)| s.len()).max().unwrap_or(1);
+            let at = |s: &Vec<u32>, k: usize| (!s.is_empty()).then(|| s[k % s.len()]);
+            let points = (0..len)
+                .map(|k| GpuSample {
+                    util_percent: spec.util_percent[k % spec.util_percent.len()],
+                    vram_used_mib: spec.vram_used_mib[k % spec.vram_used_mib.len()],
+                    energy_mj: 0,
+                    vram_total_mib: Some(vram_total),
+                    power_mw: at(&spec.power_w, k).map(|w| w.saturating_mul(1000)),
+                    power_limit_mw: None,
+                    temp_c: at(&spec.temp_c, k),
+                    sm_clock_mhz: at(&spec.sm_clock_mhz, k),
+                })
+                .collect();
+            self.set_curve(&uuid, points);
+        }
+        Ok(())
     }
 }
 
@@ -358,7 +467,14 @@ impl GpuProbe for ScriptedProbe {
                 uuid: uuid.to_string(),
             });
         }
-        Ok(self.samples.get(uuid).copied().unwrap_or_default())
+        Ok(self
+            .curves
+            .get(uuid)
+            .and_then(|c| {
+                let k = c.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                c.points.get(k % c.points.len().max(1)).copied()
+            })
+            .unwrap_or_default())
     }
 }
 
@@ -444,6 +560,51 @@ mod tests {
     }
 
     #[test]
+    fn curves_files_script_every_gpu_and_refuse_what_does_not_fit() {
+        let mut p = ScriptedProbe::from_dev_spec("2x A:24GiB:1").unwrap();
+        let uuids: Vec<String> = p.list().unwrap().into_iter().map(|g| g.uuid).collect();
+        p.set_curves_json(
+            r#"[{"util_percent":[10,90],"vram_used_mib":[1000,2000,3000],"power_w":[150]},
+                {"util_percent":[0],"vram_used_mib":[5]}]"#,
+        )
+        .unwrap();
+        let s = |u: &str| GpuProbe::sample(&p, u).unwrap();
+        let first: Vec<(u32, u32)> = (0..4)
+            .map(|_| s(&uuids[0]))
+            .map(|g| (g.util_percent, g.vram_used_mib))
+            .collect();
+        assert_eq!(first, [(10, 1000), (90, 2000), (10, 3000), (10, 1000)]);
+        let g = s(&uuids[0]);
+        assert_eq!(
+            (g.power_mw, g.temp_c, g.vram_total_mib),
+            (Some(150_000), None, Some(24 * 1024))
+        );
+        assert_eq!(s(&uuids[1]).vram_used_mib, 5);
+        for (bad, why) in [
+            (
+                r#"[{"util_percent":[1],"vram_used_mib":[1]}]"#,
+                "1 curves for 2",
+            ),
+            (
+                r#"[{"util_percent":[],"vram_used_mib":[1]},{"util_percent":[1],"vram_used_mib":[1]}]"#,
+                "util_percent needs",
+            ),
+            (
+                r#"[{"util_percent":[101],"vram_used_mib":[1]},{"util_percent":[1],"vram_used_mib":[1]}]"#,
+                "over 100",
+            ),
+            (
+                r#"[{"util_percent":[1],"vram_used_mib":[1],"watts":[1]},{"util_percent":[1],"vram_used_mib":[1]}]"#,
+                "unknown field",
+            ),
+            ("nope", "not a curves file"),
+        ] {
+            let e = p.set_curves_json(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn scripted_samples_and_unknown_gpu() {
         let mut p = ScriptedProbe::from_dev_spec("A:1GiB:1").unwrap();
         let uuid = p.list().unwrap()[0].uuid.clone();
@@ -453,6 +614,7 @@ mod tests {
                 util_percent: 50,
                 vram_used_mib: 10,
                 energy_mj: 7,
+                ..GpuSample::default()
             },
         );
         assert_eq!(GpuProbe::sample(&p, &uuid).unwrap().util_percent, 50);

@@ -33,6 +33,8 @@ pub struct StatsSample {
     pub net_rx: u64,
     /// Cumulative bytes sent over all interfaces.
     pub net_tx: u64,
+    /// The container's memory limit, bytes (0 when Docker reports none).
+    pub mem_limit_bytes: u64,
 }
 
 impl StatsSample {
@@ -65,12 +67,14 @@ impl StatsSample {
         if cpu == 0 && mem == 0 && rx == 0 && tx == 0 {
             return None;
         }
+        let limit = s.memory_stats.as_ref().and_then(|m| m.limit).unwrap_or(0);
         Some(Self {
             at,
             cpu_total_ns: cpu,
             mem_bytes: mem,
             net_rx: rx,
             net_tx: tx,
+            mem_limit_bytes: limit,
         })
     }
 }
@@ -84,6 +88,28 @@ pub struct GpuSample {
     pub vram_used_mib: u32,
     /// Cumulative energy counter of the board, millijoules.
     pub energy_mj: u64,
+    /// VRAM on the board, MiB (`None`: not reported).
+    pub vram_total_mib: Option<u32>,
+    /// Power draw, milliwatts (`None`: not reported).
+    pub power_mw: Option<u32>,
+    /// Enforced power limit, milliwatts (`None`: not reported).
+    pub power_limit_mw: Option<u32>,
+    /// Core temperature, degrees Celsius (`None`: not reported).
+    pub temp_c: Option<u32>,
+    /// SM clock, MHz (`None`: not reported).
+    pub sm_clock_mhz: Option<u32>,
+}
+
+/// What [`meter_run`] saw at one stats sample: the container's counters and the GPU samples
+/// taken with them, for live telemetry (not billing).
+#[derive(Clone, Debug)]
+pub struct LiveSample<'a> {
+    /// The container's counters.
+    pub stats: StatsSample,
+    /// The previous counters, if any (for rates).
+    pub prev: Option<StatsSample>,
+    /// The GPU samples taken with it, by UUID (empty without a sampler).
+    pub gpus: &'a [(String, GpuSample)],
 }
 
 /// A GPU sampling failed.
@@ -340,6 +366,9 @@ pub struct Cut {
     pub reply: oneshot::Sender<(Usage, Usage)>,
 }
 
+/// What [`MeterControl::live`] calls at every stats sample.
+pub type LiveHook = Box<dyn FnMut(LiveSample<'_>) + Send>;
+
 /// How a caller steers [`meter_run`] while it runs: interval cuts, and the clock that stamps
 /// stats samples (the same clock the caller's report times come from).
 pub struct MeterControl {
@@ -347,6 +376,8 @@ pub struct MeterControl {
     pub cuts: mpsc::Receiver<Cut>,
     /// Now, in unix ms.
     pub now: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Called at every stats sample with what was seen (live telemetry); must not block.
+    pub live: Option<LiveHook>,
 }
 
 impl MeterControl {
@@ -356,6 +387,7 @@ impl MeterControl {
         Self {
             cuts,
             now: Arc::new(crate::runtime::now_ms),
+            live: None,
         }
     }
 }
@@ -393,6 +425,7 @@ pub async fn meter_run(
     let mut n = 0usize;
     let mut stream_done = false;
     let mut cuts_open = true;
+    let mut prev: Option<StatsSample> = None;
     let exit = loop {
         tokio::select! {
             biased;
@@ -409,7 +442,8 @@ pub async fn meter_run(
                     _ => { stream_done = true; continue; }
                 };
                 let now = (control.now)();
-                match StatsSample::from_docker(now, &resp) {
+                let stats = StatsSample::from_docker(now, &resp);
+                match stats {
                     Some(s) => {
                         meter.on_stats(s);
                         n += 1;
@@ -418,8 +452,18 @@ pub async fn meter_run(
                     None if n > 0 => stream_done = true,
                     None => {}
                 }
-                if let Some(sampler) = sampler {
-                    meter.on_gpu(&sample_gpus(gpu_uuids, sampler));
+                let gpus = match sampler {
+                    Some(sampler) => sample_gpus(gpu_uuids, sampler),
+                    None => Vec::new(),
+                };
+                if sampler.is_some() {
+                    meter.on_gpu(&gpus);
+                }
+                if let (Some(live), Some(s)) = (control.live.as_mut(), stats) {
+                    live(LiveSample { stats: s, prev, gpus: &gpus });
+                }
+                if stats.is_some() {
+                    prev = stats;
                 }
             }
         }
@@ -447,6 +491,7 @@ mod tests {
             mem_bytes: mem_mib * 1024 * 1024,
             net_rx: rx,
             net_tx: tx,
+            mem_limit_bytes: 0,
         }
     }
 
@@ -492,6 +537,7 @@ mod tests {
             util_percent: u,
             vram_used_mib: v,
             energy_mj: e,
+            ..GpuSample::default()
         };
         m.on_gpu(&[
             ("A".into(), g(100, 1000, 50_000)),

@@ -44,6 +44,7 @@ async fn one_cpu_for_five_seconds_is_metered_as_five_cpu_seconds() {
             util_percent: 40,
             vram_used_mib: 1234,
             energy_mj: 1000,
+            ..GpuSample::default()
         },
     );
     let mut meter = Meter::new(now_ms(), 1);

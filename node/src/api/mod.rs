@@ -103,6 +103,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(leases, rent))
         .routes(routes!(lease))
         .routes(routes!(logs))
+        .routes(routes!(telemetry))
         .routes(routes!(stop))
         .routes(routes!(begin))
         .routes(routes!(extend))
@@ -652,6 +653,7 @@ fn lease_err(e: LeaseError) -> ApiError {
         LeaseError::Unknown(id) => {
             ApiError::new(P::UnknownLease, format!("no lease {id} on this node"))
         }
+        e @ LeaseError::NotRunning(_) => ApiError::new(P::LeaseNotRunning, e.to_string()),
         e @ LeaseError::Remote { .. } => ApiError::new(P::ProviderUnreachable, e.to_string())
             .hint("check `gridlease peers`, then retry"),
         other => ApiError::internal(other),
@@ -1339,6 +1341,48 @@ async fn logs(
         h.insert(EXIT_CODE_HEADER, v);
     }
     Ok(resp)
+}
+
+/// `GET /v1/leases/{id}/telemetry` parameters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TelemetryParams {
+    /// Only samples taken after this time (ms since the epoch, the provider's clock); 0 for
+    /// every sample kept.
+    #[serde(default)]
+    #[param(default = 0)]
+    pub after_ms: u64,
+}
+
+/// `GET /v1/leases/{id}/telemetry`.
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{id}/telemetry",
+    operation_id = "getLeaseTelemetry",
+    tag = "leases",
+    summary = "Live GPU and container samples of a running lease (`gridlease top`)",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), TelemetryParams),
+    responses(
+        (status = 200, description = "The samples taken after `after_ms`, oldest first", body = types::TelemetryView),
+        (status = 400, description = "Not a lease id, or after_ms is not a number (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The prefix matches several leases (`ambiguous-id`), or the lease does not run (`lease-not-running`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider could not be reached or sent telemetry that does not fit the lease (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+async fn telemetry(
+    State(s): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(p): ApiQuery<TelemetryParams>,
+) -> Result<Json<types::TelemetryView>, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    let b = s
+        .leases
+        .telemetry(id, gridlease_protocol::Timestamp(p.after_ms))
+        .await
+        .map_err(lease_err)?;
+    Ok(Json(types::TelemetryView::of(id, b)))
 }
 
 /// `GET /v1/leases/{id}/statement`.

@@ -60,6 +60,8 @@ pub enum ProblemType {
     NotRenter,
     /// The lease is over; nothing can be started in it.
     LeaseOver,
+    /// The lease does not run (not started yet, or over): it has no live telemetry.
+    LeaseNotRunning,
     /// `PUT /v1/provide` without a price, and none was set before.
     PriceNeeded,
     /// `PUT /v1/provide` names no GPU this node has.
@@ -72,7 +74,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 22] = [
+    pub const ALL: [Self; 23] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -91,6 +93,7 @@ impl ProblemType {
         Self::AccessRefused,
         Self::NotRenter,
         Self::LeaseOver,
+        Self::LeaseNotRunning,
         Self::PriceNeeded,
         Self::NoGpus,
         Self::ProviderUnreachable,
@@ -118,6 +121,7 @@ impl ProblemType {
             Self::AccessRefused => "access-refused",
             Self::NotRenter => "not-renter",
             Self::LeaseOver => "lease-over",
+            Self::LeaseNotRunning => "lease-not-running",
             Self::PriceNeeded => "price-needed",
             Self::NoGpus => "no-gpus",
             Self::ProviderUnreachable => "provider-unreachable",
@@ -146,6 +150,7 @@ impl ProblemType {
             Self::AccessRefused => "access was refused",
             Self::NotRenter => "only the lease's renter can do this",
             Self::LeaseOver => "the lease is over",
+            Self::LeaseNotRunning => "the lease is not running",
             Self::PriceNeeded => "a price is needed",
             Self::NoGpus => "no GPU to offer",
             Self::ProviderUnreachable => "the provider is unreachable",
@@ -172,6 +177,7 @@ impl ProblemType {
             | Self::AccessRefused
             | Self::NotRenter
             | Self::LeaseOver
+            | Self::LeaseNotRunning
             | Self::PriceNeeded
             | Self::NoGpus => StatusCode::CONFLICT,
             Self::ProviderUnreachable => StatusCode::BAD_GATEWAY,

@@ -383,3 +383,105 @@ pub struct OfferGpu {
     /// `measured` (by the node's benchmark) or `declared` (unverified).
     pub attestation: String,
 }
+
+/// `GET /v1/leases/{id}/telemetry`: live samples of a running lease (`gridlease top`).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TelemetryView {
+    /// The lease.
+    pub lease_id: String,
+    /// Where the GPU values come from.
+    pub source: TelemetrySourceView,
+    /// The leased GPUs' model names, in the lease's order.
+    pub gpus: Vec<String>,
+    /// Oldest first.
+    pub samples: Vec<TelemetrySampleView>,
+}
+
+/// Where a [`TelemetryView`]'s GPU values come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TelemetrySourceView {
+    /// The NVIDIA driver (NVML) of the provider's machine.
+    Driver,
+    /// A scripted probe (development and tests): not a real GPU.
+    Scripted,
+    /// Nothing samples the GPUs (declared GPUs): every GPU value is null.
+    None,
+}
+
+/// One sample of a [`TelemetryView`]; `null` where the provider cannot measure a value.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TelemetrySampleView {
+    /// When it was taken, ms since the epoch (provider's clock).
+    pub at_ms: u64,
+    /// One entry per leased GPU, in the lease's order.
+    pub gpus: Vec<GpuTelemetryView>,
+    /// Container CPU use since the previous sample, millicores (1000 = one core busy).
+    pub cpu_millicores: Option<u32>,
+    /// Container memory in use, MiB.
+    pub mem_used_mib: Option<u32>,
+    /// Container memory limit, MiB.
+    pub mem_limit_mib: Option<u32>,
+}
+
+/// One GPU of a [`TelemetrySampleView`].
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GpuTelemetryView {
+    /// Utilisation, percent.
+    #[schema(maximum = 100)]
+    pub util_percent: Option<u8>,
+    /// VRAM in use, MiB.
+    pub vram_used_mib: Option<u32>,
+    /// VRAM on the board, MiB.
+    pub vram_total_mib: Option<u32>,
+    /// Power draw, watts.
+    pub power_w: Option<u16>,
+    /// Enforced power limit, watts.
+    pub power_limit_w: Option<u16>,
+    /// Core temperature, degrees Celsius.
+    pub temp_c: Option<u8>,
+    /// SM clock, MHz.
+    pub sm_clock_mhz: Option<u16>,
+}
+
+impl TelemetryView {
+    /// The view of a provider's (checked) answer.
+    pub fn of(
+        id: gridlease_protocol::LeaseId,
+        b: gridlease_protocol::telemetry::TelemetryBatch,
+    ) -> Self {
+        use gridlease_protocol::telemetry::TelemetrySource;
+        Self {
+            lease_id: id.to_string(),
+            source: match b.source {
+                TelemetrySource::Driver => TelemetrySourceView::Driver,
+                TelemetrySource::Scripted => TelemetrySourceView::Scripted,
+                TelemetrySource::None => TelemetrySourceView::None,
+            },
+            gpus: b.models,
+            samples: b
+                .samples
+                .into_iter()
+                .map(|s| TelemetrySampleView {
+                    at_ms: s.at.0,
+                    gpus: s
+                        .gpus
+                        .into_iter()
+                        .map(|g| GpuTelemetryView {
+                            util_percent: g.util_percent,
+                            vram_used_mib: g.vram_used_mib,
+                            vram_total_mib: g.vram_total_mib,
+                            power_w: g.power_w,
+                            power_limit_w: g.power_limit_w,
+                            temp_c: g.temp_c,
+                            sm_clock_mhz: g.sm_clock_mhz,
+                        })
+                        .collect(),
+                    cpu_millicores: s.cpu_millicores,
+                    mem_used_mib: s.mem_used_mib,
+                    mem_limit_mib: s.mem_limit_mib,
+                })
+                .collect(),
+        }
+    }
+}

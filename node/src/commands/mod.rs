@@ -26,6 +26,7 @@ pub mod service;
 pub mod statement;
 pub mod status;
 pub mod stop;
+pub mod top;
 pub mod watchdog;
 
 use std::path::PathBuf;
@@ -103,6 +104,11 @@ pub enum Command {
     ///
     /// Prints the new deadline and budget cap; a refusal exits 4 with the reason.
     Extend(extend::ExtendArgs),
+    /// A running lease's GPUs and container, live (utilisation, VRAM, power, temperature,
+    /// CPU, memory, cost, time left); `q` to quit.
+    ///
+    /// `--json` streams one sample per line; `--once` prints the view once.
+    Top(top::TopArgs),
     /// An interactive shell in a running lease's container (a terminal over the P2P link).
     ///
     /// Keys (Ctrl-C, Ctrl-D too) go to the remote terminal; exits with the shell's exit code.

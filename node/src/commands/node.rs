@@ -97,6 +97,34 @@ async fn driver_gpus(home: &Path) -> anyhow::Result<Option<(ProviderGpus, Arc<dy
     .await?
 }
 
+/// The scripted sampler of the declared GPUs (`--dev-gpu-samples FILE`): every declared GPU's
+/// curve from the file, the offered ones (`offered`, the first group's, in order) known by
+/// the probe's synthetic UUIDs. Telemetry labels it `scripted`: no real GPU is sampled.
+fn scripted_sampler(
+    spec: Option<&str>,
+    path: &Path,
+    offered: &[gridlease_protocol::OfferedGpu],
+) -> anyhow::Result<SharedGpuSampler> {
+    let spec = spec.context("dev_gpu_samples needs dev_gpus")?;
+    let mut probe = gridlease_sandbox::gpu::ScriptedProbe::from_dev_spec(spec)?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the GPU curves file {}", path.display()))?;
+    probe
+        .set_curves_json(&text)
+        .with_context(|| format!("GPU curves file {}", path.display()))?;
+    let ids = offered
+        .iter()
+        .zip(GpuProbe::list(&probe)?)
+        .map(|(o, g)| (o.spec.uuid_digest, g.uuid))
+        .collect();
+    tracing::warn!(file = %path.display(), "declared GPUs sample scripted curves: telemetry is not from a real GPU");
+    Ok(SharedGpuSampler {
+        sampler: Arc::new(probe),
+        ids,
+        source: gridlease_protocol::telemetry::TelemetrySource::Scripted,
+    })
+}
+
 /// What each of `gpus` offered GPUs comes with: the host (RAM, CPUs, free disk of Docker's
 /// root directory and of `data_dir`, see `gridlease_sandbox::host`) minus the configured
 /// reserve, divided by the GPUs (`gridlease_contracts::capacity`), so all of them leased at
@@ -212,7 +240,11 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                         t.per_gpu = per;
                         driver_template = Some(t);
                         gpu_uuids = gpus.uuids;
-                        gpu_sampler = Some(SharedGpuSampler(probe));
+                        gpu_sampler = Some(SharedGpuSampler {
+                            sampler: probe,
+                            ids: gpu_uuids.clone(),
+                            source: gridlease_protocol::telemetry::TelemetrySource::Driver,
+                        });
                     }
                     Err(e) => {
                         tracing::warn!(error = format!("{e:#}"), "not offering the driver's GPUs")
@@ -230,6 +262,9 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             "gVisor and GPUs: a container reaches the GPU under runsc only through its nvproxy (gVisor 2023 or later, runsc --nvproxy; Debian 12's runsc 20221219 has none); untested by this project, which has no GPU in CI"
         );
     }
+    if dev.is_none() && config.dev_gpu_samples.is_some() {
+        anyhow::bail!("dev_gpu_samples scripts declared GPUs: it needs dev_gpus (--dev-gpus)");
+    }
     if let Some(gpus) = &dev {
         let groups = gpus.groups();
         if let Some(first) = groups.first() {
@@ -244,6 +279,9 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             t.pay_ahead_s = config.pay_ahead_secs;
             t.sandbox.image_prefixes = t.images.prefixes.clone();
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
+            if let Some(path) = &config.dev_gpu_samples {
+                gpu_sampler = Some(scripted_sampler(config.dev_gpus.as_deref(), path, &t.gpus)?);
+            }
             net.offer = Some(t);
             for skipped in groups.iter().skip(1) {
                 tracing::warn!(

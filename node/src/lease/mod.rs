@@ -53,6 +53,7 @@ pub mod logs;
 mod outputs;
 pub mod provider;
 pub mod renter;
+pub mod telemetry;
 pub mod view;
 pub mod watchdog;
 pub mod wire;
@@ -149,9 +150,17 @@ pub struct LeaseServiceConfig {
     pub faults: Faults,
 }
 
-/// A GPU sampler shared by lease sessions.
+/// A GPU sampler shared by lease sessions, with the id it knows each offered GPU by.
 #[derive(Clone)]
-pub struct SharedGpuSampler(pub std::sync::Arc<dyn gridlease_sandbox::meter::GpuSampler>);
+pub struct SharedGpuSampler {
+    /// The sampler (NVML, or a scripted probe for declared GPUs).
+    pub sampler: std::sync::Arc<dyn gridlease_sandbox::meter::GpuSampler>,
+    /// The sampler's id (a UUID) of each offered GPU, by the digest offers carry. Separate
+    /// from [`LeaseServiceConfig::gpu_uuids`], which are passed to containers as devices.
+    pub ids: BTreeMap<Digest, String>,
+    /// What telemetry says the values come from.
+    pub source: gridlease_protocol::telemetry::TelemetrySource,
+}
 
 impl std::fmt::Debug for SharedGpuSampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -354,6 +363,9 @@ pub enum LeaseError {
     /// No such lease on this node.
     #[error("no lease {0} on this node")]
     Unknown(LeaseId),
+    /// The lease is not running (it has not started here yet, or it is over).
+    #[error("lease {0} is not running")]
+    NotRunning(LeaseId),
     /// The provider could not be reached or answered something unexpected.
     #[error("lease {lease_id}: {detail}")]
     Remote {
@@ -508,6 +520,33 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// An empty telemetry ring for a provider lease of `gpus` (digests, in the lease's order):
+    /// their model names from the node's offer template, the source from its sampler.
+    fn telemetry_ring(&self, gpus: &[Digest]) -> telemetry::Ring {
+        use gridlease_protocol::telemetry::TelemetrySource;
+        let offered = self
+            .config
+            .base_template
+            .as_ref()
+            .map(|t| t.gpus.as_slice())
+            .unwrap_or_default();
+        let models = gpus
+            .iter()
+            .map(|d| {
+                offered
+                    .iter()
+                    .find(|g| g.spec.uuid_digest == *d)
+                    .map_or_else(|| "GPU".to_string(), |g| g.spec.model.clone())
+            })
+            .collect();
+        let source = self
+            .config
+            .gpu_sampler
+            .as_ref()
+            .map_or(TelemetrySource::None, |s| s.source);
+        telemetry::Ring::new(source, models)
+    }
+
     /// The stored lease `id`, or [`LeaseError::Unknown`].
     async fn stored_lease(&self, id: LeaseId) -> Result<StoredLease, LeaseError> {
         self.store
@@ -545,6 +584,8 @@ enum Cmd {
     Views(oneshot::Sender<Vec<LeaseView>>),
     Watch(LeaseId, oneshot::Sender<Option<watch::Receiver<LeaseView>>>),
     ToSession(LeaseId, Box<SessionMsg>, oneshot::Sender<bool>),
+    /// A provider lease's telemetry ring, while its session runs.
+    Telemetry(LeaseId, oneshot::Sender<Option<telemetry::Ring>>),
 }
 
 /// The cloneable handle to the lease service.
@@ -563,6 +604,8 @@ impl std::fmt::Debug for Cmd {
 struct Entry {
     inbox: mpsc::Sender<SessionMsg>,
     view: watch::Receiver<LeaseView>,
+    /// Provider: the lease's renter and its live telemetry (`None` on the renter side).
+    telemetry: Option<(Option<PeerId>, telemetry::Ring)>,
 }
 
 impl LeaseService {
@@ -838,6 +881,47 @@ impl LeaseService {
                 return Ok(v);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The live telemetry of a running lease taken after `after` (provider's clock): a
+    /// provider's from its own ring, a renter's asked of the provider and checked
+    /// ([`TelemetryBatch::validate`]) before it is answered. [`LeaseError::NotRunning`] when
+    /// the lease does not run (any more).
+    ///
+    /// [`TelemetryBatch::validate`]: gridlease_protocol::telemetry::TelemetryBatch::validate
+    pub async fn telemetry(
+        &self,
+        id: LeaseId,
+        after: gridlease_protocol::Timestamp,
+    ) -> Result<gridlease_protocol::telemetry::TelemetryBatch, LeaseError> {
+        let l = self.ctx.stored_lease(id).await?;
+        if l.lease.state.is_terminal() {
+            return Err(LeaseError::NotRunning(id));
+        }
+        match l.role {
+            Role::Provider => match self.ask(|r| Cmd::Telemetry(id, r)).await? {
+                Some(ring) => Ok(ring.after(after)),
+                None => Err(LeaseError::NotRunning(id)),
+            },
+            Role::Renter => {
+                let req = SessionRequest::Telemetry {
+                    lease_id: id,
+                    after,
+                };
+                match self.provider_rpc(&l, req).await? {
+                    SessionResponse::Telemetry(b) => {
+                        b.validate(usize::from(l.lease.terms.gpu_count))
+                            .map_err(|e| LeaseError::Remote {
+                                lease_id: id,
+                                detail: format!("the provider's telemetry is refused: {e}"),
+                            })?;
+                        Ok(b)
+                    }
+                    SessionResponse::UnknownLease => Err(LeaseError::NotRunning(id)),
+                    other => Err(unexpected(id, &other)),
+                }
+            }
         }
     }
 
@@ -1355,6 +1439,10 @@ impl Actor {
             Cmd::Watch(id, reply) => {
                 let _ = reply.send(self.sessions.get(&id).map(|e| e.view.clone()));
             }
+            Cmd::Telemetry(id, reply) => {
+                let ring = self.sessions.get(&id).and_then(|e| e.telemetry.as_ref());
+                let _ = reply.send(ring.map(|(_, r)| r.clone()));
+            }
             Cmd::ToSession(id, msg, reply) => {
                 let ok = match self.sessions.get(&id) {
                     Some(e) => e.inbox.send(*msg).await.is_ok(),
@@ -1549,6 +1637,26 @@ impl Actor {
     }
 
     fn on_session(&mut self, m: InboundSession) {
+        if let SessionRequest::Telemetry { lease_id, after } = m.request {
+            // Answered from the lease's ring, never by the session; only to its renter, while
+            // it runs here; rate-limited with the log reads.
+            if !self.log_rate.check(&m.peer, self.ctx.now()) {
+                let _ = m.reply.send(SessionResponse::Busy);
+                return;
+            }
+            let answer = match self
+                .sessions
+                .get(&lease_id)
+                .and_then(|e| e.telemetry.as_ref())
+            {
+                Some((renter, ring)) if *renter == Some(m.peer) => {
+                    SessionResponse::Telemetry(ring.after(after))
+                }
+                _ => SessionResponse::UnknownLease,
+            };
+            let _ = m.reply.send(answer);
+            return;
+        }
         if let SessionRequest::Logs {
             lease_id,
             offset,
@@ -1655,10 +1763,23 @@ impl Actor {
         let (view_tx, view_rx) = watch::channel(initial);
         let ctx = self.ctx.clone();
         let role = l.role;
+        let ring = (role == Role::Provider).then(|| {
+            let renter = l.lease.terms.renter.peer_id().ok();
+            (renter, self.ctx.telemetry_ring(&l.gpus))
+        });
+        let session_ring = ring.as_ref().map(|(_, r)| r.clone());
         let span = tracing::info_span!("lease", lease = %id.short(), role = ?role);
         let fut = async move {
             let released = match role {
-                Role::Provider => provider::run(ctx, l, rec, inbox, view_tx).await,
+                Role::Provider => {
+                    let ring = session_ring.unwrap_or_else(|| {
+                        telemetry::Ring::new(
+                            gridlease_protocol::telemetry::TelemetrySource::None,
+                            Vec::new(),
+                        )
+                    });
+                    provider::run(ctx, l, rec, inbox, view_tx, ring).await
+                }
                 Role::Renter => {
                     renter::run(ctx, l, rec, inbox, view_tx).await;
                     true
@@ -1672,6 +1793,7 @@ impl Actor {
             Entry {
                 inbox: inbox_tx,
                 view: view_rx,
+                telemetry: ring,
             },
         );
     }

@@ -84,6 +84,8 @@ struct Session {
     /// The last amendment accepted and its signed acceptance: an identical retry (its answer
     /// lost) gets the same acceptance again.
     last_amendment: Option<(gridlease_protocol::LeaseAmendment, Signed<AmendAccept>)>,
+    /// Live telemetry: written by the metering task, read by the service for the renter.
+    telemetry: super::telemetry::Ring,
 }
 
 impl Session {
@@ -391,6 +393,7 @@ pub(crate) async fn run(
     rec: SessionRecord,
     mut inbox: mpsc::Receiver<SessionMsg>,
     view_tx: watch::Sender<LeaseView>,
+    telemetry: super::telemetry::Ring,
 ) -> bool {
     if ctx.config.faults.hold_sessions {
         ctx.cancel.cancelled().await;
@@ -434,6 +437,7 @@ pub(crate) async fn run(
             let (signed, _) = super::extend::decode_acceptance(a.acceptance.as_deref()?)?;
             Some((proposal, signed))
         }),
+        telemetry,
     };
     s.publish();
 
@@ -929,10 +933,18 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     let mut at_deadline = StopSchedule::at_deadline(deadline, grace_ms);
     let claim = watchdog::term_claim(&ctx.config.data_dir, &s.lease.id);
     ensure_watchdog(s, &cid, deadline);
-    let gpu_uuids = if ctx.config.gpu_sampler.is_some() {
-        leased_uuids(&ctx, &s.gpus)
-    } else {
-        Vec::new()
+    // The sampler's ids of the leased GPUs, in the lease's order.
+    let gpu_uuids: Vec<String> = ctx.config.gpu_sampler.as_ref().map_or_else(Vec::new, |g| {
+        s.gpus
+            .iter()
+            .filter_map(|d| g.ids.get(d).cloned())
+            .collect()
+    });
+    let live = {
+        let (ring, ids, gpus) = (s.telemetry.clone(), gpu_uuids.clone(), s.gpus.len());
+        Box::new(move |l: gridlease_sandbox::meter::LiveSample<'_>| {
+            ring.push(super::telemetry::sample(&l, &ids, gpus));
+        })
     };
     let (cut_tx, cuts) = mpsc::channel(4);
     // The meter measures what the container really used, so it stamps samples and cuts with
@@ -942,6 +954,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     let mut control = MeterControl {
         cuts,
         now: Arc::new(crate::clock::now),
+        live: Some(live),
     };
     let mut metering: tokio::task::JoinSet<_> = tokio::task::JoinSet::new();
     {
@@ -955,7 +968,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
                 &cid,
                 &mut meter,
                 &gpu_uuids,
-                sampler.as_ref().map(|g| g.0.as_ref()),
+                sampler.as_ref().map(|g| g.sampler.as_ref()),
                 &mut control,
             )
             .await;

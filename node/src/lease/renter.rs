@@ -555,6 +555,7 @@ pub(crate) async fn run(
                         }
                         SessionRequest::Logs { .. }
                         | SessionRequest::Extend(_)
+                        | SessionRequest::Telemetry { .. }
                         | SessionRequest::Begin { .. } => {
                             let _ = reply.send(SessionResponse::UnknownLease);
                         }
