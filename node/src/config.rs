@@ -111,6 +111,12 @@ pub struct Config {
     /// Seconds between a provider's usage reports (each answered by a payment receipt);
     /// advertised in offers. Default: 10.
     pub usage_interval_secs: u32,
+    /// Seconds an offered GPU its owner used (a process on it, or utilisation, while no lease
+    /// holds it) stays out of the offer after its last use. Default: 300.
+    pub owner_idle_secs: u64,
+    /// Utilisation (percent) of an offered GPU no lease holds that means its owner uses it;
+    /// 0: only compute processes on it count. Default: 10.
+    pub owner_util_percent: u32,
     /// The provider's pay-ahead window: the most seconds of usage it runs unpaid before it
     /// stops a lease (`PaymentLagging`); advertised in offers, at least one usage interval.
     /// Default: 60.
@@ -196,6 +202,8 @@ impl Default for Config {
             output_retention_secs: 3600,
             upload_hold_secs: 600,
             usage_interval_secs: 10,
+            owner_idle_secs: 300,
+            owner_util_percent: 10,
             pay_ahead_secs: 60,
             renter_grace_secs: 30,
         }
@@ -264,6 +272,15 @@ pub struct Overrides {
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_USAGE_INTERVAL_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_interval_secs: Option<u32>,
+    /// Seconds a GPU its owner used stays out of the offer after its last use (default 300).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_OWNER_IDLE_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_idle_secs: Option<u64>,
+    /// Utilisation (percent) of an unleased offered GPU that means its owner uses it (default
+    /// 10; 0: only compute processes count).
+    #[arg(long, value_name = "PERCENT", env = env_vars::GRIDLEASE_OWNER_UTIL_PERCENT)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_util_percent: Option<u32>,
     /// Most seconds of usage this provider runs unpaid before it stops a lease (default 60;
     /// advertised).
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_PAY_AHEAD_SECS)]
@@ -491,6 +508,18 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "usage_interval_secs",
                 problem: format!("{} is not in {lo}..={hi}", self.usage_interval_secs),
+            });
+        }
+        if !(1..=86_400).contains(&self.owner_idle_secs) {
+            return Err(ConfigError::Invalid {
+                field: "owner_idle_secs",
+                problem: format!("{} is not in 1..=86400", self.owner_idle_secs),
+            });
+        }
+        if self.owner_util_percent > 100 {
+            return Err(ConfigError::Invalid {
+                field: "owner_util_percent",
+                problem: format!("{} is not in 0..=100", self.owner_util_percent),
             });
         }
         if self.pay_ahead_secs < self.usage_interval_secs {

@@ -26,6 +26,10 @@ pub const GRIDLEASE_ALLOW_FORWARD: &str = "GRIDLEASE_ALLOW_FORWARD";
 pub const GRIDLEASE_ANNOUNCE_SECS: &str = "GRIDLEASE_ANNOUNCE_SECS";
 /// Declared GPUs (config key `dev_gpus`).
 pub const GRIDLEASE_DEV_GPUS: &str = "GRIDLEASE_DEV_GPUS";
+/// Seconds an owner-used GPU stays out of the offer (config key `owner_idle_secs`).
+pub const GRIDLEASE_OWNER_IDLE_SECS: &str = "GRIDLEASE_OWNER_IDLE_SECS";
+/// Utilisation meaning the owner uses a GPU (config key `owner_util_percent`).
+pub const GRIDLEASE_OWNER_UTIL_PERCENT: &str = "GRIDLEASE_OWNER_UTIL_PERCENT";
 /// A curves file scripting declared GPUs' samples (config key `dev_gpu_samples`).
 pub const GRIDLEASE_DEV_GPU_SAMPLES: &str = "GRIDLEASE_DEV_GPU_SAMPLES";
 /// Prometheus endpoint address (config key `metrics`).

@@ -66,7 +66,14 @@ fn top_shows_scripted_gpu_curves_live_in_a_terminal_and_streams_json() {
     std::fs::write(&curves, CURVES).unwrap();
     let m = market_with(
         dir.path(),
-        &["--dev-gpu-samples", curves.to_str().unwrap()],
+        // The curve is the tenant's load, there from the start: only a process would mean
+        // the owner (idle-aware providing would otherwise withdraw the busy-looking GPU).
+        &[
+            "--dev-gpu-samples",
+            curves.to_str().unwrap(),
+            "--owner-util-percent",
+            "0",
+        ],
         Some(&dir.path().join("provider.log")),
     );
     let rh = dir.path().join("renter");
@@ -85,7 +92,7 @@ fn top_shows_scripted_gpu_curves_live_in_a_terminal_and_streams_json() {
             .unwrap(),
     );
     // Read on a thread of its own, so a stream that never prints fails the test, not hangs it.
-    let (tx, lines) = std::sync::mpsc::channel();
+    let (tx, lines) = std::sync::mpsc::sync_channel(64);
     let stdout = stream.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         for l in std::io::BufReader::new(stdout).lines() {

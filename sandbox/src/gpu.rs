@@ -273,6 +273,9 @@ impl GpuProbe for NvmlProbe {
             power_limit_mw: d.enforced_power_limit().ok(),
             temp_c: d.temperature(TemperatureSensor::Gpu).ok(),
             sm_clock_mhz: d.clock_info(Clock::SM).ok(),
+            // Compute processes only: a desktop's compositor is a graphics process on the GPU
+            // that drives the display, always there; a game shows as utilisation instead.
+            processes: d.running_compute_processes_count().ok(),
         })
     }
 }
@@ -299,6 +302,7 @@ pub struct ScriptedProbe {
 struct Curve {
     points: Vec<GpuSample>,
     next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    owner_file: Option<std::path::PathBuf>,
 }
 
 /// One scripted GPU's series in a curves file (`--dev-gpu-samples`): JSON, one object per
@@ -319,6 +323,13 @@ pub struct CurveSpec {
     /// SM clock, MHz.
     #[serde(default)]
     pub sm_clock_mhz: Vec<u32>,
+    /// Processes on the GPU besides a tenant's (the owner's own use).
+    #[serde(default)]
+    pub processes: Vec<u32>,
+    /// While this file exists the GPU has one more process (the owner at the machine): lets a
+    /// test start and end the owner's use when it chooses.
+    #[serde(default)]
+    pub owner_file: Option<std::path::PathBuf>,
 }
 
 /// Most points in one scripted series.
@@ -386,6 +397,7 @@ impl ScriptedProbe {
             Curve {
                 points,
                 next: std::sync::Arc::default(),
+                owner_file: None,
             },
         );
     }
@@ -419,6 +431,7 @@ impl ScriptedProbe {
                 ("power_w", &spec.power_w, false),
                 ("temp_c", &spec.temp_c, false),
                 ("sm_clock_mhz", &spec.sm_clock_mhz, false),
+                ("processes", &spec.processes, false),
             ];
             for (name, s, required) in series {
                 if (required && s.is_empty()) || s.len() > MAX_CURVE_POINTS {
@@ -443,9 +456,13 @@ impl ScriptedProbe {
                     power_limit_mw: None,
                     temp_c: at(&spec.temp_c, k),
                     sm_clock_mhz: at(&spec.sm_clock_mhz, k),
+                    processes: at(&spec.processes, k).or(spec.owner_file.as_ref().map(|_| 0)),
                 })
                 .collect();
             self.set_curve(&uuid, points);
+            if let Some(c) = self.curves.get_mut(&uuid) {
+                c.owner_file.clone_from(&spec.owner_file);
+            }
         }
         Ok(())
     }
@@ -472,7 +489,11 @@ impl GpuProbe for ScriptedProbe {
             .get(uuid)
             .and_then(|c| {
                 let k = c.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                c.points.get(k % c.points.len().max(1)).copied()
+                let mut s = c.points.get(k % c.points.len().max(1)).copied()?;
+                if c.owner_file.as_ref().is_some_and(|f| f.exists()) {
+                    s.processes = Some(s.processes.unwrap_or(0).saturating_add(1));
+                }
+                Some(s)
             })
             .unwrap_or_default())
     }

@@ -98,6 +98,9 @@ pub struct GpuSample {
     pub temp_c: Option<u32>,
     /// SM clock, MHz (`None`: not reported).
     pub sm_clock_mhz: Option<u32>,
+    /// Compute processes on the GPU (`None`: not reported). On a GPU no lease holds, any is
+    /// the owner's: the node withdraws the GPU from its offer.
+    pub processes: Option<u32>,
 }
 
 /// What [`meter_run`] saw at one stats sample: the container's counters and the GPU samples

@@ -310,6 +310,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let metrics_addr = config.metrics.clone();
     let image_cache = config.image_cache();
     let renter_grace_s = config.renter_grace_secs;
+    let owner_idle_s = config.owner_idle_secs;
+    let owner_util_percent = config.owner_util_percent;
     let config = net;
     let network = h.network.clone();
 
@@ -330,6 +332,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             image_cache,
             runtime,
             renter_grace_s,
+            owner_idle_s,
+            owner_util_percent,
         },
     )
     .await

@@ -13,6 +13,7 @@ use super::Ctx;
 /// Runs until the service stops.
 pub(crate) async fn run(ctx: Arc<Ctx>) {
     let mut holds = ctx.holds.subscribe();
+    let mut owner = ctx.owner_busy.subscribe();
     holds.mark_changed();
     loop {
         tokio::select! {
@@ -22,8 +23,15 @@ pub(crate) async fn run(ctx: Arc<Ctx>) {
                     return;
                 }
             }
+            changed = owner.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
         }
-        let held = holds.borrow_and_update().clone();
+        // GPUs the owner uses (`super::owner`) are not free either.
+        let mut held = holds.borrow_and_update().clone();
+        held.extend(owner.borrow_and_update().iter().copied());
         let own = match ctx.client.own_offer().await {
             Ok(Some(o)) => o,
             Ok(None) => continue,

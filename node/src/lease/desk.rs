@@ -65,6 +65,8 @@ pub enum Decision {
 #[derive(Debug, Default)]
 pub struct Desk {
     holds: BTreeMap<LeaseId, Vec<Digest>>,
+    /// Offered GPUs their owner uses now: never given to a lease ([`super::owner`]).
+    owner_busy: std::collections::BTreeSet<Digest>,
     nonces: BTreeMap<(PublicKey, u64), NonceState>,
 }
 
@@ -112,7 +114,12 @@ impl Desk {
         self.holds.values().flatten().copied().collect()
     }
 
-    /// GPUs of `offer` not held by any lease.
+    /// The GPUs the owner uses now (they are not free).
+    pub fn set_owner_busy(&mut self, busy: std::collections::BTreeSet<Digest>) {
+        self.owner_busy = busy;
+    }
+
+    /// GPUs of `offer` neither held by any lease nor used by their owner.
     pub fn free_gpus(&self, offer: &OwnOffer) -> Vec<Digest> {
         offer
             .offer
@@ -120,6 +127,7 @@ impl Desk {
             .iter()
             .map(|g| g.spec.uuid_digest)
             .filter(|d| !self.holds.values().any(|h| h.contains(d)))
+            .filter(|d| !self.owner_busy.contains(d))
             .collect()
     }
 

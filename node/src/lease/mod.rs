@@ -51,6 +51,7 @@ pub mod extend;
 pub mod images;
 pub mod logs;
 mod outputs;
+pub mod owner;
 pub mod provider;
 pub mod renter;
 pub mod telemetry;
@@ -117,6 +118,12 @@ pub struct LeaseServiceConfig {
     pub base_template: Option<OfferTemplate>,
     /// Renter: seconds the provider may wait for a silent renter (`grace_s` of the terms).
     pub renter_grace_s: u32,
+    /// Provider: how long an offered GPU its owner used must stay idle before it is offered
+    /// again ([`owner`]).
+    pub owner_idle: Duration,
+    /// Provider: utilisation of an unleased offered GPU that means its owner uses it, percent
+    /// (0: only compute processes count; [`owner`]).
+    pub owner_util_percent: u32,
     /// Renter: how long the provider may take from accept to the first usage report (image
     /// pull and start) before the renter gives up on it.
     pub start_allowance: Duration,
@@ -208,6 +215,8 @@ impl LeaseServiceConfig {
             limits: ProviderLimits::default(),
             base_template: None,
             renter_grace_s: 30,
+            owner_idle: Duration::from_secs(300),
+            owner_util_percent: owner::BUSY_UTIL_PERCENT,
             start_allowance: Duration::from_secs(300),
             pull_stall: Duration::from_secs(120),
             pull_timeout: Duration::from_secs(1800),
@@ -513,6 +522,9 @@ pub(crate) struct Ctx {
     /// Provider: the GPUs (UUID digests) leases hold now, as the desk last published them;
     /// [`capacity::run`] turns each change into the offer's free count.
     pub(crate) holds: watch::Sender<std::collections::BTreeSet<Digest>>,
+    /// Provider: offered GPUs no lease holds that their owner is using ([`owner::run`]): not
+    /// given to leases, not counted free.
+    pub(crate) owner_busy: watch::Sender<std::collections::BTreeSet<Digest>>,
     /// Provider: a session whose GPUs are free says so here before it publishes its settled
     /// view, so that the desk has released them before anyone who saw the view can ask for
     /// them ([`Ctx::gpus_free`]). The session's end releases them too (idempotent).
@@ -640,6 +652,7 @@ impl LeaseService {
             cancel: cancel.clone(),
             log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
             holds: watch::Sender::new(std::collections::BTreeSet::new()),
+            owner_busy: watch::Sender::new(std::collections::BTreeSet::new()),
             released: released_tx,
         });
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
@@ -661,6 +674,11 @@ impl LeaseService {
         actor.resume_all().await?;
         actor.publish_holds();
         tokio::spawn(capacity::run(ctx.clone()));
+        tokio::spawn(owner::run(
+            ctx.clone(),
+            ctx.config.owner_idle,
+            ctx.config.owner_util_percent,
+        ));
         if ctx.sandbox.is_some() {
             tokio::spawn(outputs::run(ctx.clone(), ctx.config.outputs_sweep));
         }
@@ -1151,6 +1169,10 @@ pub struct DaemonLeaseSettings {
     pub runtime: (gridlease_protocol::Isolation, Option<String>),
     /// As a renter: the grace the terms give a provider for this node's silence.
     pub renter_grace_s: u32,
+    /// As a provider: seconds an owner-used GPU stays out of the offer after its last use.
+    pub owner_idle_s: u64,
+    /// As a provider: utilisation that means the owner uses a GPU (0: processes only).
+    pub owner_util_percent: u32,
 }
 
 /// Starts the lease service of a daemon: output under `<home>/leases`, Docker if reachable
@@ -1165,6 +1187,8 @@ pub async fn start_for_daemon(
 ) -> Result<LeaseService, LeaseError> {
     let mut config = LeaseServiceConfig::new(home.join("leases"));
     config.renter_grace_s = settings.renter_grace_s;
+    config.owner_idle = Duration::from_secs(settings.owner_idle_s);
+    config.owner_util_percent = settings.owner_util_percent;
     config.image_cache = settings.image_cache;
     (config.limits.isolation, config.limits.runtime) = settings.runtime;
     config.base_template = base_template;
@@ -1544,6 +1568,8 @@ impl Actor {
         let key = self.ctx.client.key();
         let network = self.ctx.client.network();
         let now = self.ctx.now();
+        self.desk
+            .set_owner_busy(self.ctx.owner_busy.borrow().clone());
         match self
             .desk
             .decide(key, network, offer, signed, verified, image, now)
