@@ -34,7 +34,7 @@ use rand_pcg::Pcg64Mcg;
 
 use self::book::{Entry, OfferBook};
 use crate::engine::EventQueue;
-use crate::metrics::{Bucket, WaitHistogram, gini};
+use crate::metrics::{Bucket, Population, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
 use crate::scenario::{Arrivals, Attack, Availability, Matching, Scenario};
 
@@ -150,6 +150,8 @@ struct Job {
     valuation: Money,
     arrived: u64,
     defaults: bool,
+    /// The rest of an earlier job submitted again (not a new job).
+    resubmission: bool,
 }
 
 /// What the retry test reads of one waiting job.
@@ -218,21 +220,26 @@ pub struct RunResult {
     pub waits: WaitHistogram,
     /// Revenue of each provider, micro-units.
     pub provider_revenue: Vec<u64>,
+    /// Whether each provider (same order) is an attacker.
+    pub provider_attacker: Vec<bool>,
     /// Events processed.
     pub events: u64,
     /// Usage reports exchanged through the channel.
     pub channel_reports: u64,
     /// Lease requests the provider refused (stale view, capacity gone, duration).
     pub rejected_requests: u64,
-    /// Jobs submitted again after their lease failed (crash) or was refused (fraud).
-    pub resubmitted: u64,
+    /// Jobs whose first submission was still waiting at the horizon.
+    pub jobs_waiting_at_end: u64,
+    /// Resubmissions still waiting at the horizon.
+    pub resubmissions_waiting_at_end: u64,
     /// Leases started.
     pub leases: u64,
-    /// Largest unpaid amount at the close of one lease, micro-units.
+    /// Largest unpaid amount at the close of one honest provider's lease, micro-units.
     pub max_at_risk: u64,
-    /// Leases whose unpaid amount exceeded the channel's bound (window + one interval).
+    /// Honest providers' leases whose unpaid amount exceeded the channel's bound (window + one
+    /// interval).
     pub bound_violations: u64,
-    /// Leases run by attackers.
+    /// Attackers' leases that ended.
     pub attacker_leases: u64,
     /// What attackers were paid, micro-units.
     pub attacker_revenue: u64,
@@ -283,8 +290,9 @@ pub struct Market<'s> {
     cda: Vec<DoubleAuction<u64>>,
     auction_bids: Vec<Vec<SealedBid<u32>>>,
     next_identity: u32,
-    busy_gpus: u64,
-    online_gpus: u64,
+    /// GPUs leased and online now, per [`Population`].
+    busy_gpus: [u64; 2],
+    online_gpus: [u64; 2],
     integrated_to: u64,
     buckets: Vec<Bucket>,
     bucket_ms: u64,
@@ -460,8 +468,8 @@ impl<'s> Market<'s> {
             cda: (0..classes).map(|_| DoubleAuction::new()).collect(),
             auction_bids: Vec::new(),
             next_identity,
-            busy_gpus: 0,
-            online_gpus: 0,
+            busy_gpus: [0; 2],
+            online_gpus: [0; 2],
             integrated_to: 0,
             buckets: (0..n_buckets).map(|_| Bucket::new(classes)).collect(),
             bucket_ms,
@@ -473,10 +481,12 @@ impl<'s> Market<'s> {
                 classes: sc.gpu_class.iter().map(|g| g.name.clone()).collect(),
                 waits: WaitHistogram::new(),
                 provider_revenue: Vec::new(),
+                provider_attacker: Vec::new(),
                 events: 0,
                 channel_reports: 0,
                 rejected_requests: 0,
-                resubmitted: 0,
+                jobs_waiting_at_end: 0,
+                resubmissions_waiting_at_end: 0,
                 leases: 0,
                 max_at_risk: 0,
                 bound_violations: 0,
@@ -517,8 +527,11 @@ impl<'s> Market<'s> {
             let edge = ((b + 1) * self.bucket_ms).min(now);
             let dt = u128::from(edge - self.integrated_to);
             let i = (b as usize).min(self.buckets.len() - 1);
-            self.buckets[i].busy_gpu_ms += u128::from(self.busy_gpus) * dt;
-            self.buckets[i].online_gpu_ms += u128::from(self.online_gpus) * dt;
+            for k in 0..2 {
+                let pop = &mut self.buckets[i].pop[k];
+                pop.busy_gpu_ms += u128::from(self.busy_gpus[k]) * dt;
+                pop.online_gpu_ms += u128::from(self.online_gpus[k]) * dt;
+            }
             if edge == (b + 1) * self.bucket_ms {
                 self.buckets[i].queue_len = self.waiting_len;
             }
@@ -583,17 +596,19 @@ impl<'s> Market<'s> {
         let busy = u64::from(pr.gpus - pr.free);
         pr.busy_acc_ms += busy * now.saturating_sub(pr.busy_since);
         pr.busy_since = now;
-        self.busy_gpus = (self.busy_gpus as i64 + delta_busy) as u64;
+        let k = Population::of(pr.attacker) as usize;
+        self.busy_gpus[k] = (self.busy_gpus[k] as i64 + delta_busy) as u64;
     }
 
     fn set_online(&mut self, p: usize, now: u64, available: bool) {
         self.integrate(now);
         let was = self.providers[p].available();
         let g = u64::from(self.providers[p].gpus);
+        let k = Population::of(self.providers[p].attacker) as usize;
         if was && !available {
-            self.online_gpus -= g;
+            self.online_gpus[k] -= g;
         } else if !was && available {
-            self.online_gpus += g;
+            self.online_gpus[k] += g;
         }
     }
 
@@ -767,6 +782,14 @@ impl<'s> Market<'s> {
         res.buckets = self.buckets;
         res.waits = self.waits;
         res.provider_revenue = self.providers.iter().map(|p| p.revenue.micros()).collect();
+        res.provider_attacker = self.providers.iter().map(|p| p.attacker).collect();
+        for j in self.jobs.iter().filter(|j| j.state != JobState::Free) {
+            if j.resubmission {
+                res.resubmissions_waiting_at_end += 1;
+            } else {
+                res.jobs_waiting_at_end += 1;
+            }
+        }
         res
     }
 
@@ -899,6 +922,7 @@ impl<'s> Market<'s> {
             valuation: Money::from_micros(val.max(1.0) as u64),
             arrived: now,
             defaults,
+            resubmission: false,
         };
         if let Some(id) = self.free_jobs.pop() {
             self.touch_job(id);
@@ -979,7 +1003,7 @@ impl<'s> Market<'s> {
 
     fn on_arrival(&mut self, r: usize, now: u64) {
         let job = self.new_job(r, now);
-        self.bucket_at(now).arrivals += 1;
+        self.bucket_at(now).jobs += 1;
         self.enqueue(r, job, now);
     }
 
@@ -1004,7 +1028,12 @@ impl<'s> Market<'s> {
         }
         self.integrate(now);
         self.waiting_len -= 1;
-        self.bucket_at(now).abandoned += 1;
+        let b = self.bucket_at(now);
+        if j.resubmission {
+            b.resubmissions_abandoned += 1;
+        } else {
+            b.jobs_abandoned += 1;
+        }
         let mech = self.mech;
         mech.withdraw(self, job);
         self.release_job(job);
@@ -1196,12 +1225,22 @@ impl<'s> Market<'s> {
         self.integrate(now);
         self.waiting_len -= 1;
         let wait = now - j.arrived;
-        self.waits.add(wait);
+        if !j.resubmission {
+            self.waits.add(wait);
+        }
+        let pop = Population::of(self.providers[p].attacker) as usize;
         let b = self.bucket_at(now);
-        b.matched += 1;
-        b.wait_sum_ms += wait;
-        b.price_gpu_sum[class] += u128::from(lease.terms.price_per_gpu_hour) * u128::from(gpus);
-        b.price_gpus[class] += u64::from(gpus);
+        if j.resubmission {
+            b.resubmissions_matched += 1;
+            b.resubmission_wait_sum_ms += wait;
+        } else {
+            b.jobs_matched += 1;
+            b.wait_sum_ms += wait;
+        }
+        let pb = &mut b.pop[pop];
+        pb.leases += 1;
+        pb.price_gpu_sum[class] += u128::from(lease.terms.price_per_gpu_hour) * u128::from(gpus);
+        pb.price_gpus[class] += u64::from(gpus);
         self.set_busy(p, now, i64::from(gpus));
         self.providers[p].free -= gpus;
         self.result.leases += 1;
@@ -1262,12 +1301,14 @@ impl<'s> Market<'s> {
         let worth = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
         let surplus = i128::from(worth.micros()) - i128::from(out.paid.micros());
         let b = self.bucket_at(now);
-        b.ended += 1;
-        b.revenue += out.paid.micros();
-        b.surplus += surplus;
+        let pb = &mut b.pop[Population::of(attacker) as usize];
+        pb.ended += 1;
+        pb.revenue += out.paid.micros();
+        pb.surplus += surplus;
+        pb.used_gpu_ms += u128::from(out.real_wall_ms) * u128::from(gpus);
         if out.failed {
-            b.failed += 1;
-            b.at_risk += out.unpaid.micros();
+            pb.failed += 1;
+            pb.unpaid += out.unpaid.micros();
         }
         if out.caught {
             b.caught += 1;
@@ -1277,10 +1318,13 @@ impl<'s> Market<'s> {
                 i128::from(out.paid.micros()) - i128::from(out.honest_due.micros());
             self.result.attacker_leases += 1;
             self.result.attacker_revenue += out.paid.micros();
-        }
-        self.result.max_at_risk = self.result.max_at_risk.max(out.unpaid.micros());
-        if out.unpaid > out.bound {
-            self.result.bound_violations += 1;
+        } else {
+            // Only honest providers' unpaid usage is a loss the channel must bound; an
+            // attacker's is its own refused (inflated) claim.
+            self.result.max_at_risk = self.result.max_at_risk.max(out.unpaid.micros());
+            if out.unpaid > out.bound {
+                self.result.bound_violations += 1;
+            }
         }
         if !rec.renter_defaulted {
             self.renters[rec.renter as usize]
@@ -1338,7 +1382,8 @@ impl<'s> Market<'s> {
         j.valuation = valuation;
         j.gpus = gpus;
         j.defaults = false;
-        self.result.resubmitted += 1;
+        j.resubmission = true;
+        self.bucket_at(now).resubmissions += 1;
         self.enqueue(r, job, now);
     }
 
@@ -1844,9 +1889,17 @@ fn run_channel(
     }
 }
 
-/// Gini of provider revenue.
+/// Gini of revenue across honest providers (attackers, paid nothing once caught, would make
+/// an honest market look unequal).
 pub fn revenue_gini(res: &RunResult) -> f64 {
-    gini(&res.provider_revenue)
+    let honest: Vec<u64> = res
+        .provider_revenue
+        .iter()
+        .zip(&res.provider_attacker)
+        .filter(|(_, a)| !**a)
+        .map(|(&r, _)| r)
+        .collect();
+    gini(&honest)
 }
 
 trait BelowExt {

@@ -188,7 +188,7 @@ pub fn all(dir: &Path, runs: &Table, buckets: &Table, waits: &Table) -> Result<V
     // Price per class over time. Buckets without leases have price 0; drop them.
     let mut price: Series = Vec::new();
     for (i, h) in buckets.header.iter().enumerate() {
-        if let Some(class) = h.strip_prefix("price_") {
+        if let Some(class) = h.strip_prefix("honest_price_") {
             for (name, pts) in bucket_means(buckets, i, class, true) {
                 price.push((name, pts.into_iter().filter(|p| p.1 > 0.0).collect()));
             }
