@@ -18,4 +18,5 @@ pub mod rng;
 pub mod scenario;
 pub mod shards;
 pub mod stats;
+pub mod sweep;
 pub mod zi;
