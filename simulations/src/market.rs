@@ -34,7 +34,7 @@ use rand_pcg::Pcg64Mcg;
 
 use self::book::{Entry, OfferBook};
 use crate::engine::EventQueue;
-use crate::metrics::{Bucket, Population, WaitHistogram, gini};
+use crate::metrics::{Bucket, Population, ProviderStats, RenterStats, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
 use crate::scenario::{Arrivals, Attack, Availability, Matching, Scenario};
 
@@ -222,6 +222,14 @@ pub struct RunResult {
     pub provider_revenue: Vec<u64>,
     /// Whether each provider (same order) is an attacker.
     pub provider_attacker: Vec<bool>,
+    /// Each provider's group index (same order).
+    pub provider_group: Vec<usize>,
+    /// Per provider (same order).
+    pub provider_stats: Vec<ProviderStats>,
+    /// Each renter's group index.
+    pub renter_group: Vec<usize>,
+    /// Per renter.
+    pub renter_stats: Vec<RenterStats>,
     /// Events processed.
     pub events: u64,
     /// Usage reports exchanged through the channel.
@@ -280,6 +288,9 @@ pub struct Market<'s> {
     spare_terms: Vec<(NetworkId, String)>,
     spare_history: Vec<Vec<Transition>>,
     leases: Vec<Option<LeaseRec>>,
+    /// Per-agent totals (cold; `providers.csv`, `renters.csv`).
+    pstats: Vec<ProviderStats>,
+    rstats: Vec<RenterStats>,
     free_leases: Vec<u32>,
     /// Open visible offers per class, cheapest first (mirrors `vis`).
     book: Vec<OfferBook>,
@@ -422,6 +433,7 @@ impl<'s> Market<'s> {
         let n_buckets = horizon.div_ceil(bucket_ms).max(1) as usize;
         let attacker_identities = providers.iter().filter(|p| p.attacker).count() as u64;
         let n_providers = providers.len();
+        let n_renters = renters.len();
         let trust = TrustPolicy {
             min_permille: sc.reputation.min_permille,
             trust_newcomers: sc.reputation.trust_newcomers,
@@ -460,6 +472,14 @@ impl<'s> Market<'s> {
             spare_terms: Vec::new(),
             spare_history: Vec::new(),
             leases: Vec::new(),
+            pstats: vec![
+                ProviderStats {
+                    identities: 1,
+                    ..ProviderStats::default()
+                };
+                n_providers
+            ],
+            rstats: vec![RenterStats::default(); n_renters],
             free_leases: Vec::new(),
             book: (0..classes).map(|_| OfferBook::new()).collect(),
             snaps: Vec::new(),
@@ -482,6 +502,10 @@ impl<'s> Market<'s> {
                 waits: WaitHistogram::new(),
                 provider_revenue: Vec::new(),
                 provider_attacker: Vec::new(),
+                provider_group: Vec::new(),
+                provider_stats: Vec::new(),
+                renter_group: Vec::new(),
+                renter_stats: Vec::new(),
                 events: 0,
                 channel_reports: 0,
                 rejected_requests: 0,
@@ -594,8 +618,10 @@ impl<'s> Market<'s> {
         self.integrate(now);
         let pr = &mut self.providers[p];
         let busy = u64::from(pr.gpus - pr.free);
-        pr.busy_acc_ms += busy * now.saturating_sub(pr.busy_since);
+        let dt = busy * now.saturating_sub(pr.busy_since);
+        pr.busy_acc_ms += dt;
         pr.busy_since = now;
+        self.pstats[p].busy_gpu_ms += u128::from(dt);
         let k = Population::of(pr.attacker) as usize;
         self.busy_gpus[k] = (self.busy_gpus[k] as i64 + delta_busy) as u64;
     }
@@ -607,8 +633,11 @@ impl<'s> Market<'s> {
         let k = Population::of(self.providers[p].attacker) as usize;
         if was && !available {
             self.online_gpus[k] -= g;
+            let st = &mut self.pstats[p];
+            st.online_ms += now.saturating_sub(st.online_since);
         } else if !was && available {
             self.online_gpus[k] += g;
+            self.pstats[p].online_since = now;
         }
     }
 
@@ -783,6 +812,18 @@ impl<'s> Market<'s> {
         res.waits = self.waits;
         res.provider_revenue = self.providers.iter().map(|p| p.revenue.micros()).collect();
         res.provider_attacker = self.providers.iter().map(|p| p.attacker).collect();
+        res.provider_group = self.providers.iter().map(|p| p.group).collect();
+        res.renter_group = self.renters.iter().map(|r| r.group).collect();
+        let horizon = self.horizon;
+        for (pr, st) in self.providers.iter().zip(&mut self.pstats) {
+            st.busy_gpu_ms +=
+                u128::from(u64::from(pr.gpus - pr.free) * horizon.saturating_sub(pr.busy_since));
+            if pr.available() {
+                st.online_ms += horizon.saturating_sub(st.online_since);
+            }
+        }
+        res.provider_stats = self.pstats;
+        res.renter_stats = self.rstats;
         for j in self.jobs.iter().filter(|j| j.state != JobState::Free) {
             if j.resubmission {
                 res.resubmissions_waiting_at_end += 1;
@@ -870,8 +911,10 @@ impl<'s> Market<'s> {
             // Utilization over the period, from the provider's own busy integral.
             let pr = &mut self.providers[p];
             let busy = u64::from(pr.gpus - pr.free);
-            pr.busy_acc_ms += busy * now.saturating_sub(pr.busy_since);
+            let dt = busy * now.saturating_sub(pr.busy_since);
+            pr.busy_acc_ms += dt;
             pr.busy_since = now;
+            self.pstats[p].busy_gpu_ms += u128::from(dt);
             let util = (pr.busy_acc_ms * 1000 / (u64::from(pr.gpus) * period).max(1)).min(1000);
             pr.busy_acc_ms = 0;
             if !pr.available() {
@@ -1004,6 +1047,7 @@ impl<'s> Market<'s> {
     fn on_arrival(&mut self, r: usize, now: u64) {
         let job = self.new_job(r, now);
         self.bucket_at(now).jobs += 1;
+        self.rstats[r].jobs += 1;
         self.enqueue(r, job, now);
     }
 
@@ -1033,6 +1077,7 @@ impl<'s> Market<'s> {
             b.resubmissions_abandoned += 1;
         } else {
             b.jobs_abandoned += 1;
+            self.rstats[j.renter as usize].jobs_abandoned += 1;
         }
         let mech = self.mech;
         mech.withdraw(self, job);
@@ -1241,6 +1286,13 @@ impl<'s> Market<'s> {
         pb.leases += 1;
         pb.price_gpu_sum[class] += u128::from(lease.terms.price_per_gpu_hour) * u128::from(gpus);
         pb.price_gpus[class] += u64::from(gpus);
+        let rs = &mut self.rstats[j.renter as usize];
+        rs.leases += 1;
+        if !j.resubmission {
+            rs.jobs_matched += 1;
+            rs.wait_sum_ms += wait;
+        }
+        self.pstats[p].leases += 1;
         self.set_busy(p, now, i64::from(gpus));
         self.providers[p].free -= gpus;
         self.result.leases += 1;
@@ -1313,6 +1365,17 @@ impl<'s> Market<'s> {
         if out.caught {
             b.caught += 1;
         }
+        let st = &mut self.pstats[p];
+        st.ended += 1;
+        st.used_gpu_ms += u128::from(out.real_wall_ms) * u128::from(gpus);
+        if out.failed {
+            st.failed += 1;
+            st.unpaid += out.unpaid.micros();
+        }
+        let rs = &mut self.rstats[rec.renter as usize];
+        rs.paid += out.paid.micros();
+        rs.surplus += surplus;
+        let b = self.bucket_at(now);
         if attacker {
             b.attacker_profit +=
                 i128::from(out.paid.micros()) - i128::from(out.honest_due.micros());
@@ -1346,6 +1409,7 @@ impl<'s> Market<'s> {
             let id = self.next_identity;
             self.next_identity += 1;
             self.result.attacker_identities += 1;
+            self.pstats[p].identities += 1;
             let pr = &mut self.providers[p];
             pr.identity = id;
             pr.offer.provider = key_of(1, id);
@@ -1384,6 +1448,7 @@ impl<'s> Market<'s> {
         j.defaults = false;
         j.resubmission = true;
         self.bucket_at(now).resubmissions += 1;
+        self.rstats[r].resubmissions += 1;
         self.enqueue(r, job, now);
     }
 

@@ -201,6 +201,50 @@ impl Bucket {
     }
 }
 
+/// What one provider did over a run (`providers.csv`).
+#[derive(Clone, Debug, Default)]
+pub struct ProviderStats {
+    /// Leases started.
+    pub leases: u64,
+    /// Leases that ended.
+    pub ended: u64,
+    /// Ended leases that failed.
+    pub failed: u64,
+    /// GPU-ms of real use of ended leases.
+    pub used_gpu_ms: u128,
+    /// GPU-ms leased (busy), integrated to the horizon.
+    pub busy_gpu_ms: u128,
+    /// Ms online and not crashed, integrated to the horizon.
+    pub online_ms: u64,
+    /// Since when it is online (valid while online).
+    pub online_since: u64,
+    /// Real use left unpaid at the close of its failed leases, micro-units.
+    pub unpaid: u64,
+    /// Identities used (1 + rejoins under a fresh identity).
+    pub identities: u64,
+}
+
+/// What one renter did over a run (`renters.csv`).
+#[derive(Clone, Debug, Default)]
+pub struct RenterStats {
+    /// Jobs that arrived.
+    pub jobs: u64,
+    /// Jobs whose first submission got a lease.
+    pub jobs_matched: u64,
+    /// Jobs whose first submission ran out of patience.
+    pub jobs_abandoned: u64,
+    /// Resubmissions made.
+    pub resubmissions: u64,
+    /// Leases started (all submissions).
+    pub leases: u64,
+    /// Sum of waits of `jobs_matched`, ms.
+    pub wait_sum_ms: u64,
+    /// Paid for ended leases, micro-units.
+    pub paid: u64,
+    /// Valuation of real use minus paid, ended leases, micro-units.
+    pub surplus: i128,
+}
+
 /// Gini coefficient of non-negative values (0 = equal, ~1 = one takes all).
 pub fn gini(values: &[u64]) -> f64 {
     let mut v: Vec<u64> = values.to_vec();

@@ -1,6 +1,7 @@
 //! Running replications and sweeps, and writing what they produce: `runs.csv` (one row per
 //! replication), `buckets.csv` (one row per replication and time bucket), `waits.csv`
-//! (wait-time histograms), `summary.csv` (mean, quartiles and 95/99 % intervals per sweep point and
+//! (wait-time histograms), `providers.csv` and `renters.csv` (one row per agent and
+//! replication), `summary.csv` (mean, quartiles and 95/99 % intervals per sweep point and
 //! metric), `manifest.json`, and plots.
 //!
 //! Tables are kept as text cells so that shards written on different machines can be merged
@@ -328,6 +329,113 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
     (runs, buckets, waits)
 }
 
+/// The per-agent tables: `providers.csv` (one row per point, replication and provider) and
+/// `renters.csv` (one per point, replication and renter).
+pub fn agent_tables(points: &[Point], records: &[Record]) -> (Table, Table) {
+    let param_names: Vec<String> = points
+        .first()
+        .map(|p| p.params.iter().map(|(k, _)| k.clone()).collect())
+        .unwrap_or_default();
+    let head = |cols: &[&str]| {
+        let mut h = vec!["point".to_string()];
+        h.extend(param_names.iter().cloned());
+        h.extend(cols.iter().map(|c| c.to_string()));
+        h
+    };
+    let mut providers = Table {
+        header: head(&[
+            "replication",
+            "provider",
+            "group",
+            "population",
+            "class",
+            "gpus",
+            "identities",
+            "leases",
+            "ended_leases",
+            "failed_leases",
+            "gpu_hours",
+            "online_hours",
+            "utilization",
+            "revenue",
+            "unpaid",
+        ]),
+        rows: Vec::new(),
+    };
+    let mut renters = Table {
+        header: head(&[
+            "replication",
+            "renter",
+            "group",
+            "jobs",
+            "jobs_matched",
+            "jobs_abandoned",
+            "resubmissions",
+            "leases",
+            "mean_wait_s",
+            "paid",
+            "renter_surplus",
+        ]),
+        rows: Vec::new(),
+    };
+    for rec in records {
+        let r = &rec.result;
+        let sc = &points[rec.point].scenario;
+        let mut lead = vec![rec.point.to_string()];
+        lead.extend(points[rec.point].params.iter().map(|(_, v)| v.clone()));
+        lead.push(rec.replication.to_string());
+        for (i, st) in r.provider_stats.iter().enumerate() {
+            let g = &sc.provider[r.provider_group[i]];
+            let mut row = lead.clone();
+            row.extend([
+                i.to_string(),
+                g.name.clone(),
+                Population::of(r.provider_attacker[i]).name().to_string(),
+                g.class.clone(),
+                g.gpus.to_string(),
+                st.identities.to_string(),
+                st.leases.to_string(),
+                st.ended.to_string(),
+                st.failed.to_string(),
+                f(st.used_gpu_ms as f64 / 3_600_000.0),
+                f(st.online_ms as f64 / 3_600_000.0),
+                f(ratio(
+                    st.busy_gpu_ms,
+                    u128::from(st.online_ms) * u128::from(g.gpus),
+                )),
+                money(r.provider_revenue[i]),
+                money(st.unpaid),
+            ]);
+            providers.rows.push(row);
+        }
+        for (i, st) in r.renter_stats.iter().enumerate() {
+            let mut row = lead.clone();
+            row.extend([
+                i.to_string(),
+                sc.renter[r.renter_group[i]].name.clone(),
+                st.jobs.to_string(),
+                st.jobs_matched.to_string(),
+                st.jobs_abandoned.to_string(),
+                st.resubmissions.to_string(),
+                st.leases.to_string(),
+                f(ratio(u128::from(st.wait_sum_ms), u128::from(st.jobs_matched)) / 1000.0),
+                money(st.paid),
+                signed_money(st.surplus),
+            ]);
+            renters.rows.push(row);
+        }
+    }
+    (providers, renters)
+}
+
+/// Writes `providers.csv` and `renters.csv` into `dir`; returns the file names.
+pub fn write_agents(dir: &Path, providers: &Table, renters: &Table) -> Result<Vec<String>> {
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    providers.write(&dir.join("providers.csv"))?;
+    renters.write(&dir.join("renters.csv"))?;
+    Ok(vec!["providers.csv".into(), "renters.csv".into()])
+}
+
 /// Columns of `runs.csv` that are identifiers, not metrics.
 fn is_id(name: &str, params: usize, idx: usize) -> bool {
     idx <= params || name == "replication" || name == "seed"
@@ -454,10 +562,17 @@ pub fn write_all(
 }
 
 /// Merges shard directories into `out`: tables concatenated and sorted by point, replication
-/// and bucket; summary and plots recomputed.
+/// and bucket (bin, provider, renter); summary and plots recomputed.
 pub fn merge(shards: &[&Path], out: &Path, plots: bool) -> Result<Vec<String>> {
-    let mut merged: [Table; 3] = Default::default();
-    for (k, name) in ["runs.csv", "buckets.csv", "waits.csv"].iter().enumerate() {
+    const NAMES: [&str; 5] = [
+        "runs.csv",
+        "buckets.csv",
+        "waits.csv",
+        "providers.csv",
+        "renters.csv",
+    ];
+    let mut merged: [Table; 5] = Default::default();
+    for (k, name) in NAMES.iter().enumerate() {
         for dir in shards {
             let t = Table::read(&dir.join(name))?;
             if merged[k].header.is_empty() {
@@ -469,7 +584,9 @@ pub fn merge(shards: &[&Path], out: &Path, plots: bool) -> Result<Vec<String>> {
         }
         let t = &mut merged[k];
         let rep = t.col("replication").unwrap_or(1);
-        let sub = t.col("bucket").or_else(|| t.col("bin_upper_s"));
+        let sub = ["bucket", "bin_upper_s", "provider", "renter"]
+            .iter()
+            .find_map(|c| t.col(c));
         let num = |s: &str| s.parse::<f64>().unwrap_or(f64::INFINITY);
         t.rows.sort_by(|a, b| {
             num(&a[0])
@@ -481,8 +598,10 @@ pub fn merge(shards: &[&Path], out: &Path, plots: bool) -> Result<Vec<String>> {
         });
         t.rows.dedup();
     }
-    let [runs, buckets, waits] = merged;
-    write_all(out, &runs, &buckets, &waits, plots)
+    let [runs, buckets, waits, providers, renters] = merged;
+    let mut files = write_all(out, &runs, &buckets, &waits, plots)?;
+    files.extend(write_agents(out, &providers, &renters)?);
+    Ok(files)
 }
 
 #[cfg(test)]

@@ -188,6 +188,8 @@ fn shards_merge_to_the_unsharded_run() {
         let records = output::execute(&points, tasks, 1, &|_| {});
         let (r, bu, w) = output::tables(&points, &records, 1);
         output::write_all(dir, &r, &bu, &w, false).unwrap();
+        let (pr, re) = output::agent_tables(&points, &records);
+        output::write_agents(dir, &pr, &re).unwrap();
     };
     let tmp = tempfile::tempdir().unwrap();
     let full = tmp.path().join("full");
@@ -202,7 +204,14 @@ fn shards_merge_to_the_unsharded_run() {
     let merged = tmp.path().join("merged");
     let refs: Vec<&Path> = shards.iter().map(|p| p.as_path()).collect();
     output::merge(&refs, &merged, false).unwrap();
-    for f in ["runs.csv", "buckets.csv", "waits.csv", "summary.csv"] {
+    for f in [
+        "runs.csv",
+        "buckets.csv",
+        "waits.csv",
+        "summary.csv",
+        "providers.csv",
+        "renters.csv",
+    ] {
         assert_eq!(
             std::fs::read(full.join(f)).unwrap(),
             std::fs::read(merged.join(f)).unwrap(),

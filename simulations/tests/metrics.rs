@@ -1,6 +1,7 @@
 //! The metrics' definitions (docs/simulations.md, "Metrics"): their invariants on the attack
-//! scenario and on every example, a small market whose values are computed by hand, and
-//! attackers' refused usage kept out of the honest providers' money at risk.
+//! scenario and on every example, a small market whose values are computed by hand,
+//! attackers' refused usage kept out of the honest providers' money at risk, and the
+//! per-agent tables (`providers.csv`, `renters.csv`) adding up to the run's totals.
 
 // Helpers outside #[test] fns: a panic here is still a test failure with a location.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
@@ -26,6 +27,108 @@ fn tables(s: &Scenario, seed: u64, reps: u64) -> (Table, Table) {
     let records = output::execute(&points, &tasks, seed, &|_| {});
     let (runs, buckets, _) = output::tables(&points, &records, seed);
     (runs, buckets)
+}
+
+/// `providers.csv` and `renters.csv` of the same runs.
+fn agents(s: &Scenario, seed: u64, reps: u64) -> (Table, Table) {
+    let points = vec![Point {
+        params: Vec::new(),
+        scenario: s.clone(),
+    }];
+    let tasks = output::tasks(1, reps, None);
+    let records = output::execute(&points, &tasks, seed, &|_| {});
+    output::agent_tables(&points, &records)
+}
+
+/// Sum of an agent-table column over one replication's rows, optionally of one population.
+fn agent_sum(t: &Table, replication: usize, population: Option<&str>, name: &str) -> f64 {
+    let rc = t.col("replication").unwrap();
+    let pc = t.col("population");
+    (0..t.rows.len())
+        .filter(|&i| t.rows[i][rc] == replication.to_string())
+        .filter(|&i| population.is_none_or(|p| pc.is_some_and(|c| t.rows[i][c] == p)))
+        .map(|i| num(t, i, name))
+        .sum()
+}
+
+/// The per-agent tables add up to the run's totals.
+fn check_agents(name: &str, s: &Scenario, seed: u64, reps: u64, runs: &Table) {
+    let (providers, renters) = agents(s, seed, reps);
+    let n_providers: u64 = s.provider.iter().map(|g| u64::from(g.count)).sum();
+    let n_renters: u64 = s.renter.iter().map(|g| u64::from(g.count)).sum();
+    assert_eq!(providers.rows.len() as u64, n_providers * reps, "{name}");
+    assert_eq!(renters.rows.len() as u64, n_renters * reps, "{name}");
+    for row in 0..reps as usize {
+        // Hours are written to 6 decimals per row, so their sums may differ by half a unit
+        // of the last digit per row; counts and money (exact micro-units) agree exactly.
+        let tolerance = 1e-6 + 5e-7 * n_providers as f64;
+        let close = |a: f64, b: f64, what: &str| {
+            assert!(
+                (a - b).abs() <= tolerance,
+                "{name} rep {row}: {what}: {a} vs {b}"
+            );
+        };
+        let v = |n: &str| num(runs, row, n);
+        close(
+            agent_sum(&providers, row, None, "leases"),
+            v("leases"),
+            "leases",
+        );
+        for pop in ["honest", "attacker"] {
+            for (agent, total) in [
+                ("leases", "leases"),
+                ("ended_leases", "ended_leases"),
+                ("failed_leases", "failed_leases"),
+                ("gpu_hours", "gpu_hours"),
+                ("revenue", "revenue"),
+            ] {
+                close(
+                    agent_sum(&providers, row, Some(pop), agent),
+                    v(&format!("{pop}_{total}")),
+                    &format!("{pop} {agent}"),
+                );
+            }
+        }
+        close(
+            agent_sum(&providers, row, Some("honest"), "unpaid"),
+            v("money_at_risk"),
+            "money_at_risk",
+        );
+        close(
+            agent_sum(&providers, row, Some("attacker"), "unpaid"),
+            v("attacker_unpaid"),
+            "attacker_unpaid",
+        );
+        close(
+            agent_sum(&providers, row, Some("attacker"), "identities"),
+            v("attacker_identities"),
+            "attacker_identities",
+        );
+        for col in [
+            "jobs",
+            "jobs_matched",
+            "jobs_abandoned",
+            "resubmissions",
+            "leases",
+        ] {
+            close(agent_sum(&renters, row, None, col), v(col), col);
+        }
+        close(
+            agent_sum(&renters, row, None, "renter_surplus"),
+            v("renter_surplus"),
+            "renter_surplus",
+        );
+        close(
+            agent_sum(&renters, row, None, "paid"),
+            v("honest_revenue") + v("attacker_revenue"),
+            "paid",
+        );
+        let rc = providers.col("replication").unwrap();
+        for i in (0..providers.rows.len()).filter(|&i| providers.rows[i][rc] == row.to_string()) {
+            let u = num(&providers, i, "utilization");
+            assert!((0.0..=1.0 + 1e-9).contains(&u), "{name}: utilization {u}");
+        }
+    }
 }
 
 fn num(t: &Table, row: usize, name: &str) -> f64 {
@@ -111,6 +214,7 @@ fn attack_scenario_metrics_are_consistent_and_split_by_population() {
     let mut s = scenario("attack");
     s.days = 0.5;
     let (runs, buckets) = tables(&s, 1, 2);
+    check_agents("attack", &s, 1, 2, &runs);
     for row in 0..2 {
         check_invariants("attack", &runs, &buckets, row);
         let v = |n: &str| num(&runs, row, n);
@@ -175,6 +279,7 @@ fn invariants_hold_in_every_example_scenario() {
         let mut s = scenario(name);
         s.days = 0.5;
         let (runs, buckets) = tables(&s, 2, 2);
+        check_agents(name, &s, 2, 2, &runs);
         for row in 0..2 {
             check_invariants(name, &runs, &buckets, row);
         }
@@ -218,6 +323,20 @@ fn hand_computed_small_market() {
     let s = Scenario::from_toml(HAND).unwrap();
     let (runs, buckets) = tables(&s, 1, 1);
     check_invariants("hand", &runs, &buckets, 0);
+    check_agents("hand", &s, 1, 1, &runs);
+    // Per agent: the attacker (row 1) ran the one caught lease; the honest provider (row 0)
+    // ran every other; the renter made every job.
+    let (providers, renters) = agents(&s, 1, 1);
+    assert_eq!(num(&providers, 1, "leases"), 1.0);
+    assert_eq!(num(&providers, 1, "unpaid"), 0.005);
+    assert_eq!(
+        providers.rows[1][providers.col("population").unwrap()],
+        "attacker"
+    );
+    assert_eq!(num(&providers, 0, "leases"), num(&runs, 0, "honest_leases"));
+    assert_eq!(num(&renters, 0, "jobs"), num(&runs, 0, "jobs"));
+    // One GPU online for the whole 48 h.
+    assert!((num(&providers, 0, "online_hours") - 48.0).abs() < 1e-6);
     let v = |n: &str| num(&runs, 0, n);
     println!(
         "hand: jobs {}, honest ended {}, honest GPU-h {}, honest revenue {}",

@@ -116,6 +116,8 @@ fn execute(
     let events: u64 = records.iter().map(|r| r.result.events).sum();
     let (runs, buckets, waits) = output::tables(&points, &records, a.seed);
     let mut files = output::write_all(&a.out, &runs, &buckets, &waits, !a.no_plots)?;
+    let (providers, renters) = output::agent_tables(&points, &records);
+    files.extend(output::write_agents(&a.out, &providers, &renters)?);
     files.push("manifest.json".into());
     let manifest = Manifest {
         version: env!("CARGO_PKG_VERSION").into(),
