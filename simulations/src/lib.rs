@@ -9,6 +9,7 @@
 //! results, iterate a hash map where order matters, or re-implement a market rule that
 //! `contracts` owns. Same scenario + seed => byte-identical outputs.
 
+pub mod columnar;
 pub mod engine;
 pub mod market;
 pub mod metrics;

@@ -428,6 +428,16 @@ pub fn agent_tables(points: &[Point], records: &[Record]) -> (Table, Table) {
     (providers, renters)
 }
 
+/// Every table `run`, `sweep` and `merge` write, in this order.
+pub const TABLES: [&str; 6] = [
+    "runs.csv",
+    "buckets.csv",
+    "waits.csv",
+    "summary.csv",
+    "providers.csv",
+    "renters.csv",
+];
+
 /// Writes `providers.csv` and `renters.csv` into `dir`; returns the file names.
 pub fn write_agents(dir: &Path, providers: &Table, renters: &Table) -> Result<Vec<String>> {
     fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use gridlease_sim::output::{self, Manifest, Point};
 use gridlease_sim::scenario::Scenario;
-use gridlease_sim::sweep;
+use gridlease_sim::{columnar, sweep};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Printer;
@@ -32,6 +32,10 @@ pub(crate) struct RunArgs {
     /// Skip plots.
     #[arg(long)]
     no_plots: bool,
+    /// Also write each table as Parquet (`runs.parquet` beside `runs.csv`, ...); needs a build
+    /// with `--features parquet`.
+    #[arg(long)]
+    parquet: bool,
     /// Rayon worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -87,6 +91,12 @@ fn execute(
     if a.reps == 0 {
         bail!("--reps 0: nothing to run (need at least 1 replication)");
     }
+    if a.parquet && !columnar::AVAILABLE {
+        bail!(
+            "--parquet: this gridlease-sim was built without Parquet support; rebuild with \
+             `cargo build --release -p gridlease-sim --features parquet`"
+        );
+    }
     let shard = a.shard.as_deref().map(parse_shard).transpose()?;
     let tasks = output::tasks(points.len(), a.reps, shard);
     // Progress in simulated minutes over all runs of this invocation.
@@ -118,6 +128,9 @@ fn execute(
     let mut files = output::write_all(&a.out, &runs, &buckets, &waits, !a.no_plots)?;
     let (providers, renters) = output::agent_tables(&points, &records);
     files.extend(output::write_agents(&a.out, &providers, &renters)?);
+    if a.parquet {
+        files.extend(columnar::convert(&a.out, &output::TABLES)?);
+    }
     files.push("manifest.json".into());
     let manifest = Manifest {
         version: env!("CARGO_PKG_VERSION").into(),
