@@ -9,6 +9,7 @@
 //! results, iterate a hash map where order matters, or re-implement a market rule that
 //! `contracts` owns. Same scenario + seed => byte-identical outputs.
 
+pub mod columnar;
 pub mod engine;
 pub mod market;
 pub mod metrics;
@@ -18,4 +19,5 @@ pub mod rng;
 pub mod scenario;
 pub mod shards;
 pub mod stats;
+pub mod sweep;
 pub mod zi;

@@ -43,6 +43,9 @@ enum Command {
         /// Skip plots.
         #[arg(long)]
         no_plots: bool,
+        /// Also write each merged table as Parquet; needs a build with `--features parquet`.
+        #[arg(long)]
+        parquet: bool,
         /// Merge even if shards are missing; the manifest lists the missing shards and
         /// replications (`coverage`).
         #[arg(long)]
@@ -94,9 +97,19 @@ fn main() -> ExitCode {
         Command::Merge {
             out,
             no_plots,
+            parquet,
             allow_partial,
             shards,
-        } => commands::merge::merge(&shards, &out, !no_plots, allow_partial, &printer),
+        } => commands::merge::merge(
+            &shards,
+            &out,
+            commands::merge::Options {
+                plots: !no_plots,
+                parquet,
+                allow_partial,
+            },
+            &printer,
+        ),
         Command::Zi(a) => commands::zi::zi(a, &printer),
     };
     match res {

@@ -34,7 +34,7 @@ use rand_pcg::Pcg64Mcg;
 
 use self::book::{Entry, OfferBook};
 use crate::engine::EventQueue;
-use crate::metrics::{Bucket, WaitHistogram, gini};
+use crate::metrics::{Bucket, Population, ProviderStats, RenterStats, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
 use crate::scenario::{Arrivals, Attack, Availability, Matching, Scenario};
 
@@ -150,6 +150,8 @@ struct Job {
     valuation: Money,
     arrived: u64,
     defaults: bool,
+    /// The rest of an earlier job submitted again (not a new job).
+    resubmission: bool,
 }
 
 /// What the retry test reads of one waiting job.
@@ -218,21 +220,34 @@ pub struct RunResult {
     pub waits: WaitHistogram,
     /// Revenue of each provider, micro-units.
     pub provider_revenue: Vec<u64>,
+    /// Whether each provider (same order) is an attacker.
+    pub provider_attacker: Vec<bool>,
+    /// Each provider's group index (same order).
+    pub provider_group: Vec<usize>,
+    /// Per provider (same order).
+    pub provider_stats: Vec<ProviderStats>,
+    /// Each renter's group index.
+    pub renter_group: Vec<usize>,
+    /// Per renter.
+    pub renter_stats: Vec<RenterStats>,
     /// Events processed.
     pub events: u64,
     /// Usage reports exchanged through the channel.
     pub channel_reports: u64,
     /// Lease requests the provider refused (stale view, capacity gone, duration).
     pub rejected_requests: u64,
-    /// Jobs submitted again after their lease failed (crash) or was refused (fraud).
-    pub resubmitted: u64,
+    /// Jobs whose first submission was still waiting at the horizon.
+    pub jobs_waiting_at_end: u64,
+    /// Resubmissions still waiting at the horizon.
+    pub resubmissions_waiting_at_end: u64,
     /// Leases started.
     pub leases: u64,
-    /// Largest unpaid amount at the close of one lease, micro-units.
+    /// Largest unpaid amount at the close of one honest provider's lease, micro-units.
     pub max_at_risk: u64,
-    /// Leases whose unpaid amount exceeded the channel's bound (window + one interval).
+    /// Honest providers' leases whose unpaid amount exceeded the channel's bound (window + one
+    /// interval).
     pub bound_violations: u64,
-    /// Leases run by attackers.
+    /// Attackers' leases that ended.
     pub attacker_leases: u64,
     /// What attackers were paid, micro-units.
     pub attacker_revenue: u64,
@@ -273,6 +288,9 @@ pub struct Market<'s> {
     spare_terms: Vec<(NetworkId, String)>,
     spare_history: Vec<Vec<Transition>>,
     leases: Vec<Option<LeaseRec>>,
+    /// Per-agent totals (cold; `providers.csv`, `renters.csv`).
+    pstats: Vec<ProviderStats>,
+    rstats: Vec<RenterStats>,
     free_leases: Vec<u32>,
     /// Open visible offers per class, cheapest first (mirrors `vis`).
     book: Vec<OfferBook>,
@@ -283,8 +301,9 @@ pub struct Market<'s> {
     cda: Vec<DoubleAuction<u64>>,
     auction_bids: Vec<Vec<SealedBid<u32>>>,
     next_identity: u32,
-    busy_gpus: u64,
-    online_gpus: u64,
+    /// GPUs leased and online now, per [`Population`].
+    busy_gpus: [u64; 2],
+    online_gpus: [u64; 2],
     integrated_to: u64,
     buckets: Vec<Bucket>,
     bucket_ms: u64,
@@ -414,6 +433,7 @@ impl<'s> Market<'s> {
         let n_buckets = horizon.div_ceil(bucket_ms).max(1) as usize;
         let attacker_identities = providers.iter().filter(|p| p.attacker).count() as u64;
         let n_providers = providers.len();
+        let n_renters = renters.len();
         let trust = TrustPolicy {
             min_permille: sc.reputation.min_permille,
             trust_newcomers: sc.reputation.trust_newcomers,
@@ -452,6 +472,14 @@ impl<'s> Market<'s> {
             spare_terms: Vec::new(),
             spare_history: Vec::new(),
             leases: Vec::new(),
+            pstats: vec![
+                ProviderStats {
+                    identities: 1,
+                    ..ProviderStats::default()
+                };
+                n_providers
+            ],
+            rstats: vec![RenterStats::default(); n_renters],
             free_leases: Vec::new(),
             book: (0..classes).map(|_| OfferBook::new()).collect(),
             snaps: Vec::new(),
@@ -460,8 +488,8 @@ impl<'s> Market<'s> {
             cda: (0..classes).map(|_| DoubleAuction::new()).collect(),
             auction_bids: Vec::new(),
             next_identity,
-            busy_gpus: 0,
-            online_gpus: 0,
+            busy_gpus: [0; 2],
+            online_gpus: [0; 2],
             integrated_to: 0,
             buckets: (0..n_buckets).map(|_| Bucket::new(classes)).collect(),
             bucket_ms,
@@ -473,10 +501,16 @@ impl<'s> Market<'s> {
                 classes: sc.gpu_class.iter().map(|g| g.name.clone()).collect(),
                 waits: WaitHistogram::new(),
                 provider_revenue: Vec::new(),
+                provider_attacker: Vec::new(),
+                provider_group: Vec::new(),
+                provider_stats: Vec::new(),
+                renter_group: Vec::new(),
+                renter_stats: Vec::new(),
                 events: 0,
                 channel_reports: 0,
                 rejected_requests: 0,
-                resubmitted: 0,
+                jobs_waiting_at_end: 0,
+                resubmissions_waiting_at_end: 0,
                 leases: 0,
                 max_at_risk: 0,
                 bound_violations: 0,
@@ -517,8 +551,11 @@ impl<'s> Market<'s> {
             let edge = ((b + 1) * self.bucket_ms).min(now);
             let dt = u128::from(edge - self.integrated_to);
             let i = (b as usize).min(self.buckets.len() - 1);
-            self.buckets[i].busy_gpu_ms += u128::from(self.busy_gpus) * dt;
-            self.buckets[i].online_gpu_ms += u128::from(self.online_gpus) * dt;
+            for k in 0..2 {
+                let pop = &mut self.buckets[i].pop[k];
+                pop.busy_gpu_ms += u128::from(self.busy_gpus[k]) * dt;
+                pop.online_gpu_ms += u128::from(self.online_gpus[k]) * dt;
+            }
             if edge == (b + 1) * self.bucket_ms {
                 self.buckets[i].queue_len = self.waiting_len;
             }
@@ -581,19 +618,26 @@ impl<'s> Market<'s> {
         self.integrate(now);
         let pr = &mut self.providers[p];
         let busy = u64::from(pr.gpus - pr.free);
-        pr.busy_acc_ms += busy * now.saturating_sub(pr.busy_since);
+        let dt = busy * now.saturating_sub(pr.busy_since);
+        pr.busy_acc_ms += dt;
         pr.busy_since = now;
-        self.busy_gpus = (self.busy_gpus as i64 + delta_busy) as u64;
+        self.pstats[p].busy_gpu_ms += u128::from(dt);
+        let k = Population::of(pr.attacker) as usize;
+        self.busy_gpus[k] = (self.busy_gpus[k] as i64 + delta_busy) as u64;
     }
 
     fn set_online(&mut self, p: usize, now: u64, available: bool) {
         self.integrate(now);
         let was = self.providers[p].available();
         let g = u64::from(self.providers[p].gpus);
+        let k = Population::of(self.providers[p].attacker) as usize;
         if was && !available {
-            self.online_gpus -= g;
+            self.online_gpus[k] -= g;
+            let st = &mut self.pstats[p];
+            st.online_ms += now.saturating_sub(st.online_since);
         } else if !was && available {
-            self.online_gpus += g;
+            self.online_gpus[k] += g;
+            self.pstats[p].online_since = now;
         }
     }
 
@@ -767,6 +811,26 @@ impl<'s> Market<'s> {
         res.buckets = self.buckets;
         res.waits = self.waits;
         res.provider_revenue = self.providers.iter().map(|p| p.revenue.micros()).collect();
+        res.provider_attacker = self.providers.iter().map(|p| p.attacker).collect();
+        res.provider_group = self.providers.iter().map(|p| p.group).collect();
+        res.renter_group = self.renters.iter().map(|r| r.group).collect();
+        let horizon = self.horizon;
+        for (pr, st) in self.providers.iter().zip(&mut self.pstats) {
+            st.busy_gpu_ms +=
+                u128::from(u64::from(pr.gpus - pr.free) * horizon.saturating_sub(pr.busy_since));
+            if pr.available() {
+                st.online_ms += horizon.saturating_sub(st.online_since);
+            }
+        }
+        res.provider_stats = self.pstats;
+        res.renter_stats = self.rstats;
+        for j in self.jobs.iter().filter(|j| j.state != JobState::Free) {
+            if j.resubmission {
+                res.resubmissions_waiting_at_end += 1;
+            } else {
+                res.jobs_waiting_at_end += 1;
+            }
+        }
         res
     }
 
@@ -847,8 +911,10 @@ impl<'s> Market<'s> {
             // Utilization over the period, from the provider's own busy integral.
             let pr = &mut self.providers[p];
             let busy = u64::from(pr.gpus - pr.free);
-            pr.busy_acc_ms += busy * now.saturating_sub(pr.busy_since);
+            let dt = busy * now.saturating_sub(pr.busy_since);
+            pr.busy_acc_ms += dt;
             pr.busy_since = now;
+            self.pstats[p].busy_gpu_ms += u128::from(dt);
             let util = (pr.busy_acc_ms * 1000 / (u64::from(pr.gpus) * period).max(1)).min(1000);
             pr.busy_acc_ms = 0;
             if !pr.available() {
@@ -899,6 +965,7 @@ impl<'s> Market<'s> {
             valuation: Money::from_micros(val.max(1.0) as u64),
             arrived: now,
             defaults,
+            resubmission: false,
         };
         if let Some(id) = self.free_jobs.pop() {
             self.touch_job(id);
@@ -979,7 +1046,8 @@ impl<'s> Market<'s> {
 
     fn on_arrival(&mut self, r: usize, now: u64) {
         let job = self.new_job(r, now);
-        self.bucket_at(now).arrivals += 1;
+        self.bucket_at(now).jobs += 1;
+        self.rstats[r].jobs += 1;
         self.enqueue(r, job, now);
     }
 
@@ -1004,7 +1072,13 @@ impl<'s> Market<'s> {
         }
         self.integrate(now);
         self.waiting_len -= 1;
-        self.bucket_at(now).abandoned += 1;
+        let b = self.bucket_at(now);
+        if j.resubmission {
+            b.resubmissions_abandoned += 1;
+        } else {
+            b.jobs_abandoned += 1;
+            self.rstats[j.renter as usize].jobs_abandoned += 1;
+        }
         let mech = self.mech;
         mech.withdraw(self, job);
         self.release_job(job);
@@ -1196,12 +1270,29 @@ impl<'s> Market<'s> {
         self.integrate(now);
         self.waiting_len -= 1;
         let wait = now - j.arrived;
-        self.waits.add(wait);
+        if !j.resubmission {
+            self.waits.add(wait);
+        }
+        let pop = Population::of(self.providers[p].attacker) as usize;
         let b = self.bucket_at(now);
-        b.matched += 1;
-        b.wait_sum_ms += wait;
-        b.price_gpu_sum[class] += u128::from(lease.terms.price_per_gpu_hour) * u128::from(gpus);
-        b.price_gpus[class] += u64::from(gpus);
+        if j.resubmission {
+            b.resubmissions_matched += 1;
+            b.resubmission_wait_sum_ms += wait;
+        } else {
+            b.jobs_matched += 1;
+            b.wait_sum_ms += wait;
+        }
+        let pb = &mut b.pop[pop];
+        pb.leases += 1;
+        pb.price_gpu_sum[class] += u128::from(lease.terms.price_per_gpu_hour) * u128::from(gpus);
+        pb.price_gpus[class] += u64::from(gpus);
+        let rs = &mut self.rstats[j.renter as usize];
+        rs.leases += 1;
+        if !j.resubmission {
+            rs.jobs_matched += 1;
+            rs.wait_sum_ms += wait;
+        }
+        self.pstats[p].leases += 1;
         self.set_busy(p, now, i64::from(gpus));
         self.providers[p].free -= gpus;
         self.result.leases += 1;
@@ -1262,25 +1353,41 @@ impl<'s> Market<'s> {
         let worth = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
         let surplus = i128::from(worth.micros()) - i128::from(out.paid.micros());
         let b = self.bucket_at(now);
-        b.ended += 1;
-        b.revenue += out.paid.micros();
-        b.surplus += surplus;
+        let pb = &mut b.pop[Population::of(attacker) as usize];
+        pb.ended += 1;
+        pb.revenue += out.paid.micros();
+        pb.surplus += surplus;
+        pb.used_gpu_ms += u128::from(out.real_wall_ms) * u128::from(gpus);
         if out.failed {
-            b.failed += 1;
-            b.at_risk += out.unpaid.micros();
+            pb.failed += 1;
+            pb.unpaid += out.unpaid.micros();
         }
         if out.caught {
             b.caught += 1;
         }
+        let st = &mut self.pstats[p];
+        st.ended += 1;
+        st.used_gpu_ms += u128::from(out.real_wall_ms) * u128::from(gpus);
+        if out.failed {
+            st.failed += 1;
+            st.unpaid += out.unpaid.micros();
+        }
+        let rs = &mut self.rstats[rec.renter as usize];
+        rs.paid += out.paid.micros();
+        rs.surplus += surplus;
+        let b = self.bucket_at(now);
         if attacker {
             b.attacker_profit +=
                 i128::from(out.paid.micros()) - i128::from(out.honest_due.micros());
             self.result.attacker_leases += 1;
             self.result.attacker_revenue += out.paid.micros();
-        }
-        self.result.max_at_risk = self.result.max_at_risk.max(out.unpaid.micros());
-        if out.unpaid > out.bound {
-            self.result.bound_violations += 1;
+        } else {
+            // Only honest providers' unpaid usage is a loss the channel must bound; an
+            // attacker's is its own refused (inflated) claim.
+            self.result.max_at_risk = self.result.max_at_risk.max(out.unpaid.micros());
+            if out.unpaid > out.bound {
+                self.result.bound_violations += 1;
+            }
         }
         if !rec.renter_defaulted {
             self.renters[rec.renter as usize]
@@ -1302,6 +1409,7 @@ impl<'s> Market<'s> {
             let id = self.next_identity;
             self.next_identity += 1;
             self.result.attacker_identities += 1;
+            self.pstats[p].identities += 1;
             let pr = &mut self.providers[p];
             pr.identity = id;
             pr.offer.provider = key_of(1, id);
@@ -1338,7 +1446,9 @@ impl<'s> Market<'s> {
         j.valuation = valuation;
         j.gpus = gpus;
         j.defaults = false;
-        self.result.resubmitted += 1;
+        j.resubmission = true;
+        self.bucket_at(now).resubmissions += 1;
+        self.rstats[r].resubmissions += 1;
         self.enqueue(r, job, now);
     }
 
@@ -1844,9 +1954,17 @@ fn run_channel(
     }
 }
 
-/// Gini of provider revenue.
+/// Gini of revenue across honest providers (attackers, paid nothing once caught, would make
+/// an honest market look unequal).
 pub fn revenue_gini(res: &RunResult) -> f64 {
-    gini(&res.provider_revenue)
+    let honest: Vec<u64> = res
+        .provider_revenue
+        .iter()
+        .zip(&res.provider_attacker)
+        .filter(|(_, a)| !**a)
+        .map(|(&r, _)| r)
+        .collect();
+    gini(&honest)
 }
 
 trait BelowExt {

@@ -57,38 +57,92 @@ impl WaitHistogram {
     }
 }
 
-/// Accumulators of one time bucket.
+/// The two provider populations every per-population metric is split into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Population {
+    /// Providers with `attack = "none"`.
+    Honest = 0,
+    /// Providers with an attack (`usage_inflation`), whatever identity they use.
+    Attacker = 1,
+}
+
+impl Population {
+    /// Both, in column order.
+    pub const ALL: [Population; 2] = [Population::Honest, Population::Attacker];
+
+    /// The column prefix (`honest`, `attacker`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Population::Honest => "honest",
+            Population::Attacker => "attacker",
+        }
+    }
+
+    /// The population of a provider.
+    pub fn of(attacker: bool) -> Self {
+        if attacker {
+            Population::Attacker
+        } else {
+            Population::Honest
+        }
+    }
+}
+
+/// What one provider population did in one bucket (leases counted where they start, money
+/// where they end).
 #[derive(Clone, Debug, Default)]
-pub struct Bucket {
-    /// Jobs that arrived.
-    pub arrivals: u64,
-    /// Jobs that got a lease.
-    pub matched: u64,
-    /// Jobs abandoned (patience ran out).
-    pub abandoned: u64,
-    /// Sum of waits of matched jobs, ms.
-    pub wait_sum_ms: u64,
+pub struct PopBucket {
     /// Per class: sum of price x GPUs of leases started, micro-units per hour.
     pub price_gpu_sum: Vec<u128>,
     /// Per class: GPUs leased by leases started.
     pub price_gpus: Vec<u64>,
-    /// GPU-ms leased.
+    /// Leases started.
+    pub leases: u64,
+    /// GPU-ms leased (busy), integrated over time.
     pub busy_gpu_ms: u128,
-    /// GPU-ms online.
+    /// GPU-ms online, integrated over time.
     pub online_gpu_ms: u128,
-    /// Waiting jobs at the end of the bucket.
-    pub queue_len: u64,
-    /// Money booked by providers from leases that ended, micro-units.
-    pub revenue: u64,
-    /// Renter surplus (valuation of usage - paid) of leases that ended, micro-units.
-    pub surplus: i128,
-    /// Leases that ended in failure (crash, renter stopped paying, fraud).
-    pub failed: u64,
     /// Leases that ended.
     pub ended: u64,
-    /// Unpaid usage at close of failed leases, micro-units.
-    pub at_risk: u64,
-    /// Attackers' gain over honest billing, micro-units (can be negative).
+    /// Leases that ended in failure (crash, renter stopped paying, usage refused).
+    pub failed: u64,
+    /// GPU-ms of real use of leases that ended.
+    pub used_gpu_ms: u128,
+    /// Money paid to the population's providers for leases that ended, micro-units.
+    pub revenue: u64,
+    /// Renter surplus (valuation of real use - paid) of those leases, micro-units.
+    pub surplus: i128,
+    /// Real use left unpaid at the close of failed leases, micro-units: for honest providers
+    /// their loss (money at risk); for attackers mostly the usage renters refused to pay after
+    /// catching an inflated report (not a loss of anyone honest).
+    pub unpaid: u64,
+}
+
+/// Accumulators of one time bucket.
+#[derive(Clone, Debug, Default)]
+pub struct Bucket {
+    /// New jobs that arrived (first submissions; resubmissions are not jobs).
+    pub jobs: u64,
+    /// Resubmissions: the rest of a job submitted again after its lease failed (crash) or was
+    /// refused (inflated usage).
+    pub resubmissions: u64,
+    /// Jobs whose first submission got a lease.
+    pub jobs_matched: u64,
+    /// Resubmissions that got a lease.
+    pub resubmissions_matched: u64,
+    /// Jobs whose first submission ran out of patience (they never got a lease).
+    pub jobs_abandoned: u64,
+    /// Resubmissions that ran out of patience (the job's rest never ran).
+    pub resubmissions_abandoned: u64,
+    /// Sum of submission-to-lease waits of `jobs_matched`, ms.
+    pub wait_sum_ms: u64,
+    /// Sum of waits of `resubmissions_matched`, ms.
+    pub resubmission_wait_sum_ms: u64,
+    /// Waiting submissions (jobs and resubmissions) at the end of the bucket.
+    pub queue_len: u64,
+    /// Honest and attacker providers, indexed by [`Population`].
+    pub pop: [PopBucket; 2],
+    /// Attackers' gain over honest billing of their real use, micro-units (can be negative).
     pub attacker_profit: i128,
     /// Inflated usage reports refused by renters.
     pub caught: u64,
@@ -97,12 +151,98 @@ pub struct Bucket {
 impl Bucket {
     /// An empty bucket for `classes` GPU classes.
     pub fn new(classes: usize) -> Self {
-        Self {
+        let pop = || PopBucket {
             price_gpu_sum: vec![0; classes],
             price_gpus: vec![0; classes],
+            ..PopBucket::default()
+        };
+        Self {
+            pop: [pop(), pop()],
             ..Self::default()
         }
     }
+
+    /// All leases started in the bucket (both populations).
+    pub fn leases(&self) -> u64 {
+        self.pop[0].leases + self.pop[1].leases
+    }
+
+    /// Adds `other`'s counts to this one (run totals); `queue_len` takes `other`'s, the later
+    /// bucket's.
+    pub fn absorb(&mut self, other: &Bucket) {
+        self.jobs += other.jobs;
+        self.resubmissions += other.resubmissions;
+        self.jobs_matched += other.jobs_matched;
+        self.resubmissions_matched += other.resubmissions_matched;
+        self.jobs_abandoned += other.jobs_abandoned;
+        self.resubmissions_abandoned += other.resubmissions_abandoned;
+        self.wait_sum_ms += other.wait_sum_ms;
+        self.resubmission_wait_sum_ms += other.resubmission_wait_sum_ms;
+        self.queue_len = other.queue_len;
+        for (a, b) in self.pop.iter_mut().zip(&other.pop) {
+            for (x, y) in a.price_gpu_sum.iter_mut().zip(&b.price_gpu_sum) {
+                *x += y;
+            }
+            for (x, y) in a.price_gpus.iter_mut().zip(&b.price_gpus) {
+                *x += y;
+            }
+            a.leases += b.leases;
+            a.busy_gpu_ms += b.busy_gpu_ms;
+            a.online_gpu_ms += b.online_gpu_ms;
+            a.ended += b.ended;
+            a.failed += b.failed;
+            a.used_gpu_ms += b.used_gpu_ms;
+            a.revenue += b.revenue;
+            a.surplus += b.surplus;
+            a.unpaid += b.unpaid;
+        }
+        self.attacker_profit += other.attacker_profit;
+        self.caught += other.caught;
+    }
+}
+
+/// What one provider did over a run (`providers.csv`).
+#[derive(Clone, Debug, Default)]
+pub struct ProviderStats {
+    /// Leases started.
+    pub leases: u64,
+    /// Leases that ended.
+    pub ended: u64,
+    /// Ended leases that failed.
+    pub failed: u64,
+    /// GPU-ms of real use of ended leases.
+    pub used_gpu_ms: u128,
+    /// GPU-ms leased (busy), integrated to the horizon.
+    pub busy_gpu_ms: u128,
+    /// Ms online and not crashed, integrated to the horizon.
+    pub online_ms: u64,
+    /// Since when it is online (valid while online).
+    pub online_since: u64,
+    /// Real use left unpaid at the close of its failed leases, micro-units.
+    pub unpaid: u64,
+    /// Identities used (1 + rejoins under a fresh identity).
+    pub identities: u64,
+}
+
+/// What one renter did over a run (`renters.csv`).
+#[derive(Clone, Debug, Default)]
+pub struct RenterStats {
+    /// Jobs that arrived.
+    pub jobs: u64,
+    /// Jobs whose first submission got a lease.
+    pub jobs_matched: u64,
+    /// Jobs whose first submission ran out of patience.
+    pub jobs_abandoned: u64,
+    /// Resubmissions made.
+    pub resubmissions: u64,
+    /// Leases started (all submissions).
+    pub leases: u64,
+    /// Sum of waits of `jobs_matched`, ms.
+    pub wait_sum_ms: u64,
+    /// Paid for ended leases, micro-units.
+    pub paid: u64,
+    /// Valuation of real use minus paid, ended leases, micro-units.
+    pub surplus: i128,
 }
 
 /// Gini coefficient of non-negative values (0 = equal, ~1 = one takes all).

@@ -1,6 +1,7 @@
 //! Running replications and sweeps, and writing what they produce: `runs.csv` (one row per
 //! replication), `buckets.csv` (one row per replication and time bucket), `waits.csv`
-//! (wait-time histograms), `summary.csv` (mean, quartiles and 95/99 % intervals per sweep point and
+//! (wait-time histograms), `providers.csv` and `renters.csv` (one row per agent and
+//! replication), `summary.csv` (mean, quartiles and 95/99 % intervals per sweep point and
 //! metric), `manifest.json`, and plots.
 //!
 //! Tables are kept as text cells so that shards written on different machines can be merged
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::market::{Market, RunResult, revenue_gini};
-use crate::metrics::WAIT_BINS_S;
+use crate::metrics::{Bucket, Population, WAIT_BINS_S};
 use crate::scenario::Scenario;
 use crate::stats::{self, Summary};
 
@@ -139,6 +140,77 @@ fn ratio(a: u128, b: u128) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
+/// The columns `runs.csv` and `buckets.csv` share, computed from one bucket or from a run's
+/// total (see `docs/simulations.md` for each definition). Names and cells in column order.
+fn bucket_cells(b: &Bucket, classes: &[String]) -> Vec<(String, String)> {
+    let [h, a] = &b.pop;
+    let mut c: Vec<(String, String)> = Vec::new();
+    let mut push = |name: &str, cell: String| c.push((name.to_string(), cell));
+    push("jobs", b.jobs.to_string());
+    push("jobs_matched", b.jobs_matched.to_string());
+    push("jobs_abandoned", b.jobs_abandoned.to_string());
+    push("resubmissions", b.resubmissions.to_string());
+    push("resubmissions_matched", b.resubmissions_matched.to_string());
+    push(
+        "resubmissions_abandoned",
+        b.resubmissions_abandoned.to_string(),
+    );
+    push("leases", b.leases().to_string());
+    push(
+        "mean_wait_s",
+        f(ratio(u128::from(b.wait_sum_ms), u128::from(b.jobs_matched)) / 1000.0),
+    );
+    push(
+        "resubmission_mean_wait_s",
+        f(ratio(
+            u128::from(b.resubmission_wait_sum_ms),
+            u128::from(b.resubmissions_matched),
+        ) / 1000.0),
+    );
+    push(
+        "utilization",
+        f(ratio(
+            h.busy_gpu_ms + a.busy_gpu_ms,
+            h.online_gpu_ms + a.online_gpu_ms,
+        )),
+    );
+    for (pop, pb) in Population::ALL.iter().zip(&b.pop) {
+        let n = pop.name();
+        push(
+            &format!("{n}_utilization"),
+            f(ratio(pb.busy_gpu_ms, pb.online_gpu_ms)),
+        );
+    }
+    for (ci, class) in classes.iter().enumerate() {
+        for (pop, pb) in Population::ALL.iter().zip(&b.pop) {
+            let n = pop.name();
+            push(
+                &format!("{n}_price_{class}"),
+                f(ratio(pb.price_gpu_sum[ci], u128::from(pb.price_gpus[ci])) / 1e6),
+            );
+            push(&format!("{n}_gpus_{class}"), pb.price_gpus[ci].to_string());
+        }
+    }
+    for (pop, pb) in Population::ALL.iter().zip(&b.pop) {
+        let n = pop.name();
+        push(&format!("{n}_leases"), pb.leases.to_string());
+        push(&format!("{n}_ended_leases"), pb.ended.to_string());
+        push(&format!("{n}_failed_leases"), pb.failed.to_string());
+        push(
+            &format!("{n}_gpu_hours"),
+            f(pb.used_gpu_ms as f64 / 3_600_000.0),
+        );
+        push(&format!("{n}_revenue"), money(pb.revenue));
+        push(&format!("{n}_renter_surplus"), signed_money(pb.surplus));
+    }
+    push("renter_surplus", signed_money(h.surplus + a.surplus));
+    push("money_at_risk", money(h.unpaid));
+    push("attacker_unpaid", money(a.unpaid));
+    push("attacker_profit", signed_money(b.attacker_profit));
+    push("inflation_caught", b.caught.to_string());
+    c
+}
+
 /// Builds the three per-run tables from records.
 pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table, Table) {
     let param_names: Vec<String> = points
@@ -149,44 +221,28 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
         .first()
         .map(|r| r.result.classes.clone())
         .unwrap_or_default();
+    let shared: Vec<String> = bucket_cells(&Bucket::new(classes.len()), &classes)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     let mut runs = Table {
         header: vec!["point".to_string()],
         rows: Vec::new(),
     };
     runs.header.extend(param_names.iter().cloned());
+    runs.header.extend(["replication".into(), "seed".into()]);
+    runs.header.extend(shared.iter().cloned());
     for h in [
-        "replication",
-        "seed",
-        "jobs",
-        "matched",
-        "abandoned",
+        "jobs_waiting",
+        "resubmissions_waiting",
         "abandonment_rate",
-        "mean_wait_s",
         "p50_wait_s",
         "p90_wait_s",
         "p99_wait_s",
-        "utilization",
-    ] {
-        runs.header.push(h.into());
-    }
-    for c in &classes {
-        runs.header.push(format!("price_{c}"));
-    }
-    for h in [
-        "provider_revenue",
-        "renter_surplus",
-        "leases",
-        "failed_leases",
-        "money_at_risk",
         "max_at_risk",
         "bound_violations",
-        "attacker_leases",
-        "attacker_revenue",
-        "attacker_profit",
         "attacker_identities",
-        "inflation_caught",
         "rejected_requests",
-        "resubmitted",
         "revenue_gini",
         "events",
         "channel_reports",
@@ -198,34 +254,11 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
         rows: Vec::new(),
     };
     buckets.header.extend(param_names.iter().cloned());
-    for h in [
-        "replication",
-        "bucket",
-        "t_start_h",
-        "arrivals",
-        "matched",
-        "abandoned",
-        "mean_wait_s",
-        "queue_len",
-        "utilization",
-    ] {
-        buckets.header.push(h.into());
-    }
-    for c in &classes {
-        buckets.header.push(format!("price_{c}"));
-        buckets.header.push(format!("leases_{c}"));
-    }
-    for h in [
-        "provider_revenue",
-        "renter_surplus",
-        "ended_leases",
-        "failed_leases",
-        "money_at_risk",
-        "attacker_profit",
-        "inflation_caught",
-    ] {
-        buckets.header.push(h.into());
-    }
+    buckets
+        .header
+        .extend(["replication".into(), "bucket".into(), "t_start_h".into()]);
+    buckets.header.extend(shared.iter().cloned());
+    buckets.header.push("queue_len".into());
     let mut waits = Table {
         header: vec![
             "point".into(),
@@ -242,53 +275,28 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             .iter()
             .map(|(_, v)| v.clone())
             .collect();
+        let mut total = Bucket::new(classes.len());
+        for b in &r.buckets {
+            total.absorb(b);
+        }
         let mut row = vec![rec.point.to_string()];
         row.extend(pv.iter().cloned());
-        let jobs: u64 = r.buckets.iter().map(|b| b.arrivals).sum();
-        let matched: u64 = r.buckets.iter().map(|b| b.matched).sum();
-        let abandoned: u64 = r.buckets.iter().map(|b| b.abandoned).sum();
-        let wait_sum: u64 = r.buckets.iter().map(|b| b.wait_sum_ms).sum();
-        let busy: u128 = r.buckets.iter().map(|b| b.busy_gpu_ms).sum();
-        let online: u128 = r.buckets.iter().map(|b| b.online_gpu_ms).sum();
-        let revenue: u64 = r.buckets.iter().map(|b| b.revenue).sum();
-        let surplus: i128 = r.buckets.iter().map(|b| b.surplus).sum();
-        let failed: u64 = r.buckets.iter().map(|b| b.failed).sum();
-        let at_risk: u64 = r.buckets.iter().map(|b| b.at_risk).sum();
-        let profit: i128 = r.buckets.iter().map(|b| b.attacker_profit).sum();
-        let caught: u64 = r.buckets.iter().map(|b| b.caught).sum();
+        row.extend([rec.replication.to_string(), seed.to_string()]);
+        row.extend(bucket_cells(&total, &classes).into_iter().map(|(_, v)| v));
         row.extend([
-            rec.replication.to_string(),
-            seed.to_string(),
-            jobs.to_string(),
-            matched.to_string(),
-            abandoned.to_string(),
-            f(ratio(u128::from(abandoned), u128::from(jobs))),
-            f(ratio(u128::from(wait_sum), u128::from(matched)) / 1000.0),
+            r.jobs_waiting_at_end.to_string(),
+            r.resubmissions_waiting_at_end.to_string(),
+            f(ratio(
+                u128::from(total.jobs_abandoned),
+                u128::from(total.jobs),
+            )),
             f(r.waits.quantile_s(0.5)),
             f(r.waits.quantile_s(0.9)),
             f(r.waits.quantile_s(0.99)),
-            f(ratio(busy, online)),
-        ]);
-        for c in 0..classes.len() {
-            let s: u128 = r.buckets.iter().map(|b| b.price_gpu_sum[c]).sum();
-            let n: u64 = r.buckets.iter().map(|b| b.price_gpus[c]).sum();
-            row.push(f(ratio(s, u128::from(n)) / 1e6));
-        }
-        row.extend([
-            money(revenue),
-            signed_money(surplus),
-            r.leases.to_string(),
-            failed.to_string(),
-            money(at_risk),
             money(r.max_at_risk),
             r.bound_violations.to_string(),
-            r.attacker_leases.to_string(),
-            money(r.attacker_revenue),
-            signed_money(profit),
             r.attacker_identities.to_string(),
-            caught.to_string(),
             r.rejected_requests.to_string(),
-            r.resubmitted.to_string(),
             f(revenue_gini(r)),
             r.events.to_string(),
             r.channel_reports.to_string(),
@@ -301,28 +309,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
                 rec.replication.to_string(),
                 i.to_string(),
                 f((i as u64 * r.bucket_ms) as f64 / 3_600_000.0),
-                b.arrivals.to_string(),
-                b.matched.to_string(),
-                b.abandoned.to_string(),
-                f(ratio(u128::from(b.wait_sum_ms), u128::from(b.matched)) / 1000.0),
-                b.queue_len.to_string(),
-                f(ratio(b.busy_gpu_ms, b.online_gpu_ms)),
             ]);
-            for c in 0..classes.len() {
-                row.push(f(
-                    ratio(b.price_gpu_sum[c], u128::from(b.price_gpus[c])) / 1e6
-                ));
-                row.push(b.price_gpus[c].to_string());
-            }
-            row.extend([
-                money(b.revenue),
-                signed_money(b.surplus),
-                b.ended.to_string(),
-                b.failed.to_string(),
-                money(b.at_risk),
-                signed_money(b.attacker_profit),
-                b.caught.to_string(),
-            ]);
+            row.extend(bucket_cells(b, &classes).into_iter().map(|(_, v)| v));
+            row.push(b.queue_len.to_string());
             buckets.rows.push(row);
         }
         for (i, c) in r.waits.counts.iter().enumerate() {
@@ -338,6 +327,123 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
         }
     }
     (runs, buckets, waits)
+}
+
+/// The per-agent tables: `providers.csv` (one row per point, replication and provider) and
+/// `renters.csv` (one per point, replication and renter).
+pub fn agent_tables(points: &[Point], records: &[Record]) -> (Table, Table) {
+    let param_names: Vec<String> = points
+        .first()
+        .map(|p| p.params.iter().map(|(k, _)| k.clone()).collect())
+        .unwrap_or_default();
+    let head = |cols: &[&str]| {
+        let mut h = vec!["point".to_string()];
+        h.extend(param_names.iter().cloned());
+        h.extend(cols.iter().map(|c| c.to_string()));
+        h
+    };
+    let mut providers = Table {
+        header: head(&[
+            "replication",
+            "provider",
+            "group",
+            "population",
+            "class",
+            "gpus",
+            "identities",
+            "leases",
+            "ended_leases",
+            "failed_leases",
+            "gpu_hours",
+            "online_hours",
+            "utilization",
+            "revenue",
+            "unpaid",
+        ]),
+        rows: Vec::new(),
+    };
+    let mut renters = Table {
+        header: head(&[
+            "replication",
+            "renter",
+            "group",
+            "jobs",
+            "jobs_matched",
+            "jobs_abandoned",
+            "resubmissions",
+            "leases",
+            "mean_wait_s",
+            "paid",
+            "renter_surplus",
+        ]),
+        rows: Vec::new(),
+    };
+    for rec in records {
+        let r = &rec.result;
+        let sc = &points[rec.point].scenario;
+        let mut lead = vec![rec.point.to_string()];
+        lead.extend(points[rec.point].params.iter().map(|(_, v)| v.clone()));
+        lead.push(rec.replication.to_string());
+        for (i, st) in r.provider_stats.iter().enumerate() {
+            let g = &sc.provider[r.provider_group[i]];
+            let mut row = lead.clone();
+            row.extend([
+                i.to_string(),
+                g.name.clone(),
+                Population::of(r.provider_attacker[i]).name().to_string(),
+                g.class.clone(),
+                g.gpus.to_string(),
+                st.identities.to_string(),
+                st.leases.to_string(),
+                st.ended.to_string(),
+                st.failed.to_string(),
+                f(st.used_gpu_ms as f64 / 3_600_000.0),
+                f(st.online_ms as f64 / 3_600_000.0),
+                f(ratio(
+                    st.busy_gpu_ms,
+                    u128::from(st.online_ms) * u128::from(g.gpus),
+                )),
+                money(r.provider_revenue[i]),
+                money(st.unpaid),
+            ]);
+            providers.rows.push(row);
+        }
+        for (i, st) in r.renter_stats.iter().enumerate() {
+            let mut row = lead.clone();
+            row.extend([
+                i.to_string(),
+                sc.renter[r.renter_group[i]].name.clone(),
+                st.jobs.to_string(),
+                st.jobs_matched.to_string(),
+                st.jobs_abandoned.to_string(),
+                st.resubmissions.to_string(),
+                st.leases.to_string(),
+                f(ratio(u128::from(st.wait_sum_ms), u128::from(st.jobs_matched)) / 1000.0),
+                money(st.paid),
+                signed_money(st.surplus),
+            ]);
+            renters.rows.push(row);
+        }
+    }
+    (providers, renters)
+}
+
+/// Every table `run`, `sweep` and `merge` write, in this order.
+pub const TABLES: [&str; 6] = [
+    "runs.csv",
+    "buckets.csv",
+    "waits.csv",
+    "summary.csv",
+    "providers.csv",
+    "renters.csv",
+];
+
+/// Writes `providers.csv` and `renters.csv` into `dir`; returns the file names.
+pub fn write_agents(dir: &Path, providers: &Table, renters: &Table) -> Result<Vec<String>> {
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    providers.write(&dir.join("providers.csv"))?;
+    renters.write(&dir.join("renters.csv"))?;
+    Ok(vec!["providers.csv".into(), "renters.csv".into()])
 }
 
 /// Columns of `runs.csv` that are identifiers, not metrics.
@@ -466,10 +572,17 @@ pub fn write_all(
 }
 
 /// Merges shard directories into `out`: tables concatenated and sorted by point, replication
-/// and bucket; summary and plots recomputed.
+/// and bucket (bin, provider, renter); summary and plots recomputed.
 pub fn merge(shards: &[&Path], out: &Path, plots: bool) -> Result<Vec<String>> {
-    let mut merged: [Table; 3] = Default::default();
-    for (k, name) in ["runs.csv", "buckets.csv", "waits.csv"].iter().enumerate() {
+    const NAMES: [&str; 5] = [
+        "runs.csv",
+        "buckets.csv",
+        "waits.csv",
+        "providers.csv",
+        "renters.csv",
+    ];
+    let mut merged: [Table; 5] = Default::default();
+    for (k, name) in NAMES.iter().enumerate() {
         for dir in shards {
             let t = Table::read(&dir.join(name))?;
             if merged[k].header.is_empty() {
@@ -481,7 +594,9 @@ pub fn merge(shards: &[&Path], out: &Path, plots: bool) -> Result<Vec<String>> {
         }
         let t = &mut merged[k];
         let rep = t.col("replication").unwrap_or(1);
-        let sub = t.col("bucket").or_else(|| t.col("bin_upper_s"));
+        let sub = ["bucket", "bin_upper_s", "provider", "renter"]
+            .iter()
+            .find_map(|c| t.col(c));
         let num = |s: &str| s.parse::<f64>().unwrap_or(f64::INFINITY);
         t.rows.sort_by(|a, b| {
             num(&a[0])
@@ -493,8 +608,10 @@ pub fn merge(shards: &[&Path], out: &Path, plots: bool) -> Result<Vec<String>> {
         });
         t.rows.dedup();
     }
-    let [runs, buckets, waits] = merged;
-    write_all(out, &runs, &buckets, &waits, plots)
+    let [runs, buckets, waits, providers, renters] = merged;
+    let mut files = write_all(out, &runs, &buckets, &waits, plots)?;
+    files.extend(write_agents(out, &providers, &renters)?);
+    Ok(files)
 }
 
 #[cfg(test)]

@@ -1,18 +1,29 @@
-//! Plots (PNG and SVG, via plotters): clearing price over time, utilization over time, the
-//! wait-time distribution, and provider revenue Gini per replication.
+//! Plots (PNG and SVG, via plotters), drawn from the written tables so that `merge` redraws
+//! them: lease price per class and provider population over time, utilization over time, the
+//! wait-time distribution (one panel per sweep point), and honest providers' revenue Gini.
+//!
+//! Every axis names its quantity and unit (money in GLU). Series are labelled with the sweep
+//! point's parameter names and values. Colours are the Okabe-Ito palette (distinguishable
+//! with the common colour-vision deficiencies), cycled with solid, dashed and dotted lines,
+//! so 24 series stay apart. A series with several replications is drawn as the mean over them
+//! with a band for the 95 % Student-t interval of the mean.
 //!
 //! Text needs a TrueType font, rasterised by pure-Rust `ab_glyph` (no fontconfig or
 //! freetype): the file named by `GRIDLEASE_SIM_FONT`, else the first common system font found.
 //! Without one, plots are skipped with a warning and every CSV is still written.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
 use anyhow::{Result, anyhow};
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
+use crate::metrics::WAIT_BINS_S;
 use crate::output::Table;
+use crate::stats;
 
 /// Environment variable naming a .ttf file for plot text.
 pub const FONT_ENV: &str = "GRIDLEASE_SIM_FONT";
@@ -24,6 +35,35 @@ const FONT_CANDIDATES: [&str; 5] = [
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
     "/System/Library/Fonts/Supplemental/Arial.ttf",
 ];
+
+/// Okabe & Ito (2008) colour-blind-safe palette, yellow last (weakest on white).
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(0, 114, 178),   // blue
+    RGBColor(230, 159, 0),   // orange
+    RGBColor(0, 158, 115),   // bluish green
+    RGBColor(213, 94, 0),    // vermillion
+    RGBColor(204, 121, 167), // reddish purple
+    RGBColor(86, 180, 233),  // sky blue
+    RGBColor(0, 0, 0),       // black
+    RGBColor(240, 228, 66),  // yellow
+];
+
+/// Line styles cycled after the palette: solid, dashed, dotted.
+#[derive(Clone, Copy)]
+enum Dash {
+    Solid,
+    Dashed,
+    Dotted,
+}
+
+fn style_of(i: usize) -> (RGBColor, Dash) {
+    let dash = match (i / PALETTE.len()) % 3 {
+        0 => Dash::Solid,
+        1 => Dash::Dashed,
+        _ => Dash::Dotted,
+    };
+    (PALETTE[i % PALETTE.len()], dash)
+}
 
 /// Registers a font once; false when none is available.
 fn font_ready() -> bool {
@@ -43,139 +83,390 @@ fn font_ready() -> bool {
     })
 }
 
-type Series = Vec<(String, Vec<(f64, f64)>)>;
+/// One x position of a series: the mean over replications and its 95 % t interval.
+#[derive(Clone, Copy, Debug)]
+struct Stat {
+    x: f64,
+    mean: f64,
+    low: f64,
+    high: f64,
+    n: usize,
+}
 
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &Series,
-    points_only: bool,
+impl Stat {
+    fn of(x: f64, values: &[f64]) -> Self {
+        let (mean, _) = stats::mean_sd(values);
+        let ci = stats::t_interval(values, 0.95);
+        Self {
+            x,
+            mean,
+            low: ci.low,
+            high: ci.high,
+            n: values.len(),
+        }
+    }
+}
+
+/// A labelled series.
+struct Line {
+    label: String,
+    pts: Vec<Stat>,
+}
+
+/// Axis and title text of one chart.
+struct Labels<'a> {
+    title: &'a str,
+    x: &'a str,
+    y: &'a str,
+}
+
+/// `k1=v1, k2=v2` per sweep point, from the parameter columns between `point` and
+/// `replication` (keys with one value in the whole sweep are left out unless all are);
+/// empty for a run without a sweep.
+fn point_labels(t: &Table) -> BTreeMap<u64, String> {
+    let (Some(pi), Some(ri)) = (t.col("point"), t.col("replication")) else {
+        return BTreeMap::new();
+    };
+    let varying: Vec<usize> = (pi + 1..ri)
+        .filter(|&c| t.rows.iter().any(|r| r[c] != t.rows[0][c]))
+        .collect();
+    let cols: Vec<usize> = if varying.is_empty() {
+        (pi + 1..ri).collect()
+    } else {
+        varying
+    };
+    let mut out = BTreeMap::new();
+    for r in &t.rows {
+        let point: u64 = r[pi].parse().unwrap_or(0);
+        out.entry(point).or_insert_with(|| {
+            cols.iter()
+                .map(|&c| format!("{}={}", t.header[c], r[c]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+    }
+    out
+}
+
+fn join_label(what: &str, params: &str) -> String {
+    match (what.is_empty(), params.is_empty()) {
+        (_, true) => what.to_string(),
+        (true, false) => params.to_string(),
+        (false, false) => format!("{what}, {params}"),
+    }
+}
+
+fn range(lo: f64, hi: f64) -> (f64, f64) {
+    if !(lo.is_finite() && hi.is_finite()) || lo > hi {
+        (0.0, 1.0)
+    } else if hi - lo < 1e-12 {
+        let pad = if lo.abs() > 1e-12 {
+            lo.abs() * 0.1
+        } else {
+            0.5
+        };
+        (lo - pad, hi + pad)
+    } else {
+        (lo, hi)
+    }
+}
+
+/// Legend width in pixels for these labels (drawn right of the chart, never over data).
+fn legend_width(series: &[Line]) -> u32 {
+    let chars = series
+        .iter()
+        .map(|l| l.label.chars().count())
+        .max()
+        .unwrap_or(0);
+    (chars as u32 * 8 + 60).clamp(160, 560)
+}
+
+/// One panel of a figure: a caption and its series.
+struct Panel {
+    caption: String,
+    lines: Vec<Line>,
+}
+
+fn panel_height(p: &Panel) -> u32 {
+    (110 + 20 * p.lines.len() as u32).max(if p.caption.is_empty() { 520 } else { 400 })
+}
+
+/// Image size of a figure: room for each panel's legend, one row per entry.
+fn figure_size(panels: &[Panel]) -> (u32, u32) {
+    let legend = panels
+        .iter()
+        .map(|p| legend_width(&p.lines))
+        .max()
+        .unwrap_or(160);
+    (
+        900 + legend,
+        40 + panels.iter().map(panel_height).sum::<u32>(),
+    )
+}
+
+/// A figure of panels stacked vertically, each a [`line_chart`].
+fn line_figure<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    text: &Labels<'_>,
+    panels: &[Panel],
+    markers_only: bool,
+    y_range: (f64, f64),
 ) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("plot {title}: {e:?}");
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("plot {}: {e:?}", text.title);
     root.fill(&WHITE).map_err(e)?;
-    let all = series.iter().flat_map(|(_, v)| v.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, 0.0f64, f64::MIN);
-    for &(x, y) in all {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(y);
-        y1 = y1.max(y);
-    }
-    if x0 > x1 {
-        (x0, x1, y1) = (0.0, 1.0, 1.0);
-    }
-    if x1 <= x0 {
-        x1 = x0 + 1.0;
-    }
-    if y1 <= y0 {
-        y1 = y0 + 1.0;
-    }
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x0..x1, y0..y1 * 1.05)
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .draw()
-        .map_err(e)?;
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        if points_only {
-            chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
-                .map_err(e)?
-                .label(name.clone())
-                .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
+    let mut rest = root.titled(text.title, ("sans-serif", 20)).map_err(e)?;
+    for panel in panels {
+        let (area, below) = rest.split_vertically(panel_height(panel));
+        rest = below;
+        let area = if panel.caption.is_empty() {
+            area
         } else {
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-                .map_err(e)?
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
+            area.titled(&panel.caption, ("sans-serif", 16)).map_err(e)?
+        };
+        line_chart(&area, text, &panel.lines, markers_only, y_range)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
     root.present().map_err(e)?;
     Ok(())
 }
 
+/// A line chart of `series` with 95 % bands where a point has replications (clipped to
+/// `y_range` when given: the metric's own bounds). With `markers_only` (x = replication
+/// index), points are not joined.
+fn line_chart<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    text: &Labels<'_>,
+    series: &[Line],
+    markers_only: bool,
+    y_range: (f64, f64),
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("plot {}: {e:?}", text.title);
+    let (w, _) = root.dim_in_pixel();
+    let (plot, legend) = root.split_horizontally(w.saturating_sub(legend_width(series)));
+    let clip = |v: f64| v.clamp(y_range.0, y_range.1);
+    let all = || series.iter().flat_map(|l| l.pts.iter());
+    let xs = (
+        all().map(|p| p.x).fold(f64::MAX, f64::min),
+        all().map(|p| p.x).fold(f64::MIN, f64::max),
+    );
+    let (x0, x1) = if markers_only && xs.0 <= xs.1 {
+        (xs.0 - 0.5, xs.1 + 0.5)
+    } else {
+        range(xs.0, xs.1)
+    };
+    let y_lo = all()
+        .map(|p| clip(p.low.min(p.mean)))
+        .fold(0.0f64, f64::min);
+    let y_hi = all()
+        .map(|p| clip(p.high.max(p.mean)))
+        .fold(f64::MIN, f64::max);
+    let (y0, y1) = range(y_lo, y_hi);
+    let y1 = y1 + (y1 - y0) * 0.05;
+    let mut chart = ChartBuilder::on(&plot)
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(e)?;
+    let int_fmt = |x: &f64| {
+        if (x - x.round()).abs() < 1e-9 {
+            format!("{x:.0}")
+        } else {
+            String::new()
+        }
+    };
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(text.x).y_desc(text.y);
+    if markers_only {
+        mesh.x_label_formatter(&int_fmt);
+    }
+    mesh.draw().map_err(e)?;
+    for (i, line) in series.iter().enumerate() {
+        let (color, dash) = style_of(i);
+        if line.pts.iter().any(|p| p.n >= 2) {
+            let mut poly: Vec<(f64, f64)> = line.pts.iter().map(|p| (p.x, clip(p.high))).collect();
+            poly.extend(line.pts.iter().rev().map(|p| (p.x, clip(p.low))));
+            chart
+                .draw_series(std::iter::once(Polygon::new(
+                    poly,
+                    color.mix(0.15).filled(),
+                )))
+                .map_err(e)?;
+        }
+        let pts: Vec<(f64, f64)> = line.pts.iter().map(|p| (p.x, p.mean)).collect();
+        if pts.len() <= 12 || markers_only {
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(e)?;
+        }
+        if markers_only {
+            continue;
+        }
+        let stroke = color.stroke_width(2);
+        match dash {
+            Dash::Solid => chart
+                .draw_series(LineSeries::new(pts.iter().copied(), stroke))
+                .map_err(e)?,
+            Dash::Dashed => chart
+                .draw_series(DashedLineSeries::new(pts.iter().copied(), 9, 5, stroke))
+                .map_err(e)?,
+            Dash::Dotted => chart
+                .draw_series(DashedLineSeries::new(pts.iter().copied(), 2, 4, stroke))
+                .map_err(e)?,
+        };
+    }
+    // The legend, right of the chart: one entry per series in drawing order.
+    for (i, line) in series.iter().enumerate() {
+        let (color, dash) = style_of(i);
+        let y = 30 + 20 * i as i32;
+        let stroke = color.stroke_width(2);
+        let seg = vec![(8, y), (36, y)];
+        match (markers_only, dash) {
+            (true, _) => legend
+                .draw(&Circle::new((22, y), 4, color.filled()))
+                .map_err(e)?,
+            (false, Dash::Solid) => legend.draw(&PathElement::new(seg, stroke)).map_err(e)?,
+            (false, Dash::Dashed) => legend
+                .draw(&DashedPathElement::new(seg, 9, 5, stroke))
+                .map_err(e)?,
+            (false, Dash::Dotted) => legend
+                .draw(&DashedPathElement::new(seg, 2, 4, stroke))
+                .map_err(e)?,
+        }
+        legend
+            .draw(&Text::new(
+                line.label.clone(),
+                (44, y - 7),
+                ("sans-serif", 14).into_font(),
+            ))
+            .map_err(e)?;
+    }
+    Ok(())
+}
+
+/// Renders `draw` to `<stem>.png` and `<stem>.svg`.
 fn both(
     dir: &Path,
     stem: &str,
-    title: &str,
-    xl: &str,
-    yl: &str,
-    s: &Series,
-    pts: bool,
+    size: (u32, u32),
+    draw: &dyn Fn(Canvas) -> Result<()>,
 ) -> Result<Vec<String>> {
-    let png = dir.join(format!("{stem}.png"));
-    let svg = dir.join(format!("{stem}.svg"));
-    draw(
-        BitMapBackend::new(&png, (960, 540)).into_drawing_area(),
-        title,
-        xl,
-        yl,
-        s,
-        pts,
-    )?;
-    draw(
-        SVGBackend::new(&svg, (960, 540)).into_drawing_area(),
-        title,
-        xl,
-        yl,
-        s,
-        pts,
-    )?;
+    draw(Canvas::Png(dir.join(format!("{stem}.png")), size))?;
+    draw(Canvas::Svg(dir.join(format!("{stem}.svg")), size))?;
     Ok(vec![format!("{stem}.png"), format!("{stem}.svg")])
 }
 
-/// Mean over replications of column `col` per (point, time), from `buckets.csv`.
-/// With `skip_zero`, zero cells (a price in a bucket without leases) are left out of the mean.
-fn bucket_means(b: &Table, col: usize, label: &str, skip_zero: bool) -> Series {
-    let (Some(ti), Some(pi)) = (b.col("t_start_h"), b.col("point")) else {
-        return Vec::new();
+/// Where a chart goes.
+enum Canvas {
+    Png(std::path::PathBuf, (u32, u32)),
+    Svg(std::path::PathBuf, (u32, u32)),
+}
+
+macro_rules! on_canvas {
+    ($canvas:expr, |$root:ident| $body:expr) => {
+        match $canvas {
+            Canvas::Png(path, size) => {
+                let $root = BitMapBackend::new(&path, size).into_drawing_area();
+                $body
+            }
+            Canvas::Svg(path, size) => {
+                let $root = SVGBackend::new(&path, size).into_drawing_area();
+                $body
+            }
+        }
     };
-    // (point, t) -> (sum, n); tables are sorted by point, replication, bucket.
-    let mut acc: std::collections::BTreeMap<(u64, u64), (f64, f64)> = Default::default();
+}
+
+/// Per (point, t): the values of column `col` over replications, from `buckets.csv`; with
+/// `weight`, only buckets where that column is above zero (a price where leases started).
+fn bucket_series(
+    b: &Table,
+    col: usize,
+    weight: Option<usize>,
+) -> BTreeMap<u64, BTreeMap<u64, Vec<f64>>> {
+    let mut acc: BTreeMap<u64, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
+    let (Some(ti), Some(pi)) = (b.col("t_start_h"), b.col("point")) else {
+        return acc;
+    };
     for r in &b.rows {
-        let point: u64 = r[pi].parse().unwrap_or(0);
-        let t: f64 = r[ti].parse().unwrap_or(0.0);
-        let Ok(v) = r[col].parse::<f64>() else {
+        if weight.is_some_and(|w| r[w].parse::<f64>().unwrap_or(0.0) <= 0.0) {
+            continue;
+        }
+        let (Ok(point), Ok(t), Ok(v)) = (
+            r[pi].parse::<u64>(),
+            r[ti].parse::<f64>(),
+            r[col].parse::<f64>(),
+        ) else {
             continue;
         };
-        if skip_zero && v == 0.0 {
-            continue;
-        }
-        let e = acc.entry((point, (t * 1000.0) as u64)).or_default();
-        e.0 += v;
-        e.1 += 1.0;
+        acc.entry(point)
+            .or_default()
+            .entry((t * 1000.0).round() as u64)
+            .or_default()
+            .push(v);
     }
-    let mut out: Series = Vec::new();
-    for ((point, t), (s, n)) in acc {
-        let name = format!("{label} (point {point})");
-        if out.last().is_none_or(|(l, _)| *l != name) {
-            out.push((name, Vec::new()));
-        }
-        if let Some(last) = out.last_mut() {
-            last.1.push((t as f64 / 1000.0, s / n));
-        }
+    acc
+}
+
+fn lines_from(
+    acc: BTreeMap<u64, BTreeMap<u64, Vec<f64>>>,
+    what: &str,
+    labels: &BTreeMap<u64, String>,
+) -> Vec<Line> {
+    acc.into_iter()
+        .map(|(point, by_t)| Line {
+            label: join_label(what, labels.get(&point).map_or("", String::as_str)),
+            pts: by_t
+                .into_iter()
+                .map(|(t, vs)| Stat::of(t as f64 / 1000.0, &vs))
+                .collect(),
+        })
+        .collect()
+}
+
+fn replications(t: &Table) -> usize {
+    let Some(ri) = t.col("replication") else {
+        return 0;
+    };
+    let mut reps: Vec<&str> = t.rows.iter().map(|r| r[ri].as_str()).collect();
+    reps.sort_unstable();
+    reps.dedup();
+    reps.len()
+}
+
+fn band_note(reps: usize) -> String {
+    if reps >= 2 {
+        format!("mean of {reps} replications, band: 95 % t interval")
+    } else {
+        "1 replication".to_string()
     }
-    out
+}
+
+/// Adds `lines` (labelled by their sweep point's parameters) as a panel captioned `what`
+/// when `own_panel`, else into one shared panel with `what` joined to each label.
+fn add_panel(panels: &mut Vec<Panel>, own_panel: bool, what: String, mut lines: Vec<Line>) {
+    if own_panel {
+        panels.push(Panel {
+            caption: what,
+            lines,
+        });
+        return;
+    }
+    for l in &mut lines {
+        l.label = join_label(&what, &l.label);
+    }
+    match panels.first_mut() {
+        Some(p) => p.lines.extend(lines),
+        None => panels.push(Panel {
+            caption: String::new(),
+            lines,
+        }),
+    }
 }
 
 /// Draws every plot into `dir`; returns the files written (none without a font).
@@ -184,93 +475,376 @@ pub fn all(dir: &Path, runs: &Table, buckets: &Table, waits: &Table) -> Result<V
         tracing_warn("no TrueType font found (set GRIDLEASE_SIM_FONT); plots skipped");
         return Ok(Vec::new());
     }
+    let labels = point_labels(runs);
+    let reps = replications(runs);
+    let note = band_note(reps);
     let mut files = Vec::new();
-    // Price per class over time. Buckets without leases have price 0; drop them.
-    let mut price: Series = Vec::new();
+
+    // Lease price per class and population; a population without leases is left out, and
+    // without attackers the population is not named.
+    let attackers = runs
+        .col("attacker_leases")
+        .is_some_and(|c| runs.rows.iter().any(|r| r[c] != "0"));
+    // Without a sweep every series shares one panel; with one, each (population, class) gets
+    // a panel whose series are the sweep points (same style for a point in every panel).
+    let swept = labels.values().any(|l| !l.is_empty());
+    let mut price: Vec<Panel> = Vec::new();
     for (i, h) in buckets.header.iter().enumerate() {
-        if let Some(class) = h.strip_prefix("price_") {
-            for (name, pts) in bucket_means(buckets, i, class, true) {
-                price.push((name, pts.into_iter().filter(|p| p.1 > 0.0).collect()));
-            }
+        let Some((pop, class)) = h.split_once("_price_") else {
+            continue;
+        };
+        let Some(w) = buckets.col(&format!("{pop}_gpus_{class}")) else {
+            continue;
+        };
+        let what = if attackers {
+            format!("{pop} {class}")
+        } else {
+            class.to_string()
+        };
+        let lines = lines_from(bucket_series(buckets, i, Some(w)), "", &labels);
+        if lines.is_empty() {
+            continue;
+        }
+        add_panel(&mut price, swept, what, lines);
+    }
+    let title = format!("Mean lease price per GPU-hour by class ({note})");
+    files.extend(both(dir, "price", figure_size(&price), &|canvas| {
+        on_canvas!(canvas, |root| line_figure(
+            &root,
+            &Labels {
+                title: &title,
+                x: "time since start (h)",
+                y: "price (GLU per GPU-hour)",
+            },
+            &price,
+            false,
+            (0.0, f64::INFINITY),
+        ))
+    })?);
+
+    // Utilization; per population when the market has attackers.
+    let cols: &[(&str, &str)] = if attackers {
+        &[
+            ("honest_utilization", "honest providers"),
+            ("attacker_utilization", "attacker providers"),
+        ]
+    } else {
+        &[("utilization", "all providers")]
+    };
+    let mut util: Vec<Panel> = Vec::new();
+    for &(c, what) in cols {
+        if let Some(ci) = buckets.col(c) {
+            let lines = lines_from(bucket_series(buckets, ci, None), "", &labels);
+            add_panel(&mut util, swept && attackers, what.to_string(), lines);
         }
     }
-    files.extend(both(
-        dir,
-        "price",
-        "Mean clearing price per GPU-hour",
-        "hours",
-        "price",
-        &price,
-        false,
-    )?);
-    if let Some(u) = buckets.col("utilization") {
-        let s = bucket_means(buckets, u, "utilization", false);
-        files.extend(both(
-            dir,
-            "utilization",
-            "GPU utilization",
-            "hours",
-            "busy / online",
-            &s,
+    let title = format!("GPU utilization ({note})");
+    files.extend(both(dir, "utilization", figure_size(&util), &|canvas| {
+        on_canvas!(canvas, |root| line_figure(
+            &root,
+            &Labels {
+                title: &title,
+                x: "time since start (h)",
+                y: "utilization (leased / online GPU-time, ratio)",
+            },
+            &util,
             false,
-        )?);
-    }
-    // Wait-time distribution: share of matched jobs per bin, per point.
-    if let (Some(pi), Some(bi), Some(ci)) = (
+            (0.0, 1.0),
+        ))
+    })?);
+
+    files.extend(wait_plot(dir, waits, &labels)?);
+    files.extend(gini_plot(dir, runs, &labels)?);
+    Ok(files)
+}
+
+/// One histogram per sweep point: per bin, the share of matched jobs (pooled over
+/// replications) as a bar spanning the bin's real edges on a log axis, with the 95 % t
+/// interval of the per-replication shares as an error bar.
+struct WaitPanel {
+    label: String,
+    /// Per bin (as in `WAIT_BINS_S`, plus the open bin): per replication share, percent.
+    shares: Vec<Vec<f64>>,
+    pooled: Vec<f64>,
+    jobs: f64,
+}
+
+fn wait_panels(waits: &Table, labels: &BTreeMap<u64, String>) -> Vec<WaitPanel> {
+    let (Some(pi), Some(ri), Some(bi), Some(ci)) = (
         waits.col("point"),
+        waits.col("replication"),
         waits.col("bin_upper_s"),
         waits.col("count"),
-    ) {
-        let mut acc: std::collections::BTreeMap<(u64, u64), f64> = Default::default();
-        let mut bins: Vec<String> = Vec::new();
-        for r in &waits.rows {
-            if !bins.contains(&r[bi]) {
-                bins.push(r[bi].clone());
-            }
-            let k = bins.iter().position(|b| *b == r[bi]).unwrap_or(0) as u64;
-            *acc.entry((r[pi].parse().unwrap_or(0), k)).or_default() +=
-                r[ci].parse::<f64>().unwrap_or(0.0);
-        }
-        let mut s: Series = Vec::new();
-        let mut points: Vec<u64> = acc.keys().map(|k| k.0).collect();
-        points.dedup();
-        for p in points {
-            let total: f64 = acc.range((p, 0)..=(p, u64::MAX)).map(|(_, v)| v).sum();
-            let pts = acc
-                .range((p, 0)..=(p, u64::MAX))
-                .map(|(&(_, k), &v)| (k as f64, if total > 0.0 { v / total } else { 0.0 }))
-                .collect();
-            s.push((format!("point {p}"), pts));
-        }
-        let xl = format!("wait bin (upper edges s: {})", bins.join(" "));
-        files.extend(both(
-            dir,
-            "waits",
-            "Wait-time distribution",
-            &xl,
-            "share of matched jobs",
-            &s,
-            false,
-        )?);
+    ) else {
+        return Vec::new();
+    };
+    let nbins = WAIT_BINS_S.len() + 1;
+    // point -> replication -> counts per bin
+    let mut acc: BTreeMap<u64, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
+    for r in &waits.rows {
+        let bin = WAIT_BINS_S
+            .iter()
+            .position(|e| e.to_string() == r[bi])
+            .unwrap_or(nbins - 1);
+        let counts = acc
+            .entry(r[pi].parse().unwrap_or(0))
+            .or_default()
+            .entry(r[ri].parse().unwrap_or(0))
+            .or_insert_with(|| vec![0.0; nbins]);
+        counts[bin] += r[ci].parse::<f64>().unwrap_or(0.0);
     }
-    if let (Some(pi), Some(gi)) = (runs.col("point"), runs.col("revenue_gini")) {
-        let pts = runs
+    acc.into_iter()
+        .map(|(point, by_rep)| {
+            let mut shares = vec![Vec::new(); nbins];
+            let mut pooled = vec![0.0; nbins];
+            for counts in by_rep.values() {
+                let total: f64 = counts.iter().sum();
+                for (b, &c) in counts.iter().enumerate() {
+                    pooled[b] += c;
+                    if total > 0.0 {
+                        shares[b].push(100.0 * c / total);
+                    }
+                }
+            }
+            let jobs: f64 = pooled.iter().sum();
+            for p in &mut pooled {
+                *p = if jobs > 0.0 { 100.0 * *p / jobs } else { 0.0 };
+            }
+            WaitPanel {
+                label: labels.get(&point).cloned().unwrap_or_default(),
+                shares,
+                pooled,
+                jobs,
+            }
+        })
+        .collect()
+}
+
+/// Bin `b`'s edges in seconds on the plot: (previous edge, edge]; the open bin is drawn to
+/// twice the last edge. Bin 0 (a wait of exactly 0 s) has no width and is given as text.
+fn bin_edges(b: usize) -> (f64, f64) {
+    let last = WAIT_BINS_S[WAIT_BINS_S.len() - 1] as f64;
+    match b {
+        0 => (0.0, 0.0),
+        _ if b >= WAIT_BINS_S.len() => (last, 2.0 * last),
+        _ => (WAIT_BINS_S[b - 1] as f64, WAIT_BINS_S[b] as f64),
+    }
+}
+
+fn wait_chart<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    panels: &[WaitPanel],
+    reps: usize,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("plot waits: {e:?}");
+    root.fill(&WHITE).map_err(e)?;
+    let title = format!(
+        "Wait to lease of first submissions ({})",
+        if reps >= 2 {
+            format!("{reps} replications pooled; whiskers: 95 % t interval of the share")
+        } else {
+            "1 replication".into()
+        }
+    );
+    let root = root.titled(&title, ("sans-serif", 20)).map_err(e)?;
+    let cols = (panels.len() as f64).sqrt().ceil().max(1.0) as usize;
+    let rows = panels.len().div_ceil(cols).max(1);
+    let last = WAIT_BINS_S[WAIT_BINS_S.len() - 1] as f64;
+    for (k, area) in root.split_evenly((rows, cols)).iter().enumerate() {
+        let Some(panel) = panels.get(k) else {
+            continue;
+        };
+        let (color, _) = style_of(k);
+        let ymax = panel
+            .shares
+            .iter()
+            .zip(&panel.pooled)
+            .skip(1)
+            .map(|(s, &p)| {
+                let ci = stats::t_interval(s, 0.95);
+                if ci.high.is_finite() {
+                    ci.high.max(p)
+                } else {
+                    p
+                }
+            })
+            .fold(1.0f64, f64::max)
+            .min(100.0);
+        let caption = format!(
+            "{}: {} matched jobs; wait 0 s (no bar): {:.1} %",
+            if panel.label.is_empty() {
+                "all jobs"
+            } else {
+                panel.label.as_str()
+            },
+            panel.jobs,
+            panel.pooled[0]
+        );
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d((0.5f64..2.0 * last).log_scale(), 0.0f64..ymax * 1.1)
+            .map_err(e)?;
+        chart
+            .configure_mesh()
+            .x_desc("wait (s, log scale; last bar: over 28800 s)")
+            .y_desc("share of matched jobs (%)")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(e)?;
+        chart
+            .draw_series((1..panel.pooled.len()).map(|b| {
+                let (lo, hi) = bin_edges(b);
+                Rectangle::new(
+                    [(lo.max(0.5), 0.0), (hi, panel.pooled[b])],
+                    color.mix(0.55).filled(),
+                )
+            }))
+            .map_err(e)?;
+        chart
+            .draw_series((1..panel.pooled.len()).map(|b| {
+                let (lo, hi) = bin_edges(b);
+                Rectangle::new([(lo.max(0.5), 0.0), (hi, panel.pooled[b])], color)
+            }))
+            .map_err(e)?;
+        if reps >= 2 {
+            chart
+                .draw_series((1..panel.pooled.len()).filter_map(|b| {
+                    let ci = stats::t_interval(&panel.shares[b], 0.95);
+                    let (lo, hi) = bin_edges(b);
+                    let mid = (lo.max(0.5) * hi).sqrt();
+                    (ci.high > ci.low).then(|| {
+                        PathElement::new(
+                            vec![(mid, ci.low.max(0.0)), (mid, ci.high.min(100.0))],
+                            BLACK.stroke_width(1),
+                        )
+                    })
+                }))
+                .map_err(e)?;
+        }
+    }
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+fn wait_plot(dir: &Path, waits: &Table, labels: &BTreeMap<u64, String>) -> Result<Vec<String>> {
+    let panels = wait_panels(waits, labels);
+    if panels.is_empty() {
+        return Ok(Vec::new());
+    }
+    let reps = replications(waits);
+    let cols = (panels.len() as f64).sqrt().ceil().max(1.0) as u32;
+    let rows = (panels.len() as u32).div_ceil(cols);
+    let size = (
+        (560 * cols).clamp(1000, 2400),
+        (40 + 420 * rows).clamp(560, 2400),
+    );
+    both(dir, "waits", size, &|canvas| {
+        on_canvas!(canvas, |root| wait_chart(&root, &panels, reps))
+    })
+}
+
+/// Honest providers' revenue Gini. When the first swept key is numeric with several values:
+/// against that value, the mean over replications with its 95 % band, one series per setting
+/// of the other swept keys. Otherwise (a run, or a first key that is not a number): every
+/// replication as a dot against its index, one series per sweep point.
+fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result<Vec<String>> {
+    let (Some(pi), Some(ri), Some(gi)) = (
+        runs.col("point"),
+        runs.col("replication"),
+        runs.col("revenue_gini"),
+    ) else {
+        return Ok(Vec::new());
+    };
+    let gini = |r: &Vec<String>| r[gi].parse::<f64>().unwrap_or(0.0);
+    let first_numeric = ri > pi + 1 && runs.rows.iter().all(|r| r[pi + 1].parse::<f64>().is_ok());
+    let distinct = {
+        let mut v: Vec<&str> = runs
             .rows
             .iter()
-            .map(|r| (r[pi].parse().unwrap_or(0.0), r[gi].parse().unwrap_or(0.0)))
+            .map(|r| r[(pi + 1).min(ri)].as_str())
             .collect();
-        let s = vec![("replication".to_string(), pts)];
-        files.extend(both(
-            dir,
-            "revenue_gini",
-            "Provider revenue Gini",
-            "sweep point",
-            "Gini",
-            &s,
-            true,
-        )?);
-    }
-    Ok(files)
+        v.sort_unstable();
+        v.dedup();
+        v.len()
+    };
+    let mut series: Vec<Line> = Vec::new();
+    let (x_label, markers_only) = if first_numeric && distinct > 1 {
+        let key = runs.header[pi + 1].clone();
+        // other keys' setting -> x -> values
+        let mut acc: BTreeMap<String, BTreeMap<u64, (f64, Vec<f64>)>> = BTreeMap::new();
+        for r in &runs.rows {
+            let rest = (pi + 2..ri)
+                .map(|c| format!("{}={}", runs.header[c], r[c]))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let x: f64 = r[pi + 1].parse().unwrap_or(0.0);
+            acc.entry(rest)
+                .or_default()
+                .entry(x.to_bits())
+                .or_insert((x, Vec::new()))
+                .1
+                .push(gini(r));
+        }
+        for (rest, by_x) in acc {
+            let mut pts: Vec<Stat> = by_x.values().map(|(x, gs)| Stat::of(*x, gs)).collect();
+            pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+            series.push(Line {
+                label: if rest.is_empty() {
+                    "mean over replications".into()
+                } else {
+                    rest
+                },
+                pts,
+            });
+        }
+        (format!("{key} (swept value)"), false)
+    } else {
+        let mut by_point: BTreeMap<u64, Vec<Stat>> = BTreeMap::new();
+        for r in &runs.rows {
+            let p: u64 = r[pi].parse().unwrap_or(0);
+            let rep: f64 = r[ri].parse().unwrap_or(0.0);
+            by_point
+                .entry(p)
+                .or_default()
+                .push(Stat::of(rep, &[gini(r)]));
+        }
+        for (p, pts) in by_point {
+            let label = labels.get(&p).cloned().unwrap_or_default();
+            series.push(Line {
+                label: if label.is_empty() {
+                    "per replication".into()
+                } else {
+                    label
+                },
+                pts,
+            });
+        }
+        ("replication (index)".to_string(), true)
+    };
+    let title = "Revenue Gini across honest providers (0 = equal, 1 = one takes all)";
+    let panels = [Panel {
+        caption: String::new(),
+        lines: series,
+    }];
+    both(dir, "revenue_gini", figure_size(&panels), &|canvas| {
+        on_canvas!(canvas, |root| line_figure(
+            &root,
+            &Labels {
+                title,
+                x: &x_label,
+                y: "Gini coefficient (ratio)",
+            },
+            &panels,
+            markers_only,
+            (0.0, 1.0),
+        ))
+    })
 }
 
 #[allow(clippy::print_stderr)]

@@ -535,56 +535,134 @@ impl Scenario {
         Ok(())
     }
 
-    /// Sets one field by dotted path (`days`, `renter.0.jobs_per_day`, `provider.count`),
-    /// for sweeps. Without an index, the value is applied to every element of a group list.
-    /// Shorthands: `providers` = `provider.count`, `renters` = `renter.count`,
-    /// `renter_rate` = `renter.jobs_per_day`.
+    /// Sets one field by dotted path, for sweeps: `days`, `channel.pay_ahead_s`,
+    /// `renter.0.jobs_per_day` (a group by index), `provider.home-4090.count` (a group by
+    /// name; `-` and `_` in names are interchangeable), `provider.0.pricing.price` (a field of
+    /// an inline table), `provider.0.pricing` (the whole table, given as a TOML inline table).
+    /// A path segment that names neither an element nor a group applies the rest of the path
+    /// to every element of the list (`provider.count` sets every provider group).
+    /// Shorthands: `providers` = `provider.count`, `renters` = `renter.count`, `renter_rate` =
+    /// `renter.jobs_per_day`; `providers.` and `renters.` prefixes = `provider.` and `renter.`.
+    /// Errors name the key, the value and, for a group, its name.
     pub fn set_param(&mut self, key: &str, value: &str) -> Result<(), ScenarioError> {
-        let key = match key {
-            "providers" => "provider.count",
-            "renters" => "renter.count",
-            "renter_rate" => "renter.jobs_per_day",
-            k => k,
+        let expanded = match key {
+            "providers" => "provider.count".to_string(),
+            "renters" => "renter.count".to_string(),
+            "renter_rate" => "renter.jobs_per_day".to_string(),
+            k => match k.split_once('.') {
+                Some(("providers", rest)) => format!("provider.{rest}"),
+                Some(("renters", rest)) => format!("renter.{rest}"),
+                _ => k.to_string(),
+            },
         };
+        let invalid = |m: String| ScenarioError::Invalid(format!("--param {key}={value}: {m}"));
         let mut tree =
             toml::Value::try_from(&*self).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
-        let parts: Vec<&str> = key.split('.').collect();
+        let parts: Vec<&str> = expanded.split('.').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(invalid("empty path segment".into()));
+        }
         let parsed: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(value.to_string()));
-        set_path(&mut tree, &parts, &parsed)
-            .map_err(|m| ScenarioError::Invalid(format!("--param {key}: {m}")))?;
+        let set = set_path(&mut tree, &parts, &parsed, "").map_err(invalid)?;
+        if set == 0 {
+            return Err(invalid(
+                "the key matches no field (an empty group list?)".into(),
+            ));
+        }
         let text = toml::to_string(&tree).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
-        *self = Self::from_toml(&text)?;
+        *self = match toml::from_str::<Self>(&text) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut m = e.message().to_string();
+                if parts.last() == Some(&"strategy") {
+                    m.push_str(
+                        "; to change a pricing strategy, sweep the whole table: \
+                         provider.0.pricing='{ strategy = \"fixed\", price = \"0.40\" }'",
+                    );
+                }
+                return Err(invalid(m));
+            }
+        };
+        self.validate().map_err(|e| match e {
+            ScenarioError::Invalid(m) => invalid(m),
+            other => other,
+        })?;
         Ok(())
     }
 }
 
-fn set_path(node: &mut toml::Value, parts: &[&str], value: &toml::Value) -> Result<(), String> {
+/// Whether list element `el` is the one named `sel` (`-` and `_` interchangeable).
+fn named(el: &toml::Value, sel: &str) -> bool {
+    let norm = |s: &str| s.replace('-', "_");
+    el.get("name")
+        .and_then(toml::Value::as_str)
+        .is_some_and(|n| n == sel || norm(n) == norm(sel))
+}
+
+/// Sets `value` at `parts` under `node`; returns how many fields were set. `at` is the path
+/// walked so far (for messages).
+fn set_path(
+    node: &mut toml::Value,
+    parts: &[&str],
+    value: &toml::Value,
+    at: &str,
+) -> Result<usize, String> {
     let Some((head, rest)) = parts.split_first() else {
         *node = coerce(node, value);
-        return Ok(());
+        return Ok(1);
+    };
+    let here = if at.is_empty() {
+        (*head).to_string()
+    } else {
+        format!("{at}.{head}")
     };
     match node {
         toml::Value::Table(t) => {
-            let child = t
-                .get_mut(*head)
-                .ok_or_else(|| format!("no field {head:?}"))?;
-            set_path(child, rest, value)
+            let fields: Vec<String> = t.keys().cloned().collect();
+            let child = t.get_mut(*head).ok_or_else(|| {
+                let within = if at.is_empty() { "the scenario" } else { at };
+                format!(
+                    "{within} has no field {head:?} (fields: {})",
+                    fields.join(", ")
+                )
+            })?;
+            set_path(child, rest, value, &here)
         }
         toml::Value::Array(a) => {
             if let Ok(i) = head.parse::<usize>() {
-                let child = a.get_mut(i).ok_or_else(|| format!("no element {i}"))?;
-                set_path(child, rest, value)
-            } else {
-                for child in a.iter_mut() {
-                    set_path(child, parts, value)?;
-                }
-                Ok(())
+                let n = a.len();
+                let child = a
+                    .get_mut(i)
+                    .ok_or_else(|| format!("{at} has {n} elements, no element {i}"))?;
+                return set_path(child, rest, value, &here);
             }
+            let names: Vec<String> = a
+                .iter()
+                .filter_map(|el| el.get("name").and_then(toml::Value::as_str))
+                .map(str::to_string)
+                .collect();
+            if let Some(el) = a.iter_mut().find(|el| named(el, head)) {
+                return set_path(el, rest, value, &format!("{at}.{head}"));
+            }
+            let is_field = a.first().is_some_and(|el| el.get(*head).is_some());
+            if !is_field {
+                return Err(format!(
+                    "{at}: no group named {head:?} and no field {head:?} (groups: {})",
+                    names.join(", ")
+                ));
+            }
+            // Every element: the field is set in each group.
+            let mut n = 0;
+            for (i, child) in a.iter_mut().enumerate() {
+                let label = names.get(i).map_or(i.to_string(), |n| n.clone());
+                n += set_path(child, parts, value, &format!("{at}.{label}"))?;
+            }
+            Ok(n)
         }
-        _ => Err(format!("{head:?} is not a table")),
+        _ => Err(format!("{at} is a value, not a table (no field {head:?})")),
     }
 }
 

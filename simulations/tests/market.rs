@@ -88,8 +88,8 @@ fn oversupply_drives_prices_to_the_cost_floor() {
     let (_, buckets) = runs_table(&s, 1, 2);
     // Mean lease price over the last day, weighted by leases.
     let t = col(&buckets, "t_start_h");
-    let p = col(&buckets, "price_rtx4090");
-    let n = col(&buckets, "leases_rtx4090");
+    let p = col(&buckets, "honest_price_rtx4090");
+    let n = col(&buckets, "honest_gpus_rtx4090");
     let (mut sum, mut cnt) = (0.0, 0.0);
     for i in 0..t.len() {
         if t[i] >= 48.0 {
@@ -137,7 +137,7 @@ fn usage_inflation_is_caught_by_the_channel_and_does_not_pay() {
     }
     let (runs, _) = runs_table(&s, 1, 2);
     let caught = col(&runs, "inflation_caught");
-    let leases = col(&runs, "attacker_leases");
+    let leases = col(&runs, "attacker_ended_leases");
     let revenue = col(&runs, "attacker_revenue");
     let profit = col(&runs, "attacker_profit");
     let violations = col(&runs, "bound_violations");
@@ -163,7 +163,7 @@ fn defaulting_renters_cost_providers_at_most_one_window() {
         r.default_probability = 0.5;
     }
     let res = Market::new(&s, 5, 0).run();
-    let failed: u64 = res.buckets.iter().map(|b| b.failed).sum();
+    let failed: u64 = res.buckets.iter().map(|b| b.pop[0].failed).sum();
     assert!(failed > 10);
     assert_eq!(res.bound_violations, 0);
     assert!(res.max_at_risk > 0);
@@ -188,6 +188,8 @@ fn shards_merge_to_the_unsharded_run() {
         let records = output::execute(&points, tasks, 1, &|_| {});
         let (r, bu, w) = output::tables(&points, &records, 1);
         output::write_all(dir, &r, &bu, &w, false).unwrap();
+        let (pr, re) = output::agent_tables(&points, &records);
+        output::write_agents(dir, &pr, &re).unwrap();
     };
     let tmp = tempfile::tempdir().unwrap();
     let full = tmp.path().join("full");
@@ -202,7 +204,14 @@ fn shards_merge_to_the_unsharded_run() {
     let merged = tmp.path().join("merged");
     let refs: Vec<&Path> = shards.iter().map(|p| p.as_path()).collect();
     output::merge(&refs, &merged, false).unwrap();
-    for f in ["runs.csv", "buckets.csv", "waits.csv", "summary.csv"] {
+    for f in [
+        "runs.csv",
+        "buckets.csv",
+        "waits.csv",
+        "summary.csv",
+        "providers.csv",
+        "renters.csv",
+    ] {
         assert_eq!(
             std::fs::read(full.join(f)).unwrap(),
             std::fs::read(merged.join(f)).unwrap(),
@@ -216,9 +225,9 @@ fn auction_modes_lease_gpus_between_cost_floor_and_ceiling() {
     for name in ["reverse-auction", "double-auction"] {
         let s = small(scenario(name), 0.5);
         let (runs, _) = runs_table(&s, 2, 2);
-        for (matched, price) in col(&runs, "matched")
+        for (matched, price) in col(&runs, "leases")
             .into_iter()
-            .zip(col(&runs, "price_rtx4090"))
+            .zip(col(&runs, "honest_price_rtx4090"))
         {
             println!("{name}: matched {matched}, mean price {price:.4}");
             assert!(matched > 50.0, "{name}: {matched} matched");

@@ -2,21 +2,34 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-use gridlease_sim::shards;
+use anyhow::{Context, Result, bail};
+use gridlease_sim::{columnar, shards};
 
 use crate::Printer;
 
-pub(crate) fn merge(
-    shards: &[PathBuf],
-    out: &Path,
-    plots: bool,
-    allow_partial: bool,
-    p: &Printer,
-) -> Result<()> {
+/// What `merge` writes besides the tables.
+pub(crate) struct Options {
+    /// Draw plots.
+    pub(crate) plots: bool,
+    /// Parquet copies of the tables.
+    pub(crate) parquet: bool,
+    /// Merge an incomplete set.
+    pub(crate) allow_partial: bool,
+}
+
+pub(crate) fn merge(shards: &[PathBuf], out: &Path, o: Options, p: &Printer) -> Result<()> {
+    if o.parquet && !columnar::AVAILABLE {
+        bail!(
+            "--parquet: this gridlease-sim was built without Parquet support; rebuild with \
+             `cargo build --release -p gridlease-sim --features parquet`"
+        );
+    }
     let dirs: Vec<&Path> = shards.iter().map(PathBuf::as_path).collect();
-    let set = shards::check(&dirs, allow_partial)?;
-    let mut files = gridlease_sim::output::merge(&dirs, out, plots)?;
+    let set = shards::check(&dirs, o.allow_partial)?;
+    let mut files = gridlease_sim::output::merge(&dirs, out, o.plots)?;
+    if o.parquet {
+        files.extend(columnar::convert(out, &gridlease_sim::output::TABLES)?);
+    }
     files.push("manifest.json".into());
     // The first shard's manifest, with runs, events and wall seconds summed over the shards,
     // `shard` null, the directories merged and the coverage (what is missing, if anything).

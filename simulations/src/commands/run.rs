@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use gridlease_sim::output::{self, Manifest, Point};
 use gridlease_sim::scenario::Scenario;
+use gridlease_sim::{columnar, sweep};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Printer;
@@ -31,6 +32,10 @@ pub(crate) struct RunArgs {
     /// Skip plots.
     #[arg(long)]
     no_plots: bool,
+    /// Also write each table as Parquet (`runs.parquet` beside `runs.csv`, ...); needs a build
+    /// with `--features parquet`.
+    #[arg(long)]
+    parquet: bool,
     /// Rayon worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -42,7 +47,10 @@ pub(crate) struct SweepArgs {
     #[command(flatten)]
     run: RunArgs,
     /// `key=v1,v2,...`; repeatable; the sweep is the cartesian product. Keys are dotted
-    /// scenario paths (`renter.0.jobs_per_day`) or `providers`, `renters`, `renter_rate`.
+    /// scenario paths: `days`, `renter.0.jobs_per_day` (group by index),
+    /// `providers.home-4090.count` (group by name), `provider.0.pricing.price` (a field of an
+    /// inline table), `provider.count` (every group); shorthands `providers`, `renters`,
+    /// `renter_rate`. Values are TOML; commas inside quotes, `{}` and `[]` do not split.
     #[arg(long = "param", required = true)]
     params: Vec<String>,
 }
@@ -67,42 +75,9 @@ pub(crate) fn run(a: RunArgs, p: &Printer) -> Result<()> {
 
 pub(crate) fn sweep(a: SweepArgs, p: &Printer) -> Result<()> {
     let base = Scenario::load(&a.run.scenario)?;
-    let mut axes: Vec<(String, Vec<String>)> = Vec::new();
-    for spec in &a.params {
-        let (k, vs) = spec.split_once('=').context("--param wants key=v1,v2")?;
-        let values: Vec<String> = vs.split(',').map(|v| v.trim().to_string()).collect();
-        if k.trim().is_empty() || values.iter().any(String::is_empty) {
-            bail!("--param {spec}: needs a key and at least one non-empty value (key=v1,v2)");
-        }
-        if axes.iter().any(|(other, _)| other == k) {
-            bail!("--param {k} given twice; list all its values in one --param");
-        }
-        axes.push((k.to_string(), values));
-    }
-    let mut combos: Vec<Vec<(String, String)>> = vec![Vec::new()];
-    for (k, vs) in &axes {
-        combos = combos
-            .into_iter()
-            .flat_map(|c| {
-                vs.iter().map(move |v| {
-                    let mut c = c.clone();
-                    c.push((k.clone(), v.clone()));
-                    c
-                })
-            })
-            .collect();
-    }
-    let mut points = Vec::new();
-    for params in combos {
-        let mut s = base.clone();
-        for (k, v) in &params {
-            s.set_param(k, v)?;
-        }
-        points.push(Point {
-            params,
-            scenario: s,
-        });
-    }
+    let axes = sweep::parse_params(&a.params)?;
+    let points = sweep::points(&base, &axes)?;
+    let axes = axes.into_iter().map(|ax| (ax.key, ax.values)).collect();
     execute(&a.run, &base, points, axes, p)
 }
 
@@ -115,6 +90,12 @@ fn execute(
 ) -> Result<()> {
     if a.reps == 0 {
         bail!("--reps 0: nothing to run (need at least 1 replication)");
+    }
+    if a.parquet && !columnar::AVAILABLE {
+        bail!(
+            "--parquet: this gridlease-sim was built without Parquet support; rebuild with \
+             `cargo build --release -p gridlease-sim --features parquet`"
+        );
     }
     let shard = a.shard.as_deref().map(parse_shard).transpose()?;
     let tasks = output::tasks(points.len(), a.reps, shard);
@@ -145,6 +126,11 @@ fn execute(
     let events: u64 = records.iter().map(|r| r.result.events).sum();
     let (runs, buckets, waits) = output::tables(&points, &records, a.seed);
     let mut files = output::write_all(&a.out, &runs, &buckets, &waits, !a.no_plots)?;
+    let (providers, renters) = output::agent_tables(&points, &records);
+    files.extend(output::write_agents(&a.out, &providers, &renters)?);
+    if a.parquet {
+        files.extend(columnar::convert(&a.out, &output::TABLES)?);
+    }
     files.push("manifest.json".into());
     let manifest = Manifest {
         version: env!("CARGO_PKG_VERSION").into(),
