@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 mod cli_support;
+mod common;
 
 use std::io::BufRead as _;
 use std::process::Stdio;
@@ -182,6 +183,16 @@ fn top_shows_scripted_gpu_curves_live_in_a_terminal_and_streams_json() {
         "{o}"
     );
 
+    // Another peer (no lease) asking the provider for this lease's telemetry gets nothing.
+    let addr = json(&ph, &["status"])["listen_addrs"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        stranger_asks_telemetry(&addr, &m.provider_peer, &id),
+        "UnknownLease"
+    );
+
     // Once the lease is over there is nothing to show, and `top` says so.
     assert!(cli(&rh, &["stop", &id]).status.success());
     wait_for(Duration::from_secs(60), "the lease to settle", || {
@@ -238,4 +249,34 @@ fn top_shows_na_for_declared_gpus_never_zero() {
         "{v}"
     );
     assert!(cli(&rh, &["stop", &id]).status.success());
+}
+
+/// What a stranger (an in-process node that holds no lease) gets when it asks `provider` for
+/// the telemetry of lease `id` on the lease stream.
+fn stranger_asks_telemetry(provider_addr: &str, provider: &str, id: &str) -> String {
+    use gridlease_protocol::session::{
+        LeaseRpc, LeaseRpcResponse, SessionRequest, SessionResponse,
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let root = tempfile::tempdir().unwrap();
+        let n = common::start(root.path(), "stranger", common::config()).await;
+        let addr: libp2p::Multiaddr = provider_addr.parse().unwrap();
+        n.node.client.dial(addr.clone()).await.unwrap().unwrap();
+        let rpc = LeaseRpc::Session(SessionRequest::Telemetry {
+            lease_id: id.parse().unwrap(),
+            after: gridlease_protocol::Timestamp(0),
+        });
+        let answer = n
+            .node
+            .client
+            .lease_rpc(provider.parse().unwrap(), vec![addr], rpc)
+            .await
+            .unwrap();
+        common::stop(n).await;
+        match answer {
+            LeaseRpcResponse::Session(SessionResponse::UnknownLease) => "UnknownLease".into(),
+            other => format!("{other:?}"),
+        }
+    })
 }
