@@ -425,7 +425,7 @@ pub struct TelemetrySampleView {
 }
 
 /// One GPU of a [`TelemetrySampleView`].
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GpuTelemetryView {
     /// Utilisation, percent.
     #[schema(maximum = 100)]
@@ -464,24 +464,26 @@ impl TelemetryView {
                 .into_iter()
                 .map(|s| TelemetrySampleView {
                     at_ms: s.at.0,
-                    gpus: s
-                        .gpus
-                        .into_iter()
-                        .map(|g| GpuTelemetryView {
-                            util_percent: g.util_percent,
-                            vram_used_mib: g.vram_used_mib,
-                            vram_total_mib: g.vram_total_mib,
-                            power_w: g.power_w,
-                            power_limit_w: g.power_limit_w,
-                            temp_c: g.temp_c,
-                            sm_clock_mhz: g.sm_clock_mhz,
-                        })
-                        .collect(),
+                    gpus: s.gpus.into_iter().map(GpuTelemetryView::from).collect(),
                     cpu_millicores: s.cpu_millicores,
                     mem_used_mib: s.mem_used_mib,
                     mem_limit_mib: s.mem_limit_mib,
                 })
                 .collect(),
+        }
+    }
+}
+
+impl From<gridlease_protocol::telemetry::GpuTelemetry> for GpuTelemetryView {
+    fn from(g: gridlease_protocol::telemetry::GpuTelemetry) -> Self {
+        Self {
+            util_percent: g.util_percent,
+            vram_used_mib: g.vram_used_mib,
+            vram_total_mib: g.vram_total_mib,
+            power_w: g.power_w,
+            power_limit_w: g.power_limit_w,
+            temp_c: g.temp_c,
+            sm_clock_mhz: g.sm_clock_mhz,
         }
     }
 }

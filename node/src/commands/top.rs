@@ -23,9 +23,7 @@ use serde::Serialize;
 
 use crate::api::client::{ApiClient, ClientError};
 use crate::api::problem::ProblemType;
-use crate::api::types::{
-    GpuTelemetryView, TelemetrySampleView, TelemetrySourceView, TelemetryView,
-};
+use crate::api::types::{TelemetrySampleView, TelemetrySourceView, TelemetryView};
 use crate::lease::LeaseView;
 use crate::output::Printer;
 
@@ -68,11 +66,11 @@ pub struct SampleLine<'a> {
 pub struct Screen {
     /// The lease as the node sees it.
     pub lease: LeaseView,
-    /// Its telemetry: models, source and the newest sample (`None` before the first).
+    /// Where the GPU values come from.
     pub source: TelemetrySourceView,
     /// The leased GPUs' model names.
     pub models: Vec<String>,
-    /// The newest sample.
+    /// The newest sample (`None` before the first).
     pub sample: Option<TelemetrySampleView>,
     /// Why the last refresh failed, if it did.
     pub problem: Option<String>,
@@ -327,22 +325,13 @@ pub fn lines(s: &Screen, width: usize) -> Vec<String> {
         }
     });
     let bar_w = width.saturating_sub(40).clamp(10, 40);
-    let empty = GpuTelemetryView {
-        util_percent: None,
-        vram_used_mib: None,
-        vram_total_mib: None,
-        power_w: None,
-        power_limit_w: None,
-        temp_c: None,
-        sm_clock_mhz: None,
-    };
     let gpus = usize::from(s.lease.gpus).max(s.models.len());
     for i in 0..gpus {
         let g = s
             .sample
             .as_ref()
             .and_then(|x| x.gpus.get(i).copied())
-            .unwrap_or(empty);
+            .unwrap_or_default();
         let model = s.models.get(i).map_or("GPU", String::as_str);
         out.push(String::new());
         out.push(format!(

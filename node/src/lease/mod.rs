@@ -1789,24 +1789,17 @@ impl Actor {
         let (view_tx, view_rx) = watch::channel(initial);
         let ctx = self.ctx.clone();
         let role = l.role;
-        let ring = (role == Role::Provider).then(|| {
-            let renter = l.lease.terms.renter.peer_id().ok();
-            (renter, self.ctx.telemetry_ring(&l.gpus))
-        });
-        let session_ring = ring.as_ref().map(|(_, r)| r.clone());
+        // A provider lease's telemetry: the session writes it, the service serves the renter.
+        let ring = (role == Role::Provider).then(|| self.ctx.telemetry_ring(&l.gpus));
+        let entry_ring = ring
+            .clone()
+            .map(|r| (l.lease.terms.renter.peer_id().ok(), r));
         let span = tracing::info_span!("lease", lease = %id.short(), role = ?role);
         let fut = async move {
-            let released = match role {
-                Role::Provider => {
-                    let ring = session_ring.unwrap_or_else(|| {
-                        telemetry::Ring::new(
-                            gridlease_protocol::telemetry::TelemetrySource::None,
-                            Vec::new(),
-                        )
-                    });
-                    provider::run(ctx, l, rec, inbox, view_tx, ring).await
-                }
-                Role::Renter => {
+            // A ring exactly for provider leases.
+            let released = match ring {
+                Some(ring) => provider::run(ctx, l, rec, inbox, view_tx, ring).await,
+                None => {
                     renter::run(ctx, l, rec, inbox, view_tx).await;
                     true
                 }
@@ -1819,7 +1812,7 @@ impl Actor {
             Entry {
                 inbox: inbox_tx,
                 view: view_rx,
-                telemetry: ring,
+                telemetry: entry_ring,
             },
         );
     }

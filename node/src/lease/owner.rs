@@ -89,7 +89,8 @@ pub(crate) async fn run(ctx: Arc<Ctx>, idle: Duration, util_percent: u32) {
         let now = Instant::now();
         for (d, used) in seen {
             if used {
-                if !last_used.contains_key(&d) || !ctx.owner_busy.borrow().contains(&d) {
+                // Said once: the GPU is published as busy at the end of this round.
+                if !ctx.owner_busy.borrow().contains(&d) {
                     tracing::info!(gpu = %d.short(), "the owner is using this GPU: it is withdrawn from the offer");
                 }
                 last_used.insert(d, now);

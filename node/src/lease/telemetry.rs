@@ -72,15 +72,6 @@ impl Ring {
             samples: newer.skip(skip).cloned().collect(),
         }
     }
-
-    /// GPUs of the lease.
-    pub fn gpus(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .models
-            .len()
-    }
 }
 
 /// The telemetry sample for what the meter saw: one entry per leased GPU (`ids`: the id the
