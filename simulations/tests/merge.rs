@@ -6,6 +6,10 @@
 // Helpers outside #[test] fns: a panic here is still a test failure with a location.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
+mod common;
+
+use common::{bin, run};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -18,22 +22,6 @@ count = 4
 count = 8
 jobs_per_day = 4.0
 "#;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gridlease-sim"))
-}
-
-fn run(args: &[&str]) -> Output {
-    let out = bin().args(args).output().unwrap();
-    println!(
-        "$ gridlease-sim {}\n-> {:?}\n{}{}",
-        args.join(" "),
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 struct Study {
     tmp: tempfile::TempDir,

@@ -6,22 +6,11 @@
 // Helpers outside #[test] fns: a panic here is still a test failure with a location.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn sim(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_gridlease-sim"))
-        .args(args)
-        .output()
-        .unwrap();
-    println!(
-        "$ gridlease-sim {}\n-> {:?}\n{}",
-        args.join(" "),
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::run as sim;
+
+use std::path::{Path, PathBuf};
 
 fn attack() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/attack.toml")

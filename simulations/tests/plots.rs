@@ -9,8 +9,9 @@
 // Helpers outside #[test] fns: a panic here is still a test failure with a location.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn scenario(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -19,12 +20,8 @@ fn scenario(name: &str) -> PathBuf {
 }
 
 fn sim(args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gridlease-sim"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = common::run(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("$ gridlease-sim {}\n{stderr}", args.join(" "));
     assert!(out.status.success(), "{stderr}");
     assert!(
         !stderr.contains("plots skipped"),

@@ -5,8 +5,11 @@
 // Helpers outside #[test] fns: a panic here is still a test failure with a location.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
+mod common;
+
+use common::run;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 /// Two provider groups: honest (4) and usage-inflating attackers (2, no whitewashing).
 const TWO_GROUPS: &str = r#"
@@ -27,20 +30,6 @@ name = "renters"
 count = 40
 jobs_per_day = 6.0
 "#;
-
-fn run(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_gridlease-sim"))
-        .args(args)
-        .output()
-        .unwrap();
-    println!(
-        "$ gridlease-sim {}\n-> {:?}\n{}",
-        args.join(" "),
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 struct Dir(tempfile::TempDir);
 
