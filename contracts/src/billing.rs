@@ -73,6 +73,8 @@ pub struct Tariff {
     pub max_total: Money,
     /// Most wall milliseconds billed: the lease's duration (`duration_s x 1000`).
     pub max_wall_ms: u64,
+    /// Seconds of use the renter pays ahead of the reports (`LeaseTerms::prepay_s`).
+    pub prepay_s: u32,
 }
 
 /// Metered time as the lease bills it (see [`Tariff::cap`]).
@@ -93,7 +95,31 @@ impl Tariff {
             min_billed_s: terms.min_billed_s,
             max_total: Money::from_micros(terms.max_total),
             max_wall_ms: u64::from(terms.duration_s).saturating_mul(1000),
+            prepay_s: terms.prepay_s,
         }
+    }
+
+    /// What a receipt pays when `due` is due (the renter's rule, see
+    /// [`crate::channel::RenterChannel`]): `due` plus the cost of the prepaid seconds, capped
+    /// at the budget. With no prepay this is `due` (capped): payment in arrears. A prepay of
+    /// at least the lease's duration pays the whole budget.
+    pub fn receipt_total(&self, due: Money) -> Money {
+        let ahead_ms = u64::from(self.prepay_s).saturating_mul(1000);
+        if ahead_ms >= self.max_wall_ms && self.prepay_s > 0 {
+            return self.max_total;
+        }
+        let ahead = self
+            .window_cost(u64::from(self.prepay_s))
+            .unwrap_or(self.max_total);
+        due.checked_add(ahead)
+            .unwrap_or(self.max_total)
+            .min(self.max_total)
+    }
+
+    /// What the renter may lose to a provider that vanishes after a receipt: the prepaid
+    /// amount beyond what is due ([`Tariff::receipt_total`] minus `due`).
+    pub fn prepaid_beyond(&self, due: Money) -> Money {
+        self.receipt_total(due).saturating_sub(due)
     }
 
     /// What the terms allow to be billed of `metered` time: wall time at most the lease's
@@ -227,6 +253,7 @@ mod tests {
             min_billed_s: 60,
             max_total: price("0.10"),
             max_wall_ms: 3_600_000,
+            prepay_s: 0,
         };
         // 3.60/h = 1000 micro-units per second.
         assert_eq!(t.due(10_999).unwrap().micros(), 10_000);
@@ -244,6 +271,7 @@ mod tests {
             min_billed_s: 1,
             max_total: price("1.00"),
             max_wall_ms: 10_000,
+            prepay_s: 0,
         };
         // Killed 2.1 s late: billed the 10 s of the lease, exactly.
         let late = BilledTime {
@@ -295,6 +323,7 @@ mod tests {
                 min_billed_s,
                 max_total: Money::from_micros(budget),
                 max_wall_ms: duration_s * 1000,
+                prepay_s: 0,
             };
             let c = t.cap(BilledTime { wall_ms: wall, gpu_ms: gpu });
             prop_assert!(c.wall_ms <= duration_s * 1000);
@@ -350,6 +379,7 @@ mod tests {
                 min_billed_s: 0,
                 max_total: Money::from_micros(cap),
                 max_wall_ms: u64::MAX,
+                prepay_s: 0,
             };
             let at = t.budget_exhausted_after_ms();
             prop_assert!(cost(at / 1000, gpus, t.price_per_gpu_hour).unwrap() >= t.max_total);

@@ -3,16 +3,24 @@
 //!
 //! Protocol: every `usage_interval_s` the provider sends a [`UsageReport`] with cumulative
 //! meters. The renter checks it ([`RenterChannel::on_usage`]) and answers with a
-//! [`PaymentReceipt`] whose `total_paid` is exactly what the tariff says is due for the reported
-//! wall time (capped at the budget). The renter therefore pays in arrears and never prepays: a
-//! vanished provider costs it nothing beyond usage it was shown. The provider runs at most
-//! `pay_ahead_s` seconds of usage on credit: [`ProviderChannel::decide`] says stop as soon as
-//! what is due exceeds what is paid by more than the cost of that window, or the renter has been
-//! silent past the grace period, or the budget is spent. So the provider's loss is bounded by
-//! one window, and the renter's by what implausible reports can claim (wall time is bounded by
-//! the renter's own clock, see [`check_usage`]).
+//! [`PaymentReceipt`] whose `total_paid` is what the tariff says is due for the reported wall
+//! time plus the cost of the terms' `prepay_s` seconds, capped at the budget
+//! ([`Tariff::receipt_total`]). With `prepay_s = 0` (the default) the renter pays in arrears: a
+//! vanished provider costs it nothing beyond usage it was shown. With a prepay it has
+//! pre-authorised exactly that much more ([`Tariff::prepaid_beyond`]), so the provider keeps
+//! running while the renter is offline (an unattended lease).
 //!
-//! Final statement: the last valid receipt. Both ledgers book exactly its `total_paid`.
+//! The provider runs at most `pay_ahead_s` seconds of usage on credit:
+//! [`ProviderChannel::decide`] says stop as soon as what is due exceeds what is paid by more than
+//! the cost of that window, or the renter has been silent past the grace period while no
+//! prepaid time is left, or the budget is spent. So the provider's loss is bounded by one
+//! window, and the renter's by its prepay plus what implausible reports can claim (wall time is
+//! bounded by the renter's own clock, see [`check_usage`]).
+//!
+//! Final statement ([`owed`]): the last valid receipt's `total_paid`, but never more than the
+//! amount due in the provider's last signed usage report: a prepaid receipt authorises up to its
+//! total, the provider's own report says how much of it was used. In arrears the two are the
+//! receipt's total (a receipt never pays more than a report claimed). Both ledgers book that.
 
 use gridlease_protocol::{
     CloseReason, LeaseId, LeaseTerms, PaymentReceipt, PublicKey, Timestamp, UsageReport,
@@ -192,7 +200,24 @@ impl ProviderChannel {
         self.tariff.window_cost(u64::from(self.pay_ahead_s))
     }
 
-    /// Stop or continue, given `wall_ms` of usage so far and the time now.
+    /// Whether the renter has paid for time not yet used (a prepaid, unattended lease): paid
+    /// beyond what `wall_ms` of usage costs, or the whole budget.
+    pub fn prepaid_ahead(&self, wall_ms: u64) -> Result<bool, MoneyError> {
+        let paid = self.paid();
+        Ok(self.tariff.prepay_s > 0
+            && (paid > self.tariff.due(wall_ms)? || paid >= self.tariff.max_total))
+    }
+
+    /// What the lease settles at if it ends now with `last_report` as the provider's last
+    /// signed report ([`owed`]).
+    pub fn settlement(&self, last_report: Option<&UsageReport>) -> Money {
+        owed(self.paid(), last_report)
+    }
+
+    /// Stop or continue, given `wall_ms` of usage so far and the time now. A renter silent
+    /// past the grace period stops the lease unless it prepaid the time now being used
+    /// ([`Self::prepaid_ahead`]): then the lease runs on the renter's money until that is used
+    /// up, and stops at once after (the renter is still silent).
     pub fn decide(&self, wall_ms: u64, now: Timestamp) -> Result<Decision, MoneyError> {
         if self.tariff.due(wall_ms)? >= self.tariff.max_total
             && wall_ms >= self.tariff.budget_exhausted_after_ms()
@@ -202,11 +227,20 @@ impl ProviderChannel {
         if self.unpaid_exposure(wall_ms)? > self.exposure_bound()? {
             return Ok(Decision::Stop(CloseReason::PaymentLagging));
         }
-        if now.ms_since(self.last_heard) > u64::from(self.grace_s) * 1000 {
+        if now.ms_since(self.last_heard) > u64::from(self.grace_s) * 1000
+            && !self.prepaid_ahead(wall_ms)?
+        {
             return Ok(Decision::Stop(CloseReason::RenterUnreachable));
         }
         Ok(Decision::Continue)
     }
+}
+
+/// What a lease settles at: the last receipt's total `paid`, at most the amount due in the
+/// provider's last signed usage report (what it claims was used; a prepaid receipt authorises
+/// more than that). Without a report (a start that failed) the receipt stands.
+pub fn owed(paid: Money, last_report: Option<&UsageReport>) -> Money {
+    last_report.map_or(paid, |r| paid.min(Money::from_micros(r.amount_due)))
 }
 
 /// Why a renter refuses a usage report.
@@ -409,6 +443,21 @@ impl RenterChannel {
         elapsed_ms: u64,
         now: Timestamp,
     ) -> Result<Option<PaymentReceipt>, UsageError> {
+        self.observe(report, signer, elapsed_ms)?;
+        let total = Tariff::of(&self.terms).receipt_total(Money::from_micros(report.amount_due));
+        Ok(self.pay(total, report.wall_ms, now))
+    }
+
+    /// Checks a report like [`Self::on_usage`] and records it as the last one shown, but pays
+    /// nothing: how a renter that was away catches up on reports of a lease the provider has
+    /// already closed (paying more then would only make the two statements differ; the
+    /// settlement is [`Self::settlement`]).
+    pub fn observe(
+        &mut self,
+        report: &UsageReport,
+        signer: &PublicKey,
+        elapsed_ms: u64,
+    ) -> Result<(), UsageError> {
         let check = |terms: &LeaseTerms| {
             check_usage(
                 terms,
@@ -427,7 +476,13 @@ impl RenterChannel {
             (Err(e), _) => return Err(e),
         }
         self.last_usage = Some(report.clone());
-        Ok(self.pay(Money::from_micros(report.amount_due), report.wall_ms, now))
+        Ok(())
+    }
+
+    /// What the lease settles at now ([`owed`]): the last receipt, at most what the last
+    /// accepted report says is due.
+    pub fn settlement(&self) -> Money {
+        owed(self.paid(), self.last_usage.as_ref())
     }
 
     /// Books and returns the next receipt, paying `due` (capped at the budget) in total, if
@@ -464,8 +519,8 @@ impl RenterChannel {
         Ok(self.pay(Tariff::of(&self.terms).failed_start_fee()?, 0, now))
     }
 
-    /// What the renter has paid beyond the usage it has been shown (always zero in this
-    /// arrears scheme unless reports were inflated within tolerance).
+    /// What the renter has paid beyond the usage it has been shown: at most the prepay's cost
+    /// ([`Tariff::prepaid_beyond`]); zero in arrears.
     pub fn prepaid_exposure(&self, shown_wall_ms: u64) -> Result<Money, MoneyError> {
         Ok(self
             .paid()
@@ -922,5 +977,179 @@ mod tests {
             let one_step = p.tariff().window_cost(step_ms / 1000 + 1).unwrap();
             prop_assert!(p.unpaid_exposure(wall).unwrap() <= window.checked_add(one_step).unwrap());
         }
+    }
+
+    /// One step of an interleaving: time passes, the provider reports, the report and the
+    /// receipt may each be lost, the renter may be away.
+    #[derive(Debug, Clone)]
+    struct Step {
+        dt_ms: u64,
+        report_lost: bool,
+        receipt_lost: bool,
+        renter_away: bool,
+    }
+
+    fn steps() -> impl Strategy<Value = Vec<Step>> {
+        proptest::collection::vec(
+            (100u64..15_000, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+                |(dt_ms, report_lost, receipt_lost, renter_away)| Step {
+                    dt_ms,
+                    report_lost,
+                    receipt_lost,
+                    renter_away,
+                },
+            ),
+            1..80,
+        )
+    }
+
+    proptest! {
+        /// For any prepay, any interleaving of reports, receipts, losses and silence: the
+        /// renter never pays more than the usage it was shown plus what it pre-authorised; the
+        /// provider, following `decide`, never runs with more than one window unpaid; the
+        /// settlement is at most what was paid and at most what the provider's last report
+        /// claims.
+        #[test]
+        fn both_sides_exposure_is_bounded_for_any_prepay_and_interleaving(
+            prepay_s in prop_oneof![Just(0u32), 1u32..700, Just(gridlease_protocol::PREPAY_ALL)],
+            plan in steps(),
+        ) {
+            let mut f = fx();
+            f.terms.prepay_s = prepay_s;
+            let tariff = Tariff::of(&f.terms);
+            let mut renter = RenterChannel::new(f.id, f.terms.clone());
+            let mut provider = ProviderChannel::new(f.id, &f.terms, T0);
+            let (mut now, mut wall, mut seq) = (T0, 0u64, 0u64);
+            let mut last_report = None;
+            for st in plan {
+                now = now.plus_ms(st.dt_ms);
+                wall = (wall + st.dt_ms).min(tariff.max_wall_ms);
+                match provider.decide(wall, now).unwrap() {
+                    Decision::Stop(_) => break,
+                    Decision::Continue => {}
+                }
+                prop_assert!(provider.unpaid_exposure(wall).unwrap() <= provider.exposure_bound().unwrap());
+                seq += 1;
+                let u = report(&f, seq, wall);
+                last_report = Some(u.clone());
+                if st.report_lost || st.renter_away {
+                    continue;
+                }
+                let elapsed = now.ms_since(T0);
+                if let Some(r) = renter.on_usage(&u, &f.provider, elapsed, now).unwrap() {
+                    // Renter: paid at most the shown usage plus the prepay.
+                    let shown = tariff.due(wall).unwrap();
+                    prop_assert!(renter.paid() <= tariff.receipt_total(shown));
+                    prop_assert!(renter.prepaid_exposure(wall).unwrap() <= tariff.prepaid_beyond(shown));
+                    if !st.receipt_lost {
+                        provider.accept_receipt(&f.renter, &r, now).unwrap();
+                    }
+                } else {
+                    provider.heard_from_renter(now);
+                }
+            }
+            let settled = provider.settlement(last_report.as_ref());
+            prop_assert!(settled <= provider.paid());
+            if let Some(u) = &last_report {
+                prop_assert!(settled.micros() <= u.amount_due);
+            }
+            prop_assert!(renter.settlement() <= renter.paid());
+        }
+
+        /// A renter that prepaid the whole lease and then went silent for good: the provider
+        /// never stops it for the silence; it runs to its duration (or budget).
+        #[test]
+        fn a_lease_prepaid_in_full_survives_any_renter_silence(
+            first_ms in 1_000u64..20_000,
+            step_ms in 500u64..30_000,
+        ) {
+            let mut f = fx();
+            f.terms.prepay_s = gridlease_protocol::PREPAY_ALL;
+            let mut renter = RenterChannel::new(f.id, f.terms.clone());
+            let mut provider = ProviderChannel::new(f.id, &f.terms, T0);
+            let r = renter
+                .on_usage(&report(&f, 1, first_ms), &f.provider, first_ms, T0.plus_ms(first_ms))
+                .unwrap()
+                .unwrap();
+            prop_assert_eq!(r.total_paid, f.terms.max_total);
+            provider.accept_receipt(&f.renter, &r, T0.plus_ms(first_ms)).unwrap();
+            let end = Tariff::of(&f.terms).max_wall_ms;
+            let mut wall = first_ms;
+            while wall < end {
+                let d = provider.decide(wall, T0.plus_ms(wall)).unwrap();
+                prop_assert!(
+                    d != Decision::Stop(CloseReason::RenterUnreachable),
+                    "stopped for silence at {} ms", wall
+                );
+                wall += step_ms;
+            }
+        }
+
+        /// A renter that prepaid `prepay_s` and went silent: the provider keeps running while
+        /// prepaid time is left and stops for the silence once it is used up (the grace has long
+        /// passed), never later than one usage step after.
+        #[test]
+        fn a_partial_prepay_runs_out_then_the_silence_stops_the_lease(
+            prepay_s in 60u32..400,
+            step_ms in 500u64..5_000,
+        ) {
+            let mut f = fx();
+            f.terms.prepay_s = prepay_s;
+            let tariff = Tariff::of(&f.terms);
+            let mut renter = RenterChannel::new(f.id, f.terms.clone());
+            let mut provider = ProviderChannel::new(f.id, &f.terms, T0);
+            let first = 10_000;
+            let r = renter
+                .on_usage(&report(&f, 1, first), &f.provider, first, T0.plus_ms(first))
+                .unwrap()
+                .unwrap();
+            provider.accept_receipt(&f.renter, &r, T0.plus_ms(first)).unwrap();
+            // Paid through first + prepay_s seconds of use.
+            let covered_ms = first + u64::from(prepay_s) * 1000;
+            let mut wall = first;
+            let stopped_at = loop {
+                match provider.decide(wall, T0.plus_ms(wall)).unwrap() {
+                    Decision::Continue => {}
+                    Decision::Stop(reason) => break (wall, reason),
+                }
+                wall += step_ms;
+                prop_assert!(wall < tariff.max_wall_ms + 10 * step_ms, "never stopped");
+            };
+            let grace_ms = u64::from(f.terms.grace_s) * 1000;
+            prop_assert_eq!(stopped_at.1, CloseReason::RenterUnreachable);
+            prop_assert!(covered_ms > first + grace_ms);
+            prop_assert!(stopped_at.0 >= covered_ms, "stopped at {} ms, covered {}", stopped_at.0, covered_ms);
+            prop_assert!(stopped_at.0 < covered_ms + step_ms + 1000, "stopped at {} ms, covered {}", stopped_at.0, covered_ms);
+        }
+    }
+
+    #[test]
+    fn a_prepaid_receipt_settles_at_the_providers_last_report() {
+        let mut f = fx();
+        f.terms.prepay_s = 120;
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        let u = report(&f, 1, 10_000);
+        let r = renter.on_usage(&u, &f.provider, 10_000, T0.plus_secs(10)).unwrap().unwrap();
+        // 10 s used + 120 s ahead at 1000 micro-units a second.
+        assert_eq!(r.total_paid, 130_000);
+        assert_eq!(renter.prepaid_exposure(10_000).unwrap(), Money::from_micros(120_000));
+        assert_eq!(renter.settlement(), Money::from_micros(10_000));
+        let mut p = ProviderChannel::new(f.id, &f.terms, T0);
+        p.accept_receipt(&f.renter, &r, T0.plus_secs(10)).unwrap();
+        let later = report(&f, 2, 50_000);
+        assert_eq!(p.settlement(Some(&later)), Money::from_micros(50_000));
+        assert_eq!(p.settlement(None), Money::from_micros(130_000));
+        // In arrears the receipt is what is owed.
+        let f = fx();
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        let r = renter.on_usage(&report(&f, 1, 10_000), &f.provider, 10_000, T0).unwrap().unwrap();
+        assert_eq!(r.total_paid, 10_000);
+        assert_eq!(renter.settlement(), Money::from_micros(10_000));
+        // The whole budget at once with PREPAY_ALL.
+        let mut f = fx();
+        f.terms.prepay_s = gridlease_protocol::PREPAY_ALL;
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        let r = renter.on_usage(&report(&f, 1, 10_000), &f.provider, 10_000, T0).unwrap().unwrap();
+        assert_eq!(r.total_paid, f.terms.max_total);
     }
 }

@@ -16,12 +16,14 @@
 //!    wall time within the lease's duration, the amount due exactly the tariff's) under the
 //!    terms in force or an earlier version of them (a report signed before an amendment).
 //! 5. The receipt is signed by the renter, for this lease, within the budget cap, and pays
-//!    exactly what the report it answers (which must be included) says is due, or the cap
-//!    where the cap bound it; or, covering no usage, exactly the failed-start fee.
+//!    exactly what the report it answers (which must be included) says is due plus the terms'
+//!    prepay ([`Tariff::receipt_total`]), or the cap where the cap bound it; or, covering no
+//!    usage, exactly the failed-start fee.
 //!
-//! What is owed is the receipt's `total_paid`: the renter signed it. Usage reported after it
-//! (at most one pay-ahead window, by the channel's rules) is shown as unpaid; no renter
-//! signature backs it.
+//! What is owed ([`crate::channel::owed`]) is the receipt's `total_paid` (the renter signed
+//! it), at most what the last usage report says is due (a prepaid receipt authorises more than
+//! was used). Usage reported after the receipt (at most one pay-ahead window, by the channel's
+//! rules) is shown as unpaid; no renter signature backs it.
 //!
 //! Pure: no clock, no I/O.
 
@@ -74,7 +76,8 @@ pub struct Verdict {
     pub last_report: Option<UsageReport>,
     /// The last receipt.
     pub receipt: Option<PaymentReceipt>,
-    /// What the renter signed to pay: the amount owed.
+    /// The amount owed: what the renter signed to pay, at most what the last report says is
+    /// due ([`crate::channel::owed`]).
     pub owed: Money,
     /// What the last report says is due.
     pub reported_due: Money,
@@ -267,9 +270,11 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
                     );
                 };
                 let due = Money::from_micros(report.amount_due);
+                // What the receipt must pay for that report: its due, plus the prepay, capped
+                // (under the terms in force or the version the report was signed under).
                 let capped = versions
                     .iter()
-                    .any(|t| paid == due.min(Money::from_micros(t.max_total)));
+                    .any(|t| paid == Tariff::of(t).receipt_total(due));
                 if !capped || r.covers_wall_ms != report.wall_ms {
                     return fail(
                         "the receipt",
@@ -283,10 +288,10 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
             Some(r)
         }
     };
-    let owed = receipt
-        .as_ref()
-        .map_or(Money::ZERO, |r| Money::from_micros(r.total_paid));
     let last_report = reports.last().cloned();
+    let owed = receipt.as_ref().map_or(Money::ZERO, |r| {
+        crate::channel::owed(Money::from_micros(r.total_paid), last_report.as_ref())
+    });
     let reported_due = last_report
         .as_ref()
         .map_or(Money::ZERO, |r| Money::from_micros(r.amount_due));

@@ -86,6 +86,7 @@ async fn main() {
                 created_at: now,
                 output_retention_s: 0,
                 upload_hold_s: 0,
+                prepay_s: 0,
             };
             let t0 = Instant::now();
             let out = renter

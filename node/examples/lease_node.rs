@@ -137,6 +137,7 @@ async fn main() {
                 network: gridlease_protocol::NetworkPolicy::None,
                 keep_outputs_s: 0,
                 upload_hold_s: 0,
+                prepay_s: 0,
             })
             .await
             .unwrap();

@@ -52,6 +52,7 @@ pub fn terms_for(
         created_at: now,
         output_retention_s: req.keep_outputs_s.min(o.sandbox.output_retention_s),
         upload_hold_s: req.upload_hold_s.min(o.sandbox.upload_hold_s),
+        prepay_s: req.prepay_s,
     })
 }
 

@@ -35,6 +35,7 @@ fn ask(gpus: u16, nonce: u64) -> (RentRequest, u64) {
         network: gridlease_protocol::NetworkPolicy::None,
         keep_outputs_s: 0,
         upload_hold_s: 0,
+        prepay_s: 0,
     };
     (req, nonce)
 }

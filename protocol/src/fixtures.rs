@@ -105,6 +105,7 @@ pub fn terms(
         created_at: T0,
         output_retention_s: 0,
         upload_hold_s: 0,
+        prepay_s: 0,
     }
 }
 

@@ -442,7 +442,17 @@ pub struct LeaseTerms {
     /// ([`crate::SessionRequest::Begin`]) or this runs out (at most the offer's
     /// `upload_hold_s`; 0: started at once).
     pub upload_hold_s: u32,
+    /// Seconds of usage the renter pays ahead of the provider's reports (an unattended
+    /// lease): each receipt pays what is due plus this many seconds, capped at `max_total`, so
+    /// the provider keeps running while the renter is offline until the prepaid time is used
+    /// up. 0: in arrears (the provider carries at most `pay_ahead_s` on credit and stops a
+    /// renter silent past `grace_s`); [`PREPAY_ALL`] or any value of at least `duration_s`:
+    /// the whole budget at the first report.
+    pub prepay_s: u32,
 }
+
+/// [`LeaseTerms::prepay_s`] for "the whole lease": the first receipt pays `max_total`.
+pub const PREPAY_ALL: u32 = u32::MAX;
 
 impl Shape for LeaseTerms {
     fn check_shape(&self) -> Result<(), ShapeError> {

@@ -10,6 +10,7 @@
 //! | `Session(Logs)` (renter)       | `Logs` (at most [`MAX_LOG_CHUNK`] bytes)                |
 //! | `Session(Extend)` (renter)     | `Extended` (stored before sent) or `ExtendRefused`      |
 //! | `Session(Telemetry)` (renter)  | `Telemetry` (at most [`MAX_TELEMETRY_SAMPLES`] samples) |
+//! | `Session(Reports)` (renter)    | `Reports` (at most [`MAX_REPORTS_PER_BATCH`] reports, then the close) |
 //!
 //! Signed payloads inside are verified by their receiver, never by the codec.
 
@@ -44,6 +45,14 @@ pub const MAX_RESPONSE_FRAME: usize = {
 };
 const _: () = assert!(MAX_RESPONSE_FRAME <= crate::codec::MAX_FRAME_BYTES);
 const _: () = assert!(crate::telemetry::MAX_TELEMETRY_BYTES + 16 <= MAX_RESPONSE_FRAME);
+// A full report batch (and its close) fits a response frame.
+const _: () = assert!(
+    MAX_REPORTS_PER_BATCH * (crate::messages::MAX_USAGE_REPORT_BYTES + ENVELOPE_OVERHEAD + 8)
+        + crate::messages::MAX_LEASE_CLOSE_BYTES
+        + ENVELOPE_OVERHEAD
+        + 64
+        <= MAX_RESPONSE_FRAME
+);
 
 /// What a renter sends to a provider (and, for lease sessions, either side to the other).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -119,6 +128,45 @@ pub enum SessionRequest {
         /// Only samples taken after this (provider's clock; 0 for all it keeps).
         after: Timestamp,
     },
+    /// Renter -> provider: the provider's signed usage reports with a sequence above
+    /// `after_seq`, oldest first, and its close once the lease is over: how a renter that was
+    /// away (suspended, restarted, offline during an unattended lease) reconciles. Answered
+    /// [`SessionResponse::Reports`] (at most [`MAX_REPORTS_PER_BATCH`] reports), or
+    /// `UnknownLease` when the lease is not the caller's.
+    Reports {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Only reports after this sequence (0 for all).
+        after_seq: u64,
+    },
+}
+
+/// Most usage reports in one [`SessionResponse::Reports`].
+pub const MAX_REPORTS_PER_BATCH: usize = 64;
+
+/// The provider's usage reports of a lease after a sequence, and its close.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReportBatch {
+    /// Signed usage reports, by ascending sequence (at most [`MAX_REPORTS_PER_BATCH`]).
+    pub reports: Vec<Signed<UsageReport>>,
+    /// More reports follow: ask again after the last one here.
+    pub more: bool,
+    /// The provider's signed close, when the lease is over there and no reports follow.
+    pub close: Option<Signed<LeaseClose>>,
+}
+
+impl ReportBatch {
+    /// Checks the shape a receiver relies on: at most [`MAX_REPORTS_PER_BATCH`] reports.
+    /// (Each report's signature and sequence are checked by the receiver.)
+    pub fn validate(&self) -> Result<(), String> {
+        if self.reports.len() > MAX_REPORTS_PER_BATCH {
+            return Err(format!(
+                "{} reports in one batch, at most {MAX_REPORTS_PER_BATCH}",
+                self.reports.len()
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl SessionRequest {
@@ -135,6 +183,7 @@ impl SessionRequest {
             | Self::Starting { lease_id, .. }
             | Self::Held { lease_id, .. }
             | Self::Telemetry { lease_id, .. }
+            | Self::Reports { lease_id, .. }
             | Self::Begin { lease_id } => Some(*lease_id),
             Self::Extend(s) => LeaseAmendment::decode_payload(&s.envelope().payload)
                 .ok()
@@ -190,6 +239,8 @@ pub enum SessionResponse {
     Busy,
     /// Live telemetry of a running lease.
     Telemetry(TelemetryBatch),
+    /// The provider's usage reports after a sequence, and its close.
+    Reports(ReportBatch),
 }
 
 /// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.

@@ -218,6 +218,7 @@ fn terms() -> impl Strategy<Value = LeaseTerms> {
                     created_at,
                     output_retention_s: d.4,
                     upload_hold_s: d.4 / 2,
+                    prepay_s: d.4 / 3,
                 }
             },
         )

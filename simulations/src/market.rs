@@ -1197,6 +1197,7 @@ impl<'s> Market<'s> {
             created_at: ts(now),
             output_retention_s: 0,
             upload_hold_s: 0,
+            prepay_s: 0,
         };
         let request = LeaseRequest {
             terms,

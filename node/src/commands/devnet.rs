@@ -277,6 +277,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
         network: gridlease_protocol::NetworkPolicy::None,
         keep_outputs_s: 0,
         upload_hold_s: 0,
+        prepay_s: 0,
     };
     out.line(&format!(
         "\nrenting {} ({} at {} {}/GPU-hour) for {} s; the probe burns one CPU for {burn} s:",

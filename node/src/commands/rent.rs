@@ -83,6 +83,14 @@ pub struct RentArgs {
     /// Print the lease id and return; follow later with `gridlease logs -f`.
     #[arg(long)]
     pub detach: bool,
+    /// Pay this much use ahead (`2h`, `90m`, or `all` for the whole lease) so the lease keeps
+    /// running while this node is offline (an unattended lease; pair with --detach). What you
+    /// risk is exactly that prepay, shown before renting; what was not used is not owed (the
+    /// lease settles at the provider's reported use) and this node checks every report when it
+    /// is back. Default: pay as you go, and the provider stops the lease when this node is
+    /// silent for the grace period.
+    #[arg(long, value_name = "DURATION|all", value_parser = parse_prepay)]
+    pub prepay: Option<u32>,
     /// Forward a local port to a port in the container while the lease runs (repeatable):
     /// `REMOTE` or `LOCAL:REMOTE`, listening on --bind (e.g. `--forward 8888` for Jupyter).
     #[arg(long, value_name = "[LOCAL:]REMOTE", conflicts_with = "detach")]
@@ -205,6 +213,52 @@ pub fn duration_s(a: &RentArgs) -> anyhow::Result<u32> {
         anyhow::bail!("the lease duration must be at least one second");
     }
     u32::try_from(secs).map_err(|_| anyhow::anyhow!("the lease duration is too long"))
+}
+
+/// `--prepay`: `all` (the whole lease) or a duration (`2h`, `90m`, `45s`, `1h30m`), in seconds.
+pub fn parse_prepay(s: &str) -> Result<u32, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(gridlease_protocol::PREPAY_ALL);
+    }
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{e}: give a duration such as 2h, 90m or 1h30m, or `all`"))?;
+    let secs = u32::try_from(d.as_secs())
+        .ok()
+        .filter(|s| *s < gridlease_protocol::PREPAY_ALL)
+        .ok_or("too long: use `all` for the whole lease")?;
+    if secs == 0 {
+        return Err("at least one second (leave --prepay out to pay as you go)".into());
+    }
+    Ok(secs)
+}
+
+/// The sentence shown before an unattended lease is rented: what the prepay risks at most.
+fn prepay_note(
+    prepay_s: u32,
+    duration_s: u32,
+    gpus: u16,
+    price: Money,
+    max_total: Option<Money>,
+) -> anyhow::Result<String> {
+    let budget = match max_total {
+        Some(m) => m,
+        None => gridlease_contracts::cost(u64::from(duration_s), gpus, price)?,
+    };
+    let whole = prepay_s >= duration_s;
+    let ahead = if whole {
+        budget
+    } else {
+        gridlease_contracts::cost(u64::from(prepay_s), gpus, price)?.min(budget)
+    };
+    let span = if whole {
+        "the whole lease".to_string()
+    } else {
+        humantime::format_duration(std::time::Duration::from_secs(u64::from(prepay_s))).to_string()
+    };
+    Ok(format!(
+        "prepaying {span} of use: up to {ahead} GLU is paid ahead of the provider's reports, so \
+         the lease keeps running while this node is offline; what is not used is not owed"
+    ))
 }
 
 /// Parses `K=V` pairs.
@@ -452,17 +506,22 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
             anyhow::bail!("--upload {spec:?}: {} does not exist", src.display());
         }
     }
-    let (keep_outputs_s, upload_hold_s) =
-        if args.keep_outputs.is_some() || !args.download.is_empty() || !args.upload.is_empty() {
-            let o: crate::api::types::OfferDetail =
-                api.get(&format!("/v1/offers/{}", args.offer)).await?;
-            (
-                keep_outputs_s(args, o.output_retention_s)?,
-                upload_hold_s(args, o.upload_hold_s)?,
-            )
-        } else {
-            (0, 0)
-        };
+    let offer: Option<crate::api::types::OfferDetail> = if args.keep_outputs.is_some()
+        || !args.download.is_empty()
+        || !args.upload.is_empty()
+        || args.prepay.is_some()
+    {
+        Some(api.get(&format!("/v1/offers/{}", args.offer)).await?)
+    } else {
+        None
+    };
+    let (keep_outputs_s, upload_hold_s) = match &offer {
+        Some(o) => (
+            keep_outputs_s(args, o.output_retention_s)?,
+            upload_hold_s(args, o.upload_hold_s)?,
+        ),
+        None => (0, 0),
+    };
     let body = RentRequest {
         offer: args.offer.clone(),
         gpus: args.gpus,
@@ -481,7 +540,21 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         network: args.network.into(),
         keep_outputs_s,
         upload_hold_s,
+        prepay_s: args.prepay.unwrap_or(0),
     };
+    if let (Some(prepay_s), Some(o)) = (args.prepay, &offer) {
+        let price = o
+            .price_per_gpu_hour
+            .parse::<Money>()
+            .map_err(|e| anyhow::anyhow!("the offer's price {:?}: {e}", o.price_per_gpu_hour))?;
+        out.note(&prepay_note(
+            prepay_s,
+            body.duration_s,
+            body.gpus,
+            price,
+            body.max_total,
+        )?);
+    }
     if args.detach {
         let rented = api.rent(&body).await?;
         if let Some(note) = &rented.note {

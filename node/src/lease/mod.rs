@@ -272,6 +272,13 @@ pub struct RentRequest {
     /// 0 (default): started at once.
     #[serde(default)]
     pub upload_hold_s: u32,
+    /// Seconds of use to pay ahead of the provider's reports, so the lease keeps running while
+    /// this node is offline (an unattended lease; `rent --prepay`): each receipt pays what is
+    /// due plus this much, capped at the budget. 0 (default): in arrears, and the provider
+    /// stops the lease when this node is silent past the grace period. 4294967295 (`all`):
+    /// the whole budget at the first report.
+    #[serde(default)]
+    pub prepay_s: u32,
 }
 
 fn no_network() -> NetworkPolicy {
@@ -1712,6 +1719,20 @@ impl Actor {
             return;
         }
         let entry = m.request.lease_hint().and_then(|id| self.sessions.get(&id));
+        if let (None, SessionRequest::Reports { lease_id, after_seq }) = (entry, &m.request) {
+            // A finished lease's reports and close, from the store (a running one's session
+            // answers, noting that its renter is back).
+            if !self.log_rate.check(&m.peer, self.ctx.now()) {
+                let _ = m.reply.send(SessionResponse::Busy);
+                return;
+            }
+            let (ctx, lease_id, after_seq) = (self.ctx.clone(), *lease_id, *after_seq);
+            tokio::spawn(async move {
+                let r = provider::serve_reports(&ctx, m.peer, lease_id, after_seq).await;
+                let _ = m.reply.send(r);
+            });
+            return;
+        }
         match entry {
             Some(e) => {
                 if let Err(mpsc::error::TrySendError::Full(SessionMsg::Inbound(m))) =

@@ -1197,6 +1197,15 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
                         }
                     }
                 }
+                // A renter that was away catching up: heard from, answered from the store.
+                SessionRequest::Reports { lease_id, after_seq } if from_renter => {
+                    s.channel.heard_from_renter(s.ctx.now());
+                    let (ctx, peer, reply) = (s.ctx.clone(), m.peer, m.reply);
+                    tokio::spawn(async move {
+                        let _ = reply.send(serve_reports(&ctx, peer, lease_id, after_seq).await);
+                    });
+                    None
+                }
                 // Already started (the hold ran out, or a retried begin).
                 SessionRequest::Begin { .. } if from_renter => {
                     let _ = m.reply.send(SessionResponse::NothingDue);
@@ -1209,6 +1218,67 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
             }
         }
     }
+}
+
+/// Answers a renter's [`SessionRequest::Reports`] from the store: its signed usage reports
+/// after `after_seq` (at most `MAX_REPORTS_PER_BATCH`, `more` when others follow) and, once
+/// the lease is closed here and no reports follow, a signed close saying why, with the exit
+/// code. Only to the lease's renter; `Busy` when the store cannot answer.
+pub(crate) async fn serve_reports(
+    ctx: &Ctx,
+    peer: PeerId,
+    lease_id: LeaseId,
+    after_seq: u64,
+) -> SessionResponse {
+    use gridlease_protocol::session::{MAX_REPORTS_PER_BATCH, ReportBatch};
+    let Ok(Some(l)) = ctx.store.call(move |s| s.lease(&lease_id)).await else {
+        return SessionResponse::UnknownLease;
+    };
+    if l.role != Role::Provider || l.lease.terms.renter.peer_id().ok() != Some(peer) {
+        return SessionResponse::UnknownLease;
+    }
+    let rows = ctx
+        .store
+        .call(move |s| {
+            let rows = s.usage_after(&lease_id, after_seq, MAX_REPORTS_PER_BATCH + 1)?;
+            let rec = s.session_record(&lease_id)?;
+            Ok::<_, crate::store::StoreError>((rows, rec))
+        })
+        .await;
+    let Ok((mut rows, rec)) = rows else {
+        return SessionResponse::Busy;
+    };
+    let more = rows.len() > MAX_REPORTS_PER_BATCH;
+    rows.truncate(MAX_REPORTS_PER_BATCH);
+    let mut reports = Vec::with_capacity(rows.len());
+    for b in rows {
+        match Signed::<UsageReport>::from_bytes(&b) {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                tracing::error!(error = %e, "a stored usage report does not decode");
+                return SessionResponse::Busy;
+            }
+        }
+    }
+    // The close is stored after the final report, so with it every report is here.
+    let close = match (more, rec.fields.close_reason) {
+        (false, Some(reason)) => sign(
+            ctx,
+            &LeaseClose {
+                lease_id,
+                reason,
+                at: rec.fields.closed_at.unwrap_or_else(|| ctx.now()),
+                exit_code: rec.fields.exit_code,
+                failure: rec.fields.failure.clone(),
+            },
+        ),
+        _ => None,
+    };
+    SessionResponse::Reports(ReportBatch {
+        reports,
+        more,
+        close,
+    })
 }
 
 /// After the run: close and settle (shared by all endings).
@@ -1296,7 +1366,7 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     if kept || s.container.is_none() {
         ctx.gpus_free(s.lease.id);
     }
-    let total = s.channel.paid();
+    let total = s.channel.settlement(s.last_report.as_ref());
     if s.lease.state.can_settle() {
         let patch = SessionPatch {
             settled_total: Some(total.micros()),

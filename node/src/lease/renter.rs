@@ -29,6 +29,16 @@ const SILENCE_SLACK_MS: u64 = 2_000;
 /// saves the container's whole output first); then it settles on that report itself.
 const FINAL_WAIT_MS: u64 = 60_000;
 
+/// What reconciling with the provider found ([`Session::reconcile`]).
+enum Reconciled {
+    /// It answered: the lease runs on there.
+    Live,
+    /// The lease is over there and settled here (or was closed for a bad report).
+    Settled,
+    /// No usable answer.
+    Unreachable,
+}
+
 struct Session {
     ctx: Arc<Ctx>,
     lease: Lease,
@@ -149,7 +159,7 @@ impl Session {
 
     async fn settle(&mut self, reason: CloseReason) {
         self.close(reason, Actor::Renter).await;
-        let total = self.channel.paid();
+        let total = self.channel.settlement();
         let patch = SessionPatch {
             settled_total: Some(total.micros()),
             exit_code: self.exit_code,
@@ -356,6 +366,113 @@ impl Session {
         }
     }
 
+    /// After a silence (this node was suspended, offline, or the provider's reports were
+    /// lost): asks the provider for its reports since the last one seen, checks each one in
+    /// order (recorded, not paid: the provider's next report is answered with a receipt that
+    /// covers them, being cumulative) and, when the provider has closed the lease, settles as
+    /// its close says. Bounded: pages of at most `MAX_REPORTS_PER_BATCH`, no more pages than
+    /// the lease can have reports.
+    async fn reconcile(&mut self, seen_at: Timestamp) -> Reconciled {
+        use gridlease_protocol::session::MAX_REPORTS_PER_BATCH;
+        let Some(peer) = self.provider_peer else {
+            return Reconciled::Unreachable;
+        };
+        let net = self.ctx.client.network().clone();
+        let terms = &self.lease.terms;
+        let pages = u64::from(terms.duration_s) / u64::from(terms.usage_interval_s.max(1))
+            / MAX_REPORTS_PER_BATCH as u64
+            + 4;
+        let mut checked = 0usize;
+        for _ in 0..pages {
+            let after_seq = self.channel.last_usage().map_or(0, |u| u.seq);
+            let ask = SessionRequest::Reports {
+                lease_id: self.lease.id,
+                after_seq,
+            };
+            let batch = match session_rpc(&self.ctx, peer, ask).await {
+                Ok(SessionResponse::Reports(b)) => match b.validate() {
+                    Ok(()) => b,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "malformed report batch");
+                        return Reconciled::Unreachable;
+                    }
+                },
+                Ok(other) => {
+                    tracing::debug!(answer = ?other, "reports not given");
+                    return Reconciled::Unreachable;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "reports not reached");
+                    return Reconciled::Unreachable;
+                }
+            };
+            for signed in &batch.reports {
+                let checked_one = match signed.verify(&net) {
+                    Ok(v) => {
+                        let elapsed = self.ctx.now().ms_since(seen_at);
+                        self.note_running(&v.message).await;
+                        self.channel
+                            .observe(&v.message, &v.signer, elapsed)
+                            .map(|()| v.message)
+                            .map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+                let report = match checked_one {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "implausible usage report while reconciling; closing");
+                        self.send_close(CloseReason::ImplausibleUsage);
+                        self.settle(CloseReason::ImplausibleUsage).await;
+                        return Reconciled::Settled;
+                    }
+                };
+                if report.exit_code.is_some() {
+                    self.exit_code = report.exit_code;
+                }
+                if let Ok(bytes) = signed.to_bytes() {
+                    let (id, seq, now) = (self.lease.id, report.seq, self.ctx.now());
+                    if let Err(e) = self
+                        .ctx
+                        .store
+                        .call(move |s| s.put_usage(&id, seq, &bytes, now, UsageKept::Newest))
+                        .await
+                    {
+                        tracing::warn!(error = %e, "a reconciled report was not stored");
+                    }
+                }
+                checked += 1;
+            }
+            if batch.more && !batch.reports.is_empty() {
+                continue;
+            }
+            self.publish();
+            let Some(close) = batch.close else {
+                tracing::info!(checked, "reconciled with the provider: the lease runs on");
+                return Reconciled::Live;
+            };
+            match close.verify(&net) {
+                Ok(v) if v.signer == self.provider && v.message.lease_id == self.lease.id => {
+                    tracing::info!(checked, reason = ?v.message.reason, "reconciled with the provider: the lease is over");
+                    if v.message.exit_code.is_some() {
+                        self.exit_code = v.message.exit_code;
+                    }
+                    if v.message.failure.is_some() {
+                        self.failure = v.message.failure.clone();
+                    }
+                    self.close(v.message.reason, Actor::Provider).await;
+                    self.settle(v.message.reason).await;
+                    return Reconciled::Settled;
+                }
+                _ => {
+                    tracing::warn!("the provider's close does not verify");
+                    return Reconciled::Unreachable;
+                }
+            }
+        }
+        Reconciled::Unreachable
+    }
+
     /// Handles a usage report. Returns `Some(reason)` when the lease must end.
     async fn on_usage(
         &mut self,
@@ -419,6 +536,12 @@ impl Session {
                     self.exit_code = v.message.exit_code;
                 }
                 self.publish();
+                (SessionResponse::NothingDue, None)
+            }
+            Err(gridlease_contracts::channel::UsageError::StaleSeq { last, got }) => {
+                // An older report delivered late (this node was away and reconciled past it,
+                // or a retry): already covered by a newer one; nothing to pay, nothing wrong.
+                tracing::debug!(last, got, "a late usage report, already covered");
                 (SessionResponse::NothingDue, None)
             }
             Err(e) => {
@@ -556,6 +679,7 @@ pub(crate) async fn run(
                         SessionRequest::Logs { .. }
                         | SessionRequest::Extend(_)
                         | SessionRequest::Telemetry { .. }
+                        | SessionRequest::Reports { .. }
                         | SessionRequest::Begin { .. } => {
                             let _ = reply.send(SessionResponse::UnknownLease);
                         }
@@ -613,6 +737,19 @@ pub(crate) async fn run(
                 } else {
                     start_ms.saturating_add(2 * interval_ms).saturating_add(hold_ms)
                 };
+                if now.ms_since(last_heard) > limit && heard_any {
+                    // Silent since the last report: perhaps this node was away (suspended,
+                    // offline). Ask the provider where the lease stands before giving up.
+                    tracing::info!(silent_ms = now.ms_since(last_heard), "provider silent; reconciling");
+                    match s.reconcile(seen_at).await {
+                        Reconciled::Settled => return,
+                        Reconciled::Live => {
+                            last_heard = ctx.now();
+                            continue;
+                        }
+                        Reconciled::Unreachable => {}
+                    }
+                }
                 if now.ms_since(last_heard) > limit {
                     tracing::warn!(silent_ms = now.ms_since(last_heard), "provider silent; closing");
                     s.send_close(CloseReason::ProviderUnreachable);

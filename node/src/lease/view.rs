@@ -78,6 +78,10 @@ pub struct LeaseView {
     /// Minimum billed seconds (from the offer): a lease that ends earlier pays for this long.
     #[serde(default)]
     pub min_billed_s: u32,
+    /// Seconds of use the renter pays ahead (`rent --prepay`; 4294967295: the whole lease):
+    /// the lease runs on while the renter is offline. 0: pay as you go.
+    #[serde(default)]
+    pub prepay_s: u32,
     /// Image.
     pub image: String,
     /// When the container started (unix ms).
@@ -248,6 +252,7 @@ pub(crate) fn make(
         max_total: t.max_total,
         extensions: lease.extensions,
         min_billed_s: t.min_billed_s,
+        prepay_s: t.prepay_s,
         image: t.image.clone(),
         started_at: lease.started_at.map(|t| t.0),
         closed_at: lease.closed_at.map(|t| t.0),
@@ -381,11 +386,14 @@ pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
     for r in rows {
         debits += u128::from(r.debit);
         credits += u128::from(r.credit);
+        // Spend is debited, revenue credited; the opposite entry is a reversal (a prepaid
+        // receipt's unused part, booked back at settlement).
         let (role, amount) = match r.account.as_str() {
-            ACCOUNT_LEASE_SPEND => (Role::Renter, r.debit),
-            ACCOUNT_LEASE_REVENUE => (Role::Provider, r.credit),
+            ACCOUNT_LEASE_SPEND => (Role::Renter, i128::from(r.debit) - i128::from(r.credit)),
+            ACCOUNT_LEASE_REVENUE => (Role::Provider, i128::from(r.credit) - i128::from(r.debit)),
             _ => continue,
         };
+        let add = |total: u64| u64::try_from((i128::from(total) + amount).max(0)).unwrap_or(u64::MAX);
         let st = per.entry(r.lease_id).or_insert_with(|| LeaseStatement {
             lease_id: r.lease_id,
             role,
@@ -393,18 +401,18 @@ pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
             total: 0,
             entries: 0,
         });
-        st.total = st.total.saturating_add(amount);
+        st.total = add(st.total);
         st.entries += 1;
         let c = out
             .counterparties
             .entry(peer_text(&r.counterparty))
             .or_default();
         if role == Role::Renter {
-            c.spent = c.spent.saturating_add(amount);
-            out.total_spent = out.total_spent.saturating_add(amount);
+            c.spent = add(c.spent);
+            out.total_spent = add(out.total_spent);
         } else {
-            c.earned = c.earned.saturating_add(amount);
-            out.total_earned = out.total_earned.saturating_add(amount);
+            c.earned = add(c.earned);
+            out.total_earned = add(out.total_earned);
         }
     }
     // Keep the store's lease order (oldest first).

@@ -165,6 +165,66 @@ fn insert_usage(
     Ok(())
 }
 
+/// At settlement: when the receipts booked for a lease come to more than it settles at (a
+/// prepaid receipt authorised more than was used, see `gridlease_contracts::channel::owed`),
+/// books the difference back (two reversal rows, no receipt) so the lease's spend or revenue
+/// is exactly `total`. Idempotent: a second settlement finds nothing to reverse.
+fn reverse_unowed(
+    tx: &rusqlite::Transaction<'_>,
+    lid: &[u8],
+    total: u64,
+    at: Timestamp,
+) -> rusqlite::Result<()> {
+    let Some((role, provider, renter)) = tx
+        .query_row(
+            "SELECT role, provider, renter FROM leases WHERE lease_id = ?1",
+            [lid],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, Vec<u8>>(2)?,
+                ))
+            },
+        )
+        .optional()?
+    else {
+        return Ok(());
+    };
+    let renter_side = role == "renter";
+    let (account, other) = if renter_side {
+        (ACCOUNT_LEASE_SPEND, ACCOUNT_PAYABLE)
+    } else {
+        (ACCOUNT_LEASE_REVENUE, ACCOUNT_RECEIVABLE)
+    };
+    // Spend is booked as debits, revenue as credits; a reversal is the opposite entry.
+    let booked: i64 = tx.query_row(
+        "SELECT COALESCE(SUM(CASE WHEN ?2 THEN debit - credit ELSE credit - debit END), 0)
+         FROM ledger WHERE lease_id = ?1 AND account = ?3",
+        params![lid, renter_side, account],
+        |r| r.get(0),
+    )?;
+    let excess = u64_of(booked).saturating_sub(total);
+    if excess == 0 {
+        return Ok(());
+    }
+    let counterparty = if renter_side { provider } else { renter };
+    let (main, contra) = if renter_side {
+        ((0, excess), (excess, 0))
+    } else {
+        ((excess, 0), (0, excess))
+    };
+    for (acct, (debit, credit)) in [(account, main), (other, contra)] {
+        tx.execute(
+            "INSERT INTO ledger(lease_id, counterparty, account, debit, credit, receipt_seq, at)
+             VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6)",
+            params![lid, &counterparty, acct, i64_of(debit), i64_of(credit), i64_of(at.0)],
+        )?;
+    }
+    tracing::info!(excess, total, "prepaid beyond use reversed at settlement");
+    Ok(())
+}
+
 fn key_of(b: &[u8]) -> Option<PublicKey> {
     <[u8; 32]>::try_from(b).ok().map(PublicKey)
 }
@@ -239,6 +299,10 @@ impl Store {
             ],
         )
         .map_err(e)?;
+        if let Some(total) = patch.settled_total {
+            let at = t.map(|t| t.at).or(patch.closed_at).unwrap_or_default();
+            reverse_unowed(&tx, lid, total, at).map_err(e)?;
+        }
         tx.commit().map_err(e)
     }
 
@@ -297,6 +361,31 @@ impl Store {
         let tx = self.conn.transaction().map_err(e)?;
         insert_usage(&tx, &id.0.0[..], seq, envelope, at, kept).map_err(e)?;
         tx.commit().map_err(e)
+    }
+
+    /// The lease's stored usage reports with a sequence above `after_seq`, oldest first, at
+    /// most `limit` (envelope bytes): what a renter that was away asks for (a provider keeps
+    /// every report it sent).
+    pub fn usage_after(
+        &self,
+        id: &LeaseId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT envelope FROM usage_reports WHERE lease_id = ?1 AND seq > ?2
+                 ORDER BY seq LIMIT ?3",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map(
+                params![&id.0.0[..], i64_of(after_seq), i64::try_from(limit).unwrap_or(i64::MAX)],
+                |r| r.get::<_, Vec<u8>>(0),
+            )
+            .map_err(self.err())?;
+        rows.collect::<Result<_, _>>().map_err(self.err())
     }
 
     /// Books a receipt: stores it (with the usage report it answers, for a renter) and the two
@@ -631,8 +720,8 @@ impl Store {
     pub fn ledger_totals(&self) -> Result<(u64, u64), StoreError> {
         self.conn
             .query_row(
-                "SELECT COALESCE(SUM(CASE WHEN account = ?1 THEN credit END), 0),
-                        COALESCE(SUM(CASE WHEN account = ?2 THEN debit END), 0)
+                "SELECT COALESCE(SUM(CASE WHEN account = ?1 THEN credit - debit END), 0),
+                        COALESCE(SUM(CASE WHEN account = ?2 THEN debit - credit END), 0)
                  FROM ledger",
                 [ACCOUNT_LEASE_REVENUE, ACCOUNT_LEASE_SPEND],
                 |r| Ok((u64_of(r.get(0)?), u64_of(r.get(1)?))),

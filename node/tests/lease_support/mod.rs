@@ -225,6 +225,7 @@ pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -
         network: gridlease_protocol::NetworkPolicy::None,
         keep_outputs_s: 0,
         upload_hold_s: 0,
+        prepay_s: 0,
     }
 }
 

@@ -1,0 +1,183 @@
+//! Unattended leases between two real nodes (separate processes) and a real container: the
+//! renter's node is suspended (SIGSTOP) for more than three grace periods.
+//! - `rent --prepay all`: the provider keeps the container running to its end while the renter
+//!   is away; when the renter comes back (SIGCONT) it reconciles (asks for the reports it
+//!   missed, checks each, learns the close) and both ledgers book the same amount: what the
+//!   provider's last report says is due, not the whole prepaid budget.
+//! - default (pay as you go): the same silence stops the lease (`renter_unreachable`), as
+//!   before; the renter learns it when it comes back and both ledgers agree.
+//!
+//! Usage every 2 s, renter grace 4 s, so three graces are 12 s. Needs Docker: with
+//! `GRIDLEASE_REQUIRE_DOCKER=1` (set by `.ci/run`) it fails when unreachable.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod cli_support;
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cli_support::{Daemon, Market, init, json, lease_of, probe_image_or_skip, start_node, wait_for};
+use serde_json::Value;
+
+const GRACE_S: u64 = 4;
+
+fn configure(home: &Path, lines: &str) {
+    init(home);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(home.join("config.toml"))
+        .unwrap();
+    writeln!(f, "{lines}").unwrap();
+}
+
+/// A provider reporting every 2 s and a renter with a 4 s grace, the offer in the renter's
+/// book (dropped: both daemons killed, then the provider's containers removed).
+fn market(dir: &Path) -> Market {
+    let (ph, rh) = (dir.join("provider"), dir.join("renter"));
+    configure(&ph, "usage_interval_secs = 2\npay_ahead_secs = 20");
+    configure(&rh, &format!("renter_grace_secs = {GRACE_S}"));
+    let provider = start_node(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
+    let status = json(&ph, &["status"]);
+    let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
+    let renter = start_node(&rh, &["--bootstrap", &addr]);
+    let mut offers = Value::Null;
+    wait_for(Duration::from_secs(30), "the offer to reach the renter", || {
+        offers = json(&rh, &["search", "gpu~4090"]);
+        offers.as_array().is_some_and(|a| a.len() == 1)
+    });
+    Market {
+        provider,
+        renter,
+        provider_peer: status["peer_id"].as_str().unwrap().to_string(),
+        offer: offers[0]["id"].as_str().unwrap()[..12].to_string(),
+    }
+}
+
+fn signal(d: &Daemon, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &d.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+/// Resumes a suspended daemon when dropped (a failing test must not leave it stopped).
+struct Resume<'a>(&'a Daemon);
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+fn ledger_total(home: &Path, key: &str) -> u64 {
+    let l = json(home, &["ledger"]);
+    assert_eq!(l["balanced"], true, "{l}");
+    l[key].as_u64().unwrap()
+}
+
+/// Rents a 120 s lease whose container sleeps `sleep_s` then exits 0; returns its id once the
+/// renter has paid something (a receipt reached the provider).
+fn rent(rh: &Path, ph: &Path, offer: &str, image: &str, sleep_s: u32, prepay: &[&str]) -> String {
+    let sleep = sleep_s.to_string();
+    let mut args = vec!["rent", offer, "--seconds", "120", "--detach", "--image", image];
+    args.extend_from_slice(prepay);
+    args.extend_from_slice(&["--", "sleep", &sleep, "exit", "0"]);
+    let rented = json(rh, &args);
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "a receipt at the provider", || {
+        lease_of(ph, &id)["paid"].as_u64().unwrap_or(0) > 0
+    });
+    id
+}
+
+#[test]
+fn a_prepaid_lease_runs_to_its_end_while_the_renter_is_away_and_both_ledgers_agree() {
+    let Some(image) = probe_image_or_skip("unattended") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let m = market(dir.path());
+    let (renter, offer) = (&m.renter, m.offer.clone());
+    let id = rent(&rh, &ph, &offer, &image, 24, &["--prepay", "all"]);
+    let seen = lease_of(&rh, &id);
+    assert_eq!(seen["prepay_s"], u64::from(u32::MAX), "{seen}");
+    // The whole budget was paid ahead at the first report.
+    let max_total = seen["max_total"].as_u64().unwrap();
+    assert_eq!(lease_of(&ph, &id)["paid"].as_u64(), Some(max_total));
+
+    signal(renter, "-STOP");
+    let resume = Resume(renter);
+    let stopped = Instant::now();
+    // The container runs to its end (24 s of sleep) although the renter is silent: the
+    // provider closes with the container's exit, never for the silence.
+    wait_for(Duration::from_secs(90), "the provider to settle", || {
+        lease_of(&ph, &id)["state"] == "settled"
+    });
+    let p = lease_of(&ph, &id);
+    assert_eq!(p["close_reason"], "container_exited", "{p}");
+    assert_eq!(p["exit_code"], 0, "{p}");
+    // Away for more than three grace periods.
+    while stopped.elapsed() < Duration::from_secs(3 * GRACE_S + 2) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(resume);
+    wait_for(Duration::from_secs(60), "the renter to reconcile and settle", || {
+        lease_of(&rh, &id)["state"] == "settled"
+    });
+    let r = lease_of(&rh, &id);
+    assert_eq!(r["close_reason"], "container_exited", "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    // Both settle at what the provider's last report says is due: about 24 s of use, billed at
+    // the 60 s minimum (1000 micro-units a second), not the prepaid 120 s budget.
+    let settled = p["settled_total"].as_u64().unwrap();
+    assert_eq!(r["settled_total"].as_u64(), Some(settled), "{r}\n{p}");
+    assert_eq!(settled, 60_000, "{p}");
+    assert!(settled < max_total);
+    // The ledgers book it (the unused prepay reversed), on both sides.
+    assert_eq!(ledger_total(&rh, "total_spent"), settled);
+    assert_eq!(ledger_total(&ph, "total_earned"), settled);
+}
+
+#[test]
+fn without_a_prepay_the_same_silence_stops_the_lease_and_the_renter_learns_it() {
+    let Some(image) = probe_image_or_skip("unattended") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let m = market(dir.path());
+    let (renter, offer) = (&m.renter, m.offer.clone());
+    let id = rent(&rh, &ph, &offer, &image, 100, &[]);
+    assert_eq!(lease_of(&rh, &id)["prepay_s"], 0);
+
+    signal(renter, "-STOP");
+    let resume = Resume(renter);
+    let stopped = Instant::now();
+    wait_for(Duration::from_secs(60), "the provider to settle", || {
+        lease_of(&ph, &id)["state"] == "settled"
+    });
+    let p = lease_of(&ph, &id);
+    assert_eq!(p["close_reason"], "renter_unreachable", "{p}");
+    let after = stopped.elapsed();
+    assert!(
+        after < Duration::from_secs(3 * GRACE_S + 30),
+        "stopped only after {after:?}"
+    );
+    while stopped.elapsed() < Duration::from_secs(3 * GRACE_S + 2) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(resume);
+    wait_for(Duration::from_secs(60), "the renter to settle", || {
+        lease_of(&rh, &id)["state"] == "settled"
+    });
+    let r = lease_of(&rh, &id);
+    assert_eq!(r["close_reason"], "renter_unreachable", "{r}");
+    let settled = p["settled_total"].as_u64().unwrap();
+    assert_eq!(r["settled_total"].as_u64(), Some(settled), "{r}\n{p}");
+    assert_eq!(ledger_total(&rh, "total_spent"), settled);
+    assert_eq!(ledger_total(&ph, "total_earned"), settled);
+}
