@@ -322,7 +322,7 @@ pub struct Market<'s> {
     /// Whether a reputation book trusts an identity it has no record of.
     strangers_trusted: bool,
     /// The matching mechanism (taken out while one of its hooks runs; see [`Market::with_mech`]).
-    mech: Box<dyn Mechanism>,
+    mech: Option<Box<dyn Mechanism>>,
     /// The mechanism's [`Rules`], read once.
     rules: Rules,
 }
@@ -553,7 +553,7 @@ impl<'s> Market<'s> {
             trust,
             strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
             rules: mech.rules(),
-            mech,
+            mech: Some(mech),
         }
     }
 
@@ -1752,11 +1752,14 @@ impl<'s> Market<'s> {
 /// themselves, so a hook can use them freely.
 impl Market<'_> {
     /// Runs `f` with the mechanism taken out of the market (so that it can act on the market
-    /// mutably); a hook that ran while it is out would find [`mechanism::Detached`].
+    /// mutably); a hook that ran while it is out would get [`mechanism::Detached`].
     fn with_mech<R>(&mut self, f: impl FnOnce(&mut dyn Mechanism, &mut Self) -> R) -> R {
-        let mut mech = std::mem::replace(&mut self.mech, Box::new(mechanism::Detached));
+        // `take` leaves `None`: no placeholder to build or drop on this hot path.
+        let Some(mut mech) = self.mech.take() else {
+            return f(&mut mechanism::Detached, self);
+        };
         let r = f(&mut *mech, self);
-        self.mech = mech;
+        self.mech = Some(mech);
         r
     }
 
