@@ -143,16 +143,19 @@ pub fn builtin(sc: &Scenario) -> Box<dyn Mechanism> {
     }
 }
 
+/// The rules of posted offers: the standing offer carries the ask, retries are gated by price.
+const ASK_PRICED: Rules = Rules {
+    offer_carries_ask: true,
+    price_gates_retry: true,
+};
+
 /// Stands in while the real mechanism's hook runs ([`Market::with_mech`]); the market's
 /// actions never call a hook, so it is never asked anything.
 pub(super) struct Detached;
 
 impl Mechanism for Detached {
     fn rules(&self) -> Rules {
-        Rules {
-            offer_carries_ask: true,
-            price_gates_retry: true,
-        }
+        ASK_PRICED
     }
     fn place(&mut self, _m: &mut Market<'_>, _job: u32, _now: u64) -> bool {
         false
@@ -164,10 +167,7 @@ struct PostedOffers;
 
 impl Mechanism for PostedOffers {
     fn rules(&self) -> Rules {
-        Rules {
-            offer_carries_ask: true,
-            price_gates_retry: true,
-        }
+        ASK_PRICED
     }
     fn place(&mut self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
         m.match_posted(job, now)
