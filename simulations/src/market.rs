@@ -13,6 +13,9 @@
 //! `channel_reports`.
 
 mod book;
+mod mechanism;
+
+pub use self::mechanism::{Candidate, JobView, Mechanism, OfferView, Rules, builtin};
 
 use std::collections::VecDeque;
 
@@ -36,7 +39,7 @@ use self::book::{Entry, OfferBook};
 use crate::engine::EventQueue;
 use crate::metrics::{Bucket, Population, ProviderStats, RenterStats, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
-use crate::scenario::{Arrivals, Attack, Availability, Matching, Scenario};
+use crate::scenario::{Arrivals, Attack, Availability, Scenario};
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
@@ -72,8 +75,11 @@ enum Ev {
     Repair { provider: u32 },
     /// All providers re-price.
     Reprice,
-    /// A reverse auction's bid window closes.
-    AuctionClose { job: u32, generation: u32 },
+    /// A mechanism's timer for one job (the reverse auction's bid window); dropped when the
+    /// job slot was reused or freed.
+    JobTimer { job: u32, generation: u32 },
+    /// A mechanism's own timer (the call market's clearing).
+    Tick { token: u32 },
 }
 
 /// What renters learn when an offer update reaches them.
@@ -136,7 +142,9 @@ struct Renter {
 enum JobState {
     Free,
     Waiting,
-    Auction,
+    /// Taken out of the waiting queue by the mechanism ([`Market::hold`]): the reverse
+    /// auction's bid window.
+    Held,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -313,7 +321,10 @@ pub struct Market<'s> {
     trust: TrustPolicy,
     /// Whether a reputation book trusts an identity it has no record of.
     strangers_trusted: bool,
-    mech: &'static dyn Mechanism,
+    /// The matching mechanism (taken out while one of its hooks runs; see [`Market::with_mech`]).
+    mech: Option<Box<dyn Mechanism>>,
+    /// The mechanism's [`Rules`], read once.
+    rules: Rules,
 }
 
 fn key_of(tag: u8, id: u32) -> PublicKey {
@@ -340,8 +351,19 @@ fn cda_job_key(job: u32) -> u64 {
 }
 
 impl<'s> Market<'s> {
-    /// Builds the world for one replication.
+    /// Builds the world for one replication, matched by the scenario's `matching` mechanism.
     pub fn new(sc: &'s Scenario, seed: u64, replication: u64) -> Self {
+        Self::with_mechanism(sc, seed, replication, builtin(sc))
+    }
+
+    /// Builds the world for one replication, matched by `mech` instead of the scenario's
+    /// `matching` (which is then ignored). See [`Mechanism`].
+    pub fn with_mechanism(
+        sc: &'s Scenario,
+        seed: u64,
+        replication: u64,
+        mech: Box<dyn Mechanism>,
+    ) -> Self {
         let mut class_order: Vec<usize> = (0..sc.gpu_class.len()).collect();
         class_order.sort_by_key(|&i| (sc.gpu_class[i].vram_gib, i));
         let class_vram: Vec<u32> = sc.gpu_class.iter().map(|c| c.vram_gib).collect();
@@ -530,11 +552,8 @@ impl<'s> Market<'s> {
             },
             trust,
             strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
-            mech: match sc.matching {
-                Matching::Posted => &PostedOffers,
-                Matching::ReverseAuction => &ReverseAuction,
-                Matching::DoubleAuction => &ContinuousDoubleAuction,
-            },
+            rules: mech.rules(),
+            mech: Some(mech),
         }
     }
 
@@ -611,7 +630,11 @@ impl<'s> Market<'s> {
         let left_s = pr.next_off_at.saturating_sub(now) / 1000;
         let max = left_s.min(MAX_OFFER_DURATION_S) as u32;
         pr.offer.max_duration_s = max.max(pr.offer.min_duration_s);
-        pr.offer.price_per_gpu_hour = self.mech.offer_price(pr.ask, pr.cost_floor).micros();
+        pr.offer.price_per_gpu_hour = if self.rules.offer_carries_ask {
+            pr.ask.micros()
+        } else {
+            pr.cost_floor.micros()
+        };
     }
 
     fn set_busy(&mut self, p: usize, now: u64, delta_busy: i64) {
@@ -778,6 +801,7 @@ impl<'s> Market<'s> {
         }
         let period = u64::from(self.sc.repricing_minutes) * 60_000;
         self.q.schedule(period, Ev::Reprice);
+        self.with_mech(|mech, m| mech.start(m, 0));
         while let Some((now, ev)) = self.q.pop_until(self.horizon) {
             match ev {
                 Ev::GroupArrival { group } => self.on_group_arrival(group as usize, now),
@@ -798,10 +822,13 @@ impl<'s> Market<'s> {
                     self.on_reprice(now);
                     self.q.schedule(now + period, Ev::Reprice);
                 }
-                Ev::AuctionClose { job, generation } => {
-                    let mech = self.mech;
-                    mech.timer(&mut self, job, generation, now);
+                Ev::JobTimer { job, generation } => {
+                    let j = self.jobs[job as usize];
+                    if j.generation == generation && j.state != JobState::Free {
+                        self.with_mech(|mech, m| mech.job_timer(m, job, now));
+                    }
                 }
+                Ev::Tick { token } => self.with_mech(|mech, m| mech.tick(m, token, now)),
             }
         }
         self.integrate(self.horizon);
@@ -936,7 +963,7 @@ impl<'s> Market<'s> {
             let changed = ask != pr.ask;
             if changed {
                 pr.ask = ask;
-                if self.mech.price_in_offer() {
+                if self.rules.offer_carries_ask {
                     pr.offer.seq += 1;
                     pr.offer_id = offer_id_of(pr.identity, pr.offer.seq as u32);
                 }
@@ -1079,15 +1106,13 @@ impl<'s> Market<'s> {
             b.jobs_abandoned += 1;
             self.rstats[j.renter as usize].jobs_abandoned += 1;
         }
-        let mech = self.mech;
-        mech.withdraw(self, job);
+        self.with_mech(|mech, m| mech.withdraw(m, job));
         self.release_job(job);
     }
 
     /// Tries to place a waiting job: at once (posted), by opening an auction, or by bidding.
     fn try_match(&mut self, job: u32, now: u64) -> bool {
-        let mech = self.mech;
-        mech.place(self, job, now)
+        self.with_mech(|mech, m| mech.place(m, job, now))
     }
 
     /// Whether the renter's reputation book accepts `identity`. A score changes only when a
@@ -1484,8 +1509,10 @@ impl<'s> Market<'s> {
                 free: snap.free,
             });
         }
-        let mech = self.mech;
-        mech.offer_visible(self, p, snap, open, better, now);
+        let retry = self.with_mech(|mech, m| mech.offer_visible(m, p, open, better, now));
+        if retry {
+            self.retry_waiting(p, now);
+        }
     }
 
     /// The double auction's reaction to a visible offer update: the provider's ask for its
@@ -1510,14 +1537,6 @@ impl<'s> Market<'s> {
         } else {
             self.cda[class].cancel(p as u64);
         }
-    }
-
-    /// The smallest class (by VRAM, then index) that fits `min_vram`; jobs wait there.
-    fn home_class(&self, min_vram: u32) -> usize {
-        (0..self.class_vram.len())
-            .filter(|&c| self.class_vram[c] >= min_vram)
-            .min_by_key(|&c| (self.class_vram[c], c))
-            .unwrap_or(0)
     }
 
     fn push_waiting(&mut self, job: u32) {
@@ -1581,7 +1600,7 @@ impl<'s> Market<'s> {
             return Some((true, 1));
         }
         let k = budget.min(c.jobs.len());
-        let gate = self.mech.price_gates_retry();
+        let gate = self.rules.price_gates_retry;
         let none_fit_any = v.free < c.min_gpus
             || now + u64::from(c.min_duration_s) * 1000 > v.until
             || (gate && v.price > c.max_valuation);
@@ -1629,7 +1648,7 @@ impl<'s> Market<'s> {
             }
             let fits = v.free >= j.gpus
                 && now + u64::from(j.duration_s) * 1000 <= v.until
-                && (!self.mech.price_gates_retry() || v.price <= j.valuation.micros())
+                && (!self.rules.price_gates_retry || v.price <= j.valuation.micros())
                 && self.trusted(j.renter, v.identity);
             if !(fits && self.try_match(job, now)) {
                 let j = self.jobs[job as usize];
@@ -1673,11 +1692,11 @@ impl<'s> Market<'s> {
         }
         self.auction_bids[idx] = bids;
         self.touch_job(job);
-        self.jobs[idx].state = JobState::Auction;
+        self.jobs[idx].state = JobState::Held;
         let close = now + u64::from(self.sc.auction.bid_window_s) * 1000;
         self.q.schedule(
             close,
-            Ev::AuctionClose {
+            Ev::JobTimer {
                 job,
                 generation: j.generation,
             },
@@ -1686,7 +1705,7 @@ impl<'s> Market<'s> {
 
     fn on_auction_close(&mut self, job: u32, generation: u32, now: u64) {
         let j = self.jobs[job as usize];
-        if j.generation != generation || j.state != JobState::Auction {
+        if j.generation != generation || j.state != JobState::Held {
             return;
         }
         let mut bids = std::mem::take(&mut self.auction_bids[job as usize]);
@@ -1730,116 +1749,158 @@ impl<'s> Market<'s> {
     }
 }
 
-/// A matching mechanism: how waiting jobs and visible offers meet. The three modes of
-/// [`Matching`] implement it; the market calls only these methods, so a new mechanism is one
-/// more implementation. Mechanism state (auction bids, double-auction books) lives in the
-/// market; the implementations are stateless.
-trait Mechanism: Sync {
-    /// The price a provider's standing offer carries, given its ask and cost floor.
-    fn offer_price(&self, ask: Money, floor: Money) -> Money;
-    /// Whether a new ask changes the standing offer (bumps its seq).
-    fn price_in_offer(&self) -> bool;
-    /// Whether a waiting job retries only offers whose visible price it can afford.
-    fn price_gates_retry(&self) -> bool;
-    /// A waiting job looks for a provider; `true` when it got a lease now.
-    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool;
-    /// An offer update reached renters (the offer book is already updated); `better` when it
-    /// made the offer more attractive. By default waiting jobs retry an improved offer.
-    fn offer_visible(
-        &self,
-        m: &mut Market<'_>,
-        p: usize,
-        _snap: Snapshot,
-        _open: bool,
-        better: bool,
+/// What a [`Mechanism`] may do with the market. These calls never run a mechanism hook
+/// themselves, so a hook can use them freely.
+impl Market<'_> {
+    /// Runs `f` with the mechanism taken out of the market (so that it can act on the market
+    /// mutably); a hook that ran while it is out would get [`mechanism::Detached`].
+    fn with_mech<R>(&mut self, f: impl FnOnce(&mut dyn Mechanism, &mut Self) -> R) -> R {
+        // `take` leaves `None`: no placeholder to build or drop on this hot path.
+        let Some(mut mech) = self.mech.take() else {
+            return f(&mut mechanism::Detached, self);
+        };
+        let r = f(&mut *mech, self);
+        self.mech = Some(mech);
+        r
+    }
+
+    /// The scenario being run.
+    pub fn scenario(&self) -> &Scenario {
+        self.sc
+    }
+
+    /// Number of GPU classes (indices into the scenario's `gpu_class`).
+    pub fn classes(&self) -> usize {
+        self.class_vram.len()
+    }
+
+    /// The class of provider `provider`.
+    pub fn provider_class(&self, provider: usize) -> usize {
+        self.providers[provider].class
+    }
+
+    /// The smallest class (by VRAM, then index) with at least `min_vram_gib`: where a job
+    /// waits, and where the double auctions place its bid.
+    pub fn home_class(&self, min_vram_gib: u32) -> usize {
+        (0..self.class_vram.len())
+            .filter(|&c| self.class_vram[c] >= min_vram_gib)
+            .min_by_key(|&c| (self.class_vram[c], c))
+            .unwrap_or(0)
+    }
+
+    /// What a mechanism may read of job slot `job`.
+    pub fn job(&self, job: u32) -> JobView {
+        let j = &self.jobs[job as usize];
+        JobView {
+            renter: j.renter,
+            gpus: j.gpus,
+            min_vram_gib: j.min_vram,
+            duration_s: j.duration_s,
+            valuation: j.valuation,
+            arrived_ms: j.arrived,
+            waiting: j.state == JobState::Waiting,
+            held: j.state == JobState::Held,
+        }
+    }
+
+    /// The open offers of `class` renters currently see, cheapest first.
+    pub fn offers(&self, class: usize) -> impl Iterator<Item = OfferView> + '_ {
+        self.book[class].iter().map(|e| OfferView {
+            provider: e.provider as usize,
+            identity: e.identity,
+            price: Money::from_micros(e.price),
+            free_gpus: e.free,
+            until_ms: e.until,
+        })
+    }
+
+    /// Up to `limit_per_class` visible offers per class that `job` could lease (memory,
+    /// free GPUs, price at most its valuation, long enough, trusted by its renter), cheapest
+    /// first.
+    pub fn feasible_offers(
+        &mut self,
+        job: u32,
+        limit_per_class: usize,
         now: u64,
-    ) {
-        if better {
-            m.retry_waiting(p, now);
+    ) -> Vec<Candidate> {
+        let cands = self.candidates(job, limit_per_class, now);
+        let out = cands
+            .iter()
+            .map(|&(price, p)| Candidate {
+                price: Money::from_micros(price),
+                provider: p as usize,
+            })
+            .collect();
+        self.scratch = cands;
+        out
+    }
+
+    /// Whether renter `renter`'s reputation book accepts provider identity `identity` (always
+    /// true when the scenario disables reputation).
+    pub fn trusts(&self, renter: u32, identity: u32) -> bool {
+        self.trusted(renter, identity)
+    }
+
+    /// A fresh quote from provider `provider`'s pricing strategy (what it bids in an auction;
+    /// draws from the provider's stream).
+    pub fn quote(&mut self, provider: usize) -> Money {
+        let pr = &mut self.providers[provider];
+        let input = PricingInput {
+            cost_floor: pr.cost_floor,
+            current: pr.ask,
+            utilization_permille: 0,
+            cheapest_competitor: None,
+        };
+        pr.pricing.quote(&input, &mut pr.rng)
+    }
+
+    /// The renter of `job` asks `provider` for a lease at `price` per GPU-hour; the provider
+    /// decides with the real `check_request` on its true state. `true`: the lease started and
+    /// the job slot is freed. Refused for a job that is neither waiting nor held.
+    pub fn request_lease(&mut self, job: u32, provider: usize, price: Money, now: u64) -> bool {
+        if self.jobs[job as usize].state == JobState::Free {
+            return false;
+        }
+        self.request(job, provider, price, now)
+    }
+
+    /// Takes a waiting job out of the retry queues (its patience still runs; a retry skips
+    /// it); [`Market::requeue`] puts it back.
+    pub fn hold(&mut self, job: u32) {
+        if self.jobs[job as usize].state == JobState::Waiting {
+            self.touch_job(job);
+            self.jobs[job as usize].state = JobState::Held;
         }
     }
-    /// A job gave up waiting.
-    fn withdraw(&self, _m: &mut Market<'_>, _job: u32) {}
-    /// A mechanism timer for `job` fired (the reverse auction's bid window).
-    fn timer(&self, _m: &mut Market<'_>, _job: u32, _generation: u32, _now: u64) {}
-}
 
-/// Posted offers: the renter takes the cheapest feasible offer it sees (the real node).
-struct PostedOffers;
-
-impl Mechanism for PostedOffers {
-    fn offer_price(&self, ask: Money, _floor: Money) -> Money {
-        ask
-    }
-    fn price_in_offer(&self) -> bool {
-        true
-    }
-    fn price_gates_retry(&self) -> bool {
-        true
-    }
-    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
-        m.match_posted(job, now)
-    }
-}
-
-/// Reverse auction with a bid window (Akash-style). The standing offer carries the cost
-/// floor; the winning bid sets the lease price.
-struct ReverseAuction;
-
-impl Mechanism for ReverseAuction {
-    fn offer_price(&self, _ask: Money, floor: Money) -> Money {
-        floor
-    }
-    fn price_in_offer(&self) -> bool {
-        false
-    }
-    fn price_gates_retry(&self) -> bool {
-        false
-    }
-    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
-        m.open_auction(job, now);
-        false
-    }
-    fn timer(&self, m: &mut Market<'_>, job: u32, generation: u32, now: u64) {
-        m.on_auction_close(job, generation, now);
-    }
-}
-
-/// Continuous double auction per GPU class. The standing offer carries the cost floor; the
-/// trade price is the standing order's limit.
-struct ContinuousDoubleAuction;
-
-impl Mechanism for ContinuousDoubleAuction {
-    fn offer_price(&self, _ask: Money, floor: Money) -> Money {
-        floor
-    }
-    fn price_in_offer(&self) -> bool {
-        false
-    }
-    fn price_gates_retry(&self) -> bool {
-        false
-    }
-    fn place(&self, m: &mut Market<'_>, job: u32, now: u64) -> bool {
-        m.bid_cda(job, now)
-    }
-    fn offer_visible(
-        &self,
-        m: &mut Market<'_>,
-        p: usize,
-        snap: Snapshot,
-        open: bool,
-        better: bool,
-        now: u64,
-    ) {
-        m.ask_cda(p, snap, open, now);
-        if better {
-            m.retry_waiting(p, now);
+    /// Puts a held job back into its class's waiting queue.
+    pub fn requeue(&mut self, job: u32) {
+        if self.jobs[job as usize].state == JobState::Held {
+            self.touch_job(job);
+            self.jobs[job as usize].state = JobState::Waiting;
+            self.push_waiting(job);
         }
     }
-    fn withdraw(&self, m: &mut Market<'_>, job: u32) {
-        for book in &mut m.cda {
-            book.cancel(cda_job_key(job));
-        }
+
+    /// The jobs waiting in `class`'s queue (jobs wait in their [`Market::home_class`]), oldest
+    /// first; drops the queue's entries of jobs no longer waiting.
+    pub fn waiting_jobs(&mut self, class: usize) -> Vec<u32> {
+        let jobs = &self.jobs;
+        self.waiting[class].retain(|&j| jobs[j as usize].state == JobState::Waiting);
+        self.invalidate_prefix(class);
+        self.waiting[class].iter().copied().collect()
+    }
+
+    /// Calls [`Mechanism::job_timer`] for `job` at `at` ms, unless the job has left the
+    /// market (leased or abandoned) by then.
+    pub fn schedule_job_timer(&mut self, at: u64, job: u32) {
+        let generation = self.jobs[job as usize].generation;
+        self.q.schedule(at, Ev::JobTimer { job, generation });
+    }
+
+    /// Calls [`Mechanism::tick`] with `token` at `at` ms.
+    pub fn schedule_tick(&mut self, at: u64, token: u32) {
+        self.q.schedule(at, Ev::Tick { token });
     }
 }
 

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::market::{Market, RunResult, revenue_gini};
+use crate::market::{Market, Mechanism, RunResult, revenue_gini};
 use crate::metrics::{Bucket, Population, WAIT_BINS_S};
 use crate::scenario::Scenario;
 use crate::stats::{self, Summary};
@@ -110,10 +110,24 @@ pub fn execute(
     seed: u64,
     tick: &(dyn Fn(u64) + Sync),
 ) -> Vec<Record> {
+    execute_with(points, tasks, seed, tick, &crate::market::builtin)
+}
+
+/// [`execute`] with a mechanism of the caller's instead of the scenario's `matching`:
+/// `mechanism` builds a fresh one for each (point, replication).
+pub fn execute_with(
+    points: &[Point],
+    tasks: &[(usize, u64)],
+    seed: u64,
+    tick: &(dyn Fn(u64) + Sync),
+    mechanism: &(dyn Fn(&Scenario) -> Box<dyn Mechanism> + Sync),
+) -> Vec<Record> {
     tasks
         .par_iter()
         .map(|&(point, replication)| {
-            let result = Market::new(&points[point].scenario, seed, replication).run_observed(tick);
+            let sc = &points[point].scenario;
+            let result =
+                Market::with_mechanism(sc, seed, replication, mechanism(sc)).run_observed(tick);
             Record {
                 point,
                 replication,
