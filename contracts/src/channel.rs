@@ -1129,10 +1129,16 @@ mod tests {
         f.terms.prepay_s = 120;
         let mut renter = RenterChannel::new(f.id, f.terms.clone());
         let u = report(&f, 1, 10_000);
-        let r = renter.on_usage(&u, &f.provider, 10_000, T0.plus_secs(10)).unwrap().unwrap();
+        let r = renter
+            .on_usage(&u, &f.provider, 10_000, T0.plus_secs(10))
+            .unwrap()
+            .unwrap();
         // 10 s used + 120 s ahead at 1000 micro-units a second.
         assert_eq!(r.total_paid, 130_000);
-        assert_eq!(renter.prepaid_exposure(10_000).unwrap(), Money::from_micros(120_000));
+        assert_eq!(
+            renter.prepaid_exposure(10_000).unwrap(),
+            Money::from_micros(120_000)
+        );
         assert_eq!(renter.settlement(), Money::from_micros(10_000));
         let mut p = ProviderChannel::new(f.id, &f.terms, T0);
         p.accept_receipt(&f.renter, &r, T0.plus_secs(10)).unwrap();
@@ -1142,14 +1148,20 @@ mod tests {
         // In arrears the receipt is what is owed.
         let f = fx();
         let mut renter = RenterChannel::new(f.id, f.terms.clone());
-        let r = renter.on_usage(&report(&f, 1, 10_000), &f.provider, 10_000, T0).unwrap().unwrap();
+        let r = renter
+            .on_usage(&report(&f, 1, 10_000), &f.provider, 10_000, T0)
+            .unwrap()
+            .unwrap();
         assert_eq!(r.total_paid, 10_000);
         assert_eq!(renter.settlement(), Money::from_micros(10_000));
         // The whole budget at once with PREPAY_ALL.
         let mut f = fx();
         f.terms.prepay_s = gridlease_protocol::PREPAY_ALL;
         let mut renter = RenterChannel::new(f.id, f.terms.clone());
-        let r = renter.on_usage(&report(&f, 1, 10_000), &f.provider, 10_000, T0).unwrap().unwrap();
+        let r = renter
+            .on_usage(&report(&f, 1, 10_000), &f.provider, 10_000, T0)
+            .unwrap()
+            .unwrap();
         assert_eq!(r.total_paid, f.terms.max_total);
     }
 }

@@ -13,46 +13,27 @@
 
 mod cli_support;
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cli_support::{Daemon, Market, init, json, lease_of, probe_image_or_skip, start_node, wait_for};
-use serde_json::Value;
+use cli_support::{
+    Daemon, Market, json, lease_of, market_configured, probe_image_or_skip, wait_for,
+};
 
 const GRACE_S: u64 = 4;
-
-fn configure(home: &Path, lines: &str) {
-    init(home);
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(home.join("config.toml"))
-        .unwrap();
-    writeln!(f, "{lines}").unwrap();
-}
 
 /// A provider reporting every 2 s and a renter with a 4 s grace, the offer in the renter's
 /// book (dropped: both daemons killed, then the provider's containers removed).
 fn market(dir: &Path) -> Market {
-    let (ph, rh) = (dir.join("provider"), dir.join("renter"));
-    configure(&ph, "usage_interval_secs = 2\npay_ahead_secs = 20");
-    configure(&rh, &format!("renter_grace_secs = {GRACE_S}"));
-    let provider = start_node(&ph, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
-    let status = json(&ph, &["status"]);
-    let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
-    let renter = start_node(&rh, &["--bootstrap", &addr]);
-    let mut offers = Value::Null;
-    wait_for(Duration::from_secs(30), "the offer to reach the renter", || {
-        offers = json(&rh, &["search", "gpu~4090"]);
-        offers.as_array().is_some_and(|a| a.len() == 1)
-    });
-    Market {
-        provider,
-        renter,
-        provider_peer: status["peer_id"].as_str().unwrap().to_string(),
-        offer: offers[0]["id"].as_str().unwrap()[..12].to_string(),
-    }
+    market_configured(
+        dir,
+        &[],
+        None,
+        [
+            "usage_interval_secs = 2\npay_ahead_secs = 20",
+            &format!("renter_grace_secs = {GRACE_S}"),
+        ],
+    )
 }
 
 fn signal(d: &Daemon, sig: &str) {
@@ -78,11 +59,38 @@ fn ledger_total(home: &Path, key: &str) -> u64 {
     l[key].as_u64().unwrap()
 }
 
+/// Waits for the renter (back from its suspension) to settle, then checks that it closed for
+/// `reason` like the provider, at the provider's amount, and that each ledger books exactly
+/// that amount. Returns the renter's view.
+fn settled_alike(rh: &Path, ph: &Path, id: &str, reason: &str) -> serde_json::Value {
+    wait_for(
+        Duration::from_secs(60),
+        "the renter to reconcile and settle",
+        || lease_of(rh, id)["state"] == "settled",
+    );
+    let (r, p) = (lease_of(rh, id), lease_of(ph, id));
+    assert_eq!(r["close_reason"], reason, "{r}");
+    assert_eq!(p["close_reason"], reason, "{p}");
+    let settled = p["settled_total"].as_u64().unwrap();
+    assert_eq!(r["settled_total"].as_u64(), Some(settled), "{r}\n{p}");
+    assert_eq!(ledger_total(rh, "total_spent"), settled);
+    assert_eq!(ledger_total(ph, "total_earned"), settled);
+    r
+}
+
 /// Rents a 120 s lease whose container sleeps `sleep_s` then exits 0; returns its id once the
 /// renter has paid something (a receipt reached the provider).
 fn rent(rh: &Path, ph: &Path, offer: &str, image: &str, sleep_s: u32, prepay: &[&str]) -> String {
     let sleep = sleep_s.to_string();
-    let mut args = vec!["rent", offer, "--seconds", "120", "--detach", "--image", image];
+    let mut args = vec![
+        "rent",
+        offer,
+        "--seconds",
+        "120",
+        "--detach",
+        "--image",
+        image,
+    ];
     args.extend_from_slice(prepay);
     args.extend_from_slice(&["--", "sleep", &sleep, "exit", "0"]);
     let rented = json(rh, &args);
@@ -125,21 +133,14 @@ fn a_prepaid_lease_runs_to_its_end_while_the_renter_is_away_and_both_ledgers_agr
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(resume);
-    wait_for(Duration::from_secs(60), "the renter to reconcile and settle", || {
-        lease_of(&rh, &id)["state"] == "settled"
-    });
-    let r = lease_of(&rh, &id);
-    assert_eq!(r["close_reason"], "container_exited", "{r}");
+    let r = settled_alike(&rh, &ph, &id, "container_exited");
     assert_eq!(r["exit_code"], 0, "{r}");
     // Both settle at what the provider's last report says is due: about 24 s of use, billed at
-    // the 60 s minimum (1000 micro-units a second), not the prepaid 120 s budget.
+    // the 60 s minimum (1000 micro-units a second), not the prepaid 120 s budget; each ledger
+    // books that (the unused prepay reversed).
     let settled = p["settled_total"].as_u64().unwrap();
-    assert_eq!(r["settled_total"].as_u64(), Some(settled), "{r}\n{p}");
     assert_eq!(settled, 60_000, "{p}");
     assert!(settled < max_total);
-    // The ledgers book it (the unused prepay reversed), on both sides.
-    assert_eq!(ledger_total(&rh, "total_spent"), settled);
-    assert_eq!(ledger_total(&ph, "total_earned"), settled);
 }
 
 #[test]
@@ -171,13 +172,5 @@ fn without_a_prepay_the_same_silence_stops_the_lease_and_the_renter_learns_it() 
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(resume);
-    wait_for(Duration::from_secs(60), "the renter to settle", || {
-        lease_of(&rh, &id)["state"] == "settled"
-    });
-    let r = lease_of(&rh, &id);
-    assert_eq!(r["close_reason"], "renter_unreachable", "{r}");
-    let settled = p["settled_total"].as_u64().unwrap();
-    assert_eq!(r["settled_total"].as_u64(), Some(settled), "{r}\n{p}");
-    assert_eq!(ledger_total(&rh, "total_spent"), settled);
-    assert_eq!(ledger_total(&ph, "total_earned"), settled);
+    settled_alike(&rh, &ph, &id, "renter_unreachable");
 }

@@ -253,11 +253,12 @@ fn prepay_note(
     let span = if whole {
         "the whole lease".to_string()
     } else {
-        humantime::format_duration(std::time::Duration::from_secs(u64::from(prepay_s))).to_string()
+        let d = std::time::Duration::from_secs(u64::from(prepay_s));
+        format!("{} of use", humantime::format_duration(d))
     };
     Ok(format!(
-        "prepaying {span} of use: up to {ahead} GLU is paid ahead of the provider's reports, so \
-         the lease keeps running while this node is offline; what is not used is not owed"
+        "prepaying {span}: up to {ahead} GLU is paid ahead of the provider's reports, so the \
+         lease keeps running while this node is offline; what is not used is not owed"
     ))
 }
 
@@ -872,6 +873,35 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn prepay_is_a_duration_or_all_and_its_risk_is_said_in_glu() {
+        assert_eq!(parse_prepay("all"), Ok(gridlease_protocol::PREPAY_ALL));
+        assert_eq!(parse_prepay("2h"), Ok(7200));
+        assert_eq!(parse_prepay("1h30m"), Ok(5400));
+        assert!(
+            parse_prepay("0s")
+                .unwrap_err()
+                .contains("at least one second")
+        );
+        assert!(parse_prepay("soon").unwrap_err().contains("2h, 90m"));
+        let price = Money::from_micros(3_600_000); // 3.60 GLU per GPU-hour
+        // 10 minutes of a 1 h lease on 2 GPUs: 1.2 GLU at risk.
+        let note = prepay_note(600, 3600, 2, price, None).unwrap();
+        assert!(
+            note.starts_with("prepaying 10m of use: up to 1.20 GLU"),
+            "{note}"
+        );
+        // All: the budget, capped by --max-total.
+        let note = prepay_note(gridlease_protocol::PREPAY_ALL, 3600, 1, price, None).unwrap();
+        assert!(
+            note.starts_with("prepaying the whole lease: up to 3.60 GLU"),
+            "{note}"
+        );
+        let cap = Some(Money::from_micros(500_000));
+        let note = prepay_note(7200, 3600, 1, price, cap).unwrap();
+        assert!(note.contains("up to 0.50 GLU"), "{note}");
+    }
 
     #[test]
     fn copy_specs_default_to_the_sources_last_name() {

@@ -1719,7 +1719,14 @@ impl Actor {
             return;
         }
         let entry = m.request.lease_hint().and_then(|id| self.sessions.get(&id));
-        if let (None, SessionRequest::Reports { lease_id, after_seq }) = (entry, &m.request) {
+        if let (
+            None,
+            SessionRequest::Reports {
+                lease_id,
+                after_seq,
+            },
+        ) = (entry, &m.request)
+        {
             // A finished lease's reports and close, from the store (a running one's session
             // answers, noting that its renter is back).
             if !self.log_rate.check(&m.peer, self.ctx.now()) {

@@ -1198,7 +1198,10 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
                     }
                 }
                 // A renter that was away catching up: heard from, answered from the store.
-                SessionRequest::Reports { lease_id, after_seq } if from_renter => {
+                SessionRequest::Reports {
+                    lease_id,
+                    after_seq,
+                } if from_renter => {
                     s.channel.heard_from_renter(s.ctx.now());
                     let (ctx, peer, reply) = (s.ctx.clone(), m.peer, m.reply);
                     tokio::spawn(async move {

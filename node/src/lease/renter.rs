@@ -379,7 +379,8 @@ impl Session {
         };
         let net = self.ctx.client.network().clone();
         let terms = &self.lease.terms;
-        let pages = u64::from(terms.duration_s) / u64::from(terms.usage_interval_s.max(1))
+        let pages = u64::from(terms.duration_s)
+            / u64::from(terms.usage_interval_s.max(1))
             / MAX_REPORTS_PER_BATCH as u64
             + 4;
         let mut checked = 0usize;

@@ -393,7 +393,8 @@ pub(crate) fn ledger(rows: &[LedgerRow], leases: &[StoredLease]) -> Ledger {
             ACCOUNT_LEASE_REVENUE => (Role::Provider, i128::from(r.credit) - i128::from(r.debit)),
             _ => continue,
         };
-        let add = |total: u64| u64::try_from((i128::from(total) + amount).max(0)).unwrap_or(u64::MAX);
+        let add =
+            |total: u64| u64::try_from((i128::from(total) + amount).max(0)).unwrap_or(u64::MAX);
         let st = per.entry(r.lease_id).or_insert_with(|| LeaseStatement {
             lease_id: r.lease_id,
             role,
@@ -524,7 +525,7 @@ mod tests {
             concat!(
                 r#"{{"lease_id":"{id}","role":"provider","state":"settled","#,
                 r#""counterparty":"{peer}","gpus":1,"price_per_gpu_hour":3600000,"#,
-                r#""duration_s":600,"max_total":10000000,"extensions":0,"min_billed_s":60,"#,
+                r#""duration_s":600,"max_total":10000000,"extensions":0,"min_billed_s":60,"prepay_s":0,"#,
                 r#""image":"{image}","started_at":{started},"#,
                 r#""closed_at":{closed},"usage":{{"seq":6,"wall_ms":60000,"#,
                 r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,

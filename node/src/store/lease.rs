@@ -218,7 +218,14 @@ fn reverse_unowed(
         tx.execute(
             "INSERT INTO ledger(lease_id, counterparty, account, debit, credit, receipt_seq, at)
              VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6)",
-            params![lid, &counterparty, acct, i64_of(debit), i64_of(credit), i64_of(at.0)],
+            params![
+                lid,
+                &counterparty,
+                acct,
+                i64_of(debit),
+                i64_of(credit),
+                i64_of(at.0)
+            ],
         )?;
     }
     tracing::info!(excess, total, "prepaid beyond use reversed at settlement");
@@ -381,7 +388,11 @@ impl Store {
             .map_err(self.err())?;
         let rows = stmt
             .query_map(
-                params![&id.0.0[..], i64_of(after_seq), i64::try_from(limit).unwrap_or(i64::MAX)],
+                params![
+                    &id.0.0[..],
+                    i64_of(after_seq),
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
                 |r| r.get::<_, Vec<u8>>(0),
             )
             .map_err(self.err())?;

@@ -201,14 +201,34 @@ pub fn market(dir: &Path) -> Market {
 
 /// [`market`] with more provider flags (`extra`), the provider's log written to `log`.
 pub fn market_with(dir: &Path, extra: &[&str], log: Option<&Path>) -> Market {
+    market_configured(dir, extra, log, ["", ""])
+}
+
+/// [`market_with`], with lines added to the provider's and the renter's `config.toml`
+/// (`[provider, renter]`, TOML) before they start.
+pub fn market_configured(
+    dir: &Path,
+    extra: &[&str],
+    log: Option<&Path>,
+    config: [&str; 2],
+) -> Market {
+    use std::io::Write;
     let (ph, rh) = (dir.join("provider"), dir.join("renter"));
-    init(&ph);
+    for (home, lines) in [(&ph, config[0]), (&rh, config[1])] {
+        init(home);
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(home.join("config.toml"))
+            .unwrap();
+        writeln!(f, "{lines}").unwrap();
+    }
     let mut args = vec!["--dev-gpus", "RTX 4090:24GiB:3.60"];
     args.extend_from_slice(extra);
     let provider = start_node_logged(&ph, &args, log);
     let status = json(&ph, &["status"]);
     let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
-    let renter = start(&rh, &["--bootstrap", &addr]);
+    let renter = start_node(&rh, &["--bootstrap", &addr]);
     let mut offers = Value::Null;
     wait_for(
         Duration::from_secs(30),
