@@ -332,6 +332,11 @@ mod tests {
     /// A finished lease: offer, terms, `n` reports 10 s apart, the receipt for the last, and
     /// one amendment when `amend`.
     fn statement(n: u64, amend: bool) -> (Parties, Statement) {
+        statement_prepaid(n, amend, 0)
+    }
+
+    /// [`statement`] for terms prepaying `prepay_s` seconds: the receipt pays ahead.
+    fn statement_prepaid(n: u64, amend: bool, prepay_s: u32) -> (Parties, Statement) {
         let p = Parties {
             provider: NodeKey::generate(),
             renter: NodeKey::generate(),
@@ -340,7 +345,8 @@ mod tests {
         let offer = fixtures::offer(p.provider.public(), 3, 2, 3_600_000);
         let signed_offer = Signed::sign(&p.provider, &p.net, &offer).unwrap();
         let offer_id = OfferId(signed_offer.envelope().content_digest());
-        let terms = fixtures::terms(offer_id, &offer, p.renter.public(), 1, 600);
+        let mut terms = fixtures::terms(offer_id, &offer, p.renter.public(), 1, 600);
+        terms.prepay_s = prepay_s;
         let lease_id = terms.lease_id().unwrap();
         let request = LeaseRequest {
             terms: terms.clone(),
@@ -386,7 +392,9 @@ mod tests {
             let r = PaymentReceipt {
                 lease_id,
                 seq: u.seq,
-                total_paid: u.amount_due,
+                total_paid: tariff
+                    .receipt_total(Money::from_micros(u.amount_due))
+                    .micros(),
                 covers_wall_ms: u.wall_ms,
                 usage_seq: u.seq,
                 issued_at: u.interval_end,
@@ -420,6 +428,34 @@ mod tests {
         // The file round-trips byte for byte.
         let bytes = s.to_bytes().unwrap();
         assert_eq!(Statement::from_bytes(&bytes).unwrap(), s);
+    }
+
+    #[test]
+    fn a_prepaid_statement_owes_the_last_reported_due_and_a_receipt_off_the_prepay_is_named() {
+        // 60 s used, 120 s prepaid: the receipt pays 180 s, 0.06 units are owed.
+        let (p, s) = statement_prepaid(6, false, 120);
+        let v = verify(&s).unwrap();
+        assert_eq!(v.receipt.as_ref().unwrap().total_paid, 180_000);
+        assert_eq!(v.owed, Money::from_micros(60_000));
+        assert_eq!(v.unpaid, Money::ZERO);
+        // Prepaid in full: the whole budget cap (the fixture's 10 units), still 0.06 owed.
+        let (_, all) = statement_prepaid(6, false, gridlease_protocol::PREPAY_ALL);
+        let v = verify(&all).unwrap();
+        assert_eq!(v.receipt.as_ref().unwrap().total_paid, 10_000_000);
+        assert_eq!(v.owed, Money::from_micros(60_000));
+        // A receipt that pays in arrears although the terms prepay does not match the terms.
+        let mut bad = s.clone();
+        let mut r = bad
+            .receipt
+            .as_ref()
+            .unwrap()
+            .verify(&p.net)
+            .unwrap()
+            .message;
+        r.total_paid = 60_000;
+        bad.receipt = Some(Signed::sign(&p.renter, &p.net, &r).unwrap());
+        let e = verify(&bad).unwrap_err();
+        assert!(e.to_string().contains("the receipt"), "{e}");
     }
 
     #[test]
