@@ -53,6 +53,23 @@ impl Drop for Resume<'_> {
     }
 }
 
+/// Suspends the renter's node until the provider has settled lease `id` (within `limit`) and
+/// at least three grace periods have passed, then resumes it. Returns the provider's view and
+/// how long after the suspension it had settled.
+fn away(renter: &Daemon, ph: &Path, id: &str, limit: Duration) -> (serde_json::Value, Duration) {
+    signal(renter, "-STOP");
+    let _resume = Resume(renter);
+    let stopped = Instant::now();
+    wait_for(limit, "the provider to settle", || {
+        lease_of(ph, id)["state"] == "settled"
+    });
+    let settled_after = stopped.elapsed();
+    while stopped.elapsed() < Duration::from_secs(3 * GRACE_S + 2) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (lease_of(ph, id), settled_after)
+}
+
 fn ledger_total(home: &Path, key: &str) -> u64 {
     let l = json(home, &["ledger"]);
     assert_eq!(l["balanced"], true, "{l}");
@@ -117,22 +134,11 @@ fn a_prepaid_lease_runs_to_its_end_while_the_renter_is_away_and_both_ledgers_agr
     let max_total = seen["max_total"].as_u64().unwrap();
     assert_eq!(lease_of(&ph, &id)["paid"].as_u64(), Some(max_total));
 
-    signal(renter, "-STOP");
-    let resume = Resume(renter);
-    let stopped = Instant::now();
     // The container runs to its end (24 s of sleep) although the renter is silent: the
     // provider closes with the container's exit, never for the silence.
-    wait_for(Duration::from_secs(90), "the provider to settle", || {
-        lease_of(&ph, &id)["state"] == "settled"
-    });
-    let p = lease_of(&ph, &id);
+    let (p, _) = away(renter, &ph, &id, Duration::from_secs(90));
     assert_eq!(p["close_reason"], "container_exited", "{p}");
     assert_eq!(p["exit_code"], 0, "{p}");
-    // Away for more than three grace periods.
-    while stopped.elapsed() < Duration::from_secs(3 * GRACE_S + 2) {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    drop(resume);
     let r = settled_alike(&rh, &ph, &id, "container_exited");
     assert_eq!(r["exit_code"], 0, "{r}");
     // Both settle at what the provider's last report says is due: about 24 s of use, billed at
@@ -155,22 +161,11 @@ fn without_a_prepay_the_same_silence_stops_the_lease_and_the_renter_learns_it() 
     let id = rent(&rh, &ph, &offer, &image, 100, &[]);
     assert_eq!(lease_of(&rh, &id)["prepay_s"], 0);
 
-    signal(renter, "-STOP");
-    let resume = Resume(renter);
-    let stopped = Instant::now();
-    wait_for(Duration::from_secs(60), "the provider to settle", || {
-        lease_of(&ph, &id)["state"] == "settled"
-    });
-    let p = lease_of(&ph, &id);
+    let (p, after) = away(renter, &ph, &id, Duration::from_secs(60));
     assert_eq!(p["close_reason"], "renter_unreachable", "{p}");
-    let after = stopped.elapsed();
     assert!(
         after < Duration::from_secs(3 * GRACE_S + 30),
         "stopped only after {after:?}"
     );
-    while stopped.elapsed() < Duration::from_secs(3 * GRACE_S + 2) {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    drop(resume);
     settled_alike(&rh, &ph, &id, "renter_unreachable");
 }
