@@ -122,6 +122,9 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
@@ -321,9 +324,16 @@ async fn main() {
         s
     };
 
+    // `BENCH_ACCESS_ONLY=forward|cp` runs one part (to profile it); both by default.
+    let only = std::env::var("BENCH_ACCESS_ONLY").unwrap_or_default();
+    let (fwd_rounds, cp_rounds) = match only.as_str() {
+        "forward" => (rounds, 0),
+        "cp" => (0, rounds),
+        _ => (rounds, rounds),
+    };
     // Throughput: 1 GiB GET.
     let (mut d_mbs, mut f_mbs) = (Vec::new(), Vec::new());
-    for _ in 0..rounds {
+    for _ in 0..fwd_rounds {
         for (which, out) in [(0, &mut d_mbs), (1, &mut f_mbs)] {
             let s = if which == 0 {
                 direct(8080)
@@ -358,7 +368,7 @@ async fn main() {
     let container = gridlease_sandbox::spec::container_name_of(&id.parse().unwrap());
     let (mut g_up, mut d_up, mut g_down, mut d_down, mut raw) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for r in 0..rounds {
+    for r in 0..cp_rounds {
         let mbs = |t: Instant| tree_bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
         let t = Instant::now();
         run_ok(Command::new(gridlease()).arg("--home").arg(&rh).args([

@@ -44,7 +44,7 @@ where
     };
     let (mut to_rewrite, rewrite_in) = tokio::io::duplex(PIPE);
     let (rewrite_out, docker_in) = tokio::io::duplex(PIPE);
-    let body = tokio_util::io::ReaderStream::with_capacity(docker_in, 64 * 1024);
+    let body = tokio_util::io::ReaderStream::with_capacity(docker_in, PIPE);
     let receive = async {
         let mut sha = sha2::Sha256::new();
         let mut n = 0u64;

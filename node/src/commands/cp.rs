@@ -32,10 +32,15 @@ use crate::output::Printer;
 
 /// Most file bytes in one upload batch.
 pub const BATCH_BYTES: u64 = 64 << 20;
+/// Upload batches streaming or awaiting their confirmation at once.
+pub const IN_FLIGHT: usize = 2;
 /// Most entries in one upload batch.
 pub const BATCH_ENTRIES: usize = 2048;
 /// Attempts per batch (or download) before giving up on a lost connection.
 pub const ATTEMPTS: usize = 5;
+/// Read and write buffer for local files (each read or write of a tokio file is a trip to the
+/// blocking pool: in 8 KiB steps they cost more CPU than the rest of a copy together).
+const FILE_BUFFER: usize = 1 << 20;
 /// Most entries of a local tree sent in one `cp`.
 pub const MAX_ENTRIES: usize = 1_000_000;
 
@@ -367,27 +372,53 @@ pub(crate) async fn upload(
     if !current.is_empty() {
         batches.push(current);
     }
-    let (mut files, mut bytes, mut retries) = (0u64, 0u64, 0u64);
-    for batch in &batches {
+    // Each batch also carries the directories above its entries, so it extracts the same
+    // whichever batch Docker finishes first.
+    let dirs: std::collections::HashMap<&str, &Item> = items
+        .iter()
+        .filter(|i| matches!(i.kind, Kind::Dir { .. }))
+        .map(|i| (i.name.as_str(), i))
+        .collect();
+    let sends: Vec<Vec<&Item>> = batches
+        .iter()
+        .map(|batch| with_ancestors(batch, &dirs))
+        .collect();
+    use futures::StreamExt;
+    let retries = std::sync::atomic::AtomicU64::new(0);
+    let progress = &progress;
+    let retries_ref = &retries;
+    let id = id.as_str();
+    // Batches go [`IN_FLIGHT`] at a time (a batch's end waits for Docker to finish extracting
+    // it; the next one streams meanwhile) and are recorded in order as each is confirmed.
+    let mut confirmed = futures::stream::iter(sends.iter().map(|send| async move {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let position = progress.position();
-            match upload_batch(api, &id, batch, &progress).await {
-                Ok(()) => break,
+            let counted = std::sync::atomic::AtomicU64::new(0);
+            match upload_batch(api, id, send, progress, &counted).await {
+                Ok(()) => return Ok(()),
                 Err(e) if retryable(&e) && attempt < ATTEMPTS => {
-                    retries += 1;
-                    progress.set_position(position);
+                    retries_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    progress.dec(counted.into_inner());
                     progress.println(format!("{e:#}; retrying"));
                     tokio::time::sleep(Duration::from_millis(500 * attempt as u64)).await;
                 }
-                Err(e) => {
-                    progress.abandon();
-                    return Err(e.context(format!(
-                        "upload interrupted; run the same `gridlease cp` again to resume ({files} file(s) copied so far)"
-                    )));
-                }
+                Err(e) => return Err(e),
             }
+        }
+    }))
+    .buffered(IN_FLIGHT);
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for batch in &batches {
+        match confirmed.next().await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                progress.abandon();
+                return Err(e.context(format!(
+                    "upload interrupted; run the same `gridlease cp` again to resume ({files} file(s) copied so far)"
+                )));
+            }
+            None => anyhow::bail!("internal: fewer upload results than batches"),
         }
         for it in batch {
             if let Kind::File { size, .. } = it.kind {
@@ -402,6 +433,8 @@ pub(crate) async fn upload(
                 .map(|i| i.key.clone()),
         )?;
     }
+    drop(confirmed);
+    let retries = retries.into_inner();
     progress.finish_and_clear();
     journal.finish();
     Ok(CopyReport {
@@ -414,6 +447,32 @@ pub(crate) async fn upload(
     })
 }
 
+/// `batch` preceded by the directories above its entries that it does not hold itself,
+/// parents first.
+fn with_ancestors<'a>(
+    batch: &[&'a Item],
+    dirs: &std::collections::HashMap<&str, &'a Item>,
+) -> Vec<&'a Item> {
+    let inside: HashSet<&str> = batch.iter().map(|i| i.name.as_str()).collect();
+    let mut above: Vec<&'a Item> = Vec::new();
+    let mut seen = HashSet::new();
+    for it in batch {
+        let mut name = it.name.as_str();
+        while let Some((parent, _)) = name.rsplit_once('/') {
+            name = parent;
+            if inside.contains(parent) || !seen.insert(parent) {
+                continue;
+            }
+            if let Some(d) = dirs.get(parent) {
+                above.push(d);
+            }
+        }
+    }
+    above.sort_by_key(|d| d.name.matches('/').count());
+    above.extend(batch.iter().copied());
+    above
+}
+
 /// Sends one batch as a tar stream on a fresh access stream; returns once the provider
 /// extracted it and confirmed the checksum.
 async fn upload_batch(
@@ -421,6 +480,7 @@ async fn upload_batch(
     id: &str,
     batch: &[&Item],
     progress: &indicatif::ProgressBar,
+    counted: &std::sync::atomic::AtomicU64,
 ) -> anyhow::Result<()> {
     #[derive(Serialize)]
     struct Body<'a> {
@@ -432,7 +492,9 @@ async fn upload_batch(
     let (mut rd, mut wr) = tokio::io::split(io);
     let (tar_w, mut tar_r) = tokio::io::duplex(256 * 1024);
     let build = async move {
-        let mut b = tokio_tar::Builder::new(tar_w);
+        // Buffered: the tar code copies in 8 KiB steps, each a wake-up on the pipe otherwise.
+        let mut b =
+            tokio_tar::Builder::new(tokio::io::BufWriter::with_capacity(FILE_BUFFER, tar_w));
         for it in batch {
             let mut h = tokio_tar::Header::new_gnu();
             h.set_mtime(0);
@@ -459,11 +521,16 @@ async fn upload_batch(
                     h.set_entry_type(tokio_tar::EntryType::Regular);
                     h.set_mode(*mode);
                     h.set_size(*size);
-                    b.append_data(&mut h, &it.name, f.take(*size)).await?;
+                    // Read in large blocks: each read of a tokio file is a trip to the
+                    // blocking pool.
+                    let f = tokio::io::BufReader::with_capacity(FILE_BUFFER, f.take(*size));
+                    b.append_data(&mut h, &it.name, f).await?;
                 }
             }
         }
-        b.into_inner().await?.shutdown().await?;
+        let mut w = b.into_inner().await?;
+        w.flush().await?;
+        w.into_inner().shutdown().await?;
         Ok::<_, anyhow::Error>(())
     };
     let pump = async {
@@ -478,6 +545,7 @@ async fn upload_batch(
             sha.update(&buf[..k]);
             n += k as u64;
             progress.inc(k as u64);
+            counted.fetch_add(k as u64, std::sync::atomic::Ordering::Relaxed);
             frames::write::<_, MAX_TRANSFER_FRAME, _>(
                 &mut wr,
                 &TransferFrame::Chunk(buf[..k].to_vec()),
@@ -565,6 +633,62 @@ pub(crate) async fn download(
 /// Checks a name from the provider: relative, plain components only.
 fn safe_relative(p: &Path) -> bool {
     p.components().all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Writes the regular file `entry` at `dest` (below `root`, or `root` itself), the way
+/// `unpack_in` would but in large writes (see [`FILE_BUFFER`]): the parent must resolve inside
+/// `root` (an earlier entry's symlink cannot redirect it), whatever is at `dest` is replaced
+/// (never written through: the file is created anew, `O_EXCL`), mode bits and mtime kept.
+async fn write_file<R: tokio::io::AsyncRead + Unpin>(
+    entry: &mut tokio_tar::Entry<R>,
+    root: &Path,
+    dest: &Path,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let header = entry.header();
+    let mode = header.mode().unwrap_or(0o644) & 0o777;
+    let mtime = header.mtime().ok();
+    if dest != root {
+        let parent = dest.parent().unwrap_or(root);
+        tokio::fs::create_dir_all(parent)
+            .await
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        let (real_parent, real_root) = (
+            tokio::fs::canonicalize(parent).await?,
+            tokio::fs::canonicalize(root).await?,
+        );
+        anyhow::ensure!(
+            real_parent.starts_with(&real_root),
+            "the provider sent {} through a symlink that leaves the destination",
+            dest.display()
+        );
+    }
+    match tokio::fs::symlink_metadata(dest).await {
+        Ok(m) if m.is_dir() => anyhow::bail!("{} is a directory", dest.display()),
+        Ok(_) => tokio::fs::remove_file(dest).await?,
+        Err(_) => {}
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true).mode(mode);
+    let f = tokio::fs::OpenOptions::from(opts)
+        .open(dest)
+        .await
+        .with_context(|| format!("cannot create {}", dest.display()))?;
+    let mut w = tokio::io::BufWriter::with_capacity(FILE_BUFFER, f);
+    tokio::io::copy(entry, &mut w).await?;
+    w.flush().await?;
+    let f = w.into_inner().into_std().await;
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::PermissionsExt;
+        // The umask may have narrowed the mode at creation.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        if let Some(t) = mtime {
+            f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(t))?;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await??;
+    Ok(())
 }
 
 /// One download attempt: files and bytes written, and on failure why.
@@ -656,6 +780,7 @@ async fn download_once(
     let mut files = 0u64;
     let mut bytes = 0u64;
     let unpack = async {
+        let tar_r = tokio::io::BufReader::with_capacity(256 * 1024, tar_r);
         let mut archive = tokio_tar::ArchiveBuilder::new(tar_r)
             .set_allow_external_symlinks(false)
             .set_preserve_permissions(true)
@@ -671,7 +796,14 @@ async fn download_once(
             );
             let size = e.effective_size();
             let regular = e.header().entry_type().is_file();
-            if directory {
+            if regular {
+                let dest = if directory {
+                    target.join(&name)
+                } else {
+                    target.to_path_buf()
+                };
+                write_file(&mut e, target, &dest).await?;
+            } else if directory {
                 e.unpack_in(target).await?;
             } else {
                 e.unpack(target).await?;
@@ -708,6 +840,108 @@ mod tests {
         assert_eq!(Loc::parse("./data"), Loc::Local("./data".into()));
         assert_eq!(Loc::parse("C:/x"), Loc::Local("C:/x".into()));
         assert_eq!(Loc::parse("notes:today"), Loc::Local("notes:today".into()));
+    }
+
+    #[test]
+    fn each_upload_batch_carries_the_directories_above_it() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("src/sub/deep")).unwrap();
+        std::fs::write(d.path().join("src/a"), b"a").unwrap();
+        std::fs::write(d.path().join("src/sub/deep/b"), b"bb").unwrap();
+        let items = walk(&d.path().join("src"), "x/data").unwrap();
+        let dirs: std::collections::HashMap<&str, &Item> = items
+            .iter()
+            .filter(|i| matches!(i.kind, Kind::Dir { .. }))
+            .map(|i| (i.name.as_str(), i))
+            .collect();
+        let b = items
+            .iter()
+            .find(|i| i.name == "x/data/sub/deep/b")
+            .unwrap();
+        let sent = with_ancestors(&[b], &dirs);
+        let names: Vec<&str> = sent.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "x",
+                "x/data",
+                "x/data/sub",
+                "x/data/sub/deep",
+                "x/data/sub/deep/b"
+            ]
+        );
+        // A directory the batch holds itself is not sent twice.
+        let deep = items.iter().find(|i| i.name == "x/data/sub/deep").unwrap();
+        let sent = with_ancestors(&[deep, b], &dirs);
+        let names: Vec<&str> = sent.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "x",
+                "x/data",
+                "x/data/sub",
+                "x/data/sub/deep",
+                "x/data/sub/deep/b"
+            ]
+        );
+    }
+
+    async fn tar_with(name: &str, data: &[u8], mode: u32) -> Vec<u8> {
+        let mut b = tokio_tar::Builder::new(Vec::new());
+        let mut h = tokio_tar::Header::new_gnu();
+        h.set_entry_type(tokio_tar::EntryType::Regular);
+        h.set_mode(mode);
+        h.set_mtime(1_600_000_000);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, data).await.unwrap();
+        b.into_inner().await.unwrap()
+    }
+
+    async fn write_first(tar: Vec<u8>, root: &Path, dest: &Path) -> anyhow::Result<()> {
+        use futures::StreamExt;
+        let mut a = tokio_tar::Archive::new(tar.as_slice());
+        let mut es = a.entries().unwrap();
+        let mut e = es.next().await.unwrap().unwrap();
+        write_file(&mut e, root, dest).await
+    }
+
+    #[tokio::test]
+    async fn downloaded_files_keep_mode_and_time_and_never_leave_the_destination() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("dst");
+        std::fs::create_dir_all(&root).unwrap();
+        let dest = root.join("sub/f.bin");
+        write_first(tar_with("sub/f.bin", b"hello", 0o750).await, &root, &dest)
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"hello");
+        let m = std::fs::metadata(&dest).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o750);
+        assert_eq!(m.mtime(), 1_600_000_000);
+        // An existing file is replaced, a symlink in its place is not written through.
+        let outside = d.path().join("outside");
+        std::fs::write(&outside, b"keep").unwrap();
+        let link = root.join("l");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        write_first(tar_with("l", b"new", 0o644).await, &root, &link)
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        assert_eq!(std::fs::read(&link).unwrap(), b"new");
+        // A parent that is a symlink out of the destination is refused.
+        let away = d.path().join("away");
+        std::fs::create_dir_all(&away).unwrap();
+        std::os::unix::fs::symlink(&away, root.join("esc")).unwrap();
+        let err = write_first(
+            tar_with("esc/x", b"x", 0o644).await,
+            &root,
+            &root.join("esc/x"),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("leaves the destination"), "{err}");
+        assert!(!away.join("x").exists());
     }
 
     #[test]
