@@ -59,6 +59,79 @@ pub enum TransferFrame {
     Error(String),
 }
 
+/// The codec's variant index of [`TransferFrame::Chunk`]: the first byte of a chunk frame's
+/// body.
+pub const CHUNK_TAG: u8 = 3;
+
+/// The bytes a `Chunk` frame of `len` data bytes starts with (frame header, variant index,
+/// byte-string length), so a sender can write the data from its own buffer right after them:
+/// the result equals [`crate::access::frame`] of `TransferFrame::Chunk(data)` (tested).
+/// `None` when `len` exceeds [`MAX_CHUNK`].
+pub fn chunk_prefix(len: usize) -> Option<([u8; 10], usize)> {
+    if len > MAX_CHUNK {
+        return None;
+    }
+    let mut body = [0u8; 6];
+    body[0] = CHUNK_TAG;
+    // The codec's varint: one byte below 251, else a marker and little-endian u16/u32.
+    let n = if len < 251 {
+        body[1] = len as u8;
+        2
+    } else if let Ok(v) = u16::try_from(len) {
+        body[1] = 251;
+        body[2..4].copy_from_slice(&v.to_le_bytes());
+        4
+    } else {
+        body[1] = 252;
+        body[2..6].copy_from_slice(&(len as u32).to_le_bytes());
+        6
+    };
+    let frame_len = u32::try_from(n + len).ok()?;
+    let mut out = [0u8; 10];
+    out[..4].copy_from_slice(&frame_len.to_be_bytes());
+    out[4..4 + n].copy_from_slice(&body[..n]);
+    Some((out, 4 + n))
+}
+
+/// How many more bytes of a frame body's head [`chunk_head`] needs after the first two (the
+/// variant index and the varint's first byte): 0, 2, 4 or 8.
+pub fn chunk_head_rest(marker: u8) -> usize {
+    match marker {
+        0..=250 => 0,
+        251 => 2,
+        252 => 4,
+        _ => 8,
+    }
+}
+
+/// Reads the head of a frame body of `body_len` bytes: `Some(data_len)` when it is a `Chunk`
+/// whose data is exactly the rest of the body (`head` is the variant index, the varint's
+/// marker and [`chunk_head_rest`] more bytes), `None` when it is another frame. `Err` for a
+/// chunk whose length does not match its frame or exceeds [`MAX_CHUNK`].
+pub fn chunk_head(head: &[u8], body_len: usize) -> Result<Option<usize>, String> {
+    if head.first() != Some(&CHUNK_TAG) {
+        return Ok(None);
+    }
+    let Some(&marker) = head.get(1) else {
+        return Err("a chunk frame without a length".into());
+    };
+    let rest = &head[2..];
+    let len = match (marker, rest.len()) {
+        (0..=250, 0) => u64::from(marker),
+        (251, 2) => u64::from(u16::from_le_bytes([rest[0], rest[1]])),
+        (252, 4) => u64::from(u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]])),
+        (253, 8) => u64::from_le_bytes(rest.try_into().map_err(|_| "bad length")?),
+        _ => return Err("a chunk frame with a malformed length".into()),
+    };
+    let len = usize::try_from(len).map_err(|_| "a chunk too large")?;
+    if len > MAX_CHUNK || head.len().checked_add(len) != Some(body_len) {
+        return Err(format!(
+            "a chunk of {len} bytes in a frame of {body_len} (at most {MAX_CHUNK})"
+        ));
+    }
+    Ok(Some(len))
+}
+
 /// Normalises a path inside the workspace: `/workspace/a/b`, `a/b` and `./a//b/` all give
 /// `a/b`; `/workspace` and `.` give the empty path (the workspace itself). Refuses `..`,
 /// NUL bytes, and absolute paths elsewhere.
@@ -103,6 +176,34 @@ mod tests {
         assert!(workspace_relative("/etc/passwd").is_err());
         assert!(workspace_relative("a/../../etc").is_err());
         assert!(workspace_relative("a\0b").is_err());
+    }
+
+    #[test]
+    fn a_chunk_prefix_is_the_codecs_own_encoding_and_its_head_reads_back() {
+        for len in [0usize, 1, 250, 251, 4096, 65535, 65536, 200_000, MAX_CHUNK] {
+            let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let whole =
+                crate::access::frame::<_, MAX_TRANSFER_FRAME>(&TransferFrame::Chunk(data.clone()))
+                    .unwrap();
+            let (prefix, n) = chunk_prefix(len).unwrap();
+            let mut mine = prefix[..n].to_vec();
+            mine.extend_from_slice(&data);
+            assert_eq!(mine, whole, "len {len}");
+            // The reader's view: the body after the 4-byte frame header.
+            let body = &whole[4..];
+            let head_len = 2 + chunk_head_rest(body[1]);
+            assert_eq!(chunk_head(&body[..head_len], body.len()), Ok(Some(len)));
+        }
+        assert!(chunk_prefix(MAX_CHUNK + 1).is_none());
+        // Other frames are not chunks; a chunk whose length disagrees with its frame is refused.
+        let end = crate::access::frame::<_, MAX_TRANSFER_FRAME>(&TransferFrame::Go).unwrap();
+        assert_eq!(chunk_head(&end[4..5], 1), Ok(None));
+        assert!(chunk_head(&[3, 10], 11).is_err());
+        assert!(chunk_head(&[3, 10], 13).is_err());
+        assert!(chunk_head(&[3], 1).is_err());
+        let too_big = (MAX_CHUNK as u32 + 1).to_le_bytes();
+        let head = [3, 252, too_big[0], too_big[1], too_big[2], too_big[3]];
+        assert!(chunk_head(&head, 6 + MAX_CHUNK + 1).is_err());
     }
 
     #[test]

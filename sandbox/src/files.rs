@@ -85,7 +85,8 @@ pub struct Rewritten {
 /// absolute path or `..` refuse the whole stream, unless `skip_others`). Streams: memory does
 /// not grow with the archive.
 /// `on_root` (with `strip_first`) learns whether the root entry is a directory as soon as it
-/// is read, before anything is written.
+/// is read, before anything is written. `input` is read in small steps (512-byte headers,
+/// 8 KiB of data): give it a buffered reader, not a bare pipe or socket.
 pub async fn rewrite<R, W>(
     input: R,
     output: W,
@@ -96,9 +97,10 @@ where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    // Buffered both ways: the tar code copies in 8 KiB steps, and each step on a pipe or a
-    // socket would be a wake-up (measured: most of an upload's CPU before these buffers).
-    let mut archive = Archive::new(tokio::io::BufReader::with_capacity(COPY_BUFFER, input));
+    // The output is buffered: the tar code copies in 8 KiB steps, and each step on a pipe or
+    // a socket would be a wake-up (measured: most of an upload's CPU before this buffer). The
+    // input should come buffered (a `StreamReader` of chunks is), see the doc above.
+    let mut archive = Archive::new(input);
     let mut entries = archive.entries()?;
     let mut builder = Builder::new(tokio::io::BufWriter::with_capacity(COPY_BUFFER, output));
     let mut done = Rewritten::default();

@@ -13,7 +13,7 @@ use gridlease_sandbox::files::{MAX_ENTRIES, Rules, rewrite};
 use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::frames;
+use super::frames::{self, Incoming};
 
 /// Pipe buffer between the stages of a transfer.
 const PIPE: usize = 256 * 1024;
@@ -42,21 +42,24 @@ where
             return 0;
         }
     };
-    let (mut to_rewrite, rewrite_in) = tokio::io::duplex(PIPE);
+    // Chunks go to the rewriter as they came (no copy), a few at a time.
+    let (to_rewrite, rewrite_in) = frames::chunk_pipe(8);
     let (rewrite_out, docker_in) = tokio::io::duplex(PIPE);
     let body = tokio_util::io::ReaderStream::with_capacity(docker_in, PIPE);
-    let receive = async {
+    let receive = async move {
         let mut sha = sha2::Sha256::new();
         let mut n = 0u64;
         loop {
-            match frames::read::<TransferFrame, MAX_TRANSFER_FRAME, _>(&mut rd).await {
-                Ok(Some(TransferFrame::Chunk(b))) => {
+            match frames::read_transfer(&mut rd).await {
+                Ok(Some(Incoming::Chunk(b))) => {
                     sha.update(&b);
                     n += b.len() as u64;
-                    to_rewrite.write_all(&b).await.map_err(err)?;
+                    // A rewriter that stopped gives its own error; the stream is still
+                    // read to its end and checked.
+                    let _ = to_rewrite.send(Ok(b)).await;
                 }
-                Ok(Some(TransferFrame::End { bytes, sha256 })) => {
-                    to_rewrite.shutdown().await.map_err(err)?;
+                Ok(Some(Incoming::Frame(TransferFrame::End { bytes, sha256 }))) => {
+                    drop(to_rewrite);
                     let got: [u8; 32] = sha.finalize().into();
                     if bytes != n || sha256 != got {
                         return Err(format!(
@@ -65,7 +68,9 @@ where
                     }
                     return Ok(n);
                 }
-                Ok(Some(other)) => return Err(format!("unexpected {other:?} in an upload")),
+                Ok(Some(Incoming::Frame(other))) => {
+                    return Err(format!("unexpected {other:?} in an upload"));
+                }
                 Ok(None) => return Err("the renter's stream ended before the upload did".into()),
                 Err(e) => return Err(err(e)),
             }
@@ -182,12 +187,7 @@ where
             }
             sha.update(&buf[..k]);
             n += k as u64;
-            frames::write::<_, MAX_TRANSFER_FRAME, _>(
-                &mut wr,
-                &TransferFrame::Chunk(buf[..k].to_vec()),
-            )
-            .await
-            .map_err(err)?;
+            frames::write_chunk(&mut wr, &buf[..k]).await.map_err(err)?;
         }
         send(
             &mut wr,

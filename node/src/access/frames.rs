@@ -2,6 +2,7 @@
 //! libp2p stream through `compat`, or the CLI's upgraded control-API connection).
 
 use gridlease_protocol::codec;
+use gridlease_protocol::transfer::{self, TransferFrame};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -42,6 +43,87 @@ pub async fn read<T: DeserializeOwned, const MAX: usize, R: AsyncRead + Unpin>(
     codec::decode::<T, MAX>(&body).map(Some).map_err(invalid)
 }
 
+/// Writes a `TransferFrame::Chunk` of `data` straight from the caller's buffer (the same bytes
+/// as [`write`] of `TransferFrame::Chunk(data.to_vec())`, without the two copies).
+pub async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
+    let (prefix, n) = transfer::chunk_prefix(data.len())
+        .ok_or_else(|| invalid(format!("a chunk of {} bytes", data.len())))?;
+    w.write_all(&prefix[..n]).await?;
+    w.write_all(data).await
+}
+
+/// A bounded hand-off of chunks to a reader: the sender side takes each chunk's buffer as it
+/// came off the stream, the reader side is an `AsyncRead` over them (no copy between).
+pub fn chunk_pipe(
+    depth: usize,
+) -> (
+    tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(depth);
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (tx, tokio_util::io::StreamReader::new(Box::pin(stream)))
+}
+
+/// A transfer frame as [`read_transfer`] gives it.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A chunk's data, read into a buffer of its own (no zeroing, no decoding copy).
+    Chunk(bytes::Bytes),
+    /// Any other frame.
+    Frame(TransferFrame),
+}
+
+/// Reads one transfer frame (cap `MAX_TRANSFER_FRAME`); `Ok(None)` at a clean end before a
+/// frame starts. A chunk's data is read once, into its own buffer.
+pub async fn read_transfer<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<Incoming>> {
+    let mut header = [0u8; 4];
+    match r.read_exact(&mut header[..1]).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    r.read_exact(&mut header[1..]).await?;
+    let len = codec::check_frame_header(header, transfer::MAX_TRANSFER_FRAME).map_err(invalid)?;
+    let mut head = [0u8; 10];
+    if len >= 2 {
+        r.read_exact(&mut head[..1]).await?;
+        if head[0] == transfer::CHUNK_TAG {
+            r.read_exact(&mut head[1..2]).await?;
+            let rest = transfer::chunk_head_rest(head[1]);
+            let head_len = 2 + rest;
+            if head_len > len {
+                return Err(invalid("a chunk frame shorter than its length"));
+            }
+            r.read_exact(&mut head[2..head_len]).await?;
+            let data_len = transfer::chunk_head(&head[..head_len], len)
+                .map_err(invalid)?
+                .ok_or_else(|| invalid("not a chunk"))?;
+            let mut buf = bytes::BytesMut::with_capacity(data_len);
+            let mut take = (&mut *r).take(data_len as u64);
+            while buf.len() < data_len {
+                if take.read_buf(&mut buf).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+            return Ok(Some(Incoming::Chunk(buf.freeze())));
+        }
+        let mut body = vec![0u8; len];
+        body[0] = head[0];
+        r.read_exact(&mut body[1..]).await?;
+        return codec::decode::<TransferFrame, { transfer::MAX_TRANSFER_FRAME }>(&body)
+            .map(|f| Some(Incoming::Frame(f)))
+            .map_err(invalid);
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    codec::decode::<TransferFrame, { transfer::MAX_TRANSFER_FRAME }>(&body)
+        .map(|f| Some(Incoming::Frame(f)))
+        .map_err(invalid)
+}
+
 fn invalid(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
 }
@@ -50,6 +132,52 @@ fn invalid(e: impl std::fmt::Display) -> std::io::Error {
 mod tests {
     use super::*;
     use gridlease_protocol::access::{ExecOutput, MAX_EXEC_FRAME, MAX_REPLY_FRAME};
+
+    #[tokio::test]
+    async fn chunks_written_in_place_read_back_as_every_other_frame_does() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 20);
+        let data: Vec<u8> = (0..transfer::MAX_CHUNK).map(|i| (i * 7) as u8).collect();
+        let frames = [
+            TransferFrame::Go,
+            TransferFrame::Chunk(data.clone()),
+            TransferFrame::Chunk(vec![]),
+            TransferFrame::Chunk(vec![9; 300]),
+            TransferFrame::End {
+                bytes: 3,
+                sha256: [1; 32],
+            },
+        ];
+        let writer = async {
+            for f in &frames {
+                match f {
+                    TransferFrame::Chunk(d) => write_chunk(&mut a, d).await.unwrap(),
+                    other => write::<_, { transfer::MAX_TRANSFER_FRAME }, _>(&mut a, other)
+                        .await
+                        .unwrap(),
+                }
+            }
+            drop(a);
+        };
+        let reader = async {
+            let mut got = Vec::new();
+            while let Some(f) = read_transfer(&mut b).await.unwrap() {
+                got.push(match f {
+                    Incoming::Chunk(d) => TransferFrame::Chunk(d.to_vec()),
+                    Incoming::Frame(f) => f,
+                });
+            }
+            got
+        };
+        let ((), got) = tokio::join!(writer, reader);
+        assert_eq!(got, frames);
+        // A chunk frame whose length disagrees with its data is refused.
+        let (mut a, mut b) = tokio::io::duplex(64);
+        a.write_all(&[0, 0, 0, 4, transfer::CHUNK_TAG, 5, 1, 2])
+            .await
+            .unwrap();
+        let err = read_transfer(&mut b).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    }
 
     #[tokio::test]
     async fn frames_cross_a_pipe_and_an_oversized_header_is_refused_unread() {

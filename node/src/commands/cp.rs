@@ -546,12 +546,9 @@ async fn upload_batch(
             n += k as u64;
             progress.inc(k as u64);
             counted.fetch_add(k as u64, std::sync::atomic::Ordering::Relaxed);
-            frames::write::<_, MAX_TRANSFER_FRAME, _>(
-                &mut wr,
-                &TransferFrame::Chunk(buf[..k].to_vec()),
-            )
-            .await
-            .map_err(|e| Lost(e.to_string()))?;
+            frames::write_chunk(&mut wr, &buf[..k])
+                .await
+                .map_err(|e| Lost(e.to_string()))?;
         }
         frames::send::<_, MAX_TRANSFER_FRAME, _>(
             &mut wr,
@@ -750,28 +747,39 @@ async fn download_once(
     } else if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent).map_err(|e| (e.into(), 0, 0))?;
     }
-    let (mut tar_w, tar_r) = tokio::io::duplex(256 * 1024);
+    // Chunks go to the unpacker as they came (no copy), a few at a time.
+    let (tar_w, tar_r) = frames::chunk_pipe(8);
     let receive = async move {
         let mut sha = sha2::Sha256::new();
         let mut n = 0u64;
         loop {
-            match frames::read::<TransferFrame, MAX_TRANSFER_FRAME, _>(&mut rd).await {
-                Ok(Some(TransferFrame::Chunk(b))) => {
+            match frames::read_transfer(&mut rd).await {
+                Ok(Some(frames::Incoming::Chunk(b))) => {
                     sha.update(&b);
                     n += b.len() as u64;
-                    tar_w.write_all(&b).await?;
+                    // An unpacker that stopped gives its own error; the stream is still
+                    // read to its end and checked.
+                    let _ = tar_w.send(Ok(b)).await;
                 }
-                Ok(Some(TransferFrame::End { bytes, sha256 })) => {
+                Ok(Some(frames::Incoming::Frame(TransferFrame::End { bytes, sha256 }))) => {
                     let got: [u8; 32] = sha.finalize().into();
-                    anyhow::ensure!(
-                        bytes == n && sha256 == got,
-                        "the download arrived damaged ({n} bytes received, {bytes} sent, or the SHA-256 differs)"
-                    );
-                    tar_w.shutdown().await?;
+                    if bytes != n || sha256 != got {
+                        // The unpacker must not take a damaged stream's end for a clean one.
+                        let _ = tar_w
+                            .send(Err(std::io::Error::other("the download arrived damaged")))
+                            .await;
+                        anyhow::bail!(
+                            "the download arrived damaged ({n} bytes received, {bytes} sent, or the SHA-256 differs)"
+                        );
+                    }
                     return Ok(());
                 }
-                Ok(Some(TransferFrame::Error(e))) => anyhow::bail!("the provider: {e}"),
-                Ok(Some(other)) => anyhow::bail!("the provider sent {other:?}"),
+                Ok(Some(frames::Incoming::Frame(TransferFrame::Error(e)))) => {
+                    anyhow::bail!("the provider: {e}")
+                }
+                Ok(Some(frames::Incoming::Frame(other))) => {
+                    anyhow::bail!("the provider sent {other:?}")
+                }
                 Ok(None) => return Err(Lost("the stream ended early".into()).into()),
                 Err(e) => return Err(Lost(e.to_string()).into()),
             }
@@ -780,7 +788,6 @@ async fn download_once(
     let mut files = 0u64;
     let mut bytes = 0u64;
     let unpack = async {
-        let tar_r = tokio::io::BufReader::with_capacity(256 * 1024, tar_r);
         let mut archive = tokio_tar::ArchiveBuilder::new(tar_r)
             .set_allow_external_symlinks(false)
             .set_preserve_permissions(true)
