@@ -11,6 +11,12 @@
 //! - `hole_punch_per_nat_type`: repeated connections between a provider and a fresh renter
 //!   behind NATs of each kind, 100 ms RTT (`LAB_RTT_MS`), `LAB_TRIALS` (5) per kind: how often
 //!   DCUtR gives a direct connection, and how long after the relayed one.
+//! - `forward_through_a_relay` (issue 14): `gridlease forward` to an HTTP server in a lease
+//!   whose provider sits behind a symmetric NAT and renter behind a cone NAT (no hole punch
+//!   works: the relay carries every byte, asserted) and, for
+//!   comparison, one whose provider and renter are both on the internet (a direct
+//!   connection), each against a direct loopback connection to the same server in the same
+//!   run: GET of 256 MiB (MB/s) and 64-byte request round trips on one connection (p50/p99).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 mod cli_support;
@@ -247,4 +253,188 @@ fn hole_punch_per_nat_type() {
     hole_punch_trials(&image, Nat::Cone, Nat::Cone, trials, rtt);
     hole_punch_trials(&image, Nat::Symmetric, Nat::Cone, trials, rtt);
     hole_punch_trials(&image, Nat::Symmetric, Nat::Symmetric, trials, rtt);
+}
+
+/// Sends an HTTP/1.0 GET on `s` and reads the whole answer: bytes read.
+fn http_get(mut s: std::net::TcpStream, path: &str) -> usize {
+    use std::io::{Read, Write};
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut n = 0;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return n,
+            Ok(k) => n += k,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// p50 and p99 of 500 round trips of 64 bytes on one connection to an echo server, ms.
+fn echo_ms(mut s: std::net::TcpStream) -> (f64, f64) {
+    use std::io::{Read, Write};
+    s.set_nodelay(true).unwrap();
+    let (msg, mut back) = ([7u8; 64], [0u8; 64]);
+    let mut t: Vec<u64> = (0..500)
+        .map(|_| {
+            let start = Instant::now();
+            s.write_all(&msg).unwrap();
+            s.read_exact(&mut back).unwrap();
+            start.elapsed().as_micros() as u64
+        })
+        .collect();
+    t.sort_unstable();
+    (
+        percentile(&t, 0.5) as f64 / 1e3,
+        percentile(&t, 0.99) as f64 / 1e3,
+    )
+}
+
+/// One market: a lease serving 256 MiB over HTTP (busybox httpd, port 8080) and an echo
+/// server (port 9000), `gridlease forward` from the renter's node; GETs and echo round trips
+/// through the forward and directly (a socket made in the container's namespace), interleaved.
+fn forward_run(label: &str, provider_at: Place, renter_at: Place, rounds: usize) {
+    let Some(image) = cli_support::BusyboxImage::build_or_skip("lab_forward") else {
+        return;
+    };
+    let locals = format!(
+        "{},{}",
+        gridlease_sandbox::probe_image::probe_image_tag(),
+        image.tag
+    );
+    let w = Windows {
+        interval: 2,
+        window: 20,
+        grace: 10,
+    };
+    let m = market_full(
+        provider_at,
+        renter_at,
+        1,
+        0,
+        w,
+        0,
+        &["--local-image", &locals, "--per-gpu-disk-gib", "2"],
+    );
+    let out = cli_support::bin()
+        .arg("--home")
+        .arg(&m.renter.home)
+        .args([
+            "--json",
+            "rent",
+            &m.offer,
+            "--minutes",
+            "10",
+            "--detach",
+            "--image",
+            &image.tag,
+            "--",
+            "sh",
+            "-c",
+            "cd /workspace && dd if=/dev/zero of=big bs=1M count=256 2>/dev/null && \
+             httpd -p 8080 -h /workspace && exec nc -ll -p 9000 -e cat",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", cli_support::text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["lease_id"].as_str().unwrap().to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ns = rt.block_on(async {
+        let sb = gridlease_sandbox::Sandbox::connect().await.unwrap();
+        let name = gridlease_sandbox::spec::container_name_of(&id.parse().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(ns) = sb.container_netns(&name).await
+                && ns.connect(9000, Duration::from_secs(1)).await.is_ok()
+            {
+                break ns;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the lease's servers did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let direct = |port: u16| {
+        let s = rt
+            .block_on(ns.connect(port, Duration::from_secs(5)))
+            .unwrap();
+        s.set_nonblocking(false).unwrap();
+        s
+    };
+    let mut fwd = cli_support::bin()
+        .arg("--home")
+        .arg(&m.renter.home)
+        .args(["forward", &id, "0:8080", "0:9000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(fwd.stdout.take().unwrap()));
+    let mut port = || -> u16 {
+        let l = lines.next().unwrap().unwrap();
+        l.strip_prefix("forwarding 127.0.0.1:")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap()
+    };
+    let (http, echo) = (port(), port());
+    let forwarded = |p: u16| std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+    let relayed = connections_to(&m.renter.home, &m.provider.peer);
+    if provider_at != Place::Public && renter_at != Place::Public {
+        assert!(
+            !relayed.is_empty() && relayed.iter().all(|(_, r)| *r),
+            "{label}: a connection is not relayed: {relayed:?}"
+        );
+    }
+    let (mut d, mut f) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (which, out) in [(0, &mut d), (1, &mut f)] {
+            let s = if which == 0 {
+                direct(8080)
+            } else {
+                forwarded(http)
+            };
+            let t = Instant::now();
+            let n = http_get(s, "/big");
+            assert!(n > 256 << 20, "short read: {n}");
+            out.push((n as f64 / t.elapsed().as_secs_f64() / 1e6) as u64);
+        }
+    }
+    d.sort_unstable();
+    f.sort_unstable();
+    let (de50, de99) = echo_ms(direct(9000));
+    let (fe50, fe99) = echo_ms(forwarded(echo));
+    let _ = fwd.kill();
+    let _ = fwd.wait();
+    let (dm, fm) = (percentile(&d, 0.5), percentile(&f, 0.5));
+    eprintln!(
+        "forward, {label} (connections {relayed:?}): GET 256 MiB median of {rounds}: direct loopback {dm} MB/s, forwarded {fm} MB/s ({:.2}x); 64 B echo p50 {de50:.3} -> {fe50:.3} ms (+{:.3}), p99 {de99:.3} -> {fe99:.3} ms (+{:.3})",
+        fm as f64 / dm as f64,
+        fe50 - de50,
+        fe99 - de99,
+    );
+    let _ = cli_support::cli(&m.renter.home, &["stop", &id]);
+    let _ = m.settled(&id, Duration::from_secs(60));
+}
+
+#[test]
+#[ignore = "benchmark: run by hand, numbers in docs/benchmarks.md"]
+fn forward_through_a_relay() {
+    if !lab_or_skip("lab_forward", &[]) {
+        return;
+    }
+    let rounds = std::env::var("LAB_ROUNDS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(3);
+    forward_run(
+        "provider behind a symmetric NAT, renter behind a cone NAT: relayed only",
+        Place::Behind(Nat::Symmetric),
+        Place::Behind(Nat::Cone),
+        rounds,
+    );
+    forward_run("both public, direct", Place::Public, Place::Public, rounds);
 }

@@ -25,11 +25,12 @@ pub async fn send<T: Serialize, const MAX: usize, W: AsyncWrite + Unpin>(
     w.flush().await
 }
 
-/// Reads one frame of at most `MAX` body bytes; `Ok(None)` at a clean end of the stream
-/// before a frame starts. The length is checked before the body is allocated.
-pub async fn read<T: DeserializeOwned, const MAX: usize, R: AsyncRead + Unpin>(
+/// Reads a frame's length (checked against `max` before anything is allocated); `Ok(None)`
+/// at a clean end of the stream before a frame starts.
+async fn read_header<R: AsyncRead + Unpin>(
     r: &mut R,
-) -> std::io::Result<Option<T>> {
+    max: usize,
+) -> std::io::Result<Option<usize>> {
     let mut header = [0u8; 4];
     match r.read_exact(&mut header[..1]).await {
         Ok(_) => {}
@@ -37,7 +38,19 @@ pub async fn read<T: DeserializeOwned, const MAX: usize, R: AsyncRead + Unpin>(
         Err(e) => return Err(e),
     }
     r.read_exact(&mut header[1..]).await?;
-    let len = codec::check_frame_header(header, MAX).map_err(invalid)?;
+    codec::check_frame_header(header, max)
+        .map(Some)
+        .map_err(invalid)
+}
+
+/// Reads one frame of at most `MAX` body bytes; `Ok(None)` at a clean end of the stream
+/// before a frame starts. The length is checked before the body is allocated.
+pub async fn read<T: DeserializeOwned, const MAX: usize, R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<Option<T>> {
+    let Some(len) = read_header(r, MAX).await? else {
+        return Ok(None);
+    };
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
     codec::decode::<T, MAX>(&body).map(Some).map_err(invalid)
@@ -79,14 +92,9 @@ pub enum Incoming {
 /// Reads one transfer frame (cap `MAX_TRANSFER_FRAME`); `Ok(None)` at a clean end before a
 /// frame starts. A chunk's data is read once, into its own buffer.
 pub async fn read_transfer<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<Incoming>> {
-    let mut header = [0u8; 4];
-    match r.read_exact(&mut header[..1]).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    r.read_exact(&mut header[1..]).await?;
-    let len = codec::check_frame_header(header, transfer::MAX_TRANSFER_FRAME).map_err(invalid)?;
+    let Some(len) = read_header(r, transfer::MAX_TRANSFER_FRAME).await? else {
+        return Ok(None);
+    };
     let mut head = [0u8; 10];
     if len >= 2 {
         r.read_exact(&mut head[..1]).await?;

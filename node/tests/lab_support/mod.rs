@@ -756,6 +756,19 @@ pub fn market_with(
     w: Windows,
     delay_ms: u32,
 ) -> Market {
+    market_full(provider_at, renter_at, relays, loss_pct, w, delay_ms, &[])
+}
+
+/// [`market_with`], the provider's daemon started with more flags (`provider_extra`).
+pub fn market_full(
+    provider_at: Place,
+    renter_at: Place,
+    relays: usize,
+    loss_pct: u32,
+    w: Windows,
+    delay_ms: u32,
+    provider_extra: &[&str],
+) -> Market {
     let dir = tempfile::tempdir().unwrap();
     let mut lab = if delay_ms > 0 {
         Lab::delayed()
@@ -805,6 +818,7 @@ pub fn market_with(
         &w,
     ];
     pflags.extend(common.iter().map(String::as_str));
+    pflags.extend_from_slice(provider_extra);
     let provider = Party::start(dir.path(), "provider", &provider_host, &pflags);
     let guard = crate::cli_support::ContainersGuard(provider.peer.clone());
     let mut rflags: Vec<&str> = vec!["--renter-grace-secs", &g];
