@@ -357,8 +357,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         gpus,
         leases: leases.clone(),
     };
-    let api_task = crate::api::serve(home, api_state, cancel.clone()).await?;
-    tracing::info!(socket = %crate::api::socket_path(home).display(), "control API listening");
+    // Metrics first: once the control API answers, everything the node serves is listening
+    // (a client that waits for the API may scrape at once).
     let metrics_task = match metrics_addr {
         Some(addr) => Some(
             crate::metrics::serve(
@@ -372,6 +372,8 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let api_task = crate::api::serve(home, api_state, cancel.clone()).await?;
+    tracing::info!(socket = %crate::api::socket_path(home).display(), "control API listening");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot install the SIGTERM handler")?;
     loop {
