@@ -181,6 +181,9 @@ pub struct OfferBook {
     /// Ids replaced by a newer offer of the same provider (bounded, FIFO).
     replaced: BTreeMap<OfferId, Replaced>,
     replaced_order: VecDeque<OfferId>,
+    /// Providers' reputation (per mille) and completed leases, as last set
+    /// ([`OfferBook::set_reputation`]); applied to their offers' summaries.
+    reputation: HashMap<PublicKey, (u32, u32)>,
 }
 
 impl Default for OfferBook {
@@ -202,6 +205,33 @@ impl OfferBook {
             text: Interner::default(),
             replaced: BTreeMap::new(),
             replaced_order: VecDeque::new(),
+            reputation: HashMap::new(),
+        }
+    }
+
+    /// Sets every provider's reputation (per mille) and completed-lease count at once (the
+    /// node recomputes them from completion records); the summaries of the offers held follow,
+    /// and so do those admitted later. A provider not in `scores` gets the prior.
+    pub fn set_reputation(&mut self, scores: HashMap<PublicKey, (u32, u32)>) {
+        self.reputation = scores;
+        let prior = (crate::query::REP_PRIOR_PERMILLE, 0);
+        for slot in &mut self.slots {
+            let (rep, completed) = self
+                .reputation
+                .get(&slot.provider)
+                .copied()
+                .unwrap_or(prior);
+            slot.numbers.rep_permille = rep;
+            slot.numbers.completed = completed;
+        }
+        for entry in self.by_provider.values_mut() {
+            let (rep, completed) = self
+                .reputation
+                .get(&entry.offer.provider)
+                .copied()
+                .unwrap_or(prior);
+            entry.summary.numbers.rep_permille = rep;
+            entry.summary.numbers.completed = completed;
         }
     }
 
@@ -293,7 +323,11 @@ impl OfferBook {
             self.remember_replaced(&old);
         }
         let provider = offer.provider;
-        let summary = OfferSummary::of(&offer);
+        let mut summary = OfferSummary::of(&offer);
+        if let Some(&(rep, completed)) = self.reputation.get(&provider) {
+            summary.numbers.rep_permille = rep;
+            summary.numbers.completed = completed;
+        }
         let slot = Slot {
             numbers: summary.numbers,
             expires_at: offer.expires_at,
@@ -710,6 +744,47 @@ mod tests {
             let naive: Vec<OfferId> = naive.iter().map(|e| e.id).collect();
             assert_eq!(fast, naive, "{q}");
         }
+    }
+
+    #[test]
+    fn reputation_filters_and_sorts_and_follows_new_offers() {
+        let mut book = OfferBook::default();
+        let keys: Vec<NodeKey> = (1..=4u8).map(|i| NodeKey::from_secret([i; 32])).collect();
+        for (i, k) in keys.iter().enumerate() {
+            admit(&mut book, k, 1, 10_000 * (i as u64 + 1)).unwrap();
+        }
+        let ids = |q: &str, book: &OfferBook| -> Vec<u64> {
+            book.search(&Query::parse(q).unwrap(), T0, 100)
+                .iter()
+                .map(|e| e.offer.price_per_gpu_hour)
+                .collect()
+        };
+        // Nothing known: everyone has the prior.
+        assert_eq!(ids("rep>=0.5", &book).len(), 4);
+        assert!(ids("rep>0.5", &book).is_empty());
+        let mut scores = HashMap::new();
+        scores.insert(keys[0].public(), (950, 40));
+        scores.insert(keys[2].public(), (810, 12));
+        scores.insert(keys[3].public(), (200, 3));
+        book.set_reputation(scores);
+        assert_eq!(ids("rep>=0.8", &book), vec![10_000, 30_000]);
+        assert_eq!(ids("completed>=10", &book), vec![10_000, 30_000]);
+        assert_eq!(ids("rep>=0.9 completed>=10", &book), vec![10_000]);
+        assert_eq!(
+            ids("sort:-rep", &book),
+            vec![10_000, 30_000, 20_000, 40_000]
+        );
+        // A provider's next offer keeps its reputation.
+        admit(&mut book, &keys[3], 2, 5_000).unwrap();
+        assert_eq!(ids("rep<0.3", &book), vec![5_000]);
+        assert_eq!(
+            book.by_provider(&keys[3].public())
+                .unwrap()
+                .summary
+                .numbers
+                .completed,
+            3
+        );
     }
 
     #[test]

@@ -73,6 +73,12 @@ pub struct Numbers {
     pub driver: u32,
     /// Creation time of the offer (unix ms): sort key `age`.
     pub created_at: u64,
+    /// The provider's network reputation, per mille (`crate::reputation::provider_scores`;
+    /// the prior, 500, until its completions are known): what the node holding the offer
+    /// computed, not part of the signed offer.
+    pub rep_permille: u32,
+    /// The provider's completed leases this node knows of (co-signed records).
+    pub completed: u32,
 }
 
 impl OfferSummary {
@@ -135,12 +141,18 @@ impl OfferSummary {
                 }),
                 driver: min(&|g| version(&g.spec.driver_version).map_or(0, |(major, _)| major)),
                 created_at: offer.created_at.0,
+                rep_permille: REP_PRIOR_PERMILLE,
+                completed: 0,
             },
             models_lower,
             region_lower: offer.region.to_lowercase(),
         }
     }
 }
+
+/// The reputation an offer's summary carries until its provider's completions are known: the
+/// score's prior mean ([`crate::reputation::ScoreParams::default`]).
+pub const REP_PRIOR_PERMILLE: u32 = 500;
 
 /// `MAJOR[.MINOR[...]]` as (major, minor); `None` unless it starts with a number.
 fn version(text: &str) -> Option<(u32, u32)> {
@@ -253,11 +265,15 @@ pub enum Field {
     Cuda,
     /// Driver major version, e.g. `550`.
     Driver,
+    /// The provider's network reputation, 0 to 1.
+    Rep,
+    /// The provider's completed leases (co-signed records this node knows of).
+    Completed,
 }
 
 impl Field {
     /// Every field with its query name.
-    pub const ALL: [(&'static str, Field); 22] = [
+    pub const ALL: [(&'static str, Field); 24] = [
         ("gpu", Field::Gpu),
         ("vram", Field::Vram),
         ("price", Field::Price),
@@ -280,6 +296,8 @@ impl Field {
         ("cc", Field::Cc),
         ("cuda", Field::Cuda),
         ("driver", Field::Driver),
+        ("rep", Field::Rep),
+        ("completed", Field::Completed),
     ];
 
     fn from_name(name: &str) -> Option<Self> {
@@ -327,6 +345,12 @@ impl Field {
             Self::Cc => ("number", "CUDA compute capability", "cc>=8.9"),
             Self::Cuda => ("number", "CUDA version the driver supports", "cuda>=12.4"),
             Self::Driver => ("number", "NVIDIA driver major version", "driver>=550"),
+            Self::Rep => (
+                "number",
+                "provider reputation, 0-1 (0.5: unknown)",
+                "rep>=0.8",
+            ),
+            Self::Completed => ("number", "provider's completed leases", "completed>=10"),
         }
     }
 
@@ -361,7 +385,8 @@ impl Field {
             Self::MinMinutes => (60, 1),
             Self::MinBilled => (1, 0),
             Self::Cc | Self::Cuda => (10, 1),
-            Self::Driver => (1, 0),
+            Self::Driver | Self::Completed => (1, 0),
+            Self::Rep => (1000, 3),
             Self::Vram | Self::Ram | Self::Gpus | Self::Free | Self::Disk => (1, 0),
             Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => (1, 0),
         }
@@ -387,6 +412,8 @@ impl Field {
             Self::Cc => u64::from(s.compute_capability),
             Self::Cuda => u64::from(s.cuda),
             Self::Driver => u64::from(s.driver),
+            Self::Rep => u64::from(s.rep_permille),
+            Self::Completed => u64::from(s.completed),
             Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => 0,
         }
     }
@@ -484,6 +511,8 @@ pub enum SortField {
     Vram,
     /// Creation time (`age` ascending = newest first).
     Age,
+    /// Provider reputation (`-rep`: best first).
+    Rep,
 }
 
 impl SortKey {
@@ -510,6 +539,7 @@ impl SortKey {
             "price_per_tflop" => SortField::PricePerTflop,
             "vram" => SortField::Vram,
             "age" => SortField::Age,
+            "rep" => SortField::Rep,
             _ => {
                 return Err(QueryError {
                     start: offset,
@@ -531,6 +561,7 @@ impl SortKey {
             SortField::Vram => a.vram_mib.cmp(&b.vram_mib),
             // Newest first when ascending by age.
             SortField::Age => b.created_at.cmp(&a.created_at),
+            SortField::Rep => a.rep_permille.cmp(&b.rep_permille),
         };
         if self.descending { ord.reverse() } else { ord }
     }

@@ -26,7 +26,12 @@
 //! download the same way back; and raw TCP: the same files read and sent over one
 //! loopback TCP connection to a reader that discards them.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
 
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
@@ -218,6 +223,65 @@ fn raw_tcp(root: &Path) {
     sink.join().unwrap();
 }
 
+/// CPU seconds used so far, by process: every process's user + system time from
+/// `/proc/PID/stat` (clock ticks of 1/100 s), keyed by its name, the two daemons by role, and
+/// the children this bench waited for (the CLIs) as `cli`. `BENCH_ACCESS_CPU=1` prints, for
+/// each copy, the difference between two snapshots: where the cores went.
+fn cpu_snapshot(daemons: &[(u32, &str)]) -> std::collections::BTreeMap<String, f64> {
+    let mut m = std::collections::BTreeMap::new();
+    let ticks = |fields: &[&str], a: usize, b: usize| -> f64 {
+        (fields[a].parse::<f64>().unwrap_or(0.0) + fields[b].parse::<f64>().unwrap_or(0.0)) / 100.0
+    };
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        // Fields after the name: state is [0]; utime [11], stime [12], cutime [13], cstime [14].
+        let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+        if f.len() < 15 {
+            continue;
+        }
+        let name = daemons
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map_or_else(|| comm.to_string(), |(_, n)| (*n).to_string());
+        *m.entry(name).or_insert(0.0) += ticks(&f, 11, 12);
+        if pid == std::process::id() {
+            *m.entry("cli (children)".into()).or_insert(0.0) += ticks(&f, 13, 14);
+        }
+    }
+    m
+}
+
+/// Prints where the CPU went between two snapshots (`BENCH_ACCESS_CPU=1`).
+fn cpu_report(
+    what: &str,
+    seconds: f64,
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) {
+    let mut d: Vec<(String, f64)> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v >= 0.05)
+        .collect();
+    d.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = d.iter().map(|(_, v)| v).sum();
+    let parts: Vec<String> = d.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
+    eprintln!(
+        "cpu {what}: {seconds:.2} s wall, {total:.2} core-s ({:.0}% of 2 cores): {}",
+        100.0 * total / seconds / 2.0,
+        parts.join(", ")
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let rounds: usize = std::env::args()
@@ -368,6 +432,19 @@ async fn main() {
     let container = gridlease_sandbox::spec::container_name_of(&id.parse().unwrap());
     let (mut g_up, mut d_up, mut g_down, mut d_down, mut raw) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let show_cpu = std::env::var("BENCH_ACCESS_CPU").is_ok_and(|v| v == "1");
+    let daemons = [
+        (provider.0.id(), "provider node"),
+        (renter.0.id(), "renter node"),
+    ];
+    let mut snap = cpu_snapshot(&daemons);
+    let mut phase = |what: &str, t: Instant| {
+        if show_cpu {
+            let now = cpu_snapshot(&daemons);
+            cpu_report(what, t.elapsed().as_secs_f64(), &snap, &now);
+            snap = now;
+        }
+    };
     for r in 0..cp_rounds {
         let mbs = |t: Instant| tree_bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
         let t = Instant::now();
@@ -378,6 +455,7 @@ async fn main() {
             &format!("{}:/workspace/g{r}", &id[..12]),
         ]));
         g_up.push(mbs(t));
+        phase("gridlease cp upload", t);
         let t = Instant::now();
         run_ok(Command::new("docker").args([
             "cp",
@@ -385,6 +463,7 @@ async fn main() {
             &format!("{container}:/workspace/d{r}"),
         ]));
         d_up.push(mbs(t));
+        phase("docker cp upload", t);
         let back = dir.path().join(format!("back-g{r}"));
         let t = Instant::now();
         run_ok(Command::new(gridlease()).arg("--home").arg(&rh).args([
@@ -394,6 +473,7 @@ async fn main() {
             &back.display().to_string(),
         ]));
         g_down.push(mbs(t));
+        phase("gridlease cp download", t);
         let back_d = dir.path().join(format!("back-d{r}"));
         let t = Instant::now();
         run_ok(Command::new("docker").args([
@@ -402,9 +482,11 @@ async fn main() {
             &back_d.display().to_string(),
         ]));
         d_down.push(mbs(t));
+        phase("docker cp download", t);
         let t = Instant::now();
         raw_tcp(&tree);
         raw.push(mbs(t));
+        phase("raw TCP", t);
         let _ = std::fs::remove_dir_all(&back);
         let _ = std::fs::remove_dir_all(&back_d);
         // The copies stay (docker cp's files belong to root, which the tenant cannot remove):

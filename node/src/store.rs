@@ -186,7 +186,38 @@ const MIGRATIONS: &[&str] = &[
         envelope BLOB NOT NULL
     ) STRICT;
     "#,
+    // 9: co-signed lease completions (issue 16, reputation): this node's own (as provider or
+    // renter) and those other nodes gossip, each verified before it is stored. `record` is
+    // the `CoSigned` pair in the project's codec; the other columns are read off it. Not
+    // tied to `leases`: most are other nodes' leases.
+    r#"
+    CREATE TABLE completions (
+        lease_id    BLOB PRIMARY KEY,
+        provider    BLOB NOT NULL,
+        renter      BLOB NOT NULL,
+        paid        INTEGER NOT NULL CHECK (paid >= 0),
+        outcome     TEXT NOT NULL,
+        closed_at   INTEGER NOT NULL,
+        received_at INTEGER NOT NULL,
+        record      BLOB NOT NULL
+    ) STRICT;
+    CREATE INDEX completions_by_provider ON completions(provider, closed_at);
+    "#,
 ];
+
+/// Most completions kept per provider (its newest); older ones are forgotten.
+pub const COMPLETIONS_PER_PROVIDER: usize = 256;
+/// Most completions kept in all; the least recently received are forgotten.
+pub const COMPLETIONS_KEPT: usize = 100_000;
+
+/// One stored completion: its fields and the co-signed record.
+#[derive(Clone, Debug)]
+pub struct StoredCompletion {
+    /// The verified record.
+    pub completion: gridlease_protocol::completion::Completion,
+    /// The co-signed pair, encoded.
+    pub record: Vec<u8>,
+}
 
 /// Peers remembered (most recently seen first); older ones are forgotten when more are seen.
 pub const PEERS_KEPT: usize = 1024;
@@ -656,6 +687,85 @@ impl Store {
             )
             .map_err(self.err())?;
         Ok(())
+    }
+
+    /// Stores a co-signed completion the caller verified; `false` if its lease had one
+    /// already. Keeps at most [`COMPLETIONS_PER_PROVIDER`] per provider and
+    /// [`COMPLETIONS_KEPT`] in all.
+    pub fn put_completion(
+        &mut self,
+        c: &gridlease_protocol::completion::Completion,
+        record: &[u8],
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let e = |source| classify(&self.path, source);
+        let tx = self.conn.transaction().map_err(e)?;
+        let n = tx
+            .execute(
+                "INSERT OR IGNORE INTO completions
+                   (lease_id, provider, renter, paid, outcome, closed_at, received_at, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    &c.lease_id.0.0[..],
+                    &c.provider.0[..],
+                    &c.renter.0[..],
+                    i64_of(c.paid),
+                    c.outcome.name(),
+                    i64_of(c.closed_at.0),
+                    i64_of(now.0),
+                    record,
+                ],
+            )
+            .map_err(e)?;
+        if n > 0 {
+            tx.execute(
+                "DELETE FROM completions WHERE provider = ?1 AND lease_id NOT IN
+                   (SELECT lease_id FROM completions WHERE provider = ?1
+                    ORDER BY closed_at DESC, lease_id LIMIT ?2)",
+                params![&c.provider.0[..], COMPLETIONS_PER_PROVIDER as i64],
+            )
+            .map_err(e)?;
+            tx.execute(
+                "DELETE FROM completions WHERE lease_id NOT IN
+                   (SELECT lease_id FROM completions ORDER BY received_at DESC, lease_id LIMIT ?1)",
+                params![COMPLETIONS_KEPT as i64],
+            )
+            .map_err(e)?;
+        }
+        tx.commit().map_err(e)?;
+        Ok(n > 0)
+    }
+
+    /// Stored completions: of `provider` only (newest first, at most `limit`), or all.
+    pub fn completions(
+        &self,
+        provider: Option<&gridlease_protocol::PublicKey>,
+        limit: usize,
+    ) -> Result<Vec<StoredCompletion>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT record FROM completions WHERE ?1 IS NULL OR provider = ?1
+                 ORDER BY closed_at DESC, lease_id LIMIT ?2",
+            )
+            .map_err(self.err())?;
+        let key = provider.map(|k| k.0.to_vec());
+        let rows = stmt
+            .query_map(params![key, limit], |r| r.get::<_, Vec<u8>>(0))
+            .map_err(self.err())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let record = row.map_err(self.err())?;
+            // Verified before it was stored; a row that no longer decodes is skipped.
+            let Ok(completion) = gridlease_protocol::completion::CoSigned::from_bytes(&record)
+                .and_then(|pair| pair.record_unchecked())
+            else {
+                continue;
+            };
+            out.push(StoredCompletion { completion, record });
+        }
+        Ok(out)
     }
 
     /// Known peers, most recently seen first, at most `limit`.

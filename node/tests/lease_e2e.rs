@@ -124,6 +124,41 @@ async fn happy_path_logs_exit_code_and_agreeing_ledgers() {
         Money::from_micros(total)
     );
 
+    // Reputation (issue 16): both nodes hold the same co-signed completion record: this
+    // lease, both keys, what was paid, the GPU-seconds paid for, completed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mine, theirs) = loop {
+        let (p, r) = (
+            provider.leases.completions(10).await,
+            renter.leases.completions(10).await,
+        );
+        if (!p.is_empty() && !r.is_empty()) || Instant::now() > deadline {
+            break (p, r);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(mine.len(), 1, "provider's completions: {mine:?}");
+    assert_eq!(theirs.len(), 1, "renter's completions: {theirs:?}");
+    assert_eq!(mine[0].1, theirs[0].1, "the same signed pair on both nodes");
+    let record = mine[0]
+        .1
+        .verify(&gridlease_protocol::NetworkId::devnet())
+        .expect("the pair verifies");
+    assert_eq!(record, mine[0].0);
+    assert_eq!(record.lease_id, id);
+    assert_eq!(record.paid, expected);
+    assert_eq!(
+        record.gpu_seconds,
+        wall_ms / 1000,
+        "one GPU, paid to the last report"
+    );
+    assert_eq!(
+        record.outcome,
+        gridlease_protocol::completion::CompletionOutcome::Completed
+    );
+    assert_eq!(record.provider, provider.node.node.client.key().public());
+    assert_ne!(record.provider, record.renter);
+
     renter.cancel.cancel();
     provider.cancel.cancel();
     remove_container(&sb, id).await;

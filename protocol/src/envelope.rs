@@ -49,6 +49,10 @@ pub enum MessageKind {
     LeaseAmendment,
     /// The provider's signature over the same amendment.
     AmendAccept,
+    /// A provider's record of a settled lease.
+    Completion,
+    /// The renter's signature over the same record.
+    CompletionAck,
 }
 
 impl MessageKind {
@@ -65,6 +69,8 @@ impl MessageKind {
             Self::BenchReport => "gridlease/v1/bench-report",
             Self::LeaseAmendment => "gridlease/v1/lease-amendment",
             Self::AmendAccept => "gridlease/v1/amend-accept",
+            Self::Completion => "gridlease/v1/completion",
+            Self::CompletionAck => "gridlease/v1/completion-ack",
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod access;
 pub mod codec;
+pub mod completion;
 pub mod envelope;
 pub mod fixtures;
 pub mod identity;

@@ -139,6 +139,11 @@ pub enum SessionRequest {
         /// Only reports after this sequence (0 for all).
         after_seq: u64,
     },
+    /// Provider -> renter, after the close: the provider's signed record of the settled lease
+    /// (reputation, issue 16). Answered [`SessionResponse::Completion`] with the renter's
+    /// signature over the record it agrees with (the same one, or the same with outcome
+    /// `Disputed` when the two sides' closes disagree), or `UnknownLease`.
+    Complete(Signed<crate::completion::Completion>),
 }
 
 /// Most usage reports in one [`SessionResponse::Reports`].
@@ -188,6 +193,11 @@ impl SessionRequest {
             Self::Extend(s) => LeaseAmendment::decode_payload(&s.envelope().payload)
                 .ok()
                 .map(|a| a.lease_id),
+            Self::Complete(s) => {
+                crate::completion::Completion::decode_payload(&s.envelope().payload)
+                    .ok()
+                    .map(|c| c.lease_id)
+            }
         }
     }
 }
@@ -241,6 +251,8 @@ pub enum SessionResponse {
     Telemetry(TelemetryBatch),
     /// The provider's usage reports after a sequence, and its close.
     Reports(ReportBatch),
+    /// The renter's signature over the completion record it agrees with.
+    Completion(Signed<crate::completion::CompletionAck>),
 }
 
 /// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.

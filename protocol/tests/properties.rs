@@ -479,7 +479,7 @@ proptest! {
             MessageKind::Offer, MessageKind::LeaseRequest, MessageKind::LeaseAccept,
             MessageKind::LeaseReject, MessageKind::UsageReport, MessageKind::PaymentReceipt,
             MessageKind::LeaseClose, MessageKind::BenchReport, MessageKind::LeaseAmendment,
-            MessageKind::AmendAccept,
+            MessageKind::AmendAccept, MessageKind::Completion, MessageKind::CompletionAck,
         ];
         let sig = ed25519_sign([5; 32], MessageKind::PaymentReceipt, &net, &payload);
         for kind in kinds {

@@ -432,6 +432,8 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         isolation: e.offer.sandbox.isolation,
         output_retention_s: e.offer.sandbox.output_retention_s,
         upload_hold_s: e.offer.sandbox.upload_hold_s,
+        rep: f64::from(n.rep_permille) / 1000.0,
+        completed: n.completed,
     }
 }
 

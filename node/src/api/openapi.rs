@@ -83,7 +83,7 @@ pub const MAX_LOCAL_IMAGE_LEN: usize = 247;
 
 /// A sort key of `GET /v1/offers` (`-` before it: descending).
 pub static SORT: Pattern =
-    Pattern::new("^[-+]?(?:price|fp16_tflops|fp32_tflops|price_per_tflop|vram|age)$");
+    Pattern::new("^[-+]?(?:price|fp16_tflops|fp32_tflops|price_per_tflop|vram|age|rep)$");
 
 /// The search language of `GET /v1/offers?q=` (`docs/search.md`) as a regular expression,
 /// built from the query fields ([`gridlease_contracts::query::Field::ALL`]: each field's
@@ -143,6 +143,7 @@ pub fn query_pattern() -> &'static str {
             "price_per_tflop",
             "vram",
             "age",
+            "rep",
         ]
         .map(ci)
         .join("|");

@@ -161,6 +161,13 @@ pub struct OfferRow {
     /// Most seconds a created container is held for uploads before its command starts.
     #[serde(default)]
     pub upload_hold_s: u32,
+    /// The provider's network reputation, 0 to 1 (0.5 while no completion of it is known),
+    /// as this node computes it from the co-signed completion records it holds.
+    #[serde(default)]
+    pub rep: f64,
+    /// The provider's completed leases among those records.
+    #[serde(default)]
+    pub completed: u32,
 }
 
 /// `GET /v1/gpus`: one local GPU.

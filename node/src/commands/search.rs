@@ -75,6 +75,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                     format!("{:.1}", r.fp16_tflops),
                     r.price_per_gpu_hour.clone(),
                     r.price_per_tflop.clone().unwrap_or_else(|| "-".into()),
+                    format!("{:.2} ({})", r.rep, r.completed),
                     if r.verified {
                         "yes".into()
                     } else {
@@ -96,6 +97,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "fp16 TFLOPS",
                 "GLU/GPU-h",
                 "per TFLOP",
+                "rep (done)",
                 "verified",
                 "age",
                 "min bill",
@@ -106,7 +108,8 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
             // Least important first; `min bill` (billed per second, at least this long),
             // `access` (shell, exec, forward) and `isolation` (runc, gvisor) show in wide
             // terminals and with --wide.
-            &[11, 10, 9, 1, 6, 8, 4, 7],
+            // `rep (done)`: reputation and completed leases (docs/reputation.md).
+            &[12, 11, 10, 1, 6, 9, 4, 8, 7],
             args.wide,
         );
     });

@@ -45,6 +45,7 @@
 //! - Final statement = last valid receipt, on both nodes.
 
 mod capacity;
+pub(crate) mod completion;
 pub mod desk;
 mod egress;
 pub mod extend;
@@ -1059,6 +1060,18 @@ impl LeaseService {
         }
     }
 
+    /// Co-signed completion records this node holds (its own and gossiped ones), newest
+    /// first, at most `limit`: each record and the signed pair.
+    pub async fn completions(
+        &self,
+        limit: usize,
+    ) -> Vec<(
+        gridlease_protocol::completion::Completion,
+        gridlease_protocol::completion::CoSigned,
+    )> {
+        completion::list(&self.ctx, limit).await
+    }
+
     /// The ledger: statements per lease and counterparty, totals earned and spent.
     pub async fn ledger(&self) -> Result<Ledger, LeaseError> {
         let rows = self.ctx.store.call(|s| s.ledger_rows()).await?;
@@ -1715,6 +1728,19 @@ impl Actor {
                 let r = logs::serve_renter(&ctx, live, m.peer, lease_id, offset, max).await;
                 let _ = m.reply.send(r);
                 drop(permit);
+            });
+            return;
+        }
+        if let SessionRequest::Complete(_) = m.request {
+            // A settled lease's record: answered from the store, never by a session.
+            if !self.log_rate.check(&m.peer, self.ctx.now()) {
+                let _ = m.reply.send(SessionResponse::Busy);
+                return;
+            }
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                let r = completion::answer(&ctx, m.peer, &m.request).await;
+                let _ = m.reply.send(r);
             });
             return;
         }

@@ -1382,6 +1382,23 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
     }
     tracing::info!(?reason, total = %total, exit_code = ?s.exit_code, "lease settled");
     s.publish();
+    // The record reputation is made of, co-signed with the renter (after the GPUs are free:
+    // a slow renter delays nothing).
+    if let (Some(peer), false, true) = (
+        s.renter_peer,
+        renter_gone,
+        s.lease.state == gridlease_contracts::LeaseState::Settled,
+    ) {
+        tokio::spawn(super::completion::propose(
+            ctx.clone(),
+            peer,
+            s.lease.id,
+            s.lease.terms.clone(),
+            s.channel.last_receipt().cloned(),
+            reason,
+            s.lease.closed_at.unwrap_or(now),
+        ));
+    }
 }
 
 /// Saves the output of a container whose writer never ran here (see [`logs::catch_up`]).

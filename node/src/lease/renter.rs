@@ -681,6 +681,7 @@ pub(crate) async fn run(
                         | SessionRequest::Extend(_)
                         | SessionRequest::Telemetry { .. }
                         | SessionRequest::Reports { .. }
+                        | SessionRequest::Complete(_)
                         | SessionRequest::Begin { .. } => {
                             let _ = reply.send(SessionResponse::UnknownLease);
                         }

@@ -75,6 +75,12 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Vec<BookEntry>>,
     },
     Offer(OfferId, oneshot::Sender<Option<BookEntry>>),
+    /// A co-signed completion of this node's lease: kept, persisted, published when this node
+    /// was its provider; answers whether it was new.
+    AddCompletion(
+        gridlease_protocol::completion::CoSigned,
+        oneshot::Sender<Result<bool, String>>,
+    ),
     OfferIds(String, oneshot::Sender<Vec<OfferId>>),
     Replaced(String, oneshot::Sender<Vec<ReplacedOffer>>),
     GossipStats(oneshot::Sender<GossipStats>),
@@ -297,6 +303,18 @@ impl Client {
     /// One offer from the book.
     pub async fn offer(&self, id: OfferId) -> Result<Option<BookEntry>, NegotiationError> {
         self.ask(|r| Command::Offer(id, r)).await
+    }
+
+    /// Hands a co-signed completion of one of this node's leases to the network loop, which
+    /// verifies it, keeps and persists it, scores with it, and publishes it when this node was
+    /// the provider. `Ok(false)`: it was known.
+    pub async fn add_completion(
+        &self,
+        pair: gridlease_protocol::completion::CoSigned,
+    ) -> Result<bool, String> {
+        self.ask(|r| Command::AddCompletion(pair, r))
+            .await
+            .map_err(|e| e.to_string())?
     }
 
     /// Ids of held offers starting with `prefix` (lowercase hex); two at most (more is

@@ -8,6 +8,7 @@ use futures::StreamExt;
 use gridlease_contracts::book::{Admission, OfferBook};
 use gridlease_contracts::ingest::OfferIngestor;
 use gridlease_contracts::query::Query;
+use gridlease_protocol::completion::{CoSigned, Completion, CompletionBatch};
 use gridlease_protocol::{
     Digest, LeaseId, LeaseRequest, NodeKey, Offer, OfferId, PeerId, PublicKey, RejectReason,
     Signed, Timestamp,
@@ -171,6 +172,9 @@ pub(super) struct EventLoop {
     /// for capacity beyond it waits for a token instead of being ignored by every receiver,
     /// also when the network bunches two of them.
     own_resigns: RateLimiter<()>,
+    /// Co-signed completion records and the reputation scores the book carries.
+    completions: super::reputation::Completions,
+    completion_topic: IdentTopic,
 }
 
 /// Most book syncs run at once; more connections wait in a queue.
@@ -203,11 +207,14 @@ impl EventLoop {
         events: broadcast::Sender<NetworkEvent>,
         cancel: CancellationToken,
         sync_bytes: Arc<std::sync::atomic::AtomicU64>,
+        completions: super::reputation::Completions,
     ) -> Self {
         let (config_grace, config_bootstrap) = (config.gossip_grace, config.bootstrap.clone());
         let config_provider_rate = config.provider_rate;
         Self {
             topic: gossip::offer_topic(&config.network),
+            completion_topic: gossip::completion_topic(&config.network),
+            completions,
             ingestor: OfferIngestor::new(config.network.clone(), config.book_capacity),
             verdicts: GossipStats::default(),
             peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
@@ -344,6 +351,10 @@ impl EventLoop {
         kad_walk.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut live = tokio::time::interval(Duration::from_millis(250));
         live.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rescore = tokio::time::interval(super::reputation::RESCORE_PERIOD);
+        rescore.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut republish = tokio::time::interval(self.config.completions_republish);
+        republish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
@@ -358,6 +369,16 @@ impl EventLoop {
                 },
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 _ = announce.tick() => self.announce(),
+                _ = rescore.tick() => {
+                    if let Some(scores) = self.completions.rescore(&self.config.reputation) {
+                        self.book.set_reputation(scores);
+                    }
+                }
+                _ = republish.tick() => {
+                    if let Some(batch) = self.completions.republish() {
+                        self.publish_completions(&batch);
+                    }
+                }
                 _ = flush.tick() => self.flush_offers(),
                 _ = kad_walk.tick() => {
                     // Random walk to keep the routing table fresh; no known peers is fine.
@@ -417,6 +438,21 @@ impl EventLoop {
             }
             Command::Offer(id, reply) => {
                 let _ = reply.send(self.book.get(&id).cloned());
+            }
+            Command::AddCompletion(pair, reply) => {
+                let r = match self.completions.add(pair.clone()) {
+                    Ok((new, batch)) => {
+                        if new && let Ok(c) = pair.record_unchecked() {
+                            self.persist_completions(vec![(c, pair)]);
+                        }
+                        if let Some(batch) = batch {
+                            self.publish_completions(&batch);
+                        }
+                        Ok(new)
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = reply.send(r);
             }
             Command::GossipStats(reply) => {
                 let sig = self.ingestor.stats();
@@ -1052,6 +1088,17 @@ impl EventLoop {
                 propagation_source,
                 message_id,
                 message,
+            } if message.topic == self.completion_topic.hash() => {
+                let acceptance = self.on_completions(&propagation_source, &message.data);
+                self.swarm
+                    .behaviour_mut()
+                    .gossipsub
+                    .report_message_validation_result(&message_id, &propagation_source, acceptance);
+            }
+            gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
             } => {
                 let verdict = self.validate(&propagation_source, &message.data);
                 match &verdict {
@@ -1123,6 +1170,67 @@ impl EventLoop {
                 let _ = self.swarm.disconnect_peer_id(peer_id);
             }
             _ => {}
+        }
+    }
+
+    /// A gossiped batch of completion records: from a peer in good standing and within its
+    /// rate, every record verified; the new ones kept and persisted. Forwarded only when it
+    /// taught this node something.
+    fn on_completions(&mut self, from: &PeerId, data: &[u8]) -> MessageAcceptance {
+        let now = clock::now();
+        if let Some(score) = self.swarm.behaviour().gossipsub.peer_score(from)
+            && score < gossip::thresholds().graylist_threshold
+        {
+            return MessageAcceptance::Ignore;
+        }
+        if !self.peer_limits.check(from, now) {
+            return MessageAcceptance::Ignore;
+        }
+        match self.completions.ingest(data) {
+            Ok(new) if new.is_empty() => MessageAcceptance::Ignore,
+            Ok(new) => {
+                tracing::debug!(peer = %from, records = new.len(), "completion records learnt");
+                self.persist_completions(new);
+                MessageAcceptance::Accept
+            }
+            Err(e) => {
+                tracing::debug!(peer = %from, error = %e, "completion batch rejected");
+                MessageAcceptance::Reject
+            }
+        }
+    }
+
+    /// Writes verified records to the store (best effort: a full queue loses a restart
+    /// hint, not a record others still hold).
+    fn persist_completions(&mut self, records: Vec<(Completion, CoSigned)>) {
+        let rows: Vec<(Completion, Vec<u8>)> = records
+            .into_iter()
+            .filter_map(|(c, pair)| pair.to_bytes().ok().map(|b| (c, b)))
+            .collect();
+        let now = clock::now();
+        if !self.store.try_submit(move |s| {
+            for (c, bytes) in &rows {
+                if let Err(e) = s.put_completion(c, bytes, now) {
+                    tracing::warn!(error = %e, "completion record not stored");
+                }
+            }
+        }) {
+            tracing::warn!("store queue full; completion records not persisted");
+        }
+    }
+
+    fn publish_completions(&mut self, batch: &CompletionBatch) {
+        let Ok(bytes) = batch.to_bytes() else {
+            return;
+        };
+        match self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(self.completion_topic.clone(), bytes)
+        {
+            Ok(_) | Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => {}
+            Err(e) => tracing::debug!(error = %e, "completion records not published"),
         }
     }
 

@@ -52,6 +52,11 @@ pub fn offer_topic(network: &NetworkId) -> IdentTopic {
     IdentTopic::new(format!("gridlease/v1/offers/{network}"))
 }
 
+/// The versioned topic of co-signed lease completions (reputation, issue 16) of `network`.
+pub fn completion_topic(network: &NetworkId) -> IdentTopic {
+    IdentTopic::new(format!("gridlease/v1/completions/{network}"))
+}
+
 /// Message id = SHA-256 over the publisher's gossipsub header (source, random sequence number)
 /// and the data. Copies of one announcement dedupe on every path; two announcements never share
 /// an id unless they carry identical bytes from the same publisher with the same sequence. The
@@ -126,7 +131,13 @@ pub fn score_params(network: &NetworkId) -> PeerScoreParams {
     params
         .ip_colocation_factor_whitelist
         .insert(std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST));
-    params.topics.insert(offer_topic(network).hash(), topic);
+    params
+        .topics
+        .insert(offer_topic(network).hash(), topic.clone());
+    // Completions: the same penalty for invalid records; they are rarer than offers.
+    params
+        .topics
+        .insert(completion_topic(network).hash(), topic);
     params
 }
 
@@ -164,6 +175,8 @@ pub fn behaviour(
         gs.subscribe(&offer_topic(&config.network))
             .map_err(|e| BuildError::Gossip(e.to_string()))?;
     }
+    gs.subscribe(&completion_topic(&config.network))
+        .map_err(|e| BuildError::Gossip(e.to_string()))?;
     Ok(gs)
 }
 

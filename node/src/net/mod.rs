@@ -17,6 +17,7 @@ mod liveness;
 pub mod provider;
 pub mod ratelimit;
 pub mod reach;
+pub mod reputation;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +71,11 @@ pub struct NodeConfig {
     pub use_relays: bool,
     /// How often the own offer is re-announced (and the book swept).
     pub announce_period: Duration,
+    /// How often a provider republishes its newest completion records (reputation), for
+    /// nodes that joined since.
+    pub completions_republish: Duration,
+    /// The reputation formula's constants (`docs/reputation.md`).
+    pub reputation: gridlease_contracts::reputation::ScoreParams,
     /// Lifetime of the own offer; re-signed with a new sequence when less than two announce
     /// periods remain.
     pub offer_ttl: Duration,
@@ -117,6 +123,8 @@ impl NodeConfig {
             mdns: true,
             use_relays: true,
             announce_period: Duration::from_secs(60),
+            completions_republish: Duration::from_secs(600),
+            reputation: gridlease_contracts::reputation::ScoreParams::default(),
             offer_ttl: Duration::from_secs(600),
             heartbeat: Duration::from_secs(1),
             // Longer than the longest usage interval (300 s) times three: a lease's own traffic
@@ -147,6 +155,7 @@ impl NodeConfig {
         c.mdns = false;
         c.use_relays = false;
         c.announce_period = announce_period;
+        c.completions_republish = announce_period * 5;
         c.offer_ttl = Self::ttl_for(announce_period);
         c.heartbeat = Duration::from_millis(100).min(announce_period / 2);
         c.provider_rate = RateLimit {
@@ -352,6 +361,17 @@ impl Node {
         let stored_offers = store.call(move |s| s.live_offers(now)).await?;
         let own = store.call(|s| s.own_offer()).await?;
         let known_peers = store.call(|s| s.peers(event_loop::STORED_PEERS)).await?;
+        let stored_completions = store
+            .call(|s| s.completions(None, crate::store::COMPLETIONS_KEPT))
+            .await?;
+        let completions = reputation::Completions::new(
+            network.clone(),
+            key.public(),
+            crate::store::COMPLETIONS_KEPT,
+            stored_completions
+                .into_iter()
+                .map(|c| (c.completion, c.record)),
+        );
 
         let mut book = OfferBook::with_capacity(config.book_capacity);
         let mut restored = 0usize;
@@ -431,6 +451,7 @@ impl Node {
             events.clone(),
             cancel.clone(),
             sync_bytes,
+            completions,
         );
         el.start_listening()?;
         el.dial_known(&known_peers);

@@ -1,0 +1,187 @@
+//! Co-signed completions (issue 16, reputation): after a lease settles, the provider signs the
+//! record of it (`gridlease_contracts::reputation::completion_of`) and asks the renter to sign
+//! the same; the pair is stored on both nodes (the `completions` table) and is what network
+//! reputation is computed from.
+//!
+//! - Provider ([`propose`]): spawned by the session once it settled (the GPUs are already
+//!   free); one round trip. The renter answers with its signature over the record it agrees
+//!   with: the same one, or the same marked `Disputed` when the two closes disagree, which the
+//!   provider then signs too. A renter that does not answer leaves no record (logged).
+//! - Renter ([`answer`]): waits for its own side of the lease to settle, rebuilds the record
+//!   from its store (`renter_answer` decides), signs, stores the pair when it is complete.
+//!
+//! The network loop owns the records once co-signed (`crate::net::reputation`): it persists
+//! them, publishes a provider's own, and scores them for search.
+
+use std::time::Duration;
+
+use gridlease_contracts::reputation::{completion_of, renter_answer};
+use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck};
+use gridlease_protocol::session::{SessionRequest, SessionResponse};
+use gridlease_protocol::{CloseReason, LeaseId, LeaseTerms, PaymentReceipt, PeerId};
+
+use super::{Ctx, session_rpc, sign, view};
+use crate::store::Role;
+
+/// How long a renter waits for its own side of a lease to settle before answering.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Hands a pair to the network loop, which verifies, keeps, persists and (for the provider)
+/// publishes it; `true` if it was new.
+pub(crate) async fn store(ctx: &Ctx, pair: CoSigned) -> bool {
+    match ctx.client.add_completion(pair).await {
+        Ok(new) => new,
+        Err(e) => {
+            tracing::warn!(error = %e, "a completion record was refused");
+            false
+        }
+    }
+}
+
+/// Provider: proposes the record of a settled lease to its renter and stores the co-signed
+/// pair.
+pub(crate) async fn propose(
+    ctx: std::sync::Arc<Ctx>,
+    peer: PeerId,
+    id: LeaseId,
+    terms: LeaseTerms,
+    last_receipt: Option<PaymentReceipt>,
+    reason: CloseReason,
+    closed_at: gridlease_protocol::Timestamp,
+) {
+    let record = completion_of(id, &terms, last_receipt.as_ref(), reason, closed_at);
+    let Some(signed) = sign(&ctx, &record) else {
+        return;
+    };
+    let ack = match session_rpc(&ctx, peer, SessionRequest::Complete(signed.clone())).await {
+        Ok(SessionResponse::Completion(ack)) => ack,
+        Ok(other) => {
+            tracing::info!(lease = %id, answer = ?std::mem::discriminant(&other), "the renter did not sign the lease's completion record");
+            return;
+        }
+        Err(e) => {
+            tracing::info!(lease = %id, error = %e, "the lease's completion record was not co-signed");
+            return;
+        }
+    };
+    let agreed = match ack.verify(ctx.client.network()) {
+        Ok(v) if v.signer == terms.renter => v.message.completion,
+        _ => {
+            tracing::warn!(lease = %id, "the renter's signature on the completion record is bad");
+            return;
+        }
+    };
+    // The renter may only have marked the outcome disputed; anything else is not ours.
+    let provider = if agreed == record {
+        signed
+    } else if agreed
+        == (Completion {
+            outcome: gridlease_protocol::completion::CompletionOutcome::Disputed,
+            ..record.clone()
+        })
+    {
+        let Some(s) = sign(&ctx, &agreed) else {
+            return;
+        };
+        tracing::info!(lease = %id, "the renter disputes the lease's outcome; recorded as disputed");
+        s
+    } else {
+        tracing::warn!(lease = %id, "the renter signed another record than proposed");
+        return;
+    };
+    if store(
+        &ctx,
+        CoSigned {
+            provider,
+            renter: ack,
+        },
+    )
+    .await
+    {
+        tracing::info!(lease = %id, outcome = agreed.outcome.name(), paid = agreed.paid, "completion co-signed");
+    }
+}
+
+/// Renter: answers a provider's [`SessionRequest::Complete`].
+pub(crate) async fn answer(ctx: &Ctx, peer: PeerId, request: &SessionRequest) -> SessionResponse {
+    let SessionRequest::Complete(signed) = request else {
+        return SessionResponse::UnknownLease;
+    };
+    let Ok(v) = signed.verify(ctx.client.network()) else {
+        return SessionResponse::UnknownLease;
+    };
+    let proposed = v.message;
+    let id = proposed.lease_id;
+    // Our side settles right after answering the provider's close: wait for it.
+    let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+    let l = loop {
+        let Ok(Some(l)) = ctx.store.call(move |s| s.lease(&id)).await else {
+            return SessionResponse::UnknownLease;
+        };
+        let provider = l.lease.terms.provider;
+        if l.role != Role::Renter || v.signer != provider || provider.peer_id().ok() != Some(peer) {
+            return SessionResponse::UnknownLease;
+        }
+        if l.lease.state.is_terminal() {
+            break l;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return SessionResponse::Busy;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let Ok(rec) = ctx.store.call(move |s| s.session_record(&id)).await else {
+        return SessionResponse::Busy;
+    };
+    let last = rec
+        .last_receipt
+        .as_ref()
+        .and_then(|(_, b)| view::decode_receipt(b))
+        .map(|(_, r)| r);
+    let Some(reason) = l.lease.close_reason.or(rec.fields.close_reason) else {
+        return SessionResponse::Busy;
+    };
+    let mine = completion_of(
+        id,
+        &l.lease.terms,
+        last.as_ref(),
+        reason,
+        rec.fields.closed_at.unwrap_or(proposed.closed_at),
+    );
+    let agreed = match renter_answer(&proposed, &mine) {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::warn!(lease = %id, why, "refused to sign the provider's completion record");
+            return SessionResponse::UnknownLease;
+        }
+    };
+    let Some(ack) = sign(
+        ctx,
+        &CompletionAck {
+            completion: agreed.clone(),
+        },
+    ) else {
+        return SessionResponse::Busy;
+    };
+    if agreed == proposed {
+        let pair = CoSigned {
+            provider: signed.clone(),
+            renter: ack.clone(),
+        };
+        store(ctx, pair).await;
+    }
+    SessionResponse::Completion(ack)
+}
+
+/// This node's stored completions (newest first, at most `limit`), verified again.
+pub(crate) async fn list(ctx: &Ctx, limit: usize) -> Vec<(Completion, CoSigned)> {
+    let Ok(rows) = ctx.store.call(move |s| s.completions(None, limit)).await else {
+        return Vec::new();
+    };
+    rows.into_iter()
+        .filter_map(|r| {
+            let pair = CoSigned::from_bytes(&r.record).ok()?;
+            Some((r.completion, pair))
+        })
+        .collect()
+}

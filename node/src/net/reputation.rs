@@ -1,0 +1,282 @@
+//! Network reputation (issue 16): the co-signed completion records this node holds, the
+//! gossip that spreads them, and the scores computed from them
+//! ([`gridlease_contracts::reputation::provider_scores`]), which the offer book's summaries
+//! carry for search (`rep`, `completed`).
+//!
+//! Owned by the network loop, beside the book it scores: records arrive from gossip
+//! ([`Completions::ingest`]) and from this node's own leases ([`Completions::add`]), are kept
+//! in memory (at most [`crate::store::COMPLETIONS_KEPT`]) and persisted by the loop; scores are
+//! recomputed at most once per [`RESCORE_PERIOD`] when something changed.
+//!
+//! Gossip: a provider publishes each new record of its own as it is co-signed, and its newest
+//! [`MAX_BATCH_COMPLETIONS`] again every republish period, so nodes that joined later learn
+//! them. A batch is accepted only when every record in it verifies (an honest node never
+//! forwards a bad one; the sender is penalised otherwise), and forwarded only when it taught
+//! this node something.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+use gridlease_contracts::reputation::{CompletionRecord, ScoreParams, provider_scores};
+use gridlease_protocol::completion::{
+    CoSigned, Completion, CompletionBatch, CompletionError, MAX_BATCH_COMPLETIONS,
+};
+use gridlease_protocol::{LeaseId, NetworkId, PublicKey};
+
+/// Scores are recomputed at most this often.
+pub const RESCORE_PERIOD: Duration = Duration::from_secs(1);
+
+/// Why a gossiped batch was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchRejection {
+    /// Not a batch, or too long.
+    #[error("undecodable completion batch: {0}")]
+    Decode(#[from] gridlease_protocol::CodecError),
+    /// A record in it does not verify.
+    #[error("record {index}: {source}")]
+    Record {
+        /// Its position.
+        index: usize,
+        /// Why.
+        #[source]
+        source: CompletionError,
+    },
+}
+
+/// The records, the own ones to republish, and whether the scores are stale.
+#[derive(Debug)]
+pub struct Completions {
+    network: NetworkId,
+    own: PublicKey,
+    capacity: usize,
+    records: BTreeMap<LeaseId, Completion>,
+    /// This node's newest records as provider (at most [`MAX_BATCH_COMPLETIONS`]).
+    recent_own: VecDeque<CoSigned>,
+    dirty: bool,
+}
+
+impl Completions {
+    /// Starts from the stored records (already verified when they were stored) and this
+    /// node's own stored pairs as provider, newest first.
+    pub fn new(
+        network: NetworkId,
+        own: PublicKey,
+        capacity: usize,
+        stored: impl IntoIterator<Item = (Completion, Vec<u8>)>,
+    ) -> Self {
+        let mut c = Self {
+            network,
+            own,
+            capacity: capacity.max(1),
+            records: BTreeMap::new(),
+            recent_own: VecDeque::new(),
+            dirty: true,
+        };
+        for (record, bytes) in stored {
+            if record.provider == c.own
+                && c.recent_own.len() < MAX_BATCH_COMPLETIONS
+                && let Ok(pair) = CoSigned::from_bytes(&bytes)
+            {
+                // Stored newest first: the deque ends up oldest first.
+                c.recent_own.push_front(pair);
+            }
+            c.records.insert(record.lease_id, record);
+        }
+        c
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    fn insert(&mut self, c: Completion) -> bool {
+        if self.records.contains_key(&c.lease_id) {
+            return false;
+        }
+        if self.records.len() >= self.capacity {
+            // Forget the oldest (by close time) to make room; the store does the same.
+            if let Some(oldest) = self
+                .records
+                .values()
+                .min_by_key(|r| (r.closed_at, r.lease_id))
+                .map(|r| r.lease_id)
+            {
+                self.records.remove(&oldest);
+            }
+        }
+        self.records.insert(c.lease_id, c);
+        self.dirty = true;
+        true
+    }
+
+    /// A pair this node's lease service co-signed: verified, kept; returned as the batch to
+    /// publish when this node is its provider.
+    pub fn add(
+        &mut self,
+        pair: CoSigned,
+    ) -> Result<(bool, Option<CompletionBatch>), CompletionError> {
+        let c = pair.verify(&self.network)?;
+        let mine = c.provider == self.own;
+        let new = self.insert(c);
+        if !(new && mine) {
+            return Ok((new, None));
+        }
+        self.recent_own.push_back(pair.clone());
+        while self.recent_own.len() > MAX_BATCH_COMPLETIONS {
+            self.recent_own.pop_front();
+        }
+        Ok((
+            true,
+            Some(CompletionBatch {
+                completions: vec![pair],
+            }),
+        ))
+    }
+
+    /// A gossiped batch: every record verified, the new ones kept. Returns the new pairs (to
+    /// persist); empty when the batch taught nothing.
+    pub fn ingest(&mut self, bytes: &[u8]) -> Result<Vec<(Completion, CoSigned)>, BatchRejection> {
+        let batch = CompletionBatch::from_bytes(bytes)?;
+        let mut checked = Vec::with_capacity(batch.completions.len());
+        for (index, pair) in batch.completions.into_iter().enumerate() {
+            let c = pair
+                .verify(&self.network)
+                .map_err(|source| BatchRejection::Record { index, source })?;
+            checked.push((c, pair));
+        }
+        Ok(checked
+            .into_iter()
+            .filter(|(c, _)| self.insert(c.clone()))
+            .collect())
+    }
+
+    /// This node's newest own records, to republish (`None` when it has none).
+    pub fn republish(&self) -> Option<CompletionBatch> {
+        (!self.recent_own.is_empty()).then(|| CompletionBatch {
+            completions: self.recent_own.iter().cloned().collect(),
+        })
+    }
+
+    /// When records changed since the last call: every provider's score (per mille) and
+    /// completed count, for the book.
+    pub fn rescore(&mut self, params: &ScoreParams) -> Option<HashMap<PublicKey, (u32, u32)>> {
+        if !self.dirty {
+            return None;
+        }
+        self.dirty = false;
+        let records: Vec<CompletionRecord<PublicKey, LeaseId>> = self
+            .records
+            .values()
+            .map(|c| CompletionRecord {
+                lease: c.lease_id,
+                provider: c.provider,
+                renter: c.renter,
+                paid: c.paid,
+                outcome: c.outcome,
+            })
+            .collect();
+        Some(
+            provider_scores(&records, params)
+                .into_iter()
+                .map(|(k, s)| {
+                    let permille = (s.score * 1000.0).round().clamp(0.0, 1000.0) as u32;
+                    (k, (permille, s.completed))
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gridlease_protocol::completion::{CompletionAck, CompletionOutcome};
+    use gridlease_protocol::{Digest, NodeKey, Signed, Timestamp};
+
+    fn pair(p: &NodeKey, r: &NodeKey, lease: u8, paid: u64) -> (Completion, CoSigned) {
+        let net = NetworkId::devnet();
+        let c = Completion {
+            lease_id: LeaseId(Digest([lease; 32])),
+            provider: p.public(),
+            renter: r.public(),
+            gpu_seconds: 60,
+            paid,
+            closed_at: Timestamp(u64::from(lease)),
+            outcome: CompletionOutcome::Completed,
+        };
+        let both = CoSigned {
+            provider: Signed::sign(p, &net, &c).unwrap(),
+            renter: Signed::sign(
+                r,
+                &net,
+                &CompletionAck {
+                    completion: c.clone(),
+                },
+            )
+            .unwrap(),
+        };
+        (c, both)
+    }
+
+    #[test]
+    fn own_records_are_published_gossip_is_verified_and_scores_follow() {
+        let (me, renter, other) = (
+            NodeKey::from_secret([1; 32]),
+            NodeKey::from_secret([2; 32]),
+            NodeKey::from_secret([3; 32]),
+        );
+        let mut c = Completions::new(NetworkId::devnet(), me.public(), 10, []);
+        let (_, p1) = pair(&me, &renter, 1, 600_000);
+        let (new, batch) = c.add(p1.clone()).unwrap();
+        assert!(new);
+        assert_eq!(batch.unwrap().completions, vec![p1.clone()]);
+        // Again: nothing new, nothing to publish.
+        assert_eq!(c.add(p1).unwrap(), (false, None));
+        // The renter also rented from another provider: gossip brings that record.
+        let (_, p2) = pair(&other, &renter, 2, 600_000);
+        let bytes = CompletionBatch {
+            completions: vec![p2.clone()],
+        }
+        .to_bytes()
+        .unwrap();
+        assert_eq!(c.ingest(&bytes).unwrap().len(), 1);
+        assert!(c.ingest(&bytes).unwrap().is_empty(), "taught nothing");
+        let scores = c.rescore(&ScoreParams::default()).unwrap();
+        // The one record weighs 0.5 (the renter's credit elsewhere) + 0.01: 1.51 / 2.51.
+        assert_eq!(scores[&me.public()], (602, 1));
+        assert!(c.rescore(&ScoreParams::default()).is_none(), "unchanged");
+        // A batch with one forged record is refused whole.
+        let mut forged = p2;
+        forged.renter = pair(&other, &other, 3, 1).1.renter;
+        let bad = CompletionBatch {
+            completions: vec![pair(&other, &renter, 4, 1).1, forged],
+        }
+        .to_bytes()
+        .unwrap();
+        assert!(matches!(
+            c.ingest(&bad),
+            Err(BatchRejection::Record { index: 1, .. })
+        ));
+        assert_eq!(c.len(), 2, "nothing of the bad batch kept");
+        assert_eq!(c.republish().unwrap().completions.len(), 1);
+    }
+
+    #[test]
+    fn the_oldest_records_make_room() {
+        let (p, r) = (NodeKey::from_secret([1; 32]), NodeKey::from_secret([2; 32]));
+        let mut c = Completions::new(NetworkId::devnet(), PublicKey([9; 32]), 3, []);
+        for lease in 1..=5u8 {
+            let (_, both) = pair(&p, &r, lease, 1);
+            c.add(both).unwrap();
+        }
+        assert_eq!(c.len(), 3);
+        assert!(c.records.contains_key(&LeaseId(Digest([5; 32]))));
+        assert!(!c.records.contains_key(&LeaseId(Digest([1; 32]))));
+    }
+}
