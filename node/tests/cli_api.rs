@@ -314,6 +314,26 @@ fn search_takes_a_descending_sort_refuses_bad_limits_and_booleans_and_lists_its_
     );
     let yes = cli(&home, &["--json", "search", "verified=no"]);
     assert!(yes.status.success(), "{}", text(&yes.stderr));
+    // Reputation (issue 16): a provider no completion is known of has the prior, 0.5, and no
+    // completed leases; `rep>=0.8` leaves it out, `sort:-rep` is a sort key.
+    let rows: serde_json::Value = serde_json::from_slice(&yes.stdout).unwrap();
+    assert_eq!(rows[0]["rep"], 0.5, "{rows}");
+    assert_eq!(rows[0]["completed"], 0, "{rows}");
+    let out = cli(&home, &["--json", "search", "rep>=0.8"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    let out = cli(
+        &home,
+        &["--json", "search", "rep>=0.5", "completed>=0", "sort:-rep"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    let table = text(&cli(&home, &["search", "--wide"]).stdout);
+    assert!(
+        table.contains("rep (done)") && table.contains("0.50 (0)"),
+        "{table}"
+    );
     // `search --help` lists every field with its type and an example.
     let help = text(&cli(&home, &["search", "--help"]).stdout);
     for (name, f) in gridlease_contracts::query::Field::ALL {

@@ -1,0 +1,285 @@
+//! Network reputation over real swarms on loopback (issue 16): co-signed completion records
+//! spread by gossip, every node computes the same scores, search filters and sorts on them,
+//! and a provider that rents to itself from fresh keys stays below one honest completion.
+// Test helpers unwrap: a failed step is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use gridlease_contracts::query::Query;
+use gridlease_node::home::Home;
+use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck, CompletionOutcome};
+use gridlease_protocol::{Digest, LeaseId, NodeKey, PublicKey, Signed, Timestamp};
+
+/// A record of a lease between `p` and `r`, signed by both.
+fn cosigned(
+    p: &NodeKey,
+    r: &NodeKey,
+    lease: u32,
+    paid: u64,
+    outcome: CompletionOutcome,
+) -> CoSigned {
+    let mut id = [0u8; 32];
+    id[..4].copy_from_slice(&lease.to_le_bytes());
+    let c = Completion {
+        lease_id: LeaseId(Digest(id)),
+        provider: p.public(),
+        renter: r.public(),
+        gpu_seconds: 3600,
+        paid,
+        closed_at: Timestamp(1_700_000_000_000 + u64::from(lease)),
+        outcome,
+    };
+    CoSigned {
+        provider: Signed::sign(p, &net(), &c).unwrap(),
+        renter: Signed::sign(r, &net(), &CompletionAck { completion: c }).unwrap(),
+    }
+}
+
+/// Every provider's (key, reputation per mille, completed) as `node` searches them, best first.
+async fn view(node: &TestNode) -> Vec<(PublicKey, u32, u32)> {
+    let q = Query::parse("free>=0 sort:-rep").unwrap();
+    node.node
+        .client
+        .search(q, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            let n = e.summary.numbers;
+            (e.offer.provider, n.rep_permille, n.completed)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_honest_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x5eed_0016);
+    // Nodes 0-5 offer GPUs; 10-12 are renters who have rented before; the rest only relay.
+    let mut nodes = Vec::new();
+    for i in 0..20 {
+        let mut c = config();
+        if i < 6 {
+            c.offer = Some(template(1, 100_000 + 10_000 * i as u64));
+        }
+        nodes.push(start(dir.path(), &format!("n{i}"), c).await);
+    }
+    let keys: Vec<NodeKey> = nodes
+        .iter()
+        .map(|n| Home::open(&n.home).unwrap().key)
+        .collect();
+    // A random connected topology (a tree plus 10 edges), from a fixed seed.
+    let mut edges = BTreeSet::new();
+    for i in 1..20 {
+        edges.insert((rng.below(i), i));
+    }
+    while edges.len() < 29 {
+        let (a, b) = (rng.below(20), rng.below(20));
+        if a != b {
+            edges.insert((a.min(b), a.max(b)));
+        }
+    }
+    for (a, b) in edges {
+        connect(&nodes[a], &nodes[b]).await;
+    }
+    wait_mesh(&nodes).await;
+    // Every node holds the six offers (at the prior) before any record is published.
+    for n in &nodes {
+        let c = n.node.client.clone();
+        eventually("six offers everywhere", || {
+            let c = c.clone();
+            async move {
+                c.search(Query::parse("free>=0").unwrap(), 100)
+                    .await
+                    .unwrap()
+                    .len()
+                    == 6
+            }
+        })
+        .await;
+    }
+
+    let (renters, p) = (&keys[10..13], &keys[..6]);
+    let mut lease = 0u32;
+    let mut next = || {
+        lease += 1;
+        lease
+    };
+    let mut by_provider: Vec<Vec<CoSigned>> = vec![Vec::new(); 6];
+    // Renters 10-12 each rented from providers 0 and 1 (0.6 GLU each): they are established
+    // with respect to any third provider.
+    for r in renters {
+        for (i, pk) in p.iter().enumerate().take(2) {
+            by_provider[i].push(cosigned(
+                pk,
+                r,
+                next(),
+                600_000,
+                CompletionOutcome::Completed,
+            ));
+        }
+    }
+    // Provider 0 served them six more times.
+    for k in 0..6 {
+        let r = &renters[k % 3];
+        by_provider[0].push(cosigned(
+            &p[0],
+            r,
+            next(),
+            200_000,
+            CompletionOutcome::Completed,
+        ));
+    }
+    // Provider 2: one completed lease from an established renter.
+    by_provider[2].push(cosigned(
+        &p[2],
+        &renters[0],
+        next(),
+        100_000,
+        CompletionOutcome::Completed,
+    ));
+    // Provider 3 rents to itself from 10 fresh keys, paying itself 50 GLU each time.
+    for _ in 0..10 {
+        let fresh = NodeKey::generate();
+        by_provider[3].push(cosigned(
+            &p[3],
+            &fresh,
+            next(),
+            50_000_000,
+            CompletionOutcome::Completed,
+        ));
+    }
+    // Provider 4 failed an established renter.
+    by_provider[4].push(cosigned(
+        &p[4],
+        &renters[1],
+        next(),
+        0,
+        CompletionOutcome::ProviderFailed,
+    ));
+    // Provider 5 has no record.
+
+    // Each provider's node hands its records to its network loop, as its lease service does
+    // after co-signing: kept, persisted, published.
+    for (i, records) in by_provider.iter().enumerate() {
+        for pair in records {
+            assert!(
+                nodes[i]
+                    .node
+                    .client
+                    .add_completion(pair.clone())
+                    .await
+                    .unwrap()
+            );
+        }
+    }
+    // A record whose renter part another key signed is refused.
+    let mut forged = cosigned(&p[5], &renters[0], next(), 1, CompletionOutcome::Completed);
+    forged.renter = cosigned(&p[5], &keys[19], 999, 1, CompletionOutcome::Completed).renter;
+    assert!(nodes[5].node.client.add_completion(forged).await.is_err());
+
+    // Every node comes to the same scores.
+    let reference = nodes[0].node.client.clone();
+    eventually("node 0 holds every record (23 completed)", || {
+        let c = reference.clone();
+        async move {
+            let q = Query::parse("free>=0 sort:-rep").unwrap();
+            let v = c.search(q, 100).await.unwrap();
+            let done: u32 = v.iter().map(|e| e.summary.numbers.completed).sum();
+            done == 23
+        }
+    })
+    .await;
+    let expected = view(&nodes[0]).await;
+    for (i, n) in nodes.iter().enumerate() {
+        let mut last;
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            last = view(n).await;
+            if last == expected || tokio::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(last, expected, "node {i} computes other scores");
+    }
+    let score = |k: &NodeKey| {
+        expected
+            .iter()
+            .find(|(pk, _, _)| *pk == k.public())
+            .map(|&(_, rep, done)| (rep, done))
+            .unwrap()
+    };
+    eprintln!(
+        "scores (per mille, completed): established 0 {:?}, 1 {:?}, one honest lease 2 {:?}, self-dealer 3 {:?}, failed 4 {:?}, none 5 {:?}",
+        score(&p[0]),
+        score(&p[1]),
+        score(&p[2]),
+        score(&p[3]),
+        score(&p[4]),
+        score(&p[5])
+    );
+    // The numbers docs/reputation.md states.
+    assert_eq!(score(&p[0]), (855, 9));
+    assert_eq!(score(&p[1]), (724, 3));
+    assert_eq!(score(&p[2]), (667, 1));
+    assert_eq!(score(&p[3]), (545, 10));
+    assert_eq!(score(&p[4]), (333, 0));
+    assert_eq!(score(&p[5]), (500, 0));
+    // The self-dealer gains less than one honest completion from an established renter.
+    assert!(score(&p[3]).0 - 500 < score(&p[2]).0 - 500);
+    assert_eq!(
+        expected[0].0,
+        p[0].public(),
+        "sort:-rep puts the best first"
+    );
+
+    // `rep>=0.8` on every node: provider 0 alone; `completed>=10`: the self-dealer's count
+    // is a plain count, which is why the score, not the count, is the filter to trust.
+    for n in &nodes {
+        let hits = n
+            .node
+            .client
+            .search(Query::parse("free>=0 rep>=0.8").unwrap(), 100)
+            .await
+            .unwrap();
+        let who: Vec<PublicKey> = hits.iter().map(|e| e.offer.provider).collect();
+        assert_eq!(who, vec![p[0].public()]);
+    }
+    let hits = nodes[19]
+        .node
+        .client
+        .search(Query::parse("free>=0 completed>=3 rep>=0.6").unwrap(), 100)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 2, "providers 0 and 1");
+
+    // The records survive a restart: node 19 learnt every one of the 24 from gossip and
+    // stored it (each verifies); restarted, it scores the same.
+    let last = nodes.pop().unwrap();
+    let home = stop(last).await;
+    {
+        let db = gridlease_node::store::Store::open(&Home::open(&home).unwrap().db_path()).unwrap();
+        let stored = db.completions(None, 1000).unwrap();
+        assert_eq!(stored.len(), 24);
+        for r in &stored {
+            let pair = CoSigned::from_bytes(&r.record).unwrap();
+            assert_eq!(pair.verify(&net()).unwrap(), r.completion);
+        }
+    }
+    let alone = start_from_home(&home, config()).await;
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while tokio::time::Instant::now() < deadline {
+        got = view(&alone).await;
+        if got == expected {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(got, expected, "scores after a restart");
+}
