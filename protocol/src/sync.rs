@@ -7,13 +7,18 @@
 //! |--------------------------------|-----------------------------------------------------|
 //! | `Ids { after }`                | `Ids { ids, more }`: at most [`MAX_SYNC_IDS`] ids > `after` |
 //! | `Get { ids }` (<= [`MAX_SYNC_GET`]) | `Offers { envelopes }`: those still held, as received |
+//! | `CompletionIds { after }`      | `CompletionIds { ids, more }`: leases of the completion records held, > `after` |
+//! | `GetCompletions { leases }` (<= [`MAX_SYNC_GET`]) | `Completions { pairs }`: those held, as `CoSigned` bytes |
 //! | anything else / over a cap     | `Refused`                                           |
+//!
+//! The completion records (reputation, `crate::completion`) are synced after the offers, the
+//! same way: ids first, then only the missing ones, each verified by the receiver.
 
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::ENVELOPE_OVERHEAD;
 use crate::messages::MAX_OFFER_BYTES;
-use crate::types::OfferId;
+use crate::types::{LeaseId, OfferId};
 
 /// Most ids in one `Ids` answer.
 pub const MAX_SYNC_IDS: usize = 4096;
@@ -38,6 +43,16 @@ pub enum BookRequest {
         /// At most [`MAX_SYNC_GET`].
         ids: Vec<OfferId>,
     },
+    /// The leases of the completion records held, in order, after `after`.
+    CompletionIds {
+        /// The last lease of the previous page.
+        after: Option<LeaseId>,
+    },
+    /// These leases' co-signed completion records.
+    GetCompletions {
+        /// At most [`MAX_SYNC_GET`].
+        leases: Vec<LeaseId>,
+    },
 }
 
 /// What the peer answers.
@@ -58,6 +73,18 @@ pub enum BookResponse {
     },
     /// Not answered (over a limit, or asked too often).
     Refused,
+    /// A page of the leases whose completion records are held.
+    CompletionIds {
+        /// In increasing order, at most [`MAX_SYNC_IDS`].
+        ids: Vec<LeaseId>,
+        /// More pages follow.
+        more: bool,
+    },
+    /// The asked records still held, each a `CoSigned` pair in its encoding.
+    Completions {
+        /// Encoded pairs (each at most `crate::completion::MAX_COSIGNED_BYTES`).
+        pairs: Vec<serde_bytes::ByteBuf>,
+    },
 }
 
 #[cfg(test)]
@@ -97,5 +124,23 @@ mod tests {
             ],
         };
         assert!(codec::encode::<BookResponse, MAX_SYNC_RESPONSE_FRAME>(&offers).is_ok());
+        // The completion pages and gets fit the same frames.
+        let lease = |i: usize| LeaseId(Digest::of("t", &i.to_be_bytes()));
+        let page = BookResponse::CompletionIds {
+            ids: (0..MAX_SYNC_IDS).map(lease).collect(),
+            more: true,
+        };
+        assert!(codec::encode::<BookResponse, MAX_SYNC_RESPONSE_FRAME>(&page).is_ok());
+        let get = BookRequest::GetCompletions {
+            leases: (0..MAX_SYNC_GET).map(lease).collect(),
+        };
+        assert!(codec::encode::<BookRequest, MAX_SYNC_REQUEST_FRAME>(&get).is_ok());
+        let pairs = BookResponse::Completions {
+            pairs: vec![
+                serde_bytes::ByteBuf::from(vec![7u8; crate::completion::MAX_COSIGNED_BYTES]);
+                MAX_SYNC_GET
+            ],
+        };
+        assert!(codec::encode::<BookResponse, MAX_SYNC_RESPONSE_FRAME>(&pairs).is_ok());
     }
 }

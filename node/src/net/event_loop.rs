@@ -175,6 +175,8 @@ pub(super) struct EventLoop {
     /// Co-signed completion records and the reputation scores the book carries.
     completions: super::reputation::Completions,
     completion_topic: IdentTopic,
+    /// Which connected peer the next completion anti-entropy round asks.
+    completion_round: usize,
 }
 
 /// Most book syncs run at once; more connections wait in a queue.
@@ -192,6 +194,12 @@ struct BookSync {
     listed: bool,
     /// A request to the peer is in flight.
     busy: bool,
+    /// After the offers: the completion records' pages were asked for.
+    completions_started: bool,
+    /// Their pages are done.
+    completions_listed: bool,
+    /// Leases whose records the peer holds and this node lacks, not yet asked for.
+    completions_missing: std::collections::VecDeque<gridlease_protocol::LeaseId>,
 }
 
 impl EventLoop {
@@ -215,6 +223,7 @@ impl EventLoop {
             topic: gossip::offer_topic(&config.network),
             completion_topic: gossip::completion_topic(&config.network),
             completions,
+            completion_round: 0,
             ingestor: OfferIngestor::new(config.network.clone(), config.book_capacity),
             verdicts: GossipStats::default(),
             peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
@@ -378,6 +387,7 @@ impl EventLoop {
                     if let Some(batch) = self.completions.republish() {
                         self.publish_completions(&batch);
                     }
+                    self.completion_anti_entropy();
                 }
                 _ = flush.tick() => self.flush_offers(),
                 _ = kad_walk.tick() => {
@@ -1278,6 +1288,31 @@ impl EventLoop {
     // ---- book sync -------------------------------------------------------------------------
 
     /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once).
+    /// Anti-entropy for completion records: each republish period, the completions phase of a
+    /// book sync with the next connected peer in turn (gossip can miss a node whose mesh was
+    /// forming; a batch nobody learns from is not forwarded). Costs one page of lease ids per
+    /// 4,096 records when nothing is missing.
+    fn completion_anti_entropy(&mut self) {
+        let mut peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        if peers.is_empty() {
+            return;
+        }
+        peers.sort();
+        self.completion_round = self.completion_round.wrapping_add(1);
+        let peer = peers[self.completion_round % peers.len()];
+        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS {
+            return;
+        }
+        self.syncs.insert(
+            peer,
+            BookSync {
+                listed: true,
+                ..BookSync::default()
+            },
+        );
+        self.sync_next(peer);
+    }
+
     fn start_sync(&mut self, peer: PeerId) {
         if self.syncs.contains_key(&peer) || self.sync_queue.contains(&peer) {
             return;
@@ -1316,14 +1351,27 @@ impl EventLoop {
             };
             ids.push(id);
         }
-        if ids.is_empty() {
-            if s.listed {
-                self.syncs.remove(&peer);
-                self.next_queued_sync();
-            }
+        if !ids.is_empty() {
+            self.sync_request(peer, BookRequest::Get { ids });
             return;
         }
-        self.sync_request(peer, BookRequest::Get { ids });
+        if !s.listed {
+            return;
+        }
+        // The offers are done: then the completion records (reputation).
+        if !s.completions_started {
+            s.completions_started = true;
+            self.sync_request(peer, BookRequest::CompletionIds { after: None });
+            return;
+        }
+        let n = s.completions_missing.len().min(MAX_SYNC_GET);
+        let leases: Vec<_> = s.completions_missing.drain(..n).collect();
+        if !leases.is_empty() {
+            self.sync_request(peer, BookRequest::GetCompletions { leases });
+        } else if s.completions_listed {
+            self.syncs.remove(&peer);
+            self.next_queued_sync();
+        }
     }
 
     fn end_sync(&mut self, peer: &PeerId) {
@@ -1404,6 +1452,19 @@ impl EventLoop {
                 BookResponse::Offers { envelopes }
             }
             BookRequest::Get { .. } => BookResponse::Refused,
+            BookRequest::CompletionIds { after } => {
+                let (ids, more) = self.completions.ids_after(after.as_ref(), MAX_SYNC_IDS);
+                BookResponse::CompletionIds { ids, more }
+            }
+            BookRequest::GetCompletions { leases } if leases.len() <= MAX_SYNC_GET => {
+                let pairs = self
+                    .completions
+                    .pairs_of(&leases)
+                    .map(|b| serde_bytes::ByteBuf::from(b.to_vec()))
+                    .collect();
+                BookResponse::Completions { pairs }
+            }
+            BookRequest::GetCompletions { .. } => BookResponse::Refused,
         }
     }
 
@@ -1451,6 +1512,52 @@ impl EventLoop {
                 self.sync_next(peer);
             }
             BookResponse::Refused => self.end_sync(&peer),
+            BookResponse::CompletionIds { ids, more } => {
+                let last = ids.last().copied();
+                let room = crate::store::COMPLETIONS_KEPT;
+                let completions = &self.completions;
+                let Some(s) = self.syncs.get_mut(&peer) else {
+                    return;
+                };
+                for id in ids {
+                    if !completions.has(&id) && s.completions_missing.len() < room {
+                        s.completions_missing.push_back(id);
+                    }
+                }
+                match (more, last) {
+                    (true, Some(after)) => {
+                        self.sync_request(peer, BookRequest::CompletionIds { after: Some(after) })
+                    }
+                    _ => {
+                        s.completions_listed = true;
+                        self.sync_next(peer);
+                    }
+                }
+            }
+            BookResponse::Completions { pairs } => {
+                let decoded: Result<Vec<CoSigned>, _> =
+                    pairs.iter().map(|b| CoSigned::from_bytes(b)).collect();
+                let ingested = match decoded {
+                    Ok(pairs) => self
+                        .completions
+                        .ingest_pairs(pairs)
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match ingested {
+                    Ok(new) => {
+                        if !new.is_empty() {
+                            self.persist_completions(new);
+                        }
+                        self.sync_next(peer);
+                    }
+                    Err(e) => {
+                        // A bad record from a peer we asked: stop syncing with it.
+                        tracing::info!(%peer, error = %e, "invalid completion record in a book sync");
+                        self.end_sync(&peer);
+                    }
+                }
+            }
         }
     }
 

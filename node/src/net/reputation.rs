@@ -8,9 +8,10 @@
 //! in memory (at most [`crate::store::COMPLETIONS_KEPT`]) and persisted by the loop; scores are
 //! recomputed at most once per [`RESCORE_PERIOD`] when something changed.
 //!
-//! Gossip: a provider publishes each new record of its own as it is co-signed, and its newest
-//! [`MAX_BATCH_COMPLETIONS`] again every republish period, so nodes that joined later learn
-//! them. A batch is accepted only when every record in it verifies (an honest node never
+//! Gossip: both parties of a lease publish its record as soon as they hold the co-signed
+//! pair (the renter too, so a provider cannot keep its failures to itself by not publishing
+//! them), and their newest [`MAX_BATCH_COMPLETIONS`] again every republish period. A node that
+//! connects fetches the records its peer holds and it lacks (book sync, after the offers). A batch is accepted only when every record in it verifies (an honest node never
 //! forwards a bad one; the sender is penalised otherwise), and forwarded only when it taught
 //! this node something.
 
@@ -50,14 +51,16 @@ pub struct Completions {
     own: PublicKey,
     capacity: usize,
     records: BTreeMap<LeaseId, Completion>,
-    /// This node's newest records as provider (at most [`MAX_BATCH_COMPLETIONS`]).
+    /// Every record's co-signed pair, encoded (what book sync serves).
+    pairs: BTreeMap<LeaseId, Vec<u8>>,
+    /// This node's newest records, as provider or renter (at most [`MAX_BATCH_COMPLETIONS`]).
     recent_own: VecDeque<CoSigned>,
     dirty: bool,
 }
 
 impl Completions {
-    /// Starts from the stored records (already verified when they were stored) and this
-    /// node's own stored pairs as provider, newest first.
+    /// Starts from the stored records (already verified when they were stored; newest first)
+    /// and this node's own among them.
     pub fn new(
         network: NetworkId,
         own: PublicKey,
@@ -69,17 +72,22 @@ impl Completions {
             own,
             capacity: capacity.max(1),
             records: BTreeMap::new(),
+            pairs: BTreeMap::new(),
             recent_own: VecDeque::new(),
             dirty: true,
         };
         for (record, bytes) in stored {
-            if record.provider == c.own
+            if c.records.len() >= c.capacity {
+                break;
+            }
+            if (record.provider == c.own || record.renter == c.own)
                 && c.recent_own.len() < MAX_BATCH_COMPLETIONS
                 && let Ok(pair) = CoSigned::from_bytes(&bytes)
             {
                 // Stored newest first: the deque ends up oldest first.
                 c.recent_own.push_front(pair);
             }
+            c.pairs.insert(record.lease_id, bytes);
             c.records.insert(record.lease_id, record);
         }
         c
@@ -95,10 +103,39 @@ impl Completions {
         self.records.is_empty()
     }
 
-    fn insert(&mut self, c: Completion) -> bool {
+    /// Whether the record of `lease` is held.
+    pub fn has(&self, lease: &LeaseId) -> bool {
+        self.records.contains_key(lease)
+    }
+
+    /// The leases of the records held after `after` (in order), at most `max`, and whether
+    /// more follow.
+    pub fn ids_after(&self, after: Option<&LeaseId>, max: usize) -> (Vec<LeaseId>, bool) {
+        let range = match after {
+            Some(a) => self
+                .records
+                .range((std::ops::Bound::Excluded(*a), std::ops::Bound::Unbounded)),
+            None => self.records.range(..),
+        };
+        let mut ids: Vec<LeaseId> = range.map(|(k, _)| *k).take(max + 1).collect();
+        let more = ids.len() > max;
+        ids.truncate(max);
+        (ids, more)
+    }
+
+    /// The encoded pairs of these leases' records (those held).
+    pub fn pairs_of<'a>(&'a self, ids: &'a [LeaseId]) -> impl Iterator<Item = &'a [u8]> + 'a {
+        ids.iter()
+            .filter_map(|id| self.pairs.get(id).map(Vec::as_slice))
+    }
+
+    fn insert(&mut self, c: Completion, pair: &CoSigned) -> bool {
         if self.records.contains_key(&c.lease_id) {
             return false;
         }
+        let Ok(bytes) = pair.to_bytes() else {
+            return false;
+        };
         if self.records.len() >= self.capacity {
             // Forget the oldest (by close time) to make room; the store does the same.
             if let Some(oldest) = self
@@ -108,22 +145,24 @@ impl Completions {
                 .map(|r| r.lease_id)
             {
                 self.records.remove(&oldest);
+                self.pairs.remove(&oldest);
             }
         }
+        self.pairs.insert(c.lease_id, bytes);
         self.records.insert(c.lease_id, c);
         self.dirty = true;
         true
     }
 
-    /// A pair this node's lease service co-signed: verified, kept; returned as the batch to
-    /// publish when this node is its provider.
+    /// A pair this node's lease service co-signed (as provider or renter): verified, kept;
+    /// returned as the batch to publish when it was new.
     pub fn add(
         &mut self,
         pair: CoSigned,
     ) -> Result<(bool, Option<CompletionBatch>), CompletionError> {
         let c = pair.verify(&self.network)?;
-        let mine = c.provider == self.own;
-        let new = self.insert(c);
+        let mine = c.provider == self.own || c.renter == self.own;
+        let new = self.insert(c, &pair);
         if !(new && mine) {
             return Ok((new, None));
         }
@@ -143,8 +182,17 @@ impl Completions {
     /// persist); empty when the batch taught nothing.
     pub fn ingest(&mut self, bytes: &[u8]) -> Result<Vec<(Completion, CoSigned)>, BatchRejection> {
         let batch = CompletionBatch::from_bytes(bytes)?;
-        let mut checked = Vec::with_capacity(batch.completions.len());
-        for (index, pair) in batch.completions.into_iter().enumerate() {
+        self.ingest_pairs(batch.completions)
+    }
+
+    /// Pairs from a peer (gossip or book sync): every one verified, else none is kept; the new
+    /// ones kept and returned.
+    pub fn ingest_pairs(
+        &mut self,
+        pairs: Vec<CoSigned>,
+    ) -> Result<Vec<(Completion, CoSigned)>, BatchRejection> {
+        let mut checked = Vec::with_capacity(pairs.len());
+        for (index, pair) in pairs.into_iter().enumerate() {
             let c = pair
                 .verify(&self.network)
                 .map_err(|source| BatchRejection::Record { index, source })?;
@@ -152,7 +200,7 @@ impl Completions {
         }
         Ok(checked
             .into_iter()
-            .filter(|(c, _)| self.insert(c.clone()))
+            .filter(|(c, pair)| self.insert(c.clone(), pair))
             .collect())
     }
 
