@@ -230,6 +230,19 @@ pub struct CompletionRecord<K, L> {
     pub outcome: CompletionOutcome,
 }
 
+impl From<&Completion> for CompletionRecord<gridlease_protocol::PublicKey, LeaseId> {
+    /// What the score reads of a (verified) co-signed record.
+    fn from(c: &Completion) -> Self {
+        Self {
+            lease: c.lease_id,
+            provider: c.provider,
+            renter: c.renter,
+            paid: c.paid,
+            outcome: c.outcome,
+        }
+    }
+}
+
 /// The constants of [`provider_scores`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScoreParams {

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::*;
@@ -60,19 +59,7 @@ async fn twenty_nodes_in_a_random_topology_all_learn_a_new_offer() {
         nodes.push(start(dir.path(), &format!("n{i}"), config()).await);
     }
     // A random tree (connected) plus 10 random extra edges, from a fixed seed.
-    let mut edges = BTreeSet::new();
-    for i in 1..20 {
-        edges.insert((rng.below(i), i));
-    }
-    while edges.len() < 29 {
-        let (a, b) = (rng.below(20), rng.below(20));
-        if a != b {
-            edges.insert((a.min(b), a.max(b)));
-        }
-    }
-    for (a, b) in edges {
-        connect(&nodes[a], &nodes[b]).await;
-    }
+    random_topology(&nodes, &mut rng, 10).await;
     wait_mesh(&nodes).await;
     let provider = rng.below(20);
     learn_everywhere(&mut nodes, provider).await;

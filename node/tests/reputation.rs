@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-
 use common::*;
 use gridlease_contracts::query::Query;
 use gridlease_contracts::reputation::{CompletionRecord, ScoreParams, provider_scores};
@@ -56,6 +54,17 @@ async fn view(node: &TestNode) -> Vec<(PublicKey, u32, u32)> {
         .collect()
 }
 
+/// Waits until `node`'s view equals `expected` (or the deadline passes), then asserts it.
+async fn converges(node: &TestNode, expected: &[(PublicKey, u32, u32)], what: &str) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut got = view(node).await;
+    while got != expected && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        got = view(node).await;
+    }
+    assert_eq!(got, expected, "{what}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_honest_lease() {
     let dir = tempfile::tempdir().unwrap();
@@ -74,19 +83,7 @@ async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_hone
         .map(|n| Home::open(&n.home).unwrap().key)
         .collect();
     // A random connected topology (a tree plus 10 edges), from a fixed seed.
-    let mut edges = BTreeSet::new();
-    for i in 1..20 {
-        edges.insert((rng.below(i), i));
-    }
-    while edges.len() < 29 {
-        let (a, b) = (rng.below(20), rng.below(20));
-        if a != b {
-            edges.insert((a.min(b), a.max(b)));
-        }
-    }
-    for (a, b) in edges {
-        connect(&nodes[a], &nodes[b]).await;
-    }
+    random_topology(&nodes, &mut rng, 10).await;
     wait_mesh(&nodes).await;
     // Every node holds the six offers (at the prior) before any record is published.
     for n in &nodes {
@@ -188,16 +185,7 @@ async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_hone
     let records: Vec<CompletionRecord<PublicKey, LeaseId>> = by_provider
         .iter()
         .flatten()
-        .map(|pair| {
-            let c = pair.verify(&net()).unwrap();
-            CompletionRecord {
-                lease: c.lease_id,
-                provider: c.provider,
-                renter: c.renter,
-                paid: c.paid,
-                outcome: c.outcome,
-            }
-        })
+        .map(|pair| CompletionRecord::from(&pair.verify(&net()).unwrap()))
         .collect();
     assert_eq!(records.len(), 24);
     let formula = provider_scores(&records, &ScoreParams::default());
@@ -211,16 +199,7 @@ async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_hone
         .collect();
     expected.sort_by_key(|e| std::cmp::Reverse(e.1));
     for (i, n) in nodes.iter().enumerate() {
-        let mut last;
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            last = view(n).await;
-            if last == expected || tokio::time::Instant::now() > deadline {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert_eq!(last, expected, "node {i} computes other scores");
+        converges(n, &expected, &format!("node {i}'s scores")).await;
     }
     let score = |k: &NodeKey| {
         expected
@@ -278,16 +257,7 @@ async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_hone
     // learns every record by book sync on connecting and scores the same.
     let late = start(dir.path(), "late", config()).await;
     connect(&late, &nodes[15]).await;
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while tokio::time::Instant::now() < deadline {
-        got = view(&late).await;
-        if got == expected {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(got, expected, "the late joiner's scores");
+    converges(&late, &expected, "the late joiner's scores").await;
 
     // The records survive a restart: node 19 learnt every one of the 24 from gossip and
     // stored it (each verifies); restarted, it scores the same.
@@ -303,14 +273,5 @@ async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_hone
         }
     }
     let alone = start_from_home(&home, config()).await;
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while tokio::time::Instant::now() < deadline {
-        got = view(&alone).await;
-        if got == expected {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(got, expected, "scores after a restart");
+    converges(&alone, &expected, "scores after a restart").await;
 }

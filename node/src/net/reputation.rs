@@ -218,17 +218,8 @@ impl Completions {
             return None;
         }
         self.dirty = false;
-        let records: Vec<CompletionRecord<PublicKey, LeaseId>> = self
-            .records
-            .values()
-            .map(|c| CompletionRecord {
-                lease: c.lease_id,
-                provider: c.provider,
-                renter: c.renter,
-                paid: c.paid,
-                outcome: c.outcome,
-            })
-            .collect();
+        let records: Vec<CompletionRecord<PublicKey, LeaseId>> =
+            self.records.values().map(CompletionRecord::from).collect();
         Some(
             provider_scores(&records, params)
                 .into_iter()

@@ -199,6 +199,25 @@ pub async fn connect(a: &TestNode, b: &TestNode) {
     .await;
 }
 
+/// Connects `nodes` as a random tree (so the graph is connected) plus `extra` random edges,
+/// drawn from `rng`.
+pub async fn random_topology(nodes: &[TestNode], rng: &mut Rng, extra: usize) {
+    let n = nodes.len();
+    let mut edges = std::collections::BTreeSet::new();
+    for i in 1..n {
+        edges.insert((rng.below(i), i));
+    }
+    while edges.len() < n - 1 + extra {
+        let (a, b) = (rng.below(n), rng.below(n));
+        if a != b {
+            edges.insert((a.min(b), a.max(b)));
+        }
+    }
+    for (a, b) in edges {
+        connect(&nodes[a], &nodes[b]).await;
+    }
+}
+
 /// Waits until every node's offer-topic mesh holds min(its connections, 4) peers.
 pub async fn wait_mesh(nodes: &[TestNode]) {
     for n in nodes {
