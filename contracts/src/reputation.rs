@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 
 use gridlease_protocol::CloseReason;
 use gridlease_protocol::completion::{Completion, CompletionOutcome};
-use gridlease_protocol::{LeaseId, LeaseTerms, PaymentReceipt, Timestamp};
+use gridlease_protocol::{LeaseId, LeaseTerms, Timestamp};
 
 /// How a lease ended, from the scoring node's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -166,23 +166,24 @@ impl<K: Ord> ReputationBook<K> {
     }
 }
 
-/// The record a settled lease leaves, as either side computes it from what both hold: the
-/// terms, the last receipt (the provider books the renter's last one at the close, so both
-/// have the same) and its own close reason. GPU-seconds are those the last receipt paid for.
+/// The record a settled lease leaves, as either side computes it from what both hold after the
+/// settlement: the terms, the settled amount (what the last receipt pays for the usage: with a
+/// prepay, less than the receipt's total) and the wall time of the provider's last usage
+/// report (the renter has checked every report by then), and its own close reason.
 pub fn completion_of(
     lease_id: LeaseId,
     terms: &LeaseTerms,
-    last_receipt: Option<&PaymentReceipt>,
+    settled: u64,
+    last_wall_ms: u64,
     reason: CloseReason,
     closed_at: Timestamp,
 ) -> Completion {
-    let (paid, wall_ms) = last_receipt.map_or((0, 0), |r| (r.total_paid, r.covers_wall_ms));
     Completion {
         lease_id,
         provider: terms.provider,
         renter: terms.renter,
-        gpu_seconds: wall_ms.saturating_mul(u64::from(terms.gpu_count)) / 1000,
-        paid,
+        gpu_seconds: last_wall_ms.saturating_mul(u64::from(terms.gpu_count)) / 1000,
+        paid: settled,
         closed_at,
         outcome: CompletionOutcome::of_close(reason),
     }

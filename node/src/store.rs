@@ -736,6 +736,19 @@ impl Store {
         Ok(n > 0)
     }
 
+    /// Whether the completion record of `lease` is held.
+    pub fn has_completion(&self, lease: &LeaseId) -> Result<bool, StoreError> {
+        let n: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM completions WHERE lease_id = ?1",
+                [&lease.0.0[..]],
+                |r| r.get(0),
+            )
+            .map_err(self.err())?;
+        Ok(n > 0)
+    }
+
     /// Stored completions: of `provider` only (newest first, at most `limit`), or all.
     pub fn completions(
         &self,

@@ -70,6 +70,19 @@ fn away(renter: &Daemon, ph: &Path, id: &str, limit: Duration) -> (serde_json::V
     (lease_of(ph, id), settled_after)
 }
 
+/// The co-signed completion record of lease `id` that the node at `home` holds (reputation).
+fn completion(home: &Path, id: &str) -> Option<gridlease_protocol::completion::Completion> {
+    let db = gridlease_node::home::Home::open(home).unwrap().db_path();
+    let store = gridlease_node::store::Store::open(&db).unwrap();
+    let lease: gridlease_protocol::LeaseId = id.parse().unwrap();
+    store
+        .completions(None, 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.completion)
+        .find(|c| c.lease_id == lease)
+}
+
 fn ledger_total(home: &Path, key: &str) -> u64 {
     let l = json(home, &["ledger"]);
     assert_eq!(l["balanced"], true, "{l}");
@@ -147,6 +160,18 @@ fn a_prepaid_lease_runs_to_its_end_while_the_renter_is_away_and_both_ledgers_agr
     let settled = p["settled_total"].as_u64().unwrap();
     assert_eq!(settled, 60_000, "{p}");
     assert!(settled < max_total);
+    // The renter was away when the lease settled: the record is co-signed once it is back
+    // (reputation, issue 16), the same on both nodes, for what was paid.
+    wait_for(Duration::from_secs(30), "the co-signed completion", || {
+        completion(&rh, &id).is_some() && completion(&ph, &id).is_some()
+    });
+    let (rc, pc) = (completion(&rh, &id).unwrap(), completion(&ph, &id).unwrap());
+    assert_eq!(rc, pc);
+    assert_eq!(pc.paid, settled);
+    assert_eq!(
+        pc.outcome,
+        gridlease_protocol::completion::CompletionOutcome::Completed
+    );
 }
 
 #[test]

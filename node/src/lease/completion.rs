@@ -4,7 +4,8 @@
 //! reputation is computed from.
 //!
 //! - Provider ([`propose`]): spawned by the session once it settled (the GPUs are already
-//!   free); one round trip. The renter answers with its signature over the record it agrees
+//!   free); one round trip. A renter away at that moment (an unattended lease) gets it when it
+//!   comes back and catches up on the lease's reports ([`propose_stored`]). The renter answers with its signature over the record it agrees
 //!   with: the same one, or the same marked `Disputed` when the two closes disagree, which the
 //!   provider then signs too. A renter that does not answer leaves no record (logged).
 //! - Renter ([`answer`]): waits for its own side of the lease to settle, rebuilds the record
@@ -18,7 +19,7 @@ use std::time::Duration;
 use gridlease_contracts::reputation::{completion_of, renter_answer};
 use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck};
 use gridlease_protocol::session::{SessionRequest, SessionResponse};
-use gridlease_protocol::{CloseReason, LeaseId, LeaseTerms, PaymentReceipt, PeerId};
+use gridlease_protocol::{CloseReason, LeaseId, LeaseTerms, PeerId};
 
 use super::{Ctx, session_rpc, sign, view};
 use crate::store::Role;
@@ -40,16 +41,18 @@ pub(crate) async fn store(ctx: &Ctx, pair: CoSigned) -> bool {
 
 /// Provider: proposes the record of a settled lease to its renter and stores the co-signed
 /// pair.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn propose(
     ctx: std::sync::Arc<Ctx>,
     peer: PeerId,
     id: LeaseId,
     terms: LeaseTerms,
-    last_receipt: Option<PaymentReceipt>,
+    settled: u64,
+    last_wall_ms: u64,
     reason: CloseReason,
     closed_at: gridlease_protocol::Timestamp,
 ) {
-    let record = completion_of(id, &terms, last_receipt.as_ref(), reason, closed_at);
+    let record = completion_of(id, &terms, settled, last_wall_ms, reason, closed_at);
     let Some(signed) = sign(&ctx, &record) else {
         return;
     };
@@ -102,6 +105,65 @@ pub(crate) async fn propose(
     }
 }
 
+/// Provider: proposes the record of a settled lease from the store, unless one is held: for a
+/// renter that was away when the lease settled and has just caught up.
+pub(crate) async fn propose_stored(ctx: std::sync::Arc<Ctx>, peer: PeerId, id: LeaseId) {
+    let Ok((lease, rec, held)) = ctx
+        .store
+        .call(move |s| {
+            Ok((
+                s.lease(&id)?,
+                s.session_record(&id)?,
+                s.has_completion(&id)?,
+            ))
+        })
+        .await
+    else {
+        return;
+    };
+    let Some(l) = lease else {
+        return;
+    };
+    if held
+        || l.role != Role::Provider
+        || l.lease.state != gridlease_contracts::LeaseState::Settled
+        || l.lease.terms.renter.peer_id().ok() != Some(peer)
+    {
+        return;
+    }
+    let (Some(reason), Some(settled)) = (
+        l.lease.close_reason.or(rec.fields.close_reason),
+        rec.fields.settled_total,
+    ) else {
+        return;
+    };
+    let closed_at = l
+        .lease
+        .closed_at
+        .or(rec.fields.closed_at)
+        .unwrap_or_else(|| ctx.now());
+    let wall_ms = last_wall_ms(&rec);
+    propose(
+        ctx,
+        peer,
+        id,
+        l.lease.terms,
+        settled,
+        wall_ms,
+        reason,
+        closed_at,
+    )
+    .await;
+}
+
+/// The wall time of the last usage report a node stored for a lease (0 without one).
+fn last_wall_ms(rec: &crate::store::lease::SessionRecord) -> u64 {
+    rec.last_usage
+        .as_ref()
+        .and_then(|(_, b)| view::decode_usage(b))
+        .map_or(0, |(_, u)| u.wall_ms)
+}
+
 /// Renter: answers a provider's [`SessionRequest::Complete`].
 pub(crate) async fn answer(ctx: &Ctx, peer: PeerId, request: &SessionRequest) -> SessionResponse {
     let SessionRequest::Complete(signed) = request else {
@@ -133,18 +195,17 @@ pub(crate) async fn answer(ctx: &Ctx, peer: PeerId, request: &SessionRequest) ->
     let Ok(rec) = ctx.store.call(move |s| s.session_record(&id)).await else {
         return SessionResponse::Busy;
     };
-    let last = rec
-        .last_receipt
-        .as_ref()
-        .and_then(|(_, b)| view::decode_receipt(b))
-        .map(|(_, r)| r);
-    let Some(reason) = l.lease.close_reason.or(rec.fields.close_reason) else {
+    let (Some(reason), Some(settled)) = (
+        l.lease.close_reason.or(rec.fields.close_reason),
+        rec.fields.settled_total,
+    ) else {
         return SessionResponse::Busy;
     };
     let mine = completion_of(
         id,
         &l.lease.terms,
-        last.as_ref(),
+        settled,
+        last_wall_ms(&rec),
         reason,
         rec.fields.closed_at.unwrap_or(proposed.closed_at),
     );

@@ -1762,7 +1762,14 @@ impl Actor {
             let (ctx, lease_id, after_seq) = (self.ctx.clone(), *lease_id, *after_seq);
             tokio::spawn(async move {
                 let r = provider::serve_reports(&ctx, m.peer, lease_id, after_seq).await;
+                let over =
+                    matches!(&r, SessionResponse::Reports(b) if b.close.is_some() && !b.more);
                 let _ = m.reply.send(r);
+                if over {
+                    // A renter that was away at the settlement is back: the lease's record
+                    // can be co-signed now (once).
+                    completion::propose_stored(ctx, m.peer, lease_id).await;
+                }
             });
             return;
         }

@@ -1394,7 +1394,8 @@ async fn finish(s: &mut Session, reason: CloseReason, _inbox: &mut mpsc::Receive
             peer,
             s.lease.id,
             s.lease.terms.clone(),
-            s.channel.last_receipt().cloned(),
+            total.micros(),
+            s.last_report.as_ref().map_or(0, |r| r.wall_ms),
             reason,
             s.lease.closed_at.unwrap_or(now),
         ));
