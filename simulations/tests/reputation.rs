@@ -83,3 +83,78 @@ const GOLDEN: [(&str, &str, [&str; 6]); 2] = [
         ],
     ),
 ];
+
+/// `runs.csv` of `sybil.toml` cut to `days`, with `params` set, `reps` replications.
+fn sybil_runs(days: f64, params: &[(&str, &str)], seed: u64, reps: u64) -> output::Table {
+    let mut s = scenario("sybil");
+    s.days = days;
+    for (k, v) in params {
+        s.set_param(k, v).unwrap();
+    }
+    let points = vec![Point {
+        params: Vec::new(),
+        scenario: s,
+    }];
+    let tasks = output::tasks(1, reps, None);
+    let records = output::execute(&points, &tasks, seed, &|_| {});
+    output::tables(&points, &records, seed).0
+}
+
+fn col(t: &output::Table, name: &str) -> Vec<f64> {
+    let i = t.col(name).unwrap();
+    t.rows.iter().map(|r| r[i].parse().unwrap()).collect()
+}
+
+/// Network mode, self-dealers with 100 fresh keys an hour: at the end the honest providers
+/// score above what any number of newcomer renters can give (0.6: their records come from
+/// renters established with other providers), and the self-dealers below them.
+#[test]
+fn self_dealers_end_below_honest_providers_in_the_network_score() {
+    let runs = sybil_runs(3.0, &[("provider.sybils.self_dealing_keys", "100")], 2, 2);
+    let (honest, attacker) = (col(&runs, "honest_score"), col(&runs, "attacker_score"));
+    println!("honest {honest:?} attacker {attacker:?}");
+    for (h, a) in honest.iter().zip(&attacker) {
+        assert!(*h > 0.6, "honest {h}");
+        assert!(a < h, "attacker {a} honest {h}");
+    }
+    // The fabricated records are in the pool: 10 providers x 100 keys x 72 hours.
+    assert!(
+        col(&runs, "self_dealt_records")
+            .iter()
+            .all(|&n| n == 72_000.0)
+    );
+}
+
+/// Same scenario and seed: renters that use the network score give the self-dealers a smaller
+/// share of their leases than renters with local books only; the fabricated records change
+/// nothing in the local mode (renters there do not read them); and in the network mode more
+/// fresh keys buy the self-dealers a higher score (their records dilute the failures that
+/// renters without standing report, because the newcomer cap scales both together).
+#[test]
+fn the_network_mode_takes_leases_from_self_dealers() {
+    let keys = "provider.sybils.self_dealing_keys";
+    let local = sybil_runs(3.0, &[(keys, "100"), ("reputation.mode", "local")], 2, 2);
+    let local0 = sybil_runs(3.0, &[(keys, "0"), ("reputation.mode", "local")], 2, 2);
+    let network = sybil_runs(3.0, &[(keys, "100")], 2, 2);
+    let network0 = sybil_runs(3.0, &[(keys, "0")], 2, 2);
+    let share = |t: &output::Table| col(t, "attacker_share");
+    println!(
+        "share local {:?} network {:?} network0 {:?}",
+        share(&local),
+        share(&network),
+        share(&network0)
+    );
+    for (l, n) in share(&local).iter().zip(share(&network)) {
+        assert!(n < l * 0.75, "network {n} local {l}");
+    }
+    assert_eq!(
+        col(&local, "attacker_leases"),
+        col(&local0, "attacker_leases")
+    );
+    for (many, none) in col(&network, "attacker_score")
+        .iter()
+        .zip(col(&network0, "attacker_score"))
+    {
+        assert!(*many > none, "100 keys {many}, none {none}");
+    }
+}
