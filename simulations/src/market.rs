@@ -1238,10 +1238,11 @@ impl<'s> Market<'s> {
         self.with_mech(|mech, m| mech.place(m, job, now))
     }
 
-    /// Whether the renter's reputation book accepts `identity`. A score changes only when a
-    /// lease with that identity is recorded, so the book's verdict on every identity it has a
-    /// record of is kept in `distrusted` (asked of the book after each record); identities
-    /// without a record get the book's verdict on a stranger, asked once.
+    /// Whether the network score (network mode: the pool's last recomputation) and the
+    /// renter's reputation book accept `identity`. A book's score changes only when a lease
+    /// with that identity is recorded, so the book's verdict on every identity it has a record
+    /// of is kept in `distrusted` (asked of the book after each record); identities without a
+    /// record get the book's verdict on a stranger, asked once.
     fn trusted(&self, renter: u32, identity: u32) -> bool {
         if self.net_choice
             && let Some(net) = &self.net
@@ -1986,7 +1987,8 @@ impl Market<'_> {
     }
 
     /// Whether renter `renter`'s reputation book accepts provider identity `identity` (always
-    /// true when the scenario disables reputation).
+    /// true when the scenario disables reputation) and, with `reputation.mode = "network"`,
+    /// whether its network score is at least `reputation.min_score`.
     pub fn trusts(&self, renter: u32, identity: u32) -> bool {
         self.trusted(renter, identity)
     }

@@ -576,7 +576,10 @@ fn reputation_plot(
     for (c, what) in [
         ("honest_score", "honest providers: mean network score"),
         ("attacker_score", "attacker providers: mean network score"),
-        ("attacker_share", "attackers' share of leases started"),
+        (
+            "attacker_share",
+            "attacker providers: share of leases started",
+        ),
     ] {
         if let Some(ci) = buckets.col(c) {
             let lines = lines_from(bucket_series(buckets, ci, None), "", labels);
