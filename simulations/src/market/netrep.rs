@@ -32,7 +32,8 @@ pub(crate) struct NetRep {
     kept: usize,
     /// Per provider identity: its records, oldest first.
     pool: BTreeMap<u32, VecDeque<CompletionRecord<Key, u64>>>,
-    /// (identity, lease) in the order received, for the pool's overall bound.
+    /// (identity, lease) in the order received, for the pool's overall bound (at most twice
+    /// `kept` entries: those of records the per-provider bound dropped are pruned).
     order: VecDeque<(u32, u64)>,
     len: usize,
     next_lease: u64,
@@ -108,6 +109,16 @@ impl NetRep {
                     }
                 }
             }
+            if self.order.len() > 2 * self.kept {
+                // Drop the entries of records the per-provider bound removed: a record is
+                // still held when its lease is not older than its provider's oldest held one.
+                let pool = &self.pool;
+                self.order.retain(|(id, l)| {
+                    pool.get(id)
+                        .and_then(VecDeque::front)
+                        .is_some_and(|f| f.lease <= *l)
+                });
+            }
         }
         self.dirty = true;
     }
@@ -146,5 +157,38 @@ impl NetRep {
     /// Records of identity `id` in the pool.
     pub(crate) fn records_of(&self, id: u32) -> usize {
         self.pool.get(&id).map_or(0, VecDeque::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(per_provider: u32, kept: u32) -> NetRep {
+        NetRep::new(&Reputation {
+            records_per_provider: per_provider,
+            records_kept: kept,
+            ..Reputation::default()
+        })
+    }
+
+    #[test]
+    fn bounds_keep_the_newest_per_provider_and_in_all() {
+        let mut n = pool(3, 5);
+        for i in 0..10 {
+            n.add(7, Key::Renter(i), 1, CompletionOutcome::Completed);
+        }
+        assert_eq!(n.records_of(7), 3);
+        assert!(n.order.len() <= 10);
+        for i in 0..4 {
+            n.add(8, Key::Renter(i), 1, CompletionOutcome::ProviderFailed);
+        }
+        // 3 of 7's and 3 of 8's would be 6 > 5: the least recently received (7's oldest) goes.
+        assert_eq!((n.records_of(7), n.records_of(8)), (2, 3));
+        assert_eq!(n.len, 5);
+        assert!(n.recompute());
+        assert!(!n.recompute(), "nothing new: no recomputation");
+        assert!(n.score(8) < 0.5 && n.score(7) > 0.5 - 1e-12);
+        assert_eq!(n.score(99), 0.5);
     }
 }
