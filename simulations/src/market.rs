@@ -596,19 +596,30 @@ impl<'s> Market<'s> {
         self
     }
 
-    /// Mean network score of each population's providers (current identities).
-    fn score_means(&self) -> [f64; 2] {
+    /// Mean network score of each population's and each group's providers (current
+    /// identities).
+    fn score_means(&self) -> ([f64; 2], Vec<f64>) {
+        let groups = self.sc.provider.len();
         let Some(net) = &self.net else {
-            return [0.0; 2];
+            return ([0.0; 2], vec![0.0; groups]);
         };
         let mut sum = [0.0f64; 2];
         let mut n = [0u64; 2];
+        let mut gsum = vec![0.0f64; groups];
+        let mut gn = vec![0u64; groups];
         for p in &self.providers {
             let k = Population::of(p.attacker) as usize;
-            sum[k] += net.score(p.identity);
+            let s = net.score(p.identity);
+            sum[k] += s;
             n[k] += 1;
+            gsum[p.group] += s;
+            gn[p.group] += 1;
         }
-        [0, 1].map(|k| if n[k] == 0 { 0.0 } else { sum[k] / n[k] as f64 })
+        let mean = |s: f64, n: u64| if n == 0 { 0.0 } else { s / n as f64 };
+        (
+            [0, 1].map(|k| mean(sum[k], n[k])),
+            gsum.iter().zip(&gn).map(|(&s, &n)| mean(s, n)).collect(),
+        )
     }
 
     fn on_scores(&mut self, now: u64) {
@@ -667,7 +678,7 @@ impl<'s> Market<'s> {
             if edge == (b + 1) * self.bucket_ms {
                 self.buckets[i].queue_len = self.waiting_len;
                 if self.net.is_some() {
-                    self.buckets[i].score = self.score_means();
+                    (self.buckets[i].score, self.buckets[i].group_score) = self.score_means();
                 }
             }
             self.integrated_to = edge;
@@ -939,7 +950,7 @@ impl<'s> Market<'s> {
         if let Some(net) = &self.net {
             let means = self.score_means();
             if let Some(last) = self.buckets.last_mut() {
-                last.score = means;
+                (last.score, last.group_score) = means;
             }
             self.result.network = Some(NetworkResult {
                 provider_score: self

@@ -152,6 +152,8 @@ pub struct Bucket {
     /// Network reputation only: mean network score of each population's providers (current
     /// identities) at the bucket's end, as renters last saw it.
     pub score: [f64; 2],
+    /// Network reputation only: the same mean per provider group (scenario order).
+    pub group_score: Vec<f64>,
     /// Network reputation only: records self-dealing providers fabricated.
     pub self_dealt: u64,
 }
@@ -208,6 +210,7 @@ impl Bucket {
         self.attacker_profit += other.attacker_profit;
         self.caught += other.caught;
         self.score = other.score;
+        self.group_score.clone_from(&other.group_score);
         self.self_dealt += other.self_dealt;
     }
 }

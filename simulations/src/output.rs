@@ -152,10 +152,10 @@ pub fn tracks_network(points: &[Point]) -> bool {
 }
 
 /// The network reputation columns of `runs.csv` and `buckets.csv` (after the others), from
-/// one bucket or a run's total.
-fn network_cells(b: &Bucket) -> Vec<(String, String)> {
+/// one bucket or a run's total; `groups` are the provider groups' names.
+fn network_cells(b: &Bucket, groups: &[String]) -> Vec<(String, String)> {
     let [h, a] = &b.pop;
-    vec![
+    let mut cells = vec![
         ("honest_score".into(), f(b.score[0])),
         ("attacker_score".into(), f(b.score[1])),
         (
@@ -164,7 +164,12 @@ fn network_cells(b: &Bucket) -> Vec<(String, String)> {
         ),
         ("attacker_failed_paid".into(), money(a.failed_paid)),
         ("self_dealt_records".into(), b.self_dealt.to_string()),
-    ]
+    ];
+    for (i, g) in groups.iter().enumerate() {
+        let s = b.group_score.get(i).copied().unwrap_or(0.0);
+        cells.push((format!("score_{g}"), f(s)));
+    }
+    cells
 }
 
 fn money(m: u64) -> String {
@@ -294,7 +299,11 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
         runs.header.push(h.into());
     }
     let net = records.iter().any(|r| r.result.network.is_some());
-    let net_names: Vec<String> = network_cells(&Bucket::new(classes.len()))
+    let groups: Vec<String> = points
+        .first()
+        .map(|p| p.scenario.provider.iter().map(|g| g.name.clone()).collect())
+        .unwrap_or_default();
+    let net_names: Vec<String> = network_cells(&Bucket::new(classes.len()), &groups)
         .into_iter()
         .map(|(n, _)| n)
         .collect();
@@ -358,7 +367,7 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             r.channel_reports.to_string(),
         ]);
         if net {
-            row.extend(network_cells(&total).into_iter().map(|(_, v)| v));
+            row.extend(network_cells(&total, &groups).into_iter().map(|(_, v)| v));
             row.push(r.network.as_ref().map_or(0, |n| n.recomputes).to_string());
         }
         runs.rows.push(row);
@@ -373,7 +382,7 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             row.extend(bucket_cells(b, &classes).into_iter().map(|(_, v)| v));
             row.push(b.queue_len.to_string());
             if net {
-                row.extend(network_cells(b).into_iter().map(|(_, v)| v));
+                row.extend(network_cells(b, &groups).into_iter().map(|(_, v)| v));
             }
             buckets.rows.push(row);
         }

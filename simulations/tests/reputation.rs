@@ -112,6 +112,9 @@ fn col(t: &output::Table, name: &str) -> Vec<f64> {
 fn self_dealers_end_below_honest_providers_in_the_network_score() {
     let runs = sybil_runs(3.0, &[("provider.sybils.self_dealing_keys", "100")], 2, 2);
     let (honest, attacker) = (col(&runs, "honest_score"), col(&runs, "attacker_score"));
+    // Here each population is one group.
+    assert_eq!(col(&runs, "score_honest"), honest);
+    assert_eq!(col(&runs, "score_sybils"), attacker);
     println!("honest {honest:?} attacker {attacker:?}");
     for (h, a) in honest.iter().zip(&attacker) {
         assert!(*h > 0.6, "honest {h}");
