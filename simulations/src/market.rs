@@ -14,6 +14,7 @@
 
 mod book;
 mod mechanism;
+mod netrep;
 
 pub use self::mechanism::{Candidate, JobView, Mechanism, OfferView, Rules, builtin};
 
@@ -36,10 +37,12 @@ use gridlease_protocol::{
 use rand_pcg::Pcg64Mcg;
 
 use self::book::{Entry, OfferBook};
+use self::netrep::{Key, NetRep};
 use crate::engine::EventQueue;
 use crate::metrics::{Bucket, Population, ProviderStats, RenterStats, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
 use crate::scenario::{Arrivals, Attack, Availability, Scenario};
+use gridlease_protocol::completion::CompletionOutcome;
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
@@ -80,6 +83,10 @@ enum Ev {
     JobTimer { job: u32, generation: u32 },
     /// A mechanism's own timer (the call market's clearing).
     Tick { token: u32 },
+    /// Network reputation: scores are recomputed (when records arrived).
+    Scores,
+    /// Network reputation: a self-dealing provider group fabricates its period's records.
+    SelfDeal { group: u32 },
 }
 
 /// What renters learn when an offer update reaches them.
@@ -263,6 +270,20 @@ pub struct RunResult {
     pub attacker_identities: u64,
     /// Mean cost floor per class, micro-units per GPU-hour (for sanity checks).
     pub class_cost_floor: Vec<u64>,
+    /// With network reputation (or when the study tracks it): what it ended with.
+    pub network: Option<NetworkResult>,
+}
+
+/// The network reputation's state at the horizon.
+#[derive(Clone, Debug, Default)]
+pub struct NetworkResult {
+    /// Per provider (same order as `provider_stats`): the score of its current identity as
+    /// renters last saw it.
+    pub provider_score: Vec<f64>,
+    /// Per provider: records of its current identity in the pool.
+    pub provider_records: Vec<u64>,
+    /// Score recomputations.
+    pub recomputes: u64,
 }
 
 /// The whole simulated world.
@@ -325,6 +346,11 @@ pub struct Market<'s> {
     mech: Option<Box<dyn Mechanism>>,
     /// The mechanism's [`Rules`], read once.
     rules: Rules,
+    /// The completion record pool and network scores (network reputation, or tracked for a
+    /// study that compares with it).
+    net: Option<NetRep>,
+    /// Whether renters choose by the network score (`mode = "network"`).
+    net_choice: bool,
 }
 
 fn key_of(tag: u8, id: u32) -> PublicKey {
@@ -422,7 +448,7 @@ impl<'s> Market<'s> {
                     busy_since: 0,
                     pub_version: 0,
                     revenue: Money::ZERO,
-                    attacker: g.attack != Attack::None,
+                    attacker: g.is_attacker(),
                     inflation_permille: if g.attack == Attack::UsageInflation {
                         g.inflation_permille
                     } else {
@@ -549,12 +575,86 @@ impl<'s> Market<'s> {
                         }
                     })
                     .collect(),
+                network: None,
             },
             trust,
             strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
             rules: mech.rules(),
             mech: Some(mech),
+            net: sc.reputation.network().then(|| NetRep::new(&sc.reputation)),
+            net_choice: sc.reputation.network(),
         }
+    }
+
+    /// Keeps the completion record pool and network scores even in the local mode, where
+    /// renters do not use them (for a study that compares both modes; the outputs then carry
+    /// the network columns for every point).
+    pub fn track_network_scores(mut self) -> Self {
+        if self.net.is_none() {
+            self.net = Some(NetRep::new(&self.sc.reputation));
+        }
+        self
+    }
+
+    /// Mean network score of each population's and each group's providers (current
+    /// identities).
+    fn score_means(&self) -> ([f64; 2], Vec<f64>) {
+        let groups = self.sc.provider.len();
+        let Some(net) = &self.net else {
+            return ([0.0; 2], vec![0.0; groups]);
+        };
+        let mut sum = [0.0f64; 2];
+        let mut n = [0u64; 2];
+        let mut gsum = vec![0.0f64; groups];
+        let mut gn = vec![0u64; groups];
+        for p in &self.providers {
+            let k = Population::of(p.attacker) as usize;
+            let s = net.score(p.identity);
+            sum[k] += s;
+            n[k] += 1;
+            gsum[p.group] += s;
+            gn[p.group] += 1;
+        }
+        let mean = |s: f64, n: u64| if n == 0 { 0.0 } else { s / n as f64 };
+        (
+            [0, 1].map(|k| mean(sum[k], n[k])),
+            gsum.iter().zip(&gn).map(|(&s, &n)| mean(s, n)).collect(),
+        )
+    }
+
+    fn on_scores(&mut self, now: u64) {
+        // Buckets that end now record the scores renters saw until now.
+        self.integrate(now);
+        if let Some(net) = &mut self.net {
+            net.recompute();
+        }
+        let every = u64::from(self.sc.reputation.score_interval_minutes) * 60_000;
+        self.q.schedule(now + every, Ev::Scores);
+    }
+
+    /// A self-dealing group's period: each of its providers records leases "completed" for
+    /// fresh renter keys of its own, paid with money that comes back to it.
+    fn on_self_deal(&mut self, group: usize, now: u64) {
+        let g = &self.sc.provider[group];
+        let (keys, paid) = (g.self_dealing_keys, g.self_dealing_paid.0.micros());
+        let every = u64::from(g.self_dealing_period_minutes) * 60_000;
+        let mut made = 0;
+        if let Some(net) = &mut self.net {
+            for p in self.providers.iter().filter(|p| p.group == group) {
+                for _ in 0..keys {
+                    let key = net.fresh_key();
+                    net.add(p.identity, key, paid, CompletionOutcome::Completed);
+                    made += 1;
+                }
+            }
+        }
+        self.bucket_at(now).self_dealt += made;
+        self.q.schedule(
+            now + every,
+            Ev::SelfDeal {
+                group: group as u32,
+            },
+        );
     }
 
     fn bucket_at(&mut self, t: u64) -> &mut Bucket {
@@ -577,6 +677,9 @@ impl<'s> Market<'s> {
             }
             if edge == (b + 1) * self.bucket_ms {
                 self.buckets[i].queue_len = self.waiting_len;
+                if self.net.is_some() {
+                    (self.buckets[i].score, self.buckets[i].group_score) = self.score_means();
+                }
             }
             self.integrated_to = edge;
         }
@@ -802,6 +905,16 @@ impl<'s> Market<'s> {
         let period = u64::from(self.sc.repricing_minutes) * 60_000;
         self.q.schedule(period, Ev::Reprice);
         self.with_mech(|mech, m| mech.start(m, 0));
+        if self.net.is_some() {
+            let every = u64::from(self.sc.reputation.score_interval_minutes) * 60_000;
+            self.q.schedule(every, Ev::Scores);
+            for (gi, g) in self.sc.provider.iter().enumerate() {
+                if g.self_dealing && g.self_dealing_keys > 0 {
+                    let every = u64::from(g.self_dealing_period_minutes) * 60_000;
+                    self.q.schedule(every, Ev::SelfDeal { group: gi as u32 });
+                }
+            }
+        }
         while let Some((now, ev)) = self.q.pop_until(self.horizon) {
             match ev {
                 Ev::GroupArrival { group } => self.on_group_arrival(group as usize, now),
@@ -829,9 +942,30 @@ impl<'s> Market<'s> {
                     }
                 }
                 Ev::Tick { token } => self.with_mech(|mech, m| mech.tick(m, token, now)),
+                Ev::Scores => self.on_scores(now),
+                Ev::SelfDeal { group } => self.on_self_deal(group as usize, now),
             }
         }
         self.integrate(self.horizon);
+        if let Some(net) = &self.net {
+            let means = self.score_means();
+            if let Some(last) = self.buckets.last_mut() {
+                (last.score, last.group_score) = means;
+            }
+            self.result.network = Some(NetworkResult {
+                provider_score: self
+                    .providers
+                    .iter()
+                    .map(|p| net.score(p.identity))
+                    .collect(),
+                provider_records: self
+                    .providers
+                    .iter()
+                    .map(|p| net.records_of(p.identity) as u64)
+                    .collect(),
+                recomputes: net.recomputes,
+            });
+        }
         progress(self.horizon - reported);
         let mut res = self.result;
         res.events = self.q.popped();
@@ -1115,11 +1249,18 @@ impl<'s> Market<'s> {
         self.with_mech(|mech, m| mech.place(m, job, now))
     }
 
-    /// Whether the renter's reputation book accepts `identity`. A score changes only when a
-    /// lease with that identity is recorded, so the book's verdict on every identity it has a
-    /// record of is kept in `distrusted` (asked of the book after each record); identities
-    /// without a record get the book's verdict on a stranger, asked once.
+    /// Whether the network score (network mode: the pool's last recomputation) and the
+    /// renter's reputation book accept `identity`. A book's score changes only when a lease
+    /// with that identity is recorded, so the book's verdict on every identity it has a record
+    /// of is kept in `distrusted` (asked of the book after each record); identities without a
+    /// record get the book's verdict on a stranger, asked once.
     fn trusted(&self, renter: u32, identity: u32) -> bool {
+        if self.net_choice
+            && let Some(net) = &self.net
+            && net.score(identity) < self.sc.reputation.min_score
+        {
+            return false;
+        }
         if !self.sc.reputation.enabled {
             return true;
         }
@@ -1158,7 +1299,17 @@ impl<'s> Market<'s> {
     }
 
     fn match_posted(&mut self, job: u32, now: u64) -> bool {
-        let cands = self.candidates(job, CANDIDATES_PER_CLASS, now);
+        let mut cands = self.candidates(job, CANDIDATES_PER_CLASS, now);
+        if self.net_choice
+            && let Some(net) = &self.net
+        {
+            // Price per expected completion: the price over the provider's network score.
+            let per_score = |&(price, p): &(u64, u32)| {
+                let id = self.vis[p as usize].map_or(0, |v| v.identity);
+                price as f64 / net.score(id).max(1e-9)
+            };
+            cands.sort_by(|a, b| per_score(a).total_cmp(&per_score(b)).then(a.cmp(b)));
+        }
         let mut done = false;
         for &(price, p) in &cands {
             if self.request(job, p as usize, Money::from_micros(price), now) {
@@ -1387,9 +1538,20 @@ impl<'s> Market<'s> {
         if out.failed {
             pb.failed += 1;
             pb.unpaid += out.unpaid.micros();
+            pb.failed_paid += out.paid.micros();
         }
         if out.caught {
             b.caught += 1;
+        }
+        if let Some(net) = &mut self.net {
+            // The co-signed completion this lease leaves (both sides assumed to sign it, even
+            // a failure: see docs/simulations.md, limits).
+            net.add(
+                rec.identity,
+                Key::Renter(rec.renter),
+                out.paid.micros(),
+                CompletionOutcome::of_close(out.reason),
+            );
         }
         let st = &mut self.pstats[p];
         st.ended += 1;
@@ -1836,7 +1998,8 @@ impl Market<'_> {
     }
 
     /// Whether renter `renter`'s reputation book accepts provider identity `identity` (always
-    /// true when the scenario disables reputation).
+    /// true when the scenario disables reputation) and, with `reputation.mode = "network"`,
+    /// whether its network score is at least `reputation.min_score`.
     pub fn trusts(&self, renter: u32, identity: u32) -> bool {
         self.trusted(renter, identity)
     }

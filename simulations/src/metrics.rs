@@ -62,7 +62,7 @@ impl WaitHistogram {
 pub enum Population {
     /// Providers with `attack = "none"`.
     Honest = 0,
-    /// Providers with an attack (`usage_inflation`), whatever identity they use.
+    /// Providers with an attack (`usage_inflation`, self-dealing), whatever identity they use.
     Attacker = 1,
 }
 
@@ -116,6 +116,9 @@ pub struct PopBucket {
     /// their loss (money at risk); for attackers mostly the usage renters refused to pay after
     /// catching an inflated report (not a loss of anyone honest).
     pub unpaid: u64,
+    /// What renters paid for the population's leases that ended in failure, micro-units
+    /// (reported with network reputation only).
+    pub failed_paid: u64,
 }
 
 /// Accumulators of one time bucket.
@@ -146,6 +149,13 @@ pub struct Bucket {
     pub attacker_profit: i128,
     /// Inflated usage reports refused by renters.
     pub caught: u64,
+    /// Network reputation only: mean network score of each population's providers (current
+    /// identities) at the bucket's end, as renters last saw it.
+    pub score: [f64; 2],
+    /// Network reputation only: the same mean per provider group (scenario order).
+    pub group_score: Vec<f64>,
+    /// Network reputation only: records self-dealing providers fabricated.
+    pub self_dealt: u64,
 }
 
 impl Bucket {
@@ -195,9 +205,13 @@ impl Bucket {
             a.revenue += b.revenue;
             a.surplus += b.surplus;
             a.unpaid += b.unpaid;
+            a.failed_paid += b.failed_paid;
         }
         self.attacker_profit += other.attacker_profit;
         self.caught += other.caught;
+        self.score = other.score;
+        self.group_score.clone_from(&other.group_score);
+        self.self_dealt += other.self_dealt;
     }
 }
 

@@ -122,12 +122,16 @@ pub fn execute_with(
     tick: &(dyn Fn(u64) + Sync),
     mechanism: &(dyn Fn(&Scenario) -> Box<dyn Mechanism> + Sync),
 ) -> Vec<Record> {
+    let track = tracks_network(points);
     tasks
         .par_iter()
         .map(|&(point, replication)| {
             let sc = &points[point].scenario;
-            let result =
-                Market::with_mechanism(sc, seed, replication, mechanism(sc)).run_observed(tick);
+            let mut market = Market::with_mechanism(sc, seed, replication, mechanism(sc));
+            if track {
+                market = market.track_network_scores();
+            }
+            let result = market.run_observed(tick);
             Record {
                 point,
                 replication,
@@ -135,6 +139,37 @@ pub fn execute_with(
             }
         })
         .collect()
+}
+
+/// Whether a study keeps the completion record pool and network scores in every point: when
+/// one of its points uses the network mode or has self-dealing providers (so that a sweep
+/// over `reputation.mode` reports the network score in the local points too). Studies without
+/// either write exactly the columns they always did.
+pub fn tracks_network(points: &[Point]) -> bool {
+    points.iter().any(|p| {
+        p.scenario.reputation.network() || p.scenario.provider.iter().any(|g| g.self_dealing)
+    })
+}
+
+/// The network reputation columns of `runs.csv` and `buckets.csv` (after the others), from
+/// one bucket or a run's total; `groups` are the provider groups' names.
+fn network_cells(b: &Bucket, groups: &[String]) -> Vec<(String, String)> {
+    let [h, a] = &b.pop;
+    let mut cells = vec![
+        ("honest_score".into(), f(b.score[0])),
+        ("attacker_score".into(), f(b.score[1])),
+        (
+            "attacker_share".into(),
+            f(ratio(u128::from(a.leases), u128::from(a.leases + h.leases))),
+        ),
+        ("attacker_failed_paid".into(), money(a.failed_paid)),
+        ("self_dealt_records".into(), b.self_dealt.to_string()),
+    ];
+    for (i, g) in groups.iter().enumerate() {
+        let s = b.group_score.get(i).copied().unwrap_or(0.0);
+        cells.push((format!("score_{g}"), f(s)));
+    }
+    cells
 }
 
 fn money(m: u64) -> String {
@@ -263,6 +298,19 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
     ] {
         runs.header.push(h.into());
     }
+    let net = records.iter().any(|r| r.result.network.is_some());
+    let groups: Vec<String> = points
+        .first()
+        .map(|p| p.scenario.provider.iter().map(|g| g.name.clone()).collect())
+        .unwrap_or_default();
+    let net_names: Vec<String> = network_cells(&Bucket::new(classes.len()), &groups)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    if net {
+        runs.header.extend(net_names.iter().cloned());
+        runs.header.push("score_recomputes".into());
+    }
     let mut buckets = Table {
         header: vec!["point".to_string()],
         rows: Vec::new(),
@@ -273,6 +321,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
         .extend(["replication".into(), "bucket".into(), "t_start_h".into()]);
     buckets.header.extend(shared.iter().cloned());
     buckets.header.push("queue_len".into());
+    if net {
+        buckets.header.extend(net_names.iter().cloned());
+    }
     let mut waits = Table {
         header: vec![
             "point".into(),
@@ -315,6 +366,10 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             r.events.to_string(),
             r.channel_reports.to_string(),
         ]);
+        if net {
+            row.extend(network_cells(&total, &groups).into_iter().map(|(_, v)| v));
+            row.push(r.network.as_ref().map_or(0, |n| n.recomputes).to_string());
+        }
         runs.rows.push(row);
         for (i, b) in r.buckets.iter().enumerate() {
             let mut row = vec![rec.point.to_string()];
@@ -326,6 +381,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             ]);
             row.extend(bucket_cells(b, &classes).into_iter().map(|(_, v)| v));
             row.push(b.queue_len.to_string());
+            if net {
+                row.extend(network_cells(b, &groups).into_iter().map(|(_, v)| v));
+            }
             buckets.rows.push(row);
         }
         for (i, c) in r.waits.counts.iter().enumerate() {
@@ -376,6 +434,12 @@ pub fn agent_tables(points: &[Point], records: &[Record]) -> (Table, Table) {
         ]),
         rows: Vec::new(),
     };
+    let net = records.iter().any(|r| r.result.network.is_some());
+    if net {
+        providers
+            .header
+            .extend(["score".to_string(), "records".to_string()]);
+    }
     let mut renters = Table {
         header: head(&[
             "replication",
@@ -420,6 +484,13 @@ pub fn agent_tables(points: &[Point], records: &[Record]) -> (Table, Table) {
                 money(r.provider_revenue[i]),
                 money(st.unpaid),
             ]);
+            if net {
+                let n = r.network.as_ref();
+                row.extend([
+                    f(n.map_or(0.0, |n| n.provider_score[i])),
+                    n.map_or(0, |n| n.provider_records[i]).to_string(),
+                ]);
+            }
             providers.rows.push(row);
         }
         for (i, st) in r.renter_stats.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! Plots (PNG and SVG, via plotters), drawn from the written tables so that `merge` redraws
 //! them: lease price per class and provider population over time, utilization over time, the
-//! wait-time distribution (one panel per sweep point), and honest providers' revenue Gini.
+//! wait-time distribution (one panel per sweep point), honest providers' revenue Gini, and
+//! (with network reputation) the providers' network scores and the attackers' lease share.
 //!
 //! Every axis names its quantity and unit (money in GLU). Series are labelled with the sweep
 //! point's parameter names and values. Colours are the Okabe-Ito palette (distinguishable
@@ -555,7 +556,50 @@ pub fn all(dir: &Path, runs: &Table, buckets: &Table, waits: &Table) -> Result<V
 
     files.extend(wait_plot(dir, waits, &labels)?);
     files.extend(gini_plot(dir, runs, &labels)?);
+    files.extend(reputation_plot(dir, buckets, &labels, &note)?);
     Ok(files)
+}
+
+/// Network reputation (only when `buckets.csv` has its columns): the mean network score of
+/// honest and of attacker providers, and the attackers' share of the leases started, over
+/// time; a panel each, a series per sweep point.
+fn reputation_plot(
+    dir: &Path,
+    buckets: &Table,
+    labels: &BTreeMap<u64, String>,
+    note: &str,
+) -> Result<Vec<String>> {
+    if buckets.col("honest_score").is_none() {
+        return Ok(Vec::new());
+    }
+    let mut panels: Vec<Panel> = Vec::new();
+    for (c, what) in [
+        ("honest_score", "honest providers: mean network score"),
+        ("attacker_score", "attacker providers: mean network score"),
+        (
+            "attacker_share",
+            "attacker providers: share of leases started",
+        ),
+    ] {
+        if let Some(ci) = buckets.col(c) {
+            let lines = lines_from(bucket_series(buckets, ci, None), "", labels);
+            add_panel(&mut panels, true, what.to_string(), lines);
+        }
+    }
+    let title = format!("Network reputation ({note})");
+    both(dir, "reputation", figure_size(&panels), &|canvas| {
+        on_canvas!(canvas, |root| line_figure(
+            &root,
+            &Labels {
+                title: &title,
+                x: "time since start (h)",
+                y: "score or share (ratio)",
+            },
+            &panels,
+            false,
+            (0.0, 1.0),
+        ))
+    })
 }
 
 /// One histogram per sweep point: per bin, the share of matched jobs (pooled over

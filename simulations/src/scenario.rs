@@ -126,7 +126,20 @@ pub struct Channel {
     pub min_billed_s: u32,
 }
 
-/// Renters' trust policy (contracts::reputation::TrustPolicy).
+/// Where renters' trust comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ReputationMode {
+    /// Each renter's own `ReputationBook` only (what the simulator always did).
+    #[default]
+    Local,
+    /// Also the network score (`contracts::reputation::provider_scores`) over every completion
+    /// record in the market: renters skip providers below `min_score` and, with posted offers,
+    /// rank the offers they found by price / score.
+    Network,
+}
+
+/// Renters' trust policy (contracts::reputation::TrustPolicy) and the network score.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Reputation {
@@ -136,6 +149,29 @@ pub struct Reputation {
     pub min_permille: u16,
     /// Whether providers without history are acceptable.
     pub trust_newcomers: bool,
+    /// `local` or `network`.
+    #[serde(skip_serializing_if = "skip_mode")]
+    pub mode: ReputationMode,
+    /// Network: lowest acceptable network score, 0..=1 (a provider without records scores 0.5).
+    #[serde(skip_serializing_if = "skip_min_score")]
+    pub min_score: f64,
+    /// Network: minutes between score recomputations (only when new records arrived).
+    #[serde(skip_serializing_if = "skip_interval")]
+    pub score_interval_minutes: u32,
+    /// Records kept per provider identity, its newest (the node's 256); 0 = all.
+    #[serde(skip_serializing_if = "skip_per_provider")]
+    pub records_per_provider: u32,
+    /// Records kept in all, the least recently received dropped first (the node's 100,000);
+    /// 0 = all.
+    #[serde(skip_serializing_if = "skip_kept")]
+    pub records_kept: u32,
+}
+
+impl Reputation {
+    /// Whether this scenario needs the completion record pool and network scores.
+    pub fn network(&self) -> bool {
+        self.mode == ReputationMode::Network
+    }
 }
 
 /// Reverse auction settings.
@@ -293,6 +329,27 @@ pub struct ProviderGroup {
     pub inflation_permille: u32,
     /// Whitewashing: after a renter catches it, rejoin under a fresh identity.
     pub whitewash: bool,
+    /// Self-dealing (sybil) attacker: each provider fabricates `self_dealing_keys` completed
+    /// records per period, each with a fresh renter key of its own. Makes the group an
+    /// attacker (also with 0 keys: then only its other behaviour remains).
+    #[serde(skip_serializing_if = "skip_false")]
+    pub self_dealing: bool,
+    /// Self-dealing: fresh renter keys (one fabricated lease each) per provider and period.
+    #[serde(skip_serializing_if = "skip_keys")]
+    pub self_dealing_keys: u32,
+    /// Self-dealing: what each fabricated lease pays (it circles back to the provider).
+    #[serde(skip_serializing_if = "skip_paid")]
+    pub self_dealing_paid: Amount,
+    /// Self-dealing: the period, minutes.
+    #[serde(skip_serializing_if = "skip_interval")]
+    pub self_dealing_period_minutes: u32,
+}
+
+impl ProviderGroup {
+    /// Whether the group is in the attacker population.
+    pub fn is_attacker(&self) -> bool {
+        self.attack != Attack::None || self.self_dealing
+    }
 }
 
 /// When jobs arrive.
@@ -385,6 +442,11 @@ impl Default for Reputation {
             enabled: true,
             min_permille: 300,
             trust_newcomers: true,
+            mode: ReputationMode::Local,
+            min_score: DEFAULT_MIN_SCORE,
+            score_interval_minutes: 60,
+            records_per_provider: 256,
+            records_kept: 100_000,
         }
     }
 }
@@ -428,6 +490,10 @@ impl Default for ProviderGroup {
             attack: Attack::None,
             inflation_permille: 1500,
             whitewash: false,
+            self_dealing: false,
+            self_dealing_keys: 10,
+            self_dealing_paid: amt(DEFAULT_SELF_DEALING_PAID),
+            self_dealing_period_minutes: 60,
         }
     }
 }
@@ -470,9 +536,14 @@ impl Scenario {
         Self::from_toml(&text)
     }
 
-    /// The canonical TOML of this scenario (what the hash covers).
+    /// The canonical TOML of this scenario (what the hash covers). Fields added after a
+    /// release (network reputation, issue 16) are left out while they hold their defaults, so
+    /// that a scenario that does not use them keeps its hash.
     pub fn to_toml(&self) -> String {
-        toml::to_string(self).unwrap_or_default()
+        CANONICAL.with(|c| c.set(true));
+        let text = toml::to_string(self).unwrap_or_default();
+        CANONICAL.with(|c| c.set(false));
+        text
     }
 
     /// Checks ranges and references.
@@ -497,6 +568,12 @@ impl Scenario {
         if self.network.delay_median_ms < 0.0 || self.network.delay_sigma < 0.0 {
             return bad("network delay parameters must be >= 0".into());
         }
+        let r = &self.reputation;
+        if !(0.0..=1.0).contains(&r.min_score) || r.score_interval_minutes == 0 {
+            return bad(
+                "reputation: need 0 <= min_score <= 1 and score_interval_minutes > 0".into(),
+            );
+        }
         if self.gpu_class.is_empty() || self.provider.is_empty() || self.renter.is_empty() {
             return bad("need at least one gpu_class, provider and renter group".into());
         }
@@ -510,6 +587,12 @@ impl Scenario {
             if p.gpus == 0 || p.gpus > 16 || p.online_from_hour > 23 || p.online_to_hour > 23 {
                 return bad(format!(
                     "provider group {:?}: gpus > 0, hours in 0..=23",
+                    p.name
+                ));
+            }
+            if p.self_dealing_period_minutes == 0 {
+                return bad(format!(
+                    "provider group {:?}: self_dealing_period_minutes > 0 required",
                     p.name
                 ));
             }
@@ -593,6 +676,47 @@ impl Scenario {
         Ok(())
     }
 }
+
+thread_local! {
+    /// Set while [`Scenario::to_toml`] serializes: fields added later are then skipped at
+    /// their defaults.
+    static CANONICAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether `v` is skipped from the canonical TOML: canonical serialization and `v == default`.
+fn added_default<T: PartialEq>(v: &T, default: T) -> bool {
+    CANONICAL.with(std::cell::Cell::get) && *v == default
+}
+
+fn skip_mode(v: &ReputationMode) -> bool {
+    added_default(v, ReputationMode::Local)
+}
+fn skip_min_score(v: &f64) -> bool {
+    added_default(v, DEFAULT_MIN_SCORE)
+}
+fn skip_interval(v: &u32) -> bool {
+    added_default(v, 60)
+}
+fn skip_per_provider(v: &u32) -> bool {
+    added_default(v, 256)
+}
+fn skip_kept(v: &u32) -> bool {
+    added_default(v, 100_000)
+}
+fn skip_false(v: &bool) -> bool {
+    added_default(v, false)
+}
+fn skip_keys(v: &u32) -> bool {
+    added_default(v, 10)
+}
+fn skip_paid(v: &Amount) -> bool {
+    added_default(v, amt(DEFAULT_SELF_DEALING_PAID))
+}
+
+/// Default `min_score`.
+const DEFAULT_MIN_SCORE: f64 = 0.4;
+/// Default `self_dealing_paid`.
+const DEFAULT_SELF_DEALING_PAID: &str = "0.10";
 
 /// Whether list element `el` is the one named `sel` (`-` and `_` interchangeable).
 fn named(el: &toml::Value, sel: &str) -> bool {
@@ -685,6 +809,19 @@ mod tests {
         let s = Scenario::default();
         s.validate().unwrap();
         assert_eq!(Scenario::from_toml(&s.to_toml()).unwrap(), s);
+    }
+
+    #[test]
+    fn added_fields_keep_old_hashes_until_used() {
+        let mut s = Scenario::default();
+        let old = s.to_toml();
+        assert!(!old.contains("mode") && !old.contains("self_dealing"));
+        s.set_param("reputation.mode", "network").unwrap();
+        s.set_param("provider.0.self_dealing", "true").unwrap();
+        s.set_param("provider.0.self_dealing_keys", "100").unwrap();
+        let new = s.to_toml();
+        assert!(new.contains("mode = \"network\"") && new.contains("self_dealing_keys = 100"));
+        assert_eq!(Scenario::from_toml(&new).unwrap(), s);
     }
 
     #[test]

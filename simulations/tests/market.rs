@@ -58,6 +58,7 @@ fn every_matching_mode_and_example_scenario_is_deterministic() {
         "home-diurnal",
         "oversupply",
         "undersupply",
+        "sybil",
     ] {
         let s = small(scenario(name), 0.5);
         assert_eq!(csv_bytes(&s, 3, 2), csv_bytes(&s, 3, 2), "{name}");

@@ -181,6 +181,15 @@ fn check_invariants(name: &str, runs: &Table, buckets: &Table, row: usize) {
         assert!(v(&format!("{pop}_failed_leases")) <= v(&format!("{pop}_ended_leases")));
         assert!(v(&format!("{pop}_ended_leases")) <= v(&format!("{pop}_leases")));
     }
+    // Network reputation's sums (when the study has them): the money renters paid for
+    // attackers' failed leases is part of what attackers were paid.
+    if runs.col("self_dealt_records").is_some() {
+        for col in ["attacker_failed_paid", "self_dealt_records"] {
+            let total = bucket_sum(buckets, row, col);
+            assert!((total - v(col)).abs() < 1e-6, "{name}: {col}");
+        }
+        assert!(v("attacker_failed_paid") <= v("attacker_revenue"), "{name}");
+    }
     let rate = v("abandonment_rate");
     assert!((rate - v("jobs_abandoned") / jobs.max(1.0)).abs() < 1e-6);
     // runs.csv totals are the sums of buckets.csv.
@@ -275,6 +284,7 @@ fn invariants_hold_in_every_example_scenario() {
         "undersupply",
         "reverse-auction",
         "double-auction",
+        "sybil",
     ] {
         let mut s = scenario(name);
         s.days = 0.5;

@@ -189,3 +189,50 @@ fn single_run_plots_have_a_replication_axis_and_one_series_per_quantity() {
     }
     assert!(!has(&t, "-1") && !has(&t, "3"), "{t:?}");
 }
+
+/// With network reputation the `reputation` plot has its three panels, a series per sweep
+/// point and its axis labels; a study without it draws no such plot.
+#[test]
+fn reputation_plot_has_scores_and_share_per_sweep_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("o");
+    let sybil = scenario("sybil");
+    sim(&[
+        "-q",
+        "sweep",
+        sybil.to_str().unwrap(),
+        "--param",
+        "reputation.mode=local,network",
+        "--param",
+        "days=0.25",
+        "--reps",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let (t, _) = read(&out, "reputation");
+    for caption in [
+        "honest providers: mean network score",
+        "attacker providers: mean network score",
+        "attacker providers: share of leases started",
+    ] {
+        assert!(has(&t, caption), "{caption}: {t:?}");
+    }
+    assert!(has(&t, "score or share (ratio)"));
+    assert!(has(&t, "time since start (h)"));
+    // One legend entry per sweep point in each of the three panels.
+    assert_eq!(count(&t, "reputation.mode=local"), 3, "{t:?}");
+    assert_eq!(count(&t, "reputation.mode=network"), 3, "{t:?}");
+    let plain = tmp.path().join("p");
+    let attack = scenario("attack");
+    sim(&[
+        "-q",
+        "run",
+        attack.to_str().unwrap(),
+        "--reps",
+        "1",
+        "--out",
+        plain.to_str().unwrap(),
+    ]);
+    assert!(!plain.join("reputation.svg").exists());
+}

@@ -248,3 +248,33 @@ fn outputs_are_byte_identical_across_thread_counts() {
         assert_eq!(a, b, "{f} differs between --threads 1 and 3");
     }
 }
+
+/// The network reputation's sweep (both modes, self-dealing keys) is byte-identical at any
+/// thread count too, and every point carries the network columns.
+#[test]
+fn network_reputation_outputs_are_byte_identical_across_thread_counts() {
+    let d = Dir::new();
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/sybil.toml");
+    let base = base.to_str().unwrap();
+    let params = [
+        "days=0.3",
+        "provider.sybils.self_dealing_keys=0,50",
+        "reputation.mode=local,network",
+    ];
+    let rows = sweep(base, &params, &d.path("t1"), &["--threads", "1"]);
+    sweep(base, &params, &d.path("t2"), &["--threads", "2"]);
+    assert_eq!(rows.len(), 1 + 4 * 2);
+    assert!(rows[0].iter().any(|c| c == "attacker_score"));
+    for f in [
+        "runs.csv",
+        "buckets.csv",
+        "waits.csv",
+        "summary.csv",
+        "providers.csv",
+    ] {
+        let a = std::fs::read(d.path("t1").join(f)).unwrap();
+        let b = std::fs::read(d.path("t2").join(f)).unwrap();
+        assert!(!a.is_empty());
+        assert_eq!(a, b, "{f} differs between --threads 1 and 2");
+    }
+}
