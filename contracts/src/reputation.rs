@@ -20,8 +20,11 @@
 //!    make you established: a key `p` made to rent from itself has standing 0 with `p`.
 //! 4. Each record of `p` weighs the renter's standing `s`, plus a newcomer part
 //!    `newcomer_weight x (1 - s)`, so honest first customers count a little; the newcomer parts
-//!    of all of `p`'s records together are scaled down to at most [`ScoreParams::newcomer_cap`].
-//!    Fresh keys, however many, add at most that cap.
+//!    of `p`'s *good* records together are scaled down to at most
+//!    [`ScoreParams::newcomer_cap`]. Fresh keys, however many, add at most that cap; the
+//!    newcomer parts of bad records are not capped (a record needs the provider's own
+//!    signature, so nobody can fabricate another's failures), so made-up completions cannot
+//!    dilute real failures either.
 //! 5. Completed adds the weight to good, provider-failed to bad, disputed half to bad;
 //!    renter-failed is not the provider's doing and adds nothing.
 //! 6. Score = (good + prior_weight x prior_mean) / (good + bad + prior_weight): a provider with
@@ -253,7 +256,7 @@ pub struct ScoreParams {
     pub credit_per_provider: u64,
     /// Weight of a record from a renter with no standing.
     pub newcomer_weight: f64,
-    /// Most weight all newcomer parts of one provider's records add together.
+    /// Most weight the newcomer parts of one provider's good records add together.
     pub newcomer_cap: f64,
     /// The score of a provider with no records.
     pub prior_mean: f64,
@@ -381,13 +384,8 @@ pub fn provider_scores<K: Ord + Clone, L: Ord + Clone>(
     }
     acc.into_iter()
         .map(|(k, a)| {
-            let new_total = a.new_good + a.new_bad;
-            let scale = if new_total > params.newcomer_cap {
-                params.newcomer_cap / new_total
-            } else {
-                1.0
-            };
-            let (good, bad) = (a.good + a.new_good * scale, a.bad + a.new_bad * scale);
+            let new_good = a.new_good.min(params.newcomer_cap);
+            let (good, bad) = (a.good + new_good, a.bad + a.new_bad);
             let mut s = a.counts;
             s.score = params.score(good, bad);
             s.weight = good + bad;
@@ -461,6 +459,34 @@ mod tests {
         assert!((s_many.score - p.score(p.newcomer_cap, 0.0)).abs() < 1e-9);
         assert!(s_many.score < s_honest.score);
         assert_eq!(s_many.completed, 1000);
+    }
+
+    #[test]
+    fn made_up_completions_do_not_dilute_failures() {
+        let p = ScoreParams::default();
+        // Provider 7 failed 20 newcomers (renters 200..220, no standing).
+        let mut v: Vec<CompletionRecord<u32, u32>> = (0..20)
+            .map(|k| rec(500 + k, 7, 200 + k, 0, CompletionOutcome::ProviderFailed))
+            .collect();
+        let failed = provider_scores(&v, &p)[&7].score;
+        for k in 0..1000 {
+            v.push(rec(
+                1000 + k,
+                7,
+                10_000 + k,
+                1,
+                CompletionOutcome::Completed,
+            ));
+        }
+        let flooded = provider_scores(&v, &p)[&7];
+        // The made-up completions add at most the newcomer cap to good; the failures' weight
+        // (20 newcomer parts of 0.02) stays whole instead of being scaled down with them.
+        assert!((flooded.weight - (p.newcomer_cap + 20.0 * p.newcomer_weight)).abs() < 1e-9);
+        assert!((flooded.score - p.score(p.newcomer_cap, 20.0 * p.newcomer_weight)).abs() < 1e-9);
+        assert!(
+            failed < 0.5 && flooded.score < 0.52,
+            "{failed} -> {flooded:?}"
+        );
     }
 
     #[test]

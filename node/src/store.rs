@@ -15,6 +15,7 @@ use std::sync::mpsc;
 use std::thread;
 
 use gridlease_contracts::{Actor, Lease, LeaseEvent, LeaseState};
+use gridlease_protocol::completion::CompletionOutcome;
 use gridlease_protocol::{
     Digest, LeaseAccept, LeaseId, LeaseRequest, Offer, OfferId, Signed, Timestamp,
 };
@@ -205,9 +206,10 @@ const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
-/// Most completions kept per provider (its newest); older ones are forgotten.
+/// Most completions kept per provider and class: its newest completed ones, and apart its
+/// newest others (failed, disputed); older ones are forgotten.
 pub const COMPLETIONS_PER_PROVIDER: usize = 256;
-/// Most completions kept in all; the least recently received are forgotten.
+/// Most completions kept in all; the oldest (by close time) are forgotten.
 pub const COMPLETIONS_KEPT: usize = 100_000;
 
 /// One stored completion: its fields and the co-signed record.
@@ -690,8 +692,8 @@ impl Store {
     }
 
     /// Stores a co-signed completion the caller verified; `false` if its lease had one
-    /// already. Keeps at most [`COMPLETIONS_PER_PROVIDER`] per provider and
-    /// [`COMPLETIONS_KEPT`] in all.
+    /// already. Keeps at most [`COMPLETIONS_PER_PROVIDER`] per provider and class and
+    /// [`COMPLETIONS_KEPT`] in all (ordered by close time, then lease, as the network loop).
     pub fn put_completion(
         &mut self,
         c: &gridlease_protocol::completion::Completion,
@@ -718,16 +720,26 @@ impl Store {
             )
             .map_err(e)?;
         if n > 0 {
+            // Per provider and class (completed, or not), as the network loop keeps them:
+            // completed records never push a provider's failures out.
+            let completed = i64::from(c.outcome == CompletionOutcome::Completed);
             tx.execute(
-                "DELETE FROM completions WHERE provider = ?1 AND lease_id NOT IN
-                   (SELECT lease_id FROM completions WHERE provider = ?1
-                    ORDER BY closed_at DESC, lease_id LIMIT ?2)",
-                params![&c.provider.0[..], COMPLETIONS_PER_PROVIDER as i64],
+                "DELETE FROM completions WHERE provider = ?1 AND (outcome = 'completed') = ?3
+                   AND lease_id NOT IN
+                   (SELECT lease_id FROM completions
+                    WHERE provider = ?1 AND (outcome = 'completed') = ?3
+                    ORDER BY closed_at DESC, lease_id DESC LIMIT ?2)",
+                params![
+                    &c.provider.0[..],
+                    COMPLETIONS_PER_PROVIDER as i64,
+                    completed
+                ],
             )
             .map_err(e)?;
             tx.execute(
                 "DELETE FROM completions WHERE lease_id NOT IN
-                   (SELECT lease_id FROM completions ORDER BY received_at DESC, lease_id LIMIT ?1)",
+                   (SELECT lease_id FROM completions
+                    ORDER BY closed_at DESC, lease_id DESC LIMIT ?1)",
                 params![COMPLETIONS_KEPT as i64],
             )
             .map_err(e)?;
@@ -1164,6 +1176,60 @@ mod tests {
     use super::*;
     use gridlease_protocol::fixtures::{self, T0};
     use gridlease_protocol::{NetworkId, NodeKey};
+
+    #[test]
+    fn completions_keep_a_providers_failures_apart_from_its_newest_completed() {
+        use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck};
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(&dir.path().join("g.db")).unwrap();
+        let (p, r, net) = (
+            NodeKey::from_secret([1; 32]),
+            NodeKey::from_secret([2; 32]),
+            NetworkId::devnet(),
+        );
+        let put = |s: &mut Store, lease: u32, outcome| {
+            let mut id = [0u8; 32];
+            id[..4].copy_from_slice(&lease.to_le_bytes());
+            let c = Completion {
+                lease_id: LeaseId(Digest(id)),
+                provider: p.public(),
+                renter: r.public(),
+                gpu_seconds: 1,
+                paid: 1,
+                closed_at: Timestamp(1_000 + u64::from(lease)),
+                outcome,
+            };
+            let pair = CoSigned {
+                provider: Signed::sign(&p, &net, &c).unwrap(),
+                renter: Signed::sign(
+                    &r,
+                    &net,
+                    &CompletionAck {
+                        completion: c.clone(),
+                    },
+                )
+                .unwrap(),
+            };
+            s.put_completion(&c, &pair.to_bytes().unwrap(), T0).unwrap()
+        };
+        assert!(put(&mut s, 0, CompletionOutcome::ProviderFailed));
+        assert!(!put(&mut s, 0, CompletionOutcome::ProviderFailed), "known");
+        for lease in 1..=300 {
+            put(&mut s, lease, CompletionOutcome::Completed);
+        }
+        let held = s.completions(Some(&p.public()), 1_000).unwrap();
+        assert_eq!(held.len(), COMPLETIONS_PER_PROVIDER + 1);
+        assert!(
+            held.iter()
+                .any(|h| h.completion.outcome == CompletionOutcome::ProviderFailed)
+        );
+        // The newest completed ones: 45..=300.
+        assert!(
+            held.iter()
+                .all(|h| h.completion.closed_at.0 >= 1_045 || h.completion.closed_at.0 == 1_000)
+        );
+        assert!(s.has_completion(&held[0].completion.lease_id).unwrap());
+    }
 
     #[test]
     fn fresh_database_migrates_and_reopens() {

@@ -131,8 +131,10 @@ fn self_dealers_end_below_honest_providers_in_the_network_score() {
 /// Same scenario and seed: renters that use the network score give the self-dealers a smaller
 /// share of their leases than renters with local books only; the fabricated records change
 /// nothing in the local mode (renters there do not read them); and in the network mode more
-/// fresh keys buy the self-dealers a higher score (their records dilute the failures that
-/// renters without standing report, because the newcomer cap scales both together).
+/// fresh keys do not buy the self-dealers a higher score (the newcomer cap bounds what made-up
+/// completions add, they cannot dilute failures, and they displace the self-dealer's own
+/// older completions from its newest 256; before those rules 100 keys raised the score from
+/// 0.36 to 0.55 in docs/simulations.md's sweep).
 #[test]
 fn the_network_mode_takes_leases_from_self_dealers() {
     let keys = "provider.sybils.self_dealing_keys";
@@ -158,6 +160,6 @@ fn the_network_mode_takes_leases_from_self_dealers() {
         .iter()
         .zip(col(&network0, "attacker_score"))
     {
-        assert!(*many > none, "100 keys {many}, none {none}");
+        assert!(*many <= none, "100 keys {many}, none {none}");
     }
 }

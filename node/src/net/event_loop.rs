@@ -450,6 +450,7 @@ impl EventLoop {
                 let _ = reply.send(self.book.get(&id).cloned());
             }
             Command::AddCompletion(pair, reply) => {
+                self.completions_clock();
                 let r = match self.completions.add(pair.clone()) {
                     Ok((new, batch)) => {
                         if new && let Ok(c) = pair.record_unchecked() {
@@ -1196,6 +1197,7 @@ impl EventLoop {
         if !self.peer_limits.check(from, now) {
             return MessageAcceptance::Ignore;
         }
+        self.completions_clock();
         match self.completions.ingest(data) {
             Ok(new) if new.is_empty() => MessageAcceptance::Ignore,
             Ok(new) => {
@@ -1227,6 +1229,12 @@ impl EventLoop {
         }) {
             tracing::warn!("store queue full; completion records not persisted");
         }
+    }
+
+    /// Records may be dated at most the allowed clock skew ahead of this node's clock.
+    fn completions_clock(&mut self) {
+        self.completions
+            .set_latest(clock::now().plus_secs(gridlease_contracts::terms::MAX_CLOCK_SKEW_S));
     }
 
     fn publish_completions(&mut self, batch: &CompletionBatch) {
@@ -1537,6 +1545,7 @@ impl EventLoop {
             BookResponse::Completions { pairs } => {
                 let decoded: Result<Vec<CoSigned>, _> =
                     pairs.iter().map(|b| CoSigned::from_bytes(b)).collect();
+                self.completions_clock();
                 let ingested = match decoded {
                     Ok(pairs) => self
                         .completions

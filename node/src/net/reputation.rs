@@ -15,14 +15,17 @@
 //! forwards a bad one; the sender is penalised otherwise), and forwarded only when it taught
 //! this node something.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use gridlease_contracts::reputation::{CompletionRecord, ScoreParams, provider_scores};
+use gridlease_protocol::completion::CompletionOutcome;
 use gridlease_protocol::completion::{
     CoSigned, Completion, CompletionBatch, CompletionError, MAX_BATCH_COMPLETIONS,
 };
-use gridlease_protocol::{LeaseId, NetworkId, PublicKey};
+use gridlease_protocol::{LeaseId, NetworkId, PublicKey, Timestamp};
+
+use crate::store::COMPLETIONS_PER_PROVIDER;
 
 /// Scores are recomputed at most this often.
 pub const RESCORE_PERIOD: Duration = Duration::from_secs(1);
@@ -51,6 +54,12 @@ pub struct Completions {
     own: PublicKey,
     capacity: usize,
     records: BTreeMap<LeaseId, Completion>,
+    /// Every record by (close time, lease): the oldest go first when the pool is full.
+    order: BTreeSet<(Timestamp, LeaseId)>,
+    /// Per (provider, completed or not): its records by (close time, lease).
+    by_class: BTreeMap<(PublicKey, bool), BTreeSet<(Timestamp, LeaseId)>>,
+    /// The latest close time accepted ([`Completions::set_latest`]).
+    latest: Timestamp,
     /// Every record's co-signed pair, encoded (what book sync serves).
     pairs: BTreeMap<LeaseId, Vec<u8>>,
     /// This node's newest records, as provider or renter (at most [`MAX_BATCH_COMPLETIONS`]).
@@ -72,14 +81,14 @@ impl Completions {
             own,
             capacity: capacity.max(1),
             records: BTreeMap::new(),
+            order: BTreeSet::new(),
+            by_class: BTreeMap::new(),
+            latest: Timestamp(u64::MAX),
             pairs: BTreeMap::new(),
             recent_own: VecDeque::new(),
             dirty: true,
         };
         for (record, bytes) in stored {
-            if c.records.len() >= c.capacity {
-                break;
-            }
             if (record.provider == c.own || record.renter == c.own)
                 && c.recent_own.len() < MAX_BATCH_COMPLETIONS
                 && let Ok(pair) = CoSigned::from_bytes(&bytes)
@@ -87,9 +96,11 @@ impl Completions {
                 // Stored newest first: the deque ends up oldest first.
                 c.recent_own.push_front(pair);
             }
-            c.pairs.insert(record.lease_id, bytes);
-            c.records.insert(record.lease_id, record);
+            if let Ok(pair) = CoSigned::from_bytes(&bytes) {
+                c.insert(record, &pair);
+            }
         }
+        c.dirty = true;
         c
     }
 
@@ -130,28 +141,58 @@ impl Completions {
     }
 
     fn insert(&mut self, c: Completion, pair: &CoSigned) -> bool {
-        if self.records.contains_key(&c.lease_id) {
+        if self.records.contains_key(&c.lease_id) || c.closed_at > self.latest {
             return false;
         }
         let Ok(bytes) = pair.to_bytes() else {
             return false;
         };
-        if self.records.len() >= self.capacity {
-            // Forget the oldest (by close time) to make room; the store does the same.
-            if let Some(oldest) = self
-                .records
-                .values()
-                .min_by_key(|r| (r.closed_at, r.lease_id))
-                .map(|r| r.lease_id)
-            {
-                self.records.remove(&oldest);
-                self.pairs.remove(&oldest);
-            }
-        }
+        let key = (c.closed_at, c.lease_id);
+        let class = (c.provider, c.outcome == CompletionOutcome::Completed);
         self.pairs.insert(c.lease_id, bytes);
         self.records.insert(c.lease_id, c);
+        self.order.insert(key);
+        let held = self.by_class.entry(class).or_default();
+        held.insert(key);
+        // Per provider, its newest completed records and, apart, its newest others: completed
+        // ones (self-dealt, say) never push its failures out. Then the oldest of all go.
+        let mut drop = Vec::new();
+        if held.len() > COMPLETIONS_PER_PROVIDER {
+            drop.extend(held.pop_first());
+        }
+        while self.order.len() - drop.len() > self.capacity {
+            match self.order.iter().find(|k| !drop.contains(k)) {
+                Some(k) => drop.push(*k),
+                None => break,
+            }
+        }
+        for (_, lease) in drop {
+            self.forget(&lease);
+        }
         self.dirty = true;
-        true
+        // False when the new record was itself the oldest.
+        self.records.contains_key(&key.1)
+    }
+
+    fn forget(&mut self, lease: &LeaseId) {
+        if let Some(c) = self.records.remove(lease) {
+            let key = (c.closed_at, c.lease_id);
+            self.order.remove(&key);
+            let class = (c.provider, c.outcome == CompletionOutcome::Completed);
+            if let Some(held) = self.by_class.get_mut(&class) {
+                held.remove(&key);
+                if held.is_empty() {
+                    self.by_class.remove(&class);
+                }
+            }
+        }
+        self.pairs.remove(lease);
+    }
+
+    /// Records closed after `latest` are not taken (a record dated ahead would otherwise stay
+    /// among a provider's newest for good): the loop sets it to now plus the allowed skew.
+    pub fn set_latest(&mut self, latest: Timestamp) {
+        self.latest = latest;
     }
 
     /// A pair this node's lease service co-signed (as provider or renter): verified, kept;
@@ -304,6 +345,56 @@ mod tests {
         ));
         assert_eq!(c.len(), 2, "nothing of the bad batch kept");
         assert_eq!(c.republish().unwrap().completions.len(), 1);
+    }
+
+    #[test]
+    fn completed_records_never_push_a_providers_failures_out_and_future_ones_are_refused() {
+        let (p, r) = (NodeKey::from_secret([1; 32]), NodeKey::from_secret([2; 32]));
+        let mut c = Completions::new(NetworkId::devnet(), PublicKey([9; 32]), 10_000, []);
+        let net = NetworkId::devnet();
+        let make = |lease: u32, outcome| {
+            let mut id = [0u8; 32];
+            id[..4].copy_from_slice(&lease.to_le_bytes());
+            let rec = Completion {
+                lease_id: LeaseId(Digest(id)),
+                provider: p.public(),
+                renter: r.public(),
+                gpu_seconds: 1,
+                paid: 1,
+                closed_at: Timestamp(1_000 + u64::from(lease)),
+                outcome,
+            };
+            CoSigned {
+                provider: Signed::sign(&p, &net, &rec).unwrap(),
+                renter: Signed::sign(&r, &net, &CompletionAck { completion: rec }).unwrap(),
+            }
+        };
+        c.add(make(0, CompletionOutcome::ProviderFailed)).unwrap();
+        let n = u32::try_from(COMPLETIONS_PER_PROVIDER).unwrap() + 50;
+        for lease in 1..=n {
+            c.add(make(lease, CompletionOutcome::Completed)).unwrap();
+        }
+        assert_eq!(
+            c.len(),
+            COMPLETIONS_PER_PROVIDER + 1,
+            "the newest completed and the failure"
+        );
+        assert!(
+            c.has(
+                &make(0, CompletionOutcome::ProviderFailed)
+                    .record_unchecked()
+                    .unwrap()
+                    .lease_id
+            )
+        );
+        // A record dated after the latest accepted close time is not taken.
+        c.set_latest(Timestamp(1_000 + u64::from(n) + 1));
+        assert_eq!(
+            c.add(make(n + 5, CompletionOutcome::Completed)).unwrap(),
+            (false, None)
+        );
+        assert!(c.add(make(n + 1, CompletionOutcome::Completed)).unwrap().0);
+        assert_eq!(c.order.len(), c.records.len());
     }
 
     #[test]

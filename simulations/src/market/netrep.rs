@@ -3,8 +3,12 @@
 //! own `contracts::reputation::provider_scores`.
 //!
 //! Cost: a recomputation scores every record in the pool, `O(R log R)` for `R` records (at
-//! most `records_kept`, and `records_per_provider` per identity), and happens only at a
-//! score tick after new records arrived.
+//! most `records_kept`, and `records_per_provider` completed ones plus as many others per
+//! identity), and happens only at a score tick after new records arrived.
+//!
+//! The per-provider bound is per class, as in the node's store: a provider's newest completed
+//! records and, apart, its newest others (failed, disputed), so that a flood of completed
+//! records (self-dealt ones) cannot push its failures out.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -30,11 +34,11 @@ pub(crate) struct NetRep {
     params: ScoreParams,
     per_provider: usize,
     kept: usize,
-    /// Per provider identity: its records, oldest first.
-    pool: BTreeMap<u32, VecDeque<CompletionRecord<Key, u64>>>,
+    /// Per provider identity: its completed records and its others, each oldest first.
+    pool: BTreeMap<u32, [VecDeque<CompletionRecord<Key, u64>>; 2]>,
     /// (identity, lease) in the order received, for the pool's overall bound (at most twice
     /// `kept` entries: those of records the per-provider bound dropped are pruned).
-    order: VecDeque<(u32, u64)>,
+    order: VecDeque<(u32, u64, usize)>,
     len: usize,
     next_lease: u64,
     next_key: u32,
@@ -79,7 +83,8 @@ impl NetRep {
     ) {
         let lease = self.next_lease;
         self.next_lease += 1;
-        let q = self.pool.entry(provider).or_default();
+        let class = usize::from(outcome != CompletionOutcome::Completed);
+        let q = &mut self.pool.entry(provider).or_default()[class];
         q.push_back(CompletionRecord {
             lease,
             provider: Key::Provider(provider),
@@ -93,29 +98,31 @@ impl NetRep {
             self.len -= 1;
         }
         if self.kept > 0 {
-            self.order.push_back((provider, lease));
+            self.order.push_back((provider, lease, class));
             while self.len > self.kept {
-                let Some((id, l)) = self.order.pop_front() else {
+                let Some((id, l, class)) = self.order.pop_front() else {
                     break;
                 };
                 // Entries the per-provider bound already dropped are skipped.
-                if let Some(q) = self.pool.get_mut(&id)
+                if let Some(qs) = self.pool.get_mut(&id)
+                    && let q = &mut qs[class]
                     && q.front().is_some_and(|r| r.lease == l)
                 {
                     q.pop_front();
                     self.len -= 1;
-                    if q.is_empty() {
+                    if qs.iter().all(VecDeque::is_empty) {
                         self.pool.remove(&id);
                     }
                 }
             }
             if self.order.len() > 2 * self.kept {
                 // Drop the entries of records the per-provider bound removed: a record is
-                // still held when its lease is not older than its provider's oldest held one.
+                // still held when its lease is not older than its provider's oldest held one
+                // of its class.
                 let pool = &self.pool;
-                self.order.retain(|(id, l)| {
+                self.order.retain(|(id, l, class)| {
                     pool.get(id)
-                        .and_then(VecDeque::front)
+                        .and_then(|qs| qs[*class].front())
                         .is_some_and(|f| f.lease <= *l)
                 });
             }
@@ -128,7 +135,12 @@ impl NetRep {
         if !self.dirty {
             return false;
         }
-        let all: Vec<CompletionRecord<Key, u64>> = self.pool.values().flatten().cloned().collect();
+        let all: Vec<CompletionRecord<Key, u64>> = self
+            .pool
+            .values()
+            .flat_map(|qs| qs.iter().flatten())
+            .cloned()
+            .collect();
         let prior = self.params.prior_mean;
         self.scores.iter_mut().for_each(|s| *s = prior);
         for (k, s) in provider_scores(&all, &self.params) {
@@ -156,7 +168,9 @@ impl NetRep {
 
     /// Records of identity `id` in the pool.
     pub(crate) fn records_of(&self, id: u32) -> usize {
-        self.pool.get(&id).map_or(0, VecDeque::len)
+        self.pool
+            .get(&id)
+            .map_or(0, |qs| qs.iter().map(VecDeque::len).sum())
     }
 }
 
@@ -190,5 +204,19 @@ mod tests {
         assert!(!n.recompute(), "nothing new: no recomputation");
         assert!(n.score(8) < 0.5 && n.score(7) > 0.5 - 1e-12);
         assert_eq!(n.score(99), 0.5);
+    }
+
+    #[test]
+    fn completed_records_never_push_out_failures() {
+        let mut n = pool(3, 0);
+        n.add(7, Key::Renter(0), 1, CompletionOutcome::ProviderFailed);
+        for _ in 0..50 {
+            let k = n.fresh_key();
+            n.add(7, k, 1, CompletionOutcome::Completed);
+        }
+        // Three completed (the newest) and the failure.
+        assert_eq!(n.records_of(7), 4);
+        let failures = n.pool[&7][1].len();
+        assert_eq!(failures, 1);
     }
 }
