@@ -9,7 +9,7 @@ mod cli_support;
 use std::time::Duration;
 
 use cli_support::{
-    Tmux, bin, bin_path, cli, docker_required, json, lease_of, market, probe_image_or_skip,
+    Tmux, bin, bin_path, cli, docker_required, json, lease_of, market, probe_image_or_skip, text,
     tmux_available, wait_for,
 };
 use serde_json::Value;
@@ -180,6 +180,28 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
     assert_eq!(earned["leases"][0]["total"], spent["leases"][0]["total"]);
     // Minimum billed 60 s at 3.60/h = 0.06: the stop came after at least the sentinel.
     assert!(total >= 60_000, "{total}");
+
+    // Reputation (issue 16): the lease's co-signed record reaches both books. The renter had
+    // paid no other provider, so the record weighs only a newcomer's 0.02:
+    // (0.02 + 1) / (0.02 + 2) = 0.505. The provider's `status` and the renter's `search` say so.
+    wait_for(
+        Duration::from_secs(30),
+        "the record in the provider's status",
+        || json(&ph, &["status"])["own_offer"]["completed"] == 1,
+    );
+    let own = json(&ph, &["status"])["own_offer"].clone();
+    assert_eq!(own["rep"], 0.505, "{own}");
+    let shown = text(&cli(&ph, &["status"]).stdout);
+    assert!(shown.contains("(1 completed lease(s) on record"), "{shown}");
+    wait_for(
+        Duration::from_secs(30),
+        "the record in the renter's search",
+        || {
+            json(&rh, &["search", "free>=0", "completed>=1"])
+                .as_array()
+                .is_some_and(|rows| rows.len() == 1 && rows[0]["rep"] == 0.505)
+        },
+    );
 }
 
 #[test]

@@ -228,6 +228,15 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
     let peers = c.connected_peers().await.map_err(ApiError::internal)?;
     let offers = c.book_len().await.map_err(ApiError::internal)?;
     let own = c.own_offer().await.map_err(ApiError::internal)?;
+    // The own offer's summary in the own book carries the score search shows.
+    let own_numbers = match &own {
+        Some(o) => c
+            .offer(o.id)
+            .await
+            .map_err(ApiError::internal)?
+            .map(|e| e.summary.numbers),
+        None => None,
+    };
     let reach = c.reachability().await.map_err(ApiError::internal)?;
     let (cache, limits) = s.leases.image_cache().await;
     let text = |v: &[libp2p::Multiaddr]| v.iter().map(ToString::to_string).collect();
@@ -259,6 +268,12 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
             ram_mib_per_gpu: o.offer.per_gpu.ram_mib,
             cpu_millicores_per_gpu: o.offer.per_gpu.cpu_millicores,
             disk_gib_per_gpu: o.offer.per_gpu.disk_gib,
+            rep: f64::from(
+                own_numbers.map_or(gridlease_contracts::query::REP_PRIOR_PERMILLE, |n| {
+                    n.rep_permille
+                }),
+            ) / 1000.0,
+            completed: own_numbers.map_or(0, |n| n.completed),
         }),
     }))
 }

@@ -86,6 +86,14 @@ pub struct OwnOfferView {
     /// Scratch disk each GPU comes with, GiB.
     #[serde(default)]
     pub disk_gib_per_gpu: u32,
+    /// This provider's network reputation as this node computes it from the co-signed
+    /// completion records it holds (what renters' nodes holding the same records compute too);
+    /// 0.5 while none is known.
+    #[serde(default)]
+    pub rep: f64,
+    /// Its completed leases among those records.
+    #[serde(default)]
+    pub completed: u32,
 }
 
 /// `GET /v1/peers`: one connected peer.

@@ -49,6 +49,10 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
                     "per GPU      {} MiB RAM, {} millicores CPU, {} GiB disk",
                     o.ram_mib_per_gpu, o.cpu_millicores_per_gpu, o.disk_gib_per_gpu
                 ));
+                p.line(&format!(
+                    "reputation   {:.2} ({} completed lease(s) on record; docs/reputation.md)",
+                    o.rep, o.completed
+                ));
             }
             None => p.line("providing    nothing"),
         }

@@ -4,15 +4,16 @@
 //! reputation is computed from.
 //!
 //! - Provider ([`propose`]): spawned by the session once it settled (the GPUs are already
-//!   free); one round trip. A renter away at that moment (an unattended lease) gets it when it
-//!   comes back and catches up on the lease's reports ([`propose_stored`]). The renter answers with its signature over the record it agrees
+//!   free); one round trip. The renter answers with its signature over the record it agrees
 //!   with: the same one, or the same marked `Disputed` when the two closes disagree, which the
-//!   provider then signs too. A renter that does not answer leaves no record (logged).
+//!   provider then signs too. A renter away at that moment (an unattended lease) is asked
+//!   again when it comes back and catches up on the lease's reports ([`propose_stored`]);
+//!   one that never answers leaves no record (logged).
 //! - Renter ([`answer`]): waits for its own side of the lease to settle, rebuilds the record
 //!   from its store (`renter_answer` decides), signs, stores the pair when it is complete.
 //!
 //! The network loop owns the records once co-signed (`crate::net::reputation`): it persists
-//! them, publishes a provider's own, and scores them for search.
+//! them, publishes this node's own (as provider or renter), and scores them for search.
 
 use std::time::Duration;
 
@@ -27,8 +28,8 @@ use crate::store::Role;
 /// How long a renter waits for its own side of a lease to settle before answering.
 const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
-/// Hands a pair to the network loop, which verifies, keeps, persists and (for the provider)
-/// publishes it; `true` if it was new.
+/// Hands a pair to the network loop, which verifies, keeps, persists and publishes it; `true`
+/// if it was new.
 pub(crate) async fn store(ctx: &Ctx, pair: CoSigned) -> bool {
     match ctx.client.add_completion(pair).await {
         Ok(new) => new,
@@ -59,7 +60,7 @@ pub(crate) async fn propose(
     let ack = match session_rpc(&ctx, peer, SessionRequest::Complete(signed.clone())).await {
         Ok(SessionResponse::Completion(ack)) => ack,
         Ok(other) => {
-            tracing::info!(lease = %id, answer = ?std::mem::discriminant(&other), "the renter did not sign the lease's completion record");
+            tracing::info!(lease = %id, answer = ?other, "the renter did not sign the lease's completion record");
             return;
         }
         Err(e) => {
