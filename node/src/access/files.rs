@@ -1,22 +1,24 @@
 //! Provider: `gridlease cp` into and out of a lease's workspace, through Docker's archive API
-//! (`gridlease_sandbox::files`). Both directions stream through fixed pipes: memory does not
-//! grow with the transfer.
+//! (`gridlease_sandbox::files`). Both directions stream through [`TarFilter`] and bounded
+//! queues, the files' data as slices of the buffers it arrived in: memory does not grow with
+//! the transfer.
 
 use std::collections::HashSet;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use gridlease_protocol::transfer::{
-    MAX_CHUNK, MAX_TRANSFER_FRAME, TransferFrame, WORKSPACE, workspace_relative,
+    MAX_TRANSFER_FRAME, TransferFrame, WORKSPACE, workspace_relative,
 };
 use gridlease_sandbox::Sandbox;
-use gridlease_sandbox::files::{MAX_ENTRIES, Rules, rewrite};
+use gridlease_sandbox::files::{MAX_ENTRIES, Rules, TarFilter};
 use sha2::Digest as _;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::frames::{self, Incoming};
 
-/// Pipe buffer between the stages of a transfer.
-const PIPE: usize = 256 * 1024;
+/// Batches of rewritten pieces (one batch per chunk received) queued for Docker.
+const PIPE_DEPTH: usize = 8;
 /// Most bytes of skip paths a download takes.
 const MAX_SKIP_TOTAL: usize = 64 << 20;
 
@@ -42,11 +44,20 @@ where
             return 0;
         }
     };
-    // Chunks go to the rewriter as they came (no copy), a few at a time.
-    let (to_rewrite, rewrite_in) = frames::chunk_pipe(8);
-    let (rewrite_out, docker_in) = tokio::io::duplex(PIPE);
-    let body = tokio_util::io::ReaderStream::with_capacity(docker_in, PIPE);
+    let rules = Rules {
+        prefix,
+        ..Rules::default()
+    };
+    // Chunks are rewritten as they come, and what the filter gives (rebuilt headers, slices
+    // of the chunks) goes to Docker's request body without a copy, a few batches at a time.
+    let (to_docker, docker_in) = tokio::sync::mpsc::channel::<Vec<Bytes>>(PIPE_DEPTH);
+    let body = futures::stream::unfold(docker_in, |mut rx| async move {
+        rx.recv().await.map(|batch| (batch, rx))
+    })
+    .flat_map(|batch| futures::stream::iter(batch.into_iter().map(Ok::<_, std::io::Error>)));
     let receive = async move {
+        let mut filter = TarFilter::new(rules);
+        let mut out = Vec::new();
         let mut sha = sha2::Sha256::new();
         let mut n = 0u64;
         loop {
@@ -54,19 +65,23 @@ where
                 Ok(Some(Incoming::Chunk(b))) => {
                     sha.update(&b);
                     n += b.len() as u64;
-                    // A rewriter that stopped gives its own error; the stream is still
-                    // read to its end and checked.
-                    let _ = to_rewrite.send(Ok(b)).await;
+                    filter.push(b, &mut out).map_err(err)?;
+                    // Docker stopping gives its own error.
+                    let _ = to_docker.send(std::mem::take(&mut out)).await;
                 }
                 Ok(Some(Incoming::Frame(TransferFrame::End { bytes, sha256 }))) => {
-                    drop(to_rewrite);
                     let got: [u8; 32] = sha.finalize().into();
                     if bytes != n || sha256 != got {
                         return Err(format!(
                             "the upload arrived damaged ({n} bytes received, {bytes} sent, or the SHA-256 differs); nothing is reported copied: run the same cp again"
                         ));
                     }
-                    return Ok(n);
+                    let entries = filter.entries();
+                    filter.finish(&mut out).map_err(err)?;
+                    let _ = to_docker.send(out).await;
+                    // Docker's body ends here.
+                    drop(to_docker);
+                    return Ok((n, entries));
                 }
                 Ok(Some(Incoming::Frame(other))) => {
                     return Err(format!("unexpected {other:?} in an upload"));
@@ -76,25 +91,13 @@ where
             }
         }
     };
-    let rules = Rules {
-        prefix,
-        ..Rules::default()
-    };
-    let extract = async {
-        let (r, mut out) = rewrite(rewrite_in, rewrite_out, &rules, None)
-            .await
-            .map_err(err)?;
-        // Docker's body ends here.
-        out.shutdown().await.map_err(err)?;
-        Ok::<_, String>(r.entries)
-    };
     let docker = async {
-        sb.put_workspace_archive(container, body.map(|r| r))
+        sb.put_workspace_archive(container, body)
             .await
             .map_err(|e| err(format!("extracting into the workspace failed: {e}")))
     };
-    let answer = match tokio::try_join!(receive, extract, docker) {
-        Ok((bytes, entries, ())) => TransferFrame::Done { bytes, entries },
+    let answer = match tokio::try_join!(receive, docker) {
+        Ok(((bytes, entries), ())) => TransferFrame::Done { bytes, entries },
         Err(e) => TransferFrame::Error(e),
     };
     let bytes = match &answer {
@@ -104,6 +107,28 @@ where
     let _ = send(&mut wr, &answer).await;
     let _ = wr.shutdown().await;
     bytes
+}
+
+/// Sends the `Root` frame once (a directory unless `root` says otherwise), then `out`'s pieces
+/// as chunks.
+async fn emit<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    chunks: &mut frames::ChunkWriter,
+    out: &mut Vec<Bytes>,
+    root_sent: &mut bool,
+    root: Option<bool>,
+) -> Result<(), String> {
+    if !*root_sent {
+        let directory = root.unwrap_or(true);
+        send(wr, &TransferFrame::Root { directory })
+            .await
+            .map_err(err)?;
+        *root_sent = true;
+    }
+    for piece in out.drain(..) {
+        chunks.put(wr, &piece).await.map_err(err)?;
+    }
+    Ok(())
 }
 
 /// Sends `path` of the workspace as a tar stream, leaving out what the renter's `Skip`
@@ -145,63 +170,58 @@ where
     } else {
         format!("{WORKSPACE}/{rel}")
     };
-    let stream = sb
-        .get_archive(container, &full)
-        .map(|r| r.map_err(std::io::Error::other));
-    let from_docker = tokio_util::io::StreamReader::new(stream);
-    let (filtered_in, mut filtered_out) = tokio::io::duplex(PIPE);
     let rules = Rules {
         strip_first: true,
         skip,
         skip_others: true,
         ..Rules::default()
     };
-    let (root_tx, root_rx) = tokio::sync::oneshot::channel::<bool>();
-    let filter = async {
-        // The root's kind is known once the first entry was read; the sender waits for it.
-        let r = match rewrite(from_docker, filtered_in, &rules, Some(root_tx)).await {
-            Ok((r, mut out)) => out.shutdown().await.map(|()| r).map_err(Into::into),
-            Err(e) => Err(e),
-        };
-        r.map_err(|e: gridlease_sandbox::files::SanitizeError| {
-            let text = e.to_string();
-            if text.contains("No such container:path") || text.contains("Could not find the file") {
-                format!("{full} does not exist in the lease's container")
-            } else {
-                err(format!("reading {full}: {text}"))
-            }
-        })
+    let docker_error = |text: String| {
+        if text.contains("No such container:path") || text.contains("Could not find the file") {
+            format!("{full} does not exist in the lease's container")
+        } else {
+            err(format!("reading {full}: {text}"))
+        }
     };
-    let sender = async {
-        let directory = root_rx.await.unwrap_or(true);
-        send(&mut wr, &TransferFrame::Root { directory })
+    // Docker's pieces go through the filter and straight into chunk frames: one copy, into
+    // the frame being filled.
+    let send_all = async {
+        let mut from_docker = std::pin::pin!(sb.get_archive(container, &full));
+        let mut filter = TarFilter::new(rules);
+        let mut out = Vec::new();
+        let mut chunks = frames::ChunkWriter::new();
+        let mut root_sent = false;
+        while let Some(piece) = from_docker.next().await {
+            let piece = piece.map_err(|e| docker_error(e.to_string()))?;
+            filter
+                .push(piece, &mut out)
+                .map_err(|e| docker_error(e.to_string()))?;
+            // The root's kind is known once the first entry was read; it goes first.
+            if filter.root_is_dir().is_some() || !out.is_empty() {
+                emit(
+                    &mut wr,
+                    &mut chunks,
+                    &mut out,
+                    &mut root_sent,
+                    filter.root_is_dir(),
+                )
+                .await?;
+            }
+        }
+        let root = filter.root_is_dir();
+        // An archive that ends inside an entry is refused here.
+        filter
+            .finish(&mut out)
+            .map_err(|e| docker_error(e.to_string()))?;
+        emit(&mut wr, &mut chunks, &mut out, &mut root_sent, root).await?;
+        let (bytes, sha256) = chunks.finish(&mut wr).await.map_err(err)?;
+        send(&mut wr, &TransferFrame::End { bytes, sha256 })
             .await
             .map_err(err)?;
-        let mut sha = sha2::Sha256::new();
-        let mut n = 0u64;
-        let mut buf = vec![0u8; MAX_CHUNK];
-        loop {
-            let k = filtered_out.read(&mut buf).await.map_err(err)?;
-            if k == 0 {
-                break;
-            }
-            sha.update(&buf[..k]);
-            n += k as u64;
-            frames::write_chunk(&mut wr, &buf[..k]).await.map_err(err)?;
-        }
-        send(
-            &mut wr,
-            &TransferFrame::End {
-                bytes: n,
-                sha256: sha.finalize().into(),
-            },
-        )
-        .await
-        .map_err(err)?;
-        Ok::<_, String>(n)
+        Ok::<_, String>(bytes)
     };
-    let sent = match tokio::try_join!(filter, sender) {
-        Ok((_, n)) => n,
+    let sent = match send_all.await {
+        Ok(n) => n,
         Err(e) => {
             let _ = send(&mut wr, &TransferFrame::Error(e)).await;
             0

@@ -65,6 +65,80 @@ pub async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::
     w.write_all(data).await
 }
 
+/// Room kept before a frame's data for its prefix (at most 10 bytes, see
+/// [`transfer::chunk_prefix`]).
+const PREFIX_ROOM: usize = 10;
+
+/// Fills `Chunk` frames of [`transfer::MAX_CHUNK`] bytes from pieces of any size and writes each
+/// frame, prefix and data, in one write; counts and hashes (SHA-256) the data, for the `End`
+/// frame. One copy per byte: into the frame being filled.
+pub struct ChunkWriter {
+    frame: Vec<u8>,
+    sha: sha2::Sha256,
+    bytes: u64,
+}
+
+impl Default for ChunkWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkWriter {
+    /// An empty writer.
+    pub fn new() -> Self {
+        let mut frame = Vec::with_capacity(PREFIX_ROOM + transfer::MAX_CHUNK);
+        frame.resize(PREFIX_ROOM, 0);
+        ChunkWriter {
+            frame,
+            sha: sha2::Digest::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds `data`, writing every frame it fills.
+    pub async fn put<W: AsyncWrite + Unpin>(
+        &mut self,
+        w: &mut W,
+        mut data: &[u8],
+    ) -> std::io::Result<()> {
+        sha2::Digest::update(&mut self.sha, data);
+        self.bytes += data.len() as u64;
+        while !data.is_empty() {
+            let room = PREFIX_ROOM + transfer::MAX_CHUNK - self.frame.len();
+            let (now, rest) = data.split_at(room.min(data.len()));
+            self.frame.extend_from_slice(now);
+            data = rest;
+            if self.frame.len() == PREFIX_ROOM + transfer::MAX_CHUNK {
+                self.flush(w).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> std::io::Result<()> {
+        let len = self.frame.len() - PREFIX_ROOM;
+        if len == 0 {
+            return Ok(());
+        }
+        let (prefix, n) = transfer::chunk_prefix(len)
+            .ok_or_else(|| invalid(format!("a chunk of {len} bytes")))?;
+        self.frame[PREFIX_ROOM - n..PREFIX_ROOM].copy_from_slice(&prefix[..n]);
+        w.write_all(&self.frame[PREFIX_ROOM - n..]).await?;
+        self.frame.truncate(PREFIX_ROOM);
+        Ok(())
+    }
+
+    /// Writes what is left; the bytes and the SHA-256 of all data put.
+    pub async fn finish<W: AsyncWrite + Unpin>(
+        mut self,
+        w: &mut W,
+    ) -> std::io::Result<(u64, [u8; 32])> {
+        self.flush(w).await?;
+        Ok((self.bytes, sha2::Digest::finalize(self.sha).into()))
+    }
+}
+
 /// A bounded hand-off of chunks to a reader: the sender side takes each chunk's buffer as it
 /// came off the stream, the reader side is an `AsyncRead` over them (no copy between).
 pub fn chunk_pipe(
