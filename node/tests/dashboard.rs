@@ -124,6 +124,111 @@ fn artifacts() -> PathBuf {
     dir
 }
 
+/// A running `gridlease dashboard` (killed when dropped) and what it printed.
+struct Dashboard {
+    _process: Daemon,
+    /// The printed URL, token included.
+    url: String,
+    /// The URL without the fragment.
+    base: String,
+    token: String,
+    port: u16,
+}
+
+impl Dashboard {
+    fn start(home: &Path) -> Self {
+        let mut process = Daemon(
+            bin()
+                .arg("--home")
+                .arg(home)
+                .args(["dashboard", "--port", "0"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap(),
+        );
+        let mut first = String::new();
+        std::io::BufReader::new(process.0.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        let url = first
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in {first:?}"))
+            .to_string();
+        let (base, token) = url.split_once("#token=").unwrap();
+        let port: u16 = base
+            .trim_start_matches("http://127.0.0.1:")
+            .trim_end_matches('/')
+            .parse()
+            .unwrap_or_else(|_| panic!("not a loopback URL: {url}"));
+        assert_eq!(token.len(), 64, "{url}");
+        Self {
+            base: base.to_string(),
+            token: token.to_string(),
+            port,
+            url,
+            _process: process,
+        }
+    }
+}
+
+/// Headless Chromium driven over WebDriver: chromedriver (its process group killed when
+/// dropped, the browser with it), the runtime the session lives on, the session.
+struct Browser {
+    client: Client,
+    rt: tokio::runtime::Runtime,
+    _driver: Group,
+}
+
+impl Browser {
+    fn start(chromium: &Path, chromedriver: &Path, profile: &Path) -> Self {
+        let wd_port = free_port();
+        let driver = Group({
+            use std::os::unix::process::CommandExt as _;
+            Command::new(chromedriver)
+                .arg(format!("--port={wd_port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        });
+        wait_for(Duration::from_secs(20), "chromedriver", || {
+            std::net::TcpStream::connect(("127.0.0.1", wd_port)).is_ok()
+        });
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1440,1300", "--no-first-run",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            }),
+        );
+        let client = rt.block_on(async {
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps)
+                .connect(&format!("http://127.0.0.1:{wd_port}"))
+                .await
+                .expect("a WebDriver session with headless chromium")
+        });
+        Self {
+            client,
+            rt,
+            _driver: driver,
+        }
+    }
+}
+
 #[test]
 fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
     let Some((chromium, chromedriver)) = browser_or_skip() else {
@@ -171,32 +276,8 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
     });
 
     // The provider's dashboard; it prints the URL with the token.
-    let mut dash = Daemon(
-        bin()
-            .arg("--home")
-            .arg(&ph)
-            .args(["dashboard", "--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut first = String::new();
-    std::io::BufReader::new(dash.0.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let url = first
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {first:?}"))
-        .to_string();
-    let (base, token) = url.split_once("#token=").unwrap();
-    let port: u16 = base
-        .trim_start_matches("http://127.0.0.1:")
-        .trim_end_matches('/')
-        .parse()
-        .unwrap_or_else(|_| panic!("not a loopback URL: {url}"));
-    assert_eq!(token.len(), 64, "{url}");
+    let dash = Dashboard::start(&ph);
+    let (url, base, token, port) = (&dash.url, &dash.base, dash.token.as_str(), dash.port);
     let token_file = std::fs::read_to_string(ph.join("dashboard.token")).unwrap();
     assert_eq!(token_file.trim(), token);
 
@@ -226,77 +307,46 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
     );
 
     // Headless Chromium over WebDriver.
-    let wd_port = free_port();
-    let profile = dir.path().join("chromium-profile");
-    let _driver = Group({
-        use std::os::unix::process::CommandExt as _;
-        Command::new(&chromedriver)
-            .arg(format!("--port={wd_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap()
-    });
-    wait_for(Duration::from_secs(20), "chromedriver", || {
-        std::net::TcpStream::connect(("127.0.0.1", wd_port)).is_ok()
-    });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let browser = Browser::start(
+        &chromium,
+        &chromedriver,
+        &dir.path().join("chromium-profile"),
+    );
     let shot = artifacts().join("dashboard.png");
-    rt.block_on(async {
-        let mut caps = serde_json::Map::new();
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": chromium,
-                "args": [
-                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                    "--window-size=1440,1300", "--no-first-run",
-                    format!("--user-data-dir={}", profile.display()),
-                ],
-            }),
-        );
-        let c = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-            .capabilities(caps)
-            .connect(&format!("http://127.0.0.1:{wd_port}"))
-            .await
-            .expect("a WebDriver session with headless chromium");
+    browser.rt.block_on(async {
+        let c = &browser.client;
         let limit = Duration::from_secs(30);
-        c.goto(&url).await.unwrap();
+        c.goto(url).await.unwrap();
 
         // The token left the address bar (kept for the tab only).
         let now = c.current_url().await.unwrap();
         assert!(!now.as_str().contains(token), "{now}");
 
         // GPUs, the offer, the running lease with its cost.
-        let gpus = wait_text(&c, "#gpus", limit, |t| t.contains("RTX 4090")).await;
+        let gpus = wait_text(c, "#gpus", limit, |t| t.contains("RTX 4090")).await;
         assert!(
             gpus.contains("24576 MiB") && gpus.contains("declared"),
             "{gpus}"
         );
-        let offer = wait_text(&c, "#offer", limit, |t| t.contains("GPU(s) at")).await;
+        let offer = wait_text(c, "#offer", limit, |t| t.contains("GPU(s) at")).await;
         assert!(offer.contains("3.6"), "{offer}");
         let row = format!("#leases tr[data-lease='{id}']");
-        let lease = wait_text(&c, &row, limit, |t| t.contains("running")).await;
+        let lease = wait_text(c, &row, limit, |t| t.contains("running")).await;
         assert!(
             lease.contains(&id[..12]) && lease.contains("provider"),
             "{lease}"
         );
         let cost_css = format!("{row} td.cost");
         let usage_css = format!("{row} td.usage");
-        let cost0 = wait_text(&c, &cost_css, limit, |t| {
+        let cost0 = wait_text(c, &cost_css, limit, |t| {
             t.ends_with(" GLU") && t != "0.000000 GLU"
         })
         .await;
-        let usage0 = text_of(&c, &usage_css).await;
+        let usage0 = text_of(c, &usage_css).await;
         assert!(usage0.starts_with("report #"), "{usage0}");
 
         // Live GPU state from the scripted probe, labelled, with units, never 0 for unknown.
-        let live = wait_text(&c, "#live", limit, |t| t.contains("SCRIPTED")).await;
+        let live = wait_text(c, "#live", limit, |t| t.contains("SCRIPTED")).await;
         assert!(live.contains("24576 MiB"), "{live}");
         assert!(live.contains("83 %") || live.contains("17 %"), "{live}");
         let util0 = if live.contains("83 %") {
@@ -305,11 +355,11 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
             "17 %"
         };
         let other = if util0 == "83 %" { "17 %" } else { "83 %" };
-        wait_text(&c, "#live", limit, |t| t.contains(other)).await;
+        wait_text(c, "#live", limit, |t| t.contains(other)).await;
 
         // After the next usage report the cost and the usage change, without a reload.
-        let cost1 = wait_text(&c, &cost_css, limit, |t| t != cost0 && t.ends_with(" GLU")).await;
-        let usage1 = wait_text(&c, &usage_css, limit, |t| t != usage0).await;
+        let cost1 = wait_text(c, &cost_css, limit, |t| t != cost0 && t.ends_with(" GLU")).await;
+        let usage1 = wait_text(c, &usage_css, limit, |t| t != usage0).await;
         let micros = |t: &str| -> u64 {
             let n: f64 = t.trim_end_matches(" GLU").parse().unwrap();
             (n * 1e6).round() as u64
@@ -320,7 +370,7 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
         assert!(lease_of(&ph, &id)["cost_so_far"].as_u64().unwrap() >= micros(&cost1));
 
         // The chart has the earnings of today (the running lease's receipts).
-        let totals = wait_text(&c, "#totals", limit, |t| t.contains("total earned")).await;
+        let totals = wait_text(c, "#totals", limit, |t| t.contains("total earned")).await;
         assert!(totals.contains("ledger balanced"), "{totals}");
 
         // Settings: a new price through PUT /v1/provide, the same route as `gridlease provide`.
@@ -333,9 +383,9 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
             .click()
             .await
             .unwrap();
-        let done = wait_text(&c, "#settings-result", limit, |t| !t.is_empty()).await;
+        let done = wait_text(c, "#settings-result", limit, |t| !t.is_empty()).await;
         assert!(done.contains("at 4.25"), "{done}");
-        wait_text(&c, "#offer", limit, |t| t.contains("4.25")).await;
+        wait_text(c, "#offer", limit, |t| t.contains("4.25")).await;
         let status = json(&ph, &["status"]);
         assert_eq!(
             status["own_offer"]["price_per_gpu_hour"], "4.25",
@@ -351,16 +401,108 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
         c.goto(&format!("{base}#token={}", "0".repeat(64)))
             .await
             .unwrap();
-        let err = wait_text(&c, "#auth-error", limit, |t| !t.is_empty()).await;
+        let err = wait_text(c, "#auth-error", limit, |t| !t.is_empty()).await;
         assert!(err.contains("wrong or missing token"), "{err}");
-        assert!(!text_of(&c, "#gpus").await.contains("RTX 4090"));
+        assert!(!text_of(c, "#gpus").await.contains("RTX 4090"));
         let shot_bad = artifacts().join("dashboard-wrong-token.png");
         std::fs::write(&shot_bad, c.screenshot().await.unwrap()).unwrap();
-        c.close().await.unwrap();
     });
     eprintln!("dashboard: screenshot at {}", shot.display());
     let stop = bin().arg("--home").arg(&rh).args(["stop", &id]).output();
     assert!(stop.unwrap().status.success());
     drop(dash);
+    drop(browser);
+    drop(m);
+}
+
+#[test]
+fn dashboard_shows_na_for_declared_gpus_and_stops_offering() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let Some(image) = probe_image_or_skip("dashboard_declared") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Declared GPUs, nothing samples them: every GPU value is unknown.
+    let m = market_with(dir.path(), &["--usage-interval-secs", "2"], None);
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "120",
+            "--detach",
+            "--image",
+            &image,
+            "--",
+            "sleep",
+            "100",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&rh, &id)["state"] == "running"
+    });
+    // The renter's dashboard: the lease it rents, the provider's GPUs as n/a, its spending.
+    let renter = Dashboard::start(&rh);
+    let provider = Dashboard::start(&ph);
+    let browser = Browser::start(
+        &chromium,
+        &chromedriver,
+        &dir.path().join("chromium-profile"),
+    );
+    browser.rt.block_on(async {
+        let c = &browser.client;
+        let limit = Duration::from_secs(30);
+        c.goto(&renter.url).await.unwrap();
+        let row = format!("#leases tr[data-lease='{id}']");
+        let lease = wait_text(c, &row, limit, |t| t.contains("running")).await;
+        assert!(lease.contains("renter"), "{lease}");
+        // The usage report's GPU figures cannot tell unmeasured from 0: not shown there.
+        assert!(!lease.contains('%'), "{lease}");
+        // The container's own numbers are measured; every GPU value is n/a, none is 0.
+        let live = wait_text(c, "#live", limit, |t| t.contains("cores")).await;
+        assert!(live.contains("declared: not measured"), "{live}");
+        assert_eq!(live.matches("n/a").count(), 6, "{live}");
+        assert!(
+            !live.contains(" 0 %") && !live.contains("\n0 MiB") && !live.contains(" 0 W"),
+            "{live}"
+        );
+        // The renter's node rents and provides nothing: its own GPUs section says so.
+        let gpus = wait_text(c, "#gpus", limit, |t| !t.is_empty()).await;
+        assert!(!gpus.contains("RTX 4090"), "{gpus}");
+        let totals = wait_text(c, "#totals", limit, |t| {
+            t.contains("total spent") && !t.contains("total spent 0.000000")
+        })
+        .await;
+        assert!(totals.contains("total earned 0.000000 GLU"), "{totals}");
+        // No GPUs, nothing to offer: no settings.
+        let settings = c.find(Locator::Id("settings-section")).await.unwrap();
+        assert!(!settings.is_displayed().await.unwrap());
+        std::fs::write(
+            artifacts().join("dashboard-renter.png"),
+            c.screenshot().await.unwrap(),
+        )
+        .unwrap();
+
+        // The provider's dashboard: "stop offering" withdraws the offer (PUT /v1/provide).
+        c.goto(&provider.url).await.unwrap();
+        wait_text(c, "#offer", limit, |t| t.contains("GPU(s) at")).await;
+        c.find(Locator::Id("set-off"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let done = wait_text(c, "#settings-result", limit, |t| !t.is_empty()).await;
+        assert_eq!(done, "not offering anything");
+        wait_text(c, "#offer", limit, |t| t.contains("not offering")).await;
+    });
+    assert!(json(&ph, &["status"])["own_offer"].is_null());
+    assert!(cli_support::cli(&rh, &["stop", &id]).status.success());
+    drop((renter, provider, browser));
     drop(m);
 }

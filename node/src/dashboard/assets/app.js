@@ -114,6 +114,8 @@ function drawGpus(v) {
   const box = $("gpus");
   box.replaceChildren();
   if (!v.gpus.length) box.append(el("p", { class: "muted", text: v.note || "no GPUs" }));
+  // Only a node with GPUs can offer: no settings to change otherwise.
+  $("settings-section").hidden = !v.gpus.length;
   for (const g of v.gpus) {
     box.append(el("div", { class: "card gpu", "data-gpu": g.id },
       el("h3", { text: g.model }, el("span", { class: "tag", text: g.source })),
@@ -164,7 +166,8 @@ function drawOffer(o) {
   const box = $("offer");
   box.replaceChildren();
   if (!o) {
-    box.append(el("p", { class: "muted", text: "not offering anything (set a price below)" }));
+    const hint = $("settings-section").hidden ? "" : " (set a price below)";
+    box.append(el("p", { class: "muted", text: "not offering anything" + hint }));
     return;
   }
   box.append(el("div", { class: "card offer", "data-offer": o.id },
@@ -202,8 +205,10 @@ function drawLeases(leases) {
     const deadline = l.started_at ? l.started_at + l.duration_s * 1000 : null;
     const left = l.time_left_s != null ? ` (${l.time_left_s} s left)` : "";
     const price = (l.price_per_gpu_hour / 1e6).toFixed(2);
+    // The report's GPU figures do not say whether they were measured (declared GPUs report
+    // 0): the live state above shows the GPUs, with n/a where unmeasured.
     const usage = l.usage
-      ? `report #${l.usage.seq} · ${(l.usage.wall_ms / 1000).toFixed(0)} s · GPU ${(l.usage.gpu_util_permille / 10).toFixed(1)} %`
+      ? `report #${l.usage.seq} · ${(l.usage.wall_ms / 1000).toFixed(0)} s · CPU ${(l.usage.cpu_ms / 1000).toFixed(1)} s`
       : "no report yet";
     body.append(el("tr", { "data-lease": l.lease_id },
       el("td", { title: l.lease_id, text: short(l.lease_id) }),
