@@ -392,6 +392,13 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
             "{status}"
         );
 
+        // Nothing on the page was blocked by its Content-Security-Policy.
+        let blocked = c
+            .execute("return window.cspViolations;", vec![])
+            .await
+            .unwrap();
+        assert_eq!(blocked, json!([]), "CSP violations");
+
         let png = c.screenshot().await.unwrap();
         std::fs::write(&shot, &png).unwrap();
         assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
@@ -503,6 +510,19 @@ fn dashboard_shows_na_for_declared_gpus_and_stops_offering() {
     });
     assert!(json(&ph, &["status"])["own_offer"].is_null());
     assert!(cli_support::cli(&rh, &["stop", &id]).status.success());
+    wait_for(Duration::from_secs(60), "the lease to settle", || {
+        lease_of(&rh, &id)["state"] == "settled"
+    });
+
+    // The provider's node stops: its page says the node does not answer.
+    let mut m = m;
+    m.provider.0.kill().unwrap();
+    m.provider.0.wait().unwrap();
+    browser.rt.block_on(async {
+        let c = &browser.client;
+        let banner = wait_text(c, "#api-error", Duration::from_secs(30), |t| !t.is_empty()).await;
+        assert!(banner.contains("no node is running"), "{banner}");
+    });
     drop((renter, provider, browser));
     drop(m);
 }

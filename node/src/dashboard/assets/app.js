@@ -19,6 +19,13 @@ const DAYS = 14;
 })();
 const token = () => sessionStorage.getItem("gridlease-token") || "";
 
+// Anything the Content-Security-Policy blocked (there should be nothing: all is bundled);
+// counted for the browser test.
+window.cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`);
+});
+
 const $ = (id) => document.getElementById(id);
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -285,6 +292,7 @@ async function provide(body) {
     out.textContent = e.message + (e.problem && e.problem.hint ? ` (${e.problem.hint})` : "");
   }
 }
+function wireSettings() {
 $("settings").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const body = {};
@@ -295,6 +303,7 @@ $("settings").addEventListener("submit", (ev) => {
   provide(body);
 });
 $("set-off").addEventListener("click", () => provide({ off: true }));
+}
 
 function showAuthError() {
   $("auth-error").hidden = false;
@@ -311,10 +320,20 @@ async function loop() {
       showAuthError();
       return; // a wrong token stays wrong: stop asking
     }
+    // A problem from the dashboard or the node says what and what to do; anything else means
+    // the dashboard itself is gone.
+    const p = e instanceof ApiProblem ? e.problem : {};
     $("api-error").hidden = false;
-    $("api-error").textContent = "the node does not answer: " + e.message;
+    $("api-error").textContent = p.title
+      ? `${p.title}: ${p.detail}` + (p.hint ? ` (${p.hint})` : "")
+      : "the dashboard does not answer: " + e.message;
   }
   setTimeout(loop, REFRESH_MS);
 }
-if (!token()) showAuthError();
-else loop();
+// Loaded in <head> (so the CSP listener above sees the whole page parse); starts once the
+// page is there.
+document.addEventListener("DOMContentLoaded", () => {
+  wireSettings();
+  if (!token()) showAuthError();
+  else loop();
+});
