@@ -114,6 +114,15 @@ async fn wait_text(c: &Client, css: &str, limit: Duration, ok: impl Fn(&str) -> 
     }
 }
 
+/// How many days of the chart have a bar of `class` (`earned` or `spent`) taller than 0.
+async fn bars(c: &Client, class: &str) -> u64 {
+    let script = format!(
+        "return [...document.querySelectorAll('#chart rect.{class}')]\
+         .filter(r => Number(r.getAttribute('height')) > 0).length;"
+    );
+    c.execute(&script, vec![]).await.unwrap().as_u64().unwrap()
+}
+
 fn artifacts() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
         || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
@@ -370,8 +379,17 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
         assert!(lease_of(&ph, &id)["cost_so_far"].as_u64().unwrap() >= micros(&cost1));
 
         // The chart has the earnings of today (the running lease's receipts).
-        let totals = wait_text(c, "#totals", limit, |t| t.contains("total earned")).await;
+        let totals = wait_text(c, "#totals", limit, |t| {
+            t.contains("total earned") && !t.contains("total earned 0.000000")
+        })
+        .await;
         assert!(totals.contains("ledger balanced"), "{totals}");
+        assert_eq!(
+            bars(c, "earned").await,
+            1,
+            "today's earnings drawn: {totals}"
+        );
+        assert_eq!(bars(c, "spent").await, 0, "the provider spent nothing");
 
         // Settings: a new price through PUT /v1/provide, the same route as `gridlease provide`.
         let price = c.find(Locator::Id("set-price")).await.unwrap();
@@ -486,6 +504,12 @@ fn dashboard_shows_na_for_declared_gpus_and_stops_offering() {
         })
         .await;
         assert!(totals.contains("total earned 0.000000 GLU"), "{totals}");
+        assert_eq!(
+            bars(c, "spent").await,
+            1,
+            "today's spending drawn: {totals}"
+        );
+        assert_eq!(bars(c, "earned").await, 0, "the renter earned nothing");
         // No GPUs, nothing to offer: no settings.
         let settings = c.find(Locator::Id("settings-section")).await.unwrap();
         assert!(!settings.is_displayed().await.unwrap());
