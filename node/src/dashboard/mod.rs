@@ -95,7 +95,7 @@ pub enum DashboardError {
 /// A file others may read, or that is not 64 hex digits, is refused.
 pub fn load_or_create_token(home: &Path) -> Result<String, DashboardError> {
     use std::io::Write as _;
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    use std::os::unix::fs::PermissionsExt as _;
     if !home.is_dir() {
         return Err(DashboardError::NoHome(home.display().to_string()));
     }
@@ -126,17 +126,22 @@ pub fn load_or_create_token(home: &Path) -> Result<String, DashboardError> {
             let mut raw = [0u8; TOKEN_BYTES];
             getrandom::fill(&mut raw).map_err(|e| DashboardError::Random(e.to_string()))?;
             let token = hex::encode(raw);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
+            // Written whole to a 0600 temporary file, then linked in place unless one is there:
+            // a dashboard started at the same moment reads a complete token, the same one.
+            let mut f = tempfile::Builder::new()
+                .prefix(".dashboard.token.")
+                .permissions(std::fs::Permissions::from_mode(0o600))
+                .tempfile_in(home)
                 .map_err(io)?;
-            // The umask cannot widen 0600, but a narrower one must not stop the owner reading.
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
             writeln!(f, "{token}").map_err(io)?;
-            f.sync_all().map_err(io)?;
-            Ok(token)
+            f.as_file().sync_all().map_err(io)?;
+            match f.persist_noclobber(&path) {
+                Ok(_) => Ok(token),
+                Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
+                    load_or_create_token(home)
+                }
+                Err(e) => Err(io(e.error)),
+            }
         }
         Err(e) => Err(io(e)),
     }

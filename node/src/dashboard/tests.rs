@@ -23,6 +23,23 @@ fn token_file_is_created_0600_and_reused() {
 }
 
 #[test]
+fn dashboards_starting_together_share_one_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| load_or_create_token(dir.path()).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, [TOKEN_FILE], "no temporary files left");
+}
+
+#[test]
 fn token_file_others_may_read_or_not_a_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(TOKEN_FILE);
