@@ -13,6 +13,7 @@ pub mod api;
 pub mod clock;
 pub mod commands;
 pub mod config;
+pub mod dashboard;
 pub mod env_vars;
 pub mod home;
 pub mod lease;

@@ -83,6 +83,7 @@ fn main() -> ExitCode {
                         Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
                         Command::Extend(a) => commands::extend::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
+                        Command::Dashboard(a) => commands::dashboard::run(&home, &out, &a).await,
                         Command::Statement(a) => {
                             commands::statement::run_statement(&api, &out, &a).await
                         }

@@ -9,6 +9,7 @@
 pub mod access;
 pub mod bench;
 pub mod cp;
+pub mod dashboard;
 pub mod devnet;
 pub mod extend;
 pub mod gpus;
@@ -126,6 +127,11 @@ pub enum Command {
     /// `cp ./data LEASE:/workspace/data` or `cp LEASE:/workspace/out ./out`: streamed,
     /// checksummed, resumable (run it again after an interruption), with a progress bar.
     Cp(cp::CpArgs),
+    /// A local web page for this node: GPUs, offer, leases, earnings, settings.
+    ///
+    /// Listens on 127.0.0.1 only and prints the URL with the access token
+    /// (`<home>/dashboard.token`); Ctrl-C to stop.
+    Dashboard(dashboard::DashboardArgs),
     /// Earnings and spend, per lease and in total.
     Ledger(ledger::LedgerArgs),
     /// Write a lease's statement: every signed message that says what is owed, in one file.
