@@ -16,7 +16,7 @@ mod book;
 mod mechanism;
 mod netrep;
 
-pub use self::mechanism::{Candidate, JobView, Mechanism, OfferView, Rules, builtin};
+pub use self::mechanism::{CallMarket, Candidate, JobView, Mechanism, OfferView, Rules, builtin};
 
 use std::collections::VecDeque;
 

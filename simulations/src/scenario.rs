@@ -70,6 +70,9 @@ pub enum Matching {
     ReverseAuction,
     /// Continuous double auction per GPU class: renters bid, providers ask.
     DoubleAuction,
+    /// Periodic call market (k-double auction) per GPU class: every `call_market.period_s`
+    /// the waiting jobs' bids and the visible offers' asks clear at one price.
+    CallMarket,
 }
 
 /// A whole scenario.
@@ -94,6 +97,9 @@ pub struct Scenario {
     pub reputation: Reputation,
     /// Reverse auction settings.
     pub auction: Auction,
+    /// Call market settings (`matching = "call_market"`).
+    #[serde(skip_serializing_if = "skip_call_market")]
+    pub call_market: CallMarket,
     /// GPU classes.
     pub gpu_class: Vec<GpuClass>,
     /// Provider groups.
@@ -182,6 +188,26 @@ pub struct Auction {
     pub bid_window_s: u32,
     /// Most providers invited to bid on one request.
     pub max_bidders: u32,
+}
+
+/// Call market settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CallMarket {
+    /// Call period, seconds: orders are collected and cleared every `period_s`.
+    pub period_s: u32,
+    /// `k` of the clearing price `a* + k (b* - a*)`, permille (0 = the marginal ask,
+    /// 1000 = the marginal bid).
+    pub k_permille: u16,
+}
+
+impl Default for CallMarket {
+    fn default() -> Self {
+        Self {
+            period_s: 60,
+            k_permille: 500,
+        }
+    }
 }
 
 /// A GPU class.
@@ -409,6 +435,7 @@ impl Default for Scenario {
             channel: Channel::default(),
             reputation: Reputation::default(),
             auction: Auction::default(),
+            call_market: CallMarket::default(),
             gpu_class: vec![GpuClass::default()],
             provider: vec![ProviderGroup::default()],
             renter: vec![RenterGroup::default()],
@@ -568,6 +595,9 @@ impl Scenario {
         if self.network.delay_median_ms < 0.0 || self.network.delay_sigma < 0.0 {
             return bad("network delay parameters must be >= 0".into());
         }
+        if self.call_market.period_s == 0 || self.call_market.k_permille > 1000 {
+            return bad("call_market: need period_s > 0 and k_permille <= 1000".into());
+        }
         let r = &self.reputation;
         if !(0.0..=1.0).contains(&r.min_score) || r.score_interval_minutes == 0 {
             return bad(
@@ -702,6 +732,9 @@ fn skip_per_provider(v: &u32) -> bool {
 }
 fn skip_kept(v: &u32) -> bool {
     added_default(v, 100_000)
+}
+fn skip_call_market(v: &CallMarket) -> bool {
+    added_default(v, CallMarket::default())
 }
 fn skip_false(v: &bool) -> bool {
     added_default(v, false)

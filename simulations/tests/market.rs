@@ -55,6 +55,7 @@ fn every_matching_mode_and_example_scenario_is_deterministic() {
         "attack",
         "reverse-auction",
         "double-auction",
+        "call-market",
         "home-diurnal",
         "oversupply",
         "undersupply",
