@@ -128,6 +128,12 @@ struct Provider {
     inflation_permille: u32,
     whitewash: bool,
     jitter_ms: u64,
+    /// What it does wrong (`Attack::None` for honest providers).
+    attack: Attack,
+    /// False class: delivered throughput over advertised, permille (1000 otherwise).
+    delivered_permille: u32,
+    /// False class: memory of the delivered GPUs, GiB (the advertised class's otherwise).
+    delivered_vram: u32,
 }
 
 impl Provider {
@@ -198,7 +204,23 @@ struct WaitPrefix {
     min_gpus: u16,
 }
 
+/// What kind of lease a [`LeaseRec`] is, for the attack metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseKind {
+    /// Started and ran as its channel says.
+    Normal,
+    /// Accepted by a no-show provider and never started.
+    NoShow,
+    /// A false-class provider's lease that the renter caught at start.
+    FalseClassDetected,
+    /// A false-class provider's lease that ran undetected.
+    FalseClassUndetected,
+}
+
 struct LeaseRec {
+    kind: LeaseKind,
+    /// The share of the advertised throughput delivered, permille (false class; else 1000).
+    worth_permille: u32,
     lease: Lease,
     provider: u32,
     renter: u32,
@@ -372,6 +394,29 @@ fn ts(ms: u64) -> Timestamp {
     fixtures::T0.plus_ms(ms)
 }
 
+/// The class a false-class group really has (`None` for other groups).
+fn delivered_class<'a>(
+    sc: &'a Scenario,
+    g: &crate::scenario::ProviderGroup,
+) -> Option<&'a crate::scenario::GpuClass> {
+    if g.attack != Attack::FalseClass {
+        return None;
+    }
+    sc.gpu_class.iter().find(|k| k.name == g.delivered_class)
+}
+
+/// Delivered over advertised throughput (TFLOPS), permille, at most 1000.
+fn delivered_permille(sc: &Scenario, class: usize, g: &crate::scenario::ProviderGroup) -> u32 {
+    let Some(d) = delivered_class(sc, g) else {
+        return 1000;
+    };
+    let adv = sc.gpu_class[class].tflops;
+    if adv <= 0.0 {
+        return 1000;
+    }
+    ((d.tflops / adv).clamp(0.0, 1.0) * 1000.0).round() as u32
+}
+
 fn cda_job_key(job: u32) -> u64 {
     (1u64 << 40) | u64::from(job)
 }
@@ -456,6 +501,10 @@ impl<'s> Market<'s> {
                     },
                     whitewash: g.whitewash,
                     jitter_ms: jitter.rem_euclid(DAY_MS as i64) as u64,
+                    attack: g.attack,
+                    delivered_permille: delivered_permille(sc, class, g),
+                    delivered_vram: delivered_class(sc, g)
+                        .map_or(sc.gpu_class[class].vram_gib, |d| d.vram_gib),
                 });
             }
         }
@@ -1422,8 +1471,6 @@ impl<'s> Market<'s> {
         let t = ts(now);
         // The provider's side of the lifecycle; these transitions are legal by construction.
         let _ = lease.apply(LeaseEvent::Accept, Actor::Provider, t);
-        let _ = lease.apply(LeaseEvent::BeginStart, Actor::Provider, t);
-        let _ = lease.apply(LeaseEvent::Started, Actor::Provider, t);
         // Draw what can end the lease early, then run its channel.
         let duration_ms = u64::from(j.duration_s) * 1000;
         let stops_at = if j.defaults {
@@ -1434,15 +1481,67 @@ impl<'s> Market<'s> {
         };
         let crash_rel = self.providers[p].next_crash_at.saturating_sub(now);
         let inflation = self.providers[p].inflation_permille;
-        let out = run_channel(
-            &lease.terms,
-            id,
-            now,
-            crash_rel,
-            stops_at,
-            inflation,
-            &mut self.result.channel_reports,
-        );
+        let attack = self.providers[p].attack;
+        let mut kind = LeaseKind::Normal;
+        let out = if attack == Attack::NoShow {
+            // Accepted, never started: the renter gives up after the start allowance and two
+            // report intervals without a word (the node's renter session), nothing paid.
+            let c = &self.sc.channel;
+            let wait_ms =
+                (u64::from(c.start_allowance_s) + 2 * u64::from(c.usage_interval_s)) * 1000;
+            kind = LeaseKind::NoShow;
+            ChannelOutcome {
+                end_ms: wait_ms,
+                reason: CloseReason::ProviderUnreachable,
+                failed: true,
+                paid: Money::ZERO,
+                honest_due: Money::ZERO,
+                unpaid: Money::ZERO,
+                bound: Money::ZERO,
+                caught: false,
+                real_wall_ms: 0,
+            }
+        } else {
+            let _ = lease.apply(LeaseEvent::BeginStart, Actor::Provider, t);
+            let _ = lease.apply(LeaseEvent::Started, Actor::Provider, t);
+            // A false class is caught when the renter benchmarks at start, or when the job
+            // does not fit the delivered memory: the lease fails at the benchmark's end.
+            let mut detect_at = u64::MAX;
+            if attack == Attack::FalseClass {
+                let r = j.renter as usize;
+                let g = &self.sc.renter[self.renters[r].group];
+                let (prob, bench_ms) = (g.benchmark_probability, u64::from(g.benchmark_s) * 1000);
+                let benchmarks = bernoulli(&mut self.renters[r].rng, prob);
+                if benchmarks || self.providers[p].delivered_vram < j.min_vram {
+                    detect_at = bench_ms.max(1);
+                }
+                kind = LeaseKind::FalseClassUndetected;
+            }
+            let mut out = run_channel(
+                &lease.terms,
+                id,
+                now,
+                crash_rel.min(detect_at),
+                stops_at,
+                inflation,
+                &mut self.result.channel_reports,
+            );
+            if detect_at < crash_rel
+                && out.reason == CloseReason::ProviderUnreachable
+                && out.end_ms == detect_at
+            {
+                // No close reason says "not the hardware offered"; a failed start is the
+                // provider's failure in both the local book and the network record.
+                out.reason = CloseReason::StartFailed;
+                kind = LeaseKind::FalseClassDetected;
+            }
+            out
+        };
+        let worth_permille = if kind == LeaseKind::FalseClassUndetected {
+            self.providers[p].delivered_permille
+        } else {
+            1000
+        };
         // Book keeping: wait, price, capacity.
         self.integrate(now);
         self.waiting_len -= 1;
@@ -1475,6 +1574,8 @@ impl<'s> Market<'s> {
         self.result.leases += 1;
         let identity = self.providers[p].identity;
         let rec = LeaseRec {
+            kind,
+            worth_permille,
             lease,
             provider: p as u32,
             renter: j.renter,
@@ -1509,7 +1610,10 @@ impl<'s> Market<'s> {
         } else {
             Actor::Provider
         };
-        if out.reason == CloseReason::ProviderUnreachable {
+        if matches!(
+            out.reason,
+            CloseReason::ProviderUnreachable | CloseReason::StartFailed
+        ) {
             let _ = rec
                 .lease
                 .apply(LeaseEvent::Fail(out.reason), Actor::Local, t);
@@ -1527,9 +1631,26 @@ impl<'s> Market<'s> {
         pr.revenue = pr.revenue.checked_add(out.paid).unwrap_or(pr.revenue);
         let attacker = pr.attacker;
         // Renter surplus: what the usage was worth to it minus what it paid.
-        let worth = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
-        let surplus = i128::from(worth.micros()) - i128::from(out.paid.micros());
+        let full = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
+        // A false class delivers a share of the throughput the renter valued.
+        let worth = (u128::from(full.micros()) * u128::from(rec.worth_permille) / 1000) as u64;
+        let surplus = i128::from(worth) - i128::from(out.paid.micros());
         let b = self.bucket_at(now);
+        match rec.kind {
+            LeaseKind::Normal => {}
+            LeaseKind::NoShow => {
+                b.no_shows += 1;
+                b.no_show_lost_ms += out.end_ms;
+            }
+            LeaseKind::FalseClassDetected => {
+                b.false_class_detected += 1;
+                b.false_class_lost_ms += out.end_ms;
+            }
+            LeaseKind::FalseClassUndetected => {
+                b.false_class_undetected += 1;
+                b.false_class_shortfall += full.micros() - worth;
+            }
+        }
         let pb = &mut b.pop[Population::of(attacker) as usize];
         pb.ended += 1;
         pb.revenue += out.paid.micros();
@@ -1606,7 +1727,12 @@ impl<'s> Market<'s> {
         }
         self.refresh_offer(p, now);
         self.publish(p, now);
-        if out.caught || out.reason == CloseReason::ProviderUnreachable {
+        if out.caught
+            || matches!(
+                out.reason,
+                CloseReason::ProviderUnreachable | CloseReason::StartFailed
+            )
+        {
             // The renter still needs the rest of its job: it submits it again.
             let left_s = (u64::from(rec.lease.terms.duration_s) * 1000)
                 .saturating_sub(out.real_wall_ms)

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::market::{Market, Mechanism, RunResult, revenue_gini};
 use crate::metrics::{Bucket, Population, WAIT_BINS_S};
-use crate::scenario::Scenario;
+use crate::scenario::{Attack, Scenario};
 use crate::stats::{self, Summary};
 
 /// One sweep point: the parameter settings and the scenario they produce.
@@ -149,6 +149,45 @@ pub fn tracks_network(points: &[Point]) -> bool {
     points.iter().any(|p| {
         p.scenario.reputation.network() || p.scenario.provider.iter().any(|g| g.self_dealing)
     })
+}
+
+/// Whether a study reports the no-show and false-class columns: when one of its points has
+/// such a provider group (other studies keep their columns and bytes).
+pub fn tracks_attacks(points: &[Point]) -> bool {
+    points.iter().any(|p| {
+        p.scenario
+            .provider
+            .iter()
+            .any(|g| matches!(g.attack, Attack::NoShow | Attack::FalseClass))
+    })
+}
+
+/// The no-show and false-class columns of `runs.csv` and `buckets.csv` (after the network
+/// ones), from one bucket or a run's total.
+fn attack_cells(b: &Bucket) -> Vec<(String, String)> {
+    vec![
+        ("no_shows".into(), b.no_shows.to_string()),
+        (
+            "no_show_lost_s".into(),
+            f(b.no_show_lost_ms as f64 / 1000.0),
+        ),
+        (
+            "false_class_detected".into(),
+            b.false_class_detected.to_string(),
+        ),
+        (
+            "false_class_lost_s".into(),
+            f(b.false_class_lost_ms as f64 / 1000.0),
+        ),
+        (
+            "false_class_undetected".into(),
+            b.false_class_undetected.to_string(),
+        ),
+        (
+            "false_class_shortfall".into(),
+            money(b.false_class_shortfall),
+        ),
+    ]
 }
 
 /// The network reputation columns of `runs.csv` and `buckets.csv` (after the others), from
@@ -311,6 +350,14 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
         runs.header.extend(net_names.iter().cloned());
         runs.header.push("score_recomputes".into());
     }
+    let attacks = tracks_attacks(points);
+    let attack_names: Vec<String> = attack_cells(&Bucket::new(classes.len()))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    if attacks {
+        runs.header.extend(attack_names.iter().cloned());
+    }
     let mut buckets = Table {
         header: vec!["point".to_string()],
         rows: Vec::new(),
@@ -323,6 +370,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
     buckets.header.push("queue_len".into());
     if net {
         buckets.header.extend(net_names.iter().cloned());
+    }
+    if attacks {
+        buckets.header.extend(attack_names.iter().cloned());
     }
     let mut waits = Table {
         header: vec![
@@ -370,6 +420,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             row.extend(network_cells(&total, &groups).into_iter().map(|(_, v)| v));
             row.push(r.network.as_ref().map_or(0, |n| n.recomputes).to_string());
         }
+        if attacks {
+            row.extend(attack_cells(&total).into_iter().map(|(_, v)| v));
+        }
         runs.rows.push(row);
         for (i, b) in r.buckets.iter().enumerate() {
             let mut row = vec![rec.point.to_string()];
@@ -383,6 +436,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             row.push(b.queue_len.to_string());
             if net {
                 row.extend(network_cells(b, &groups).into_iter().map(|(_, v)| v));
+            }
+            if attacks {
+                row.extend(attack_cells(b).into_iter().map(|(_, v)| v));
             }
             buckets.rows.push(row);
         }

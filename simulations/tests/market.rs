@@ -60,6 +60,8 @@ fn every_matching_mode_and_example_scenario_is_deterministic() {
         "oversupply",
         "undersupply",
         "sybil",
+        "no-show",
+        "false-class",
     ] {
         let s = small(scenario(name), 0.5);
         assert_eq!(csv_bytes(&s, 3, 2), csv_bytes(&s, 3, 2), "{name}");
