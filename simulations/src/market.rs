@@ -15,8 +15,10 @@
 mod book;
 mod mechanism;
 mod netrep;
+mod trace;
 
 pub use self::mechanism::{CallMarket, Candidate, JobView, Mechanism, OfferView, Rules, builtin};
+pub use self::trace::{Trace, TraceKind, TraceRow};
 
 use std::collections::VecDeque;
 
@@ -218,6 +220,8 @@ enum LeaseKind {
 }
 
 struct LeaseRec {
+    /// The lease's number, in start order (the trace's `lease`).
+    seq: u64,
     kind: LeaseKind,
     /// The share of the advertised throughput delivered, permille (false class; else 1000).
     worth_permille: u32,
@@ -294,6 +298,8 @@ pub struct RunResult {
     pub class_cost_floor: Vec<u64>,
     /// With network reputation (or when the study tracks it): what it ended with.
     pub network: Option<NetworkResult>,
+    /// The event trace, when asked for ([`Market::with_trace`]).
+    pub trace: Option<Trace>,
 }
 
 /// The network reputation's state at the horizon.
@@ -625,6 +631,7 @@ impl<'s> Market<'s> {
                     })
                     .collect(),
                 network: None,
+                trace: None,
             },
             trust,
             strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
@@ -633,6 +640,29 @@ impl<'s> Market<'s> {
             net: sc.reputation.network().then(|| NetRep::new(&sc.reputation)),
             net_choice: sc.reputation.network(),
         }
+    }
+
+    /// Records an event trace of at most `max_rows` rows (the first ones; later events are
+    /// counted as dropped), returned in [`RunResult::trace`].
+    pub fn with_trace(mut self, max_rows: usize) -> Self {
+        self.result.trace = Some(Trace::new(max_rows));
+        self
+    }
+
+    #[inline]
+    fn trace(&mut self, row: impl FnOnce() -> TraceRow) {
+        if let Some(t) = &mut self.result.trace {
+            t.push(row());
+        }
+    }
+
+    fn trace_provider(&mut self, kind: TraceKind, p: usize, now: u64) {
+        let identity = self.providers[p].identity;
+        self.trace(|| TraceRow {
+            provider: Some(p as u32),
+            identity: Some(identity),
+            ..TraceRow::at(now, kind)
+        });
     }
 
     /// Keeps the completion record pool and network scores even in the local mode, where
@@ -1048,6 +1078,7 @@ impl<'s> Market<'s> {
         if self.providers[p].online {
             return;
         }
+        self.trace_provider(TraceKind::Online, p, now);
         self.set_online(p, now, !self.providers[p].crashed);
         self.providers[p].online = true;
         let g = &self.sc.provider[self.providers[p].group];
@@ -1068,6 +1099,7 @@ impl<'s> Market<'s> {
     }
 
     fn on_offline(&mut self, p: usize, now: u64) {
+        self.trace_provider(TraceKind::Offline, p, now);
         let avail = self.providers[p].available();
         if avail {
             self.set_online(p, now, false);
@@ -1091,6 +1123,7 @@ impl<'s> Market<'s> {
         if self.providers[p].next_crash_at != now || self.providers[p].crashed {
             return;
         }
+        self.trace_provider(TraceKind::Crash, p, now);
         let avail = self.providers[p].available();
         if avail {
             self.set_online(p, now, false);
@@ -1105,6 +1138,7 @@ impl<'s> Market<'s> {
     }
 
     fn on_repair(&mut self, p: usize, now: u64) {
+        self.trace_provider(TraceKind::Repair, p, now);
         let online = self.providers[p].online;
         if online {
             self.set_online(p, now, true);
@@ -1255,6 +1289,10 @@ impl<'s> Market<'s> {
     }
 
     fn on_arrival(&mut self, r: usize, now: u64) {
+        self.trace(|| TraceRow {
+            renter: Some(r as u32),
+            ..TraceRow::at(now, TraceKind::Arrival)
+        });
         let job = self.new_job(r, now);
         self.bucket_at(now).jobs += 1;
         self.rstats[r].jobs += 1;
@@ -1280,6 +1318,10 @@ impl<'s> Market<'s> {
         if j.generation != generation || j.state == JobState::Free {
             return;
         }
+        self.trace(|| TraceRow {
+            renter: Some(j.renter),
+            ..TraceRow::at(now, TraceKind::Abandon)
+        });
         self.integrate(now);
         self.waiting_len -= 1;
         let b = self.bucket_at(now);
@@ -1571,9 +1613,20 @@ impl<'s> Market<'s> {
         self.pstats[p].leases += 1;
         self.set_busy(p, now, i64::from(gpus));
         self.providers[p].free -= gpus;
+        let seq = self.result.leases;
         self.result.leases += 1;
         let identity = self.providers[p].identity;
+        let price = Money::from_micros(lease.terms.price_per_gpu_hour);
+        self.trace(|| TraceRow {
+            renter: Some(j.renter),
+            provider: Some(p as u32),
+            identity: Some(identity),
+            lease: Some(seq),
+            amount: Some(price),
+            ..TraceRow::at(now, TraceKind::LeaseStart)
+        });
         let rec = LeaseRec {
+            seq,
             kind,
             worth_permille,
             lease,
@@ -1604,6 +1657,15 @@ impl<'s> Market<'s> {
         };
         self.free_leases.push(slot);
         let out = rec.outcome;
+        self.trace(|| TraceRow {
+            renter: Some(rec.renter),
+            provider: Some(rec.provider),
+            identity: Some(rec.identity),
+            lease: Some(rec.seq),
+            amount: Some(out.paid),
+            reason: Some(out.reason),
+            ..TraceRow::at(now, TraceKind::LeaseEnd)
+        });
         let t = ts(now);
         let actor = if out.reason == CloseReason::ImplausibleUsage {
             Actor::Renter
@@ -1753,6 +1815,10 @@ impl<'s> Market<'s> {
     }
 
     fn resubmit(&mut self, r: usize, duration_s: u32, valuation: Money, gpus: u16, now: u64) {
+        self.trace(|| TraceRow {
+            renter: Some(r as u32),
+            ..TraceRow::at(now, TraceKind::Resubmission)
+        });
         let job = self.new_job(r, now);
         self.touch_job(job);
         let j = &mut self.jobs[job as usize];
