@@ -130,7 +130,12 @@ struct Provider {
     inflation_permille: u32,
     whitewash: bool,
     jitter_ms: u64,
-    /// What it does wrong (`Attack::None` for honest providers).
+}
+
+/// A provider group's attack, read once per lease (kept out of the hot [`Provider`]).
+#[derive(Clone, Copy, Debug)]
+struct GroupAttack {
+    /// What the group does wrong (`Attack::None` for honest providers).
     attack: Attack,
     /// False class: delivered throughput over advertised, permille (1000 otherwise).
     delivered_permille: u32,
@@ -224,7 +229,6 @@ struct LeaseRec {
     seq: u64,
     kind: LeaseKind,
     /// The share of the advertised throughput delivered, permille (false class; else 1000).
-    worth_permille: u32,
     lease: Lease,
     provider: u32,
     renter: u32,
@@ -370,6 +374,8 @@ pub struct Market<'s> {
     trust: TrustPolicy,
     /// Whether a reputation book trusts an identity it has no record of.
     strangers_trusted: bool,
+    /// Per provider group: its attack.
+    group_attack: Vec<GroupAttack>,
     /// The matching mechanism (taken out while one of its hooks runs; see [`Market::with_mech`]).
     mech: Option<Box<dyn Mechanism>>,
     /// The mechanism's [`Rules`], read once.
@@ -507,10 +513,6 @@ impl<'s> Market<'s> {
                     },
                     whitewash: g.whitewash,
                     jitter_ms: jitter.rem_euclid(DAY_MS as i64) as u64,
-                    attack: g.attack,
-                    delivered_permille: delivered_permille(sc, class, g),
-                    delivered_vram: delivered_class(sc, g)
-                        .map_or(sc.gpu_class[class].vram_gib, |d| d.vram_gib),
                 });
             }
         }
@@ -635,6 +637,23 @@ impl<'s> Market<'s> {
             },
             trust,
             strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
+            group_attack: sc
+                .provider
+                .iter()
+                .map(|g| {
+                    let class = sc
+                        .gpu_class
+                        .iter()
+                        .position(|k| k.name == g.class)
+                        .unwrap_or(0);
+                    GroupAttack {
+                        attack: g.attack,
+                        delivered_permille: delivered_permille(sc, class, g),
+                        delivered_vram: delivered_class(sc, g)
+                            .map_or(sc.gpu_class[class].vram_gib, |d| d.vram_gib),
+                    }
+                })
+                .collect(),
             rules: mech.rules(),
             mech: Some(mech),
             net: sc.reputation.network().then(|| NetRep::new(&sc.reputation)),
@@ -1523,7 +1542,8 @@ impl<'s> Market<'s> {
         };
         let crash_rel = self.providers[p].next_crash_at.saturating_sub(now);
         let inflation = self.providers[p].inflation_permille;
-        let attack = self.providers[p].attack;
+        let ga = self.group_attack[self.providers[p].group];
+        let attack = ga.attack;
         let mut kind = LeaseKind::Normal;
         let out = if attack == Attack::NoShow {
             // Accepted, never started: the renter gives up after the start allowance and two
@@ -1554,7 +1574,7 @@ impl<'s> Market<'s> {
                 let g = &self.sc.renter[self.renters[r].group];
                 let (prob, bench_ms) = (g.benchmark_probability, u64::from(g.benchmark_s) * 1000);
                 let benchmarks = bernoulli(&mut self.renters[r].rng, prob);
-                if benchmarks || self.providers[p].delivered_vram < j.min_vram {
+                if benchmarks || ga.delivered_vram < j.min_vram {
                     detect_at = bench_ms.max(1);
                 }
                 kind = LeaseKind::FalseClassUndetected;
@@ -1578,11 +1598,6 @@ impl<'s> Market<'s> {
                 kind = LeaseKind::FalseClassDetected;
             }
             out
-        };
-        let worth_permille = if kind == LeaseKind::FalseClassUndetected {
-            self.providers[p].delivered_permille
-        } else {
-            1000
         };
         // Book keeping: wait, price, capacity.
         self.integrate(now);
@@ -1628,7 +1643,6 @@ impl<'s> Market<'s> {
         let rec = LeaseRec {
             seq,
             kind,
-            worth_permille,
             lease,
             provider: p as u32,
             renter: j.renter,
@@ -1695,7 +1709,12 @@ impl<'s> Market<'s> {
         // Renter surplus: what the usage was worth to it minus what it paid.
         let full = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
         // A false class delivers a share of the throughput the renter valued.
-        let worth = (u128::from(full.micros()) * u128::from(rec.worth_permille) / 1000) as u64;
+        let worth = if rec.kind == LeaseKind::FalseClassUndetected {
+            let share = self.group_attack[self.providers[p].group].delivered_permille;
+            (u128::from(full.micros()) * u128::from(share) / 1000) as u64
+        } else {
+            full.micros()
+        };
         let surplus = i128::from(worth) - i128::from(out.paid.micros());
         let b = self.bucket_at(now);
         match rec.kind {
@@ -2318,7 +2337,12 @@ fn run_channel(
             );
         }
         let last = t >= duration;
-        let claimed = (u128::from(t) * u128::from(inflation) / 1000) as u64;
+        // Honest providers (inflation 1000) claim the real time; skip the 128-bit division.
+        let claimed = if inflation == 1000 {
+            t
+        } else {
+            (u128::from(t) * u128::from(inflation) / 1000) as u64
+        };
         seq += 1;
         n += 1;
         let amount = if last {
@@ -2347,13 +2371,16 @@ fn run_channel(
         prev_end = t;
         let now = ts(start + t);
         if t < stops {
-            match rc.on_usage(&report, &provider_key, t, now) {
+            // The receipt is used where `on_usage` returned it (matched by reference, not
+            // moved out: copying it right after the call stalled on store forwarding).
+            let answer = rc.on_usage(&report, &provider_key, t, now);
+            match &answer {
                 Err(_) => {
                     *reports += n;
                     return finish(t, CloseReason::ImplausibleUsage, true, true, &pc);
                 }
                 Ok(Some(receipt)) => {
-                    let _ = pc.accept_receipt(&renter_key, &receipt, now);
+                    let _ = pc.accept_receipt(&renter_key, receipt, now);
                 }
                 Ok(None) => pc.heard_from_renter(now),
             }
