@@ -1,4 +1,5 @@
-//! Auction clearing rules: a continuous double auction and a sealed-bid reverse auction.
+//! Auction clearing rules: a continuous double auction, a periodic call market (k-double
+//! auction) and a sealed-bid reverse auction.
 //!
 //! **Continuous double auction** ([`DoubleAuction`]): buyers post bids, sellers post asks; an
 //! incoming order that crosses the best standing order on the other side trades at once, at the
@@ -10,6 +11,10 @@
 //! **Reverse auction** ([`reverse_auction_winner`]): a renter announces a request, providers
 //! send sealed bids during a bid window, and the lowest bid at or below the renter's reserve
 //! wins (ties: lowest owner, then earliest bid) -- the Akash-style market.
+//!
+//! **Call market** ([`clear_call_market`]): orders are collected over a call period and
+//! cleared together at one price, `p = a* + k (b* - a*)` (a k-double auction,
+//! Satterthwaite & Williams 1989), where `a*` and `b*` are the last matched ask and bid.
 //!
 //! Pure and deterministic: ordered maps only, no clocks, no randomness.
 
@@ -222,6 +227,104 @@ pub fn reverse_auction_winner<K: Ord>(bids: &[SealedBid<K>], reserve: Money) -> 
         .map(|(i, _)| i)
 }
 
+/// One pair of a call market's clearing ([`clear_call_market`]): `buyer` gets `qty` units
+/// from `seller`, at the clearing's one price.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallTrade<K> {
+    /// The buyer (owner of the bid).
+    pub buyer: K,
+    /// The seller (owner of the ask).
+    pub seller: K,
+    /// Units: the bid's whole quantity.
+    pub qty: u32,
+}
+
+/// The outcome of one call ([`clear_call_market`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallClearing<K> {
+    /// The matched pairs, in matching order (highest bid first).
+    pub trades: Vec<CallTrade<K>>,
+    /// The one price every trade of the call pays per unit; `None` without trades.
+    pub price: Option<Money>,
+}
+
+/// Clears one call of a k-double auction.
+///
+/// Bids are taken highest first (ties: input order), each matched with the lowest remaining
+/// ask (ties: input order) that is at or below it, can fill its whole quantity (a bid is
+/// all-or-nothing; an ask may be split over several bids) and that `fits` accepts (e.g. the
+/// lease must end before the offer does); matching stops at the first bid below the lowest
+/// remaining ask, or below an ask already matched. Every trade pays
+/// `p = a* + k (b* - a*)`, `k = k_permille / 1000` (at most 1000), rounded down to the
+/// micro-unit, where
+/// - `b*` is the last matched bid, the lowest matched bid (bids are taken highest first),
+/// - `a*` is the highest matched ask; with unit quantities and `fits` always true, asks are
+///   matched lowest first, so this is the last matched ask.
+///
+/// Why the last matched pair (and not the first unmatched one): the matching keeps every
+/// matched ask at or below every matched bid, so `a* <= p <= b*` and no matched trader
+/// trades beyond its limit at the common price. `k = 0` gives the sellers' limit, `k = 1`
+/// the buyers'. Hand case (unit orders, `k = 0.5`): bids 0.9, 0.7, 0.4, 0.2 and asks 0.1,
+/// 0.3, 0.5, 0.8 give two trades, (0.9, 0.1) and (0.7, 0.3), both at `0.3 + 0.5 (0.7 - 0.3)
+/// = 0.5`; 0.4 is below the lowest remaining ask 0.5.
+///
+/// Cost: O((b + a) log + b a) for b bids and a asks in the worst case (each bid scans the
+/// asks at or below it).
+pub fn clear_call_market<K: Copy>(
+    bids: &[Order<K>],
+    asks: &[Order<K>],
+    k_permille: u16,
+    mut fits: impl FnMut(&Order<K>, &Order<K>) -> bool,
+) -> CallClearing<K> {
+    let k = u128::from(k_permille.min(1000));
+    let mut bid_order: Vec<usize> = (0..bids.len()).collect();
+    bid_order.sort_by_key(|&i| (Reverse(bids[i].price), i));
+    let mut ask_order: Vec<usize> = (0..asks.len()).collect();
+    ask_order.sort_by_key(|&i| (asks[i].price, i));
+    let mut left: Vec<u32> = asks.iter().map(|a| a.qty).collect();
+    let mut trades = Vec::new();
+    let mut a_star: Option<Money> = None;
+    let mut b_star: Option<Money> = None;
+    for &bi in &bid_order {
+        let bid = &bids[bi];
+        if bid.qty == 0 {
+            continue;
+        }
+        if a_star.is_some_and(|a| bid.price < a) {
+            break;
+        }
+        let Some(&lowest) = ask_order.iter().find(|&&a| left[a] > 0) else {
+            break;
+        };
+        if asks[lowest].price > bid.price {
+            break;
+        }
+        let hit = ask_order
+            .iter()
+            .copied()
+            .take_while(|&a| asks[a].price <= bid.price)
+            .find(|&a| left[a] >= bid.qty && fits(bid, &asks[a]));
+        if let Some(a) = hit {
+            left[a] -= bid.qty;
+            trades.push(CallTrade {
+                buyer: bid.owner,
+                seller: asks[a].owner,
+                qty: bid.qty,
+            });
+            a_star = Some(a_star.map_or(asks[a].price, |x| x.max(asks[a].price)));
+            b_star = Some(bid.price);
+        }
+    }
+    let price = match (a_star, b_star) {
+        (Some(a), Some(b)) => {
+            let spread = u128::from(b.micros().saturating_sub(a.micros()));
+            Some(Money::from_micros(a.micros() + (spread * k / 1000) as u64))
+        }
+        _ => None,
+    };
+    CallClearing { trades, price }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +389,111 @@ mod tests {
         b.submit_ask(5u32, m(70), 1);
         b.submit_ask(3, m(70), 1);
         assert_eq!(b.submit_bid(9, m(70), 1).unwrap().seller, 5);
+    }
+
+    fn unit(owner: u32, micros: u64) -> Order<u32> {
+        Order {
+            owner,
+            price: m(micros),
+            qty: 1,
+        }
+    }
+
+    #[test]
+    fn call_market_hand_case_two_trades_at_one_half() {
+        let bids = [
+            unit(1, 900_000),
+            unit(2, 700_000),
+            unit(3, 400_000),
+            unit(4, 200_000),
+        ];
+        let asks = [
+            unit(11, 100_000),
+            unit(12, 300_000),
+            unit(13, 500_000),
+            unit(14, 800_000),
+        ];
+        let c = clear_call_market(&bids, &asks, 500, |_, _| true);
+        assert_eq!(c.price, Some(m(500_000)));
+        let pairs: Vec<_> = c.trades.iter().map(|t| (t.buyer, t.seller)).collect();
+        assert_eq!(pairs, [(1, 11), (2, 12)]);
+        // Order of the input does not matter; k moves the price between a* and b*.
+        let rev_bids: Vec<_> = bids.iter().rev().copied().collect();
+        let rev_asks: Vec<_> = asks.iter().rev().copied().collect();
+        let c = clear_call_market(&rev_bids, &rev_asks, 0, |_, _| true);
+        assert_eq!((c.trades.len(), c.price), (2, Some(m(300_000))));
+        let c = clear_call_market(&bids, &asks, 1000, |_, _| true);
+        assert_eq!(c.price, Some(m(700_000)));
+        let c = clear_call_market(&bids, &asks, 250, |_, _| true);
+        assert_eq!(c.price, Some(m(400_000)));
+    }
+
+    #[test]
+    fn call_market_without_a_cross_trades_nothing() {
+        let c = clear_call_market(&[unit(1, 100)], &[unit(2, 200)], 500, |_, _| true);
+        assert_eq!(
+            c,
+            CallClearing {
+                trades: vec![],
+                price: None
+            }
+        );
+        let c = clear_call_market::<u32>(&[], &[unit(2, 200)], 500, |_, _| true);
+        assert_eq!(c.price, None);
+    }
+
+    #[test]
+    fn call_market_bids_are_all_or_nothing_and_the_price_stays_within_every_limit() {
+        // A 2-GPU bid at 0.9 can only be filled by the 0.8 ask; the 0.5 bid then cannot trade
+        // at a price that also pays the 0.8 seller, so it is not matched.
+        let bids = [
+            Order {
+                owner: 1u32,
+                price: m(900),
+                qty: 2,
+            },
+            unit(2, 500),
+        ];
+        let asks = [
+            unit(11, 100),
+            Order {
+                owner: 12,
+                price: m(800),
+                qty: 4,
+            },
+        ];
+        let c = clear_call_market(&bids, &asks, 500, |_, _| true);
+        assert_eq!(
+            c.trades,
+            [CallTrade {
+                buyer: 1,
+                seller: 12,
+                qty: 2
+            }]
+        );
+        assert_eq!(c.price, Some(m(850)));
+        // `fits` can refuse a pair: the bid takes the next ask that fits.
+        let c = clear_call_market(
+            &[unit(1, 900)],
+            &[unit(11, 100), unit(12, 300)],
+            500,
+            |_, a| a.owner != 11,
+        );
+        assert_eq!(c.trades[0].seller, 12);
+        assert_eq!(c.price, Some(m(600)));
+        // An ask is split over several bids.
+        let c = clear_call_market(
+            &[unit(1, 900), unit(2, 800)],
+            &[Order {
+                owner: 11,
+                price: m(100),
+                qty: 2,
+            }],
+            500,
+            |_, _| true,
+        );
+        assert_eq!(c.trades.len(), 2);
+        assert_eq!(c.price, Some(m(450)));
     }
 
     #[test]

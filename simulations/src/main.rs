@@ -79,6 +79,14 @@ impl Printer {
         };
     }
 
+    /// Prints a warning on stderr (`warning: ...`), also in JSON mode; not with `--quiet`.
+    pub(crate) fn warn(&self, message: &str) {
+        if self.quiet {
+            return;
+        }
+        let _ = writeln!(std::io::stderr().lock(), "warning: {message}");
+    }
+
     /// Whether a progress bar may be drawn.
     pub(crate) fn progress(&self) -> bool {
         !self.quiet && !self.json

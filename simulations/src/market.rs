@@ -15,8 +15,10 @@
 mod book;
 mod mechanism;
 mod netrep;
+mod trace;
 
-pub use self::mechanism::{Candidate, JobView, Mechanism, OfferView, Rules, builtin};
+pub use self::mechanism::{CallMarket, Candidate, JobView, Mechanism, OfferView, Rules, builtin};
+pub use self::trace::{Trace, TraceKind, TraceRow};
 
 use std::collections::VecDeque;
 
@@ -130,6 +132,17 @@ struct Provider {
     jitter_ms: u64,
 }
 
+/// A provider group's attack, read once per lease (kept out of the hot [`Provider`]).
+#[derive(Clone, Copy, Debug)]
+struct GroupAttack {
+    /// What the group does wrong (`Attack::None` for honest providers).
+    attack: Attack,
+    /// False class: delivered throughput over advertised, permille (1000 otherwise).
+    delivered_permille: u32,
+    /// False class: memory of the delivered GPUs, GiB (the advertised class's otherwise).
+    delivered_vram: u32,
+}
+
 impl Provider {
     fn available(&self) -> bool {
         self.online && !self.crashed
@@ -198,7 +211,24 @@ struct WaitPrefix {
     min_gpus: u16,
 }
 
+/// What kind of lease a [`LeaseRec`] is, for the attack metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseKind {
+    /// Started and ran as its channel says.
+    Normal,
+    /// Accepted by a no-show provider and never started.
+    NoShow,
+    /// A false-class provider's lease that the renter caught at start.
+    FalseClassDetected,
+    /// A false-class provider's lease that ran undetected.
+    FalseClassUndetected,
+}
+
 struct LeaseRec {
+    /// The lease's number, in start order (the trace's `lease`).
+    seq: u64,
+    kind: LeaseKind,
+    /// The share of the advertised throughput delivered, permille (false class; else 1000).
     lease: Lease,
     provider: u32,
     renter: u32,
@@ -272,6 +302,8 @@ pub struct RunResult {
     pub class_cost_floor: Vec<u64>,
     /// With network reputation (or when the study tracks it): what it ended with.
     pub network: Option<NetworkResult>,
+    /// The event trace, when asked for ([`Market::with_trace`]).
+    pub trace: Option<Trace>,
 }
 
 /// The network reputation's state at the horizon.
@@ -342,6 +374,8 @@ pub struct Market<'s> {
     trust: TrustPolicy,
     /// Whether a reputation book trusts an identity it has no record of.
     strangers_trusted: bool,
+    /// Per provider group: its attack.
+    group_attack: Vec<GroupAttack>,
     /// The matching mechanism (taken out while one of its hooks runs; see [`Market::with_mech`]).
     mech: Option<Box<dyn Mechanism>>,
     /// The mechanism's [`Rules`], read once.
@@ -370,6 +404,29 @@ fn offer_id_of(identity: u32, seq: u32) -> OfferId {
 
 fn ts(ms: u64) -> Timestamp {
     fixtures::T0.plus_ms(ms)
+}
+
+/// The class a false-class group really has (`None` for other groups).
+fn delivered_class<'a>(
+    sc: &'a Scenario,
+    g: &crate::scenario::ProviderGroup,
+) -> Option<&'a crate::scenario::GpuClass> {
+    if g.attack != Attack::FalseClass {
+        return None;
+    }
+    sc.gpu_class.iter().find(|k| k.name == g.delivered_class)
+}
+
+/// Delivered over advertised throughput (TFLOPS), permille, at most 1000.
+fn delivered_permille(sc: &Scenario, class: usize, g: &crate::scenario::ProviderGroup) -> u32 {
+    let Some(d) = delivered_class(sc, g) else {
+        return 1000;
+    };
+    let adv = sc.gpu_class[class].tflops;
+    if adv <= 0.0 {
+        return 1000;
+    }
+    ((d.tflops / adv).clamp(0.0, 1.0) * 1000.0).round() as u32
 }
 
 fn cda_job_key(job: u32) -> u64 {
@@ -576,14 +633,55 @@ impl<'s> Market<'s> {
                     })
                     .collect(),
                 network: None,
+                trace: None,
             },
             trust,
             strangers_trusted: ReputationBook::<u32>::new().trusts(&0, &trust),
+            group_attack: sc
+                .provider
+                .iter()
+                .map(|g| {
+                    let class = sc
+                        .gpu_class
+                        .iter()
+                        .position(|k| k.name == g.class)
+                        .unwrap_or(0);
+                    GroupAttack {
+                        attack: g.attack,
+                        delivered_permille: delivered_permille(sc, class, g),
+                        delivered_vram: delivered_class(sc, g)
+                            .map_or(sc.gpu_class[class].vram_gib, |d| d.vram_gib),
+                    }
+                })
+                .collect(),
             rules: mech.rules(),
             mech: Some(mech),
             net: sc.reputation.network().then(|| NetRep::new(&sc.reputation)),
             net_choice: sc.reputation.network(),
         }
+    }
+
+    /// Records an event trace of at most `max_rows` rows (the first ones; later events are
+    /// counted as dropped), returned in [`RunResult::trace`].
+    pub fn with_trace(mut self, max_rows: usize) -> Self {
+        self.result.trace = Some(Trace::new(max_rows));
+        self
+    }
+
+    #[inline]
+    fn trace(&mut self, row: impl FnOnce() -> TraceRow) {
+        if let Some(t) = &mut self.result.trace {
+            t.push(row());
+        }
+    }
+
+    fn trace_provider(&mut self, kind: TraceKind, p: usize, now: u64) {
+        let identity = self.providers[p].identity;
+        self.trace(|| TraceRow {
+            provider: Some(p as u32),
+            identity: Some(identity),
+            ..TraceRow::at(now, kind)
+        });
     }
 
     /// Keeps the completion record pool and network scores even in the local mode, where
@@ -999,6 +1097,7 @@ impl<'s> Market<'s> {
         if self.providers[p].online {
             return;
         }
+        self.trace_provider(TraceKind::Online, p, now);
         self.set_online(p, now, !self.providers[p].crashed);
         self.providers[p].online = true;
         let g = &self.sc.provider[self.providers[p].group];
@@ -1019,6 +1118,7 @@ impl<'s> Market<'s> {
     }
 
     fn on_offline(&mut self, p: usize, now: u64) {
+        self.trace_provider(TraceKind::Offline, p, now);
         let avail = self.providers[p].available();
         if avail {
             self.set_online(p, now, false);
@@ -1042,6 +1142,7 @@ impl<'s> Market<'s> {
         if self.providers[p].next_crash_at != now || self.providers[p].crashed {
             return;
         }
+        self.trace_provider(TraceKind::Crash, p, now);
         let avail = self.providers[p].available();
         if avail {
             self.set_online(p, now, false);
@@ -1056,6 +1157,7 @@ impl<'s> Market<'s> {
     }
 
     fn on_repair(&mut self, p: usize, now: u64) {
+        self.trace_provider(TraceKind::Repair, p, now);
         let online = self.providers[p].online;
         if online {
             self.set_online(p, now, true);
@@ -1206,6 +1308,10 @@ impl<'s> Market<'s> {
     }
 
     fn on_arrival(&mut self, r: usize, now: u64) {
+        self.trace(|| TraceRow {
+            renter: Some(r as u32),
+            ..TraceRow::at(now, TraceKind::Arrival)
+        });
         let job = self.new_job(r, now);
         self.bucket_at(now).jobs += 1;
         self.rstats[r].jobs += 1;
@@ -1231,6 +1337,10 @@ impl<'s> Market<'s> {
         if j.generation != generation || j.state == JobState::Free {
             return;
         }
+        self.trace(|| TraceRow {
+            renter: Some(j.renter),
+            ..TraceRow::at(now, TraceKind::Abandon)
+        });
         self.integrate(now);
         self.waiting_len -= 1;
         let b = self.bucket_at(now);
@@ -1422,8 +1532,6 @@ impl<'s> Market<'s> {
         let t = ts(now);
         // The provider's side of the lifecycle; these transitions are legal by construction.
         let _ = lease.apply(LeaseEvent::Accept, Actor::Provider, t);
-        let _ = lease.apply(LeaseEvent::BeginStart, Actor::Provider, t);
-        let _ = lease.apply(LeaseEvent::Started, Actor::Provider, t);
         // Draw what can end the lease early, then run its channel.
         let duration_ms = u64::from(j.duration_s) * 1000;
         let stops_at = if j.defaults {
@@ -1434,15 +1542,63 @@ impl<'s> Market<'s> {
         };
         let crash_rel = self.providers[p].next_crash_at.saturating_sub(now);
         let inflation = self.providers[p].inflation_permille;
-        let out = run_channel(
-            &lease.terms,
-            id,
-            now,
-            crash_rel,
-            stops_at,
-            inflation,
-            &mut self.result.channel_reports,
-        );
+        let ga = self.group_attack[self.providers[p].group];
+        let attack = ga.attack;
+        let mut kind = LeaseKind::Normal;
+        let out = if attack == Attack::NoShow {
+            // Accepted, never started: the renter gives up after the start allowance and two
+            // report intervals without a word (the node's renter session), nothing paid.
+            let c = &self.sc.channel;
+            let wait_ms =
+                (u64::from(c.start_allowance_s) + 2 * u64::from(c.usage_interval_s)) * 1000;
+            kind = LeaseKind::NoShow;
+            ChannelOutcome {
+                end_ms: wait_ms,
+                reason: CloseReason::ProviderUnreachable,
+                failed: true,
+                paid: Money::ZERO,
+                honest_due: Money::ZERO,
+                unpaid: Money::ZERO,
+                bound: Money::ZERO,
+                caught: false,
+                real_wall_ms: 0,
+            }
+        } else {
+            let _ = lease.apply(LeaseEvent::BeginStart, Actor::Provider, t);
+            let _ = lease.apply(LeaseEvent::Started, Actor::Provider, t);
+            // A false class is caught when the renter benchmarks at start, or when the job
+            // does not fit the delivered memory: the lease fails at the benchmark's end.
+            let mut detect_at = u64::MAX;
+            if attack == Attack::FalseClass {
+                let r = j.renter as usize;
+                let g = &self.sc.renter[self.renters[r].group];
+                let (prob, bench_ms) = (g.benchmark_probability, u64::from(g.benchmark_s) * 1000);
+                let benchmarks = bernoulli(&mut self.renters[r].rng, prob);
+                if benchmarks || ga.delivered_vram < j.min_vram {
+                    detect_at = bench_ms.max(1);
+                }
+                kind = LeaseKind::FalseClassUndetected;
+            }
+            let mut out = run_channel(
+                &lease.terms,
+                id,
+                now,
+                crash_rel.min(detect_at),
+                stops_at,
+                inflation,
+                &mut self.result.channel_reports,
+            );
+            if detect_at < crash_rel
+                && out.reason == CloseReason::ProviderUnreachable
+                && out.end_ms == detect_at
+            {
+                // No close reason says "not the hardware offered"; a failed start is the
+                // provider's failure in both the local book and the network record.
+                out.reason = CloseReason::StartFailed;
+                kind = LeaseKind::FalseClassDetected;
+            }
+            out
+        };
         // Book keeping: wait, price, capacity.
         self.integrate(now);
         self.waiting_len -= 1;
@@ -1472,9 +1628,21 @@ impl<'s> Market<'s> {
         self.pstats[p].leases += 1;
         self.set_busy(p, now, i64::from(gpus));
         self.providers[p].free -= gpus;
+        let seq = self.result.leases;
         self.result.leases += 1;
         let identity = self.providers[p].identity;
+        let price = Money::from_micros(lease.terms.price_per_gpu_hour);
+        self.trace(|| TraceRow {
+            renter: Some(j.renter),
+            provider: Some(p as u32),
+            identity: Some(identity),
+            lease: Some(seq),
+            amount: Some(price),
+            ..TraceRow::at(now, TraceKind::LeaseStart)
+        });
         let rec = LeaseRec {
+            seq,
+            kind,
             lease,
             provider: p as u32,
             renter: j.renter,
@@ -1503,13 +1671,25 @@ impl<'s> Market<'s> {
         };
         self.free_leases.push(slot);
         let out = rec.outcome;
+        self.trace(|| TraceRow {
+            renter: Some(rec.renter),
+            provider: Some(rec.provider),
+            identity: Some(rec.identity),
+            lease: Some(rec.seq),
+            amount: Some(out.paid),
+            reason: Some(out.reason),
+            ..TraceRow::at(now, TraceKind::LeaseEnd)
+        });
         let t = ts(now);
         let actor = if out.reason == CloseReason::ImplausibleUsage {
             Actor::Renter
         } else {
             Actor::Provider
         };
-        if out.reason == CloseReason::ProviderUnreachable {
+        if matches!(
+            out.reason,
+            CloseReason::ProviderUnreachable | CloseReason::StartFailed
+        ) {
             let _ = rec
                 .lease
                 .apply(LeaseEvent::Fail(out.reason), Actor::Local, t);
@@ -1527,9 +1707,31 @@ impl<'s> Market<'s> {
         pr.revenue = pr.revenue.checked_add(out.paid).unwrap_or(pr.revenue);
         let attacker = pr.attacker;
         // Renter surplus: what the usage was worth to it minus what it paid.
-        let worth = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
-        let surplus = i128::from(worth.micros()) - i128::from(out.paid.micros());
+        let full = cost(out.real_wall_ms / 1000, gpus, rec.valuation).unwrap_or(Money::ZERO);
+        // A false class delivers a share of the throughput the renter valued.
+        let worth = if rec.kind == LeaseKind::FalseClassUndetected {
+            let share = self.group_attack[self.providers[p].group].delivered_permille;
+            (u128::from(full.micros()) * u128::from(share) / 1000) as u64
+        } else {
+            full.micros()
+        };
+        let surplus = i128::from(worth) - i128::from(out.paid.micros());
         let b = self.bucket_at(now);
+        match rec.kind {
+            LeaseKind::Normal => {}
+            LeaseKind::NoShow => {
+                b.no_shows += 1;
+                b.no_show_lost_ms += out.end_ms;
+            }
+            LeaseKind::FalseClassDetected => {
+                b.false_class_detected += 1;
+                b.false_class_lost_ms += out.end_ms;
+            }
+            LeaseKind::FalseClassUndetected => {
+                b.false_class_undetected += 1;
+                b.false_class_shortfall += full.micros() - worth;
+            }
+        }
         let pb = &mut b.pop[Population::of(attacker) as usize];
         pb.ended += 1;
         pb.revenue += out.paid.micros();
@@ -1606,7 +1808,12 @@ impl<'s> Market<'s> {
         }
         self.refresh_offer(p, now);
         self.publish(p, now);
-        if out.caught || out.reason == CloseReason::ProviderUnreachable {
+        if out.caught
+            || matches!(
+                out.reason,
+                CloseReason::ProviderUnreachable | CloseReason::StartFailed
+            )
+        {
             // The renter still needs the rest of its job: it submits it again.
             let left_s = (u64::from(rec.lease.terms.duration_s) * 1000)
                 .saturating_sub(out.real_wall_ms)
@@ -1627,6 +1834,10 @@ impl<'s> Market<'s> {
     }
 
     fn resubmit(&mut self, r: usize, duration_s: u32, valuation: Money, gpus: u16, now: u64) {
+        self.trace(|| TraceRow {
+            renter: Some(r as u32),
+            ..TraceRow::at(now, TraceKind::Resubmission)
+        });
         let job = self.new_job(r, now);
         self.touch_job(job);
         let j = &mut self.jobs[job as usize];
@@ -2126,7 +2337,12 @@ fn run_channel(
             );
         }
         let last = t >= duration;
-        let claimed = (u128::from(t) * u128::from(inflation) / 1000) as u64;
+        // Honest providers (inflation 1000) claim the real time; skip the 128-bit division.
+        let claimed = if inflation == 1000 {
+            t
+        } else {
+            (u128::from(t) * u128::from(inflation) / 1000) as u64
+        };
         seq += 1;
         n += 1;
         let amount = if last {
@@ -2155,13 +2371,16 @@ fn run_channel(
         prev_end = t;
         let now = ts(start + t);
         if t < stops {
-            match rc.on_usage(&report, &provider_key, t, now) {
+            // The receipt is used where `on_usage` returned it (matched by reference, not
+            // moved out: copying it right after the call stalled on store forwarding).
+            let answer = rc.on_usage(&report, &provider_key, t, now);
+            match &answer {
                 Err(_) => {
                     *reports += n;
                     return finish(t, CloseReason::ImplausibleUsage, true, true, &pc);
                 }
                 Ok(Some(receipt)) => {
-                    let _ = pc.accept_receipt(&renter_key, &receipt, now);
+                    let _ = pc.accept_receipt(&renter_key, receipt, now);
                 }
                 Ok(None) => pc.heard_from_renter(now),
             }

@@ -62,7 +62,8 @@ impl WaitHistogram {
 pub enum Population {
     /// Providers with `attack = "none"`.
     Honest = 0,
-    /// Providers with an attack (`usage_inflation`, self-dealing), whatever identity they use.
+    /// Providers with an attack (`usage_inflation`, `no_show`, `false_class`, self-dealing),
+    /// whatever identity they use.
     Attacker = 1,
 }
 
@@ -156,6 +157,19 @@ pub struct Bucket {
     pub group_score: Vec<f64>,
     /// Network reputation only: records self-dealing providers fabricated.
     pub self_dealt: u64,
+    /// No-show attackers' leases that ended (the renter gave up waiting for the start).
+    pub no_shows: u64,
+    /// Renter time spent waiting for those starts, ms.
+    pub no_show_lost_ms: u64,
+    /// False-class leases the renter detected at start (failed as the provider's fault).
+    pub false_class_detected: u64,
+    /// Renter time spent on those start benchmarks, ms.
+    pub false_class_lost_ms: u64,
+    /// False-class leases that ended undetected.
+    pub false_class_undetected: u64,
+    /// What renters of undetected false-class leases valued but did not get (their valuation
+    /// of the advertised class's throughput minus that of the delivered class), micro-units.
+    pub false_class_shortfall: u64,
 }
 
 impl Bucket {
@@ -212,6 +226,12 @@ impl Bucket {
         self.score = other.score;
         self.group_score.clone_from(&other.group_score);
         self.self_dealt += other.self_dealt;
+        self.no_shows += other.no_shows;
+        self.no_show_lost_ms += other.no_show_lost_ms;
+        self.false_class_detected += other.false_class_detected;
+        self.false_class_lost_ms += other.false_class_lost_ms;
+        self.false_class_undetected += other.false_class_undetected;
+        self.false_class_shortfall += other.false_class_shortfall;
     }
 }
 

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::market::{Market, Mechanism, RunResult, revenue_gini};
 use crate::metrics::{Bucket, Population, WAIT_BINS_S};
-use crate::scenario::Scenario;
+use crate::scenario::{Attack, Scenario};
 use crate::stats::{self, Summary};
 
 /// One sweep point: the parameter settings and the scenario they produce.
@@ -122,6 +122,36 @@ pub fn execute_with(
     tick: &(dyn Fn(u64) + Sync),
     mechanism: &(dyn Fn(&Scenario) -> Box<dyn Mechanism> + Sync),
 ) -> Vec<Record> {
+    run_tasks(points, tasks, seed, tick, mechanism, None)
+}
+
+/// [`execute`] with an event trace ([`trace_table`]) of at most `rows_per_run` rows per run
+/// (the first events of each run; the rest are counted in its `trace.dropped`).
+pub fn execute_traced(
+    points: &[Point],
+    tasks: &[(usize, u64)],
+    seed: u64,
+    tick: &(dyn Fn(u64) + Sync),
+    rows_per_run: usize,
+) -> Vec<Record> {
+    run_tasks(
+        points,
+        tasks,
+        seed,
+        tick,
+        &crate::market::builtin,
+        Some(rows_per_run),
+    )
+}
+
+fn run_tasks(
+    points: &[Point],
+    tasks: &[(usize, u64)],
+    seed: u64,
+    tick: &(dyn Fn(u64) + Sync),
+    mechanism: &(dyn Fn(&Scenario) -> Box<dyn Mechanism> + Sync),
+    trace: Option<usize>,
+) -> Vec<Record> {
     let track = tracks_network(points);
     tasks
         .par_iter()
@@ -130,6 +160,9 @@ pub fn execute_with(
             let mut market = Market::with_mechanism(sc, seed, replication, mechanism(sc));
             if track {
                 market = market.track_network_scores();
+            }
+            if let Some(rows) = trace {
+                market = market.with_trace(rows);
             }
             let result = market.run_observed(tick);
             Record {
@@ -149,6 +182,45 @@ pub fn tracks_network(points: &[Point]) -> bool {
     points.iter().any(|p| {
         p.scenario.reputation.network() || p.scenario.provider.iter().any(|g| g.self_dealing)
     })
+}
+
+/// Whether a study reports the no-show and false-class columns: when one of its points has
+/// such a provider group (other studies keep their columns and bytes).
+pub fn tracks_attacks(points: &[Point]) -> bool {
+    points.iter().any(|p| {
+        p.scenario
+            .provider
+            .iter()
+            .any(|g| matches!(g.attack, Attack::NoShow | Attack::FalseClass))
+    })
+}
+
+/// The no-show and false-class columns of `runs.csv` and `buckets.csv` (after the network
+/// ones), from one bucket or a run's total.
+fn attack_cells(b: &Bucket) -> Vec<(String, String)> {
+    vec![
+        ("no_shows".into(), b.no_shows.to_string()),
+        (
+            "no_show_lost_s".into(),
+            f(b.no_show_lost_ms as f64 / 1000.0),
+        ),
+        (
+            "false_class_detected".into(),
+            b.false_class_detected.to_string(),
+        ),
+        (
+            "false_class_lost_s".into(),
+            f(b.false_class_lost_ms as f64 / 1000.0),
+        ),
+        (
+            "false_class_undetected".into(),
+            b.false_class_undetected.to_string(),
+        ),
+        (
+            "false_class_shortfall".into(),
+            money(b.false_class_shortfall),
+        ),
+    ]
 }
 
 /// The network reputation columns of `runs.csv` and `buckets.csv` (after the others), from
@@ -311,6 +383,14 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
         runs.header.extend(net_names.iter().cloned());
         runs.header.push("score_recomputes".into());
     }
+    let attacks = tracks_attacks(points);
+    let attack_names: Vec<String> = attack_cells(&Bucket::new(classes.len()))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    if attacks {
+        runs.header.extend(attack_names.iter().cloned());
+    }
     let mut buckets = Table {
         header: vec!["point".to_string()],
         rows: Vec::new(),
@@ -323,6 +403,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
     buckets.header.push("queue_len".into());
     if net {
         buckets.header.extend(net_names.iter().cloned());
+    }
+    if attacks {
+        buckets.header.extend(attack_names.iter().cloned());
     }
     let mut waits = Table {
         header: vec![
@@ -370,6 +453,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             row.extend(network_cells(&total, &groups).into_iter().map(|(_, v)| v));
             row.push(r.network.as_ref().map_or(0, |n| n.recomputes).to_string());
         }
+        if attacks {
+            row.extend(attack_cells(&total).into_iter().map(|(_, v)| v));
+        }
         runs.rows.push(row);
         for (i, b) in r.buckets.iter().enumerate() {
             let mut row = vec![rec.point.to_string()];
@@ -383,6 +469,9 @@ pub fn tables(points: &[Point], records: &[Record], seed: u64) -> (Table, Table,
             row.push(b.queue_len.to_string());
             if net {
                 row.extend(network_cells(b, &groups).into_iter().map(|(_, v)| v));
+            }
+            if attacks {
+                row.extend(attack_cells(b).into_iter().map(|(_, v)| v));
             }
             buckets.rows.push(row);
         }
@@ -513,6 +602,76 @@ pub fn agent_tables(points: &[Point], records: &[Record]) -> (Table, Table) {
     (providers, renters)
 }
 
+/// Most rows `--trace-max-rows` may ask for (about 1.5 GB of CSV).
+pub const TRACE_ROWS_LIMIT: usize = 20_000_000;
+/// Default of `--trace-max-rows`.
+pub const TRACE_ROWS_DEFAULT: usize = 1_000_000;
+
+/// The rows each run of a study of `runs` runs (all shards) may trace so that the whole
+/// trace stays within `max_rows` (at least one).
+pub fn trace_rows_per_run(max_rows: usize, runs: usize) -> usize {
+    (max_rows / runs.max(1)).max(1)
+}
+
+/// `trace.csv`: one row per traced event of every record, in (point, replication, event)
+/// order: `point`, swept keys, `replication`, `t_s` (simulated seconds, ms precision),
+/// `kind`, `renter`, `provider`, `identity`, `lease`, `amount` (GLU: the price per GPU-hour at
+/// a lease start, the amount paid at its end), `reason` (why a lease ended); cells that do not
+/// apply are empty. Returns the table and the rows dropped by the per-run cap.
+pub fn trace_table(points: &[Point], records: &[Record]) -> (Table, u64) {
+    let mut t = Table {
+        header: vec!["point".to_string()],
+        rows: Vec::new(),
+    };
+    if let Some(p) = points.first() {
+        t.header.extend(p.params.iter().map(|(k, _)| k.clone()));
+    }
+    t.header.extend(
+        [
+            "replication",
+            "t_s",
+            "kind",
+            "renter",
+            "provider",
+            "identity",
+            "lease",
+            "amount",
+            "reason",
+        ]
+        .map(String::from),
+    );
+    let opt = |v: Option<String>| v.unwrap_or_default();
+    let mut dropped = 0;
+    for rec in records {
+        let Some(trace) = &rec.result.trace else {
+            continue;
+        };
+        dropped += trace.dropped;
+        let pv: Vec<String> = points[rec.point]
+            .params
+            .iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        for e in &trace.rows {
+            let mut row = vec![rec.point.to_string()];
+            row.extend(pv.iter().cloned());
+            row.extend([
+                rec.replication.to_string(),
+                format!("{}.{:03}", e.t_ms / 1000, e.t_ms % 1000),
+                e.kind.name().to_string(),
+                opt(e.renter.map(|v| v.to_string())),
+                opt(e.provider.map(|v| v.to_string())),
+                opt(e.identity.map(|v| v.to_string())),
+                opt(e.lease.map(|v| v.to_string())),
+                opt(e.amount.map(|m| m.to_string())),
+                opt(e.reason.map(|r| format!("{r:?}"))),
+            ]);
+            t.rows.push(row);
+        }
+    }
+    (t, dropped)
+}
+
 /// Every table `run`, `sweep` and `merge` write, in this order.
 pub const TABLES: [&str; 6] = [
     "runs.csv",
@@ -616,6 +775,22 @@ pub struct Manifest {
     /// `merge` only: which shards and replications the merged output covers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<crate::shards::Coverage>,
+    /// `--trace` only: what `trace.csv` holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceInfo>,
+}
+
+/// What `trace.csv` holds (`manifest.json`, `--trace` only).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TraceInfo {
+    /// `--trace-max-rows`.
+    pub max_rows: usize,
+    /// Rows each run kept at most.
+    pub rows_per_run: usize,
+    /// Rows written.
+    pub rows: usize,
+    /// Events not written because a run reached its cap (0: the trace is complete).
+    pub dropped: u64,
 }
 
 /// SHA-256 hex of a scenario's canonical TOML.

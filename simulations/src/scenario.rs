@@ -70,6 +70,9 @@ pub enum Matching {
     ReverseAuction,
     /// Continuous double auction per GPU class: renters bid, providers ask.
     DoubleAuction,
+    /// Periodic call market (k-double auction) per GPU class: every `call_market.period_s`
+    /// the waiting jobs' bids and the visible offers' asks clear at one price.
+    CallMarket,
 }
 
 /// A whole scenario.
@@ -94,6 +97,9 @@ pub struct Scenario {
     pub reputation: Reputation,
     /// Reverse auction settings.
     pub auction: Auction,
+    /// Call market settings (`matching = "call_market"`).
+    #[serde(skip_serializing_if = "skip_call_market")]
+    pub call_market: CallMarket,
     /// GPU classes.
     pub gpu_class: Vec<GpuClass>,
     /// Provider groups.
@@ -124,6 +130,10 @@ pub struct Channel {
     pub grace_s: u32,
     /// Minimum billed seconds.
     pub min_billed_s: u32,
+    /// How long a renter waits for an accepted lease to start before it gives up (the node's
+    /// `start_allowance`, 300 s); it closes the lease after this plus two usage intervals.
+    #[serde(skip_serializing_if = "skip_allowance")]
+    pub start_allowance_s: u32,
 }
 
 /// Where renters' trust comes from.
@@ -184,6 +194,26 @@ pub struct Auction {
     pub max_bidders: u32,
 }
 
+/// Call market settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CallMarket {
+    /// Call period, seconds: orders are collected and cleared every `period_s`.
+    pub period_s: u32,
+    /// `k` of the clearing price `a* + k (b* - a*)`, permille (0 = the marginal ask,
+    /// 1000 = the marginal bid).
+    pub k_permille: u16,
+}
+
+impl Default for CallMarket {
+    fn default() -> Self {
+        Self {
+            period_s: 60,
+            k_permille: 500,
+        }
+    }
+}
+
 /// A GPU class.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -219,6 +249,15 @@ pub enum Attack {
     None,
     /// Reports more wall time than elapsed (by `inflation_permille`).
     UsageInflation,
+    /// Accepts lease requests, then never starts the container: the renter waits out the
+    /// start allowance (`channel.start_allowance_s` + two usage intervals, as the node does)
+    /// and closes the lease as provider-unreachable.
+    NoShow,
+    /// Advertises its group's `class` but delivers `delivered_class` (a lesser GPU). Renters
+    /// that benchmark at start (`benchmark_probability`) or whose job does not fit the
+    /// delivered memory fail the lease as the provider's fault; the others pay the advertised
+    /// price for the delivered class's throughput.
+    FalseClass,
 }
 
 /// Pricing strategy, as written in a scenario (amounts as decimal strings).
@@ -343,6 +382,10 @@ pub struct ProviderGroup {
     /// Self-dealing: the period, minutes.
     #[serde(skip_serializing_if = "skip_interval")]
     pub self_dealing_period_minutes: u32,
+    /// `attack = "false_class"`: the class actually delivered (a `gpu_class` name other than
+    /// `class`).
+    #[serde(skip_serializing_if = "skip_empty")]
+    pub delivered_class: String,
 }
 
 impl ProviderGroup {
@@ -395,6 +438,14 @@ pub struct RenterGroup {
     pub patience_mean_minutes: f64,
     /// Probability that a lease's renter stops paying part-way.
     pub default_probability: f64,
+    /// Probability that a renter benchmarks the GPUs at the start of a lease (and so detects
+    /// a provider delivering a lesser class than its offer names).
+    #[serde(skip_serializing_if = "skip_zero")]
+    pub benchmark_probability: f64,
+    /// How long the start benchmark runs, seconds (the renter's time lost on a detected
+    /// false class).
+    #[serde(skip_serializing_if = "skip_bench_s")]
+    pub benchmark_s: u32,
 }
 
 impl Default for Scenario {
@@ -409,6 +460,7 @@ impl Default for Scenario {
             channel: Channel::default(),
             reputation: Reputation::default(),
             auction: Auction::default(),
+            call_market: CallMarket::default(),
             gpu_class: vec![GpuClass::default()],
             provider: vec![ProviderGroup::default()],
             renter: vec![RenterGroup::default()],
@@ -432,6 +484,7 @@ impl Default for Channel {
             pay_ahead_s: 120,
             grace_s: 120,
             min_billed_s: 60,
+            start_allowance_s: DEFAULT_START_ALLOWANCE_S,
         }
     }
 }
@@ -494,6 +547,7 @@ impl Default for ProviderGroup {
             self_dealing_keys: 10,
             self_dealing_paid: amt(DEFAULT_SELF_DEALING_PAID),
             self_dealing_period_minutes: 60,
+            delivered_class: String::new(),
         }
     }
 }
@@ -515,6 +569,8 @@ impl Default for RenterGroup {
             valuation_sigma: 0.3,
             patience_mean_minutes: 30.0,
             default_probability: 0.0,
+            benchmark_probability: 0.0,
+            benchmark_s: DEFAULT_BENCHMARK_S,
         }
     }
 }
@@ -568,6 +624,9 @@ impl Scenario {
         if self.network.delay_median_ms < 0.0 || self.network.delay_sigma < 0.0 {
             return bad("network delay parameters must be >= 0".into());
         }
+        if self.call_market.period_s == 0 || self.call_market.k_permille > 1000 {
+            return bad("call_market: need period_s > 0 and k_permille <= 1000".into());
+        }
         let r = &self.reputation;
         if !(0.0..=1.0).contains(&r.min_score) || r.score_interval_minutes == 0 {
             return bad(
@@ -596,6 +655,14 @@ impl Scenario {
                     p.name
                 ));
             }
+            let delivered = self.gpu_class.iter().any(|g| g.name == p.delivered_class);
+            if p.attack == Attack::FalseClass && (!delivered || p.delivered_class == p.class) {
+                return bad(format!(
+                    "provider group {:?}: attack = \"false_class\" needs delivered_class, a \
+                     gpu_class other than {:?} (got {:?})",
+                    p.name, p.class, p.delivered_class
+                ));
+            }
             if p.mtbf_hours < 0.0 || p.mean_on_hours <= 0.0 || p.mean_off_hours <= 0.0 {
                 return bad(format!(
                     "provider group {:?}: negative or zero periods",
@@ -610,6 +677,7 @@ impl Scenario {
                 || r.duration_median_minutes <= 0.0
                 || r.patience_mean_minutes <= 0.0
                 || !(0.0..=1.0).contains(&r.default_probability)
+                || !(0.0..=1.0).contains(&r.benchmark_probability)
                 || !(0.0..=1.0).contains(&r.diurnal_amplitude)
             {
                 return bad(format!("renter group {:?}: out-of-range field", r.name));
@@ -703,6 +771,21 @@ fn skip_per_provider(v: &u32) -> bool {
 fn skip_kept(v: &u32) -> bool {
     added_default(v, 100_000)
 }
+fn skip_call_market(v: &CallMarket) -> bool {
+    added_default(v, CallMarket::default())
+}
+fn skip_allowance(v: &u32) -> bool {
+    added_default(v, DEFAULT_START_ALLOWANCE_S)
+}
+fn skip_empty(v: &String) -> bool {
+    added_default(v, String::new())
+}
+fn skip_zero(v: &f64) -> bool {
+    added_default(v, 0.0)
+}
+fn skip_bench_s(v: &u32) -> bool {
+    added_default(v, DEFAULT_BENCHMARK_S)
+}
 fn skip_false(v: &bool) -> bool {
     added_default(v, false)
 }
@@ -713,6 +796,10 @@ fn skip_paid(v: &Amount) -> bool {
     added_default(v, amt(DEFAULT_SELF_DEALING_PAID))
 }
 
+/// Default `start_allowance_s` (the node's `start_allowance`).
+const DEFAULT_START_ALLOWANCE_S: u32 = 300;
+/// Default `benchmark_s`.
+const DEFAULT_BENCHMARK_S: u32 = 60;
 /// Default `min_score`.
 const DEFAULT_MIN_SCORE: f64 = 0.4;
 /// Default `self_dealing_paid`.

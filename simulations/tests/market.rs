@@ -55,10 +55,13 @@ fn every_matching_mode_and_example_scenario_is_deterministic() {
         "attack",
         "reverse-auction",
         "double-auction",
+        "call-market",
         "home-diurnal",
         "oversupply",
         "undersupply",
         "sybil",
+        "no-show",
+        "false-class",
     ] {
         let s = small(scenario(name), 0.5);
         assert_eq!(csv_bytes(&s, 3, 2), csv_bytes(&s, 3, 2), "{name}");

@@ -285,6 +285,8 @@ fn invariants_hold_in_every_example_scenario() {
         "reverse-auction",
         "double-auction",
         "sybil",
+        "no-show",
+        "false-class",
     ] {
         let mut s = scenario(name);
         s.days = 0.5;

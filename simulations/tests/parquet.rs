@@ -180,6 +180,28 @@ mod with_feature {
     }
 
     #[test]
+    fn the_trace_gets_a_parquet_copy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("t");
+        let o = sim(&[
+            "-q",
+            "run",
+            attack().to_str().unwrap(),
+            "--reps",
+            "1",
+            "--no-plots",
+            "--parquet",
+            "--trace",
+            "--out",
+            d.to_str().unwrap(),
+        ]);
+        assert!(o.status.success());
+        same_table(&d, "trace");
+        assert_eq!(type_of(&d, "trace", "t_s"), DataType::Float64);
+        assert_eq!(type_of(&d, "trace", "kind"), DataType::Utf8);
+    }
+
+    #[test]
     fn parquet_files_are_byte_identical_across_runs() {
         let tmp = tempfile::tempdir().unwrap();
         let sc = attack();

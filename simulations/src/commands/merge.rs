@@ -45,6 +45,8 @@ pub(crate) fn merge(shards: &[PathBuf], out: &Path, o: Options, p: &Printer) -> 
     m.shard = None;
     m.merged_from = dirs.iter().map(|d| d.display().to_string()).collect();
     m.coverage = Some(set.coverage.clone());
+    // Traces are not merged (each shard's trace.csv stays in its directory).
+    m.trace = None;
     m.files = files.clone();
     let text = serde_json::to_string_pretty(&m)? + "\n";
     std::fs::write(out.join("manifest.json"), text).context("write manifest.json")?;

@@ -39,6 +39,15 @@ pub(crate) struct RunArgs {
     /// Rayon worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Also write `trace.csv`: one row per market event (arrival, resubmission, abandon,
+    /// lease start and end, provider online/offline/crash/repair) of every run.
+    #[arg(long)]
+    trace: bool,
+    /// Most rows `trace.csv` holds, over all runs of the study (each run keeps its first
+    /// max / runs events; the manifest and a warning say how many were dropped); at most
+    /// 20000000.
+    #[arg(long, default_value_t = output::TRACE_ROWS_DEFAULT, requires = "trace")]
+    trace_max_rows: usize,
 }
 
 /// `sweep` arguments.
@@ -97,7 +106,17 @@ fn execute(
              `cargo build --release -p gridlease-sim --features parquet`"
         );
     }
+    if a.trace && !(1..=output::TRACE_ROWS_LIMIT).contains(&a.trace_max_rows) {
+        bail!(
+            "--trace-max-rows {}: need 1..={} (a larger trace is better taken from shorter runs \
+             or fewer replications)",
+            a.trace_max_rows,
+            output::TRACE_ROWS_LIMIT
+        );
+    }
     let shard = a.shard.as_deref().map(parse_shard).transpose()?;
+    // Each run's share of the trace depends on the whole study, not on the shard or threads.
+    let rows_per_run = output::trace_rows_per_run(a.trace_max_rows, points.len() * a.reps as usize);
     let tasks = output::tasks(points.len(), a.reps, shard);
     // Progress in simulated minutes over all runs of this invocation.
     let bar = if p.progress() {
@@ -114,12 +133,19 @@ fn execute(
     bar.set_message(tasks.len().to_string());
     let started = Instant::now();
     let tick = |ms: u64| bar.inc(ms / 60_000);
+    let go = || {
+        if a.trace {
+            output::execute_traced(&points, &tasks, a.seed, &tick, rows_per_run)
+        } else {
+            output::execute(&points, &tasks, a.seed, &tick)
+        }
+    };
     let records = match a.threads {
         Some(n) => rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build()?
-            .install(|| output::execute(&points, &tasks, a.seed, &tick)),
-        None => output::execute(&points, &tasks, a.seed, &tick),
+            .install(go),
+        None => go(),
     };
     bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
@@ -131,6 +157,32 @@ fn execute(
     if a.parquet {
         files.extend(columnar::convert(&a.out, &output::TABLES)?);
     }
+    let trace = if a.trace {
+        let (table, dropped) = output::trace_table(&points, &records);
+        table.write(&a.out.join("trace.csv"))?;
+        files.push("trace.csv".into());
+        if a.parquet {
+            files.extend(columnar::convert(&a.out, &["trace.csv"])?);
+        }
+        if dropped > 0 {
+            p.warn(&format!(
+                "trace.csv capped: each run kept its first {rows_per_run} events and {dropped} \
+                 were dropped (--trace-max-rows {} over {} runs); trace fewer or shorter runs, \
+                 or raise --trace-max-rows (at most {})",
+                a.trace_max_rows,
+                points.len() * a.reps as usize,
+                output::TRACE_ROWS_LIMIT
+            ));
+        }
+        Some(output::TraceInfo {
+            max_rows: a.trace_max_rows,
+            rows_per_run,
+            rows: table.rows.len(),
+            dropped,
+        })
+    } else {
+        None
+    };
     files.push("manifest.json".into());
     let manifest = Manifest {
         version: env!("CARGO_PKG_VERSION").into(),
@@ -149,6 +201,7 @@ fn execute(
         events_per_second: events as f64 / wall.max(1e-9),
         merged_from: Vec::new(),
         coverage: None,
+        trace,
     };
     write_manifest(&a.out, &manifest)?;
     p.result(

@@ -1,6 +1,6 @@
 //! The matching mechanism interface: how waiting jobs and visible offers meet.
 //!
-//! The market calls only the hooks of [`Mechanism`]; the three built-in modes of
+//! The market calls only the hooks of [`Mechanism`]; the four built-in modes of
 //! [`Matching`] implement it, and a researcher's own crate can implement it too and run a
 //! market with [`Market::with_mechanism`] (or a whole study with
 //! [`crate::output::execute_with`]). A hook receives the market and acts on it through its
@@ -8,6 +8,7 @@
 //! `check_request`, timers); those methods never call a hook back.
 
 use gridlease_contracts::Money;
+use gridlease_contracts::auction::{Order, clear_call_market};
 
 use super::{Market, cda_job_key};
 use crate::scenario::{Matching, Scenario};
@@ -140,6 +141,10 @@ pub fn builtin(sc: &Scenario) -> Box<dyn Mechanism> {
         Matching::Posted => Box::new(PostedOffers),
         Matching::ReverseAuction => Box::new(ReverseAuction),
         Matching::DoubleAuction => Box::new(ContinuousDoubleAuction),
+        Matching::CallMarket => Box::new(CallMarket::new(
+            sc.call_market.period_s,
+            sc.call_market.k_permille,
+        )),
     }
 }
 
@@ -226,5 +231,102 @@ impl Mechanism for ContinuousDoubleAuction {
         for book in &mut m.cda {
             book.cancel(cda_job_key(job));
         }
+    }
+}
+
+/// Periodic call market (k-double auction) per GPU class, written against the public market
+/// API only. Jobs do not trade on arrival: they wait in their home class's queue; every
+/// `period` the waiting jobs of each class bid their valuation for their GPU count
+/// (all-or-nothing), each open visible offer of the class asks its visible price for its free
+/// GPUs, and `contracts::auction::clear_call_market` matches them and sets the call's one
+/// price. Each matched pair becomes a lease request at that price, judged by `check_request`;
+/// a refused one (the provider's true state differs from what renters saw) leaves the job
+/// waiting for the next call. The standing offer carries the cost floor.
+pub struct CallMarket {
+    period_ms: u64,
+    k_permille: u16,
+}
+
+impl CallMarket {
+    /// A call market clearing every `period_s` seconds with `k = k_permille / 1000`.
+    pub fn new(period_s: u32, k_permille: u16) -> Self {
+        Self {
+            period_ms: u64::from(period_s.max(1)) * 1000,
+            k_permille,
+        }
+    }
+
+    /// One call in `class`: returns the leases started.
+    fn clear(&self, m: &mut Market<'_>, class: usize, now: u64) -> usize {
+        let jobs = m.waiting_jobs(class);
+        if jobs.is_empty() {
+            return 0;
+        }
+        let offers: Vec<OfferView> = m.offers(class).collect();
+        if offers.is_empty() {
+            return 0;
+        }
+        let views: Vec<JobView> = jobs.iter().map(|&j| m.job(j)).collect();
+        // Owners are indices into `jobs` / `offers`.
+        let bids: Vec<Order<usize>> = views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Order {
+                owner: i,
+                price: v.valuation,
+                qty: u32::from(v.gpus),
+            })
+            .collect();
+        let asks: Vec<Order<usize>> = offers
+            .iter()
+            .enumerate()
+            .map(|(i, o)| Order {
+                owner: i,
+                price: o.price,
+                qty: u32::from(o.free_gpus),
+            })
+            .collect();
+        let clearing = clear_call_market(&bids, &asks, self.k_permille, |b, a| {
+            let (v, o) = (&views[b.owner], &offers[a.owner]);
+            now + u64::from(v.duration_s) * 1000 <= o.until_ms && m.trusts(v.renter, o.identity)
+        });
+        let Some(price) = clearing.price else {
+            return 0;
+        };
+        clearing
+            .trades
+            .iter()
+            .filter(|t| m.request_lease(jobs[t.buyer], offers[t.seller].provider, price, now))
+            .count()
+    }
+}
+
+impl Mechanism for CallMarket {
+    fn rules(&self) -> Rules {
+        FLOOR_PRICED
+    }
+    fn start(&mut self, m: &mut Market<'_>, now: u64) {
+        m.schedule_tick(now + self.period_ms, 0);
+    }
+    fn place(&mut self, _m: &mut Market<'_>, _job: u32, _now: u64) -> bool {
+        // Orders wait for the next call.
+        false
+    }
+    fn offer_visible(
+        &mut self,
+        _m: &mut Market<'_>,
+        _provider: usize,
+        _open: bool,
+        _better: bool,
+        _now: u64,
+    ) -> bool {
+        // No continuous trading: waiting jobs do not retry between calls.
+        false
+    }
+    fn tick(&mut self, m: &mut Market<'_>, _token: u32, now: u64) {
+        for class in 0..m.classes() {
+            self.clear(m, class, now);
+        }
+        m.schedule_tick(now + self.period_ms, 0);
     }
 }
