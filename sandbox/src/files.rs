@@ -671,7 +671,12 @@ mod tests {
     /// An archive with what real ones carry: GNU long names and long link targets, PAX
     /// headers (a path, a size, an xattr), a file whose size is not a multiple of 512, an
     /// empty file, a directory with data, and a tail after the end blocks.
-    fn awkward_tar() -> (Vec<u8>, Vec<(String, u8, Vec<u8>, Option<String>)>) {
+    /// (path, kind byte, data, link target)
+    type Want = (String, u8, Vec<u8>, Option<String>);
+    /// (path, kind byte, data, link target, uid, mode)
+    type Got = (String, u8, Vec<u8>, Option<String>, u64, u32);
+
+    fn awkward_tar() -> (Vec<u8>, Vec<Want>) {
         let long_dir = "d".repeat(120);
         let long_file = format!("{long_dir}/{}", "f".repeat(150));
         let long_target = format!("{}x", "t/".repeat(90));
@@ -724,7 +729,7 @@ mod tests {
     }
 
     /// Reads a tar back with the `tar` crate: (path, kind, data, link, uid, mode).
-    fn entries_of(tar: &[u8]) -> Vec<(String, u8, Vec<u8>, Option<String>, u64, u32)> {
+    fn entries_of(tar: &[u8]) -> Vec<Got> {
         let mut a = tar::Archive::new(tar);
         a.entries()
             .unwrap()
