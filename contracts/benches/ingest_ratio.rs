@@ -7,6 +7,9 @@
 //!   inputs and signatures of distinct offers like the ones ingested (the ceiling);
 //! - `single`: full pipeline, one frame at a time (decode envelope, strict verify, decode
 //!   payload, validate), every frame new, provider keys seen before;
+//! - `single, N providers`: one frame at a time from `INGEST_PROVIDERS` (100,000) providers in
+//!   turn, each seen once before, through an ingestor sized to a book of that many (as the
+//!   node builds it), and the same through one with the fixed 4,096-key cache of before;
 //! - `batch64_new`: 64 new frames per call through batch verification, keys seen before;
 //! - `batch64_half_reannounced`: 64 frames per call of which half were verified before
 //!   (providers re-announcing), the steady state of the gossip network.
@@ -26,6 +29,15 @@ const PER_ROUND: usize = 256;
 
 fn frame(net: &NetworkId, provider: u64, seq: u64) -> Vec<u8> {
     let key = NodeKey::from_secret([provider as u8 + 1; 32]);
+    let offer = fixtures::offer(key.public(), seq, 4, 400_000);
+    Signed::sign(&key, net, &offer).unwrap().to_bytes().unwrap()
+}
+
+/// A frame of provider `provider` out of many (a key per index, not per byte).
+fn frame_of_many(net: &NetworkId, provider: u64, seq: u64) -> Vec<u8> {
+    let mut secret = [7u8; 32];
+    secret[..8].copy_from_slice(&provider.to_le_bytes());
+    let key = NodeKey::from_secret(secret);
     let offer = fixtures::offer(key.public(), seq, 4, 400_000);
     Signed::sign(&key, net, &offer).unwrap().to_bytes().unwrap()
 }
@@ -69,8 +81,29 @@ fn main() {
         s..s + n
     };
 
+    // Many providers (`INGEST_PROVIDERS`, default 100,000), each seen once before, then new
+    // offers from them in turn: one ingestor as the node builds it (key cache sized to a book
+    // of that many), one with the fixed 4,096 keys of before (every key a miss).
+    let many: u64 = std::env::var("INGEST_PROVIDERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let many_new = ROUNDS * PER_ROUND / 2;
+    let many_frames: Vec<Vec<u8>> = (0..many + many_new as u64)
+        .map(|i| frame_of_many(&net, i % many, i / many + 1))
+        .collect();
+    let mut sized = OfferIngestor::new(net.clone(), many as usize);
+    let mut fixed = OfferIngestor::new(net.clone(), 64);
+    for f in &many_frames[..many as usize] {
+        sized.ingest(f, now).unwrap();
+        fixed.ingest(f, now).unwrap();
+    }
+    let mut many_next = many as usize;
+
     let mut raw = Vec::new();
     let mut single = Vec::new();
+    let mut single_sized = Vec::new();
+    let mut single_fixed = Vec::new();
     let mut batch = Vec::new();
     let mut mixed = Vec::new();
     for _ in 0..ROUNDS {
@@ -87,6 +120,21 @@ fn main() {
             black_box(ing.ingest(f, now)).unwrap();
         }
         single.push(r.len() as f64 / t.elapsed().as_secs_f64());
+
+        let r = many_next..many_next + PER_ROUND / 4;
+        many_next += PER_ROUND / 4;
+        let t = Instant::now();
+        for f in &many_frames[r.clone()] {
+            black_box(sized.ingest(f, now)).unwrap();
+        }
+        single_sized.push(r.len() as f64 / t.elapsed().as_secs_f64());
+        let r = many_next..many_next + PER_ROUND / 4;
+        many_next += PER_ROUND / 4;
+        let t = Instant::now();
+        for f in &many_frames[r.clone()] {
+            black_box(fixed.ingest(f, now)).unwrap();
+        }
+        single_fixed.push(r.len() as f64 / t.elapsed().as_secs_f64());
 
         let r = take(PER_ROUND / 4);
         let t = Instant::now();
@@ -128,6 +176,18 @@ fn main() {
         "ingest single",
         median(single.clone()),
         ratio(&single)
+    );
+    println!(
+        "{:<28} {:>12.0} {:>8.2}",
+        format!("single, {many} providers"),
+        median(single_sized.clone()),
+        ratio(&single_sized)
+    );
+    println!(
+        "{:<28} {:>12.0} {:>8.2}",
+        "  same, 4096 keys (before)",
+        median(single_fixed.clone()),
+        ratio(&single_fixed)
     );
     println!(
         "{:<28} {:>12.0} {:>8.2}",

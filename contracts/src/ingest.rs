@@ -13,7 +13,7 @@
 //!   verified; those skip the signature check. They are still decoded and validated against
 //!   `now`, so an expired re-announcement is still refused.
 //!
-//! All caches are bounded (FIFO eviction), and a message enters the dedup cache only after it
+//! All caches are bounded (keys: least recently used go first; verified messages: FIFO), and a message enters the dedup cache only after it
 //! verified, keyed by content id (signer included) *and* signature bytes, so a hostile peer can
 //! neither grow them beyond capacity nor get an unverified variant of a cached frame accepted.
 
@@ -23,7 +23,8 @@ use gridlease_protocol::{
 
 use crate::terms::{OfferError, validate_offer};
 
-/// Provider keys remembered by an ingestor.
+/// Fewest provider keys an ingestor remembers (it remembers as many as it remembers verified
+/// offers, when that is more: one key per provider the book can hold).
 pub const KEY_CACHE_CAPACITY: usize = 4096;
 
 /// Why a frame was not ingested.
@@ -45,12 +46,13 @@ pub struct OfferIngestor {
 }
 
 impl OfferIngestor {
-    /// An ingestor for `network` remembering up to `verified_capacity` verified offers (and
-    /// [`KEY_CACHE_CAPACITY`] provider keys).
+    /// An ingestor for `network` remembering up to `verified_capacity` verified offers and as
+    /// many provider keys (at least [`KEY_CACHE_CAPACITY`]): the node passes its book's
+    /// capacity, so every provider in a full book keeps its key decompressed.
     pub fn new(network: NetworkId, verified_capacity: usize) -> Self {
         Self {
             network,
-            cache: VerifyCache::new(KEY_CACHE_CAPACITY, verified_capacity),
+            cache: VerifyCache::new(verified_capacity.max(KEY_CACHE_CAPACITY), verified_capacity),
         }
     }
 

@@ -408,21 +408,29 @@ fn content_digest_of(signer: &PublicKey, input: &[u8]) -> Digest {
 
 /// A bounded cache of decompressed verifying keys. Decompressing a public key costs about a
 /// tenth of a verification, and offers come from a bounded set of providers that re-announce,
-/// so nodes keep one of these next to their ingestion path.
-#[derive(Debug)]
+/// so nodes keep one of these next to their ingestion path, sized to the book (one key per
+/// provider it can hold): the least recently used key goes first when it is full. Memory grows
+/// with the keys actually seen (about 250 bytes each), not with the capacity.
 pub struct KeyCache {
     capacity: usize,
-    keys: std::collections::HashMap<PublicKey, VerifyingKey>,
-    order: std::collections::VecDeque<PublicKey>,
+    keys: lru::LruCache<PublicKey, VerifyingKey>,
+}
+
+impl fmt::Debug for KeyCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyCache")
+            .field("capacity", &self.capacity)
+            .field("len", &self.keys.len())
+            .finish()
+    }
 }
 
 impl KeyCache {
-    /// A cache of at most `capacity` keys (FIFO eviction).
+    /// A cache of at most `capacity` keys (least recently used eviction).
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
-            keys: std::collections::HashMap::new(),
-            order: std::collections::VecDeque::new(),
+            keys: lru::LruCache::unbounded(),
         }
     }
 
@@ -436,24 +444,26 @@ impl KeyCache {
         if key.is_weak() {
             return Err(EnvelopeError::BadSignerKey);
         }
-        self.keys.insert(*signer, key);
-        self.order.push_back(*signer);
-        if self.order.len() > self.capacity
-            && let Some(old) = self.order.pop_front()
-        {
-            self.keys.remove(&old);
+        self.keys.put(*signer, key);
+        if self.keys.len() > self.capacity {
+            self.keys.pop_lru();
         }
         Ok(key)
     }
 
     /// Keys held.
     pub fn len(&self) -> usize {
-        self.order.len()
+        self.keys.len()
     }
 
     /// True when empty.
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.keys.is_empty()
+    }
+
+    /// Whether `signer`'s key is held (without touching its recency).
+    pub fn contains(&self, signer: &PublicKey) -> bool {
+        self.keys.contains(signer)
     }
 }
 
@@ -794,6 +804,23 @@ mod tests {
             exit_code: None,
             failure: None,
         }
+    }
+
+    #[test]
+    fn the_key_cache_keeps_the_recently_used_keys() {
+        let k = |i: u8| NodeKey::from_secret([i; 32]).public();
+        let mut c = KeyCache::new(2);
+        for i in [1, 2, 1, 3] {
+            c.get(&k(i)).unwrap();
+        }
+        // 2 was the least recently used when 3 came (FIFO would have dropped 1).
+        assert_eq!(c.len(), 2);
+        assert!(c.contains(&k(1)) && c.contains(&k(3)) && !c.contains(&k(2)));
+        // A hostile stream of new keys never grows it beyond capacity.
+        for i in 10..60 {
+            c.get(&k(i)).unwrap();
+        }
+        assert_eq!(c.len(), 2);
     }
 
     #[test]
