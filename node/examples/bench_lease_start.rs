@@ -11,7 +11,9 @@
 //! started; `--network none` like a lease with network policy `None`: a bridge network adds
 //! ~100 ms of veth setup here), timed the
 //! same number of rounds, interleaved, and a plain create + start through the Docker API (what
-//! the node itself calls, without the hardened spec) as a second, stricter baseline.
+//! the node itself calls, without the hardened spec) as a second, stricter baseline; and, like
+//! for like, what the provider's session itself does without the lease around it: the same
+//! hardened spec through `Sandbox::create` with its disk-backed workspace created first.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -22,7 +24,7 @@ use gridlease_node::lease::{LeaseService, LeaseServiceConfig, RentRequest};
 use gridlease_node::net::{NetworkEvent, Node, NodeConfig, OfferTemplate};
 use gridlease_node::store::{Store, StoreHandle};
 use gridlease_protocol::{NetworkId, fixtures};
-use gridlease_sandbox::Sandbox;
+use gridlease_sandbox::{Sandbox, SandboxSpec};
 use tokio_util::sync::CancellationToken;
 
 async fn node(root: &std::path::Path, name: &str, config: NodeConfig) -> Node {
@@ -93,6 +95,7 @@ async fn main() {
     let mut lease_ms = Vec::new();
     let mut docker_ms = Vec::new();
     let mut api_ms = Vec::new();
+    let mut same_ms = Vec::new();
     for i in 0..rounds + 1 {
         // The provider re-signs its offer as it nears expiry: rent the newest one.
         while let Ok(e) = ev.try_recv() {
@@ -166,17 +169,40 @@ async fn main() {
         sb.start(&c.id).await.unwrap();
         let api = t2.elapsed();
         sb.remove(&c.id).await.unwrap();
+        // Like for like: what the provider's session does to start the container, without
+        // the lease (no negotiation, no persistence): the same hardened spec through the same
+        // function (`build_create_body` inside `Sandbox::create`, image re-check included), its
+        // disk-backed workspace created first (sparse file, mkfs.ext4, loop device, volume),
+        // then start.
+        let mut raw = [0xbe; 32];
+        raw[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        raw[4..12].copy_from_slice(&(i as u64).to_le_bytes());
+        let lease = gridlease_protocol::LeaseId(gridlease_protocol::Digest(raw));
+        let mut spec = SandboxSpec::small(lease, "bench-lease-start", &image, &["sleep", "3"]);
+        spec.memory_mib = 256;
+        spec.workspace_bytes = 1 << 30;
+        let ws_dir = dir.path().join("like-for-like-workspaces");
+        let t3 = Instant::now();
+        let ws = sb.create_workspace(&ws_dir, &spec).await.unwrap();
+        spec.workspace = Some(ws.volume.clone());
+        let cid = sb.create(&spec).await.unwrap();
+        sb.start(&cid).await.unwrap();
+        let same = t3.elapsed();
+        sb.remove(&cid).await.unwrap();
+        sb.remove_workspace(&ws_dir, &lease).await.unwrap();
         if i > 0 {
             // Round 0 warms caches on both paths.
             lease_ms.push(running.as_secs_f64() * 1e3);
             docker_ms.push(bare.as_secs_f64() * 1e3);
             api_ms.push(api.as_secs_f64() * 1e3);
+            same_ms.push(same.as_secs_f64() * 1e3);
             println!(
-                "round {i}: rent->running {:.1} ms (negotiation {:.1} ms), docker run -d --network none {:.1} ms, API create+start {:.1} ms",
+                "round {i}: rent->running {:.1} ms (negotiation {:.1} ms), docker run -d --network none {:.1} ms, API create+start {:.1} ms, same spec + workspace {:.1} ms",
                 running.as_secs_f64() * 1e3,
                 negotiated.as_secs_f64() * 1e3,
                 bare.as_secs_f64() * 1e3,
-                api.as_secs_f64() * 1e3
+                api.as_secs_f64() * 1e3,
+                same.as_secs_f64() * 1e3
             );
         }
         let _ = rl.stop(id).await;
@@ -187,9 +213,11 @@ async fn main() {
         median(&mut docker_ms),
         median(&mut api_ms),
     );
+    let w = median(&mut same_ms);
     println!(
-        "median over {rounds} rounds: rent->running {l:.1} ms, docker run -d --network none {d:.1} ms (ratio {:.2}), API create+start {a:.1} ms (ratio {:.2})",
+        "median over {rounds} rounds: rent->running {l:.1} ms, docker run -d --network none {d:.1} ms (ratio {:.2}), API create+start {a:.1} ms (ratio {:.2}), like for like: same hardened spec + workspace through the API {w:.1} ms (ratio {:.2})",
         l / d,
-        l / a
+        l / a,
+        l / w
     );
 }

@@ -48,6 +48,8 @@ fn harness() -> PathBuf {
 struct Proc {
     child: Child,
     lines: Receiver<String>,
+    /// Its stderr (the log), shown when an expected line does not come.
+    log: std::path::PathBuf,
 }
 
 impl Proc {
@@ -74,7 +76,11 @@ impl Proc {
                 }
             }
         });
-        Self { child, lines: rx }
+        Self {
+            child,
+            lines: rx,
+            log: log.to_path_buf(),
+        }
     }
 
     /// The rest of the first stdout line starting with `prefix`.
@@ -88,7 +94,16 @@ impl Proc {
                         return rest.trim().to_string();
                     }
                 }
-                Err(e) => panic!("no {prefix:?} line: {e}"),
+                Err(e) => {
+                    let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    panic!(
+                        "no {prefix:?} line: {e}; the end of {}:\n{}",
+                        self.log.display(),
+                        tail.join("\n")
+                    )
+                }
             }
         }
     }
