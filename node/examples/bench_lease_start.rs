@@ -55,6 +55,7 @@ async fn main() {
     t.per_gpu.cpu_millicores = 1000;
     t.per_gpu.ram_mib = 256;
     t.per_gpu.disk_gib = 1;
+    t.images.local_images = vec![gridlease_sandbox::probe_image::probe_image_tag()];
     let mut pc = NodeConfig::local(net.clone(), Duration::from_secs(1));
     pc.offer = Some(t.clone());
     let provider = node(dir.path(), "p", pc).await;
