@@ -238,6 +238,31 @@ impl Browser {
     }
 }
 
+/// Rents 120 s of `offer` running `sleep 100` in `image` from the renter home `rh`, detached,
+/// and waits until the lease runs; its id.
+fn rent_running(rh: &Path, offer: &str, image: &str) -> String {
+    let rented = json(
+        rh,
+        &[
+            "rent",
+            offer,
+            "--seconds",
+            "120",
+            "--detach",
+            "--image",
+            image,
+            "--",
+            "sleep",
+            "100",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(rh, &id)["state"] == "running"
+    });
+    id
+}
+
 #[test]
 fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
     let Some((chromium, chromedriver)) = browser_or_skip() else {
@@ -264,25 +289,7 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
         Some(&dir.path().join("provider.log")),
     );
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let rented = json(
-        &rh,
-        &[
-            "rent",
-            &m.offer,
-            "--seconds",
-            "120",
-            "--detach",
-            "--image",
-            &image,
-            "--",
-            "sleep",
-            "100",
-        ],
-    );
-    let id = rented["lease_id"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(60), "the lease to run", || {
-        lease_of(&rh, &id)["state"] == "running"
-    });
+    let id = rent_running(&rh, &m.offer, &image);
 
     // The provider's dashboard; it prints the URL with the token.
     let dash = Dashboard::start(&ph);
@@ -452,25 +459,7 @@ fn dashboard_shows_na_for_declared_gpus_and_stops_offering() {
     // Declared GPUs, nothing samples them: every GPU value is unknown.
     let m = market_with(dir.path(), &["--usage-interval-secs", "2"], None);
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let rented = json(
-        &rh,
-        &[
-            "rent",
-            &m.offer,
-            "--seconds",
-            "120",
-            "--detach",
-            "--image",
-            &image,
-            "--",
-            "sleep",
-            "100",
-        ],
-    );
-    let id = rented["lease_id"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(60), "the lease to run", || {
-        lease_of(&rh, &id)["state"] == "running"
-    });
+    let id = rent_running(&rh, &m.offer, &image);
     // The renter's dashboard: the lease it rents, the provider's GPUs as n/a, its spending.
     let renter = Dashboard::start(&rh);
     let provider = Dashboard::start(&ph);

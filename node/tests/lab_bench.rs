@@ -270,7 +270,10 @@ fn hole_punch_per_nat_type() {
         (Nat::Symmetric, Nat::Symmetric),
     ] {
         let name = format!("{p:?}/{r:?}").to_lowercase();
-        if only.as_ref().is_none_or(|o| o.split(',').any(|x| x.trim() == name)) {
+        if only
+            .as_ref()
+            .is_none_or(|o| o.split(',').any(|x| x.trim() == name))
+        {
             hole_punch_trials(&image, p, r, trials, rtt);
         }
     }
