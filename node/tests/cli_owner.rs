@@ -84,3 +84,93 @@ fn an_owner_using_the_gpu_withdraws_the_offer_at_once_and_idle_brings_it_back() 
     assert!(text.contains("the owner is using this GPU"), "{text}");
     assert!(text.contains("GPU idle again"), "{text}");
 }
+
+#[test]
+fn provide_hours_are_checked_shown_in_status_and_kept_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("provider");
+    let node = cli_support::start(&home, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
+    let refused = |args: &[&str], says: &str| {
+        let out = cli(&home, args);
+        let err = cli_support::text(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+    };
+    refused(
+        &["provide", "--price", "0.40", "--hours", "25:00-08:00"],
+        "the hour must be 00 to 23",
+    );
+    refused(
+        &["provide", "--price", "0.40", "--hours", "10:00-10:00"],
+        "is empty",
+    );
+    refused(
+        &["provide", "--price", "0.40", "--hours", ""],
+        "no hours given",
+    );
+    refused(
+        &[
+            "provide",
+            "--price",
+            "0.40",
+            "--hours",
+            "22:00-08:00",
+            "--tz",
+            "Mars/Olympus",
+        ],
+        "unknown time zone \"Mars/Olympus\"",
+    );
+    // Nothing changed: no provide settings yet.
+    assert!(json(&home, &["status"])["schedule"].is_null());
+
+    let out = cli(
+        &home,
+        &[
+            "provide",
+            "--price",
+            "0.40",
+            "--hours",
+            "22:00-08:00,12:00-13:00",
+            "--tz",
+            "Europe/Berlin",
+        ],
+    );
+    assert!(out.status.success(), "{}", cli_support::text(&out.stderr));
+    let check = |s: &serde_json::Value| {
+        let h = &s["schedule"];
+        assert_eq!(h["hours"], "22:00-08:00,12:00-13:00", "{s}");
+        assert_eq!(h["tz"], "Europe/Berlin", "{s}");
+        let text = h["text"].as_str().unwrap();
+        let expected = if h["offered"] == true {
+            [
+                "offered until 08:00 Europe/Berlin",
+                "offered until 13:00 Europe/Berlin",
+            ]
+        } else {
+            [
+                "not offered until 22:00 Europe/Berlin",
+                "not offered until 12:00 Europe/Berlin",
+            ]
+        };
+        assert!(expected.contains(&text), "{text}");
+    };
+    check(&json(&home, &["status"]));
+    let human = cli_support::text(&cli(&home, &["status"]).stdout);
+    assert!(
+        human.contains("hours        22:00-08:00,12:00-13:00 (Europe/Berlin): "),
+        "{human}"
+    );
+
+    // A restarted daemon keeps them.
+    drop(node);
+    let node = cli_support::start_node(&home, &["--dev-gpus", "RTX 4090:24GiB:3.60"]);
+    check(&json(&home, &["status"]));
+
+    // `always` clears them.
+    let out = cli(&home, &["provide", "--hours", "always"]);
+    assert!(out.status.success(), "{}", cli_support::text(&out.stderr));
+    let s = json(&home, &["status"]);
+    assert_eq!(s["schedule"]["hours"], "always", "{s}");
+    assert_eq!(s["schedule"]["text"], "offered always", "{s}");
+    drop(node);
+}

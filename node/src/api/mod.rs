@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use gridlease_contracts::Money;
 use gridlease_contracts::book::BookEntry;
 use gridlease_contracts::query::Query;
+use gridlease_contracts::schedule::Schedule;
 use gridlease_protocol::{LeaseId, NetworkPolicy, OfferId, RejectReason};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +41,7 @@ pub use problem::{ApiError, Problem, ProblemType};
 use problem::{ApiJson, ApiPath, ApiQuery, ProblemType as P};
 use types::{
     BegunView, ConnectionView, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView,
-    ProvideBody, RentedView, StatusView, StoppingView,
+    ProvideBody, RentedView, ScheduleView, StatusView, StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -259,6 +260,13 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
         unreachable_addrs: text(&reach.unreachable),
         external_addrs: text(&reach.external),
         relays: reach.relays.iter().map(ToString::to_string).collect(),
+        schedule: s.leases.schedule().map(|n| ScheduleView {
+            text: n.sentence(),
+            hours: n.hours,
+            tz: n.zone,
+            offered: n.availability.offered,
+            until_ms: n.availability.until.map(|t| t.0),
+        }),
         own_offer: own.map(|o| OwnOfferView {
             id: o.id.to_string(),
             seq: o.offer.seq,
@@ -1605,12 +1613,31 @@ async fn provide(
     }
     gridlease_contracts::image::check_policy(&images)
         .map_err(|e| ApiError::new(P::InvalidBody, format!("image policy: {e}")))?;
+    let hours = match &b.hours {
+        Some(h) => h.parse::<Schedule>().map_err(|e| {
+            ApiError::new(P::InvalidBody, format!("hours: {e}"))
+                .hint("e.g. `gridlease provide --hours 22:00-08:00 --tz Europe/Berlin`")
+        })?,
+        None => current
+            .as_ref()
+            .map(|c| c.hours.clone())
+            .unwrap_or_default(),
+    };
+    let tz = match b.tz.as_deref().map(str::trim) {
+        Some("local") => None,
+        Some(z) => Some(z.to_string()),
+        None => current.as_ref().and_then(|c| c.tz.clone()),
+    };
+    // An unknown zone is refused before anything changes.
+    crate::lease::owner::zone(tz.as_deref()).map_err(|e| ApiError::new(P::InvalidBody, e))?;
     let settings = ProvideSettings {
         price_per_gpu_hour: price,
         gpus,
         max_hours: b.max_hours.or(current.as_ref().and_then(|c| c.max_hours)),
         network_policy,
         images,
+        hours,
+        tz,
         enabled: !b.off,
     };
     match s.leases.provide(settings).await {
@@ -1618,6 +1645,7 @@ async fn provide(
         Err(e @ (ProvideError::NoGpus | ProvideError::NoMatchingGpus)) => {
             Err(ApiError::new(P::NoGpus, e.to_string()))
         }
+        Err(ProvideError::Hours(e)) => Err(ApiError::new(P::InvalidBody, e)),
         Err(e) => Err(ApiError::internal(e)),
     }
 }

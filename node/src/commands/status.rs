@@ -53,6 +53,9 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
                     "reputation   {:.2} ({} completed lease(s) on record; docs/reputation.md)",
                     o.rep, o.completed
                 ));
+                if let Some(h) = &s.schedule {
+                    p.line(&format!("hours        {} ({}): {}", h.hours, h.tz, h.text));
+                }
             }
             None => p.line("providing    nothing"),
         }

@@ -415,6 +415,10 @@ pub struct ProvideSettings {
     pub network_policy: NetworkPolicy,
     /// Which images tenants may run.
     pub images: ImagePolicy,
+    /// The daily hours the GPUs are offered ([`owner`] withdraws them outside).
+    pub hours: gridlease_contracts::schedule::Schedule,
+    /// The time zone of `hours` (an IANA name); `None`: the machine's zone.
+    pub tz: Option<String>,
     /// Offer at all.
     pub enabled: bool,
 }
@@ -429,7 +433,16 @@ struct SavedProvide {
     network_policy: NetworkPolicy,
     #[serde(default)]
     images: ImagePolicy,
+    /// [`ProvideSettings::hours`] as text (`always` when absent: files written before it).
+    #[serde(default = "always")]
+    hours: String,
+    #[serde(default)]
+    tz: Option<String>,
     enabled: bool,
+}
+
+fn always() -> String {
+    "always".into()
 }
 
 impl ProvideSettings {
@@ -441,6 +454,8 @@ impl ProvideSettings {
             max_hours: self.max_hours,
             network_policy: self.network_policy,
             images: self.images.clone(),
+            hours: self.hours.to_string(),
+            tz: self.tz.clone(),
             enabled: self.enabled,
         };
         let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
@@ -458,12 +473,18 @@ impl ProvideSettings {
         };
         let s: SavedProvide = serde_json::from_slice(&bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let hours = s
+            .hours
+            .parse()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         Ok(Some(Self {
             price_per_gpu_hour: Money::from_micros(s.price_micros_per_gpu_hour),
             gpus: s.gpus,
             max_hours: s.max_hours,
             network_policy: s.network_policy,
             images: s.images,
+            hours,
+            tz: s.tz,
             enabled: s.enabled,
         }))
     }
@@ -478,6 +499,9 @@ pub enum ProvideError {
     /// None of the named GPUs exists here.
     #[error("none of the named GPUs is on this node")]
     NoMatchingGpus,
+    /// The schedule's time zone is not known here.
+    #[error("{0}")]
+    Hours(String),
     /// The network task has stopped.
     #[error(transparent)]
     Network(#[from] NegotiationError),
@@ -533,6 +557,10 @@ pub(crate) struct Ctx {
     /// Provider: offered GPUs no lease holds that their owner is using ([`owner::run`]): not
     /// given to leases, not counted free.
     pub(crate) owner_busy: watch::Sender<std::collections::BTreeSet<Digest>>,
+    /// Provider: the hours the GPUs are offered, as the last `provide` set them (or
+    /// `<home>/provide.json` at start); [`owner::run`] withdraws the GPUs outside them.
+    /// Written by [`LeaseService::provide`] only.
+    pub(crate) hours: watch::Sender<Option<owner::Hours>>,
     /// Provider: a session whose GPUs are free says so here before it publishes its settled
     /// view, so that the desk has released them before anyone who saw the view can ask for
     /// them ([`Ctx::gpus_free`]). The session's end releases them too (idempotent).
@@ -661,8 +689,24 @@ impl LeaseService {
             log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
             holds: watch::Sender::new(std::collections::BTreeSet::new()),
             owner_busy: watch::Sender::new(std::collections::BTreeSet::new()),
+            hours: watch::Sender::new(None),
             released: released_tx,
         });
+        // The hours a restarted provider offers in are those it last saved.
+        if let Some(path) = &ctx.config.provide_file {
+            match ProvideSettings::load(path) {
+                Ok(Some(saved)) if saved.enabled => match owner::Hours::resolve(&saved) {
+                    Ok(h) => {
+                        ctx.hours.send_replace(Some(h));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "saved provide hours not applied: offering always");
+                    }
+                },
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "ignoring unreadable provide settings"),
+            }
+        }
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
         let mut actor = Actor {
@@ -1104,6 +1148,13 @@ impl LeaseService {
         }
     }
 
+    /// The provider's schedule now (`None` when it does not provide): the hours, their zone,
+    /// whether they offer the GPUs now and until when (by the service's clock).
+    pub fn schedule(&self) -> Option<owner::ScheduleNow> {
+        let now = self.ctx.now();
+        self.ctx.hours.borrow().as_ref().map(|h| h.now(now))
+    }
+
     /// The cache of images pulled for leases: what it holds and its bounds.
     pub async fn image_cache(
         &self,
@@ -1126,7 +1177,13 @@ impl LeaseService {
 
     async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
         let t = s.template(self.ctx.config.base_template.as_ref())?;
+        let hours = if s.enabled {
+            Some(owner::Hours::resolve(s).map_err(ProvideError::Hours)?)
+        } else {
+            None
+        };
         self.ctx.client.set_offer(t).await?;
+        self.ctx.hours.send_replace(hours);
         // Other GPUs may be offered now: count the free ones again.
         self.ctx.holds.send_modify(|_| {});
         Ok(())
