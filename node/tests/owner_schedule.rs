@@ -80,6 +80,7 @@ async fn the_offer_is_withdrawn_outside_the_hours_and_back_at_the_window_start()
             images: provider.leases.base_images(),
             hours: hours.parse().unwrap(),
             tz: Some("UTC".into()),
+            interruptible: false,
             enabled: true,
         })
         .await

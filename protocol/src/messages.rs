@@ -355,6 +355,10 @@ pub struct Offer {
     /// when a lease takes or frees one, so renters see what is free (0: fully rented). At
     /// most `gpus.len()`.
     pub free_gpus: u16,
+    /// Whether a running lease may be stopped when the owner takes a leased GPU back (uses it,
+    /// or the provider's offered hours end). Such a lease closes with reason `OwnerReclaimed`
+    /// and is billed to the second it stopped. `false`: a running lease runs to its end.
+    pub interruptible: bool,
 }
 
 impl Shape for Offer {

@@ -158,6 +158,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                     upload_hold_s: 0,
                 },
                 free_gpus: 0,
+                interruptible: seq % 2 == 1,
                 addrs,
                 region,
             },

@@ -282,6 +282,7 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
                 }),
             ) / 1000.0,
             completed: own_numbers.map_or(0, |n| n.completed),
+            interruptible: o.offer.interruptible,
         }),
     }))
 }
@@ -457,6 +458,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         upload_hold_s: e.offer.sandbox.upload_hold_s,
         rep: f64::from(n.rep_permille) / 1000.0,
         completed: n.completed,
+        interruptible: e.offer.interruptible,
     }
 }
 
@@ -530,6 +532,7 @@ async fn offer(
             })
             .collect(),
         free_gpus: o.free_gpus,
+        interruptible: o.interruptible,
         per_gpu: o.per_gpu,
         price_per_gpu_hour: Money::from_micros(o.price_per_gpu_hour).to_string(),
         min_duration_s: o.min_duration_s,
@@ -810,8 +813,18 @@ async fn rent(
     ApiJson(mut req): ApiJson<RentRequest>,
 ) -> Result<Json<RentedView>, ApiError> {
     check_rent(&req)?;
-    let (offer, note) = resolve_offer(&s, &req.offer).await?;
+    let (offer, mut note) = resolve_offer(&s, &req.offer).await?;
     req.offer = offer.to_string();
+    // Renters learn before the container starts that the owner may take the GPU back.
+    if let Ok(Some(e)) = s.client.offer(offer).await
+        && e.offer.interruptible
+    {
+        let says = "this offer is interruptible: the provider's owner may stop the lease when they want the GPU back (billed to the second it stops; `search interruptible=false` for offers that are not)";
+        note = Some(match note {
+            Some(n) => format!("{n}; {says}"),
+            None => says.to_string(),
+        });
+    }
     match s.leases.rent(req).await {
         Ok(id) => Ok(Json(RentedView {
             lease_id: id.to_string(),
@@ -1638,6 +1651,9 @@ async fn provide(
         images,
         hours,
         tz,
+        interruptible: b
+            .interruptible
+            .unwrap_or_else(|| current.as_ref().is_some_and(|c| c.interruptible)),
         enabled: !b.off,
     };
     match s.leases.provide(settings).await {

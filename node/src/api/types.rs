@@ -114,6 +114,10 @@ pub struct OwnOfferView {
     /// Its completed leases among those records.
     #[serde(default)]
     pub completed: u32,
+    /// A running lease may be stopped when the owner wants the GPU back (`provide
+    /// --interruptible`).
+    #[serde(default)]
+    pub interruptible: bool,
 }
 
 /// `GET /v1/peers`: one connected peer.
@@ -196,6 +200,10 @@ pub struct OfferRow {
     /// The provider's completed leases among those records.
     #[serde(default)]
     pub completed: u32,
+    /// A running lease may be stopped when the provider's owner takes the GPU back (close
+    /// reason `owner_reclaimed`, billed to the second it stopped).
+    #[serde(default)]
+    pub interruptible: bool,
 }
 
 /// `GET /v1/gpus`: one local GPU.
@@ -308,6 +316,10 @@ pub struct ProvideBody {
     #[serde(default)]
     #[schema(example = "Europe/Berlin")]
     pub tz: Option<String>,
+    /// Whether a running lease may be stopped when the owner wants the GPU back (the owner
+    /// uses it, or the offered hours end); default false.
+    #[serde(default)]
+    pub interruptible: Option<bool>,
     /// Stop offering.
     #[serde(default)]
     pub off: bool,
@@ -394,6 +406,9 @@ pub struct OfferDetail {
     /// command, for uploads (`rent --upload`); 0: never.
     #[serde(default)]
     pub upload_hold_s: u32,
+    /// A running lease may be stopped when the provider's owner takes the GPU back.
+    #[serde(default)]
+    pub interruptible: bool,
     /// Where to reach the provider.
     pub addrs: Vec<String>,
     /// Region label.

@@ -51,6 +51,11 @@ pub struct ProvideArgs {
     /// default). Daylight saving time is followed.
     #[arg(long, value_name = "ZONE")]
     pub tz: Option<String>,
+    /// Whether a running lease may be stopped when you want the GPU back (you start using
+    /// it, or --hours end): it closes as `owner_reclaimed`, billed to the second. Stated in
+    /// the offer; default false (only unleased GPUs are withdrawn).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub interruptible: Option<bool>,
     /// Stop offering.
     #[arg(long)]
     pub off: bool,
@@ -86,6 +91,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
         max_unpacked_gib: args.max_unpacked_gib,
         hours: args.hours.clone(),
         tz: args.tz.clone(),
+        interruptible: args.interruptible,
         off: args.off,
     };
     let s: StatusView = api.put("/v1/provide", &body).await?;

@@ -419,6 +419,8 @@ pub struct ProvideSettings {
     pub hours: gridlease_contracts::schedule::Schedule,
     /// The time zone of `hours` (an IANA name); `None`: the machine's zone.
     pub tz: Option<String>,
+    /// Whether a running lease may be stopped for the owner (`Offer::interruptible`).
+    pub interruptible: bool,
     /// Offer at all.
     pub enabled: bool,
 }
@@ -438,6 +440,8 @@ struct SavedProvide {
     hours: String,
     #[serde(default)]
     tz: Option<String>,
+    #[serde(default)]
+    interruptible: bool,
     enabled: bool,
 }
 
@@ -456,6 +460,7 @@ impl ProvideSettings {
             images: self.images.clone(),
             hours: self.hours.to_string(),
             tz: self.tz.clone(),
+            interruptible: self.interruptible,
             enabled: self.enabled,
         };
         let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
@@ -485,6 +490,7 @@ impl ProvideSettings {
             images: s.images,
             hours,
             tz: s.tz,
+            interruptible: s.interruptible,
             enabled: s.enabled,
         }))
     }
@@ -1228,6 +1234,7 @@ impl ProvideSettings {
         t.sandbox.network = self.network_policy;
         t.sandbox.image_prefixes = self.images.prefixes.clone();
         t.images = self.images.clone();
+        t.interruptible = self.interruptible;
         Ok(Some(t))
     }
 
