@@ -847,6 +847,10 @@ pub enum CloseReason {
     BudgetExhausted,
     /// The container could not be started.
     StartFailed,
+    /// The provider's owner took a leased GPU back (started using it, or the offered hours
+    /// ended) and the offer said leases are interruptible (`Offer::interruptible`). Billed to
+    /// the second it stopped, like any stop.
+    OwnerReclaimed,
 }
 
 /// Either side closing a lease. Idempotent: closing a closed lease changes nothing.

@@ -260,6 +260,7 @@ fn close_reason() -> impl Strategy<Value = CloseReason> {
         Just(CloseReason::Expired),
         Just(CloseReason::RenterStop),
         Just(CloseReason::ProviderStop),
+        Just(CloseReason::OwnerReclaimed),
         Just(CloseReason::ContainerExited),
         Just(CloseReason::PaymentLagging),
         Just(CloseReason::RenterUnreachable),

@@ -542,6 +542,9 @@ pub(crate) enum SessionMsg {
     Inbound(Box<InboundSession>),
     /// Stop the lease locally (renter: close; provider: stop the container).
     Stop(oneshot::Sender<()>),
+    /// Provider: stop the lease because the owner takes its GPU back (an interruptible offer:
+    /// [`owner`]); the same stop as [`SessionMsg::Stop`], closed `OwnerReclaimed`.
+    Reclaim(oneshot::Sender<()>),
     /// Extend the lease (renter only; [`extend`]).
     Extend(Box<extend::ExtendAsk>),
 }
@@ -732,18 +735,19 @@ impl LeaseService {
         actor.resume_all().await?;
         actor.publish_holds();
         tokio::spawn(capacity::run(ctx.clone()));
-        tokio::spawn(owner::run(
-            ctx.clone(),
-            ctx.config.owner_idle,
-            ctx.config.owner_util_percent,
-        ));
         if ctx.sandbox.is_some() {
             tokio::spawn(outputs::run(ctx.clone(), ctx.config.outputs_sweep));
         }
         client.set_lease_handler(in_tx).await?;
         let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
-        Ok(Self { tx, ctx })
+        let svc = Self { tx, ctx };
+        tokio::spawn(owner::run(
+            svc.clone(),
+            svc.ctx.config.owner_idle,
+            svc.ctx.config.owner_util_percent,
+        ));
+        Ok(svc)
     }
 
     /// The Docker sandbox this node runs leases in (`None`: Docker unreachable, renting only).
@@ -1077,6 +1081,21 @@ impl LeaseService {
                 Some(_) => Ok(()), // already over
                 None => Err(LeaseError::Unknown(id)),
             }
+        }
+    }
+
+    /// Provider: stops a running lease because its owner takes the GPU back ([`owner`]; only
+    /// for an interruptible offer). The same path as [`LeaseService::stop`], with close reason
+    /// `OwnerReclaimed`; a lease already over is left as it is.
+    pub(crate) async fn reclaim(&self, id: LeaseId) -> Result<(), LeaseError> {
+        let (reply, rx) = oneshot::channel();
+        if self
+            .ask(|r| Cmd::ToSession(id, Box::new(SessionMsg::Reclaim(reply)), r))
+            .await?
+        {
+            rx.await.map_err(|_| LeaseError::Closed)
+        } else {
+            Ok(())
         }
     }
 

@@ -16,9 +16,17 @@
 //! offer says 0 free GPUs and renters' searches leave it out; at the window's start (the next
 //! round, within [`PERIOD`]) they are free again. A node without a sampler still follows its
 //! schedule.
+//!
+//! With an interruptible offer (`provide --interruptible true`, `Offer::interruptible`) the
+//! leased GPUs are watched too, and a lease is stopped for the owner
+//! ([`super::LeaseService::reclaim`], the provider's stop path, close reason
+//! `owner_reclaimed`, billed to the second it stopped) when a compute process outside any
+//! container appears on one of its GPUs (`GpuSample::host_processes`: the tenant's processes
+//! run in its container; utilisation is not used on a leased GPU, since it cannot be told
+//! apart from the tenant's), or when the offered hours end. Without it a running lease runs
+//! to its end and only the unleased GPUs are withdrawn.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gridlease_contracts::schedule::{Availability, Schedule};
@@ -26,12 +34,16 @@ use gridlease_protocol::{Digest, Timestamp};
 use gridlease_sandbox::meter::GpuSample;
 use jiff::tz::TimeZone;
 
-use super::{Ctx, ProvideSettings};
+use super::{LeaseService, ProvideSettings};
+use crate::store::Role;
 
-/// The hours a provider offers its GPUs, with their zone resolved (from
-/// [`ProvideSettings::hours`] and [`ProvideSettings::tz`]).
+/// The owner's terms of the offer: the hours a provider offers its GPUs, with their zone
+/// resolved (from [`ProvideSettings::hours`] and [`ProvideSettings::tz`]), and whether a
+/// running lease may be stopped for the owner ([`ProvideSettings::interruptible`]).
 #[derive(Clone, Debug)]
 pub struct Hours {
+    /// A running lease may be stopped when the owner takes its GPU back.
+    pub interruptible: bool,
     /// The daily windows.
     pub schedule: Schedule,
     /// Their zone.
@@ -89,6 +101,7 @@ impl Hours {
     pub fn resolve(s: &ProvideSettings) -> Result<Self, String> {
         let (tz, zone) = zone(s.tz.as_deref())?;
         Ok(Self {
+            interruptible: s.interruptible,
             schedule: s.hours.clone(),
             tz,
             zone,
@@ -117,6 +130,12 @@ pub const PERIOD: Duration = Duration::from_millis(500);
 /// percent (node setting `owner_util_percent`; 0: only compute processes count).
 pub const BUSY_UTIL_PERCENT: u32 = 10;
 
+/// Whether a sample of a GPU a lease holds shows its owner using it: a compute process outside
+/// any container (the tenant's run in its container).
+pub fn owner_uses_leased(s: &GpuSample) -> bool {
+    s.host_processes.is_some_and(|p| p > 0)
+}
+
 /// Whether a sample of a GPU no lease holds shows its owner using it: a compute process on it,
 /// or utilisation of at least `util_percent` (0: utilisation does not count).
 pub fn owner_uses(s: &GpuSample, util_percent: u32) -> bool {
@@ -138,7 +157,10 @@ pub fn busy(
 }
 
 /// Runs until the service stops. Without a sampler only the schedule is followed.
-pub(crate) async fn run(ctx: Arc<Ctx>, idle: Duration, util_percent: u32) {
+pub(crate) async fn run(svc: LeaseService, idle: Duration, util_percent: u32) {
+    let ctx = svc.ctx.clone();
+    // Leases already asked to stop for the owner (asked once).
+    let mut reclaimed: BTreeSet<gridlease_protocol::LeaseId> = BTreeSet::new();
     let sampler = ctx.config.gpu_sampler.clone();
     let mut hours = ctx.hours.subscribe();
     let mut closed = false;
@@ -160,23 +182,35 @@ pub(crate) async fn run(ctx: Arc<Ctx>, idle: Duration, util_percent: u32) {
             changed = hours.changed() => if changed.is_err() { return },
             _ = tick.tick() => {}
         }
+        let interruptible = hours.borrow().as_ref().is_some_and(|h| h.interruptible);
+        let held = ctx.holds.borrow().clone();
         let seen = match &sampler {
             Some(sampler) => {
-                let held = ctx.holds.borrow().clone();
-                let watch: Vec<(Digest, String)> = offered
+                // Leased GPUs only when their leases may be stopped for the owner.
+                let watch: Vec<(Digest, String, bool)> = offered
                     .iter()
-                    .filter(|d| !held.contains(d))
-                    .filter_map(|d| sampler.ids.get(d).map(|id| (*d, id.clone())))
+                    .filter(|d| interruptible || !held.contains(d))
+                    .filter_map(|d| {
+                        sampler
+                            .ids
+                            .get(d)
+                            .map(|id| (*d, id.clone(), held.contains(d)))
+                    })
                     .collect();
                 let s = sampler.sampler.clone();
                 // NVML calls block; a scripted probe does not, but one path serves both.
                 let Ok(seen) = tokio::task::spawn_blocking(move || {
                     watch
                         .into_iter()
-                        .filter_map(|(d, id)| {
-                            s.sample(&id)
-                                .ok()
-                                .map(|g| (d, owner_uses(&g, util_percent)))
+                        .filter_map(|(d, id, leased)| {
+                            s.sample(&id).ok().map(|g| {
+                                let used = if leased {
+                                    owner_uses_leased(&g)
+                                } else {
+                                    owner_uses(&g, util_percent)
+                                };
+                                (d, used)
+                            })
                         })
                         .collect::<Vec<_>>()
                 })
@@ -201,6 +235,19 @@ pub(crate) async fn run(ctx: Arc<Ctx>, idle: Duration, util_percent: u32) {
             } else {
                 tracing::info!(next = %next, "offered hours begin: GPUs offered again");
             }
+        }
+        // Interruptible: the leases on GPUs the owner takes back, or all of them once the
+        // offered hours end.
+        let mut reclaim: BTreeSet<Digest> = seen
+            .iter()
+            .filter(|(d, used)| *used && held.contains(d))
+            .map(|(d, _)| *d)
+            .collect();
+        if interruptible && closed {
+            reclaim.extend(held.iter().copied());
+        }
+        if interruptible && !reclaim.is_empty() {
+            stop_for_owner(&svc, &reclaim, &mut reclaimed, closed).await;
         }
         let now = Instant::now();
         for (d, in_use) in seen {
@@ -228,6 +275,41 @@ pub(crate) async fn run(ctx: Arc<Ctx>, idle: Duration, util_percent: u32) {
             }
             *cur = busy_now;
             true
+        });
+    }
+}
+
+/// Stops (once each) the running provider leases that hold any of `gpus`, for the owner.
+async fn stop_for_owner(
+    svc: &LeaseService,
+    gpus: &BTreeSet<Digest>,
+    reclaimed: &mut BTreeSet<gridlease_protocol::LeaseId>,
+    hours_ended: bool,
+) {
+    let Ok(live) = svc.ctx.store.call(|s| s.live_leases()).await else {
+        return;
+    };
+    reclaimed.retain(|id| live.iter().any(|(l, _)| l.lease.id == *id));
+    for (l, _) in live {
+        let id = l.lease.id;
+        if l.role != Role::Provider
+            || reclaimed.contains(&id)
+            || !l.gpus.iter().any(|g| gpus.contains(g))
+        {
+            continue;
+        }
+        reclaimed.insert(id);
+        let why = if hours_ended {
+            "the offered hours ended"
+        } else {
+            "the owner is using its GPU"
+        };
+        tracing::info!(lease = %id, why, "stopping an interruptible lease for the owner");
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            if let Err(e) = svc.reclaim(id).await {
+                tracing::warn!(lease = %id, error = %e, "could not stop the lease for the owner");
+            }
         });
     }
 }
