@@ -231,3 +231,86 @@ async fn a_lease_of_a_non_interruptible_offer_keeps_running_while_the_free_gpu_i
         p.cancel.cancel();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_interruptible_lease_is_stopped_when_the_offered_hours_end() {
+    let Some(sb) = docker_or_skip("owner_interrupt").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let clock = gridlease_node::clock::ManualClock::new();
+    let pclock = clock.clone();
+    let template = lease_template(1, 1, 10);
+    let provider = provider_with(root, &sb, template, 10, |svc| {
+        svc.clock = pclock;
+    })
+    .await;
+    // A renter grace longer than the clock's jump: silence by the provider's clock does not
+    // close the lease first.
+    let (renter, first) = renter_of(root, &provider, 400).await;
+    // Hours from now to two to three minutes from now (UTC).
+    use gridlease_node::clock::Clock as _;
+    let now = clock.now().0;
+    let minute = |ms: u64| u16::try_from((ms / 60_000) % 1440).unwrap();
+    let end_ms = (now / 60_000 + 3) * 60_000;
+    let hours = format!(
+        "{}-{}",
+        gridlease_contracts::schedule::hhmm(minute(now)),
+        gridlease_contracts::schedule::hhmm(minute(end_ms))
+    );
+    provider
+        .leases
+        .provide(ProvideSettings {
+            price_per_gpu_hour: Money::from_micros(PRICE),
+            gpus: None,
+            max_hours: None,
+            network_policy: NetworkPolicy::None,
+            images: provider.leases.base_images(),
+            hours: hours.parse().unwrap(),
+            tz: Some("UTC".into()),
+            interruptible: true,
+            enabled: true,
+        })
+        .await
+        .unwrap();
+    let offer = wait_seen(&renter, &provider, "the re-signed offer", |id, free, i| {
+        id != first && free == 1 && i
+    })
+    .await;
+    let id = renter
+        .leases
+        .rent(probe_rent(
+            offer,
+            &image,
+            600,
+            &["sleep", "600", "exit", "0"],
+        ))
+        .await
+        .unwrap();
+    wait_view(&provider.leases, id, "the lease to run", |v| {
+        v.started_at.is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // The hours end (the provider's clock jumps past them, well before the lease's own end):
+    // the lease is stopped.
+    clock.advance(end_ms + 100 - clock.now().0);
+    let t = Instant::now();
+    let pdone = closed(&provider.leases, id, 30).await;
+    let done = closed(&renter.leases, id, 30).await;
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(pdone.close_reason.as_deref(), Some("owner_reclaimed"));
+    assert_eq!(done.close_reason.as_deref(), Some("owner_reclaimed"));
+    assert_eq!(done.settled_total, pdone.settled_total);
+    assert!(done.settled_total.unwrap() > 0);
+    wait_seen(&renter, &provider, "the offer withdrawn", |_, free, _| {
+        free == 0
+    })
+    .await;
+    for p in [&provider, &renter] {
+        p.cancel.cancel();
+    }
+}
