@@ -563,8 +563,9 @@ pub(crate) struct Ctx {
     /// Provider: the GPUs (UUID digests) leases hold now, as the desk last published them;
     /// [`capacity::run`] turns each change into the offer's free count.
     pub(crate) holds: watch::Sender<std::collections::BTreeSet<Digest>>,
-    /// Provider: offered GPUs no lease holds that their owner is using ([`owner::run`]): not
-    /// given to leases, not counted free.
+    /// Provider: offered GPUs that are the owner's now ([`owner::run`]): in use by the owner
+    /// (recently, or outside the offered hours: then all of them): not given to leases, not
+    /// counted free.
     pub(crate) owner_busy: watch::Sender<std::collections::BTreeSet<Digest>>,
     /// Provider: the hours the GPUs are offered, as the last `provide` set them (or
     /// `<home>/provide.json` at start); [`owner::run`] withdraws the GPUs outside them.
