@@ -4,7 +4,7 @@
 //! term validation ([`terms`]), the lease state machine ([`lease`]), when a lease's container is
 //! signalled ([`deadline`]), amending a running lease ([`amend`]), the payment channel
 //! ([`channel`]) and what an offer may promise
-//! from the host's capacity ([`capacity`]), and which images a provider runs ([`image`]). The node and the simulator both run exactly this
+//! from the host's capacity ([`capacity`]), which images a provider runs ([`image`]), and when a provider's schedule offers its GPUs ([`schedule`]). The node and the simulator both run exactly this
 //! code.
 //!
 //! What it must never do: read the clock, draw randomness on its own, or perform I/O. Time and
@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod lease;
 pub mod money;
 pub mod query;
+pub mod schedule;
 pub mod statement;
 pub mod terms;
 

@@ -42,6 +42,8 @@ pub struct Numbers {
     pub verified: bool,
     /// Egress allowed.
     pub egress: bool,
+    /// A running lease may be stopped for the provider's owner (`Offer::interruptible`).
+    pub interruptible: bool,
     /// Tenants run under gVisor.
     pub gvisor: bool,
     /// GPUs in the offer.
@@ -114,6 +116,7 @@ impl OfferSummary {
                         .iter()
                         .all(|g| g.bench.attestation == Attestation::Measured),
                 egress: offer.sandbox.network == NetworkPolicy::Egress,
+                interruptible: offer.interruptible,
                 gvisor: offer.sandbox.isolation == Isolation::Gvisor,
                 gpus: u32::try_from(offer.gpus.len()).unwrap_or(u32::MAX),
                 free_gpus: u32::from(offer.free_gpus),
@@ -257,6 +260,8 @@ pub enum Field {
     Egress,
     /// Tenants run under gVisor (bool).
     Gvisor,
+    /// A running lease may be stopped for the provider's owner (bool).
+    Interruptible,
     /// Region label (text).
     Region,
     /// Compute capability, e.g. `8.9`.
@@ -273,7 +278,7 @@ pub enum Field {
 
 impl Field {
     /// Every field with its query name.
-    pub const ALL: [(&'static str, Field); 24] = [
+    pub const ALL: [(&'static str, Field); 25] = [
         ("gpu", Field::Gpu),
         ("vram", Field::Vram),
         ("price", Field::Price),
@@ -292,6 +297,7 @@ impl Field {
         ("min_billed", Field::MinBilled),
         ("egress", Field::Egress),
         ("gvisor", Field::Gvisor),
+        ("interruptible", Field::Interruptible),
         ("region", Field::Region),
         ("cc", Field::Cc),
         ("cuda", Field::Cuda),
@@ -341,6 +347,11 @@ impl Field {
             Self::MinBilled => ("number", "least time billed, seconds", "min_billed<=60"),
             Self::Egress => ("bool", "internet access allowed", "egress=true"),
             Self::Gvisor => ("bool", "tenants run under gVisor (runsc)", "gvisor=true"),
+            Self::Interruptible => (
+                "bool",
+                "a lease may be stopped for the owner",
+                "interruptible=false",
+            ),
             Self::Region => ("text", "region label", "region=eu-west"),
             Self::Cc => ("number", "CUDA compute capability", "cc>=8.9"),
             Self::Cuda => ("number", "CUDA version the driver supports", "cuda>=12.4"),
@@ -367,7 +378,7 @@ impl Field {
     fn kind(self) -> Kind {
         match self {
             Self::Gpu | Self::Region => Kind::Text,
-            Self::Verified | Self::Egress | Self::Gvisor => Kind::Bool,
+            Self::Verified | Self::Egress | Self::Gvisor | Self::Interruptible => Kind::Bool,
             _ => Kind::Number,
         }
     }
@@ -388,7 +399,12 @@ impl Field {
             Self::Driver | Self::Completed => (1, 0),
             Self::Rep => (1000, 3),
             Self::Vram | Self::Ram | Self::Gpus | Self::Free | Self::Disk => (1, 0),
-            Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => (1, 0),
+            Self::Gpu
+            | Self::Region
+            | Self::Verified
+            | Self::Egress
+            | Self::Gvisor
+            | Self::Interruptible => (1, 0),
         }
     }
 
@@ -414,7 +430,12 @@ impl Field {
             Self::Driver => u64::from(s.driver),
             Self::Rep => u64::from(s.rep_permille),
             Self::Completed => u64::from(s.completed),
-            Self::Gpu | Self::Region | Self::Verified | Self::Egress | Self::Gvisor => 0,
+            Self::Gpu
+            | Self::Region
+            | Self::Verified
+            | Self::Egress
+            | Self::Gvisor
+            | Self::Interruptible => 0,
         }
     }
 }
@@ -458,6 +479,7 @@ impl Condition {
                     Field::Verified => s.verified,
                     Field::Egress => s.egress,
                     Field::Gvisor => s.gvisor,
+                    Field::Interruptible => s.interruptible,
                     _ => return Some(false),
                 };
                 Some(self.op.holds(actual.cmp(v)))
@@ -940,6 +962,8 @@ mod tests {
             ("gpu=\"NVIDIA GeForce RTX 3090\"", false),
             ("egress=false", true),
             ("gvisor=false", true),
+            ("interruptible=false", true),
+            ("interruptible=true", false),
             ("free>=1", true),
             ("free>=9", false),
             ("gvisor=true", false),

@@ -61,7 +61,9 @@ impl Outcome {
             CloseReason::Expired
             | CloseReason::RenterStop
             | CloseReason::ContainerExited
-            | CloseReason::BudgetExhausted => Self::Completed,
+            | CloseReason::BudgetExhausted
+            // The offer said the owner may take the GPU back (`Offer::interruptible`).
+            | CloseReason::OwnerReclaimed => Self::Completed,
             CloseReason::ImplausibleUsage => Self::Fraud,
             CloseReason::ProviderStop
             | CloseReason::PaymentLagging

@@ -46,7 +46,12 @@ impl CompletionOutcome {
     pub fn of_close(reason: crate::CloseReason) -> Self {
         use crate::CloseReason as R;
         match reason {
-            R::Expired | R::RenterStop | R::ContainerExited | R::BudgetExhausted => Self::Completed,
+            // An interruptible offer said the owner may take the GPU back: no failure.
+            R::Expired
+            | R::RenterStop
+            | R::ContainerExited
+            | R::BudgetExhausted
+            | R::OwnerReclaimed => Self::Completed,
             R::ProviderStop | R::ProviderUnreachable | R::StartFailed => Self::ProviderFailed,
             R::PaymentLagging | R::RenterUnreachable | R::BadReceipt => Self::RenterFailed,
             R::ImplausibleUsage => Self::Disputed,

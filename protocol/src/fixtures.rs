@@ -71,6 +71,7 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
         addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
         region: "eu-west".into(),
         free_gpus: u16::from(gpus),
+        interruptible: false,
     }
 }
 

@@ -355,6 +355,10 @@ pub struct Offer {
     /// when a lease takes or frees one, so renters see what is free (0: fully rented). At
     /// most `gpus.len()`.
     pub free_gpus: u16,
+    /// Whether a running lease may be stopped when the owner takes a leased GPU back (uses it,
+    /// or the provider's offered hours end). Such a lease closes with reason `OwnerReclaimed`
+    /// and is billed to the second it stopped. `false`: a running lease runs to its end.
+    pub interruptible: bool,
 }
 
 impl Shape for Offer {
@@ -843,6 +847,10 @@ pub enum CloseReason {
     BudgetExhausted,
     /// The container could not be started.
     StartFailed,
+    /// The provider's owner took a leased GPU back (started using it, or the offered hours
+    /// ended) and the offer said leases are interruptible (`Offer::interruptible`). Billed to
+    /// the second it stopped, like any stop.
+    OwnerReclaimed,
 }
 
 /// Either side closing a lease. Idempotent: closing a closed lease changes nothing.

@@ -276,7 +276,24 @@ impl GpuProbe for NvmlProbe {
             // Compute processes only: a desktop's compositor is a graphics process on the GPU
             // that drives the display, always there; a game shows as utilisation instead.
             processes: d.running_compute_processes_count().ok(),
+            host_processes: d.running_compute_processes().ok().map(|ps| {
+                let n = ps.iter().filter(|p| outside_containers(p.pid)).count();
+                u32::try_from(n).unwrap_or(u32::MAX)
+            }),
         })
+    }
+}
+
+/// Whether host process `pid` runs outside any container, from its cgroup path (Docker,
+/// containerd, Podman and Kubernetes put their containers' processes under a cgroup naming
+/// them). A process that cannot be read (gone, or another PID namespace) does not count as
+/// outside: a lease is never interrupted on a guess.
+fn outside_containers(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+        Ok(cg) => !["docker", "containerd", "libpod", "kubepods", "crio"]
+            .iter()
+            .any(|m| cg.contains(m)),
+        Err(_) => false,
     }
 }
 
@@ -457,6 +474,8 @@ impl ScriptedProbe {
                     temp_c: at(&spec.temp_c, k),
                     sm_clock_mhz: at(&spec.sm_clock_mhz, k),
                     processes: at(&spec.processes, k).or(spec.owner_file.as_ref().map(|_| 0)),
+                    // Scripted processes are the owner's (besides a tenant's): on the host.
+                    host_processes: at(&spec.processes, k).or(spec.owner_file.as_ref().map(|_| 0)),
                 })
                 .collect();
             self.set_curve(&uuid, points);
@@ -492,6 +511,7 @@ impl GpuProbe for ScriptedProbe {
                 let mut s = c.points.get(k % c.points.len().max(1)).copied()?;
                 if c.owner_file.as_ref().is_some_and(|f| f.exists()) {
                     s.processes = Some(s.processes.unwrap_or(0).saturating_add(1));
+                    s.host_processes = Some(s.host_processes.unwrap_or(0).saturating_add(1));
                 }
                 Some(s)
             })

@@ -101,6 +101,10 @@ pub struct GpuSample {
     /// Compute processes on the GPU (`None`: not reported). On a GPU no lease holds, any is
     /// the owner's: the node withdraws the GPU from its offer.
     pub processes: Option<u32>,
+    /// Of those, the ones that run outside any container (`None`: not known). On a GPU a
+    /// lease holds, the tenant's processes run in its container; one outside is the owner's
+    /// (an interruptible lease is then stopped for the owner).
+    pub host_processes: Option<u32>,
 }
 
 /// What [`meter_run`] saw at one stats sample: the container's counters and the GPU samples

@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use gridlease_contracts::Money;
 use gridlease_contracts::book::BookEntry;
 use gridlease_contracts::query::Query;
+use gridlease_contracts::schedule::Schedule;
 use gridlease_protocol::{LeaseId, NetworkPolicy, OfferId, RejectReason};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +41,7 @@ pub use problem::{ApiError, Problem, ProblemType};
 use problem::{ApiJson, ApiPath, ApiQuery, ProblemType as P};
 use types::{
     BegunView, ConnectionView, GpusView, ImageCacheView, OfferRow, OwnOfferView, PeerView,
-    ProvideBody, RentedView, StatusView, StoppingView,
+    ProvideBody, RentedView, ScheduleView, StatusView, StoppingView,
 };
 
 /// Socket file name inside the home.
@@ -259,6 +260,13 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
         unreachable_addrs: text(&reach.unreachable),
         external_addrs: text(&reach.external),
         relays: reach.relays.iter().map(ToString::to_string).collect(),
+        schedule: s.leases.schedule().map(|n| ScheduleView {
+            text: n.sentence(),
+            hours: n.hours,
+            tz: n.zone,
+            offered: n.availability.offered,
+            until_ms: n.availability.until.map(|t| t.0),
+        }),
         own_offer: own.map(|o| OwnOfferView {
             id: o.id.to_string(),
             seq: o.offer.seq,
@@ -274,6 +282,7 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
                 }),
             ) / 1000.0,
             completed: own_numbers.map_or(0, |n| n.completed),
+            interruptible: o.offer.interruptible,
         }),
     }))
 }
@@ -449,6 +458,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         upload_hold_s: e.offer.sandbox.upload_hold_s,
         rep: f64::from(n.rep_permille) / 1000.0,
         completed: n.completed,
+        interruptible: e.offer.interruptible,
     }
 }
 
@@ -522,6 +532,7 @@ async fn offer(
             })
             .collect(),
         free_gpus: o.free_gpus,
+        interruptible: o.interruptible,
         per_gpu: o.per_gpu,
         price_per_gpu_hour: Money::from_micros(o.price_per_gpu_hour).to_string(),
         min_duration_s: o.min_duration_s,
@@ -802,8 +813,18 @@ async fn rent(
     ApiJson(mut req): ApiJson<RentRequest>,
 ) -> Result<Json<RentedView>, ApiError> {
     check_rent(&req)?;
-    let (offer, note) = resolve_offer(&s, &req.offer).await?;
+    let (offer, mut note) = resolve_offer(&s, &req.offer).await?;
     req.offer = offer.to_string();
+    // Renters learn before the container starts that the owner may take the GPU back.
+    if let Ok(Some(e)) = s.client.offer(offer).await
+        && e.offer.interruptible
+    {
+        let says = "this offer is interruptible: the provider's owner may stop the lease when they want the GPU back (billed to the second it stops; `search interruptible=false` for offers that are not)";
+        note = Some(match note {
+            Some(n) => format!("{n}; {says}"),
+            None => says.to_string(),
+        });
+    }
     match s.leases.rent(req).await {
         Ok(id) => Ok(Json(RentedView {
             lease_id: id.to_string(),
@@ -1605,12 +1626,34 @@ async fn provide(
     }
     gridlease_contracts::image::check_policy(&images)
         .map_err(|e| ApiError::new(P::InvalidBody, format!("image policy: {e}")))?;
+    let hours = match &b.hours {
+        Some(h) => h.parse::<Schedule>().map_err(|e| {
+            ApiError::new(P::InvalidBody, format!("hours: {e}"))
+                .hint("e.g. `gridlease provide --hours 22:00-08:00 --tz Europe/Berlin`")
+        })?,
+        None => current
+            .as_ref()
+            .map(|c| c.hours.clone())
+            .unwrap_or_default(),
+    };
+    let tz = match b.tz.as_deref().map(str::trim) {
+        Some("local") => None,
+        Some(z) => Some(z.to_string()),
+        None => current.as_ref().and_then(|c| c.tz.clone()),
+    };
+    // An unknown zone is refused before anything changes.
+    crate::lease::owner::zone(tz.as_deref()).map_err(|e| ApiError::new(P::InvalidBody, e))?;
     let settings = ProvideSettings {
         price_per_gpu_hour: price,
         gpus,
         max_hours: b.max_hours.or(current.as_ref().and_then(|c| c.max_hours)),
         network_policy,
         images,
+        hours,
+        tz,
+        interruptible: b
+            .interruptible
+            .unwrap_or_else(|| current.as_ref().is_some_and(|c| c.interruptible)),
         enabled: !b.off,
     };
     match s.leases.provide(settings).await {
@@ -1618,6 +1661,7 @@ async fn provide(
         Err(e @ (ProvideError::NoGpus | ProvideError::NoMatchingGpus)) => {
             Err(ApiError::new(P::NoGpus, e.to_string()))
         }
+        Err(ProvideError::Hours(e)) => Err(ApiError::new(P::InvalidBody, e)),
         Err(e) => Err(ApiError::internal(e)),
     }
 }

@@ -49,6 +49,26 @@ pub struct StatusView {
     /// Images pulled for leases and kept cached, with the cache's bounds.
     #[serde(default)]
     pub image_cache: ImageCacheView,
+    /// The hours this node offers its GPUs (`provide --hours`), when it provides; absent
+    /// before the first `provide`.
+    #[serde(default)]
+    pub schedule: Option<ScheduleView>,
+}
+
+/// The provider's availability schedule now.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ScheduleView {
+    /// The windows (`22:00-08:00,12:00-13:00`), or `always`.
+    pub hours: String,
+    /// The time zone they are in (an IANA name; the machine's zone unless `--tz` named one).
+    pub tz: String,
+    /// Whether now is inside the schedule (outside, the offer's free count is 0).
+    pub offered: bool,
+    /// When that next changes, unix ms; absent when it never does (`always`).
+    pub until_ms: Option<u64>,
+    /// The same in words: `offered until 08:00 Europe/Berlin`, `not offered until 22:00
+    /// Europe/Berlin`, `offered always`.
+    pub text: String,
 }
 
 /// The provider's cache of pulled images.
@@ -94,6 +114,10 @@ pub struct OwnOfferView {
     /// Its completed leases among those records.
     #[serde(default)]
     pub completed: u32,
+    /// A running lease may be stopped when the owner wants the GPU back (`provide
+    /// --interruptible`).
+    #[serde(default)]
+    pub interruptible: bool,
 }
 
 /// `GET /v1/peers`: one connected peer.
@@ -176,6 +200,10 @@ pub struct OfferRow {
     /// The provider's completed leases among those records.
     #[serde(default)]
     pub completed: u32,
+    /// A running lease may be stopped when the provider's owner takes the GPU back (close
+    /// reason `owner_reclaimed`, billed to the second it stopped).
+    #[serde(default)]
+    pub interruptible: bool,
 }
 
 /// `GET /v1/gpus`: one local GPU.
@@ -278,6 +306,20 @@ pub struct ProvideBody {
     #[serde(default)]
     #[schema(minimum = 1)]
     pub max_unpacked_gib: Option<u64>,
+    /// The daily windows during which the GPUs are offered, in `tz`: `HH:MM-HH:MM` separated
+    /// by commas (a window may cross midnight: `22:00-08:00`), or `always` (the default).
+    #[serde(default)]
+    #[schema(example = "22:00-08:00,12:00-13:00")]
+    pub hours: Option<String>,
+    /// The time zone of `hours`, an IANA name (`Europe/Berlin`); `local` or absent the first
+    /// time: the machine's zone.
+    #[serde(default)]
+    #[schema(example = "Europe/Berlin")]
+    pub tz: Option<String>,
+    /// Whether a running lease may be stopped when the owner wants the GPU back (the owner
+    /// uses it, or the offered hours end); default false.
+    #[serde(default)]
+    pub interruptible: Option<bool>,
     /// Stop offering.
     #[serde(default)]
     pub off: bool,
@@ -364,6 +406,9 @@ pub struct OfferDetail {
     /// command, for uploads (`rent --upload`); 0: never.
     #[serde(default)]
     pub upload_hold_s: u32,
+    /// A running lease may be stopped when the provider's owner takes the GPU back.
+    #[serde(default)]
+    pub interruptible: bool,
     /// Where to reach the provider.
     pub addrs: Vec<String>,
     /// Region label.

@@ -82,6 +82,11 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
             &[12, 3, 8, 7, 6, 5, 4, 1, 10],
             args.wide,
         );
+        for v in &views {
+            if let Some(s) = super::rent::reason_sentence(v.close_reason.as_deref()) {
+                p.line(&format!("lease {}: {s}", short(&v.lease_id.to_string())));
+            }
+        }
     });
     Ok(0)
 }

@@ -42,6 +42,20 @@ pub struct ProvideArgs {
     /// Largest image unpacked on this disk, GiB (default 60).
     #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_unpacked_gib: Option<u64>,
+    /// Hours of the day the GPUs are offered, in --tz: windows HH:MM-HH:MM separated by
+    /// commas (`22:00-08:00,12:00-13:00`; a window may cross midnight), or `always` (the
+    /// default). Outside them the offer says 0 free GPUs.
+    #[arg(long, value_name = "WINDOWS")]
+    pub hours: Option<String>,
+    /// Time zone of --hours, an IANA name (Europe/Berlin), or `local`: the machine's zone (the
+    /// default). Daylight saving time is followed.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
+    /// Whether a running lease may be stopped when you want the GPU back (you start using
+    /// it, or --hours end): it closes as `owner_reclaimed`, billed to the second. Stated in
+    /// the offer; default false (only unleased GPUs are withdrawn).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub interruptible: Option<bool>,
     /// Stop offering.
     #[arg(long)]
     pub off: bool,
@@ -57,6 +71,14 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
             anyhow::bail!("--price must be above 0, e.g. --price 0.40");
         }
     }
+    // Said here, before anything changes (the daemon checks the same again).
+    if let Some(h) = &args.hours {
+        h.parse::<gridlease_contracts::schedule::Schedule>()
+            .map_err(|e| anyhow::anyhow!("--hours {h:?}: {e}"))?;
+    }
+    if let Some(z) = &args.tz {
+        crate::lease::owner::zone(Some(z)).map_err(|e| anyhow::anyhow!("--tz: {e}"))?;
+    }
     let body = ProvideBody {
         price: args.price.clone(),
         gpus: args.gpus.clone(),
@@ -67,17 +89,25 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
         local_images: args.local_images.as_ref().map(|p| nonempty(p)),
         max_image_gib: args.max_image_gib,
         max_unpacked_gib: args.max_unpacked_gib,
+        hours: args.hours.clone(),
+        tz: args.tz.clone(),
+        interruptible: args.interruptible,
         off: args.off,
     };
     let s: StatusView = api.put("/v1/provide", &body).await?;
     out.emit(&s, |p| match &s.own_offer {
-        Some(o) => p.line(&format!(
-            "offering {} GPU(s) at {} {}/GPU-hour (offer {})",
-            o.gpus,
-            o.price_per_gpu_hour,
-            gridlease_contracts::money::UNIT,
-            crate::output::short(&o.id)
-        )),
+        Some(o) => {
+            p.line(&format!(
+                "offering {} GPU(s) at {} {}/GPU-hour (offer {})",
+                o.gpus,
+                o.price_per_gpu_hour,
+                gridlease_contracts::money::UNIT,
+                crate::output::short(&o.id)
+            ));
+            if let Some(h) = s.schedule.as_ref().filter(|h| h.hours != "always") {
+                p.line(&format!("hours {} ({}): {}", h.hours, h.tz, h.text));
+            }
+        }
         None => p.line("not offering anything"),
     });
     Ok(0)

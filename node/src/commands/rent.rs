@@ -472,6 +472,16 @@ pub fn minimum_applied(view: &LeaseView) -> bool {
     wall_s < u64::from(view.min_billed_s) && ran_cost.is_ok_and(|c| paid > c.micros())
 }
 
+/// A close reason that needs saying in words, as a sentence.
+pub fn reason_sentence(reason: Option<&str>) -> Option<&'static str> {
+    match reason? {
+        "owner_reclaimed" => Some(
+            "the provider's owner took the GPU back (the offer is interruptible): the lease was stopped and billed to the second it stopped",
+        ),
+        _ => None,
+    }
+}
+
 /// Prints the bill of a finished lease.
 pub fn print_bill(out: &Printer, view: &LeaseView) {
     let wall_s = view.usage.as_ref().map_or(0, |u| u.wall_ms) / 1000;
@@ -496,6 +506,9 @@ pub fn print_bill(out: &Printer, view: &LeaseView) {
     ));
     if let Some(f) = &view.failure {
         out.line(&format!("the provider could not start it: {}", f.message));
+    }
+    if let Some(s) = reason_sentence(view.close_reason.as_deref()) {
+        out.line(s);
     }
 }
 

@@ -85,6 +85,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                     format!("{} s", r.min_billed_s),
                     r.access.describe(),
                     r.isolation.to_string(),
+                    if r.interruptible { "yes" } else { "no" }.into(),
                 ]
             })
             .collect();
@@ -103,13 +104,16 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "min bill",
                 "access",
                 "isolation",
+                "interruptible",
             ],
             table,
             // Least important first; `min bill` (billed per second, at least this long),
             // `access` (shell, exec, forward) and `isolation` (runc, gvisor) show in wide
             // terminals and with --wide.
             // `rep (done)`: reputation and completed leases (docs/reputation.md).
-            &[12, 11, 10, 1, 6, 9, 4, 8, 7],
+            // `interruptible` (the owner may stop a lease: `search interruptible=false`)
+            // likewise.
+            &[13, 12, 11, 10, 1, 6, 9, 4, 8, 7],
             args.wide,
         );
     });

@@ -53,6 +53,14 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
                     "reputation   {:.2} ({} completed lease(s) on record; docs/reputation.md)",
                     o.rep, o.completed
                 ));
+                p.line(if o.interruptible {
+                    "interrupt    a running lease may be stopped when the owner wants the GPU back"
+                } else {
+                    "interrupt    no: running leases run to their end"
+                });
+                if let Some(h) = &s.schedule {
+                    p.line(&format!("hours        {} ({}): {}", h.hours, h.tz, h.text));
+                }
             }
             None => p.line("providing    nothing"),
         }

@@ -415,6 +415,12 @@ pub struct ProvideSettings {
     pub network_policy: NetworkPolicy,
     /// Which images tenants may run.
     pub images: ImagePolicy,
+    /// The daily hours the GPUs are offered ([`owner`] withdraws them outside).
+    pub hours: gridlease_contracts::schedule::Schedule,
+    /// The time zone of `hours` (an IANA name); `None`: the machine's zone.
+    pub tz: Option<String>,
+    /// Whether a running lease may be stopped for the owner (`Offer::interruptible`).
+    pub interruptible: bool,
     /// Offer at all.
     pub enabled: bool,
 }
@@ -429,7 +435,18 @@ struct SavedProvide {
     network_policy: NetworkPolicy,
     #[serde(default)]
     images: ImagePolicy,
+    /// [`ProvideSettings::hours`] as text (`always` when absent: files written before it).
+    #[serde(default = "always")]
+    hours: String,
+    #[serde(default)]
+    tz: Option<String>,
+    #[serde(default)]
+    interruptible: bool,
     enabled: bool,
+}
+
+fn always() -> String {
+    "always".into()
 }
 
 impl ProvideSettings {
@@ -441,6 +458,9 @@ impl ProvideSettings {
             max_hours: self.max_hours,
             network_policy: self.network_policy,
             images: self.images.clone(),
+            hours: self.hours.to_string(),
+            tz: self.tz.clone(),
+            interruptible: self.interruptible,
             enabled: self.enabled,
         };
         let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
@@ -458,12 +478,19 @@ impl ProvideSettings {
         };
         let s: SavedProvide = serde_json::from_slice(&bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let hours = s
+            .hours
+            .parse()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         Ok(Some(Self {
             price_per_gpu_hour: Money::from_micros(s.price_micros_per_gpu_hour),
             gpus: s.gpus,
             max_hours: s.max_hours,
             network_policy: s.network_policy,
             images: s.images,
+            hours,
+            tz: s.tz,
+            interruptible: s.interruptible,
             enabled: s.enabled,
         }))
     }
@@ -478,6 +505,9 @@ pub enum ProvideError {
     /// None of the named GPUs exists here.
     #[error("none of the named GPUs is on this node")]
     NoMatchingGpus,
+    /// The schedule's time zone is not known here.
+    #[error("{0}")]
+    Hours(String),
     /// The network task has stopped.
     #[error(transparent)]
     Network(#[from] NegotiationError),
@@ -512,6 +542,9 @@ pub(crate) enum SessionMsg {
     Inbound(Box<InboundSession>),
     /// Stop the lease locally (renter: close; provider: stop the container).
     Stop(oneshot::Sender<()>),
+    /// Provider: stop the lease because the owner takes its GPU back (an interruptible offer:
+    /// [`owner`]); the same stop as [`SessionMsg::Stop`], closed `OwnerReclaimed`.
+    Reclaim(oneshot::Sender<()>),
     /// Extend the lease (renter only; [`extend`]).
     Extend(Box<extend::ExtendAsk>),
 }
@@ -530,9 +563,14 @@ pub(crate) struct Ctx {
     /// Provider: the GPUs (UUID digests) leases hold now, as the desk last published them;
     /// [`capacity::run`] turns each change into the offer's free count.
     pub(crate) holds: watch::Sender<std::collections::BTreeSet<Digest>>,
-    /// Provider: offered GPUs no lease holds that their owner is using ([`owner::run`]): not
-    /// given to leases, not counted free.
+    /// Provider: offered GPUs that are the owner's now ([`owner::run`]): in use by the owner
+    /// (recently, or outside the offered hours: then all of them): not given to leases, not
+    /// counted free.
     pub(crate) owner_busy: watch::Sender<std::collections::BTreeSet<Digest>>,
+    /// Provider: the hours the GPUs are offered, as the last `provide` set them (or
+    /// `<home>/provide.json` at start); [`owner::run`] withdraws the GPUs outside them.
+    /// Written by [`LeaseService::provide`] only.
+    pub(crate) hours: watch::Sender<Option<owner::Hours>>,
     /// Provider: a session whose GPUs are free says so here before it publishes its settled
     /// view, so that the desk has released them before anyone who saw the view can ask for
     /// them ([`Ctx::gpus_free`]). The session's end releases them too (idempotent).
@@ -661,8 +699,24 @@ impl LeaseService {
             log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
             holds: watch::Sender::new(std::collections::BTreeSet::new()),
             owner_busy: watch::Sender::new(std::collections::BTreeSet::new()),
+            hours: watch::Sender::new(None),
             released: released_tx,
         });
+        // The hours a restarted provider offers in are those it last saved.
+        if let Some(path) = &ctx.config.provide_file {
+            match ProvideSettings::load(path) {
+                Ok(Some(saved)) if saved.enabled => match owner::Hours::resolve(&saved) {
+                    Ok(h) => {
+                        ctx.hours.send_replace(Some(h));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "saved provide hours not applied: offering always");
+                    }
+                },
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "ignoring unreadable provide settings"),
+            }
+        }
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
         let mut actor = Actor {
@@ -682,18 +736,19 @@ impl LeaseService {
         actor.resume_all().await?;
         actor.publish_holds();
         tokio::spawn(capacity::run(ctx.clone()));
-        tokio::spawn(owner::run(
-            ctx.clone(),
-            ctx.config.owner_idle,
-            ctx.config.owner_util_percent,
-        ));
         if ctx.sandbox.is_some() {
             tokio::spawn(outputs::run(ctx.clone(), ctx.config.outputs_sweep));
         }
         client.set_lease_handler(in_tx).await?;
         let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
-        Ok(Self { tx, ctx })
+        let svc = Self { tx, ctx };
+        tokio::spawn(owner::run(
+            svc.clone(),
+            svc.ctx.config.owner_idle,
+            svc.ctx.config.owner_util_percent,
+        ));
+        Ok(svc)
     }
 
     /// The Docker sandbox this node runs leases in (`None`: Docker unreachable, renting only).
@@ -1030,6 +1085,21 @@ impl LeaseService {
         }
     }
 
+    /// Provider: stops a running lease because its owner takes the GPU back ([`owner`]; only
+    /// for an interruptible offer). The same path as [`LeaseService::stop`], with close reason
+    /// `OwnerReclaimed`; a lease already over is left as it is.
+    pub(crate) async fn reclaim(&self, id: LeaseId) -> Result<(), LeaseError> {
+        let (reply, rx) = oneshot::channel();
+        if self
+            .ask(|r| Cmd::ToSession(id, Box::new(SessionMsg::Reclaim(reply)), r))
+            .await?
+        {
+            rx.await.map_err(|_| LeaseError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Extends a running lease this node rents ([`extend`]): answers once the provider has
     /// accepted (and both sides stored) the amendment, or with why not.
     pub async fn extend(&self, id: LeaseId, req: ExtendRequest) -> Result<Extended, ExtendError> {
@@ -1104,6 +1174,13 @@ impl LeaseService {
         }
     }
 
+    /// The provider's schedule now (`None` when it does not provide): the hours, their zone,
+    /// whether they offer the GPUs now and until when (by the service's clock).
+    pub fn schedule(&self) -> Option<owner::ScheduleNow> {
+        let now = self.ctx.now();
+        self.ctx.hours.borrow().as_ref().map(|h| h.now(now))
+    }
+
     /// The cache of images pulled for leases: what it holds and its bounds.
     pub async fn image_cache(
         &self,
@@ -1126,7 +1203,13 @@ impl LeaseService {
 
     async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
         let t = s.template(self.ctx.config.base_template.as_ref())?;
+        let hours = if s.enabled {
+            Some(owner::Hours::resolve(s).map_err(ProvideError::Hours)?)
+        } else {
+            None
+        };
         self.ctx.client.set_offer(t).await?;
+        self.ctx.hours.send_replace(hours);
         // Other GPUs may be offered now: count the free ones again.
         self.ctx.holds.send_modify(|_| {});
         Ok(())
@@ -1171,6 +1254,7 @@ impl ProvideSettings {
         t.sandbox.network = self.network_policy;
         t.sandbox.image_prefixes = self.images.prefixes.clone();
         t.images = self.images.clone();
+        t.interruptible = self.interruptible;
         Ok(Some(t))
     }
 

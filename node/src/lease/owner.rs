@@ -9,21 +9,132 @@
 //! leaves them out of the offer's free count, which the network loop re-signs and announces
 //! at once. GPUs a lease holds are not watched here (their processes are the tenant's; a
 //! lease's GPU is not interrupted for the owner).
+//!
+//! The owner's availability schedule (`provide --hours 22:00-08:00 --tz Europe/Berlin`,
+//! [`Hours`]) takes the same path: outside its windows (by the service's clock, the rule is
+//! `gridlease_contracts::schedule`) every offered GPU is published in the same set, so the
+//! offer says 0 free GPUs and renters' searches leave it out; at the window's start (the next
+//! round, within [`PERIOD`]) they are free again. A node without a sampler still follows its
+//! schedule.
+//!
+//! With an interruptible offer (`provide --interruptible true`, `Offer::interruptible`) the
+//! leased GPUs are watched too, and a lease is stopped for the owner
+//! ([`super::LeaseService::reclaim`], the provider's stop path, close reason
+//! `owner_reclaimed`, billed to the second it stopped) when a compute process outside any
+//! container appears on one of its GPUs (`GpuSample::host_processes`: the tenant's processes
+//! run in its container; utilisation is not used on a leased GPU, since it cannot be told
+//! apart from the tenant's), or when the offered hours end. Without it a running lease runs
+//! to its end and only the unleased GPUs are withdrawn.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gridlease_protocol::Digest;
+use gridlease_contracts::schedule::{Availability, Schedule};
+use gridlease_protocol::{Digest, Timestamp};
 use gridlease_sandbox::meter::GpuSample;
+use jiff::tz::TimeZone;
 
-use super::Ctx;
+use super::{LeaseService, ProvideSettings};
+use crate::store::Role;
+
+/// The owner's terms of the offer: the hours a provider offers its GPUs, with their zone
+/// resolved (from [`ProvideSettings::hours`] and [`ProvideSettings::tz`]), and whether a
+/// running lease may be stopped for the owner ([`ProvideSettings::interruptible`]).
+#[derive(Clone, Debug)]
+pub struct Hours {
+    /// A running lease may be stopped when the owner takes its GPU back.
+    pub interruptible: bool,
+    /// The daily windows.
+    pub schedule: Schedule,
+    /// Their zone.
+    pub tz: TimeZone,
+    /// The zone's name as shown (`Europe/Berlin`; the machine's zone's name, or `local`).
+    pub zone: String,
+}
+
+/// The schedule at one instant (what `status` shows).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleNow {
+    /// The windows as text (`always` for none).
+    pub hours: String,
+    /// The zone's name.
+    pub zone: String,
+    /// Inside the schedule, and the next change.
+    pub availability: Availability,
+    /// The next change as local wall-clock time in the zone (`08:00`), if any.
+    pub until_local: Option<String>,
+}
+
+impl ScheduleNow {
+    /// `offered until 08:00 Europe/Berlin`, `not offered until 22:00 Europe/Berlin`,
+    /// `offered always`.
+    pub fn sentence(&self) -> String {
+        let state = if self.availability.offered {
+            "offered"
+        } else {
+            "not offered"
+        };
+        match &self.until_local {
+            Some(t) => format!("{state} until {t} {}", self.zone),
+            None => format!("{state} always"),
+        }
+    }
+}
+
+/// The zone named `name` (IANA), or the machine's (`None` or `local`); an unknown name is an
+/// error in words.
+pub fn zone(name: Option<&str>) -> Result<(TimeZone, String), String> {
+    match name.map(str::trim) {
+        None | Some("local") => {
+            let tz = TimeZone::system();
+            let shown = tz.iana_name().unwrap_or("local").to_string();
+            Ok((tz, shown))
+        }
+        Some(n) => TimeZone::get(n).map(|tz| (tz, n.to_string())).map_err(|_| {
+            format!("unknown time zone {n:?}: name one of the tz database, such as Europe/Berlin or America/New_York")
+        }),
+    }
+}
+
+impl Hours {
+    /// The hours of `s`, its zone looked up.
+    pub fn resolve(s: &ProvideSettings) -> Result<Self, String> {
+        let (tz, zone) = zone(s.tz.as_deref())?;
+        Ok(Self {
+            interruptible: s.interruptible,
+            schedule: s.hours.clone(),
+            tz,
+            zone,
+        })
+    }
+
+    /// Whether the GPUs are offered at `now`, and until when.
+    pub fn now(&self, now: Timestamp) -> ScheduleNow {
+        let availability = self.schedule.at(&self.tz, now);
+        let until_local = availability.until.and_then(|u| {
+            let t = jiff::Timestamp::from_millisecond(i64::try_from(u.0).ok()?).ok()?;
+            Some(self.tz.to_datetime(t).strftime("%H:%M").to_string())
+        });
+        ScheduleNow {
+            hours: self.schedule.to_string(),
+            zone: self.zone.clone(),
+            availability,
+            until_local,
+        }
+    }
+}
 
 /// How often the unleased offered GPUs are sampled.
 pub const PERIOD: Duration = Duration::from_millis(500);
 /// Default utilisation at or above which a GPU no lease holds counts as in use by its owner,
 /// percent (node setting `owner_util_percent`; 0: only compute processes count).
 pub const BUSY_UTIL_PERCENT: u32 = 10;
+
+/// Whether a sample of a GPU a lease holds shows its owner using it: a compute process outside
+/// any container (the tenant's run in its container).
+pub fn owner_uses_leased(s: &GpuSample) -> bool {
+    s.host_processes.is_some_and(|p| p > 0)
+}
 
 /// Whether a sample of a GPU no lease holds shows its owner using it: a compute process on it,
 /// or utilisation of at least `util_percent` (0: utilisation does not count).
@@ -45,11 +156,14 @@ pub fn busy(
         .collect()
 }
 
-/// Runs until the service stops (at once when the node has no sampler: nothing to watch).
-pub(crate) async fn run(ctx: Arc<Ctx>, idle: Duration, util_percent: u32) {
-    let Some(sampler) = ctx.config.gpu_sampler.clone() else {
-        return;
-    };
+/// Runs until the service stops. Without a sampler only the schedule is followed.
+pub(crate) async fn run(svc: LeaseService, idle: Duration, util_percent: u32) {
+    let ctx = svc.ctx.clone();
+    // Leases already asked to stop for the owner (asked once).
+    let mut reclaimed: BTreeSet<gridlease_protocol::LeaseId> = BTreeSet::new();
+    let sampler = ctx.config.gpu_sampler.clone();
+    let mut hours = ctx.hours.subscribe();
+    let mut closed = false;
     let offered: Vec<Digest> = ctx
         .config
         .base_template
@@ -57,56 +171,145 @@ pub(crate) async fn run(ctx: Arc<Ctx>, idle: Duration, util_percent: u32) {
         .map(|t| t.gpus.iter().map(|g| g.spec.uuid_digest).collect())
         .unwrap_or_default();
     let mut last_used: BTreeMap<Digest, Instant> = BTreeMap::new();
+    // The GPUs the owner used as of the last round (to say when one is idle again).
+    let mut used: BTreeSet<Digest> = BTreeSet::new();
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = ctx.cancel.cancelled() => return,
+            // New hours take effect at once, not at the next tick.
+            changed = hours.changed() => if changed.is_err() { return },
             _ = tick.tick() => {}
         }
+        let interruptible = hours.borrow().as_ref().is_some_and(|h| h.interruptible);
         let held = ctx.holds.borrow().clone();
-        let watch: Vec<(Digest, String)> = offered
-            .iter()
-            .filter(|d| !held.contains(d))
-            .filter_map(|d| sampler.ids.get(d).map(|id| (*d, id.clone())))
-            .collect();
-        let s = sampler.sampler.clone();
-        // NVML calls block; a scripted probe does not, but one path serves both.
-        let Ok(seen) = tokio::task::spawn_blocking(move || {
-            watch
-                .into_iter()
-                .filter_map(|(d, id)| {
-                    s.sample(&id)
-                        .ok()
-                        .map(|g| (d, owner_uses(&g, util_percent)))
+        let seen = match &sampler {
+            Some(sampler) => {
+                // Leased GPUs only when their leases may be stopped for the owner.
+                let watch: Vec<(Digest, String, bool)> = offered
+                    .iter()
+                    .filter(|d| interruptible || !held.contains(d))
+                    .filter_map(|d| {
+                        sampler
+                            .ids
+                            .get(d)
+                            .map(|id| (*d, id.clone(), held.contains(d)))
+                    })
+                    .collect();
+                let s = sampler.sampler.clone();
+                // NVML calls block; a scripted probe does not, but one path serves both.
+                let Ok(seen) = tokio::task::spawn_blocking(move || {
+                    watch
+                        .into_iter()
+                        .filter_map(|(d, id, leased)| {
+                            s.sample(&id).ok().map(|g| {
+                                let used = if leased {
+                                    owner_uses_leased(&g)
+                                } else {
+                                    owner_uses(&g, util_percent)
+                                };
+                                (d, used)
+                            })
+                        })
+                        .collect::<Vec<_>>()
                 })
-                .collect::<Vec<_>>()
-        })
-        .await
-        else {
-            return;
+                .await
+                else {
+                    return;
+                };
+                seen
+            }
+            None => Vec::new(),
         };
+        let schedule = hours.borrow_and_update().as_ref().map(|h| h.now(ctx.now()));
+        let outside = schedule.as_ref().is_some_and(|s| !s.availability.offered);
+        if outside != closed {
+            closed = outside;
+            let next = schedule
+                .as_ref()
+                .map(ScheduleNow::sentence)
+                .unwrap_or_default();
+            if closed {
+                tracing::info!(next = %next, "outside the offered hours: GPUs withdrawn from the offer");
+            } else {
+                tracing::info!(next = %next, "offered hours begin: GPUs offered again");
+            }
+        }
+        // Interruptible: the leases on GPUs the owner takes back, or all of them once the
+        // offered hours end.
+        let mut reclaim: BTreeSet<Digest> = seen
+            .iter()
+            .filter(|(d, used)| *used && held.contains(d))
+            .map(|(d, _)| *d)
+            .collect();
+        if interruptible && closed {
+            reclaim.extend(held.iter().copied());
+        }
+        if interruptible && !reclaim.is_empty() {
+            stop_for_owner(&svc, &reclaim, &mut reclaimed, closed).await;
+        }
         let now = Instant::now();
-        for (d, used) in seen {
-            if used {
+        for (d, in_use) in seen {
+            if in_use {
                 // Said once: the GPU is published as busy at the end of this round.
-                if !ctx.owner_busy.borrow().contains(&d) {
+                if !used.contains(&d) {
                     tracing::info!(gpu = %d.short(), "the owner is using this GPU: it is withdrawn from the offer");
                 }
                 last_used.insert(d, now);
             }
         }
-        let busy_now = busy(&last_used, now, idle);
-        last_used.retain(|d, _| busy_now.contains(d));
+        let used_now = busy(&last_used, now, idle);
+        last_used.retain(|d, _| used_now.contains(d));
+        for d in used.difference(&used_now) {
+            tracing::info!(gpu = %d.short(), idle_s = idle.as_secs(), "GPU idle again: offered again");
+        }
+        let mut busy_now = used_now.clone();
+        used = used_now;
+        if closed {
+            busy_now.extend(offered.iter().copied());
+        }
         ctx.owner_busy.send_if_modified(|cur| {
             if *cur == busy_now {
                 return false;
             }
-            for d in cur.difference(&busy_now) {
-                tracing::info!(gpu = %d.short(), idle_s = idle.as_secs(), "GPU idle again: offered again");
-            }
             *cur = busy_now;
             true
+        });
+    }
+}
+
+/// Stops (once each) the running provider leases that hold any of `gpus`, for the owner.
+async fn stop_for_owner(
+    svc: &LeaseService,
+    gpus: &BTreeSet<Digest>,
+    reclaimed: &mut BTreeSet<gridlease_protocol::LeaseId>,
+    hours_ended: bool,
+) {
+    let Ok(live) = svc.ctx.store.call(|s| s.live_leases()).await else {
+        return;
+    };
+    reclaimed.retain(|id| live.iter().any(|(l, _)| l.lease.id == *id));
+    for (l, _) in live {
+        let id = l.lease.id;
+        if l.role != Role::Provider
+            || reclaimed.contains(&id)
+            || !l.gpus.iter().any(|g| gpus.contains(g))
+        {
+            continue;
+        }
+        reclaimed.insert(id);
+        let why = if hours_ended {
+            "the offered hours ended"
+        } else {
+            "the owner is using its GPU"
+        };
+        tracing::info!(lease = %id, why, "stopping an interruptible lease for the owner");
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            if let Err(e) = svc.reclaim(id).await {
+                tracing::warn!(lease = %id, error = %e, "could not stop the lease for the owner");
+            }
         });
     }
 }

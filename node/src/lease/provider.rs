@@ -1174,6 +1174,10 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
             let _ = done.send(());
             Some(CloseReason::ProviderStop)
         }
+        SessionMsg::Reclaim(done) => {
+            let _ = done.send(());
+            Some(CloseReason::OwnerReclaimed)
+        }
         SessionMsg::Extend(ask) => {
             let _ = ask
                 .reply

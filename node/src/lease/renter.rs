@@ -632,6 +632,10 @@ pub(crate) async fn run(
                 Some(SessionMsg::Extend(ask)) => {
                     let _ = ask.reply.send(s.extend(ask.add_s, ask.max_total).await);
                 }
+                // Only a provider reclaims its GPUs.
+                Some(SessionMsg::Reclaim(done)) => {
+                    let _ = done.send(());
+                }
                 Some(SessionMsg::Inbound(m)) => {
                     let InboundSession { peer, request, reply } = *m;
                     if Some(peer) != s.provider_peer {

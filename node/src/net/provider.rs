@@ -40,6 +40,8 @@ pub struct OfferTemplate {
     pub images: ImagePolicy,
     /// Region label.
     pub region: String,
+    /// Whether a running lease may be stopped for the owner (`Offer::interruptible`).
+    pub interruptible: bool,
 }
 
 impl OfferTemplate {
@@ -69,6 +71,7 @@ impl OfferTemplate {
             },
             images: ImagePolicy::default(),
             region: String::new(),
+            interruptible: false,
         }
     }
 
@@ -101,6 +104,7 @@ impl OfferTemplate {
             addrs,
             region: self.region.clone(),
             free_gpus: free.map_or(all, |f| f.min(all)),
+            interruptible: self.interruptible,
         }
     }
 }

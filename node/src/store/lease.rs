@@ -103,6 +103,7 @@ pub fn reason_str(r: CloseReason) -> &'static str {
         CloseReason::BadReceipt => "bad_receipt",
         CloseReason::BudgetExhausted => "budget_exhausted",
         CloseReason::StartFailed => "start_failed",
+        CloseReason::OwnerReclaimed => "owner_reclaimed",
     }
 }
 
@@ -120,6 +121,7 @@ pub fn parse_reason(s: &str) -> Option<CloseReason> {
         CloseReason::BadReceipt,
         CloseReason::BudgetExhausted,
         CloseReason::StartFailed,
+        CloseReason::OwnerReclaimed,
     ]
     .into_iter()
     .find(|r| reason_str(*r) == s)
