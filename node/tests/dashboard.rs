@@ -417,6 +417,28 @@ fn dashboard_shows_gpus_lease_and_cost_live_in_a_real_browser() {
             "{status}"
         );
 
+        // The offered hours, the same route as `gridlease provide --hours`; the page shows them.
+        let set_hours = async |hours: &str| {
+            let avail = c.find(Locator::Id("set-avail")).await.unwrap();
+            avail.clear().await.unwrap();
+            avail.send_keys(hours).await.unwrap();
+            c.find(Locator::Id("set-save"))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+        };
+        set_hours("22:00-08:00").await;
+        wait_text(c, "#offer", limit, |t| t.contains("hours 22:00-08:00")).await;
+        let status = json(&ph, &["status"]);
+        assert_eq!(status["schedule"]["hours"], "22:00-08:00", "{status}");
+        set_hours("always").await;
+        wait_text(c, "#offer", limit, |t| {
+            t.contains("hours: always") || t.contains("hours always")
+        })
+        .await;
+
         // Nothing on the page was blocked by its Content-Security-Policy.
         let blocked = c
             .execute("return window.cspViolations;", vec![])

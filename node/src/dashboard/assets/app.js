@@ -105,7 +105,7 @@ async function refresh() {
   drawHeader(status);
   drawGpus(gpus);
   drawLive();
-  drawOffer(status.own_offer);
+  drawOffer(status.own_offer, status.schedule);
   drawLeases(leases);
   drawChart(ledger, leases);
   $("updated").textContent = "updated " + new Date().toLocaleTimeString();
@@ -169,7 +169,7 @@ function drawLive() {
   }
 }
 
-function drawOffer(o) {
+function drawOffer(o, schedule) {
   const box = $("offer");
   box.replaceChildren();
   if (!o) {
@@ -183,7 +183,10 @@ function drawOffer(o) {
     el("div", { class: "muted small", text:
       `per GPU: ${o.ram_mib_per_gpu} MiB RAM, ${(o.cpu_millicores_per_gpu / 1000).toFixed(2)} cores, ${o.disk_gib_per_gpu} GiB disk` }),
     el("div", { class: "muted small", text:
-      `reputation ${o.rep.toFixed(2)} (${o.completed} completed) · expires ${when(o.expires_at_ms)}` })));
+      `reputation ${o.rep.toFixed(2)} (${o.completed} completed) · expires ${when(o.expires_at_ms)}` }),
+    el("div", { class: "muted small schedule", text: schedule
+      ? `hours ${schedule.hours} (${schedule.tz}): ${schedule.text}`
+      : "hours: always" })));
   const price = $("set-price");
   if (document.activeElement !== price && !price.value) price.value = o.price_per_gpu_hour;
 }
@@ -298,8 +301,11 @@ $("settings").addEventListener("submit", (ev) => {
   const body = {};
   const price = $("set-price").value.trim();
   const hours = $("set-hours").value.trim();
+  const avail = $("set-avail").value.trim();
   if (price) body.price = price;
   if (hours) body.max_hours = Number(hours);
+  // The offered hours, as `gridlease provide --hours` takes them (in the node's time zone).
+  if (avail) body.hours = avail;
   provide(body);
 });
 $("set-off").addEventListener("click", () => provide({ off: true }));
