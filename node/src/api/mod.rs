@@ -1626,6 +1626,15 @@ async fn provide(
     }
     gridlease_contracts::image::check_policy(&images)
         .map_err(|e| ApiError::new(P::InvalidBody, format!("image policy: {e}")))?;
+    if let Some(h) = &b.hours
+        && !openapi::HOURS.is_match(h)
+    {
+        return Err(ApiError::new(
+            P::InvalidBody,
+            format!("hours {h:?} are not windows HH:MM-HH:MM separated by commas (at most {}), or `always`", gridlease_contracts::schedule::MAX_WINDOWS),
+        )
+        .hint("e.g. `gridlease provide --hours 22:00-08:00 --tz Europe/Berlin`"));
+    }
     let hours = match &b.hours {
         Some(h) => h.parse::<Schedule>().map_err(|e| {
             ApiError::new(P::InvalidBody, format!("hours: {e}"))
@@ -1636,7 +1645,7 @@ async fn provide(
             .map(|c| c.hours.clone())
             .unwrap_or_default(),
     };
-    let tz = match b.tz.as_deref().map(str::trim) {
+    let tz = match b.tz.as_deref() {
         Some("local") => None,
         Some(z) => Some(z.to_string()),
         None => current.as_ref().and_then(|c| c.tz.clone()),

