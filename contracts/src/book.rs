@@ -61,6 +61,54 @@ pub struct BookEntry {
     pub received_at: Timestamp,
 }
 
+/// A position in a search's order: the last offer of a page, as its sort rank
+/// ([`crate::query::SortKey::rank`]) and id. The next page is what sorts after it
+/// ([`OfferBook::search_page`]), so offers admitted or removed between pages neither shift nor
+/// repeat the others (keyset pagination). A cursor means something only under the sort it was
+/// made with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    /// The sort rank of the last offer returned.
+    pub rank: u64,
+    /// Its id (ties in rank are ordered by id).
+    pub id: OfferId,
+}
+
+impl Cursor {
+    /// Length of [`Cursor`]'s text: 16 hex digits of rank, 64 of id.
+    pub const TEXT_LEN: usize = 80;
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}{}", self.rank, self.id)
+    }
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = String;
+
+    /// The text [`Cursor`]'s `Display` writes: 80 hex digits.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a page cursor (80 hex digits, as a search returned it)");
+        if s.len() != Self::TEXT_LEN || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let rank = u64::from_str_radix(&s[..16], 16).map_err(|_| bad())?;
+        let id = s[16..].to_ascii_lowercase().parse().map_err(|_| bad())?;
+        Ok(Self { rank, id })
+    }
+}
+
+/// One page of a search: the offers, and where the next page starts when more match.
+#[derive(Clone, Debug)]
+pub struct Page<'a> {
+    /// The offers, in the query's order.
+    pub entries: Vec<&'a BookEntry>,
+    /// The cursor after the last entry, when more offers match; `None` on the last page.
+    pub next: Option<Cursor>,
+}
+
 /// What [`OfferBook::admit`] would do with an offer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -454,9 +502,26 @@ impl OfferBook {
     /// The live offers matching `query` at `now`, in the query's order (ties by offer id), at
     /// most `limit` of them.
     pub fn search(&self, query: &Query, now: Timestamp, limit: usize) -> Vec<&BookEntry> {
+        self.search_page(query, now, limit, None).entries
+    }
+
+    /// A page of [`OfferBook::search`]: the first `limit` matching offers that sort after
+    /// `after` (from the first with `None`), and the cursor of the next page when more match.
+    pub fn search_page(
+        &self,
+        query: &Query,
+        now: Timestamp,
+        limit: usize,
+        after: Option<&Cursor>,
+    ) -> Page<'_> {
         if limit == 0 {
-            return Vec::new();
+            return Page {
+                entries: Vec::new(),
+                next: None,
+            };
         }
+        let sort = query.sort;
+        let after = after.map(|c| (c.rank, c.id));
         // Numeric and boolean conditions first: they are a few integer compares.
         let numeric: Vec<_> = query.conditions.iter().filter(|c| !c.is_text()).collect();
         let text: Vec<_> = query.conditions.iter().filter(|c| c.is_text()).collect();
@@ -487,6 +552,11 @@ impl OfferBook {
             if slot.expires_at <= now {
                 continue;
             }
+            if let Some(after) = after
+                && (sort.rank(&slot.numbers), slot.id) <= after
+            {
+                continue;
+            }
             if !numeric
                 .iter()
                 .all(|c| c.matches_numbers(&slot.numbers).unwrap_or(false))
@@ -502,19 +572,26 @@ impl OfferBook {
             hits.push(slot);
         }
         let order = |a: &&Slot, b: &&Slot| {
-            query
-                .sort
-                .compare(&a.numbers, &b.numbers)
+            sort.compare(&a.numbers, &b.numbers)
                 .then_with(|| a.id.cmp(&b.id))
         };
-        if hits.len() > limit {
+        let more = hits.len() > limit;
+        if more {
             hits.select_nth_unstable_by(limit - 1, order);
             hits.truncate(limit);
         }
         hits.sort_unstable_by(order);
-        hits.iter()
-            .filter_map(|s| self.by_provider.get(&s.provider))
-            .collect()
+        let next = hits.last().filter(|_| more).map(|s| Cursor {
+            rank: sort.rank(&s.numbers),
+            id: s.id,
+        });
+        Page {
+            entries: hits
+                .iter()
+                .filter_map(|s| self.by_provider.get(&s.provider))
+                .collect(),
+            next,
+        }
     }
 }
 
@@ -743,6 +820,104 @@ mod tests {
             });
             let naive: Vec<OfferId> = naive.iter().map(|e| e.id).collect();
             assert_eq!(fast, naive, "{q}");
+        }
+    }
+
+    /// Pages of a search, cursor to cursor, are the whole search in order, for every sort in
+    /// both directions (ties in price included); an offer admitted between pages that sorts
+    /// before the cursor is not repeated and one that sorts after it comes; the last page
+    /// has no cursor.
+    #[test]
+    fn pages_follow_cursors_through_the_whole_search() {
+        let mut book = OfferBook::default();
+        let key = |i: u32| {
+            let mut secret = [0u8; 32];
+            secret[..4].copy_from_slice(&i.to_le_bytes());
+            NodeKey::from_secret(secret)
+        };
+        for i in 1..=57u32 {
+            // Prices repeat (ties broken by id), creation times differ.
+            let k = key(i);
+            let mut offer = fixtures::offer(
+                k.public(),
+                1,
+                1 + (i % 3) as u8,
+                10_000 * u64::from(i % 5 + 1),
+            );
+            offer.expires_at = T0.plus_secs(600);
+            offer.created_at = T0.plus_secs(u64::from(i));
+            let s = Signed::sign(&k, &NetworkId::devnet(), &offer).unwrap();
+            let id = OfferId(s.envelope().content_digest());
+            book.admit(s, offer, id, T0).unwrap();
+        }
+        for q in [
+            "",
+            "sort:-price",
+            "sort:age",
+            "sort:-age",
+            "sort:vram",
+            "gpus>=2 sort:-rep",
+        ] {
+            let query = Query::parse(q).unwrap();
+            let all: Vec<OfferId> = book
+                .search(&query, T0, usize::MAX)
+                .iter()
+                .map(|e| e.id)
+                .collect();
+            for limit in [1, 7, 56, 57, 100] {
+                let mut got = Vec::new();
+                let mut after = None;
+                loop {
+                    let page = book.search_page(&query, T0, limit, after.as_ref());
+                    assert!(page.entries.len() <= limit);
+                    got.extend(page.entries.iter().map(|e| e.id));
+                    match page.next {
+                        Some(c) => {
+                            assert_eq!(page.entries.len(), limit, "{q} {limit}");
+                            let text = c.to_string();
+                            assert_eq!(text.len(), Cursor::TEXT_LEN);
+                            assert_eq!(text.parse::<Cursor>().unwrap(), c);
+                            after = Some(c);
+                        }
+                        None => break,
+                    }
+                }
+                assert_eq!(got, all, "{q} limit {limit}");
+            }
+        }
+        // Changes between pages: cheapest first, page of 10.
+        let query = Query::parse("").unwrap();
+        let first = book.search_page(&query, T0, 10, None);
+        let first_ids: Vec<OfferId> = first.entries.iter().map(|e| e.id).collect();
+        let cursor = first.next.unwrap();
+        for (i, price) in [(1000u32, 1u64), (1001, 60_000)] {
+            let k = key(i);
+            let mut offer = fixtures::offer(k.public(), 1, 1, price);
+            offer.expires_at = T0.plus_secs(600);
+            let s = Signed::sign(&k, &NetworkId::devnet(), &offer).unwrap();
+            let id = OfferId(s.envelope().content_digest());
+            book.admit(s, offer, id, T0).unwrap();
+        }
+        let mut rest = Vec::new();
+        let mut after = Some(cursor);
+        while let Some(c) = after {
+            let page = book.search_page(&query, T0, 10, Some(&c));
+            rest.extend(page.entries.iter().map(|e| e.offer.price_per_gpu_hour));
+            assert!(page.entries.iter().all(|e| !first_ids.contains(&e.id)));
+            after = page.next;
+        }
+        assert!(
+            !rest.contains(&1),
+            "the cheaper newcomer sorts before the cursor"
+        );
+        assert_eq!(
+            rest.last(),
+            Some(&60_000),
+            "the dearest newcomer comes last"
+        );
+        assert_eq!(rest.len(), 57 - 10 + 1);
+        for bad in ["", "00", &"g".repeat(80), &"0".repeat(79)] {
+            assert!(bad.parse::<Cursor>().is_err(), "{bad:?}");
         }
     }
 

@@ -575,17 +575,24 @@ impl SortKey {
 
     /// Compares two summaries under this order. Ties are left to the caller.
     pub fn compare(&self, a: &Numbers, b: &Numbers) -> Ordering {
-        let ord = match self.field {
-            SortField::Price => a.price.cmp(&b.price),
-            SortField::Fp16Tflops => a.fp16_gflops.cmp(&b.fp16_gflops),
-            SortField::Fp32Tflops => a.fp32_gflops.cmp(&b.fp32_gflops),
-            SortField::PricePerTflop => a.price_per_tflop.cmp(&b.price_per_tflop),
-            SortField::Vram => a.vram_mib.cmp(&b.vram_mib),
+        self.rank(a).cmp(&self.rank(b))
+    }
+
+    /// Where a summary sorts under this order, as one number: smaller first. What a page
+    /// cursor keeps (`book::Cursor`).
+    pub fn rank(&self, n: &Numbers) -> u64 {
+        let v = match self.field {
+            SortField::Price => n.price,
+            SortField::Fp16Tflops => n.fp16_gflops.into(),
+            SortField::Fp32Tflops => n.fp32_gflops.into(),
+            SortField::PricePerTflop => n.price_per_tflop,
+            SortField::Vram => n.vram_mib.into(),
             // Newest first when ascending by age.
-            SortField::Age => b.created_at.cmp(&a.created_at),
-            SortField::Rep => a.rep_permille.cmp(&b.rep_permille),
+            SortField::Age => !n.created_at,
+            SortField::Rep => n.rep_permille.into(),
         };
-        if self.descending { ord.reverse() } else { ord }
+        // `!v` is `u64::MAX - v`: the order reversed.
+        if self.descending { !v } else { v }
     }
 }
 

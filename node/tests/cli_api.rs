@@ -6,8 +6,9 @@ mod cli_support;
 
 use std::path::Path;
 use std::process::Output;
+use std::time::Duration;
 
-use cli_support::{bin, cli, init, start_node, text};
+use cli_support::{bin, cli, init, json, start_node, text, wait_for};
 
 fn run(args: &[&str], home: &Path) -> Output {
     cli_support::cli(home, args)
@@ -345,6 +346,82 @@ fn search_takes_a_descending_sort_refuses_bad_limits_and_booleans_and_lists_its_
             "{name} missing from search --help:\n{help}"
         );
     }
+}
+
+/// `search --limit N` says when more offers match and prints the cursor of the next page;
+/// `--after CURSOR` gives that page (the rest, in the same order); a cursor that is not one is
+/// refused with a sentence.
+#[test]
+fn search_pages_follow_the_cursor_the_cli_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
+    init(&a);
+    let _na = start_node(&a, &["--dev-gpus", "RTX 4090:24GiB:0.40"]);
+    let addr = json(&a, &["status"])["listen_addrs"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    init(&b);
+    init(&c);
+    let _nb = start_node(
+        &b,
+        &["--dev-gpus", "RTX 3090:24GiB:0.30", "--bootstrap", &addr],
+    );
+    let _nc = start_node(
+        &c,
+        &["--dev-gpus", "RTX 4080:16GiB:0.35", "--bootstrap", &addr],
+    );
+    let price = |args: &[&str]| -> Vec<String> {
+        let out = cli(Path::new(args[0]), &args[1..]);
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["price_per_gpu_hour"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let home = a.to_str().unwrap();
+    wait_for(Duration::from_secs(30), "three offers in a's book", || {
+        price(&[home, "--json", "search"]).len() == 3
+    });
+    let all = price(&[home, "--json", "search"]);
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..4 {
+        let mut args = vec!["--json", "search", "--limit", "2"];
+        if let Some(c) = &after {
+            args.extend(["--after", c.as_str()]);
+        }
+        let out = cli(&a, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        pages.extend(
+            rows.as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["price_per_gpu_hour"].as_str().unwrap().to_string()),
+        );
+        let err = text(&out.stderr);
+        after = err.split("--after ").nth(1).map(|c| c.trim().to_string());
+        match &after {
+            Some(c) => assert!(err.contains("more offers match") && c.len() == 80, "{err}"),
+            None => break,
+        }
+    }
+    assert_eq!(pages, all, "the pages are the whole search, in order");
+    let numbers: Vec<f64> = all.iter().map(|p| p.parse().unwrap()).collect();
+    assert_eq!(numbers, [0.30, 0.35, 0.40], "cheapest first");
+    let out = cli(&a, &["search", "--after", "not-a-cursor"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is not a page cursor"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

@@ -535,3 +535,114 @@ async fn capacity_churn_is_paced_to_what_receivers_take_and_the_last_count_arriv
     let sync = client.sync_stats().await.unwrap();
     eprintln!("gossip before {before:?} after {after:?}; sync {sync:?}");
 }
+
+/// Searches read the book off the event loop (issue 19): while searches with a large limit
+/// run back to back on the receiver, a burst of offers arrives and is all admitted; the book
+/// pages through cursor to cursor in order; and with the loop stopped a search still answers
+/// (it never queues behind the loop) while a loop command does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn searches_read_the_book_off_the_event_loop_and_page_through_it() {
+    use gridlease_contracts::query::Query;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    const N: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![
+        start(dir.path(), "a", config()).await,
+        start(dir.path(), "b", config()).await,
+    ];
+    connect(&nodes[0], &nodes[1]).await;
+    wait_mesh(&nodes).await;
+    let net = net();
+    let now = clock::now();
+    let burst: Vec<Vec<u8>> = (0..N)
+        .map(|i| {
+            let mut secret = [7u8; 32];
+            secret[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            let key = NodeKey::from_secret(secret);
+            let offer = live_offer(&key, 1, 100_000 + (i as u64 % 7) * 1_000, now, 300);
+            Signed::sign(&key, &net, &offer)
+                .unwrap()
+                .to_bytes()
+                .unwrap()
+        })
+        .collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let searches = Arc::new(AtomicUsize::new(0));
+    let mut searchers = Vec::new();
+    for _ in 0..2 {
+        let (client, stop, searches) =
+            (nodes[1].node.client.clone(), stop.clone(), searches.clone());
+        searchers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                client
+                    .search(Query::parse("").unwrap(), 10_000)
+                    .await
+                    .unwrap();
+                searches.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for bytes in burst {
+        nodes[0]
+            .node
+            .client
+            .publish_raw(bytes)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let b = &nodes[1].node.client;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while b.book_len().await.unwrap() < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {N} offers admitted while searching",
+            b.book_len().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for s in searchers {
+        s.await.unwrap();
+    }
+    assert!(searches.load(Ordering::Relaxed) > 0);
+
+    let query = Query::parse("sort:-price").unwrap();
+    let all: Vec<OfferId> = b
+        .search(query.clone(), 10_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(all.len(), N);
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let (page, next) = b.search_page(query.clone(), 30, after).await.unwrap();
+        paged.extend(page.iter().map(|e| e.id));
+        match next {
+            Some(c) => after = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(paged, all);
+
+    let mut nodes = nodes;
+    let b = nodes.pop().unwrap();
+    let client = b.node.client.clone();
+    b.node.shutdown().await;
+    assert!(client.gossip_stats().await.is_err(), "the loop has stopped");
+    assert_eq!(
+        client
+            .search(Query::parse("").unwrap(), 10_000)
+            .await
+            .unwrap()
+            .len(),
+        N,
+        "a search answers without the loop"
+    );
+}

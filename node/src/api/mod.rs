@@ -340,7 +340,14 @@ pub struct OffersParams {
     /// Most rows.
     #[param(minimum = 1, maximum = 10000, default = 20)]
     pub limit: Option<usize>,
+    /// A page cursor: the `x-gridlease-next-page` header of the previous page's answer. The
+    /// rows that sort after the previous page's last row, under the same query and sort (offers
+    /// admitted or gone between pages neither shift nor repeat the others).
+    pub after: Option<String>,
 }
+
+/// The header of a search answer that names the next page's cursor (absent on the last page).
+pub const NEXT_PAGE_HEADER: &str = "x-gridlease-next-page";
 
 /// `GET /v1/offers`: a search of the local book.
 #[utoipa::path(
@@ -352,20 +359,23 @@ pub struct OffersParams {
     params(OffersParams),
     responses(
         (status = 200, description = "Matching offers, in the sort order", body = Vec<OfferRow>,
+            headers(
+                ("x-gridlease-next-page" = String, description = "Present when more offers match: the cursor of the next page (pass it as `after`)"),
+            ),
             links(
                 ("getOffer" = (operation_id = "getOffer", parameters(("id" = "$response.body#/0/id")),
                     description = "The first row's offer, whole")),
                 ("rentOffer" = (operation_id = "rentOffer", request_body = json!({"offer": "$response.body#/0/id", "gpus": 1, "duration_s": 600}),
                     description = "Rent one GPU of the first row's offer for 10 minutes")),
             )),
-        (status = 400, description = "A parameter is malformed (`invalid-parameter`: limit out of 1..10000, an unknown sort key), or the query does not parse (`invalid-query`: the detail shows it with carets under the bad token)", content_type = "application/problem+json", body = Problem),
+        (status = 400, description = "A parameter is malformed (`invalid-parameter`: limit out of 1..10000, an unknown sort key, a cursor that is not one), or the query does not parse (`invalid-query`: the detail shows it with carets under the bad token)", content_type = "application/problem+json", body = Problem),
         (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
     )
 )]
 async fn offers(
     State(s): State<ApiState>,
     ApiQuery(p): ApiQuery<OffersParams>,
-) -> Result<Json<Vec<OfferRow>>, ApiError> {
+) -> Result<Response, ApiError> {
     let limit = p.limit.unwrap_or(20);
     if !(1..=MAX_SEARCH_LIMIT).contains(&limit) {
         return Err(ApiError::new(
@@ -373,6 +383,14 @@ async fn offers(
             format!("limit {limit} is not between 1 and {MAX_SEARCH_LIMIT}"),
         ));
     }
+    let after = p
+        .after
+        .as_deref()
+        .map(|a| {
+            a.parse::<gridlease_contracts::book::Cursor>()
+                .map_err(|e| ApiError::new(P::InvalidParameter, format!("after: {e}")))
+        })
+        .transpose()?;
     let fields = || {
         format!(
             "fields: {} (types and examples: `gridlease search --help`)",
@@ -421,13 +439,20 @@ async fn offers(
     {
         query.conditions.extend(free.conditions);
     }
-    let rows = s
+    let (rows, next) = s
         .client
-        .search(query, limit)
+        .search_page(query, limit, after)
         .await
         .map_err(ApiError::internal)?;
     let now = crate::clock::now();
-    Ok(Json(rows.iter().map(|e| offer_row(e, now)).collect()))
+    let rows: Vec<OfferRow> = rows.iter().map(|e| offer_row(e, now)).collect();
+    let mut answer = Json(rows).into_response();
+    if let Some(next) = next
+        && let Ok(v) = axum::http::HeaderValue::from_str(&next.to_string())
+    {
+        answer.headers_mut().insert(NEXT_PAGE_HEADER, v);
+    }
+    Ok(answer)
 }
 
 /// One search row from a book entry.

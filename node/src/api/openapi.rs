@@ -102,6 +102,10 @@ pub const MAX_LOCAL_IMAGE_LEN: usize = 247;
 pub static SORT: Pattern =
     Pattern::new("^[-+]?(?:price|fp16_tflops|fp32_tflops|price_per_tflop|vram|age|rep)$");
 
+/// A page cursor of `GET /v1/offers` (`gridlease_contracts::book::Cursor`: 16 hex digits of
+/// sort rank, 64 of offer id).
+pub static CURSOR: Pattern = Pattern::new("^[0-9a-fA-F]{80}$");
+
 /// The search language of `GET /v1/offers?q=` (`docs/search.md`) as a regular expression,
 /// built from the query fields ([`gridlease_contracts::query::Field::ALL`]: each field's
 /// kind, operators and decimals): up to 32 terms separated by spaces, at most one `sort:KEY`
@@ -326,11 +330,15 @@ fn constrain(doc: &mut Value) -> Vec<String> {
                 merge(&mut p["schema"], &json!({"pattern": query_pattern()}));
                 search += 1;
             }
+            Some("after") => {
+                merge(&mut p["schema"], &json!({"pattern": CURSOR.text}));
+                search += 1;
+            }
             _ => {}
         });
     }
-    if search != 2 {
-        missing.push("GET /v1/offers q and sort".into());
+    if search != 3 {
+        missing.push("GET /v1/offers q, sort and after".into());
     }
     missing
 }

@@ -21,6 +21,10 @@ pub struct SearchArgs {
     /// Most offers to show (1 to 10000).
     #[arg(long, default_value_t = 20, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub limit: u32,
+    /// The next page: the cursor a previous search printed (`more offers match: ... --after
+    /// CURSOR`), with the same query and sort.
+    #[arg(long, value_name = "CURSOR")]
+    pub after: Option<String>,
     /// Show every column, however wide the terminal (without it, columns that do not fit are
     /// left out; `--json` has every field).
     #[arg(long)]
@@ -54,7 +58,16 @@ pub fn path(query: &str, sort: Option<&str>, limit: u32) -> String {
 /// Searches and prints a table.
 pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::Result<u8> {
     let q = args.query.join(" ");
-    let rows: Vec<OfferRow> = api.get(&path(&q, args.sort.as_deref(), args.limit)).await?;
+    let mut path = path(&q, args.sort.as_deref(), args.limit);
+    if let Some(a) = &args.after {
+        path.push_str(&format!("&after={}", urlencode(a)));
+    }
+    let (headers, body) = api.get_raw(&path).await?;
+    let rows: Vec<OfferRow> = serde_json::from_slice(&body)
+        .map_err(|e| anyhow::anyhow!("the node's search answer does not parse: {e}"))?;
+    let next = headers
+        .get(crate::api::NEXT_PAGE_HEADER)
+        .and_then(|v| v.to_str().ok());
     out.emit(&rows, |p| {
         if rows.is_empty() {
             p.line("no offers match");
@@ -117,5 +130,12 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
             args.wide,
         );
     });
+    if let Some(next) = next {
+        // On stderr, so `--json` output stays one array.
+        out.note(&format!(
+            "more offers match; the next {} with the same query: --after {next}",
+            args.limit
+        ));
+    }
     Ok(0)
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use gridlease_contracts::book::BookEntry;
+use gridlease_contracts::book::{BookEntry, Cursor};
 use gridlease_contracts::query::Query;
 use gridlease_contracts::terms::{AcceptError, check_accept};
 use gridlease_contracts::{Actor, Lease, LeaseEvent};
@@ -61,6 +61,9 @@ pub struct SyncStats {
     pub bytes_received: u64,
 }
 
+/// Most ids answered for an id prefix: two are enough to call it ambiguous.
+const MAX_PREFIX_MATCHES: usize = 2;
+
 /// A request to the event loop. Every variant carries its reply channel.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -69,22 +72,13 @@ pub(crate) enum Command {
     ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
     MeshPeers(oneshot::Sender<Vec<PeerId>>),
     PeerScore(PeerId, oneshot::Sender<Option<f64>>),
-    Search {
-        query: Query,
-        limit: usize,
-        reply: oneshot::Sender<Vec<BookEntry>>,
-    },
-    Offer(OfferId, oneshot::Sender<Option<BookEntry>>),
     /// A co-signed completion of this node's lease: kept, persisted, published when this node
     /// was its provider; answers whether it was new.
     AddCompletion(
         gridlease_protocol::completion::CoSigned,
         oneshot::Sender<Result<bool, String>>,
     ),
-    OfferIds(String, oneshot::Sender<Vec<OfferId>>),
-    Replaced(String, oneshot::Sender<Vec<ReplacedOffer>>),
     GossipStats(oneshot::Sender<GossipStats>),
-    BookLen(oneshot::Sender<usize>),
     SyncStats(oneshot::Sender<SyncStats>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     SetFree(u16, oneshot::Sender<()>),
@@ -183,6 +177,7 @@ pub struct Client {
     key: Arc<NodeKey>,
     store: StoreHandle,
     streams: libp2p_stream::Control,
+    book: super::BookReader,
 }
 
 impl std::fmt::Debug for Client {
@@ -200,6 +195,7 @@ impl Client {
         key: Arc<NodeKey>,
         store: StoreHandle,
         streams: libp2p_stream::Control,
+        book: super::BookReader,
     ) -> Self {
         Self {
             tx,
@@ -207,7 +203,13 @@ impl Client {
             key,
             store,
             streams,
+            book,
         }
+    }
+
+    /// The offer book, read off the event loop.
+    pub fn book(&self) -> &super::BookReader {
+        &self.book
     }
 
     /// Opens and accepts raw libp2p streams (interactive access): a handle to the swarm's
@@ -292,17 +294,30 @@ impl Client {
         query: Query,
         limit: usize,
     ) -> Result<Vec<BookEntry>, NegotiationError> {
-        self.ask(|reply| Command::Search {
-            query,
-            limit,
-            reply,
+        Ok(self.search_page(query, limit, None).await?.0)
+    }
+
+    /// A page of a search: at most `limit` live offers matching `query` that sort after
+    /// `after`, and the cursor of the next page when more match. The scan runs on a blocking
+    /// thread under the book's read lock, never on the event loop.
+    pub async fn search_page(
+        &self,
+        query: Query,
+        limit: usize,
+        after: Option<Cursor>,
+    ) -> Result<(Vec<BookEntry>, Option<Cursor>), NegotiationError> {
+        let book = self.book.clone();
+        tokio::task::spawn_blocking(move || {
+            book.search(&query, super::now(), limit, after.as_ref())
         })
         .await
+        // Only a panic in the scan (a bug) or a runtime shutting down fails the join.
+        .map_err(|_| NegotiationError::Closed)
     }
 
     /// One offer from the book.
     pub async fn offer(&self, id: OfferId) -> Result<Option<BookEntry>, NegotiationError> {
-        self.ask(|r| Command::Offer(id, r)).await
+        Ok(self.book.get(&id))
     }
 
     /// Hands a co-signed completion of one of this node's leases to the network loop, which
@@ -320,7 +335,7 @@ impl Client {
     /// Ids of held offers starting with `prefix` (lowercase hex); two at most (more is
     /// ambiguous anyway).
     pub async fn offer_ids(&self, prefix: String) -> Result<Vec<OfferId>, NegotiationError> {
-        self.ask(|r| Command::OfferIds(prefix, r)).await
+        Ok(self.book.ids_with_prefix(&prefix, MAX_PREFIX_MATCHES))
     }
 
     /// Offers that newer ones from the same providers replaced, whose id starts with `prefix`
@@ -329,7 +344,7 @@ impl Client {
         &self,
         prefix: String,
     ) -> Result<Vec<ReplacedOffer>, NegotiationError> {
-        self.ask(|r| Command::Replaced(prefix, r)).await
+        Ok(self.book.replaced(&prefix, MAX_PREFIX_MATCHES))
     }
 
     /// Offer gossip counters.
@@ -344,7 +359,7 @@ impl Client {
 
     /// Offers held.
     pub async fn book_len(&self) -> Result<usize, NegotiationError> {
-        self.ask(Command::BookLen).await
+        Ok(self.book.len())
     }
 
     /// Sets (or withdraws, with `None`) what this node offers; a new offer is signed with a new

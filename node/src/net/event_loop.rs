@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use gridlease_contracts::book::{Admission, OfferBook};
+use gridlease_contracts::book::Admission;
 use gridlease_contracts::ingest::OfferIngestor;
-use gridlease_contracts::query::Query;
 use gridlease_protocol::completion::{CoSigned, Completion, CompletionBatch};
 use gridlease_protocol::{
     Digest, LeaseId, LeaseRequest, NodeKey, Offer, OfferId, PeerId, PublicKey, RejectReason,
@@ -23,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, BehaviourEvent};
-use super::client::{Command, GossipStats, ReplacedOffer, SyncStats};
+use super::client::{Command, GossipStats, SyncStats};
 use super::codec::{Incoming, LeaseRpc, LeaseRpcResponse};
 use super::gossip::{self, OfferIgnore, Verdict};
 use super::provider::{self, OwnOffer, ProviderState};
@@ -104,9 +103,6 @@ struct PendingRpc {
     retry: Option<(PeerId, Vec<Multiaddr>, LeaseRpc)>,
 }
 
-/// Most ids answered for an id prefix: two are enough to call it ambiguous.
-const MAX_PREFIX_MATCHES: usize = 2;
-
 /// Most lease-stream requests awaiting the lease service at once; more are answered `Busy`
 /// (sessions) or refused (proposals).
 const MAX_LEASE_IN_FLIGHT: usize = 1024;
@@ -117,7 +113,7 @@ pub(super) struct EventLoop {
     config: NodeConfig,
     topic: IdentTopic,
     store: StoreHandle,
-    book: OfferBook,
+    book: super::shared_book::SharedBook,
     /// Decodes and verifies gossiped offers; remembers provider keys and verified offers so
     /// re-announcements skip the signature check.
     ingestor: OfferIngestor,
@@ -209,7 +205,7 @@ impl EventLoop {
         key: Arc<NodeKey>,
         config: NodeConfig,
         store: StoreHandle,
-        book: OfferBook,
+        book: super::shared_book::SharedBook,
         provider: ProviderState,
         commands: mpsc::Receiver<Command>,
         events: broadcast::Sender<NetworkEvent>,
@@ -380,7 +376,7 @@ impl EventLoop {
                 _ = announce.tick() => self.announce(),
                 _ = rescore.tick() => {
                     if let Some(scores) = self.completions.rescore(&self.config.reputation) {
-                        self.book.set_reputation(scores);
+                        self.book.update(|b| b.set_reputation(scores));
                     }
                 }
                 _ = republish.tick() => {
@@ -439,16 +435,6 @@ impl EventLoop {
             Command::PeerScore(peer, reply) => {
                 let _ = reply.send(self.swarm.behaviour().gossipsub.peer_score(&peer));
             }
-            Command::Search {
-                query,
-                limit,
-                reply,
-            } => {
-                let _ = reply.send(self.search(&query, limit));
-            }
-            Command::Offer(id, reply) => {
-                let _ = reply.send(self.book.get(&id).cloned());
-            }
             Command::AddCompletion(pair, reply) => {
                 self.completions_clock();
                 let r = match self.completions.add(pair.clone()) {
@@ -473,33 +459,10 @@ impl EventLoop {
                     ..self.verdicts
                 });
             }
-            Command::OfferIds(prefix, reply) => {
-                let _ = reply.send(self.book.ids_with_prefix(&prefix, MAX_PREFIX_MATCHES));
-            }
-            Command::Replaced(prefix, reply) => {
-                let found = self
-                    .book
-                    .replaced_with_prefix(&prefix, MAX_PREFIX_MATCHES)
-                    .into_iter()
-                    .filter_map(|old| {
-                        let r = self.book.replacement(&old)?;
-                        Some(ReplacedOffer {
-                            old,
-                            current: r.current.clone(),
-                            equivalent: r.equivalent,
-                            old_price_per_gpu_hour: r.old_price_per_gpu_hour,
-                        })
-                    })
-                    .collect();
-                let _ = reply.send(found);
-            }
             Command::SyncStats(reply) => {
                 let mut st = self.sync_stats;
                 st.bytes_received = self.sync_bytes.load(std::sync::atomic::Ordering::Relaxed);
                 let _ = reply.send(st);
-            }
-            Command::BookLen(reply) => {
-                let _ = reply.send(self.book.len());
             }
             Command::SetOffer(template, reply) => {
                 self.provider.template = template;
@@ -507,7 +470,7 @@ impl EventLoop {
                 if self.provider.template.is_some() {
                     self.announce();
                 } else {
-                    self.book.remove(&self.key.public());
+                    self.book.update(|b| b.remove(&self.key.public()));
                 }
                 let _ = reply.send(self.provider.current.clone());
             }
@@ -599,24 +562,16 @@ impl EventLoop {
         self.pending_rpcs.insert(id, pending);
     }
 
-    fn search(&self, query: &Query, limit: usize) -> Vec<gridlease_contracts::book::BookEntry> {
-        let now = clock::now();
-        self.book
-            .search(query, now, limit)
-            .into_iter()
-            .cloned()
-            .collect()
-    }
-
     // ---- own offer -----------------------------------------------------------------------
 
     /// Re-signs the own offer when it is missing or close to expiry, publishes it, and sweeps
     /// expired offers from the book.
     fn announce(&mut self) {
         let now = clock::now();
-        self.book.evict_expired(now);
-        let book = &self.book;
-        self.last_accepted.retain(|id, _| book.get(id).is_some());
+        self.book.update(|b| b.evict_expired(now));
+        let last_accepted = &mut self.last_accepted;
+        self.book
+            .view(|b| last_accepted.retain(|id, _| b.get(id).is_some()));
         self.refresh_own(true);
     }
 
@@ -671,7 +626,10 @@ impl EventLoop {
                 }
             };
             let id = OfferId(signed.envelope().content_digest());
-            if let Err(e) = self.book.admit(signed.clone(), offer.clone(), id, now) {
+            let admitted = self
+                .book
+                .update(|b| b.admit(signed.clone(), offer.clone(), id, now));
+            if let Err(e) = admitted {
                 tracing::warn!(error = %e, "own offer not admitted to own book");
             }
             let persisted = signed.clone();
@@ -1122,10 +1080,10 @@ impl EventLoop {
                         let now = clock::now();
                         let valid = *valid;
                         let (id, provider, seq) = (valid.id, valid.offer.provider, valid.offer.seq);
-                        match self
-                            .book
-                            .admit(valid.signed.clone(), valid.offer.clone(), id, now)
-                        {
+                        let admitted = self.book.update(|b| {
+                            b.admit(valid.signed.clone(), valid.offer.clone(), id, now)
+                        });
+                        match admitted {
                             Ok(Admission::Refresh) => {
                                 self.emit(NetworkEvent::OfferRefreshed {
                                     id,
@@ -1265,7 +1223,10 @@ impl EventLoop {
         if !self.peer_limits.check(from, now) {
             return Verdict::Ignore(OfferIgnore::PeerRateLimited);
         }
-        let verdict = gossip::check_offer(data, &mut self.ingestor, &self.book, now);
+        let ingestor = &mut self.ingestor;
+        let verdict = self
+            .book
+            .view(|b| gossip::check_offer(data, ingestor, b, now));
         if let Verdict::Accept(v) = &verdict {
             if v.admission == Admission::Refresh {
                 let min =
@@ -1447,16 +1408,19 @@ impl EventLoop {
         }
         match request {
             BookRequest::Ids { after } => {
-                let (ids, more) = self.book.ids_after(after.as_ref(), MAX_SYNC_IDS, now);
+                let (ids, more) = self
+                    .book
+                    .view(|b| b.ids_after(after.as_ref(), MAX_SYNC_IDS, now));
                 BookResponse::Ids { ids, more }
             }
             BookRequest::Get { ids } if ids.len() <= MAX_SYNC_GET => {
-                let envelopes = ids
-                    .iter()
-                    .filter_map(|id| self.book.get(id))
-                    .filter_map(|e| e.signed.to_bytes().ok())
-                    .map(serde_bytes::ByteBuf::from)
-                    .collect();
+                let envelopes = self.book.view(|book| {
+                    ids.iter()
+                        .filter_map(|id| book.get(id))
+                        .filter_map(|e| e.signed.to_bytes().ok())
+                        .map(serde_bytes::ByteBuf::from)
+                        .collect()
+                });
                 BookResponse::Offers { envelopes }
             }
             BookRequest::Get { .. } => BookResponse::Refused,
@@ -1484,11 +1448,12 @@ impl EventLoop {
             BookResponse::Ids { ids, more } => {
                 self.sync_stats.ids_received += ids.len() as u64;
                 let last = ids.last().copied();
-                let book = &self.book;
-                let fresh: Vec<OfferId> = ids
-                    .into_iter()
-                    .filter(|id| book.get(id).is_none() && !self.wanted.contains(id))
-                    .collect();
+                let wanted = &self.wanted;
+                let fresh: Vec<OfferId> = self.book.view(|book| {
+                    ids.into_iter()
+                        .filter(|id| book.get(id).is_none() && !wanted.contains(id))
+                        .collect()
+                });
                 // Never want more than the book holds.
                 let room = self.config.book_capacity.saturating_sub(self.wanted.len());
                 let Some(s) = self.syncs.get_mut(&peer) else {
@@ -1574,7 +1539,11 @@ impl EventLoop {
     /// admits it. Returns false for an invalid one.
     fn admit_synced(&mut self, peer: &PeerId, bytes: &[u8]) -> bool {
         let now = clock::now();
-        match gossip::check_offer(bytes, &mut self.ingestor, &self.book, now) {
+        let ingestor = &mut self.ingestor;
+        let verdict = self
+            .book
+            .view(|b| gossip::check_offer(bytes, ingestor, b, now));
+        match verdict {
             Verdict::Accept(v) => {
                 let valid = *v;
                 self.wanted.remove(&valid.id);
@@ -1584,10 +1553,10 @@ impl EventLoop {
                     return true;
                 }
                 let (id, provider, seq) = (valid.id, valid.offer.provider, valid.offer.seq);
-                match self
+                let admitted = self
                     .book
-                    .admit(valid.signed.clone(), valid.offer.clone(), id, now)
-                {
+                    .update(|b| b.admit(valid.signed.clone(), valid.offer.clone(), id, now));
+                match admitted {
                     Ok(Admission::Refresh) => {}
                     Ok(_) => {
                         self.sync_stats.offers_admitted += 1;

@@ -2,7 +2,9 @@
 //!
 //! One task ([`event_loop::EventLoop`]) owns the libp2p `Swarm`, the offer book and the provider
 //! state. Everything else holds a cloneable [`Client`] that sends a [`Command`] over a bounded
-//! channel and awaits a `oneshot` reply. The loop turns swarm events into [`NetworkEvent`]s,
+//! channel and awaits a `oneshot` reply. The book has one writer, the loop, and is read off
+//! the loop: searches and lookups go through a [`BookReader`] ([`shared_book`]), so a search
+//! never waits behind gossip in the command queue nor stalls it. The loop turns swarm events into [`NetworkEvent`]s,
 //! broadcast on a bounded channel (slow subscribers lag and lose events, the loop never waits).
 //!
 //! Invariant: the loop never blocks on SQLite. Reads happen before it starts; writes go to the
@@ -18,6 +20,7 @@ pub mod provider;
 pub mod ratelimit;
 pub mod reach;
 pub mod reputation;
+mod shared_book;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +44,7 @@ pub use client::{
 };
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
+pub use shared_book::BookReader;
 
 use crate::clock;
 use crate::store::{StoreError, StoreHandle};
@@ -439,7 +443,15 @@ impl Node {
         let (events, _) = broadcast::channel(EVENT_QUEUE);
         let cancel = CancellationToken::new();
         let streams = swarm.behaviour().stream.new_control();
-        let client = Client::new(cmd_tx, network, key.clone(), store.clone(), streams);
+        let book = shared_book::SharedBook::new(book);
+        let client = Client::new(
+            cmd_tx,
+            network,
+            key.clone(),
+            store.clone(),
+            streams,
+            book.reader(),
+        );
         let mut el = event_loop::EventLoop::new(
             swarm,
             key,
