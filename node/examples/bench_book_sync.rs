@@ -50,6 +50,7 @@ async fn main() {
         store.put_offers(&batch, now).unwrap();
     }
     let holder = start_from(&home, config(Duration::from_secs(600))).await;
+    holder.node.client.restored().await;
     let held = holder.node.client.book_len().await.unwrap();
     assert_eq!(held, n, "the holder restored its book");
     println!(

@@ -544,26 +544,82 @@ impl Store {
 
     /// Offers not expired at `now`, as received.
     pub fn live_offers(&self, now: Timestamp) -> Result<Vec<StoredOffer>, StoreError> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, next) = self.live_offers_page(now, after.as_ref(), 4096)?;
+            out.extend(page);
+            match next {
+                Some(n) => after = Some(n),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// How many stored offers are not expired at `now`.
+    pub fn count_live_offers(&self, now: Timestamp) -> Result<u64, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM offers WHERE expires_at > ?1",
+                [i64_of(now.0)],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(u64_of)
+            .map_err(self.err())
+    }
+
+    /// At most `limit` offers not expired at `now` whose provider key sorts after `after`, in
+    /// provider-key order, as received; and the key to pass as `after` for the next page when
+    /// the page is full (the primary key's index: each page costs its own rows, not the rows
+    /// before it).
+    pub fn live_offers_page(
+        &self,
+        now: Timestamp,
+        after: Option<&[u8; 32]>,
+        limit: usize,
+    ) -> Result<(Vec<StoredOffer>, Option<[u8; 32]>), StoreError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT envelope, received_at FROM offers WHERE expires_at > ?1")
+            .prepare_cached(
+                "SELECT provider, envelope, received_at FROM offers \
+                 WHERE expires_at > ?1 AND provider > ?2 ORDER BY provider LIMIT ?3",
+            )
             .map_err(self.err())?;
+        // Every provider key is 32 bytes, so the empty blob sorts before all of them.
+        let after: &[u8] = after.map_or(&[], |a| &a[..]);
         let rows = stmt
-            .query_map([i64_of(now.0)], |r| {
-                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
-            })
+            .query_map(
+                params![
+                    i64_of(now.0),
+                    after,
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
+                |r| {
+                    Ok((
+                        r.get::<_, Vec<u8>>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                },
+            )
             .map_err(self.err())?;
         let mut out = Vec::new();
+        let mut last = None;
         for row in rows {
-            let (bytes, received_at) = row.map_err(self.err())?;
+            let (provider, bytes, received_at) = row.map_err(self.err())?;
             let signed =
                 Signed::<Offer>::from_bytes(&bytes).map_err(|err| self.bad_row("offer", err))?;
+            last = Some(
+                <[u8; 32]>::try_from(provider.as_slice())
+                    .map_err(|_| self.bad_row("offer", "a provider key that is not 32 bytes"))?,
+            );
             out.push(StoredOffer {
                 signed,
                 received_at: Timestamp(u64_of(received_at)),
             });
         }
-        Ok(out)
+        let next = if out.len() == limit { last } else { None };
+        Ok((out, next))
     }
 
     fn bad_row(&self, what: &'static str, err: impl std::fmt::Display) -> StoreError {

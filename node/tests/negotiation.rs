@@ -243,6 +243,8 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     // holds the provider's first or its re-signed offer, whichever reached it before it
     // stopped.)
     let renter = start_from_home(&renter_home, config()).await;
+    // The stored offers are restored after start, off the loop: wait for it.
+    assert!(renter.node.client.restored().await.done);
     let held = renter
         .node
         .client
@@ -270,6 +272,7 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     restart_cfg.listen = vec![provider_listen];
     let provider = start_provider_from_home(&provider_home, restart_cfg).await;
     let own = provider.node.client.own_offer().await.unwrap().unwrap();
+    // The own offer is in the book before the stored ones are restored.
     assert_eq!(
         own.id, signed_before.id,
         "the unexpired own offer is kept across restarts"
@@ -284,6 +287,7 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
             .is_some(),
         "the restored own offer is in the provider's own book right after the restart"
     );
+    provider.node.client.restored().await;
     assert_eq!(provider.node.client.book_len().await.unwrap(), 1);
     let theirs = provider
         .store
@@ -403,6 +407,17 @@ async fn restored_offers_are_verified_again_and_a_tampered_one_is_dropped() {
         assert_eq!(store.live_offers(now).unwrap().len(), 5);
     }
     let node = start_from_home(&home, config()).await;
+    let progress = node.node.client.restored().await;
+    assert_eq!(
+        (
+            progress.stored,
+            progress.checked,
+            progress.restored,
+            progress.done
+        ),
+        (5, 5, 4, true),
+        "{progress:?}"
+    );
     for (i, (id, ..)) in rows.iter().enumerate() {
         let held = node.node.client.offer(*id).await.unwrap();
         assert_eq!(
@@ -411,6 +426,60 @@ async fn restored_offers_are_verified_again_and_a_tampered_one_is_dropped() {
             "offer {i} restored: {}",
             held.is_some()
         );
+    }
+    stop(node).await;
+}
+
+/// A restart does not wait for its stored offers (issue 19): `Node::start` returns with the
+/// restore still under way (the node answers searches and lookups meanwhile, seeing what is
+/// restored so far), the progress counts up, and in the end every stored offer is in the book.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_answers_before_its_stored_offers_are_restored() {
+    use gridlease_node::home::Home;
+    use gridlease_node::store::Store;
+    use gridlease_protocol::{NodeKey, OfferId};
+
+    const N: u64 = 6_000;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("n");
+    Home::init(&home, &net()).unwrap();
+    let now = clock::now();
+    let rows: Vec<_> = (0..N)
+        .map(|i| {
+            let mut secret = [9u8; 32];
+            secret[..8].copy_from_slice(&i.to_le_bytes());
+            let key = NodeKey::from_secret(secret);
+            let offer = live_offer(&key, 1, 100_000 + i, now, 600);
+            let signed = Signed::sign(&key, &net(), &offer).unwrap();
+            let id = OfferId(signed.envelope().content_digest());
+            (id, signed, offer, now)
+        })
+        .collect();
+    Store::open(&Home::open(&home).unwrap().db_path())
+        .unwrap()
+        .put_offers(&rows, now)
+        .unwrap();
+    let node = start_from_home(&home, config()).await;
+    let c = &node.node.client;
+    let early = c.restore_progress();
+    let held_early = c.book_len().await.unwrap();
+    assert!(
+        !early.done && (held_early as u64) < N,
+        "start returned before the restore finished: {early:?}, {held_early} held"
+    );
+    // Searches answer meanwhile.
+    c.search(gridlease_contracts::query::Query::parse("").unwrap(), 10)
+        .await
+        .unwrap();
+    let done = c.restored().await;
+    assert_eq!(
+        (done.stored, done.checked, done.restored, done.left()),
+        (N, N, N, 0),
+        "{done:?}"
+    );
+    assert_eq!(c.book_len().await.unwrap() as u64, N);
+    for (id, ..) in rows.iter().step_by(997) {
+        assert!(c.offer(*id).await.unwrap().is_some());
     }
     stop(node).await;
 }

@@ -26,6 +26,10 @@ pub struct StatusView {
     pub connected_peers: usize,
     /// Offers in the local book.
     pub offers_known: usize,
+    /// Stored offers still to be checked and restored into the book after a restart (the
+    /// node answers meanwhile; searches see what is restored so far); null once done.
+    #[serde(default)]
+    pub offers_restoring: Option<u64>,
     /// Reachability as observed by AutoNAT v2 dial-backs (never what was configured):
     /// `public` (a server dialed one of its addresses back), `private` (every dial-back
     /// failed: behind a NAT or firewall; reached through a relay or a hole punch) or

@@ -34,7 +34,13 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
             p.line(&format!("listening    {a}"));
         }
         p.line(&format!("peers        {}", s.connected_peers));
-        p.line(&format!("offers known {}", s.offers_known));
+        match s.offers_restoring {
+            Some(left) => p.line(&format!(
+                "offers known {} (restoring from the store: {left} left to check)",
+                s.offers_known
+            )),
+            None => p.line(&format!("offers known {}", s.offers_known)),
+        }
         match &s.own_offer {
             Some(o) => {
                 p.line(&format!(

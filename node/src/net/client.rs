@@ -79,6 +79,9 @@ pub(crate) enum Command {
         oneshot::Sender<Result<bool, String>>,
     ),
     GossipStats(oneshot::Sender<GossipStats>),
+    /// Stored offers, verified again, for the book (the restore after start); answers how
+    /// many were admitted.
+    Restore(Vec<super::restore::Restored>, oneshot::Sender<usize>),
     SyncStats(oneshot::Sender<SyncStats>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     SetFree(u16, oneshot::Sender<()>),
@@ -178,6 +181,7 @@ pub struct Client {
     store: StoreHandle,
     streams: libp2p_stream::Control,
     book: super::BookReader,
+    restore: tokio::sync::watch::Receiver<super::RestoreProgress>,
 }
 
 impl std::fmt::Debug for Client {
@@ -196,6 +200,7 @@ impl Client {
         store: StoreHandle,
         streams: libp2p_stream::Control,
         book: super::BookReader,
+        restore: tokio::sync::watch::Receiver<super::RestoreProgress>,
     ) -> Self {
         Self {
             tx,
@@ -204,7 +209,21 @@ impl Client {
             store,
             streams,
             book,
+            restore,
         }
+    }
+
+    /// How far the restore of the stored offers (after start) has got.
+    pub fn restore_progress(&self) -> super::RestoreProgress {
+        *self.restore.borrow()
+    }
+
+    /// Waits until the stored offers are restored (or the restore ended without finishing,
+    /// when the node stopped), and says how far it got.
+    pub async fn restored(&self) -> super::RestoreProgress {
+        let mut rx = self.restore.clone();
+        let done = rx.wait_for(|p| p.done).await.map(|p| *p);
+        done.unwrap_or_else(|_| *rx.borrow())
     }
 
     /// The offer book, read off the event loop.

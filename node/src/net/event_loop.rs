@@ -459,6 +459,18 @@ impl EventLoop {
                     ..self.verdicts
                 });
             }
+            Command::Restore(batch, reply) => {
+                // Already verified (off the loop); stored offers are not persisted again nor
+                // announced as learned.
+                let admitted = self.book.update(|b| {
+                    batch
+                        .into_iter()
+                        .map(|r| b.admit(r.signed, r.offer, r.id, r.received_at))
+                        .filter(Result::is_ok)
+                        .count()
+                });
+                let _ = reply.send(admitted);
+            }
             Command::SyncStats(reply) => {
                 let mut st = self.sync_stats;
                 st.bytes_received = self.sync_bytes.load(std::sync::atomic::Ordering::Relaxed);

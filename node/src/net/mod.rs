@@ -7,7 +7,8 @@
 //! never waits behind gossip in the command queue nor stalls it. The loop turns swarm events into [`NetworkEvent`]s,
 //! broadcast on a bounded channel (slow subscribers lag and lose events, the loop never waits).
 //!
-//! Invariant: the loop never blocks on SQLite. Reads happen before it starts; writes go to the
+//! Invariant: the loop never blocks on SQLite. Reads happen before it starts (the stored
+//! offers after it started, by [`restore`], which hands them to the loop); writes go to the
 //! store thread ([`crate::store::StoreHandle`]) and completions come back as internal messages.
 
 pub mod behaviour;
@@ -20,20 +21,19 @@ pub mod provider;
 pub mod ratelimit;
 pub mod reach;
 pub mod reputation;
+mod restore;
 mod shared_book;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use gridlease_contracts::book::{DEFAULT_BOOK_CAPACITY, OfferBook};
-use gridlease_contracts::ingest::KEY_CACHE_CAPACITY;
 use gridlease_contracts::terms::validate_offer;
 use gridlease_protocol::{
-    NetworkId, NodeKey, Offer, OfferId, PeerId, PublicKey, RejectReason, Signed, Timestamp,
-    VerifyCache,
+    NetworkId, NodeKey, OfferId, PeerId, PublicKey, RejectReason, Signed, Timestamp,
 };
 use libp2p::Multiaddr;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +44,7 @@ pub use client::{
 };
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
+pub use restore::RestoreProgress;
 pub use shared_book::BookReader;
 
 use crate::clock;
@@ -362,7 +363,6 @@ impl Node {
         let key = Arc::new(key);
         let now = clock::now();
         let network = config.network.clone();
-        let stored_offers = store.call(move |s| s.live_offers(now)).await?;
         let own = store.call(|s| s.own_offer()).await?;
         let known_peers = store.call(|s| s.peers(event_loop::STORED_PEERS)).await?;
         let stored_completions = store
@@ -377,34 +377,9 @@ impl Node {
                 .map(|c| (c.completion, c.record)),
         );
 
+        // The stored offers are restored after the loop starts (`restore`); the own offer is
+        // in the book from the start.
         let mut book = OfferBook::with_capacity(config.book_capacity);
-        let mut restored = 0usize;
-        // Re-verify: the database is not a trust boundary we skip. A restart may restore a full
-        // book, so the stored offers are checked with batch verification, 64 at a time.
-        let mut keys = VerifyCache::new(KEY_CACHE_CAPACITY, 0);
-        for chunk in stored_offers.chunks(64) {
-            let refs: Vec<&Signed<Offer>> = chunk.iter().map(|o| &o.signed).collect();
-            let results = Signed::verify_batch_cached(&refs, &network, &mut keys);
-            for (o, v) in chunk.iter().zip(results) {
-                let Ok(v) = v else {
-                    continue;
-                };
-                if validate_offer(&v.message, &v.signer, now).is_err() {
-                    continue;
-                }
-                if book
-                    .admit(
-                        o.signed.clone(),
-                        v.message,
-                        OfferId(v.digest),
-                        o.received_at,
-                    )
-                    .is_ok()
-                {
-                    restored += 1;
-                }
-            }
-        }
         let mut provider = provider::ProviderState::new(config.offer.clone());
         if let Some(own) = own
             && let Ok(v) = own.verify(&network)
@@ -434,7 +409,6 @@ impl Node {
                 });
             }
         }
-        tracing::info!(offers = restored, "state restored from the store");
 
         let book_codec = codec::BookCodec::default();
         let sync_bytes = book_codec.received();
@@ -444,14 +418,17 @@ impl Node {
         let cancel = CancellationToken::new();
         let streams = swarm.behaviour().stream.new_control();
         let book = shared_book::SharedBook::new(book);
+        let (restore_tx, restore_rx) = watch::channel(RestoreProgress::default());
         let client = Client::new(
-            cmd_tx,
-            network,
+            cmd_tx.clone(),
+            network.clone(),
             key.clone(),
             store.clone(),
             streams,
             book.reader(),
+            restore_rx,
         );
+        let store_for_restore = store.clone();
         let mut el = event_loop::EventLoop::new(
             swarm,
             key,
@@ -469,7 +446,11 @@ impl Node {
         el.dial_known(&known_peers);
         let peer = client.peer_id();
         let span = tracing::info_span!("network", peer = %peer);
-        let task = tokio::spawn(tracing::Instrument::instrument(el.run(), span));
+        let task = tokio::spawn(tracing::Instrument::instrument(el.run(), span.clone()));
+        tokio::spawn(tracing::Instrument::instrument(
+            restore::run(store_for_restore, network, now, cmd_tx, restore_tx),
+            span,
+        ));
         Ok(Self {
             client,
             events,

@@ -1,0 +1,171 @@
+//! Restart benchmark (issue 19): does a big stored book delay a restarted daemon's first API
+//! answer? Two homes, alike but for the store: one holds N live offers of N providers (as
+//! gossip would have stored them), one holds none. Each round starts the real `gridlease node`
+//! on each home in turn and measures, from the spawn: the first `GET /v1/status` answered on
+//! the control socket, and (for the full home) the status that no longer reports
+//! `offers_restoring`; then the daemon's RSS with the book restored.
+//!
+//! ```text
+//! cargo build --release -p gridlease-node --bins --example bench_restore
+//! target/release/examples/bench_restore 100000 5      # OFFERS ROUNDS
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gridlease_node::clock;
+use gridlease_node::home::Home;
+use gridlease_node::store::Store;
+use gridlease_protocol::{NetworkId, NodeKey, OfferId, Signed, fixtures};
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn gridlease() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("gridlease");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build --release -p gridlease-node --bins",
+        bin.display()
+    );
+    bin
+}
+
+/// `GET /v1/status` on the home's control socket: the body when it answered 200.
+fn status(home: &Path) -> Option<serde_json::Value> {
+    let mut s = UnixStream::connect(home.join(gridlease_node::api::SOCKET_FILE)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /v1/status HTTP/1.1\r\nHost: gridlease\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    // The daemon answers small bodies whole (Content-Length); chunked ones are not expected.
+    serde_json::from_str(body).ok()
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
+/// Starts the daemon on `home`; returns it with the time to the first status answer, the time
+/// until the restore is reported finished, and the RSS then.
+fn run(home: &Path) -> (Duration, Duration, f64, serde_json::Value) {
+    let t0 = Instant::now();
+    let child = Command::new(gridlease())
+        .arg("--home")
+        .arg(home)
+        .args(["node", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Kill(child);
+    let deadline = t0 + Duration::from_secs(120);
+    let (first, mut st) = loop {
+        if let Some(s) = status(home) {
+            break (t0.elapsed(), s);
+        }
+        assert!(Instant::now() < deadline, "no status answer");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    while !st["offers_restoring"].is_null() {
+        assert!(Instant::now() < deadline, "restore not finished");
+        std::thread::sleep(Duration::from_millis(5));
+        st = status(home).unwrap();
+    }
+    let restored = t0.elapsed();
+    let rss = rss_mib(d.0.id());
+    drop(d);
+    // The socket file is the daemon's; wait until it is gone or replaced on the next start.
+    let _ = std::fs::remove_file(home.join(gridlease_node::api::SOCKET_FILE));
+    (first, restored, rss, st)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let dir = tempfile::tempdir().unwrap();
+    let net = NetworkId::devnet();
+    let now = clock::now();
+    let full = dir.path().join("full");
+    let empty = dir.path().join("empty");
+    Home::init(&full, &net).unwrap();
+    Home::init(&empty, &net).unwrap();
+    {
+        let mut store = Store::open(&Home::open(&full).unwrap().db_path()).unwrap();
+        let mut batch = Vec::with_capacity(10_000);
+        for i in 0..n {
+            let mut secret = [0u8; 32];
+            secret[..8].copy_from_slice(&(i as u64 + 1).to_be_bytes());
+            let key = NodeKey::from_secret(secret);
+            let mut offer = fixtures::offer(key.public(), 1, 1 + (i % 4) as u8, 350_000);
+            offer.created_at = now;
+            offer.expires_at = now.plus_secs(3600);
+            let signed = Signed::sign(&key, &net, &offer).unwrap();
+            let id = OfferId(signed.envelope().content_digest());
+            batch.push((id, signed, offer, now));
+            if batch.len() == 10_000 {
+                store.put_offers(&batch, now).unwrap();
+                batch.clear();
+            }
+        }
+        store.put_offers(&batch, now).unwrap();
+    }
+    println!("{n} stored offers; {rounds} rounds, each: the empty home, then the full one");
+    println!("round  empty: first answer | full: first answer  restored  held    RSS");
+    let (mut fe, mut ff, mut fr, mut rss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let (e_first, _, _, _) = run(&empty);
+        let (f_first, f_restored, f_rss, st) = run(&full);
+        let held = st["offers_known"].as_u64().unwrap();
+        assert_eq!(held, n as u64, "every stored offer restored");
+        println!(
+            "{r:>5}  {:>8.1} ms          | {:>8.1} ms  {:>8.1} ms  {held}  {f_rss:.0} MiB",
+            e_first.as_secs_f64() * 1e3,
+            f_first.as_secs_f64() * 1e3,
+            f_restored.as_secs_f64() * 1e3,
+        );
+        fe.push(e_first.as_secs_f64() * 1e3);
+        ff.push(f_first.as_secs_f64() * 1e3);
+        fr.push(f_restored.as_secs_f64() * 1e3);
+        rss.push(f_rss);
+    }
+    let (e, f) = (median(&mut fe), median(&mut ff));
+    println!(
+        "median first answer: empty {e:.1} ms, full {f:.1} ms, delay {:.1} ms; restored after \
+         {:.0} ms; RSS {:.0} MiB",
+        f - e,
+        median(&mut fr),
+        median(&mut rss)
+    );
+}
