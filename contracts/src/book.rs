@@ -547,13 +547,16 @@ impl OfferBook {
         };
         let has_gpu_text = text.iter().any(|c| c.field == Field::Gpu);
         let has_region_text = text.iter().any(|c| c.field == Field::Region);
-        let mut hits: Vec<&Slot> = Vec::new();
+        // Each hit with its sort rank, computed once: the selection and the sort compare
+        // (rank, id) pairs.
+        let mut hits: Vec<(u64, &Slot)> = Vec::new();
         for slot in &self.slots {
             if slot.expires_at <= now {
                 continue;
             }
+            let rank = sort.rank(&slot.numbers);
             if let Some(after) = after
-                && (sort.rank(&slot.numbers), slot.id) <= after
+                && (rank, slot.id) <= after
             {
                 continue;
             }
@@ -569,26 +572,23 @@ impl OfferBook {
             if has_region_text && !text_ok(slot.region, Field::Region) {
                 continue;
             }
-            hits.push(slot);
+            hits.push((rank, slot));
         }
-        let order = |a: &&Slot, b: &&Slot| {
-            sort.compare(&a.numbers, &b.numbers)
-                .then_with(|| a.id.cmp(&b.id))
-        };
+        let order = |a: &(u64, &Slot), b: &(u64, &Slot)| (a.0, a.1.id).cmp(&(b.0, b.1.id));
         let more = hits.len() > limit;
         if more {
             hits.select_nth_unstable_by(limit - 1, order);
             hits.truncate(limit);
         }
         hits.sort_unstable_by(order);
-        let next = hits.last().filter(|_| more).map(|s| Cursor {
-            rank: sort.rank(&s.numbers),
-            id: s.id,
-        });
+        let next = hits
+            .last()
+            .filter(|_| more)
+            .map(|&(rank, s)| Cursor { rank, id: s.id });
         Page {
             entries: hits
                 .iter()
-                .filter_map(|s| self.by_provider.get(&s.provider))
+                .filter_map(|(_, s)| self.by_provider.get(&s.provider))
                 .collect(),
             next,
         }

@@ -115,10 +115,13 @@ fn main() {
     let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(5);
     let dir = tempfile::tempdir().unwrap();
+    // BENCH_RESTORE_DIR keeps the two homes there (to start a daemon on them by hand).
+    let base = std::env::var_os("BENCH_RESTORE_DIR")
+        .map_or_else(|| dir.path().to_path_buf(), PathBuf::from);
     let net = NetworkId::devnet();
     let now = clock::now();
-    let full = dir.path().join("full");
-    let empty = dir.path().join("empty");
+    let full = base.join("full");
+    let empty = base.join("empty");
     Home::init(&full, &net).unwrap();
     Home::init(&empty, &net).unwrap();
     {
