@@ -547,17 +547,12 @@ impl OfferBook {
         };
         let has_gpu_text = text.iter().any(|c| c.field == Field::Gpu);
         let has_region_text = text.iter().any(|c| c.field == Field::Region);
-        // Each hit with its sort rank, computed once: the selection and the sort compare
-        // (rank, id) pairs.
-        let mut hits: Vec<(u64, &Slot)> = Vec::new();
+        // Each hit with its sort rank and the first 8 bytes of its id (big-endian, so they
+        // order as the id does), computed once: the selection and the sort compare two
+        // integers and read the whole id only when both tie (many offers share a price).
+        let mut hits: Vec<(u64, u64, &Slot)> = Vec::new();
         for slot in &self.slots {
             if slot.expires_at <= now {
-                continue;
-            }
-            let rank = sort.rank(&slot.numbers);
-            if let Some(after) = after
-                && (rank, slot.id) <= after
-            {
                 continue;
             }
             if !numeric
@@ -572,9 +567,19 @@ impl OfferBook {
             if has_region_text && !text_ok(slot.region, Field::Region) {
                 continue;
             }
-            hits.push((rank, slot));
+            let rank = sort.rank(&slot.numbers);
+            if let Some(after) = after
+                && (rank, slot.id) <= after
+            {
+                continue;
+            }
+            hits.push((rank, id_prefix(&slot.id), slot));
         }
-        let order = |a: &(u64, &Slot), b: &(u64, &Slot)| (a.0, a.1.id).cmp(&(b.0, b.1.id));
+        let order = |a: &(u64, u64, &Slot), b: &(u64, u64, &Slot)| {
+            (a.0, a.1)
+                .cmp(&(b.0, b.1))
+                .then_with(|| a.2.id.cmp(&b.2.id))
+        };
         let more = hits.len() > limit;
         if more {
             hits.select_nth_unstable_by(limit - 1, order);
@@ -584,15 +589,22 @@ impl OfferBook {
         let next = hits
             .last()
             .filter(|_| more)
-            .map(|&(rank, s)| Cursor { rank, id: s.id });
+            .map(|&(rank, _, s)| Cursor { rank, id: s.id });
         Page {
             entries: hits
                 .iter()
-                .filter_map(|(_, s)| self.by_provider.get(&s.provider))
+                .filter_map(|(_, _, s)| self.by_provider.get(&s.provider))
                 .collect(),
             next,
         }
     }
+}
+
+/// The first 8 bytes of an id as a big-endian number: ordered as the ids are (ties aside).
+fn id_prefix(id: &OfferId) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id.0.0[..8]);
+    u64::from_be_bytes(b)
 }
 
 /// The keys of `map` whose lowercase hex form starts with `prefix`, at most `limit`. Ids order

@@ -13,10 +13,8 @@ mod bench_support;
 use std::time::{Duration, Instant};
 
 use bench_support::*;
-use gridlease_node::clock;
 use gridlease_node::home::Home;
-use gridlease_node::store::Store;
-use gridlease_protocol::{NetworkId, NodeKey, OfferId, Signed, fixtures};
+use gridlease_protocol::NetworkId;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -27,28 +25,10 @@ async fn main() {
     let net = NetworkId::devnet();
 
     // The holder's book: N providers' offers, stored as gossip would have stored them.
-    let now = clock::now();
     let home = dir.path().join("holder");
     let h = Home::init(&home, &net).unwrap();
     drop(h);
-    let mut envelope_bytes = 0usize;
-    {
-        let mut store = Store::open(&Home::open(&home).unwrap().db_path()).unwrap();
-        let mut batch = Vec::with_capacity(n);
-        for i in 0..n {
-            let mut secret = [0u8; 32];
-            secret[..8].copy_from_slice(&(i as u64 + 1).to_be_bytes());
-            let key = NodeKey::from_secret(secret);
-            let mut offer = fixtures::offer(key.public(), 1, 1 + (i % 4) as u8, 350_000);
-            offer.created_at = now;
-            offer.expires_at = now.plus_secs(3600);
-            let signed = Signed::sign(&key, &net, &offer).unwrap();
-            envelope_bytes += signed.to_bytes().unwrap().len();
-            let id = OfferId(signed.envelope().content_digest());
-            batch.push((id, signed, offer, now));
-        }
-        store.put_offers(&batch, now).unwrap();
-    }
+    let envelope_bytes = store_offers(&home, &net, n);
     let holder = start_from(&home, config(Duration::from_secs(600))).await;
     holder.node.client.restored().await;
     let held = holder.node.client.book_len().await.unwrap();

@@ -12,53 +12,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+mod bench_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gridlease_node::clock;
+use bench_support::{api_status, spawn_daemon, store_offers};
 use gridlease_node::home::Home;
-use gridlease_node::store::Store;
-use gridlease_protocol::{NetworkId, NodeKey, OfferId, Signed, fixtures};
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn gridlease() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("gridlease");
-    assert!(
-        bin.exists(),
-        "{} is missing: cargo build --release -p gridlease-node --bins",
-        bin.display()
-    );
-    bin
-}
-
-/// `GET /v1/status` on the home's control socket: the body when it answered 200.
-fn status(home: &Path) -> Option<serde_json::Value> {
-    let mut s = UnixStream::connect(home.join(gridlease_node::api::SOCKET_FILE)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    s.write_all(b"GET /v1/status HTTP/1.1\r\nHost: gridlease\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    // The daemon answers small bodies whole (Content-Length); chunked ones are not expected.
-    serde_json::from_str(body).ok()
-}
+use gridlease_protocol::NetworkId;
 
 fn rss_mib(pid: u32) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -75,18 +36,10 @@ fn rss_mib(pid: u32) -> f64 {
 /// until the restore is reported finished, and the RSS then.
 fn run(home: &Path) -> (Duration, Duration, f64, serde_json::Value) {
     let t0 = Instant::now();
-    let child = Command::new(gridlease())
-        .arg("--home")
-        .arg(home)
-        .args(["node", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let d = Kill(child);
+    let d = spawn_daemon(home);
     let deadline = t0 + Duration::from_secs(120);
     let (first, mut st) = loop {
-        if let Some(s) = status(home) {
+        if let Some(s) = api_status(home) {
             break (t0.elapsed(), s);
         }
         assert!(Instant::now() < deadline, "no status answer");
@@ -95,7 +48,7 @@ fn run(home: &Path) -> (Duration, Duration, f64, serde_json::Value) {
     while !st["offers_restoring"].is_null() {
         assert!(Instant::now() < deadline, "restore not finished");
         std::thread::sleep(Duration::from_millis(5));
-        st = status(home).unwrap();
+        st = api_status(home).unwrap();
     }
     let restored = t0.elapsed();
     let rss = rss_mib(d.0.id());
@@ -119,31 +72,11 @@ fn main() {
     let base = std::env::var_os("BENCH_RESTORE_DIR")
         .map_or_else(|| dir.path().to_path_buf(), PathBuf::from);
     let net = NetworkId::devnet();
-    let now = clock::now();
     let full = base.join("full");
     let empty = base.join("empty");
     Home::init(&full, &net).unwrap();
     Home::init(&empty, &net).unwrap();
-    {
-        let mut store = Store::open(&Home::open(&full).unwrap().db_path()).unwrap();
-        let mut batch = Vec::with_capacity(10_000);
-        for i in 0..n {
-            let mut secret = [0u8; 32];
-            secret[..8].copy_from_slice(&(i as u64 + 1).to_be_bytes());
-            let key = NodeKey::from_secret(secret);
-            let mut offer = fixtures::offer(key.public(), 1, 1 + (i % 4) as u8, 350_000);
-            offer.created_at = now;
-            offer.expires_at = now.plus_secs(3600);
-            let signed = Signed::sign(&key, &net, &offer).unwrap();
-            let id = OfferId(signed.envelope().content_digest());
-            batch.push((id, signed, offer, now));
-            if batch.len() == 10_000 {
-                store.put_offers(&batch, now).unwrap();
-                batch.clear();
-            }
-        }
-        store.put_offers(&batch, now).unwrap();
-    }
+    store_offers(&full, &net, n);
     println!("{n} stored offers; {rounds} rounds, each: the empty home, then the full one");
     println!("round  empty: first answer | full: first answer  restored  held    RSS");
     let (mut fe, mut ff, mut fr, mut rss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());

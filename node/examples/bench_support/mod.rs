@@ -120,3 +120,116 @@ pub fn report(what: &str, mut samples: Vec<Duration>) -> String {
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
+
+/// `n` live offers of `n` providers (1-4 GPUs, an hour to live from `now`), signed: provider
+/// `i`'s key is seeded with `tag` and `i`, so different tags give different providers.
+pub fn signed_offers(
+    net: &NetworkId,
+    tag: u8,
+    n: usize,
+    now: gridlease_protocol::Timestamp,
+) -> Vec<(
+    gridlease_protocol::OfferId,
+    gridlease_protocol::Signed<gridlease_protocol::Offer>,
+    gridlease_protocol::Offer,
+)> {
+    use gridlease_protocol::{NodeKey, OfferId, Signed, fixtures};
+    (0..n)
+        .map(|i| {
+            let mut secret = [0u8; 32];
+            secret[0] = tag;
+            secret[8..16].copy_from_slice(&(i as u64 + 1).to_be_bytes());
+            let key = NodeKey::from_secret(secret);
+            let mut offer = fixtures::offer(key.public(), 1, 1 + (i % 4) as u8, 350_000);
+            offer.created_at = now;
+            offer.expires_at = now.plus_secs(3600);
+            let signed = Signed::sign(&key, net, &offer).unwrap();
+            let id = OfferId(signed.envelope().content_digest());
+            (id, signed, offer)
+        })
+        .collect()
+}
+
+/// Stores `n` offers ([`signed_offers`], tag 0) in the home's database, as gossip stores them;
+/// returns the bytes of their envelopes.
+pub fn store_offers(home: &Path, net: &NetworkId, n: usize) -> usize {
+    let now = gridlease_node::clock::now();
+    let mut store = Store::open(&Home::open(home).unwrap().db_path()).unwrap();
+    let mut bytes = 0;
+    for chunk in signed_offers(net, 0, n, now).chunks(10_000) {
+        let batch: Vec<_> = chunk
+            .iter()
+            .map(|(id, s, o)| {
+                bytes += s.to_bytes().unwrap().len();
+                (*id, s.clone(), o.clone(), now)
+            })
+            .collect();
+        store.put_offers(&batch, now).unwrap();
+    }
+    bytes
+}
+
+/// `GET path` on the home's control socket (HTTP/1.1, one request per connection): the status
+/// code and the body, or `None` while the daemon does not answer.
+pub fn api_get(home: &Path, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s =
+        std::os::unix::net::UnixStream::connect(home.join(gridlease_node::api::SOCKET_FILE))
+            .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: gridlease\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
+/// `GET /v1/status` when it answers 200.
+pub fn api_status(home: &Path) -> Option<serde_json::Value> {
+    match api_get(home, "/v1/status")? {
+        (200, body) => serde_json::from_str(&body).ok(),
+        _ => None,
+    }
+}
+
+/// The `gridlease` binary beside this example's directory (`target/<profile>/gridlease`).
+pub fn gridlease_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("gridlease");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build --release -p gridlease-node --bins",
+        bin.display()
+    );
+    bin
+}
+
+/// A child process killed and reaped when dropped.
+pub struct Kill(pub std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `gridlease node` on `home` (loopback, no mDNS), quiet.
+pub fn spawn_daemon(home: &Path) -> Kill {
+    Kill(
+        std::process::Command::new(gridlease_bin())
+            .arg("--home")
+            .arg(home)
+            .args(["node", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
