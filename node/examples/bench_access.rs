@@ -33,35 +33,19 @@
     clippy::print_stderr
 )]
 
+mod bench_support;
+
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bench_support::{Kill, gridlease_bin};
 use gridlease_sandbox::Sandbox;
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn gridlease() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("gridlease");
-    assert!(
-        bin.exists(),
-        "{} is missing: cargo build --release -p gridlease-node --bins",
-        bin.display()
-    );
-    bin
-}
-
 fn cli(home: &Path, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(gridlease())
+    let out = Command::new(gridlease_bin())
         .arg("--home")
         .arg(home)
         .arg("--json")
@@ -77,14 +61,14 @@ fn cli(home: &Path, args: &[&str]) -> serde_json::Value {
 }
 
 fn daemon(home: &Path, extra: &[&str]) -> Kill {
-    let init = Command::new(gridlease())
+    let init = Command::new(gridlease_bin())
         .arg("--home")
         .arg(home)
         .arg("init")
         .output()
         .unwrap();
     assert!(init.status.success());
-    let child = Command::new(gridlease())
+    let child = Command::new(gridlease_bin())
         .arg("--home")
         .arg(home)
         .args([
@@ -103,7 +87,7 @@ fn daemon(home: &Path, extra: &[&str]) -> Kill {
         .unwrap();
     let d = Kill(child);
     wait(Duration::from_secs(30), || {
-        Command::new(gridlease())
+        Command::new(gridlease_bin())
             .arg("--home")
             .arg(home)
             .arg("status")
@@ -364,7 +348,7 @@ async fn main() {
         tokio::task::block_in_place(|| rt.block_on(ns.connect(9000, Duration::from_secs(1))))
             .is_ok()
     });
-    let mut fwd = Command::new(gridlease())
+    let mut fwd = Command::new(gridlease_bin())
         .arg("--home")
         .arg(&rh)
         .args(["forward", &id, "0:8080", "0:9000"])
@@ -448,7 +432,7 @@ async fn main() {
     for r in 0..cp_rounds {
         let mbs = |t: Instant| tree_bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
         let t = Instant::now();
-        run_ok(Command::new(gridlease()).arg("--home").arg(&rh).args([
+        run_ok(Command::new(gridlease_bin()).arg("--home").arg(&rh).args([
             "-q",
             "cp",
             &tree.display().to_string(),
@@ -466,7 +450,7 @@ async fn main() {
         phase("docker cp upload", t);
         let back = dir.path().join(format!("back-g{r}"));
         let t = Instant::now();
-        run_ok(Command::new(gridlease()).arg("--home").arg(&rh).args([
+        run_ok(Command::new(gridlease_bin()).arg("--home").arg(&rh).args([
             "-q",
             "cp",
             &format!("{}:/workspace/g{r}", &id[..12]),
@@ -541,7 +525,7 @@ async fn main() {
         gd / rt
     );
 
-    let _ = Command::new(gridlease())
+    let _ = Command::new(gridlease_bin())
         .arg("--home")
         .arg(&rh)
         .args(["stop", &id])
