@@ -13,6 +13,9 @@
 //! due ([`Tariff::due`], [`Tariff::final_due`]). A container that outlives its deadline (killed
 //! late, or a node that came back late) is still billed exactly the lease, never more.
 //!
+//! **Owner reclaims**: a lease the provider's owner took back pays the seconds it ran, not the
+//! minimum ([`minimum_waived`]).
+//!
 //! **Failed starts**: a start that fails on the renter's image (the pull failed, stalled or
 //! timed out, or the pulled image was refused) costs the minimum billed duration
 //! ([`Tariff::failed_start_fee`], `min_billed_s` of the offer), so a renter cannot make a
@@ -20,7 +23,7 @@
 //! container runtime, its database, creating or starting the container) costs nothing
 //! ([`start_failure_is_billed`]).
 
-use gridlease_protocol::{LeaseTerms, StartFailureKind};
+use gridlease_protocol::{CloseReason, LeaseTerms, StartFailureKind};
 
 use crate::money::{Money, MoneyError};
 
@@ -178,6 +181,14 @@ impl Tariff {
     }
 }
 
+/// True when a lease that the provider closed for `reason` is billed only the seconds it ran,
+/// without the minimum billed duration: a lease the provider's owner took back
+/// (`OwnerReclaimed`: the owner's process on an interruptible offer's GPU) did not end by the
+/// renter's doing. (The renter accepts a final report at either amount, `check_usage`.)
+pub fn minimum_waived(reason: CloseReason) -> bool {
+    matches!(reason, CloseReason::OwnerReclaimed)
+}
+
 /// True when a start that failed this way is the renter's to pay ([`Tariff::failed_start_fee`]):
 /// failures of the image the renter chose. The provider's own failures are free.
 pub fn start_failure_is_billed(kind: StartFailureKind) -> bool {
@@ -197,6 +208,19 @@ pub fn start_failure_is_billed(kind: StartFailureKind) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn only_an_owner_reclaim_waives_the_minimum() {
+        assert!(minimum_waived(CloseReason::OwnerReclaimed));
+        for r in [
+            CloseReason::ContainerExited,
+            CloseReason::RenterStop,
+            CloseReason::ProviderStop,
+            CloseReason::Expired,
+        ] {
+            assert!(!minimum_waived(r), "{r:?}");
+        }
+    }
 
     fn price(s: &str) -> Money {
         s.parse().unwrap()

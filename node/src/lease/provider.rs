@@ -173,6 +173,7 @@ impl Session {
         totals: &Usage,
         interval: &Usage,
         exit_code: Option<i32>,
+        waive_minimum: bool,
     ) -> Option<Signed<UsageReport>> {
         let tariff = Tariff::of(&self.lease.terms);
         // Never more than the terms allow: a container stopped after its deadline (killed late,
@@ -184,7 +185,7 @@ impl Session {
         });
         totals.wall_ms = billed.wall_ms;
         totals.gpu_ms = billed.gpu_ms;
-        let due = if exit_code.is_some() {
+        let due = if exit_code.is_some() && !waive_minimum {
             tariff.final_due(totals.wall_ms)
         } else {
             tariff.due(totals.wall_ms)
@@ -1040,7 +1041,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
                     continue;
                 };
                 if inflight.is_empty() {
-                    if let Some(signed) = s.report(iv_start, now, &totals, &interval, None).await
+                    if let Some(signed) = s.report(iv_start, now, &totals, &interval, None, false).await
                         && let Some(peer) = s.renter_peer
                     {
                         let ctx2 = ctx.clone();
@@ -1138,7 +1139,8 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
         exit_code = ?s.exit_code,
         "container stopped"
     );
-    // Final report (minimum billing applies), unless the renter is known to be gone. Sent
+    // Final report (minimum billing applies, unless the owner took the GPUs back), unless the
+    // renter is known to be gone. Sent
     // before the output file is made final, which reads the whole log again: the renter
     // hears the end of the run at once, not after a large log is re-read.
     let send_final = !matches!(
@@ -1153,6 +1155,7 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
             &totals,
             &totals,
             Some(s.exit_code.unwrap_or(-1)),
+            matches!(ended, Ended::Stop(r) if gridlease_contracts::billing::minimum_waived(r)),
         )
         .await
         && send_final
