@@ -183,8 +183,8 @@ impl Tariff {
 
 /// True when a lease that the provider closed for `reason` is billed only the seconds it ran,
 /// without the minimum billed duration: a lease the provider's owner took back
-/// (`OwnerReclaimed`: the owner's process on an interruptible offer's GPU) did not end by the
-/// renter's doing. (The renter accepts a final report at either amount, `check_usage`.)
+/// (`OwnerReclaimed`: the owner's process on a GPU of an interruptible offer, or its offered
+/// hours ending) did not end by the renter's doing. (The renter accepts a final report at either amount, `check_usage`.)
 pub fn minimum_waived(reason: CloseReason) -> bool {
     matches!(reason, CloseReason::OwnerReclaimed)
 }
