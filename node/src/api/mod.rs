@@ -255,9 +255,10 @@ async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError>
         listen_addrs: listen.iter().map(ToString::to_string).collect(),
         connected_peers: peers.len(),
         offers_known: offers,
-        offers_restoring: Some(c.restore_progress())
-            .filter(|p| !p.done)
-            .map(|p| p.left()),
+        offers_restoring: {
+            let p = c.restore_progress();
+            (!p.done).then(|| p.left())
+        },
         nat_status: reach.nat_status.to_string(),
         reachable_addrs: text(&reach.reachable),
         unreachable_addrs: text(&reach.unreachable),

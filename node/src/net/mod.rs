@@ -4,8 +4,9 @@
 //! state. Everything else holds a cloneable [`Client`] that sends a [`Command`] over a bounded
 //! channel and awaits a `oneshot` reply. The book has one writer, the loop, and is read off
 //! the loop: searches and lookups go through a [`BookReader`] ([`shared_book`]), so a search
-//! never waits behind gossip in the command queue nor stalls it. The loop turns swarm events into [`NetworkEvent`]s,
-//! broadcast on a bounded channel (slow subscribers lag and lose events, the loop never waits).
+//! never waits behind gossip in the command queue nor stalls it. The loop turns swarm events
+//! into [`NetworkEvent`]s, broadcast on a bounded channel (slow subscribers lag and lose
+//! events, the loop never waits).
 //!
 //! Invariant: the loop never blocks on SQLite. Reads happen before it starts (the stored
 //! offers after it started, by [`restore`], which hands them to the loop); writes go to the

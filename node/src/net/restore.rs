@@ -86,7 +86,7 @@ pub(super) async fn run(
         p.checked += stored.len() as u64;
         let net = network.clone();
         let verified = tokio::task::spawn_blocking(move || {
-            let ok = verify(&stored, &net, now, &mut keys);
+            let ok = verify(stored, &net, now, &mut keys);
             (ok, keys)
         })
         .await;
@@ -121,18 +121,20 @@ pub(super) async fn run(
 }
 
 /// The stored offers whose signature and content still hold at `now` (expired ones and ones
-/// altered on disk are left out).
+/// altered on disk are left out). Takes the page, so the envelopes move into the book.
 fn verify(
-    stored: &[StoredOffer],
+    stored: Vec<StoredOffer>,
     network: &NetworkId,
     now: Timestamp,
     keys: &mut VerifyCache,
 ) -> Vec<Restored> {
     let mut out = Vec::with_capacity(stored.len());
-    for chunk in stored.chunks(64) {
+    let mut rest = stored.into_iter().peekable();
+    while rest.peek().is_some() {
+        let chunk: Vec<StoredOffer> = rest.by_ref().take(64).collect();
         let refs: Vec<&Signed<Offer>> = chunk.iter().map(|o| &o.signed).collect();
         let results = Signed::verify_batch_cached(&refs, network, keys);
-        for (o, v) in chunk.iter().zip(results) {
+        for (o, v) in chunk.into_iter().zip(results) {
             let Ok(v) = v else {
                 continue;
             };
@@ -140,7 +142,7 @@ fn verify(
                 continue;
             }
             out.push(Restored {
-                signed: o.signed.clone(),
+                signed: o.signed,
                 offer: v.message,
                 id: OfferId(v.digest),
                 received_at: o.received_at,
