@@ -11,6 +11,7 @@
 //!   turn, each seen once before, through an ingestor sized to a book of that many (as the
 //!   node builds it), and the same through one with the fixed 4,096-key cache of before;
 //! - `batch64_new`: 64 new frames per call through batch verification, keys seen before;
+//!   and the same from the `INGEST_PROVIDERS` providers in turn (a burst at 100,000 providers);
 //! - `batch64_half_reannounced`: 64 frames per call of which half were verified before
 //!   (providers re-announcing), the steady state of the gossip network.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
@@ -88,7 +89,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
-    let many_new = ROUNDS * PER_ROUND / 2;
+    let many_new = ROUNDS * PER_ROUND * 3 / 4;
     let many_frames: Vec<Vec<u8>> = (0..many + many_new as u64)
         .map(|i| frame_of_many(&net, i % many, i / many + 1))
         .collect();
@@ -105,6 +106,7 @@ fn main() {
     let mut single_sized = Vec::new();
     let mut single_fixed = Vec::new();
     let mut batch = Vec::new();
+    let mut batch_many = Vec::new();
     let mut mixed = Vec::new();
     for _ in 0..ROUNDS {
         let chunk = raw_next.next().unwrap();
@@ -135,6 +137,15 @@ fn main() {
             black_box(fixed.ingest(f, now)).unwrap();
         }
         single_fixed.push(r.len() as f64 / t.elapsed().as_secs_f64());
+        // A burst of new offers from the many providers, 64 per batch verification.
+        let r = many_next..many_next + PER_ROUND / 4;
+        many_next += PER_ROUND / 4;
+        let t = Instant::now();
+        for chunk in many_frames[r.clone()].chunks(64) {
+            let refs: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
+            assert!(sized.ingest_batch(&refs, now).iter().all(Result::is_ok));
+        }
+        batch_many.push(r.len() as f64 / t.elapsed().as_secs_f64());
 
         let r = take(PER_ROUND / 4);
         let t = Instant::now();
@@ -194,6 +205,12 @@ fn main() {
         "ingest batch64 new",
         median(batch.clone()),
         ratio(&batch)
+    );
+    println!(
+        "{:<28} {:>12.0} {:>8.2}",
+        format!("batch64 new, {many} prov."),
+        median(batch_many.clone()),
+        ratio(&batch_many)
     );
     println!(
         "{:<28} {:>12.0} {:>8.2}",

@@ -13,9 +13,11 @@
 //! Pure: time is a parameter; results do not depend on hash-map iteration order (searches scan a
 //! vector and sort with a total order, ties broken by offer id).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 
-use gridlease_protocol::{Offer, OfferId, PublicKey, Signed, Timestamp};
+use gridlease_protocol::{
+    Offer, OfferId, PublicKey, SignatureBytes, Signed, Timestamp, WireMessage,
+};
 
 use crate::query::{Field, Numbers, OfferSummary, Query};
 
@@ -34,10 +36,10 @@ struct Replaced {
 }
 
 /// A replaced offer's provider's current offer, and how the two compare.
-#[derive(Clone, Copy, Debug)]
-pub struct Replacement<'a> {
+#[derive(Clone, Debug)]
+pub struct Replacement {
     /// The provider's current offer.
-    pub current: &'a BookEntry,
+    pub current: BookEntry,
     /// The old offer's price per GPU-hour, micro-units.
     pub old_price_per_gpu_hour: u64,
     /// Same GPU models at the same or a lower price: the current offer is what a renter holding
@@ -46,7 +48,9 @@ pub struct Replacement<'a> {
     pub equivalent: bool,
 }
 
-/// One live offer as the book holds it.
+/// One live offer as a lookup or a search returns it. The book keeps only the envelope and
+/// the scanned numbers of each offer; an entry, with the decoded offer and its summary, is
+/// built for each offer returned (see [`OfferBook`]).
 #[derive(Clone, Debug)]
 pub struct BookEntry {
     /// The offer's id (content digest of its envelope).
@@ -102,9 +106,9 @@ impl std::str::FromStr for Cursor {
 
 /// One page of a search: the offers, and where the next page starts when more match.
 #[derive(Clone, Debug)]
-pub struct Page<'a> {
+pub struct Page {
     /// The offers, in the query's order.
-    pub entries: Vec<&'a BookEntry>,
+    pub entries: Vec<BookEntry>,
     /// The cursor after the last entry, when more offers match; `None` on the last page.
     pub next: Option<Cursor>,
 }
@@ -190,6 +194,10 @@ impl Interner {
         id
     }
 
+    fn get(&self, id: u32) -> &str {
+        self.strings.get(id as usize).map_or("", String::as_str)
+    }
+
     fn release(&mut self, id: u32) {
         let i = id as usize;
         self.refs[i] -= 1;
@@ -212,19 +220,32 @@ struct Slot {
     provider: PublicKey,
 }
 
+/// The cold part of an entry, read only for the offers returned: the envelope exactly as
+/// received (what is persisted, re-served and decoded for a [`BookEntry`]).
+#[derive(Clone, Debug)]
+struct Held {
+    signed: Signed<Offer>,
+    seq: u64,
+    received_at: Timestamp,
+}
+
 /// The index of live offers.
 ///
-/// Entries live in a `BTreeMap` by provider; a dense vector of [`Slot`]s mirrors them so that a
-/// search is a linear scan over ~120-byte records without pointer chasing. Text conditions are
-/// evaluated once per distinct interned string per search.
+/// Memory is the constraint (issue 19: 100,000 offers in a home node's budget), so each offer
+/// is held once, compactly: a dense vector of [`Slot`]s (the ~190 bytes a search scans, without
+/// pointer chasing) and, at the same index, its signed envelope. The decoded [`Offer`] is not
+/// kept: it was a third of an offer's memory, and only the offers a lookup or search returns
+/// need it, so [`BookEntry`]s are built (decoded again) for those. Indexes map providers and
+/// ids to the index, and expiry to providers. Text conditions are evaluated once per distinct
+/// interned string per search.
 #[derive(Clone, Debug)]
 pub struct OfferBook {
     capacity: usize,
-    by_provider: BTreeMap<PublicKey, BookEntry>,
-    by_id: BTreeMap<OfferId, PublicKey>,
-    by_expiry: BTreeSet<(Timestamp, PublicKey)>,
     slots: Vec<Slot>,
-    slot_of: HashMap<PublicKey, usize>,
+    held: Vec<Held>,
+    slot_of: HashMap<PublicKey, u32>,
+    by_id: BTreeMap<OfferId, u32>,
+    by_expiry: BTreeSet<(Timestamp, PublicKey)>,
     text: Interner,
     /// Ids replaced by a newer offer of the same provider (bounded, FIFO).
     replaced: BTreeMap<OfferId, Replaced>,
@@ -241,15 +262,15 @@ impl Default for OfferBook {
 }
 
 impl OfferBook {
-    /// An empty book holding at most `capacity` offers (at least 1).
+    /// An empty book holding at most `capacity` offers (at least 1, at most `u32::MAX`).
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
-            capacity: capacity.max(1),
-            by_provider: BTreeMap::new(),
+            capacity: capacity.clamp(1, u32::MAX as usize),
+            slots: Vec::new(),
+            held: Vec::new(),
+            slot_of: HashMap::new(),
             by_id: BTreeMap::new(),
             by_expiry: BTreeSet::new(),
-            slots: Vec::new(),
-            slot_of: HashMap::new(),
             text: Interner::default(),
             replaced: BTreeMap::new(),
             replaced_order: VecDeque::new(),
@@ -272,40 +293,84 @@ impl OfferBook {
             slot.numbers.rep_permille = rep;
             slot.numbers.completed = completed;
         }
-        for entry in self.by_provider.values_mut() {
-            let (rep, completed) = self
-                .reputation
-                .get(&entry.offer.provider)
-                .copied()
-                .unwrap_or(prior);
-            entry.summary.numbers.rep_permille = rep;
-            entry.summary.numbers.completed = completed;
-        }
     }
 
     /// Offers held.
     pub fn len(&self) -> usize {
-        self.by_provider.len()
+        self.slots.len()
     }
 
     /// True when no offer is held.
     pub fn is_empty(&self) -> bool {
-        self.by_provider.is_empty()
+        self.slots.is_empty()
+    }
+
+    /// The offer held at index `i`, decoded. `None` only if its payload no longer decodes,
+    /// which cannot happen: it decoded when it was admitted, and the bytes are not changed.
+    fn entry(&self, i: usize) -> Option<BookEntry> {
+        let (slot, held) = (self.slots.get(i)?, self.held.get(i)?);
+        let offer = Offer::decode_payload(&held.signed.envelope().payload).ok()?;
+        Some(BookEntry {
+            id: slot.id,
+            offer,
+            signed: held.signed.clone(),
+            summary: OfferSummary {
+                numbers: slot.numbers,
+                models_lower: self.text.get(slot.model).to_string(),
+                region_lower: self.text.get(slot.region).to_string(),
+            },
+            received_at: held.received_at,
+        })
+    }
+
+    fn index_of(&self, provider: &PublicKey) -> Option<usize> {
+        self.slot_of.get(provider).map(|&i| i as usize)
+    }
+
+    fn index_of_id(&self, id: &OfferId) -> Option<usize> {
+        self.by_id.get(id).map(|&i| i as usize)
     }
 
     /// The offer held for `provider`.
-    pub fn by_provider(&self, provider: &PublicKey) -> Option<&BookEntry> {
-        self.by_provider.get(provider)
+    pub fn by_provider(&self, provider: &PublicKey) -> Option<BookEntry> {
+        self.entry(self.index_of(provider)?)
     }
 
     /// The offer with this id, if it is still the provider's current one.
-    pub fn get(&self, id: &OfferId) -> Option<&BookEntry> {
-        self.by_id.get(id).and_then(|p| self.by_provider.get(p))
+    pub fn get(&self, id: &OfferId) -> Option<BookEntry> {
+        self.entry(self.index_of_id(id)?)
     }
 
-    /// Every held offer, by provider key.
-    pub fn iter(&self) -> impl Iterator<Item = &BookEntry> {
-        self.by_provider.values()
+    /// True when the offer with this id is its provider's current one here.
+    pub fn contains(&self, id: &OfferId) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    /// True when the offer with this id is held, live at `now`, with exactly these signature
+    /// bytes: a received copy with the same id and signature is the held offer itself, which
+    /// was verified and validated when it was admitted (see
+    /// `gridlease_protocol::Signed::frame_identity`), so a re-announcement is recognised
+    /// without checking its signature again or keeping a cache of verified messages.
+    pub fn holds_identical(
+        &self,
+        id: &OfferId,
+        signature: &SignatureBytes,
+        now: Timestamp,
+    ) -> bool {
+        self.index_of_id(id).is_some_and(|i| {
+            self.slots[i].expires_at > now && self.held[i].signed.envelope().signature == *signature
+        })
+    }
+
+    /// The signed envelope of the offer with this id, as received (for re-serving it; no
+    /// decoding).
+    pub fn envelope(&self, id: &OfferId) -> Option<&Signed<Offer>> {
+        Some(&self.held.get(self.index_of_id(id)?)?.signed)
+    }
+
+    /// Every held offer, decoded, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = BookEntry> + '_ {
+        (0..self.slots.len()).filter_map(|i| self.entry(i))
     }
 
     /// What admitting an offer with this id would do, without changing the book.
@@ -320,18 +385,19 @@ impl OfferBook {
                 expires_at: offer.expires_at,
             });
         }
-        match self.by_provider.get(&offer.provider) {
-            None => Ok(Admission::New),
-            Some(held) if offer.seq > held.offer.seq => Ok(Admission::Newer {
-                held_seq: held.offer.seq,
-            }),
-            Some(held) if offer.seq < held.offer.seq => Err(BookError::Replay {
+        let Some(i) = self.index_of(&offer.provider) else {
+            return Ok(Admission::New);
+        };
+        let held_seq = self.held[i].seq;
+        match offer.seq {
+            seq if seq > held_seq => Ok(Admission::Newer { held_seq }),
+            seq if seq < held_seq => Err(BookError::Replay {
                 provider: offer.provider,
-                got: offer.seq,
-                held: held.offer.seq,
+                got: seq,
+                held: held_seq,
             }),
-            Some(held) if held.id == *id => Ok(Admission::Refresh),
-            Some(_) => Err(BookError::Equivocation {
+            _ if self.slots[i].id == *id => Ok(Admission::Refresh),
+            _ => Err(BookError::Equivocation {
                 provider: offer.provider,
                 seq: offer.seq,
             }),
@@ -339,7 +405,7 @@ impl OfferBook {
     }
 
     /// Admits an offer that passed [`crate::terms::validate_offer`]. `id` must be the envelope's
-    /// content digest. A refresh changes nothing.
+    /// content digest and `offer` its decoded payload. A refresh changes nothing.
     pub fn admit(
         &mut self,
         signed: Signed<Offer>,
@@ -351,9 +417,9 @@ impl OfferBook {
         if admission == Admission::Refresh {
             return Ok(admission);
         }
-        if admission == Admission::New && self.by_provider.len() >= self.capacity {
+        if admission == Admission::New && self.slots.len() >= self.capacity {
             self.evict_expired(now);
-            if self.by_provider.len() >= self.capacity {
+            if self.slots.len() >= self.capacity {
                 let soonest = self.by_expiry.first().copied();
                 match soonest {
                     Some((exp, provider)) if exp < offer.expires_at => {
@@ -367,8 +433,10 @@ impl OfferBook {
                 }
             }
         }
-        if let Some(old) = self.remove(&offer.provider) {
+        if let Some(i) = self.index_of(&offer.provider) {
+            let old = self.slots[i];
             self.remember_replaced(&old);
+            self.remove(&offer.provider);
         }
         let provider = offer.provider;
         let mut summary = OfferSummary::of(&offer);
@@ -376,36 +444,32 @@ impl OfferBook {
             summary.numbers.rep_permille = rep;
             summary.numbers.completed = completed;
         }
-        let slot = Slot {
+        // At most `capacity` <= u32::MAX entries (`with_capacity`), so the index fits.
+        let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        self.slots.push(Slot {
             numbers: summary.numbers,
             expires_at: offer.expires_at,
             model: self.text.intern(&summary.models_lower),
             region: self.text.intern(&summary.region_lower),
             id,
             provider,
-        };
-        self.slot_of.insert(provider, self.slots.len());
-        self.slots.push(slot);
-        self.by_id.insert(id, provider);
+        });
+        self.held.push(Held {
+            signed,
+            seq: offer.seq,
+            received_at: now,
+        });
+        self.slot_of.insert(provider, i);
+        self.by_id.insert(id, i);
         self.by_expiry.insert((offer.expires_at, provider));
-        self.by_provider.insert(
-            provider,
-            BookEntry {
-                id,
-                summary,
-                offer,
-                signed,
-                received_at: now,
-            },
-        );
         Ok(admission)
     }
 
-    fn remember_replaced(&mut self, old: &BookEntry) {
+    fn remember_replaced(&mut self, old: &Slot) {
         let r = Replaced {
-            provider: old.offer.provider,
-            price_per_gpu_hour: old.offer.price_per_gpu_hour,
-            models_lower: old.summary.models_lower.clone(),
+            provider: old.provider,
+            price_per_gpu_hour: old.numbers.price,
+            models_lower: self.text.get(old.model).to_string(),
         };
         if self.replaced.insert(old.id, r).is_none() {
             self.replaced_order.push_back(old.id);
@@ -420,14 +484,15 @@ impl OfferBook {
     /// For an id that a newer offer of the same provider replaced, the provider's current offer
     /// and how it compares. `None` for ids never seen, forgotten, or whose provider has no
     /// current offer (expired, evicted).
-    pub fn replacement(&self, old: &OfferId) -> Option<Replacement<'_>> {
+    pub fn replacement(&self, old: &OfferId) -> Option<Replacement> {
         let r = self.replaced.get(old)?;
-        let current = self.by_provider.get(&r.provider)?;
+        let current = self.by_provider(&r.provider)?;
         let same_gpus = current.summary.models_lower == r.models_lower;
+        let equivalent = same_gpus && current.offer.price_per_gpu_hour <= r.price_per_gpu_hour;
         Some(Replacement {
             current,
             old_price_per_gpu_hour: r.price_per_gpu_hour,
-            equivalent: same_gpus && current.offer.price_per_gpu_hour <= r.price_per_gpu_hour,
+            equivalent,
         })
     }
 
@@ -453,10 +518,10 @@ impl OfferBook {
         let mut live = self
             .by_id
             .range((lower, Bound::Unbounded))
-            .filter(|(_, p)| {
-                self.by_provider
-                    .get(*p)
-                    .is_some_and(|e| e.offer.expires_at > now)
+            .filter(|&(_, &i)| {
+                self.slots
+                    .get(i as usize)
+                    .is_some_and(|s| s.expires_at > now)
             })
             .map(|(id, _)| *id);
         let page: Vec<OfferId> = live.by_ref().take(limit).collect();
@@ -470,20 +535,25 @@ impl OfferBook {
         ids_with_prefix(&self.by_id, prefix, limit)
     }
 
-    /// Removes the offer of `provider`, returning it.
-    pub fn remove(&mut self, provider: &PublicKey) -> Option<BookEntry> {
-        let entry = self.by_provider.remove(provider)?;
-        self.by_id.remove(&entry.id);
-        self.by_expiry.remove(&(entry.offer.expires_at, *provider));
-        if let Some(i) = self.slot_of.remove(provider) {
-            let slot = self.slots.swap_remove(i);
-            self.text.release(slot.model);
-            self.text.release(slot.region);
-            if let Some(moved) = self.slots.get(i) {
-                self.slot_of.insert(moved.provider, i);
-            }
+    /// Removes the offer of `provider`; returns whether one was held. The last entry moves
+    /// into the freed index (the vectors stay dense), and its indexes follow.
+    pub fn remove(&mut self, provider: &PublicKey) -> bool {
+        let Some(i) = self.slot_of.remove(provider) else {
+            return false;
+        };
+        let i = i as usize;
+        let slot = self.slots.swap_remove(i);
+        self.held.swap_remove(i);
+        self.by_id.remove(&slot.id);
+        self.by_expiry.remove(&(slot.expires_at, *provider));
+        self.text.release(slot.model);
+        self.text.release(slot.region);
+        if let Some(moved) = self.slots.get(i) {
+            let at = u32::try_from(i).unwrap_or(u32::MAX);
+            self.slot_of.insert(moved.provider, at);
+            self.by_id.insert(moved.id, at);
         }
-        Some(entry)
+        true
     }
 
     /// Drops every offer expired at `now`; returns how many.
@@ -501,7 +571,7 @@ impl OfferBook {
 
     /// The live offers matching `query` at `now`, in the query's order (ties by offer id), at
     /// most `limit` of them.
-    pub fn search(&self, query: &Query, now: Timestamp, limit: usize) -> Vec<&BookEntry> {
+    pub fn search(&self, query: &Query, now: Timestamp, limit: usize) -> Vec<BookEntry> {
         self.search_page(query, now, limit, None).entries
     }
 
@@ -513,7 +583,7 @@ impl OfferBook {
         now: Timestamp,
         limit: usize,
         after: Option<&Cursor>,
-    ) -> Page<'_> {
+    ) -> Page {
         if limit == 0 {
             return Page {
                 entries: Vec::new(),
@@ -547,11 +617,15 @@ impl OfferBook {
         };
         let has_gpu_text = text.iter().any(|c| c.field == Field::Gpu);
         let has_region_text = text.iter().any(|c| c.field == Field::Region);
-        // Each hit with its sort rank and the first 8 bytes of its id (big-endian, so they
-        // order as the id does), computed once: the selection and the sort compare two
-        // integers and read the whole id only when both tie (many offers share a price).
-        let mut hits: Vec<(u64, u64, &Slot)> = Vec::new();
-        for slot in &self.slots {
+        // The best `limit` hits so far, in a max-heap by (sort rank, first 8 bytes of the id
+        // big-endian, the id): a hit that sorts before the worst kept one replaces it. Memory
+        // is bounded by the limit, not by how many offers match (a wide query over 100,000
+        // offers matched 75,000, whose vector the allocator kept per search thread), and the
+        // whole id is compared only when rank and prefix tie.
+        let mut best: BinaryHeap<(u64, u64, OfferId, u32)> =
+            BinaryHeap::with_capacity(limit.min(1024) + 1);
+        let mut matched = 0usize;
+        for (i, slot) in self.slots.iter().enumerate() {
             if slot.expires_at <= now {
                 continue;
             }
@@ -573,27 +647,28 @@ impl OfferBook {
             {
                 continue;
             }
-            hits.push((rank, id_prefix(&slot.id), slot));
+            matched += 1;
+            let prefix = id_prefix(&slot.id);
+            if best.len() == limit {
+                match best.peek() {
+                    Some(worst) if (rank, prefix, slot.id) < (worst.0, worst.1, worst.2) => {
+                        best.pop();
+                    }
+                    _ => continue,
+                }
+            }
+            // At most `capacity` <= u32::MAX entries (`with_capacity`), so the index fits.
+            best.push((rank, prefix, slot.id, u32::try_from(i).unwrap_or(u32::MAX)));
         }
-        let order = |a: &(u64, u64, &Slot), b: &(u64, u64, &Slot)| {
-            (a.0, a.1)
-                .cmp(&(b.0, b.1))
-                .then_with(|| a.2.id.cmp(&b.2.id))
-        };
-        let more = hits.len() > limit;
-        if more {
-            hits.select_nth_unstable_by(limit - 1, order);
-            hits.truncate(limit);
-        }
-        hits.sort_unstable_by(order);
+        let hits = best.into_sorted_vec();
         let next = hits
             .last()
-            .filter(|_| more)
-            .map(|&(rank, _, s)| Cursor { rank, id: s.id });
+            .filter(|_| matched > limit)
+            .map(|&(rank, _, id, _)| Cursor { rank, id });
         Page {
             entries: hits
                 .iter()
-                .filter_map(|(_, _, s)| self.by_provider.get(&s.provider))
+                .filter_map(|&(_, _, _, i)| self.entry(i as usize))
                 .collect(),
             next,
         }
@@ -687,6 +762,58 @@ mod tests {
         assert_eq!(book.replacement(&id1).unwrap().current.id, id4);
         book.remove(&k.public());
         assert!(book.replacement(&id1).is_none());
+    }
+
+    /// Removals move the last entry into the freed place; every index must follow it: each
+    /// held offer is found by id, by provider and through `ids_after`, with its own envelope,
+    /// and nothing removed is found.
+    #[test]
+    fn indexes_follow_entries_through_removals_and_replacements() {
+        let mut book = OfferBook::default();
+        let keys: Vec<NodeKey> = (1..=60u8).map(|i| NodeKey::from_secret([i; 32])).collect();
+        let mut current = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let (s, o, id) = signed(k, 1, 1000 + i as u64, 300);
+            book.admit(s, o, id, T0).unwrap();
+            current.insert(k.public(), id);
+        }
+        for (i, k) in keys.iter().enumerate() {
+            match i % 3 {
+                0 => {
+                    assert!(book.remove(&k.public()));
+                    assert!(!book.remove(&k.public()), "already gone");
+                    current.remove(&k.public());
+                }
+                1 => {
+                    let (s, o, id) = signed(k, 2, 5000 + i as u64, 300);
+                    book.admit(s, o, id, T0).unwrap();
+                    current.insert(k.public(), id);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(book.len(), current.len());
+        for (provider, id) in &current {
+            let e = book.get(id).unwrap();
+            assert_eq!((e.id, e.offer.provider), (*id, *provider));
+            assert_eq!(book.by_provider(provider).unwrap().id, *id);
+            assert_eq!(
+                OfferId(book.envelope(id).unwrap().envelope().content_digest()),
+                *id
+            );
+            assert_eq!(e.summary.numbers.price, e.offer.price_per_gpu_hour);
+            assert_eq!(e.summary.models_lower, "nvidia geforce rtx 4090");
+        }
+        let (mut ids, more) = book.ids_after(None, 1000, T0);
+        assert!(!more);
+        let mut want: Vec<OfferId> = current.values().copied().collect();
+        ids.sort();
+        want.sort();
+        assert_eq!(ids, want);
+        assert_eq!(book.entries().count(), current.len());
+        for k in keys.iter().step_by(3) {
+            assert!(book.by_provider(&k.public()).is_none());
+        }
     }
 
     #[test]
@@ -820,8 +947,8 @@ mod tests {
                 .iter()
                 .map(|e| e.id)
                 .collect();
-            let mut naive: Vec<&BookEntry> = book
-                .iter()
+            let mut naive: Vec<BookEntry> = book
+                .entries()
                 .filter(|e| e.offer.expires_at > now && query.matches(&e.summary))
                 .collect();
             naive.sort_by(|a, b| {

@@ -50,10 +50,23 @@ impl OfferIngestor {
     /// many provider keys (at least [`KEY_CACHE_CAPACITY`]): the node passes its book's
     /// capacity, so every provider in a full book keeps its key decompressed.
     pub fn new(network: NetworkId, verified_capacity: usize) -> Self {
+        Self::with_caches(network, verified_capacity, verified_capacity)
+    }
+
+    /// An ingestor remembering up to `keys` provider keys (at least [`KEY_CACHE_CAPACITY`]) and
+    /// `verified` verified messages. The node sizes the keys to its book and keeps few
+    /// verified messages: its book recognises re-announcements of the offers it holds
+    /// (`OfferBook::holds_identical`), so this cache only has to cover offers it did not keep.
+    pub fn with_caches(network: NetworkId, keys: usize, verified: usize) -> Self {
         Self {
             network,
-            cache: VerifyCache::new(verified_capacity.max(KEY_CACHE_CAPACITY), verified_capacity),
+            cache: VerifyCache::new(keys.max(KEY_CACHE_CAPACITY), verified),
         }
+    }
+
+    /// The network this ingestor accepts offers for.
+    pub fn network(&self) -> &NetworkId {
+        &self.network
     }
 
     /// Ingests one frame: decode the envelope in place, verify strictly (unless this exact

@@ -97,8 +97,8 @@ async fn a_late_joiner_learns_live_offers_within_one_announce_period() {
     );
     assert!(late.node.client.offer(id).await.unwrap().is_some());
 
-    // Re-announcements are byte-identical to the offer a node verified: accepted without
-    // another signature check (the ingestor's dedup cache), and counted as such.
+    // Re-announcements are byte-identical to the offer a node holds: accepted without another
+    // signature check (the book recognises them), and counted as such.
     let far = &nodes[3].node.client;
     eventually(
         "a re-announcement accepted without a signature check",

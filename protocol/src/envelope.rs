@@ -697,6 +697,24 @@ impl<T: WireMessage> Signed<T> {
         verify_through_cache(env.signer, &env.signature, network, env.payload, cache)
     }
 
+    /// The content id ([`Envelope::content_digest`]) and signature of a received frame, read
+    /// in place, without verifying anything: `None` when the frame does not decode or is not
+    /// a current-version `T` for `network`. A node that already holds a verified message with
+    /// this id and these signature bytes holds this very message (the id covers the signer,
+    /// kind, network and payload), so it need not verify it again.
+    pub fn frame_identity(frame: &[u8], network: &NetworkId) -> Option<(Digest, SignatureBytes)> {
+        Self::check_frame_len(frame).ok()?;
+        let env: EnvelopeRef<'_> =
+            codec::decode_borrowed::<_, { codec::MAX_FRAME_BYTES }>(frame).ok()?;
+        if env.version != PROTOCOL_VERSION || env.kind != T::KIND || env.network != network.as_str()
+        {
+            return None;
+        }
+        check_payload_len::<T>(env.payload).ok()?;
+        let input = signing_input(T::KIND, network, env.payload);
+        Some((content_digest_of(&env.signer, &input), env.signature))
+    }
+
     fn check_frame_len(frame: &[u8]) -> Result<(), EnvelopeError> {
         let max = T::MAX_BYTES + ENVELOPE_OVERHEAD;
         if frame.len() > max {

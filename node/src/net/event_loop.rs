@@ -36,6 +36,11 @@ use gridlease_protocol::sync::{BookRequest, BookResponse, MAX_SYNC_GET, MAX_SYNC
 
 /// Most offers buffered for the next store flush.
 const OFFER_FLUSH_MAX: usize = 1024;
+/// Verified offer messages the ingestor remembers beyond the book: copies of offers the node
+/// did not keep (book full, rate-limited) arriving again. Re-announcements of offers it holds
+/// are recognised by the book (`OfferBook::holds_identical`), which costs no memory; a cache
+/// sized to the book cost about 140 bytes per offer (issue 19's memory budget).
+const VERIFIED_OUTSIDE_BOOK: usize = 4096;
 /// How often admitted offers are written to the store.
 const OFFER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
 /// Most relays this node keeps a reservation on.
@@ -220,7 +225,13 @@ impl EventLoop {
             completion_topic: gossip::completion_topic(&config.network),
             completions,
             completion_round: 0,
-            ingestor: OfferIngestor::new(config.network.clone(), config.book_capacity),
+            // Keys for every provider the book can hold; few verified messages, since the book
+            // itself recognises re-announcements of what it holds (`gossip::check_offer`).
+            ingestor: OfferIngestor::with_caches(
+                config.network.clone(),
+                config.book_capacity,
+                VERIFIED_OUTSIDE_BOOK,
+            ),
             verdicts: GossipStats::default(),
             peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
             provider_limits: RateLimiter::new(config.provider_rate, RATE_KEYS),
@@ -455,7 +466,9 @@ impl EventLoop {
                 let sig = self.ingestor.stats();
                 let _ = reply.send(GossipStats {
                     signatures_checked: sig.checked,
-                    signatures_skipped: sig.skipped,
+                    // The ingestor's skips, and re-announcements the book recognised (counted
+                    // in `verdicts` as they are judged).
+                    signatures_skipped: sig.skipped + self.verdicts.signatures_skipped,
                     ..self.verdicts
                 });
             }
@@ -583,7 +596,7 @@ impl EventLoop {
         self.book.update(|b| b.evict_expired(now));
         let last_accepted = &mut self.last_accepted;
         self.book
-            .view(|b| last_accepted.retain(|id, _| b.get(id).is_some()));
+            .view(|b| last_accepted.retain(|id, _| b.contains(id)));
         self.refresh_own(true);
     }
 
@@ -1083,11 +1096,18 @@ impl EventLoop {
             } => {
                 let verdict = self.validate(&propagation_source, &message.data);
                 match &verdict {
-                    Verdict::Accept(_) => self.verdicts.accepted += 1,
+                    Verdict::Accept(_) | Verdict::Refresh(_) => self.verdicts.accepted += 1,
                     Verdict::Reject(_) => self.verdicts.rejected += 1,
                     Verdict::Ignore(_) => self.verdicts.ignored += 1,
                 }
                 let acceptance = match verdict {
+                    Verdict::Refresh(id) => {
+                        self.emit(NetworkEvent::OfferRefreshed {
+                            id,
+                            from: propagation_source,
+                        });
+                        MessageAcceptance::Accept
+                    }
                     Verdict::Accept(valid) => {
                         let now = clock::now();
                         let valid = *valid;
@@ -1239,20 +1259,27 @@ impl EventLoop {
         let verdict = self
             .book
             .view(|b| gossip::check_offer(data, ingestor, b, now));
-        if let Verdict::Accept(v) = &verdict {
-            if v.admission == Admission::Refresh {
-                let min =
-                    u64::try_from(self.config.min_refresh_interval().as_millis()).unwrap_or(0);
-                if let Some(last) = self.last_accepted.get(&v.id)
-                    && now.ms_since(*last) < min
-                {
-                    return Verdict::Ignore(OfferIgnore::RecentlyRefreshed);
-                }
-            } else if !self.provider_limits.check(&v.offer.provider, now) {
-                return Verdict::Ignore(OfferIgnore::ProviderRateLimited);
+        let (id, refresh) = match &verdict {
+            Verdict::Refresh(id) => {
+                self.verdicts.signatures_skipped += 1;
+                (*id, true)
             }
-            self.last_accepted.insert(v.id, now);
+            Verdict::Accept(v) => (v.id, v.admission == Admission::Refresh),
+            Verdict::Reject(_) | Verdict::Ignore(_) => return verdict,
+        };
+        if refresh {
+            let min = u64::try_from(self.config.min_refresh_interval().as_millis()).unwrap_or(0);
+            if let Some(last) = self.last_accepted.get(&id)
+                && now.ms_since(*last) < min
+            {
+                return Verdict::Ignore(OfferIgnore::RecentlyRefreshed);
+            }
+        } else if let Verdict::Accept(v) = &verdict
+            && !self.provider_limits.check(&v.offer.provider, now)
+        {
+            return Verdict::Ignore(OfferIgnore::ProviderRateLimited);
         }
+        self.last_accepted.insert(id, now);
         verdict
     }
 
@@ -1428,8 +1455,8 @@ impl EventLoop {
             BookRequest::Get { ids } if ids.len() <= MAX_SYNC_GET => {
                 let envelopes = self.book.view(|book| {
                     ids.iter()
-                        .filter_map(|id| book.get(id))
-                        .filter_map(|e| e.signed.to_bytes().ok())
+                        .filter_map(|id| book.envelope(id))
+                        .filter_map(|s| s.to_bytes().ok())
                         .map(serde_bytes::ByteBuf::from)
                         .collect()
                 });
@@ -1463,7 +1490,7 @@ impl EventLoop {
                 let wanted = &self.wanted;
                 let fresh: Vec<OfferId> = self.book.view(|book| {
                     ids.into_iter()
-                        .filter(|id| book.get(id).is_none() && !wanted.contains(id))
+                        .filter(|id| !book.contains(id) && !wanted.contains(id))
                         .collect()
                 });
                 // Never want more than the book holds.
@@ -1556,6 +1583,11 @@ impl EventLoop {
             .book
             .view(|b| gossip::check_offer(bytes, ingestor, b, now));
         match verdict {
+            Verdict::Refresh(id) => {
+                self.verdicts.signatures_skipped += 1;
+                self.wanted.remove(&id);
+                true
+            }
             Verdict::Accept(v) => {
                 let valid = *v;
                 self.wanted.remove(&valid.id);

@@ -391,7 +391,7 @@ impl Node {
                 let id = OfferId(v.digest);
                 // The restored own offer is in this node's own book at once (its `search` and
                 // `offers_known` count it), as a freshly signed one would be.
-                if book.get(&id).is_none()
+                if !book.contains(&id)
                     && let Err(e) = book.admit(own.clone(), v.message.clone(), id, now)
                 {
                     tracing::warn!(error = %e, "restored own offer not admitted to own book");

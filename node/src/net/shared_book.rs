@@ -67,14 +67,13 @@ impl BookReader {
         limit: usize,
         after: Option<&Cursor>,
     ) -> (Vec<BookEntry>, Option<Cursor>) {
-        let book = self.read();
-        let page = book.search_page(query, now, limit, after);
-        (page.entries.into_iter().cloned().collect(), page.next)
+        let page = self.read().search_page(query, now, limit, after);
+        (page.entries, page.next)
     }
 
     /// One offer, if it is still its provider's current one.
     pub fn get(&self, id: &OfferId) -> Option<BookEntry> {
-        self.read().get(id).cloned()
+        self.read().get(id)
     }
 
     /// Offers held.
@@ -102,7 +101,7 @@ impl BookReader {
                 let r = book.replacement(&old)?;
                 Some(ReplacedOffer {
                     old,
-                    current: r.current.clone(),
+                    current: r.current,
                     equivalent: r.equivalent,
                     old_price_per_gpu_hour: r.old_price_per_gpu_hour,
                 })
