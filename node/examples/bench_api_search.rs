@@ -153,9 +153,10 @@ async fn main() {
     );
     println!(
         "{searched} searches during the load; daemon CPU {:.0}% of a core; {} of {sent} offers \
-         admitted within 2 s of the end",
+         admitted within 2 s of the end; daemon RSS {:.0} MiB",
         cpu * 100.0,
-        after - before
+        after - before,
+        rss_mib(pid)
     );
     publisher.node.shutdown().await;
     drop(daemon);

@@ -17,20 +17,9 @@ mod bench_support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use bench_support::{api_status, spawn_daemon, store_offers};
+use bench_support::{api_status, rss_mib, spawn_daemon, store_offers};
 use gridlease_node::home::Home;
 use gridlease_protocol::NetworkId;
-
-fn rss_mib(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kib / 1024.0
-}
 
 /// Starts the daemon on `home`; returns it with the time to the first status answer, the time
 /// until the restore is reported finished, and the RSS then.

@@ -210,6 +210,18 @@ pub fn gridlease_bin() -> std::path::PathBuf {
     bin
 }
 
+/// A process's resident memory (`VmRSS`), MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
 /// A child process killed and reaped when dropped.
 pub struct Kill(pub std::process::Child);
 
