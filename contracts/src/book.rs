@@ -232,7 +232,7 @@ struct Held {
 /// The index of live offers.
 ///
 /// Memory is the constraint (issue 19: 100,000 offers in a home node's budget), so each offer
-/// is held once, compactly: a dense vector of [`Slot`]s (the ~190 bytes a search scans, without
+/// is held once, compactly: a dense vector of [`Slot`]s (the 176 bytes a search scans, without
 /// pointer chasing) and, at the same index, its signed envelope. The decoded [`Offer`] is not
 /// kept: it was a third of an offer's memory, and only the offers a lookup or search returns
 /// need it, so [`BookEntry`]s are built (decoded again) for those. Indexes map providers and
