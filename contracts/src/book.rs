@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use gridlease_protocol::{
-    Offer, OfferId, PublicKey, SignatureBytes, Signed, Timestamp, WireMessage,
+    FrameView, Offer, OfferId, PublicKey, Signed, Timestamp, WireMessage,
 };
 
 use crate::query::{Field, Numbers, OfferSummary, Query};
@@ -346,20 +346,15 @@ impl OfferBook {
         self.by_id.contains_key(id)
     }
 
-    /// True when the offer with this id is held, live at `now`, with exactly these signature
-    /// bytes: a received copy with the same id and signature is the held offer itself, which
-    /// was verified and validated when it was admitted (see
-    /// `gridlease_protocol::Signed::frame_identity`), so a re-announcement is recognised
-    /// without checking its signature again or keeping a cache of verified messages.
-    pub fn holds_identical(
-        &self,
-        id: &OfferId,
-        signature: &SignatureBytes,
-        now: Timestamp,
-    ) -> bool {
-        self.index_of_id(id).is_some_and(|i| {
-            self.slots[i].expires_at > now && self.held[i].signed.envelope().signature == *signature
-        })
+    /// The id of the held offer that `frame` is a copy of, when that offer is still live at
+    /// `now`: a received frame with the held offer's signer, signature bytes and payload is
+    /// the held offer itself, which was verified and validated when it was admitted (see
+    /// `gridlease_protocol::Signed::is_frame`), so a re-announcement is recognised with one
+    /// lookup and a comparison: no hashing, no signature check, no cache of verified messages.
+    pub fn holds_frame(&self, frame: &FrameView<'_>, now: Timestamp) -> Option<OfferId> {
+        let i = self.index_of(&frame.signer)?;
+        (self.slots[i].expires_at > now && self.held[i].signed.is_frame(frame))
+            .then(|| self.slots[i].id)
     }
 
     /// The signed envelope of the offer with this id, as received (for re-serving it; no
@@ -369,7 +364,8 @@ impl OfferBook {
     }
 
     /// Every held offer, decoded, in no particular order.
-    pub fn entries(&self) -> impl Iterator<Item = BookEntry> + '_ {
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> impl Iterator<Item = BookEntry> + '_ {
         (0..self.slots.len()).filter_map(|i| self.entry(i))
     }
 
@@ -719,6 +715,36 @@ mod tests {
     ) -> Result<Admission, BookError> {
         let (s, o, id) = signed(key, seq, price, 300);
         book.admit(s, o, id, T0)
+    }
+
+    #[test]
+    fn a_copy_of_the_held_offer_is_recognised_and_nothing_else_is() {
+        let net = NetworkId::devnet();
+        let k = NodeKey::from_secret([1; 32]);
+        let mut book = OfferBook::default();
+        let (s1, o1, id1) = signed(&k, 1, 100, 300);
+        let b1 = s1.to_bytes().unwrap();
+        let v1 = Signed::<Offer>::view_frame(&b1, &net).unwrap();
+        assert_eq!(book.holds_frame(&v1, T0), None, "not held yet");
+        book.admit(s1, o1, id1, T0).unwrap();
+        assert_eq!(book.holds_frame(&v1, T0), Some(id1));
+        assert_eq!(book.holds_frame(&v1, T0.plus_secs(300)), None, "expired");
+        // The provider's next offer is not the held one; once it replaces it, the first is
+        // not recognised any more.
+        let (s2, o2, id2) = signed(&k, 2, 100, 300);
+        let b2 = s2.to_bytes().unwrap();
+        let v2 = Signed::<Offer>::view_frame(&b2, &net).unwrap();
+        assert_eq!(book.holds_frame(&v2, T0), None);
+        book.admit(s2, o2, id2, T0).unwrap();
+        assert_eq!(book.holds_frame(&v2, T0), Some(id2));
+        assert_eq!(book.holds_frame(&v1, T0), None);
+        // Another provider's copy of nothing held.
+        let (so, _, _) = signed(&NodeKey::from_secret([2; 32]), 2, 100, 300);
+        let bo = so.to_bytes().unwrap();
+        assert_eq!(
+            book.holds_frame(&Signed::<Offer>::view_frame(&bo, &net).unwrap(), T0),
+            None
+        );
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl OfferIngestor {
     /// An ingestor remembering up to `keys` provider keys (at least [`KEY_CACHE_CAPACITY`]) and
     /// `verified` verified messages. The node sizes the keys to its book and keeps few
     /// verified messages: its book recognises re-announcements of the offers it holds
-    /// (`OfferBook::holds_identical`), so this cache only has to cover offers it did not keep.
+    /// (`OfferBook::holds_frame`), so this cache only has to cover offers it did not keep.
     pub fn with_caches(network: NetworkId, keys: usize, verified: usize) -> Self {
         Self {
             network,

@@ -266,6 +266,19 @@ struct EnvelopeRef<'a> {
     payload: &'a [u8],
 }
 
+/// A received frame of a known kind and network, read in place ([`Signed::view_frame`]);
+/// nothing in it is verified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameView<'a> {
+    network: &'a str,
+    /// Who claims to have signed.
+    pub signer: PublicKey,
+    /// The signature bytes, as received.
+    pub signature: SignatureBytes,
+    /// The encoded message, as received.
+    pub payload: &'a [u8],
+}
+
 /// The exact bytes an envelope's signature covers.
 pub fn signing_input(kind: MessageKind, network: &NetworkId, payload: &[u8]) -> Vec<u8> {
     let tag = kind.domain_tag().as_bytes();
@@ -697,22 +710,38 @@ impl<T: WireMessage> Signed<T> {
         verify_through_cache(env.signer, &env.signature, network, env.payload, cache)
     }
 
-    /// The content id ([`Envelope::content_digest`]) and signature of a received frame, read
-    /// in place, without verifying anything: `None` when the frame does not decode or is not
-    /// a current-version `T` for `network`. A node that already holds a verified message with
-    /// this id and these signature bytes holds this very message (the id covers the signer,
-    /// kind, network and payload), so it need not verify it again.
-    pub fn frame_identity(frame: &[u8], network: &NetworkId) -> Option<(Digest, SignatureBytes)> {
+    /// A received frame read in place, without verifying or copying anything: `None` when it
+    /// does not decode or is not a current-version `T` for `network`. With
+    /// [`Signed::is_frame`], a node recognises a copy of a message it verified before.
+    pub fn view_frame<'a>(frame: &'a [u8], network: &NetworkId) -> Option<FrameView<'a>> {
         Self::check_frame_len(frame).ok()?;
-        let env: EnvelopeRef<'_> =
+        let env: EnvelopeRef<'a> =
             codec::decode_borrowed::<_, { codec::MAX_FRAME_BYTES }>(frame).ok()?;
         if env.version != PROTOCOL_VERSION || env.kind != T::KIND || env.network != network.as_str()
         {
             return None;
         }
         check_payload_len::<T>(env.payload).ok()?;
-        let input = signing_input(T::KIND, network, env.payload);
-        Some((content_digest_of(&env.signer, &input), env.signature))
+        Some(FrameView {
+            network: env.network,
+            signer: env.signer,
+            signature: env.signature,
+            payload: env.payload,
+        })
+    }
+
+    /// True when `frame` is this very message: same signer, signature bytes, network and
+    /// payload (the version and kind were checked by [`Signed::view_frame`]). Signature
+    /// verification is a function of exactly these, so a frame that is a message verified
+    /// before need not be verified again. Costs a comparison, no hashing.
+    pub fn is_frame(&self, frame: &FrameView<'_>) -> bool {
+        let env = &self.envelope;
+        env.signer == frame.signer
+            && env.signature == frame.signature
+            && env.kind == T::KIND
+            && env.version == PROTOCOL_VERSION
+            && env.network.as_str() == frame.network
+            && env.payload == frame.payload
     }
 
     fn check_frame_len(frame: &[u8]) -> Result<(), EnvelopeError> {
@@ -852,6 +881,52 @@ mod tests {
         let bytes = signed.to_bytes().unwrap();
         let back = Signed::<LeaseClose>::from_bytes(&bytes).unwrap();
         assert_eq!(back.verify(&net).unwrap().message, close());
+    }
+
+    #[test]
+    fn a_frame_is_recognised_only_when_it_is_the_same_message() {
+        let key = NodeKey::from_secret([1; 32]);
+        let net = NetworkId::devnet();
+        let signed = Signed::sign(&key, &net, &close()).unwrap();
+        let bytes = signed.to_bytes().unwrap();
+        let view = Signed::<LeaseClose>::view_frame(&bytes, &net).unwrap();
+        assert_eq!(view.signer, key.public());
+        assert!(signed.is_frame(&view));
+
+        // Another payload from the same signer, and the same payload with one signature bit
+        // flipped (which `verify` would refuse), are not this message.
+        let mut later = close();
+        later.at = Timestamp(later.at.0 + 1);
+        let other = Signed::sign(&key, &net, &later).unwrap().to_bytes().unwrap();
+        assert!(!signed.is_frame(&Signed::<LeaseClose>::view_frame(&other, &net).unwrap()));
+        // A forgery: the held message's signer and signature over another payload. Taken for
+        // the held message, it would skip the signature check that refuses it.
+        let mut forged = Signed::<LeaseClose>::from_bytes(&other).unwrap().into_envelope();
+        forged.signature = signed.envelope().signature;
+        let forged = forged.to_bytes().unwrap();
+        assert!(!signed.is_frame(&Signed::<LeaseClose>::view_frame(&forged, &net).unwrap()));
+        assert!(
+            Signed::<LeaseClose>::from_bytes(&forged)
+                .unwrap()
+                .verify(&net)
+                .is_err()
+        );
+        let mut flipped = bytes.clone();
+        // version, kind, "devnet", signer (1 + 32): the signature starts at byte 43.
+        flipped[50] ^= 1;
+        let v = Signed::<LeaseClose>::view_frame(&flipped, &net).unwrap();
+        assert!(!signed.is_frame(&v));
+        assert!(
+            Signed::<LeaseClose>::from_bytes(&flipped)
+                .unwrap()
+                .verify(&net)
+                .is_err()
+        );
+
+        // Another network, another kind, or bytes that do not decode: no view at all.
+        assert!(Signed::<LeaseClose>::view_frame(&bytes, &NetworkId::new("mainnet").unwrap()).is_none());
+        assert!(Signed::<crate::messages::Offer>::view_frame(&bytes, &net).is_none());
+        assert!(Signed::<LeaseClose>::view_frame(&bytes[..bytes.len() - 1], &net).is_none());
     }
 
     #[test]

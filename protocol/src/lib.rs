@@ -23,7 +23,7 @@ pub mod types;
 
 pub use codec::CodecError;
 pub use envelope::{
-    Envelope, EnvelopeError, KeyCache, MessageKind, NetworkId, PROTOCOL_VERSION, SignatureBytes,
+    Envelope, EnvelopeError, FrameView, KeyCache, MessageKind, NetworkId, PROTOCOL_VERSION, SignatureBytes,
     Signed, Verified, VerifyCache, VerifyStats, WireMessage,
 };
 pub use identity::{IdentityError, NodeKey, PeerId, PublicKey};

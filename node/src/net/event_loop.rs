@@ -38,7 +38,7 @@ use gridlease_protocol::sync::{BookRequest, BookResponse, MAX_SYNC_GET, MAX_SYNC
 const OFFER_FLUSH_MAX: usize = 1024;
 /// Verified offer messages the ingestor remembers beyond the book: copies of offers the node
 /// did not keep (book full, rate-limited) arriving again. Re-announcements of offers it holds
-/// are recognised by the book (`OfferBook::holds_identical`), which costs no memory; a cache
+/// are recognised by the book (`OfferBook::holds_frame`), which costs no memory; a cache
 /// sized to the book cost about 140 bytes per offer (issue 19's memory budget).
 const VERIFIED_OUTSIDE_BOOK: usize = 4096;
 /// How often admitted offers are written to the store.
@@ -122,8 +122,12 @@ pub(super) struct EventLoop {
     /// Decodes and verifies gossiped offers; remembers provider keys and verified offers so
     /// re-announcements skip the signature check.
     ingestor: OfferIngestor,
-    /// Verdicts given to gossiped offers (signature counts come from the ingestor).
+    /// Verdicts given to gossiped offers (signature counts come from the ingestor and
+    /// `book_refreshes`).
     verdicts: GossipStats,
+    /// Received offers the book recognised as a held one (`Verdict::Refresh`): accepted
+    /// without a signature check, reported with the ingestor's skips.
+    book_refreshes: u64,
     provider: ProviderState,
     commands: mpsc::Receiver<Command>,
     /// Lease-stream requests forwarded to the lease service; each yields the answer.
@@ -233,6 +237,7 @@ impl EventLoop {
                 VERIFIED_OUTSIDE_BOOK,
             ),
             verdicts: GossipStats::default(),
+            book_refreshes: 0,
             peer_limits: RateLimiter::new(config.peer_rate, RATE_KEYS),
             provider_limits: RateLimiter::new(config.provider_rate, RATE_KEYS),
             swarm,
@@ -466,9 +471,8 @@ impl EventLoop {
                 let sig = self.ingestor.stats();
                 let _ = reply.send(GossipStats {
                     signatures_checked: sig.checked,
-                    // The ingestor's skips, and re-announcements the book recognised (counted
-                    // in `verdicts` as they are judged).
-                    signatures_skipped: sig.skipped + self.verdicts.signatures_skipped,
+                    // The ingestor's skips, and re-announcements the book recognised.
+                    signatures_skipped: sig.skipped + self.book_refreshes,
                     ..self.verdicts
                 });
             }
@@ -1261,7 +1265,7 @@ impl EventLoop {
             .view(|b| gossip::check_offer(data, ingestor, b, now));
         let (id, refresh) = match &verdict {
             Verdict::Refresh(id) => {
-                self.verdicts.signatures_skipped += 1;
+                self.book_refreshes += 1;
                 (*id, true)
             }
             Verdict::Accept(v) => (v.id, v.admission == Admission::Refresh),
@@ -1584,7 +1588,7 @@ impl EventLoop {
             .view(|b| gossip::check_offer(bytes, ingestor, b, now));
         match verdict {
             Verdict::Refresh(id) => {
-                self.verdicts.signatures_skipped += 1;
+                self.book_refreshes += 1;
                 self.wanted.remove(&id);
                 true
             }

@@ -246,9 +246,9 @@ pub enum Verdict {
 
 /// Steps 2-5 of the validation (rate limits are the caller's, they need mutable state).
 ///
-/// A re-announcement of an offer the book holds (same content id, same signature bytes, still
-/// live) is recognised first, from the frame read in place: no signature check, no decoding,
-/// no copy ([`Verdict::Refresh`]). Anything else goes through the node's [`OfferIngestor`]:
+/// A re-announcement of an offer the book holds (same signer, signature bytes and payload,
+/// still live) is recognised first, from the frame read in place: no hashing, no signature
+/// check, no decoding of the offer, no copy ([`Verdict::Refresh`]). Anything else goes through the node's [`OfferIngestor`]:
 /// the envelope is decoded in place, provider keys are decompressed once, and a message
 /// byte-identical to one it verified before skips the signature check (it is still decoded
 /// and validated at `now`).
@@ -258,10 +258,10 @@ pub fn check_offer(
     book: &OfferBook,
     now: Timestamp,
 ) -> Verdict {
-    if let Some((digest, signature)) = Signed::<Offer>::frame_identity(data, ingestor.network())
-        && book.holds_identical(&OfferId(digest), &signature, now)
+    if let Some(id) = Signed::<Offer>::view_frame(data, ingestor.network())
+        .and_then(|frame| book.holds_frame(&frame, now))
     {
-        return Verdict::Refresh(OfferId(digest));
+        return Verdict::Refresh(id);
     }
     let verified = match ingestor.ingest(data, now) {
         Ok(v) => v,
@@ -365,6 +365,18 @@ mod tests {
         assert!(matches!(
             check_offer(&equivocation, &mut ing, &book, now),
             Verdict::Reject(OfferRejection::Book(BookError::Equivocation { .. }))
+        ));
+        // The held offer's signature on other content is not taken for the held offer.
+        let mut forged = Signed::<Offer>::from_bytes(&equivocation)
+            .unwrap()
+            .into_envelope();
+        forged.signature = Signed::<Offer>::from_bytes(&good)
+            .unwrap()
+            .envelope()
+            .signature;
+        assert!(matches!(
+            check_offer(&forged.to_bytes().unwrap(), &mut ing, &book, now),
+            Verdict::Reject(OfferRejection::Envelope(EnvelopeError::BadSignature { .. }))
         ));
 
         let other = NetworkId::new("othernet").unwrap();
