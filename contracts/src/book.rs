@@ -15,9 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 
-use gridlease_protocol::{
-    FrameView, Offer, OfferId, PublicKey, Signed, Timestamp, WireMessage,
-};
+use gridlease_protocol::{FrameView, Offer, OfferId, PublicKey, Signed, Timestamp, WireMessage};
 
 use crate::query::{Field, Numbers, OfferSummary, Query};
 

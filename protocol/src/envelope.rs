@@ -897,11 +897,16 @@ mod tests {
         // flipped (which `verify` would refuse), are not this message.
         let mut later = close();
         later.at = Timestamp(later.at.0 + 1);
-        let other = Signed::sign(&key, &net, &later).unwrap().to_bytes().unwrap();
+        let other = Signed::sign(&key, &net, &later)
+            .unwrap()
+            .to_bytes()
+            .unwrap();
         assert!(!signed.is_frame(&Signed::<LeaseClose>::view_frame(&other, &net).unwrap()));
         // A forgery: the held message's signer and signature over another payload. Taken for
         // the held message, it would skip the signature check that refuses it.
-        let mut forged = Signed::<LeaseClose>::from_bytes(&other).unwrap().into_envelope();
+        let mut forged = Signed::<LeaseClose>::from_bytes(&other)
+            .unwrap()
+            .into_envelope();
         forged.signature = signed.envelope().signature;
         let forged = forged.to_bytes().unwrap();
         assert!(!signed.is_frame(&Signed::<LeaseClose>::view_frame(&forged, &net).unwrap()));
@@ -924,7 +929,9 @@ mod tests {
         );
 
         // Another network, another kind, or bytes that do not decode: no view at all.
-        assert!(Signed::<LeaseClose>::view_frame(&bytes, &NetworkId::new("mainnet").unwrap()).is_none());
+        assert!(
+            Signed::<LeaseClose>::view_frame(&bytes, &NetworkId::new("mainnet").unwrap()).is_none()
+        );
         assert!(Signed::<crate::messages::Offer>::view_frame(&bytes, &net).is_none());
         assert!(Signed::<LeaseClose>::view_frame(&bytes[..bytes.len() - 1], &net).is_none());
     }

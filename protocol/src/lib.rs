@@ -23,8 +23,8 @@ pub mod types;
 
 pub use codec::CodecError;
 pub use envelope::{
-    Envelope, EnvelopeError, FrameView, KeyCache, MessageKind, NetworkId, PROTOCOL_VERSION, SignatureBytes,
-    Signed, Verified, VerifyCache, VerifyStats, WireMessage,
+    Envelope, EnvelopeError, FrameView, KeyCache, MessageKind, NetworkId, PROTOCOL_VERSION,
+    SignatureBytes, Signed, Verified, VerifyCache, VerifyStats, WireMessage,
 };
 pub use identity::{IdentityError, NodeKey, PeerId, PublicKey};
 pub use messages::*;
