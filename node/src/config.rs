@@ -36,7 +36,8 @@ pub struct Config {
     pub relay_server: bool,
     /// mDNS LAN discovery. Default: true.
     pub mdns: bool,
-    /// Seconds between offer re-announcements. Default: 60.
+    /// Seconds between checks of the own offer (re-signed and published when it changed or
+    /// nears expiry; it lives 60 of these, at most 3,600 s) and book sweeps. Default: 60.
     pub announce_secs: u64,
     /// Declared (unverified) GPUs to offer, e.g. `"RTX 4090:24GiB:0.40"`. Default: none.
     pub dev_gpus: Option<String>,
@@ -294,7 +295,8 @@ pub struct Overrides {
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]
     pub no_mdns: bool,
-    /// Seconds between offer re-announcements (default 60).
+    /// Seconds between checks of the own offer and book sweeps; the offer lives 60 of these,
+    /// at most 3,600 s, and is published when it changes or is re-signed (default 60).
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_ANNOUNCE_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub announce_secs: Option<u64>,

@@ -651,18 +651,37 @@ impl Store {
         Ok(())
     }
 
-    /// This node's own newest offer.
-    pub fn own_offer(&self) -> Result<Option<Signed<Offer>>, StoreError> {
-        let bytes: Option<Vec<u8>> = self
+    /// Records that the own offer was withdrawn with sequence `seq` (the withdrawal itself is
+    /// not kept: [`Store::own_offer`] then reports the stored offer as superseded).
+    pub fn put_own_withdrawal(&mut self, seq: u64) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE own_offer SET seq = ?1 WHERE id = 1 AND seq < ?1",
+                params![i64_of(seq)],
+            )
+            .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// This node's own newest offer and the highest sequence used (above the offer's own when
+    /// the offer was withdrawn since).
+    pub fn own_offer(&self) -> Result<Option<(Signed<Offer>, u64)>, StoreError> {
+        let row: Option<(Vec<u8>, i64)> = self
             .conn
-            .query_row("SELECT envelope FROM own_offer WHERE id = 1", [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT envelope, seq FROM own_offer WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .optional()
             .map_err(self.err())?;
-        bytes
-            .map(|b| Signed::<Offer>::from_bytes(&b).map_err(|err| self.bad_row("own offer", err)))
-            .transpose()
+        row.map(|(b, seq)| {
+            let signed =
+                Signed::<Offer>::from_bytes(&b).map_err(|err| self.bad_row("own offer", err))?;
+            let seq = u64::try_from(seq).map_err(|err| self.bad_row("own offer", err))?;
+            Ok((signed, seq))
+        })
+        .transpose()
     }
 
     /// Records a peer's addresses.

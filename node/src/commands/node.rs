@@ -216,6 +216,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     net.mdns = config.mdns;
     net.announce_period = std::time::Duration::from_secs(config.announce_secs.max(1));
     net.offer_ttl = NodeConfig::ttl_for(net.announce_period);
+    net.offer_resync = NodeConfig::resync_for(net.announce_period);
     let dev = config.dev_gpus.as_deref().map(DevGpus::parse).transpose()?;
     let access = access_policy(&config);
     let runtime = (config.isolation, check_isolation(&config).await?);

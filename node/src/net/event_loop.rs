@@ -182,12 +182,23 @@ pub(super) struct EventLoop {
     completion_topic: IdentTopic,
     /// Which connected peer the next completion anti-entropy round asks.
     completion_round: usize,
+    /// Which connected peer the next offer anti-entropy round syncs with.
+    resync_round: usize,
+    /// The own offer's last publication reached no subscribed peer: publish it again when
+    /// one subscribes (it is not re-announced periodically).
+    publish_pending: bool,
 }
+
+/// Lifetime of the re-signed offer that withdraws the own offer (`withdraw_own`): long enough
+/// for receivers whose clocks run up to a minute ahead (`MAX_CLOCK_SKEW_S`) to take it.
+const WITHDRAWAL_TTL_S: u64 = 90;
+/// How long a stopping node keeps driving its connections so the withdrawal goes out.
+const WITHDRAWAL_DRAIN: Duration = Duration::from_millis(300);
 
 /// Most book syncs run at once; more connections wait in a queue.
 const MAX_SYNCS: usize = 8;
-/// Most peers waiting for a book sync; a connection beyond them is not synced (gossip and the
-/// providers' re-announcements still reach it).
+/// Most peers waiting for a book sync; a connection beyond them is not synced now (gossip and
+/// the anti-entropy rounds still reach it).
 const MAX_SYNC_QUEUE: usize = 1024;
 
 /// One running book sync with a peer: pages of ids, then the missing offers in batches.
@@ -229,6 +240,8 @@ impl EventLoop {
             completion_topic: gossip::completion_topic(&config.network),
             completions,
             completion_round: 0,
+            resync_round: 0,
+            publish_pending: false,
             // Keys for every provider the book can hold; few verified messages, since the book
             // itself recognises re-announcements of what it holds (`gossip::check_offer`).
             ingestor: OfferIngestor::with_caches(
@@ -376,6 +389,11 @@ impl EventLoop {
         rescore.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut republish = tokio::time::interval(self.config.completions_republish);
         republish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut resync = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.config.offer_resync,
+            self.config.offer_resync,
+        );
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
@@ -401,6 +419,7 @@ impl EventLoop {
                     }
                     self.completion_anti_entropy();
                 }
+                _ = resync.tick() => self.offer_anti_entropy(),
                 _ = flush.tick() => self.flush_offers(),
                 _ = kad_walk.tick() => {
                     // Random walk to keep the routing table fresh; no known peers is fine.
@@ -415,6 +434,18 @@ impl EventLoop {
                     }
                 }
             }
+        }
+        if self.provider.current.is_some() {
+            // Tell the others this node's offer is gone; give the connections a moment to
+            // send it.
+            self.withdraw_own();
+            let swarm = &mut self.swarm;
+            let _ = tokio::time::timeout(WITHDRAWAL_DRAIN, async {
+                loop {
+                    let _ = swarm.select_next_some().await;
+                }
+            })
+            .await;
         }
         self.flush_offers();
         tracing::info!("network loop stopped");
@@ -494,6 +525,9 @@ impl EventLoop {
                 let _ = reply.send(st);
             }
             Command::SetOffer(template, reply) => {
+                if template.is_none() {
+                    self.withdraw_own();
+                }
                 self.provider.template = template;
                 self.provider.current = None;
                 if self.provider.template.is_some() {
@@ -593,15 +627,18 @@ impl EventLoop {
 
     // ---- own offer -----------------------------------------------------------------------
 
-    /// Re-signs the own offer when it is missing or close to expiry, publishes it, and sweeps
-    /// expired offers from the book.
+    /// One announce round: sweeps expired offers from the book and re-signs the own offer
+    /// when it is missing, close to expiry or out of date, publishing it then. An unchanged
+    /// offer is not published again: nodes that missed it get it by book sync, on connecting
+    /// and from the anti-entropy round (`offer_anti_entropy`); once more only when its last
+    /// publication found no subscribed peer (`publish_pending`, done when one subscribes).
     fn announce(&mut self) {
         let now = clock::now();
         self.book.update(|b| b.evict_expired(now));
         let last_accepted = &mut self.last_accepted;
         self.book
             .view(|b| last_accepted.retain(|id, _| b.contains(id)));
-        self.refresh_own(true);
+        self.refresh_own(false);
     }
 
     /// Re-signs the own offer when it must be (missing, close to expiry, addresses changed)
@@ -647,28 +684,14 @@ impl EventLoop {
                 addrs,
                 self.provider.free_gpus,
             );
-            let signed = match Signed::sign(&self.key, &self.config.network, &offer) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot sign own offer");
-                    return;
-                }
+            let Some((signed, id)) = self.sign_own(&offer, false) else {
+                return;
             };
-            let id = OfferId(signed.envelope().content_digest());
             let admitted = self
                 .book
                 .update(|b| b.admit(signed.clone(), offer.clone(), id, now));
             if let Err(e) = admitted {
                 tracing::warn!(error = %e, "own offer not admitted to own book");
-            }
-            let persisted = signed.clone();
-            let submitted = self.store.try_submit(move |s| {
-                if let Err(e) = s.put_own_offer(id, &persisted, seq) {
-                    tracing::error!(error = %e, "cannot persist own offer");
-                }
-            });
-            if !submitted {
-                tracing::warn!("store queue full; own offer sequence not persisted this round");
             }
             let images = std::sync::Arc::new(template.images.clone());
             // The same template signed before stays acceptable for requests in flight.
@@ -692,7 +715,42 @@ impl EventLoop {
         let Some(cur) = &self.provider.current else {
             return;
         };
-        let bytes = match cur.signed.to_bytes() {
+        let (signed, seq) = (cur.signed.clone(), cur.offer.seq);
+        self.publish_own(&signed, seq);
+    }
+
+    /// Signs an own offer and persists it with its sequence (so sequences never go back);
+    /// a withdrawal (`withdrawn`) only persists its sequence.
+    fn sign_own(&mut self, offer: &Offer, withdrawn: bool) -> Option<(Signed<Offer>, OfferId)> {
+        let signed = match Signed::sign(&self.key, &self.config.network, offer) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot sign own offer");
+                return None;
+            }
+        };
+        let id = OfferId(signed.envelope().content_digest());
+        let (persisted, seq) = (signed.clone(), offer.seq);
+        let submitted = self.store.try_submit(move |s| {
+            let r = if withdrawn {
+                s.put_own_withdrawal(seq)
+            } else {
+                s.put_own_offer(id, &persisted, seq)
+            };
+            if let Err(e) = r {
+                tracing::error!(error = %e, "cannot persist own offer");
+            }
+        });
+        if !submitted {
+            tracing::warn!("store queue full; own offer sequence not persisted this round");
+        }
+        Some((signed, id))
+    }
+
+    /// Publishes an own offer; one that reaches no subscribed peer is published again when
+    /// one subscribes (`publish_pending`).
+    fn publish_own(&mut self, signed: &Signed<Offer>, seq: u64) {
+        let bytes = match signed.to_bytes() {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "cannot encode own offer");
@@ -705,12 +763,47 @@ impl EventLoop {
             .gossipsub
             .publish(self.topic.clone(), bytes)
         {
-            Ok(_) => tracing::debug!(seq = cur.offer.seq, "offer announced"),
-            Err(gossipsub::PublishError::Duplicate) => {}
-            Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => {
-                tracing::debug!("no peers to announce to yet");
+            Ok(_) => {
+                self.publish_pending = false;
+                tracing::debug!(seq, "offer announced");
             }
-            Err(e) => tracing::warn!(error = %e, "offer announce failed"),
+            Err(gossipsub::PublishError::Duplicate) => self.publish_pending = false,
+            Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => {
+                self.publish_pending = true;
+                tracing::debug!("no peers to announce to yet; publishing when one subscribes");
+            }
+            Err(e) => {
+                self.publish_pending = true;
+                tracing::warn!(error = %e, "offer announce failed; publishing when a peer subscribes");
+            }
+        }
+    }
+
+    /// Withdraws the own offer from other nodes' books: it is re-signed with a new sequence,
+    /// no free GPU and a lifetime of [`WITHDRAWAL_TTL_S`], and published. Receivers replace
+    /// the offer they hold with it (searches leave out offers with no free GPU) and evict it
+    /// when it expires, instead of listing the old offer until its own expiry (up to an hour,
+    /// since unchanged offers are not re-announced). Best effort: a node that misses it keeps
+    /// the old offer until that expires, as it would after a crash.
+    fn withdraw_own(&mut self) {
+        let Some(prev) = self.provider.current.take() else {
+            return;
+        };
+        self.book.update(|b| b.remove(&self.key.public()));
+        let now = clock::now();
+        let mut offer = prev.offer;
+        offer.seq = self.provider.next_seq(now);
+        offer.created_at = now;
+        offer.expires_at = now.plus_secs(WITHDRAWAL_TTL_S);
+        offer.free_gpus = 0;
+        let _ = self.own_resigns.check(&(), now);
+        if let Some((signed, _)) = self.sign_own(&offer, true) {
+            self.publish_pending = false;
+            self.publish_own(&signed, offer.seq);
+            // Nobody to tell: nothing to repeat when a peer subscribes (it syncs our book,
+            // which no longer holds the offer).
+            self.publish_pending = false;
+            tracing::info!(seq = offer.seq, "own offer withdrawn");
         }
     }
 
@@ -1166,6 +1259,10 @@ impl EventLoop {
             gossipsub::Event::Subscribed { peer_id, topic } if topic == self.topic.hash() => {
                 self.liveness.subscribed(&peer_id);
                 self.emit(NetworkEvent::PeerSubscribed { peer: peer_id });
+                if self.publish_pending {
+                    // The own offer's last publication reached nobody.
+                    self.refresh_own(true);
+                }
             }
             gossipsub::Event::GossipsubNotSupported { peer_id }
                 if self.liveness.is_waiting(&peer_id) =>
@@ -1323,6 +1420,23 @@ impl EventLoop {
             },
         );
         self.sync_next(peer);
+    }
+
+    /// Anti-entropy for offers, which are published only when they change: each
+    /// [`super::NodeConfig::offer_resync`], a whole book sync (offer ids, then completion
+    /// records) with the next connected peer in turn. Catches what gossip missed (a message
+    /// lost while a mesh was forming, an offer a peer learned by sync, which is not
+    /// re-gossiped). Costs one page of 33-byte ids per 4,096 offers held when nothing is
+    /// missing.
+    fn offer_anti_entropy(&mut self) {
+        let mut peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        if peers.is_empty() {
+            return;
+        }
+        peers.sort();
+        self.resync_round = self.resync_round.wrapping_add(1);
+        let peer = peers[self.resync_round % peers.len()];
+        self.start_sync(peer);
     }
 
     fn start_sync(&mut self, peer: PeerId) {

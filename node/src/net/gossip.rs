@@ -19,8 +19,10 @@
 //!    announce period ago -> Ignore
 //!
 //! `Reject` applies gossipsub's P4 penalty to the propagation source; `Ignore` drops the
-//! message without penalty. A refresh is otherwise accepted and forwarded, because
-//! re-announcement is how late joiners learn live offers.
+//! message without penalty. A refresh is otherwise accepted and forwarded. Providers publish
+//! an offer only when they sign it (a change, or near its expiry), so refreshes are rare: a
+//! publication repeated because it first reached nobody. Late joiners learn live offers by
+//! book sync (`docs/protocol.md` 3b), not from re-announcements.
 
 use std::time::Duration;
 

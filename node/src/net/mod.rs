@@ -75,8 +75,12 @@ pub struct NodeConfig {
     /// Reserve a slot on relays (when no external address is confirmed) so peers behind NAT
     /// can be reached.
     pub use_relays: bool,
-    /// How often the own offer is re-announced (and the book swept).
+    /// How often the own offer is checked (re-signed and published when missing, close to
+    /// expiry or out of date; an unchanged offer is not published again) and the book swept.
     pub announce_period: Duration,
+    /// Offer anti-entropy: each period, a whole book sync with the next connected peer in
+    /// turn (offers are announced only when they change).
+    pub offer_resync: Duration,
     /// How often a provider republishes its newest completion records (reputation), for
     /// nodes that joined since.
     pub completions_republish: Duration,
@@ -129,9 +133,10 @@ impl NodeConfig {
             mdns: true,
             use_relays: true,
             announce_period: Duration::from_secs(60),
+            offer_resync: Duration::from_secs(600),
             completions_republish: Duration::from_secs(600),
             reputation: gridlease_contracts::reputation::ScoreParams::default(),
-            offer_ttl: Duration::from_secs(600),
+            offer_ttl: Duration::from_secs(3600),
             heartbeat: Duration::from_secs(1),
             // Longer than the longest usage interval (300 s) times three: a lease's own traffic
             // keeps its connection alive.
@@ -163,6 +168,7 @@ impl NodeConfig {
         c.announce_period = announce_period;
         c.completions_republish = announce_period * 5;
         c.offer_ttl = Self::ttl_for(announce_period);
+        c.offer_resync = Self::resync_for(announce_period);
         c.heartbeat = Duration::from_millis(100).min(announce_period / 2);
         c.provider_rate = RateLimit {
             burst: 20,
@@ -171,12 +177,19 @@ impl NodeConfig {
         c
     }
 
-    /// The offer lifetime for an announce period: ten periods, at most the protocol's
-    /// [`gridlease_contracts::terms::MAX_OFFER_TTL_S`].
+    /// The offer lifetime for an announce period: sixty periods, at most the protocol's
+    /// [`gridlease_contracts::terms::MAX_OFFER_TTL_S`] (3,600 s at the default 60 s). An
+    /// unchanged offer is published only when it is re-signed, two periods before it expires,
+    /// so the lifetime sets the steady announcement rate (`docs/protocol.md` 3c).
     pub fn ttl_for(announce_period: Duration) -> Duration {
-        (announce_period * 10).min(Duration::from_secs(
+        (announce_period * 60).min(Duration::from_secs(
             gridlease_contracts::terms::MAX_OFFER_TTL_S,
         ))
+    }
+
+    /// The offer anti-entropy period for an announce period: ten periods, at most 600 s.
+    pub fn resync_for(announce_period: Duration) -> Duration {
+        (announce_period * 10).min(Duration::from_secs(600))
     }
 
     /// How long gossipsub remembers message ids (ids are per announcement, see
@@ -382,12 +395,18 @@ impl Node {
         // in the book from the start.
         let mut book = OfferBook::with_capacity(config.book_capacity);
         let mut provider = provider::ProviderState::new(config.offer.clone());
-        if let Some(own) = own
+        if let Some((own, used_seq)) = own
             && let Ok(v) = own.verify(&network)
             && v.signer == key.public()
         {
-            provider.last_seq = v.message.seq;
-            if config.offer.is_some() && validate_offer(&v.message, &v.signer, now).is_ok() {
+            provider.last_seq = v.message.seq.max(used_seq);
+            // A stored offer withdrawn since (a later sequence was used) stays withdrawn: the
+            // other books hold the withdrawal, and would refuse it as a replay.
+            let withdrawn = used_seq > v.message.seq;
+            if config.offer.is_some()
+                && !withdrawn
+                && validate_offer(&v.message, &v.signer, now).is_ok()
+            {
                 let id = OfferId(v.digest);
                 // The restored own offer is in this node's own book at once (its `search` and
                 // `offers_known` count it), as a freshly signed one would be.
