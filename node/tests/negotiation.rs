@@ -220,8 +220,8 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     let (provider, renter, entry) = market(dir.path(), 2).await;
     let t = terms(&renter, &entry, &ask(1, 7));
     let (lease_id, request, accept) = accepted(negotiate(&renter, &entry, t.clone()).await);
-    // Restart on the same address: an offer names its addresses, so a provider that moves
-    // re-signs it (new sequence), and one that stays keeps it.
+    // Restart on the same address (an offer names its addresses, so a provider that moves
+    // re-signs it anyway).
     let provider_listen: libp2p::Multiaddr = provider
         .addr
         .iter()
@@ -267,25 +267,32 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     assert_eq!(mine.len(), 1);
     assert_eq!(mine[0].lease.id, lease_id);
 
-    // The provider comes back: same offer, same lease, and the retry is still idempotent.
+    // The provider comes back: the same lease, and the retry is still idempotent. Its offer
+    // was withdrawn when it stopped (`docs/protocol.md` 3, Withdrawal), so it signs a new one,
+    // with a higher sequence, rather than announce the withdrawn one again.
     let mut restart_cfg = provider_config(2, 350_000);
     restart_cfg.listen = vec![provider_listen];
     let provider = start_provider_from_home(&provider_home, restart_cfg).await;
+    // Signed first with every GPU free, then again once the lease side has counted its hold.
+    let pc = provider.node.client.clone();
+    eventually(
+        "the new offer signed with the GPU the lease holds taken",
+        || {
+            let pc = pc.clone();
+            async move { pc.own_offer().await.unwrap().unwrap().offer.free_gpus == 1 }
+        },
+    )
+    .await;
     let own = provider.node.client.own_offer().await.unwrap().unwrap();
-    // The own offer is in the book before the stored ones are restored.
-    assert_eq!(
-        own.id, signed_before.id,
-        "the unexpired own offer is kept across restarts"
+    assert!(
+        own.id != signed_before.id && own.offer.seq > signed_before.offer.seq,
+        "the withdrawn offer is not restored: {:?} after {:?}",
+        own.offer,
+        signed_before.offer
     );
     assert!(
-        provider
-            .node
-            .client
-            .offer(signed_before.id)
-            .await
-            .unwrap()
-            .is_some(),
-        "the restored own offer is in the provider's own book right after the restart"
+        provider.node.client.offer(own.id).await.unwrap().is_some(),
+        "the new own offer is in the provider's own book"
     );
     provider.node.client.restored().await;
     assert_eq!(provider.node.client.book_len().await.unwrap(), 1);

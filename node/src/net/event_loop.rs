@@ -1402,13 +1402,9 @@ impl EventLoop {
     /// forming; a batch nobody learns from is not forwarded). Costs one page of lease ids per
     /// 4,096 records when nothing is missing.
     fn completion_anti_entropy(&mut self) {
-        let mut peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
-        if peers.is_empty() {
+        let Some(peer) = self.next_in_turn(|l| &mut l.completion_round) else {
             return;
-        }
-        peers.sort();
-        self.completion_round = self.completion_round.wrapping_add(1);
-        let peer = peers[self.completion_round % peers.len()];
+        };
         if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS {
             return;
         }
@@ -1429,14 +1425,21 @@ impl EventLoop {
     /// re-gossiped). Costs one page of 33-byte ids per 4,096 offers held when nothing is
     /// missing.
     fn offer_anti_entropy(&mut self) {
+        if let Some(peer) = self.next_in_turn(|l| &mut l.resync_round) {
+            self.start_sync(peer);
+        }
+    }
+
+    /// The next connected peer in turn for a round counted by `round`, in peer id order.
+    fn next_in_turn(&mut self, round: impl FnOnce(&mut Self) -> &mut usize) -> Option<PeerId> {
         let mut peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
         if peers.is_empty() {
-            return;
+            return None;
         }
         peers.sort();
-        self.resync_round = self.resync_round.wrapping_add(1);
-        let peer = peers[self.resync_round % peers.len()];
-        self.start_sync(peer);
+        let r = round(self);
+        *r = r.wrapping_add(1);
+        Some(peers[*r % peers.len()])
     }
 
     fn start_sync(&mut self, peer: PeerId) {
