@@ -28,17 +28,6 @@ use gridlease_protocol::NetworkId;
 /// The example query of `docs/search.md`, URL-encoded.
 const QUERY: &str = "gpu~4090%20vram%3E%3D24%20price%3C%3D0.45%20gpus%3E%3D2";
 
-/// CPU seconds (user + system) the process has used.
-fn cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    ticks / 100.0 // USER_HZ, 100 on Linux
-}
-
 /// `count` searches one after another (or until `until`): their latencies.
 fn searches(home: &Path, count: usize, until: Option<Instant>) -> Vec<Duration> {
     let path = format!("/v1/offers?q={QUERY}&limit=20");

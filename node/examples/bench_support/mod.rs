@@ -198,8 +198,12 @@ pub fn api_status(home: &Path) -> Option<serde_json::Value> {
     }
 }
 
-/// The `gridlease` binary beside this example's directory (`target/<profile>/gridlease`).
+/// The `gridlease` binary beside this example's directory (`target/<profile>/gridlease`), or
+/// the one `BENCH_GRIDLEASE_BIN` names (to drive another build's daemon with this benchmark).
 pub fn gridlease_bin() -> std::path::PathBuf {
+    if let Some(bin) = std::env::var_os("BENCH_GRIDLEASE_BIN") {
+        return bin.into();
+    }
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().unwrap().parent().unwrap().join("gridlease");
     assert!(
@@ -232,16 +236,45 @@ impl Drop for Kill {
     }
 }
 
+/// `gridlease --home HOME node` on loopback without mDNS, output discarded: add arguments and
+/// spawn.
+pub fn daemon_command(home: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(gridlease_bin());
+    cmd.arg("--home")
+        .arg(home)
+        .args(["node", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    cmd
+}
+
 /// Starts `gridlease node` on `home` (loopback, no mDNS), quiet.
 pub fn spawn_daemon(home: &Path) -> Kill {
-    Kill(
-        std::process::Command::new(gridlease_bin())
-            .arg("--home")
-            .arg(home)
-            .args(["node", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
+    Kill(daemon_command(home).spawn().unwrap())
+}
+
+/// A seeded xorshift generator: the same topology for the same seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number below `n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
+    }
+}
+
+/// CPU seconds (user + system) the process has used, from `/proc/PID/stat`.
+pub fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0 // USER_HZ, 100 on Linux
 }

@@ -1,0 +1,297 @@
+//! Scale harness, first version (issue 19): many real `gridlease node` processes on loopback,
+//! fed by a load generator that signs and publishes offers for many synthetic providers at the
+//! rate the default announce behaviour produces.
+//!
+//! ```text
+//! cargo build --release -p gridlease-node --bins --example bench_scale
+//! target/release/examples/bench_scale 100 100000 60        # DAEMONS PROVIDERS SECONDS [RATE]
+//! ```
+//!
+//! - DAEMONS daemons (`gridlease node`, release build, loopback, no mDNS, JSON logs), each
+//!   bootstrapped from up to 3 random earlier ones (seeded), so the graph is connected with a
+//!   mean degree of about 6.
+//! - The generator (an in-process node, connected to 3 daemons) publishes a new signed offer
+//!   (a new sequence) of one of PROVIDERS synthetic providers, round robin, RATE times a second.
+//!   Without RATE, the rate is what PROVIDERS providers send under the default announce
+//!   behaviour (`docs/protocol.md` 3): a re-sign every 3,480 s and, as the design assumes, two
+//!   capacity changes an hour, PROVIDERS x (1/3480 + 2/3600) a second (84/s at 100,000).
+//! - Over SECONDS it reports, for each daemon, the CPU it used (share of one core, from
+//!   `/proc/PID/stat`), its RSS at the end, and the TCP payload it received (the sum of
+//!   `bytes_received` of its established sockets, from `ss -tinp`, end minus start); and, over
+//!   every (publication, daemon) pair, the time from publication to the daemon's `offer learned`
+//!   log line, and the share of pairs that arrived within 5 s of the end.
+//!
+//! What it does not do yet: topics by GPU class (not built: every daemon receives every
+//! offer), and the daemons do not hold a 100,000-offer book (they hold what arrives in the
+//! window; `bench_restore` measures a full book's RSS and `bench_api_search` search under load).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+mod bench_support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bench_support::*;
+use gridlease_node::home::Home;
+use gridlease_protocol::{NetworkId, NodeKey, Signed, fixtures};
+
+/// TCP payload bytes received so far by each process, summed over its established sockets.
+fn bytes_received_by_pid() -> HashMap<u32, u64> {
+    let out = Command::new("ss")
+        .args(["-tinpH", "state", "established"])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut by_pid = HashMap::new();
+    let mut pid = None;
+    for line in text.lines() {
+        if let Some(i) = line.find("pid=") {
+            pid = line[i + 4..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|p| p.parse::<u32>().ok());
+        }
+        if let Some(i) = line.find("bytes_received:")
+            && let Some(p) = pid
+        {
+            let n: u64 = line[i + 15..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            *by_pid.entry(p).or_insert(0) += n;
+            pid = None;
+        }
+    }
+    by_pid
+}
+
+struct Daemon {
+    proc: Kill,
+    log: PathBuf,
+}
+
+fn spawn(home: &Path, log: &Path, bootstrap: &[String]) -> Kill {
+    let mut cmd = daemon_command(home);
+    cmd.args(["--log-format", "json"])
+        .stderr(std::fs::File::create(log).unwrap());
+    for b in bootstrap {
+        cmd.args(["--bootstrap", b]);
+    }
+    Kill(cmd.spawn().unwrap())
+}
+
+/// `(seq, microseconds since the epoch)` of every `offer learned` line in a JSON log.
+fn learned(log: &Path) -> Vec<(u64, i64)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("offer learned"))
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let seq = v["fields"]["seq"].as_u64()?;
+            let ts: jiff::Timestamp = v["timestamp"].as_str()?.parse().ok()?;
+            Some((seq, ts.as_microsecond()))
+        })
+        .collect()
+}
+
+fn now_us() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros(),
+    )
+    .unwrap()
+}
+
+fn pct_f(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let daemons: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let providers: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let seconds: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let default_rate = providers as f64 * (1.0 / 3480.0 + 2.0 / 3600.0);
+    let rate: f64 = args
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_rate);
+    let dir = tempfile::tempdir().unwrap();
+    let net = NetworkId::devnet();
+    let mut rng = Rng(0x5eed_5ca1e);
+
+    // The daemons, each bootstrapped from up to 3 random earlier ones.
+    let started = Instant::now();
+    let mut nodes: Vec<Daemon> = Vec::new();
+    let mut addrs: Vec<String> = Vec::new();
+    for i in 0..daemons {
+        let home = dir.path().join(format!("d{i}"));
+        Home::init(&home, &net).unwrap();
+        let log = dir.path().join(format!("d{i}.log"));
+        let mut boot = Vec::new();
+        while boot.len() < i.min(3) {
+            let a = addrs[rng.below(i)].clone();
+            if !boot.contains(&a) {
+                boot.push(a);
+            }
+        }
+        let proc = spawn(&home, &log, &boot);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = api_status(&home)
+                && s["listen_addrs"].as_array().is_some_and(|a| !a.is_empty())
+            {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "daemon {i} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let addr = format!(
+            "{}/p2p/{}",
+            status["listen_addrs"][0].as_str().unwrap(),
+            status["peer_id"].as_str().unwrap()
+        );
+        addrs.push(addr);
+        nodes.push(Daemon { proc, log });
+    }
+    println!(
+        "{daemons} daemons started in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The generator, connected to 3 daemons.
+    let generator = start(dir.path(), "generator", config(Duration::from_secs(600))).await;
+    let mut dialed = Vec::new();
+    while dialed.len() < daemons.min(3) {
+        let d = rng.below(daemons);
+        if !dialed.contains(&d) {
+            dialed.push(d);
+            generator
+                .node
+                .client
+                .dial(addrs[d].parse().unwrap())
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
+    // Meshes form on the 1 s heartbeat; give them a few.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while generator.node.client.mesh_peers().await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the generator found no mesh");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // Each publication: one provider's next offer, a sequence unique across the run.
+    let base_seq = gridlease_node::clock::now().0;
+    let key_of = |i: usize| {
+        let mut secret = [0u8; 32];
+        secret[0] = 7;
+        secret[8..16].copy_from_slice(&(i as u64 + 1).to_be_bytes());
+        NodeKey::from_secret(secret)
+    };
+    let pids: Vec<u32> = nodes.iter().map(|d| d.proc.0.id()).collect();
+    let cpu0: Vec<f64> = pids.iter().map(|&p| cpu_s(p)).collect();
+    let bytes0 = bytes_received_by_pid();
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs(seconds);
+    let mut published: HashMap<u64, i64> = HashMap::new();
+    let period = Duration::from_secs_f64(1.0 / rate.max(0.001));
+    let mut next = Instant::now();
+    let mut n = 0usize;
+    while Instant::now() < until {
+        let key = key_of(n % providers);
+        let seq = base_seq + n as u64;
+        let now = gridlease_node::clock::now();
+        let mut offer = fixtures::offer(key.public(), seq, 1 + (n % 4) as u8, 350_000);
+        offer.created_at = now;
+        offer.expires_at = now.plus_secs(3600);
+        let bytes = Signed::sign(&key, &net, &offer)
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        published.insert(seq, now_us());
+        let _ = generator.node.client.publish_raw(bytes).await;
+        n += 1;
+        next += period;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu: Vec<f64> = pids
+        .iter()
+        .zip(&cpu0)
+        .map(|(&p, c0)| (cpu_s(p) - c0) / elapsed)
+        .collect();
+    let bytes1 = bytes_received_by_pid();
+    let rss: Vec<f64> = pids.iter().map(|&p| rss_mib(p)).collect();
+    // Let the last publications arrive.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let inbound: Vec<f64> = pids
+        .iter()
+        .map(|p| {
+            let b = bytes1.get(p).copied().unwrap_or(0) as f64
+                - bytes0.get(p).copied().unwrap_or(0) as f64;
+            b / elapsed / 1000.0
+        })
+        .collect();
+    let mut delays = Vec::new();
+    let mut arrived = 0usize;
+    for d in &nodes {
+        for (seq, at) in learned(&d.log) {
+            if let Some(sent) = published.get(&seq) {
+                delays.push((at - sent) as f64 / 1000.0);
+                arrived += 1;
+            }
+        }
+    }
+    delays.sort_by(f64::total_cmp);
+    let mut cpu_sorted = cpu.clone();
+    cpu_sorted.sort_by(f64::total_cmp);
+    let mut in_sorted = inbound.clone();
+    in_sorted.sort_by(f64::total_cmp);
+    let mut rss_sorted = rss.clone();
+    rss_sorted.sort_by(f64::total_cmp);
+    let pairs = n * daemons;
+    println!(
+        "{n} offers of {providers} providers published in {elapsed:.1} s ({:.1}/s), to {daemons} daemons",
+        n as f64 / elapsed
+    );
+    println!(
+        "per daemon, p50 / p90 / max: CPU {:.2} / {:.2} / {:.2} % of a core; inbound TCP {:.1} / {:.1} / {:.1} KB/s; RSS {:.0} / {:.0} / {:.0} MiB",
+        pct_f(&cpu_sorted, 0.5) * 100.0,
+        pct_f(&cpu_sorted, 0.9) * 100.0,
+        cpu_sorted.last().unwrap() * 100.0,
+        pct_f(&in_sorted, 0.5),
+        pct_f(&in_sorted, 0.9),
+        in_sorted.last().unwrap(),
+        pct_f(&rss_sorted, 0.5),
+        pct_f(&rss_sorted, 0.9),
+        rss_sorted.last().unwrap(),
+    );
+    println!(
+        "publication -> daemon's `offer learned`: {arrived} of {pairs} pairs ({:.2} %); p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        arrived as f64 * 100.0 / pairs.max(1) as f64,
+        pct_f(&delays, 0.5),
+        pct_f(&delays, 0.99),
+        delays.last().copied().unwrap_or(f64::NAN)
+    );
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at the end: {}", load.trim());
+    generator.node.shutdown().await;
+    drop(nodes);
+}
