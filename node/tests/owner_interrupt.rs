@@ -230,6 +230,15 @@ async fn a_lease_of_a_non_interruptible_offer_keeps_running_while_the_free_gpu_i
     renter.leases.stop(id).await.unwrap();
     let done = closed(&renter.leases, id, 30).await;
     assert_eq!(done.close_reason.as_deref(), Some("renter_stop"));
+    // The provider has closed it too, and removed its container, before the nodes stop (else
+    // the test would leave a stopped container behind).
+    closed(&provider.leases, id, 30).await;
+    let sbc = sb.clone();
+    common::eventually("the lease's container removed", || {
+        let sb = sbc.clone();
+        async move { !container_exists(&sb, id).await }
+    })
+    .await;
     for p in [&provider, &renter] {
         p.cancel.cancel();
     }
