@@ -435,10 +435,9 @@ impl EventLoop {
                 }
             }
         }
-        if self.provider.current.is_some() {
-            // Tell the others this node's offer is gone; give the connections a moment to
-            // send it.
-            self.withdraw_own();
+        // Tell the others this node's offer is gone; give the connections, if any, a moment
+        // to send it.
+        if self.withdraw_own() && self.swarm.connected_peers().next().is_some() {
             let swarm = &mut self.swarm;
             let _ = tokio::time::timeout(WITHDRAWAL_DRAIN, async {
                 loop {
@@ -526,14 +525,13 @@ impl EventLoop {
             }
             Command::SetOffer(template, reply) => {
                 if template.is_none() {
+                    // Also takes the offer out of the own book.
                     self.withdraw_own();
                 }
                 self.provider.template = template;
                 self.provider.current = None;
                 if self.provider.template.is_some() {
                     self.announce();
-                } else {
-                    self.book.update(|b| b.remove(&self.key.public()));
                 }
                 let _ = reply.send(self.provider.current.clone());
             }
@@ -785,9 +783,11 @@ impl EventLoop {
     /// when it expires, instead of listing the old offer until its own expiry (up to an hour,
     /// since unchanged offers are not re-announced). Best effort: a node that misses it keeps
     /// the old offer until that expires, as it would after a crash.
-    fn withdraw_own(&mut self) {
+    ///
+    /// Returns whether there was an offer to withdraw.
+    fn withdraw_own(&mut self) -> bool {
         let Some(prev) = self.provider.current.take() else {
-            return;
+            return false;
         };
         self.book.update(|b| b.remove(&self.key.public()));
         let now = clock::now();
@@ -798,13 +798,13 @@ impl EventLoop {
         offer.free_gpus = 0;
         let _ = self.own_resigns.check(&(), now);
         if let Some((signed, _)) = self.sign_own(&offer, true) {
-            self.publish_pending = false;
             self.publish_own(&signed, offer.seq);
-            // Nobody to tell: nothing to repeat when a peer subscribes (it syncs our book,
-            // which no longer holds the offer).
+            // Not repeated when a peer subscribes: it syncs our book, which no longer holds
+            // the offer.
             self.publish_pending = false;
             tracing::info!(seq = offer.seq, "own offer withdrawn");
         }
+        true
     }
 
     /// Our addresses as text for the offer: external ones first, then listen addresses;

@@ -250,7 +250,8 @@ pub enum Verdict {
 ///
 /// A re-announcement of an offer the book holds (same signer, signature bytes and payload,
 /// still live) is recognised first, from the frame read in place: no hashing, no signature
-/// check, no decoding of the offer, no copy ([`Verdict::Refresh`]). Anything else goes through the node's [`OfferIngestor`]:
+/// check, no decoding of the offer, no copy ([`Verdict::Refresh`]). Anything else goes through
+/// the node's [`OfferIngestor`]:
 /// the envelope is decoded in place, provider keys are decompressed once, and a message
 /// byte-identical to one it verified before skips the signature check (it is still decoded
 /// and validated at `now`).
