@@ -14,8 +14,13 @@
 //! vector and sort with a total order, ties broken by offer id).
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 
-use gridlease_protocol::{FrameView, Offer, OfferId, PublicKey, Signed, Timestamp, WireMessage};
+use gridlease_protocol::{
+    Envelope, FrameView, MessageKind, NetworkId, Offer, OfferId, PROTOCOL_VERSION, PublicKey,
+    SignatureBytes, Signed, Timestamp, WireMessage,
+};
+use hashbrown::HashTable;
 
 use crate::query::{Field, Numbers, OfferSummary, Query};
 
@@ -219,19 +224,71 @@ struct Slot {
 }
 
 /// The cold part of an entry, read only for the offers returned: the envelope exactly as
-/// received (what is persisted, re-served and decoded for a [`BookEntry`]).
+/// received (what is persisted, re-served and decoded for a [`BookEntry`]), held in parts. The
+/// signer is the slot's provider (an offer is admitted only from its provider), and the
+/// network is an index into the book's few network ids, so neither is stored per offer; the
+/// payload is a boxed slice (no spare capacity).
 #[derive(Clone, Debug)]
 struct Held {
-    signed: Signed<Offer>,
+    signature: SignatureBytes,
+    payload: Box<[u8]>,
     seq: u64,
     received_at: Timestamp,
+    network: u32,
+    version: u16,
+    kind: MessageKind,
+}
+
+/// Providers to slot indexes: a hash table of indexes, hashed and compared by the provider key
+/// in the slot they point at, so the key is stored once (in the slot).
+#[derive(Clone, Debug, Default)]
+struct ProviderIndex {
+    table: HashTable<u32>,
+    hasher: RandomState,
+}
+
+impl ProviderIndex {
+    fn get(&self, slots: &[Slot], provider: &PublicKey) -> Option<u32> {
+        let hash = self.hasher.hash_one(provider);
+        self.table
+            .find(hash, |&i| slots[i as usize].provider == *provider)
+            .copied()
+    }
+
+    /// Adds slot `i`, whose provider is not indexed yet.
+    fn insert(&mut self, slots: &[Slot], i: u32) {
+        let Self { table, hasher } = self;
+        let hash = hasher.hash_one(slots[i as usize].provider);
+        table.insert_unique(hash, i, |&j| hasher.hash_one(slots[j as usize].provider));
+    }
+
+    /// Removes `provider`'s entry; returns its slot index.
+    fn remove(&mut self, slots: &[Slot], provider: &PublicKey) -> Option<u32> {
+        let hash = self.hasher.hash_one(provider);
+        let entry = self
+            .table
+            .find_entry(hash, |&i| slots[i as usize].provider == *provider)
+            .ok()?;
+        Some(entry.remove().0)
+    }
+
+    /// Points the entry of the slot at `from` (still there) to `to`.
+    fn repoint(&mut self, slots: &[Slot], from: u32, to: u32) {
+        let hash = self.hasher.hash_one(slots[from as usize].provider);
+        if let Some(i) = self.table.find_mut(hash, |&i| i == from) {
+            *i = to;
+        }
+    }
 }
 
 /// The index of live offers.
 ///
 /// Memory is the constraint (issue 19: 100,000 offers in a home node's budget), so each offer
 /// is held once, compactly: a dense vector of [`Slot`]s (the 176 bytes a search scans, without
-/// pointer chasing) and, at the same index, its signed envelope. The decoded [`Offer`] is not
+/// pointer chasing) and, at the same index, its signed envelope in parts ([`Held`]). The
+/// indexes hold slot numbers, not keys: providers in a hash table of indexes
+/// ([`ProviderIndex`]), ids in an ordered map (book sync and prefix lookups walk it in order),
+/// expiry as (time, index). The decoded [`Offer`] is not
 /// kept: it was a third of an offer's memory, and only the offers a lookup or search returns
 /// need it, so [`BookEntry`]s are built (decoded again) for those. Indexes map providers and
 /// ids to the index, and expiry to providers. Text conditions are evaluated once per distinct
@@ -241,9 +298,11 @@ pub struct OfferBook {
     capacity: usize,
     slots: Vec<Slot>,
     held: Vec<Held>,
-    slot_of: HashMap<PublicKey, u32>,
+    slot_of: ProviderIndex,
     by_id: BTreeMap<OfferId, u32>,
-    by_expiry: BTreeSet<(Timestamp, PublicKey)>,
+    by_expiry: BTreeSet<(Timestamp, u32)>,
+    /// The network ids of the held envelopes (one in practice), indexed by [`Held::network`].
+    networks: Vec<NetworkId>,
     text: Interner,
     /// Ids replaced by a newer offer of the same provider (bounded, FIFO).
     replaced: BTreeMap<OfferId, Replaced>,
@@ -266,9 +325,10 @@ impl OfferBook {
             capacity: capacity.clamp(1, u32::MAX as usize),
             slots: Vec::new(),
             held: Vec::new(),
-            slot_of: HashMap::new(),
+            slot_of: ProviderIndex::default(),
             by_id: BTreeMap::new(),
             by_expiry: BTreeSet::new(),
+            networks: Vec::new(),
             text: Interner::default(),
             replaced: BTreeMap::new(),
             replaced_order: VecDeque::new(),
@@ -307,11 +367,11 @@ impl OfferBook {
     /// which cannot happen: it decoded when it was admitted, and the bytes are not changed.
     fn entry(&self, i: usize) -> Option<BookEntry> {
         let (slot, held) = (self.slots.get(i)?, self.held.get(i)?);
-        let offer = Offer::decode_payload(&held.signed.envelope().payload).ok()?;
+        let offer = Offer::decode_payload(&held.payload).ok()?;
         Some(BookEntry {
             id: slot.id,
             offer,
-            signed: held.signed.clone(),
+            signed: self.signed(i)?,
             summary: OfferSummary {
                 numbers: slot.numbers,
                 models_lower: self.text.get(slot.model).to_string(),
@@ -321,8 +381,34 @@ impl OfferBook {
         })
     }
 
+    /// The envelope of the offer at index `i`, put together from its parts: byte for byte
+    /// the one admitted.
+    fn signed(&self, i: usize) -> Option<Signed<Offer>> {
+        let (slot, held) = (self.slots.get(i)?, self.held.get(i)?);
+        Some(Signed::from_envelope(Envelope {
+            version: held.version,
+            kind: held.kind,
+            network: self.networks.get(held.network as usize)?.clone(),
+            signer: slot.provider,
+            signature: held.signature,
+            payload: held.payload.to_vec(),
+        }))
+    }
+
     fn index_of(&self, provider: &PublicKey) -> Option<usize> {
-        self.slot_of.get(provider).map(|&i| i as usize)
+        self.slot_of.get(&self.slots, provider).map(|i| i as usize)
+    }
+
+    /// The index of `network` in [`OfferBook::networks`], added when new.
+    fn network_index(&mut self, network: &NetworkId) -> u32 {
+        let i = match self.networks.iter().position(|n| n == network) {
+            Some(i) => i,
+            None => {
+                self.networks.push(network.clone());
+                self.networks.len() - 1
+            }
+        };
+        u32::try_from(i).unwrap_or(u32::MAX)
     }
 
     fn index_of_id(&self, id: &OfferId) -> Option<usize> {
@@ -351,14 +437,24 @@ impl OfferBook {
     /// lookup and a comparison: no hashing, no signature check, no cache of verified messages.
     pub fn holds_frame(&self, frame: &FrameView<'_>, now: Timestamp) -> Option<OfferId> {
         let i = self.index_of(&frame.signer)?;
-        (self.slots[i].expires_at > now && self.held[i].signed.is_frame(frame))
-            .then(|| self.slots[i].id)
+        let (slot, held) = (&self.slots[i], &self.held[i]);
+        // The signer matched through the index; the version and kind are the ones a frame
+        // view accepts (`Signed::view_frame`).
+        let same = held.signature == frame.signature
+            && held.kind == Offer::KIND
+            && held.version == PROTOCOL_VERSION
+            && self
+                .networks
+                .get(held.network as usize)
+                .is_some_and(|n| n.as_str() == frame.network())
+            && *held.payload == *frame.payload;
+        (slot.expires_at > now && same).then_some(slot.id)
     }
 
     /// The signed envelope of the offer with this id, as received (for re-serving it; no
     /// decoding).
-    pub fn envelope(&self, id: &OfferId) -> Option<&Signed<Offer>> {
-        Some(&self.held.get(self.index_of_id(id)?)?.signed)
+    pub fn envelope(&self, id: &OfferId) -> Option<Signed<Offer>> {
+        self.signed(self.index_of_id(id)?)
     }
 
     /// Every held offer, decoded, in no particular order.
@@ -416,7 +512,8 @@ impl OfferBook {
             if self.slots.len() >= self.capacity {
                 let soonest = self.by_expiry.first().copied();
                 match soonest {
-                    Some((exp, provider)) if exp < offer.expires_at => {
+                    Some((exp, i)) if exp < offer.expires_at => {
+                        let provider = self.slots[i as usize].provider;
                         self.remove(&provider);
                     }
                     _ => {
@@ -433,6 +530,9 @@ impl OfferBook {
             self.remove(&offer.provider);
         }
         let provider = offer.provider;
+        // `validate_offer` refused any other signer; the envelope is kept without its signer,
+        // which is put back from the provider.
+        debug_assert_eq!(signed.signer(), provider, "admitted from its provider only");
         let mut summary = OfferSummary::of(&offer);
         if let Some(&(rep, completed)) = self.reputation.get(&provider) {
             summary.numbers.rep_permille = rep;
@@ -440,6 +540,8 @@ impl OfferBook {
         }
         // At most `capacity` <= u32::MAX entries (`with_capacity`), so the index fits.
         let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        let envelope = signed.into_envelope();
+        let network = self.network_index(&envelope.network);
         self.slots.push(Slot {
             numbers: summary.numbers,
             expires_at: offer.expires_at,
@@ -449,13 +551,17 @@ impl OfferBook {
             provider,
         });
         self.held.push(Held {
-            signed,
+            signature: envelope.signature,
+            payload: envelope.payload.into_boxed_slice(),
             seq: offer.seq,
             received_at: now,
+            network,
+            version: envelope.version,
+            kind: envelope.kind,
         });
-        self.slot_of.insert(provider, i);
+        self.slot_of.insert(&self.slots, i);
         self.by_id.insert(id, i);
-        self.by_expiry.insert((offer.expires_at, provider));
+        self.by_expiry.insert((offer.expires_at, i));
         Ok(admission)
     }
 
@@ -532,31 +638,39 @@ impl OfferBook {
     /// Removes the offer of `provider`; returns whether one was held. The last entry moves
     /// into the freed index (the vectors stay dense), and its indexes follow.
     pub fn remove(&mut self, provider: &PublicKey) -> bool {
-        let Some(i) = self.slot_of.remove(provider) else {
+        let Some(at) = self.slot_of.remove(&self.slots, provider) else {
             return false;
         };
-        let i = i as usize;
-        let slot = self.slots.swap_remove(i);
-        self.held.swap_remove(i);
-        self.by_id.remove(&slot.id);
-        self.by_expiry.remove(&(slot.expires_at, *provider));
-        self.text.release(slot.model);
-        self.text.release(slot.region);
-        if let Some(moved) = self.slots.get(i) {
-            let at = u32::try_from(i).unwrap_or(u32::MAX);
-            self.slot_of.insert(moved.provider, at);
+        let i = at as usize;
+        // At most `capacity` <= u32::MAX entries (`with_capacity`), so the index fits.
+        let last = u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX);
+        let gone = self.slots[i];
+        self.by_id.remove(&gone.id);
+        self.by_expiry.remove(&(gone.expires_at, at));
+        if at != last {
+            // The last entry moves to `i`: its indexes follow, looked up while it is still
+            // in place.
+            let moved = self.slots[last as usize];
+            self.slot_of.repoint(&self.slots, last, at);
             self.by_id.insert(moved.id, at);
+            self.by_expiry.remove(&(moved.expires_at, last));
+            self.by_expiry.insert((moved.expires_at, at));
         }
+        self.slots.swap_remove(i);
+        self.held.swap_remove(i);
+        self.text.release(gone.model);
+        self.text.release(gone.region);
         true
     }
 
     /// Drops every offer expired at `now`; returns how many.
     pub fn evict_expired(&mut self, now: Timestamp) -> usize {
         let mut n = 0;
-        while let Some(&(exp, provider)) = self.by_expiry.first() {
+        while let Some(&(exp, i)) = self.by_expiry.first() {
             if exp > now {
                 break;
             }
+            let provider = self.slots[i as usize].provider;
             self.remove(&provider);
             n += 1;
         }
@@ -837,6 +951,73 @@ mod tests {
         assert_eq!(book.entries().count(), current.len());
         for k in keys.iter().step_by(3) {
             assert!(book.by_provider(&k.public()).is_none());
+        }
+    }
+
+    /// Every index points at the slot that holds its key, each slot is indexed once in each,
+    /// and each envelope put together from its parts is the offer's own (its digest is the id,
+    /// its signer the provider).
+    fn assert_indexes_agree(book: &OfferBook) {
+        let n = book.slots.len();
+        assert_eq!(book.held.len(), n);
+        assert_eq!(book.slot_of.table.len(), n);
+        assert_eq!(book.by_id.len(), n);
+        assert_eq!(book.by_expiry.len(), n);
+        for (i, slot) in book.slots.iter().enumerate() {
+            let at = u32::try_from(i).unwrap();
+            assert_eq!(book.slot_of.get(&book.slots, &slot.provider), Some(at));
+            assert_eq!(book.by_id.get(&slot.id), Some(&at));
+            assert!(book.by_expiry.contains(&(slot.expires_at, at)));
+            let signed = book.signed(i).unwrap();
+            assert_eq!(signed.signer(), slot.provider);
+            assert_eq!(OfferId(signed.envelope().content_digest()), slot.id);
+            assert!(signed.verify(&NetworkId::devnet()).is_ok());
+        }
+    }
+
+    /// Admissions (new, newer, refused when full, evicting the soonest), removals and expiry in
+    /// a random order, in a small book: after each, the indexes agree with the slots and each
+    /// provider's current offer is the one found.
+    #[test]
+    fn random_operations_keep_the_indexes_in_step() {
+        let keys: Vec<NodeKey> = (1..=24u8).map(|i| NodeKey::from_secret([i; 32])).collect();
+        let mut book = OfferBook::with_capacity(10);
+        let mut seq = vec![0u64; keys.len()];
+        let mut now = T0;
+        let mut x: u64 = 99;
+        for step in 0..3000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let k = (x >> 33) as usize % keys.len();
+            match (x >> 60) % 8 {
+                0 => {
+                    let was = book.by_provider(&keys[k].public()).is_some();
+                    assert_eq!(book.remove(&keys[k].public()), was);
+                    assert!(book.by_provider(&keys[k].public()).is_none());
+                }
+                1 => {
+                    now = now.plus_secs((x >> 20) % 7);
+                    book.evict_expired(now);
+                    assert!(book.by_expiry.first().is_none_or(|&(exp, _)| exp > now));
+                }
+                _ => {
+                    seq[k] += 1;
+                    let mut offer = fixtures::offer(keys[k].public(), seq[k], 1, step);
+                    offer.expires_at = now.plus_secs(1 + (x >> 10) % 40);
+                    let s = Signed::sign(&keys[k], &NetworkId::devnet(), &offer).unwrap();
+                    let id = OfferId(s.envelope().content_digest());
+                    match book.admit(s, offer, id, now) {
+                        Ok(_) => {
+                            assert_eq!(book.by_provider(&keys[k].public()).unwrap().id, id);
+                            assert!(book.len() <= 10);
+                        }
+                        Err(BookError::Full { .. }) => assert_eq!(book.len(), 10),
+                        Err(e) => panic!("step {step}: {e}"),
+                    }
+                }
+            }
+            assert_indexes_agree(&book);
         }
     }
 

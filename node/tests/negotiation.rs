@@ -232,7 +232,12 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     let pc = provider.node.client.clone();
     eventually("the offer re-signed with the GPUs still free", || {
         let pc = pc.clone();
-        async move { pc.own_offer().await.unwrap().unwrap().offer.free_gpus == 1 }
+        async move {
+            pc.own_offer()
+                .await
+                .unwrap()
+                .is_some_and(|o| o.offer.free_gpus == 1)
+        }
     })
     .await;
     let signed_before = provider.node.client.own_offer().await.unwrap().unwrap();
@@ -279,7 +284,12 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
         "the new offer signed with the GPU the lease holds taken",
         || {
             let pc = pc.clone();
-            async move { pc.own_offer().await.unwrap().unwrap().offer.free_gpus == 1 }
+            async move {
+                pc.own_offer()
+                    .await
+                    .unwrap()
+                    .is_some_and(|o| o.offer.free_gpus == 1)
+            }
         },
     )
     .await;

@@ -279,6 +279,13 @@ pub struct FrameView<'a> {
     pub payload: &'a [u8],
 }
 
+impl FrameView<'_> {
+    /// The network id the frame names (checked by [`Signed::view_frame`] to be the node's).
+    pub fn network(&self) -> &str {
+        self.network
+    }
+}
+
 /// The exact bytes an envelope's signature covers.
 pub fn signing_input(kind: MessageKind, network: &NetworkId, payload: &[u8]) -> Vec<u8> {
     let tag = kind.domain_tag().as_bytes();
