@@ -93,6 +93,9 @@ pub struct ProviderChannel {
     tariff: Tariff,
     pay_ahead_s: u32,
     grace_s: u32,
+    /// [`ProviderChannel::exposure_bound`], computed when the tariff is set (it is asked at
+    /// every report).
+    bound: Result<Money, MoneyError>,
     last: Option<PaymentReceipt>,
     last_heard: Timestamp,
 }
@@ -100,10 +103,12 @@ pub struct ProviderChannel {
 impl ProviderChannel {
     /// A channel for a lease whose container started at `started_at`.
     pub fn new(lease_id: LeaseId, terms: &LeaseTerms, started_at: Timestamp) -> Self {
+        let tariff = Tariff::of(terms);
         Self {
             lease_id,
             renter: terms.renter,
-            tariff: Tariff::of(terms),
+            bound: tariff.window_cost(u64::from(terms.pay_ahead_s)),
+            tariff,
             pay_ahead_s: terms.pay_ahead_s,
             grace_s: terms.grace_s,
             last: None,
@@ -127,6 +132,7 @@ impl ProviderChannel {
     /// usage is billed, capped and stopped by the new duration and budget cap.
     pub fn amend(&mut self, amended: &LeaseTerms) {
         self.tariff = Tariff::of(amended);
+        self.bound = self.tariff.window_cost(u64::from(self.pay_ahead_s));
     }
 
     /// Validates a receipt from `signer` received at `now`. On success returns the amount newly
@@ -197,7 +203,7 @@ impl ProviderChannel {
 
     /// The most the provider can be owed before it must stop: the cost of one window.
     pub fn exposure_bound(&self) -> Result<Money, MoneyError> {
-        self.tariff.window_cost(u64::from(self.pay_ahead_s))
+        self.bound.clone()
     }
 
     /// Whether the renter has paid for time not yet used (a prepaid, unattended lease): paid
@@ -219,12 +225,12 @@ impl ProviderChannel {
     /// ([`Self::prepaid_ahead`]): then the lease runs on the renter's money until that is used
     /// up, and stops at once after (the renter is still silent).
     pub fn decide(&self, wall_ms: u64, now: Timestamp) -> Result<Decision, MoneyError> {
-        if self.tariff.due(wall_ms)? >= self.tariff.max_total
-            && wall_ms >= self.tariff.budget_exhausted_after_ms()
-        {
+        // Called at every report: the amount due is computed once.
+        let due = self.tariff.due(wall_ms)?;
+        if due >= self.tariff.max_total && wall_ms >= self.tariff.budget_exhausted_after_ms() {
             return Ok(Decision::Stop(CloseReason::BudgetExhausted));
         }
-        if self.unpaid_exposure(wall_ms)? > self.exposure_bound()? {
+        if due.saturating_sub(self.paid()) > self.bound.clone()? {
             return Ok(Decision::Stop(CloseReason::PaymentLagging));
         }
         if now.ms_since(self.last_heard) > u64::from(self.grace_s) * 1000
@@ -323,25 +329,16 @@ pub fn check_usage(
                 got: report.seq,
             });
         }
-        for (meter, before, now) in [
-            ("wall_ms", p.wall_ms, report.wall_ms),
-            ("gpu_ms", p.gpu_ms, report.gpu_ms),
-            ("cpu_ms", p.cpu_ms, report.cpu_ms),
-            ("energy_mj", p.energy_mj, report.energy_mj),
-            ("net_rx_bytes", p.net_rx_bytes, report.net_rx_bytes),
-            ("net_tx_bytes", p.net_tx_bytes, report.net_tx_bytes),
-            ("amount_due", p.amount_due, report.amount_due),
-        ] {
-            if now < before {
-                return Err(UsageError::MeterDecreased { meter });
-            }
+        if let Some(meter) = decreased_meter(p, report) {
+            return Err(UsageError::MeterDecreased { meter });
         }
     } else if report.seq == 0 {
         return Err(UsageError::StaleSeq { last: 0, got: 0 });
     }
+    let tariff = Tariff::of(terms);
     let allowed_ms = elapsed_ms
         .saturating_add(WALL_CLOCK_TOLERANCE_MS)
-        .min(Tariff::of(terms).max_wall_ms);
+        .min(tariff.max_wall_ms);
     if report.wall_ms > allowed_ms {
         return Err(UsageError::WallTimeInflated {
             claimed_ms: report.wall_ms,
@@ -355,15 +352,38 @@ pub fn check_usage(
             allowed_ms: gpu_allowed,
         });
     }
-    let expected = Tariff::of(terms).due(report.wall_ms)?;
+    let expected = tariff.due(report.wall_ms)?;
     let claimed = Money::from_micros(report.amount_due);
-    let final_expected = Tariff::of(terms).final_due(report.wall_ms)?;
-    // The final report (container exited) may apply the minimum billed duration.
-    let ok = claimed == expected || (report.exit_code.is_some() && claimed == final_expected);
+    // The final report (container exited) may apply the minimum billed duration (computed
+    // only when that decides: this runs at every report).
+    let ok = claimed == expected
+        || (report.exit_code.is_some() && claimed == tariff.final_due(report.wall_ms)?);
     if !ok {
         return Err(UsageError::AmountMismatch { claimed, expected });
     }
     Ok(())
+}
+
+/// The first cumulative meter of `report` below its value in `prev`, in the order the report
+/// lists them.
+fn decreased_meter(prev: &UsageReport, report: &UsageReport) -> Option<&'static str> {
+    if report.wall_ms < prev.wall_ms {
+        Some("wall_ms")
+    } else if report.gpu_ms < prev.gpu_ms {
+        Some("gpu_ms")
+    } else if report.cpu_ms < prev.cpu_ms {
+        Some("cpu_ms")
+    } else if report.energy_mj < prev.energy_mj {
+        Some("energy_mj")
+    } else if report.net_rx_bytes < prev.net_rx_bytes {
+        Some("net_rx_bytes")
+    } else if report.net_tx_bytes < prev.net_tx_bytes {
+        Some("net_tx_bytes")
+    } else if report.amount_due < prev.amount_due {
+        Some("amount_due")
+    } else {
+        None
+    }
 }
 
 /// The renter's side of the channel.
@@ -758,6 +778,47 @@ mod tests {
             Err(UsageError::WrongSigner { .. })
         ));
         assert_eq!(renter.paid(), Money::from_micros(10_000));
+    }
+
+    /// Each cumulative meter that goes back is refused and named; with several, the first in
+    /// the report's order.
+    #[test]
+    fn every_meter_that_goes_back_is_named() {
+        let f = fx();
+        let mut first = report(&f, 1, 10_000);
+        (first.cpu_ms, first.energy_mj) = (5, 5);
+        (first.net_rx_bytes, first.net_tx_bytes) = (5, 5);
+        type Setter = (&'static str, fn(&mut UsageReport));
+        let setters: [Setter; 7] = [
+            ("wall_ms", |r| r.wall_ms = 9_000),
+            ("gpu_ms", |r| r.gpu_ms = 0),
+            ("cpu_ms", |r| r.cpu_ms = 4),
+            ("energy_mj", |r| r.energy_mj = 4),
+            ("net_rx_bytes", |r| r.net_rx_bytes = 4),
+            ("net_tx_bytes", |r| r.net_tx_bytes = 4),
+            ("amount_due", |r| r.amount_due = 0),
+        ];
+        for (i, (name, set)) in setters.iter().enumerate() {
+            let mut next = first.clone();
+            (next.seq, next.cpu_ms, next.energy_mj) = (2, 5, 5);
+            (next.net_rx_bytes, next.net_tx_bytes) = (5, 5);
+            set(&mut next);
+            // Every later meter goes back too: the first is named.
+            for (_, later) in &setters[i + 1..] {
+                later(&mut next);
+            }
+            assert_eq!(
+                check_usage(&f.terms, f.id, Some(&first), &next, &f.provider, 20_000),
+                Err(UsageError::MeterDecreased { meter: name }),
+                "{name}"
+            );
+        }
+        let mut same = first.clone();
+        same.seq = 2;
+        assert_eq!(
+            check_usage(&f.terms, f.id, Some(&first), &same, &f.provider, 20_000),
+            Ok(())
+        );
     }
 
     #[test]
