@@ -10,14 +10,23 @@ use std::sync::Arc;
 
 use super::Ctx;
 
+/// How soon the count is tried again when the node had no offer yet.
+const NO_OFFER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Runs until the service stops.
 pub(crate) async fn run(ctx: Arc<Ctx>) {
     let mut holds = ctx.holds.subscribe();
     let mut owner = ctx.owner_busy.subscribe();
     holds.mark_changed();
+    // Set when there was no offer to count against: the node signs its first one after it
+    // starts (and has none while providing is off). Without looking again, holds restored at
+    // a restart and counted before the first offer existed would never reach it, and the
+    // offer would advertise a running lease's GPU as free.
+    let mut no_offer = false;
     loop {
         tokio::select! {
             () = ctx.cancel.cancelled() => return,
+            () = tokio::time::sleep(NO_OFFER_RETRY), if no_offer => {}
             changed = holds.changed() => {
                 if changed.is_err() {
                     return;
@@ -34,9 +43,13 @@ pub(crate) async fn run(ctx: Arc<Ctx>) {
         held.extend(owner.borrow_and_update().iter().copied());
         let own = match ctx.client.own_offer().await {
             Ok(Some(o)) => o,
-            Ok(None) => continue,
+            Ok(None) => {
+                no_offer = true;
+                continue;
+            }
             Err(_) => return,
         };
+        no_offer = false;
         let free = own
             .offer
             .gpus
