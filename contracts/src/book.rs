@@ -219,6 +219,8 @@ struct Slot {
     expires_at: Timestamp,
     model: u32,
     region: u32,
+    /// The GPU class (`gridlease_protocol::class`), interned: book sync by class.
+    class: u32,
     id: OfferId,
     provider: PublicKey,
 }
@@ -547,6 +549,9 @@ impl OfferBook {
             expires_at: offer.expires_at,
             model: self.text.intern(&summary.models_lower),
             region: self.text.intern(&summary.region_lower),
+            class: self
+                .text
+                .intern(&gridlease_protocol::class::offer_class(&offer)),
             id,
             provider,
         });
@@ -610,6 +615,36 @@ impl OfferBook {
         limit: usize,
         now: Timestamp,
     ) -> (Vec<OfferId>, bool) {
+        self.ids_after_where(after, limit, now, |_| true)
+    }
+
+    /// [`OfferBook::ids_after`] restricted to offers of the GPU classes `classes`
+    /// (`gridlease_protocol::class`): a page for a node that follows only those.
+    pub fn class_ids_after(
+        &self,
+        classes: &[String],
+        after: Option<&OfferId>,
+        limit: usize,
+        now: Timestamp,
+    ) -> (Vec<OfferId>, bool) {
+        // Classes compared once per interned string, not once per offer.
+        let wanted: Vec<u32> = classes
+            .iter()
+            .filter_map(|c| self.text.ids.get(c.as_str()).copied())
+            .collect();
+        if wanted.is_empty() {
+            return (Vec::new(), false);
+        }
+        self.ids_after_where(after, limit, now, |s| wanted.contains(&s.class))
+    }
+
+    fn ids_after_where(
+        &self,
+        after: Option<&OfferId>,
+        limit: usize,
+        now: Timestamp,
+        keep: impl Fn(&Slot) -> bool,
+    ) -> (Vec<OfferId>, bool) {
         use std::ops::Bound;
         let lower = match after {
             Some(a) => Bound::Excluded(*a),
@@ -621,12 +656,18 @@ impl OfferBook {
             .filter(|&(_, &i)| {
                 self.slots
                     .get(i as usize)
-                    .is_some_and(|s| s.expires_at > now)
+                    .is_some_and(|s| s.expires_at > now && keep(s))
             })
             .map(|(id, _)| *id);
         let page: Vec<OfferId> = live.by_ref().take(limit).collect();
         let more = live.next().is_some();
         (page, more)
+    }
+
+    /// The GPU class of the offer held under `id` (`gridlease_protocol::class`).
+    pub fn class_of(&self, id: &OfferId) -> Option<&str> {
+        let slot = self.slots.get(self.index_of_id(id)?)?;
+        Some(self.text.get(slot.class))
     }
 
     /// Held offer ids whose hex form starts with `prefix` (lowercase), at most `limit`: a range
@@ -660,6 +701,7 @@ impl OfferBook {
         self.held.swap_remove(i);
         self.text.release(gone.model);
         self.text.release(gone.region);
+        self.text.release(gone.class);
         true
     }
 
@@ -952,6 +994,61 @@ mod tests {
         for k in keys.iter().step_by(3) {
             assert!(book.by_provider(&k.public()).is_none());
         }
+    }
+
+    #[test]
+    fn a_class_page_lists_only_that_class_and_the_class_is_released_with_the_offer() {
+        let net = NetworkId::devnet();
+        let mut book = OfferBook::default();
+        let mut want = std::collections::BTreeMap::<&str, Vec<OfferId>>::new();
+        for (n, model) in ["NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB"]
+            .iter()
+            .cycle()
+            .take(10)
+            .enumerate()
+        {
+            let k = NodeKey::from_secret([u8::try_from(n).unwrap() + 1; 32]);
+            let mut offer = fixtures::offer(k.public(), 1, 2, 100);
+            for g in &mut offer.gpus {
+                g.spec.model = (*model).to_string();
+            }
+            let s = Signed::sign(&k, &net, &offer).unwrap();
+            let id = OfferId(s.envelope().content_digest());
+            book.admit(s, offer, id, T0).unwrap();
+            let class = if n % 2 == 0 {
+                "rtx-4090"
+            } else {
+                "a100-sxm4-80gb"
+            };
+            assert_eq!(book.class_of(&id), Some(class));
+            want.entry(class).or_default().push(id);
+        }
+        for (class, mut ids) in want.clone() {
+            ids.sort();
+            let (page, more) = book.class_ids_after(&[class.to_string()], None, 1000, T0);
+            assert_eq!((page, more), (ids.clone(), false), "{class}");
+            // Paged: two at a time, each page after the last id of the one before.
+            let (first, more) = book.class_ids_after(&[class.to_string()], None, 2, T0);
+            assert_eq!((first.as_slice(), more), (&ids[..2], true));
+            let (second, _) = book.class_ids_after(&[class.to_string()], first.last(), 2, T0);
+            assert_eq!(second.as_slice(), &ids[2..4]);
+        }
+        let both = ["rtx-4090".to_string(), "a100-sxm4-80gb".to_string()];
+        assert_eq!(book.class_ids_after(&both, None, 1000, T0).0.len(), 10);
+        let none = ["rtx-3090".to_string()];
+        assert_eq!(book.class_ids_after(&none, None, 1000, T0), (vec![], false));
+        // Expired offers are not listed.
+        assert_eq!(
+            book.class_ids_after(&both, None, 1000, T0.plus_secs(300)),
+            (vec![], false)
+        );
+        // Removing every offer of a class releases its interned name.
+        for n in (1..10).step_by(2) {
+            let k = NodeKey::from_secret([u8::try_from(n).unwrap() + 1; 32]);
+            assert!(book.remove(&k.public()));
+        }
+        assert!(!book.text.ids.contains_key("a100-sxm4-80gb"));
+        assert!(book.text.ids.contains_key("rtx-4090"));
     }
 
     /// Every index points at the slot that holds its key, each slot is indexed once in each,

@@ -39,6 +39,11 @@ pub struct Config {
     /// Seconds between checks of the own offer (re-signed and published when it changed or
     /// nears expiry; it lives 60 of these, at most 3,600 s) and book sweeps. Default: 60.
     pub announce_secs: u64,
+    /// GPU classes (`rtx-4090`, `a100-sxm4-80gb`, ...: the model name lower-cased, vendor
+    /// words dropped, `docs/protocol.md` 3c) whose offers this node follows: it subscribes to
+    /// their gossip topics (and its own offer's), and its book, searches and book syncs hold
+    /// only those. At most 16. Default: none, which follows every class (the whole book).
+    pub follow: Vec<String>,
     /// Declared (unverified) GPUs to offer, e.g. `"RTX 4090:24GiB:0.40"`. Default: none.
     pub dev_gpus: Option<String>,
     /// A curves file that scripts the declared GPUs' samples (JSON, one object per declared
@@ -175,6 +180,7 @@ impl Default for Config {
             relay_server: false,
             mdns: true,
             announce_secs: 60,
+            follow: Vec::new(),
             dev_gpus: None,
             dev_gpu_samples: None,
             metrics: None,
@@ -300,6 +306,11 @@ pub struct Overrides {
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_ANNOUNCE_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub announce_secs: Option<u64>,
+    /// Follow only the offers of these GPU classes (repeatable; comma-separated; a model
+    /// name such as "RTX 4090" names its class, rtx-4090). Default: every class.
+    #[arg(long = "follow", value_name = "CLASS", env = env_vars::GRIDLEASE_FOLLOW, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub follow: Vec<String>,
     /// Advertise declared (unverified) GPUs: "[Nx]MODEL:VRAM:PRICE,..." e.g.
     /// "RTX 4090:24GiB:0.40,RTX 3090:24GiB:0.25".
     #[arg(long, value_name = "SPEC", env = env_vars::GRIDLEASE_DEV_GPUS)]
@@ -448,10 +459,25 @@ impl Config {
             problem: e.to_string(),
         })?;
         table.extend(given);
-        let c = Config::deserialize(table).map_err(|e| ConfigError::Parse {
+        let mut c = Config::deserialize(table).map_err(|e| ConfigError::Parse {
             path: name.to_string(),
             message: e.to_string().trim_end().to_string(),
         })?;
+        // Classes as the protocol writes them ("RTX 4090" -> rtx-4090), each once.
+        let mut follow: Vec<String> = Vec::new();
+        for given in &c.follow {
+            let class = gridlease_protocol::class::class_of_model(given);
+            if class == gridlease_protocol::class::UNKNOWN && given.trim() != class {
+                return Err(ConfigError::Invalid {
+                    field: "follow",
+                    problem: format!("{given:?} names no GPU class (letters or digits needed)"),
+                });
+            }
+            if !follow.contains(&class) {
+                follow.push(class);
+            }
+        }
+        c.follow = follow;
         c.validate()?;
         Ok(c)
     }
@@ -497,6 +523,16 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "listen",
                 problem: "at least one listen address is needed".into(),
+            });
+        }
+        if self.follow.len() > gridlease_protocol::class::MAX_FOLLOWED_CLASSES {
+            return Err(ConfigError::Invalid {
+                field: "follow",
+                problem: format!(
+                    "{} classes; at most {} can be followed",
+                    self.follow.len(),
+                    gridlease_protocol::class::MAX_FOLLOWED_CLASSES
+                ),
             });
         }
         if self.announce_secs == 0 || self.announce_secs > 3600 {
@@ -657,6 +693,36 @@ mod tests {
         assert!(err.to_string().contains("not-an-addr"), "{err}");
         let err = Config::resolve(None, &flags(&["--announce-secs", "0"])).unwrap_err();
         assert!(err.to_string().contains("announce_secs"), "{err}");
+    }
+
+    #[test]
+    fn followed_classes_are_written_as_the_protocol_writes_them() {
+        let c = Config::resolve(
+            Some(("f", "follow = [\"a100-sxm4-80gb\"]\n")),
+            &flags(&[
+                "--follow",
+                "NVIDIA GeForce RTX 4090,rtx-4090",
+                "--follow",
+                "RTX 3090",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.follow,
+            ["rtx-4090", "rtx-3090"],
+            "flags replace the file; once each"
+        );
+        let c = Config::resolve(
+            Some(("f", "follow = [\"A100 SXM4 80GB\"]\n")),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.follow, ["a100-sxm4-80gb"]);
+        let err = Config::resolve(None, &flags(&["--follow", "!!"])).unwrap_err();
+        assert!(err.to_string().contains("names no GPU class"), "{err}");
+        let many: Vec<String> = (0..17).map(|i| format!("c{i}")).collect();
+        let err = Config::resolve(None, &flags(&["--follow", &many.join(",")])).unwrap_err();
+        assert!(err.to_string().contains("at most 16"), "{err}");
     }
 
     #[test]

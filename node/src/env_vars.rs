@@ -24,6 +24,8 @@ pub const GRIDLEASE_ALLOW_EXEC: &str = "GRIDLEASE_ALLOW_EXEC";
 pub const GRIDLEASE_ALLOW_FORWARD: &str = "GRIDLEASE_ALLOW_FORWARD";
 /// Seconds (config key `announce_secs`).
 pub const GRIDLEASE_ANNOUNCE_SECS: &str = "GRIDLEASE_ANNOUNCE_SECS";
+/// GPU classes to follow, comma-separated (config key `follow`).
+pub const GRIDLEASE_FOLLOW: &str = "GRIDLEASE_FOLLOW";
 /// Declared GPUs (config key `dev_gpus`).
 pub const GRIDLEASE_DEV_GPUS: &str = "GRIDLEASE_DEV_GPUS";
 /// Seconds an owner-used GPU stays out of the offer (config key `owner_idle_secs`).

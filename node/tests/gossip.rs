@@ -821,3 +821,150 @@ async fn searches_read_the_book_off_the_event_loop_and_page_through_it() {
         "a search answers without the loop"
     );
 }
+
+/// A template of one GPU of `model`.
+fn template_of(model: &str, price: u64) -> gridlease_node::net::OfferTemplate {
+    let mut t = template(1, price);
+    for g in &mut t.gpus {
+        g.spec.model = model.to_string();
+    }
+    t
+}
+
+/// Topics by GPU class (`docs/protocol.md` 3c step 1): a node that follows one class learns
+/// that class's offers, by book sync (which lists only that class) and by gossip on the
+/// class's topic, and never holds another class's; a node that follows every class holds
+/// both; an offer published on another class's topic is rejected and its sender penalised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_follows_one_class_holds_only_that_class_by_sync_and_by_gossip() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = |model: &str, price| {
+        let mut c = config();
+        c.offer = Some(template_of(model, price));
+        c
+    };
+    let follower = || {
+        let mut c = config();
+        c.follow = Some(vec!["rtx-4090".to_string()]);
+        c
+    };
+    let mut p4090 = start(
+        dir.path(),
+        "p4090",
+        provider("NVIDIA GeForce RTX 4090", 350_000),
+    )
+    .await;
+    let mut pa100 = start(
+        dir.path(),
+        "pa100",
+        provider("NVIDIA A100-SXM4-80GB", 900_000),
+    )
+    .await;
+    let mut hub = start(dir.path(), "hub", config()).await;
+    connect(&p4090, &hub).await;
+    connect(&pa100, &hub).await;
+    let h = hub.node.client.clone();
+    eventually("the hub to hold both classes' offers", || {
+        let h = h.clone();
+        async move { h.book_len().await.unwrap() == 2 }
+    })
+    .await;
+    assert_eq!(h.followed_classes().await.unwrap(), None);
+
+    // Book sync: the follower joins after the offers were published.
+    let mut f = start(dir.path(), "f", follower()).await;
+    let fc = f.node.client.clone();
+    assert_eq!(
+        fc.followed_classes().await.unwrap(),
+        Some(vec!["rtx-4090".to_string()])
+    );
+    let own4090 = p4090.node.client.own_offer().await.unwrap().unwrap().id;
+    let own_a100 = pa100.node.client.own_offer().await.unwrap().unwrap().id;
+    connect(&f, &hub).await;
+    eventually("the follower to sync the rtx-4090 offer", || {
+        let fc = fc.clone();
+        async move { fc.offer(own4090).await.unwrap().is_some() }
+    })
+    .await;
+    let st = fc.sync_stats().await.unwrap();
+    assert_eq!(
+        st.ids_received, 1,
+        "only the followed class is listed: {st:?}"
+    );
+    assert_eq!(st.offers_admitted, 1, "{st:?}");
+    assert!(fc.offer(own_a100).await.unwrap().is_none());
+
+    // Gossip: connected to both providers, the follower hears the rtx-4090 provider's new
+    // offer on the class's topic, and not the a100 one's.
+    connect(&f, &p4090).await;
+    connect(&f, &pa100).await;
+    for p in [&mut p4090, &mut pa100] {
+        let peer = f.peer;
+        wait_event(&mut p.events, |e| match e {
+            NetworkEvent::PeerSubscribed { peer: s } if *s == peer => Some(()),
+            _ => None,
+        })
+        .await;
+    }
+    let new4090 = p4090
+        .node
+        .client
+        .set_offer(Some(template_of("NVIDIA GeForce RTX 4090", 300_000)))
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    let new_a100 = pa100
+        .node
+        .client
+        .set_offer(Some(template_of("NVIDIA A100-SXM4-80GB", 800_000)))
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    wait_event(&mut f.events, |e| match e {
+        NetworkEvent::OfferAdmitted { id, .. } if *id == new4090 => Some(()),
+        _ => None,
+    })
+    .await;
+    for id in [new4090, new_a100] {
+        wait_event(&mut hub.events, |e| match e {
+            NetworkEvent::OfferAdmitted { id: got, .. } if *got == id => Some(()),
+            _ => None,
+        })
+        .await;
+    }
+    // The hub got the a100 offer, over the same connections the follower has to its provider.
+    assert_eq!(fc.book_len().await.unwrap(), 1);
+    assert!(fc.offer(new_a100).await.unwrap().is_none());
+    assert!(fc.offer(new4090).await.unwrap().is_some());
+
+    // A peer on the rtx-4090 topic publishes a valid a100 offer there: rejected.
+    let liar = start(dir.path(), "liar", follower()).await;
+    connect(&liar, &f).await;
+    let peer = liar.peer;
+    wait_event(&mut f.events, |e| match e {
+        NetworkEvent::PeerSubscribed { peer: s } if *s == peer => Some(()),
+        _ => None,
+    })
+    .await;
+    let key = NodeKey::from_secret([77; 32]);
+    let mut offer = live_offer(&key, 1, 100_000, clock::now(), 300);
+    for g in &mut offer.gpus {
+        g.spec.model = "NVIDIA A100-SXM4-80GB".to_string();
+    }
+    let bytes = Signed::sign(&key, &net(), &offer)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    liar.node.client.publish_raw(bytes).await.unwrap().unwrap();
+    let why = rejected_by(&mut f, peer).await;
+    assert!(
+        why.contains("class a100-sxm4-80gb on the topic of class rtx-4090"),
+        "{why}"
+    );
+    assert_eq!(fc.book_len().await.unwrap(), 1);
+    for n in [p4090, pa100, hub, f, liar] {
+        stop(n).await;
+    }
+}

@@ -8,6 +8,7 @@
 //! checked strictly over the exact received bytes before the payload is decoded.
 
 pub mod access;
+pub mod class;
 pub mod codec;
 pub mod completion;
 pub mod envelope;

@@ -6,6 +6,7 @@
 //! | request                        | response                                            |
 //! |--------------------------------|-----------------------------------------------------|
 //! | `Ids { after }`                | `Ids { ids, more }`: at most [`MAX_SYNC_IDS`] ids > `after` |
+//! | `ClassIds { classes, after }`  | `Ids { ids, more }`: the same, only offers of those GPU classes |
 //! | `Get { ids }` (<= [`MAX_SYNC_GET`]) | `Offers { envelopes }`: those still held, as received |
 //! | `CompletionIds { after }`      | `CompletionIds { ids, more }`: leases of the completion records held, > `after` |
 //! | `GetCompletions { leases }` (<= [`MAX_SYNC_GET`]) | `Completions { pairs }`: those held, as `CoSigned` bytes |
@@ -52,6 +53,15 @@ pub enum BookRequest {
     GetCompletions {
         /// At most [`MAX_SYNC_GET`].
         leases: Vec<LeaseId>,
+    },
+    /// Like `Ids`, only the offers of these GPU classes (`crate::class`): what a node that
+    /// follows some classes asks. Answered with `Ids` pages.
+    ClassIds {
+        /// At most [`crate::class::MAX_FOLLOWED_CLASSES`], each a class name
+        /// ([`crate::class::is_class`]); otherwise `Refused`.
+        classes: Vec<String>,
+        /// The last id of the previous page.
+        after: Option<OfferId>,
     },
 }
 
@@ -142,5 +152,18 @@ mod tests {
             ],
         };
         assert!(codec::encode::<BookResponse, MAX_SYNC_RESPONSE_FRAME>(&pairs).is_ok());
+        // The most classes, each of the longest name, after an id.
+        let classes = BookRequest::ClassIds {
+            classes: vec![
+                "x".repeat(crate::class::MAX_CLASS_LEN);
+                crate::class::MAX_FOLLOWED_CLASSES
+            ],
+            after: Some(OfferId(Digest::of("t", b"after"))),
+        };
+        let bytes = codec::encode::<BookRequest, MAX_SYNC_REQUEST_FRAME>(&classes).unwrap();
+        assert_eq!(
+            codec::decode::<BookRequest, MAX_SYNC_REQUEST_FRAME>(&bytes).unwrap(),
+            classes
+        );
     }
 }

@@ -352,6 +352,9 @@ pub struct OffersParams {
 
 /// The header of a search answer that names the next page's cursor (absent on the last page).
 pub const NEXT_PAGE_HEADER: &str = "x-gridlease-next-page";
+/// The header of an empty search answer from a node that follows only some GPU classes: those
+/// classes, comma-separated (its book holds no other offers).
+pub const FOLLOWED_CLASSES_HEADER: &str = "x-gridlease-followed-classes";
 
 /// `GET /v1/offers`: a search of the local book.
 #[utoipa::path(
@@ -365,6 +368,7 @@ pub const NEXT_PAGE_HEADER: &str = "x-gridlease-next-page";
         (status = 200, description = "Matching offers, in the sort order", body = Vec<OfferRow>,
             headers(
                 ("x-gridlease-next-page" = String, description = "Present when more offers match: the cursor of the next page (pass it as `after`)"),
+                ("x-gridlease-followed-classes" = String, description = "Present on an empty answer when the node follows only some GPU classes (`follow`): those classes, comma-separated; its book holds no offers of other classes"),
             ),
             links(
                 ("getOffer" = (operation_id = "getOffer", parameters(("id" = "$response.body#/0/id")),
@@ -450,7 +454,20 @@ async fn offers(
         .map_err(ApiError::internal)?;
     let now = crate::clock::now();
     let rows: Vec<OfferRow> = rows.iter().map(|e| offer_row(e, now)).collect();
+    let followed = if rows.is_empty() {
+        s.client
+            .followed_classes()
+            .await
+            .map_err(ApiError::internal)?
+    } else {
+        None
+    };
     let mut answer = Json(rows).into_response();
+    if let Some(classes) = followed
+        && let Ok(v) = axum::http::HeaderValue::from_str(&classes.join(","))
+    {
+        answer.headers_mut().insert(FOLLOWED_CLASSES_HEADER, v);
+    }
     if let Some(next) = next
         && let Ok(v) = axum::http::HeaderValue::from_str(&next.to_string())
     {

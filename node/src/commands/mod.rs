@@ -74,7 +74,7 @@ pub enum Command {
     /// Create a node identity and database; refuses to overwrite an existing identity.
     Init(init::InitArgs),
     /// Run the node daemon in the foreground (Ctrl-C or SIGTERM to stop).
-    Node(node::NodeArgs),
+    Node(Box<node::NodeArgs>),
     /// Identity, addresses, reachability, peers and offers known.
     Status(status::StatusArgs),
     /// Connected peers and their gossip scores.

@@ -217,6 +217,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     net.announce_period = std::time::Duration::from_secs(config.announce_secs.max(1));
     net.offer_ttl = NodeConfig::ttl_for(net.announce_period);
     net.offer_resync = NodeConfig::resync_for(net.announce_period);
+    net.follow = (!config.follow.is_empty()).then(|| config.follow.clone());
     let dev = config.dev_gpus.as_deref().map(DevGpus::parse).transpose()?;
     let access = access_policy(&config);
     let runtime = (config.isolation, check_isolation(&config).await?);

@@ -68,9 +68,17 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
     let next = headers
         .get(crate::api::NEXT_PAGE_HEADER)
         .and_then(|v| v.to_str().ok());
+    let followed = headers
+        .get(crate::api::FOLLOWED_CLASSES_HEADER)
+        .and_then(|v| v.to_str().ok());
     out.emit(&rows, |p| {
         if rows.is_empty() {
             p.line("no offers match");
+            if let Some(classes) = followed {
+                p.line(&format!(
+                    "this node follows only the GPU classes {classes} (its follow setting, `gridlease node --follow`): offers of other classes are not in its book"
+                ));
+            }
             return;
         }
         let table = rows

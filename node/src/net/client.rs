@@ -86,6 +86,7 @@ pub(crate) enum Command {
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     SetFree(u16, oneshot::Sender<()>),
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
+    FollowedClasses(oneshot::Sender<Option<Vec<String>>>),
     Announce(oneshot::Sender<()>),
     PublishRaw(Vec<u8>, oneshot::Sender<Result<(), String>>),
     LeaseRpc {
@@ -399,6 +400,12 @@ impl Client {
     /// The current own offer.
     pub async fn own_offer(&self) -> Result<Option<OwnOffer>, NegotiationError> {
         self.ask(Command::OwnOffer).await
+    }
+
+    /// The GPU classes whose offers this node's book holds (followed, and the own offer's);
+    /// `None` when it follows every class.
+    pub async fn followed_classes(&self) -> Result<Option<Vec<String>>, NegotiationError> {
+        self.ask(Command::FollowedClasses).await
     }
 
     /// Runs one announce round now (what the timer does every announce period).

@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use gridlease_contracts::book::Admission;
 use gridlease_contracts::ingest::OfferIngestor;
+use gridlease_protocol::class;
 use gridlease_protocol::completion::{CoSigned, Completion, CompletionBatch};
 use gridlease_protocol::{
     Digest, LeaseId, LeaseRequest, NodeKey, Offer, OfferId, PeerId, PublicKey, RejectReason,
@@ -116,7 +117,12 @@ pub(super) struct EventLoop {
     swarm: Swarm<Behaviour>,
     key: Arc<NodeKey>,
     config: NodeConfig,
+    /// The topic of every offer: every provider publishes on it (and on its class's topic);
+    /// nodes that follow every class subscribe to it.
     topic: IdentTopic,
+    /// The offer topics this node subscribes to: [`Self::topic`] when it follows every class,
+    /// else the followed classes' topics and its own offer's class's (`docs/protocol.md` 3c).
+    offer_topics: Vec<IdentTopic>,
     store: StoreHandle,
     book: super::shared_book::SharedBook,
     /// Decodes and verifies gossiped offers; remembers provider keys and verified offers so
@@ -237,6 +243,11 @@ impl EventLoop {
         let config_provider_rate = config.provider_rate;
         Self {
             topic: gossip::offer_topic(&config.network),
+            offer_topics: if config.faults.subscribe_after_first_disconnect {
+                Vec::new()
+            } else {
+                gossip::followed_topics(&config.network, config.follow.as_deref())
+            },
             completion_topic: gossip::completion_topic(&config.network),
             completions,
             completion_round: 0,
@@ -468,14 +479,14 @@ impl EventLoop {
                 let _ = reply.send(self.swarm.connected_peers().copied().collect());
             }
             Command::MeshPeers(reply) => {
-                let hash = self.topic.hash();
-                let peers = self
-                    .swarm
-                    .behaviour()
-                    .gossipsub
-                    .mesh_peers(&hash)
-                    .copied()
-                    .collect();
+                // Every offer topic's mesh, each peer once.
+                let gs = &self.swarm.behaviour().gossipsub;
+                let mut peers: Vec<PeerId> = Vec::new();
+                for t in &self.offer_topics {
+                    peers.extend(gs.mesh_peers(&t.hash()).copied());
+                }
+                peers.sort();
+                peers.dedup();
                 let _ = reply.send(peers);
             }
             Command::PeerScore(peer, reply) => {
@@ -509,9 +520,16 @@ impl EventLoop {
             Command::Restore(batch, reply) => {
                 // Already verified (off the loop); stored offers are not persisted again nor
                 // announced as learned.
+                // Only the classes followed now (the node may have followed others before).
+                let followed = self.followed_classes();
                 let admitted = self.book.update(|b| {
                     batch
                         .into_iter()
+                        .filter(|r| {
+                            followed
+                                .as_ref()
+                                .is_none_or(|f| f.contains(&class::offer_class(&r.offer)))
+                        })
                         .map(|r| b.admit(r.signed, r.offer, r.id, r.received_at))
                         .filter(Result::is_ok)
                         .count()
@@ -551,6 +569,9 @@ impl EventLoop {
                 }
                 let _ = reply.send(());
             }
+            Command::FollowedClasses(reply) => {
+                let _ = reply.send(self.followed_classes());
+            }
             Command::OwnOffer(reply) => {
                 let _ = reply.send(self.provider.current.clone());
             }
@@ -559,11 +580,13 @@ impl EventLoop {
                 let _ = reply.send(());
             }
             Command::PublishRaw(bytes, reply) => {
+                // On the first offer topic this node follows (every offer's by default).
+                let topic = self.offer_topics.first().unwrap_or(&self.topic).clone();
                 let r = self
                     .swarm
                     .behaviour_mut()
                     .gossipsub
-                    .publish(self.topic.clone(), bytes)
+                    .publish(topic, bytes)
                     .map(|_| ())
                     .map_err(|e| e.to_string());
                 let _ = reply.send(r);
@@ -713,8 +736,52 @@ impl EventLoop {
         let Some(cur) = &self.provider.current else {
             return;
         };
-        let (signed, seq) = (cur.signed.clone(), cur.offer.seq);
-        self.publish_own(&signed, seq);
+        let (signed, offer) = (cur.signed.clone(), cur.offer.clone());
+        self.follow_own_class(&offer);
+        self.publish_own(&signed, &offer);
+    }
+
+    /// A node that follows some classes also follows its own offer's: it subscribes to that
+    /// class's topic when it first signs an offer of it (and never unsubscribes: its book may
+    /// hold that class's offers now).
+    fn follow_own_class(&mut self, offer: &Offer) {
+        if self.config.follow.is_none() {
+            return;
+        }
+        let topic = gossip::class_topic(&self.config.network, &class::offer_class(offer));
+        if self.offer_topics.iter().any(|t| t.hash() == topic.hash()) {
+            return;
+        }
+        match gossip::subscribe_offers(&mut self.swarm.behaviour_mut().gossipsub, &topic) {
+            Ok(()) => {
+                tracing::info!(topic = %topic, "following the own offer's GPU class");
+                self.offer_topics.push(topic);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot follow the own offer's GPU class"),
+        }
+    }
+
+    /// The GPU classes whose offers this node's book holds: `None` for every class, else the
+    /// followed ones and the own offer's.
+    fn followed_classes(&self) -> Option<Vec<String>> {
+        self.config.follow.as_ref()?;
+        Some(
+            self.offer_topics
+                .iter()
+                .filter_map(|t| {
+                    let hash = t.hash();
+                    gossip::offer_topic_class(&self.config.network, &hash)
+                        .flatten()
+                        .map(str::to_string)
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether this node's book takes an offer of `class`.
+    fn follows(&self, class: &str) -> bool {
+        let topic = gossip::class_topic(&self.config.network, class).hash();
+        self.config.follow.is_none() || self.offer_topics.iter().any(|t| t.hash() == topic)
     }
 
     /// Signs an own offer and persists it with its sequence (so sequences never go back);
@@ -745,9 +812,11 @@ impl EventLoop {
         Some((signed, id))
     }
 
-    /// Publishes an own offer; one that reaches no subscribed peer is published again when
+    /// Publishes an own offer on the topic of every offer and on its GPU class's topic (two
+    /// publications: each gets its own random gossipsub sequence number, so their message ids
+    /// differ). One that reaches no subscribed peer on either topic is published again when
     /// one subscribes (`publish_pending`).
-    fn publish_own(&mut self, signed: &Signed<Offer>, seq: u64) {
+    fn publish_own(&mut self, signed: &Signed<Offer>, offer: &Offer) {
         let bytes = match signed.to_bytes() {
             Ok(b) => b,
             Err(e) => {
@@ -755,25 +824,32 @@ impl EventLoop {
                 return;
             }
         };
-        match self
-            .swarm
-            .behaviour_mut()
-            .gossipsub
-            .publish(self.topic.clone(), bytes)
-        {
-            Ok(_) => {
-                self.publish_pending = false;
-                tracing::debug!(seq, "offer announced");
+        let seq = offer.seq;
+        let topics = [
+            self.topic.clone(),
+            gossip::class_topic(&self.config.network, &class::offer_class(offer)),
+        ];
+        let mut reached = false;
+        for topic in topics {
+            match self
+                .swarm
+                .behaviour_mut()
+                .gossipsub
+                .publish(topic.clone(), bytes.clone())
+            {
+                Ok(_) | Err(gossipsub::PublishError::Duplicate) => {
+                    reached = true;
+                    tracing::debug!(seq, %topic, "offer announced");
+                }
+                Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, %topic, "offer announce failed");
+                }
             }
-            Err(gossipsub::PublishError::Duplicate) => self.publish_pending = false,
-            Err(gossipsub::PublishError::NoPeersSubscribedToTopic) => {
-                self.publish_pending = true;
-                tracing::debug!("no peers to announce to yet; publishing when one subscribes");
-            }
-            Err(e) => {
-                self.publish_pending = true;
-                tracing::warn!(error = %e, "offer announce failed; publishing when a peer subscribes");
-            }
+        }
+        self.publish_pending = !reached;
+        if !reached {
+            tracing::debug!("no peers to announce to yet; publishing when one subscribes");
         }
     }
 
@@ -798,7 +874,7 @@ impl EventLoop {
         offer.free_gpus = 0;
         let _ = self.own_resigns.check(&(), now);
         if let Some((signed, _)) = self.sign_own(&offer, true) {
-            self.publish_own(&signed, offer.seq);
+            self.publish_own(&signed, &offer);
             // Not repeated when a peer subscribes: it syncs our book, which no longer holds
             // the offer.
             self.publish_pending = false;
@@ -950,7 +1026,14 @@ impl EventLoop {
                 if self.config.faults.subscribe_after_first_disconnect {
                     // Test fault: gossip starts working after the first reconnection.
                     self.config.faults.subscribe_after_first_disconnect = false;
-                    let _ = self.swarm.behaviour_mut().gossipsub.subscribe(&self.topic);
+                    for topic in
+                        gossip::followed_topics(&self.config.network, self.config.follow.as_deref())
+                    {
+                        let gs = &mut self.swarm.behaviour_mut().gossipsub;
+                        if gossip::subscribe_offers(gs, &topic).is_ok() {
+                            self.offer_topics.push(topic);
+                        }
+                    }
                 }
                 self.emit(NetworkEvent::PeerDisconnected { peer: peer_id });
             }
@@ -991,13 +1074,20 @@ impl EventLoop {
                 info,
                 ..
             })) => {
-                let topic = self.topic.hash();
+                // Subscribed to any offer topic (every offer's, or a class's: its gossip works
+                // even if it follows no class this node follows).
+                let network = &self.config.network;
                 let subscribed = self
                     .swarm
                     .behaviour()
                     .gossipsub
                     .all_peers()
-                    .any(|(p, topics)| *p == peer_id && topics.contains(&&topic));
+                    .any(|(p, topics)| {
+                        *p == peer_id
+                            && topics
+                                .iter()
+                                .any(|t| gossip::offer_topic_class(network, t).is_some())
+                    });
                 self.liveness.identified(
                     peer_id,
                     info.protocol_version == super::behaviour::IDENTIFY_PROTOCOL,
@@ -1191,7 +1281,14 @@ impl EventLoop {
                 message_id,
                 message,
             } => {
-                let verdict = self.validate(&propagation_source, &message.data);
+                let verdict = match gossip::offer_topic_class(&self.config.network, &message.topic)
+                {
+                    Some(class) => {
+                        let class = class.map(str::to_string);
+                        self.validate(&propagation_source, &message.data, class.as_deref())
+                    }
+                    None => Verdict::Ignore(OfferIgnore::NotFollowed),
+                };
                 match &verdict {
                     Verdict::Accept(_) | Verdict::Refresh(_) => self.verdicts.accepted += 1,
                     Verdict::Reject(_) => self.verdicts.rejected += 1,
@@ -1256,7 +1353,9 @@ impl EventLoop {
                     .gossipsub
                     .report_message_validation_result(&message_id, &propagation_source, acceptance);
             }
-            gossipsub::Event::Subscribed { peer_id, topic } if topic == self.topic.hash() => {
+            gossipsub::Event::Subscribed { peer_id, topic }
+                if gossip::offer_topic_class(&self.config.network, &topic).is_some() =>
+            {
                 self.liveness.subscribed(&peer_id);
                 self.emit(NetworkEvent::PeerSubscribed { peer: peer_id });
                 if self.publish_pending {
@@ -1343,7 +1442,8 @@ impl EventLoop {
         }
     }
 
-    fn validate(&mut self, from: &PeerId, data: &[u8]) -> Verdict {
+    /// `topic_class`: the GPU class of the topic the offer came on (`None`: every offer's).
+    fn validate(&mut self, from: &PeerId, data: &[u8], topic_class: Option<&str>) -> Verdict {
         let now = clock::now();
         // Gossipsub drops RPCs from graylisted peers, but checks once per RPC: a batch of
         // invalid offers in one RPC would still cost a signature check each. Stop paying for a
@@ -1357,9 +1457,9 @@ impl EventLoop {
             return Verdict::Ignore(OfferIgnore::PeerRateLimited);
         }
         let ingestor = &mut self.ingestor;
-        let verdict = self
-            .book
-            .view(|b| gossip::check_offer(data, ingestor, b, now));
+        let verdict = self.book.view(|b| {
+            gossip::check_topic(gossip::check_offer(data, ingestor, b, now), topic_class, b)
+        });
         let (id, refresh) = match &verdict {
             Verdict::Refresh(id) => {
                 self.book_refreshes += 1;
@@ -1454,7 +1554,17 @@ impl EventLoop {
         }
         self.sync_stats.started += 1;
         self.syncs.insert(peer, BookSync::default());
-        self.sync_request(peer, BookRequest::Ids { after: None });
+        let first = self.ids_request(None);
+        self.sync_request(peer, first);
+    }
+
+    /// The request for a page of the peer's offer ids after `after`: of the followed classes
+    /// only when this node follows some.
+    fn ids_request(&self, after: Option<OfferId>) -> BookRequest {
+        match self.followed_classes() {
+            None => BookRequest::Ids { after },
+            Some(classes) => BookRequest::ClassIds { classes, after },
+        }
     }
 
     fn sync_request(&mut self, peer: PeerId, req: BookRequest) {
@@ -1573,6 +1683,16 @@ impl EventLoop {
                     .view(|b| b.ids_after(after.as_ref(), MAX_SYNC_IDS, now));
                 BookResponse::Ids { ids, more }
             }
+            BookRequest::ClassIds { classes, after }
+                if classes.len() <= class::MAX_FOLLOWED_CLASSES
+                    && classes.iter().all(|c| class::is_class(c)) =>
+            {
+                let (ids, more) = self
+                    .book
+                    .view(|b| b.class_ids_after(&classes, after.as_ref(), MAX_SYNC_IDS, now));
+                BookResponse::Ids { ids, more }
+            }
+            BookRequest::ClassIds { .. } => BookResponse::Refused,
             BookRequest::Get { ids } if ids.len() <= MAX_SYNC_GET => {
                 let envelopes = self.book.view(|book| {
                     ids.iter()
@@ -1625,7 +1745,8 @@ impl EventLoop {
                 }
                 match (more, last) {
                     (true, Some(after)) => {
-                        self.sync_request(peer, BookRequest::Ids { after: Some(after) })
+                        let next = self.ids_request(Some(after));
+                        self.sync_request(peer, next);
                     }
                     _ => {
                         s.listed = true;
@@ -1712,6 +1833,10 @@ impl EventLoop {
             Verdict::Accept(v) => {
                 let valid = *v;
                 self.wanted.remove(&valid.id);
+                if !self.follows(&class::offer_class(&valid.offer)) {
+                    // Not asked for (this node asks for its classes only): not kept.
+                    return true;
+                }
                 if valid.admission != Admission::Refresh
                     && !self.provider_limits.check(&valid.offer.provider, now)
                 {

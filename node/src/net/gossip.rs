@@ -12,7 +12,8 @@
 //!    offer that expired less than the allowed clock skew ago -> Ignore (it may have expired in
 //!    flight)
 //! 5. the book: replayed (lower) sequence or equivocation (same sequence, other content) ->
-//!    Reject; book full of longer-lived offers -> Ignore
+//!    Reject; book full of longer-lived offers -> Ignore; (5c) on a GPU class's topic, an
+//!    offer of another class -> Reject
 //! 6. per-provider rate limit on new sequences -> Ignore
 //!
 //! 7. a refresh (the held offer again, byte for byte) already forwarded less than half an
@@ -35,7 +36,7 @@ use gridlease_protocol::{
 };
 use libp2p::gossipsub::{
     self, IdentTopic, MessageAuthenticity, MessageId, PeerScoreParams, PeerScoreThresholds,
-    TopicScoreParams, ValidationMode,
+    TopicHash, TopicScoreParams, ValidationMode,
 };
 use libp2p::identity;
 use sha2::{Digest as _, Sha256};
@@ -49,9 +50,42 @@ const GOSSIP_FRAMING: usize = 4096;
 /// Largest gossipsub RPC accepted: one capped offer envelope plus framing.
 pub const MAX_TRANSMIT_SIZE: usize = MAX_OFFER_BYTES + ENVELOPE_OVERHEAD + GOSSIP_FRAMING;
 
-/// The versioned offer topic of `network`.
+/// The versioned topic of every offer of `network`: what a node that follows every class
+/// (the default) subscribes to. Every provider publishes its offer here and on its class's
+/// topic ([`class_topic`]).
 pub fn offer_topic(network: &NetworkId) -> IdentTopic {
     IdentTopic::new(format!("gridlease/v1/offers/{network}"))
+}
+
+/// The topic of the offers of one GPU class (`gridlease_protocol::class`) of `network`:
+/// `gridlease/v1/offers/<network>/<class>`, what a node that follows some classes subscribes
+/// to (`docs/protocol.md` 3c step 1). The messages are the same signed offers as on
+/// [`offer_topic`].
+pub fn class_topic(network: &NetworkId, class: &str) -> IdentTopic {
+    IdentTopic::new(format!("gridlease/v1/offers/{network}/{class}"))
+}
+
+/// Which offer topic of `network` `topic` is: `Some(None)` for every offer's, `Some(Some(c))`
+/// for class `c`'s, `None` for any other topic.
+pub fn offer_topic_class<'a>(network: &NetworkId, topic: &'a TopicHash) -> Option<Option<&'a str>> {
+    let rest = topic
+        .as_str()
+        .strip_prefix("gridlease/v1/offers/")?
+        .strip_prefix(network.as_str())?;
+    if rest.is_empty() {
+        return Some(None);
+    }
+    let class = rest.strip_prefix('/')?;
+    gridlease_protocol::class::is_class(class).then_some(Some(class))
+}
+
+/// The topics a node subscribes to for the offers it follows: every offer's when `follow` is
+/// `None`, else each followed class's.
+pub fn followed_topics(network: &NetworkId, follow: Option<&[String]>) -> Vec<IdentTopic> {
+    match follow {
+        None => vec![offer_topic(network)],
+        Some(classes) => classes.iter().map(|c| class_topic(network, c)).collect(),
+    }
 }
 
 /// The versioned topic of co-signed lease completions (reputation, issue 16) of `network`.
@@ -97,9 +131,9 @@ pub fn thresholds() -> PeerScoreThresholds {
     }
 }
 
-/// Score parameters for the offer topic.
-pub fn score_params(network: &NetworkId) -> PeerScoreParams {
-    let topic = TopicScoreParams {
+/// Score parameters of an offer topic (every offer's, or a class's).
+pub fn offer_topic_params() -> TopicScoreParams {
+    TopicScoreParams {
         topic_weight: 1.0,
         // P1: time in mesh, up to +1 after 10 s.
         time_in_mesh_weight: 0.1,
@@ -118,7 +152,13 @@ pub fn score_params(network: &NetworkId) -> PeerScoreParams {
             3600,
         )),
         ..TopicScoreParams::default()
-    };
+    }
+}
+
+/// Score parameters for the offer and completion topics (class topics get theirs when
+/// subscribed: [`offer_topic_params`]).
+pub fn score_params(network: &NetworkId) -> PeerScoreParams {
+    let topic = offer_topic_params();
     let mut params = PeerScoreParams {
         topic_score_cap: 10.0,
         app_specific_weight: 1.0,
@@ -174,12 +214,21 @@ pub fn behaviour(
     gs.with_peer_score(score_params(&config.network), thresholds())
         .map_err(BuildError::Gossip)?;
     if !config.faults.subscribe_after_first_disconnect {
-        gs.subscribe(&offer_topic(&config.network))
-            .map_err(|e| BuildError::Gossip(e.to_string()))?;
+        for topic in followed_topics(&config.network, config.follow.as_deref()) {
+            subscribe_offers(&mut gs, &topic).map_err(BuildError::Gossip)?;
+        }
     }
     gs.subscribe(&completion_topic(&config.network))
         .map_err(|e| BuildError::Gossip(e.to_string()))?;
     Ok(gs)
+}
+
+/// Subscribes to an offer topic, with the offer topics' score parameters.
+pub fn subscribe_offers(gs: &mut gossipsub::Behaviour, topic: &IdentTopic) -> Result<(), String> {
+    gs.set_topic_params(topic.clone(), offer_topic_params())
+        .map_err(str::to_string)?;
+    gs.subscribe(topic).map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Why an offer was rejected (the sender is penalised).
@@ -194,6 +243,14 @@ pub enum OfferRejection {
     /// Replayed sequence or equivocation.
     #[error(transparent)]
     Book(BookError),
+    /// An offer of one GPU class on another class's topic.
+    #[error("an offer of GPU class {class} on the topic of class {topic}")]
+    WrongTopic {
+        /// The offer's class.
+        class: String,
+        /// The topic's class.
+        topic: String,
+    },
 }
 
 /// Why an offer was ignored (dropped without penalty).
@@ -217,6 +274,9 @@ pub enum OfferIgnore {
     /// A refresh of an offer that was already refreshed less than half an announce period ago.
     #[error("offer refreshed too recently")]
     RecentlyRefreshed,
+    /// Of a GPU class this node does not follow, or on a topic it does not take offers from.
+    #[error("offer of a GPU class this node does not follow")]
+    NotFollowed,
 }
 
 /// A verified offer ready for the book.
@@ -244,6 +304,29 @@ pub enum Verdict {
     Reject(OfferRejection),
     /// Drop quietly.
     Ignore(OfferIgnore),
+}
+
+/// Step 5c: a class topic carries only offers of its class (`topic_class`; `None`, the topic
+/// of every offer, carries any). A valid offer on the wrong class topic is rejected, so the
+/// peer that forwarded it is penalised: honest nodes check before forwarding. A held offer
+/// recognised from its bytes (a refresh) is checked with the class the book keeps for it.
+pub fn check_topic(verdict: Verdict, topic_class: Option<&str>, book: &OfferBook) -> Verdict {
+    let Some(topic) = topic_class else {
+        return verdict;
+    };
+    let class = match &verdict {
+        Verdict::Accept(v) => gridlease_protocol::class::offer_class(&v.offer),
+        Verdict::Refresh(id) => book.class_of(id).unwrap_or_default().to_string(),
+        Verdict::Reject(_) | Verdict::Ignore(_) => return verdict,
+    };
+    if class == topic {
+        verdict
+    } else {
+        Verdict::Reject(OfferRejection::WrongTopic {
+            class,
+            topic: topic.to_string(),
+        })
+    }
 }
 
 /// Steps 2-5 of the validation (rate limits are the caller's, they need mutable state).

@@ -105,6 +105,11 @@ pub struct NodeConfig {
     pub peer_rate: RateLimit,
     /// What this node offers as a provider.
     pub offer: Option<OfferTemplate>,
+    /// The GPU classes whose offers this node follows (`gridlease_protocol::class`, canonical
+    /// names, at most `MAX_FOLLOWED_CLASSES`), besides its own offer's: it subscribes to their
+    /// topics only, and its book holds only their offers. `None`: every class (the topic of
+    /// all offers, the whole book).
+    pub follow: Option<Vec<String>>,
     /// A connected gridlease peer that has not subscribed to the offer topic within this long
     /// has a connection whose gossip never started; it is disconnected so the next connection
     /// starts it afresh (`liveness.rs`).
@@ -153,6 +158,7 @@ impl NodeConfig {
                 per_token: Duration::from_millis(2),
             },
             offer: None,
+            follow: None,
             gossip_grace: Duration::from_secs(30),
             faults: NetFaults::default(),
         }
