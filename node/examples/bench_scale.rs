@@ -21,9 +21,22 @@
 //!   every (publication, daemon) pair, the time from publication to the daemon's `offer learned`
 //!   log line, and the share of pairs that arrived within 5 s of the end.
 //!
-//! What it does not do yet: topics by GPU class (not built: every daemon receives every
-//! offer), and the daemons do not hold a 100,000-offer book (they hold what arrives in the
-//! window; `bench_restore` measures a full book's RSS and `bench_api_search` search under load).
+//! With `BENCH_CLASSES=K` (K >= 1; `docs/protocol.md` 3c step 1) the providers are spread
+//! evenly over K GPU classes (provider i's offers are of class i mod K: class 0 is the
+//! fixtures' `rtx-4090`, class c > 0 `bench-class-c`), and daemon i follows class i mod K only
+//! (`--follow`): it is bootstrapped from up to 3 earlier daemons of its class and one earlier
+//! daemon of any class (what step 4's DHT lookup is to give a node; here the harness picks
+//! them). The generator follows every class and is connected to 2 daemons of each; it
+//! publishes each offer on its class's topic and on the topic of every offer (which no daemon
+//! follows here), as a provider does. Propagation pairs are (publication, daemon following its
+//! class). Daemon 0 (class 0) starts with PROVIDERS / K restored `rtx-4090` offers of other
+//! providers, the book of a node following one class; while the load runs, the harness
+//! searches it through the API (`gpu~4090 vram>=24 price<=0.45 gpus>=2`, limit 20) every
+//! 100 ms and reports the latencies. Without `BENCH_CLASSES` every daemon follows every class
+//! (the one topic), as before.
+//!
+//! What it does not do: the daemons other than daemon 0 hold only what arrives in the window
+//! (`bench_restore` measures a full book's RSS).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -36,7 +49,36 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bench_support::*;
 use gridlease_node::home::Home;
+use gridlease_node::net::RawTopic;
 use gridlease_protocol::{NetworkId, NodeKey, Signed, fixtures};
+
+/// The model name of synthetic class `c` (class 0: the fixtures' RTX 4090).
+fn class_model(c: usize) -> String {
+    if c == 0 {
+        fixtures::gpu(0).spec.model
+    } else {
+        format!("Bench Class {c}")
+    }
+}
+
+/// The class name of synthetic class `c`.
+fn class_name(c: usize) -> String {
+    gridlease_protocol::class::class_of_model(&class_model(c))
+}
+
+/// Search latencies on `home`'s API every 100 ms until `until`.
+fn search_while(home: &Path, until: Instant) -> Vec<Duration> {
+    let path = "/v1/offers?q=gpu~4090%20vram%3E%3D24%20price%3C%3D0.45%20gpus%3E%3D2&limit=20";
+    let mut out = Vec::new();
+    while Instant::now() < until {
+        let t = Instant::now();
+        let (code, body) = api_get(home, path).expect("the daemon answers");
+        out.push(t.elapsed());
+        assert_eq!(code, 200, "{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    out
+}
 
 /// TCP payload bytes received so far by each process, summed over its established sockets.
 fn bytes_received_by_pid() -> HashMap<u32, u64> {
@@ -74,12 +116,15 @@ struct Daemon {
     log: PathBuf,
 }
 
-fn spawn(home: &Path, log: &Path, bootstrap: &[String]) -> Kill {
+fn spawn(home: &Path, log: &Path, bootstrap: &[String], follow: Option<&str>) -> Kill {
     let mut cmd = daemon_command(home);
     cmd.args(["--log-format", "json"])
         .stderr(std::fs::File::create(log).unwrap());
     for b in bootstrap {
         cmd.args(["--bootstrap", b]);
+    }
+    if let Some(class) = follow {
+        cmd.args(["--follow", class]);
     }
     Kill(cmd.spawn().unwrap())
 }
@@ -127,26 +172,53 @@ async fn main() {
         .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default_rate);
+    let classes: usize = std::env::var("BENCH_CLASSES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let class_of = |i: usize| (classes > 0).then(|| i % classes);
     let dir = tempfile::tempdir().unwrap();
     let net = NetworkId::devnet();
     let mut rng = Rng(0x5eed_5ca1e);
+    let search_home = dir.path().join("d0");
+    // The offers of one class: daemon 0's stored book.
+    let class_book = providers.checked_div(classes);
+    if let Some(n) = class_book {
+        Home::init(&search_home, &net).unwrap();
+        store_offers(&search_home, &net, n);
+        println!(
+            "daemon 0 starts with {n} stored offers of class {}",
+            class_name(0)
+        );
+    }
 
-    // The daemons, each bootstrapped from up to 3 random earlier ones.
+    // The daemons, each bootstrapped from up to 3 random earlier ones (of its class, and one
+    // of any class, with BENCH_CLASSES).
     let started = Instant::now();
     let mut nodes: Vec<Daemon> = Vec::new();
     let mut addrs: Vec<String> = Vec::new();
     for i in 0..daemons {
         let home = dir.path().join(format!("d{i}"));
-        Home::init(&home, &net).unwrap();
+        if !home.exists() {
+            Home::init(&home, &net).unwrap();
+        }
         let log = dir.path().join(format!("d{i}.log"));
         let mut boot = Vec::new();
-        while boot.len() < i.min(3) {
+        let peers: Vec<usize> = (0..i).filter(|&j| class_of(j) == class_of(i)).collect();
+        while boot.len() < peers.len().min(3) {
+            let a = addrs[peers[rng.below(peers.len())]].clone();
+            if !boot.contains(&a) {
+                boot.push(a);
+            }
+        }
+        if classes > 0 && i > 0 {
             let a = addrs[rng.below(i)].clone();
             if !boot.contains(&a) {
                 boot.push(a);
             }
         }
-        let proc = spawn(&home, &log, &boot);
+        let follow = class_of(i).map(class_name);
+        let proc = spawn(&home, &log, &boot, follow.as_deref());
         let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(s) = api_status(&home)
@@ -164,32 +236,89 @@ async fn main() {
         );
         addrs.push(addr);
         nodes.push(Daemon { proc, log });
+        if let Some(n) = class_book.filter(|_| i == 0) {
+            // Its book restored before the others connect, so they sync all of it.
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while api_status(&home).is_none_or(|s| {
+                s["offers_known"].as_u64().unwrap_or(0) < n as u64
+                    || !s["offers_restoring"].is_null()
+            }) {
+                assert!(
+                    Instant::now() < deadline,
+                    "daemon 0 did not restore its book"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
     println!(
         "{daemons} daemons started in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-
-    // The generator, connected to 3 daemons.
-    let generator = start(dir.path(), "generator", config(Duration::from_secs(600))).await;
-    let mut dialed = Vec::new();
-    while dialed.len() < daemons.min(3) {
-        let d = rng.below(daemons);
-        if !dialed.contains(&d) {
-            dialed.push(d);
-            generator
-                .node
-                .client
-                .dial(addrs[d].parse().unwrap())
-                .await
-                .unwrap()
-                .unwrap();
+    if let Some(n) = class_book {
+        // Class 0's daemons sync daemon 0's stored offers when they connect: let that end
+        // before the measurement.
+        let synced = Instant::now();
+        let deadline = synced + Duration::from_secs(300);
+        for i in (0..daemons).step_by(classes) {
+            let home = dir.path().join(format!("d{i}"));
+            while api_status(&home)
+                .is_none_or(|s| s["offers_known"].as_u64().unwrap_or(0) < n as u64)
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "daemon {i} did not sync class 0's book"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
+        println!(
+            "class 0's {} daemons hold its {n} offers after {:.1} s more",
+            daemons.div_ceil(classes),
+            synced.elapsed().as_secs_f64()
+        );
+    }
+
+    // The generator, connected to 3 daemons (to 2 of each class, following every class).
+    let mut gen_config = config(Duration::from_secs(600));
+    if classes > 0 {
+        gen_config.follow = Some((0..classes).map(class_name).collect());
+    }
+    let generator = start(dir.path(), "generator", gen_config).await;
+    let mut dialed = Vec::new();
+    let groups: Vec<Vec<usize>> = match classes {
+        0 => vec![(0..daemons).collect()],
+        k => (0..k)
+            .map(|c| (0..daemons).filter(|&i| i % k == c).collect())
+            .collect(),
+    };
+    let per_group = if classes > 0 { 2 } else { 3 };
+    for group in &groups {
+        let mut mine = Vec::new();
+        while mine.len() < group.len().min(per_group) {
+            let d = group[rng.below(group.len())];
+            if !mine.contains(&d) {
+                mine.push(d);
+                generator
+                    .node
+                    .client
+                    .dial(addrs[d].parse().unwrap())
+                    .await
+                    .unwrap()
+                    .unwrap();
+            }
+        }
+        dialed.extend(mine);
     }
     // Meshes form on the 1 s heartbeat; give them a few.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while generator.node.client.mesh_peers().await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "the generator found no mesh");
+    while generator.node.client.mesh_peers().await.unwrap().len() < dialed.len() {
+        assert!(
+            Instant::now() < deadline,
+            "the generator's meshes hold {} of the {} daemons it dialed",
+            generator.node.client.mesh_peers().await.unwrap().len(),
+            dialed.len()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -207,7 +336,11 @@ async fn main() {
     let bytes0 = bytes_received_by_pid();
     let t0 = Instant::now();
     let until = t0 + Duration::from_secs(seconds);
-    let mut published: HashMap<u64, i64> = HashMap::new();
+    let mut published: HashMap<u64, (i64, Option<usize>)> = HashMap::new();
+    let searcher = (classes > 0).then(|| {
+        let home = search_home.clone();
+        std::thread::spawn(move || search_while(&home, until))
+    });
     let period = Duration::from_secs_f64(1.0 / rate.max(0.001));
     let mut next = Instant::now();
     let mut n = 0usize;
@@ -218,12 +351,29 @@ async fn main() {
         let mut offer = fixtures::offer(key.public(), seq, 1 + (n % 4) as u8, 350_000);
         offer.created_at = now;
         offer.expires_at = now.plus_secs(3600);
+        let class = class_of(n % providers);
+        if let Some(c) = class {
+            for g in &mut offer.gpus {
+                g.spec.model = class_model(c);
+            }
+        }
         let bytes = Signed::sign(&key, &net, &offer)
             .unwrap()
             .to_bytes()
             .unwrap();
-        published.insert(seq, now_us());
-        let _ = generator.node.client.publish_raw(bytes).await;
+        published.insert(seq, (now_us(), class));
+        let c = &generator.node.client;
+        match class {
+            None => {
+                let _ = c.publish_raw(bytes).await;
+            }
+            Some(k) => {
+                let _ = c
+                    .publish_raw_on(RawTopic::Class(class_name(k)), bytes.clone())
+                    .await;
+                let _ = c.publish_raw_on(RawTopic::Every, bytes).await;
+            }
+        }
         n += 1;
         next += period;
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
@@ -251,9 +401,14 @@ async fn main() {
         .collect();
     let mut delays = Vec::new();
     let mut arrived = 0usize;
-    for d in &nodes {
+    for (i, d) in nodes.iter().enumerate() {
         for (seq, at) in learned(&d.log) {
-            if let Some(sent) = published.get(&seq) {
+            if let Some((sent, class)) = published.get(&seq) {
+                assert_eq!(
+                    *class,
+                    class_of(i),
+                    "daemon {i} learned another class's offer"
+                );
                 delays.push((at - sent) as f64 / 1000.0);
                 arrived += 1;
             }
@@ -266,7 +421,11 @@ async fn main() {
     in_sorted.sort_by(f64::total_cmp);
     let mut rss_sorted = rss.clone();
     rss_sorted.sort_by(f64::total_cmp);
-    let pairs = n * daemons;
+    // (publication, daemon that follows its class) pairs.
+    let pairs: usize = published
+        .values()
+        .map(|(_, class)| (0..daemons).filter(|&i| class_of(i) == *class).count())
+        .sum();
     println!(
         "{n} offers of {providers} providers published in {elapsed:.1} s ({:.1}/s), to {daemons} daemons",
         n as f64 / elapsed
@@ -290,6 +449,21 @@ async fn main() {
         pct_f(&delays, 0.99),
         delays.last().copied().unwrap_or(f64::NAN)
     );
+    if let Some(s) = searcher {
+        let mut lat = s.join().unwrap();
+        lat.sort();
+        println!(
+            "daemon 0 ({} offers held at the end) searched through the API while the load ran: {}",
+            api_status(&search_home).map_or(-1, |s| s["offers_known"].as_i64().unwrap_or(-1)),
+            report("search", lat)
+        );
+    }
+    if classes > 0 {
+        println!(
+            "{classes} classes, each daemon follows one ({:.1} % of the offers)",
+            100.0 / classes as f64
+        );
+    }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average at the end: {}", load.trim());
     generator.node.shutdown().await;

@@ -64,6 +64,17 @@ pub struct SyncStats {
 /// Most ids answered for an id prefix: two are enough to call it ambiguous.
 const MAX_PREFIX_MATCHES: usize = 2;
 
+/// Which offer topic [`Client::publish_raw_on`] publishes on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RawTopic {
+    /// The first this node follows.
+    Followed,
+    /// The topic of every offer.
+    Every,
+    /// A GPU class's topic (`gridlease_protocol::class`).
+    Class(String),
+}
+
 /// A request to the event loop. Every variant carries its reply channel.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -88,7 +99,7 @@ pub(crate) enum Command {
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
     FollowedClasses(oneshot::Sender<Option<Vec<String>>>),
     Announce(oneshot::Sender<()>),
-    PublishRaw(Vec<u8>, oneshot::Sender<Result<(), String>>),
+    PublishRaw(RawTopic, Vec<u8>, oneshot::Sender<Result<(), String>>),
     LeaseRpc {
         peer: PeerId,
         addrs: Vec<Multiaddr>,
@@ -413,12 +424,23 @@ impl Client {
         self.ask(Command::Announce).await
     }
 
-    /// Publishes raw bytes on the offer topic, unvalidated. For tests and fault injection only.
+    /// Publishes raw bytes on the first offer topic this node follows (the topic of every
+    /// offer, by default), unvalidated. For tests and fault injection only.
     pub async fn publish_raw(
         &self,
         bytes: Vec<u8>,
     ) -> Result<Result<(), String>, NegotiationError> {
-        self.ask(|r| Command::PublishRaw(bytes, r)).await
+        self.publish_raw_on(RawTopic::Followed, bytes).await
+    }
+
+    /// Publishes raw bytes on the offer topic `on`, unvalidated. For tests, benchmarks (a load
+    /// generator of many providers) and fault injection only.
+    pub async fn publish_raw_on(
+        &self,
+        on: RawTopic,
+        bytes: Vec<u8>,
+    ) -> Result<Result<(), String>, NegotiationError> {
+        self.ask(|r| Command::PublishRaw(on, bytes, r)).await
     }
 
     /// Sends one RPC on the lease stream and returns the raw answer.

@@ -579,9 +579,17 @@ impl EventLoop {
                 self.announce();
                 let _ = reply.send(());
             }
-            Command::PublishRaw(bytes, reply) => {
-                // On the first offer topic this node follows (every offer's by default).
-                let topic = self.offer_topics.first().unwrap_or(&self.topic).clone();
+            Command::PublishRaw(on, bytes, reply) => {
+                let topic = match on {
+                    // Every offer's by default.
+                    super::client::RawTopic::Followed => {
+                        self.offer_topics.first().unwrap_or(&self.topic).clone()
+                    }
+                    super::client::RawTopic::Every => self.topic.clone(),
+                    super::client::RawTopic::Class(c) => {
+                        gossip::class_topic(&self.config.network, &c)
+                    }
+                };
                 let r = self
                     .swarm
                     .behaviour_mut()

@@ -40,8 +40,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
 pub use client::{
-    Client, GossipStats, NegotiationError, NegotiationOutcome, Reachability, ReplacedOffer,
-    SyncStats,
+    Client, GossipStats, NegotiationError, NegotiationOutcome, RawTopic, Reachability,
+    ReplacedOffer, SyncStats,
 };
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
