@@ -25,8 +25,8 @@
 //! evenly over K GPU classes (provider i's offers are of class i mod K: class 0 is the
 //! fixtures' `rtx-4090`, class c > 0 `bench-class-c`), and daemon i follows class i mod K only
 //! (`--follow`): it is bootstrapped from up to 3 earlier daemons of its class and one earlier
-//! daemon of any class (what step 4's DHT lookup is to give a node; here the harness picks
-//! them). The generator follows every class and is connected to 2 daemons of each; it
+//! daemon of any class (the harness picks them: the daemons have no confirmed external
+//! address, so step 4's DHT records, which need one, are not there to find). The generator follows every class and is connected to 2 daemons of each; it
 //! publishes each offer on its class's topic and on the topic of every offer (which no daemon
 //! follows here), as a provider does. Propagation pairs are (publication, daemon following its
 //! class). Daemon 0 (class 0) starts with PROVIDERS / K restored `rtx-4090` offers of other

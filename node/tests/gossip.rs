@@ -970,3 +970,81 @@ async fn a_node_that_follows_one_class_holds_only_that_class_by_sync_and_by_goss
         stop(n).await;
     }
 }
+
+/// A loopback TCP port free now (bound, then released for the node to listen on).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// DHT lookup of a class's nodes (`docs/protocol.md` 3c step 4): a node that follows a class
+/// and is connected only to a hub that follows every class (so it forwards nothing on class
+/// topics) finds a node of its class in the DHT (a provider that put a record under the
+/// class's key, being reachable at a confirmed address), connects to it, and then hears its
+/// next offer by gossip on the class's topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_finds_its_classes_nodes_in_the_dht_and_hears_them_by_gossip() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut hub_config = config();
+    hub_config.relay_server = true;
+    let hub = start(dir.path(), "hub", hub_config).await;
+
+    let port = free_port();
+    let addr: libp2p::Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap();
+    let mut p_config = config();
+    p_config.listen = vec![addr.clone()];
+    p_config.external_addrs = vec![addr];
+    p_config.bootstrap = vec![hub.addr.clone()];
+    p_config.offer = Some(template_of("NVIDIA GeForce RTX 4090", 350_000));
+    let mut p = start(dir.path(), "p", p_config).await;
+
+    let mut f_config = config();
+    f_config.follow = Some(vec!["rtx-4090".to_string()]);
+    f_config.bootstrap = vec![hub.addr.clone()];
+    let mut f = start(dir.path(), "f", f_config).await;
+    let (fc, ppeer) = (f.node.client.clone(), p.peer);
+    // The lookup finds the provider (kad's own bootstrap may already have connected the two
+    // in a network this small: the lookup is what is asserted).
+    let found = wait_event(&mut f.events, |e| match e {
+        NetworkEvent::ClassNodesFound { class, peers } if peers.contains(&ppeer) => {
+            Some(class.clone())
+        }
+        _ => None,
+    })
+    .await;
+    assert_eq!(found, "rtx-4090");
+    eventually(
+        "the follower to connect to the provider it found in the DHT",
+        || {
+            let fc = fc.clone();
+            async move { fc.connected_peers().await.unwrap().contains(&ppeer) }
+        },
+    )
+    .await;
+    let fpeer = f.peer;
+    wait_event(&mut p.events, |e| match e {
+        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
+        _ => None,
+    })
+    .await;
+    let new = p
+        .node
+        .client
+        .set_offer(Some(template_of("NVIDIA GeForce RTX 4090", 300_000)))
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    wait_event(&mut f.events, |e| match e {
+        NetworkEvent::OfferAdmitted { id, .. } if *id == new => Some(()),
+        _ => None,
+    })
+    .await;
+    assert!(fc.offer(new).await.unwrap().is_some());
+    for n in [hub, p, f] {
+        stop(n).await;
+    }
+}

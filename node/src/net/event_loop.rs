@@ -193,7 +193,20 @@ pub(super) struct EventLoop {
     /// The own offer's last publication reached no subscribed peer: publish it again when
     /// one subscribes (it is not re-announced periodically).
     publish_pending: bool,
+    /// GPU classes this node put a DHT provider record for (`class_key`), and when: put
+    /// again each `offer_resync` (kad's own republication is every 12 h, and nodes holding
+    /// the record come and go).
+    provided: HashMap<String, std::time::Instant>,
+    /// DHT lookups of a followed class's nodes under way, by query.
+    class_lookups: HashMap<kad::QueryId, String>,
+    /// When each followed class was last looked up (again after `offer_resync` at the
+    /// soonest: a class's nodes may be connected without subscribing to its topic, a
+    /// provider that follows every class).
+    looked_up: HashMap<String, std::time::Instant>,
 }
+
+/// Most nodes of a class one DHT lookup dials.
+const CLASS_DIALS: usize = 3;
 
 /// Lifetime of the re-signed offer that withdraws the own offer (`withdraw_own`): long enough
 /// for receivers whose clocks run up to a minute ahead (`MAX_CLOCK_SKEW_S`) to take it.
@@ -253,6 +266,9 @@ impl EventLoop {
             completion_round: 0,
             resync_round: 0,
             publish_pending: false,
+            provided: HashMap::new(),
+            class_lookups: HashMap::new(),
+            looked_up: HashMap::new(),
             // Keys for every provider the book can hold; few verified messages, since the book
             // itself recognises re-announcements of what it holds (`gossip::check_offer`).
             ingestor: OfferIngestor::with_caches(
@@ -668,6 +684,129 @@ impl EventLoop {
         self.book
             .view(|b| last_accepted.retain(|id, _| b.contains(id)));
         self.refresh_own(false);
+        self.provide_classes();
+        self.find_class_peers();
+    }
+
+    /// Puts a DHT provider record under the key of each class whose offers this node follows
+    /// or serves (`docs/protocol.md` 3c step 4), once it has a confirmed direct external
+    /// address: a record holds the addresses others will dial, so a node that cannot be
+    /// reached directly puts none.
+    fn provide_classes(&mut self) {
+        let direct = self
+            .swarm
+            .external_addresses()
+            .any(|a| !super::reach::is_relayed(a));
+        // A record put with no DHT peer known stays local until kad republishes it.
+        let peers = self
+            .swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .any(|b| b.num_entries() > 0);
+        if !direct || !peers {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let every = self.config.offer_resync;
+        let mut classes = self.followed_classes().unwrap_or_default();
+        if let Some(own) = &self.provider.current {
+            classes.push(class::offer_class(&own.offer));
+        }
+        for c in classes {
+            if self
+                .provided
+                .get(&c)
+                .is_some_and(|at| now.duration_since(*at) < every)
+            {
+                continue;
+            }
+            let key = gossip::class_key(&self.config.network, &c);
+            match self.swarm.behaviour_mut().kad.start_providing(key) {
+                Ok(_) => {
+                    tracing::debug!(class = %c, "provider record put in the DHT for the GPU class");
+                    self.provided.insert(c, now);
+                }
+                Err(e) => {
+                    tracing::warn!(class = %c, error = %e, "cannot put the class's provider record")
+                }
+            }
+        }
+    }
+
+    /// For each followed class no connected peer subscribes to, looks up the class's nodes in
+    /// the DHT (one lookup per class at a time); the nodes found are dialed
+    /// ([`Self::on_class_providers`]), and the connection's book sync and gossip subscriptions
+    /// do the rest.
+    fn find_class_peers(&mut self) {
+        let Some(classes) = self.followed_classes() else {
+            return;
+        };
+        // Nobody to ask yet (the bootstrap connections are not up).
+        if !self
+            .swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .any(|b| b.num_entries() > 0)
+        {
+            return;
+        }
+        let network = self.config.network.clone();
+        let now = std::time::Instant::now();
+        for c in classes {
+            let recent = self
+                .looked_up
+                .get(&c)
+                .is_some_and(|at| now.duration_since(*at) < self.config.offer_resync);
+            if recent || self.class_lookups.values().any(|l| *l == c) {
+                continue;
+            }
+            let topic = gossip::class_topic(&network, &c).hash();
+            let heard = self
+                .swarm
+                .behaviour()
+                .gossipsub
+                .all_peers()
+                .any(|(_, topics)| topics.contains(&&topic));
+            if heard {
+                continue;
+            }
+            let key = gossip::class_key(&network, &c);
+            let query = self.swarm.behaviour_mut().kad.get_providers(key);
+            tracing::debug!(class = %c, "looking up the GPU class's nodes in the DHT");
+            self.looked_up.insert(c.clone(), now);
+            self.class_lookups.insert(query, c);
+        }
+    }
+
+    /// Nodes of a followed class found in the DHT: dials up to [`CLASS_DIALS`] of them this
+    /// node is not connected to (kad supplies their addresses from the lookup).
+    fn on_class_providers(&mut self, class: &str, providers: &std::collections::HashSet<PeerId>) {
+        let me = *self.swarm.local_peer_id();
+        let found: Vec<PeerId> = providers.iter().filter(|p| **p != me).copied().collect();
+        if found.is_empty() {
+            return;
+        }
+        let fresh: Vec<PeerId> = found
+            .iter()
+            .filter(|p| !self.swarm.is_connected(p))
+            .take(CLASS_DIALS)
+            .copied()
+            .collect();
+        self.emit(NetworkEvent::ClassNodesFound {
+            class: class.to_string(),
+            peers: found,
+        });
+        for peer in fresh {
+            tracing::info!(%class, %peer, "dialing a node of a followed GPU class found in the DHT");
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!(%peer, error = %e, "node of the class not dialed");
+            }
+        }
     }
 
     /// Re-signs the own offer when it must be (missing, close to expiry, addresses changed)
@@ -1053,6 +1192,7 @@ impl EventLoop {
             }
             SwarmEvent::ExternalAddrConfirmed { address } => {
                 tracing::info!(%address, "external address confirmed");
+                self.provide_classes();
             }
             SwarmEvent::ExternalAddrExpired { address } => {
                 tracing::info!(%address, "external address expired");
@@ -1183,6 +1323,35 @@ impl EventLoop {
                     tracing::info!(peer = %remote_peer_id, error = %e, "hole punch failed: the relay carries the connection");
                 }
             },
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::OutboundQueryProgressed {
+                id,
+                result,
+                step,
+                ..
+            })) if self.class_lookups.contains_key(&id) => {
+                if let kad::QueryResult::GetProviders(Ok(kad::GetProvidersOk::FoundProviders {
+                    providers,
+                    ..
+                })) = &result
+                    && let Some(class) = self.class_lookups.get(&id).cloned()
+                {
+                    self.on_class_providers(&class, providers);
+                }
+                if step.last
+                    && let Some(class) = self.class_lookups.remove(&id)
+                    && step.count.get() == 1
+                    && !matches!(
+                        result,
+                        kad::QueryResult::GetProviders(Ok(
+                            kad::GetProvidersOk::FoundProviders { .. }
+                        ))
+                    )
+                {
+                    // Found nobody: asked again at the next announce round, not after
+                    // `offer_resync`.
+                    self.looked_up.remove(&class);
+                }
+            }
             SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::RoutingUpdated {
                 peer, ..
             })) => {

@@ -79,6 +79,17 @@ pub fn offer_topic_class<'a>(network: &NetworkId, topic: &'a TopicHash) -> Optio
     gridlease_protocol::class::is_class(class).then_some(Some(class))
 }
 
+/// The DHT key under which the nodes of a GPU class put provider records (`docs/protocol.md`
+/// 3c step 4): SHA-256 of `gridlease/v1/class`, NUL, the network id, NUL, the class.
+pub fn class_key(network: &NetworkId, class: &str) -> libp2p::kad::RecordKey {
+    let mut h = Sha256::new();
+    h.update(b"gridlease/v1/class\0");
+    h.update(network.as_str().as_bytes());
+    h.update(b"\0");
+    h.update(class.as_bytes());
+    libp2p::kad::RecordKey::new(&h.finalize().as_slice())
+}
+
 /// The topics a node subscribes to for the offers it follows: every offer's when `follow` is
 /// `None`, else each followed class's.
 pub fn followed_topics(network: &NetworkId, follow: Option<&[String]>) -> Vec<IdentTopic> {

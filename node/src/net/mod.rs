@@ -255,10 +255,17 @@ pub enum NetworkEvent {
         /// The peer.
         peer: PeerId,
     },
-    /// A peer subscribed to the offer topic.
+    /// A peer subscribed to an offer topic (every offer's or a class's).
     PeerSubscribed {
         /// The peer.
         peer: PeerId,
+    },
+    /// A DHT lookup found nodes of a followed GPU class (`docs/protocol.md` 3c step 4).
+    ClassNodesFound {
+        /// The class.
+        class: String,
+        /// The nodes that put a record under its key (this node left out).
+        peers: Vec<PeerId>,
     },
     /// A new or newer offer entered the book.
     OfferAdmitted {
