@@ -473,3 +473,40 @@ fn provide_keeps_what_is_not_given_refuses_nonsense_and_takes_the_ids_gpus_print
     assert_eq!(st["own_offer"]["gpus"], 1, "{st}");
     assert_eq!(st["own_offer"]["price_per_gpu_hour"], "0.36", "{st}");
 }
+
+/// A node that follows some GPU classes (`--follow`) holds only their offers: a search that
+/// finds nothing names them, so an empty answer is not taken for an empty market.
+#[test]
+fn an_empty_search_on_a_node_following_some_classes_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    let _node = start_node(
+        &home,
+        &["--follow", "RTX 3090", "--dev-gpus", "RTX 4090:24GiB:0.40"],
+    );
+    // Its own offer (rtx-4090, a class it therefore follows too) is listed, with no note.
+    wait_for(Duration::from_secs(30), "the own offer in the book", || {
+        let out = cli(&home, &["--json", "search"]);
+        out.status.success() && text(&out.stdout).contains("RTX 4090")
+    });
+    let out = cli(&home, &["search"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stdout).contains("follows only"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Nothing of another class: the note names the classes followed.
+    let out = cli(&home, &["search", "gpu~a100"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("no offers match"), "{said}");
+    assert!(
+        said.contains("follows only the GPU classes rtx-3090,rtx-4090"),
+        "{said}"
+    );
+    // `--json` stays the bare list.
+    let out = cli(&home, &["--json", "search", "gpu~a100"]);
+    assert_eq!(text(&out.stdout).trim(), "[]");
+}
