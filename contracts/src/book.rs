@@ -615,7 +615,68 @@ impl OfferBook {
         limit: usize,
         now: Timestamp,
     ) -> (Vec<OfferId>, bool) {
-        self.ids_after_where(after, limit, now, |_| true)
+        self.ids_after_where(after, None, limit, now, |_| true)
+    }
+
+    /// The interned ids of `classes` held (`None`: every class, no filter). A class no
+    /// offer held is of is left out, so `Some(empty)` matches nothing.
+    fn class_filter(&self, classes: Option<&[String]>) -> Option<Vec<u32>> {
+        classes.map(|cs| {
+            cs.iter()
+                .filter_map(|c| self.text.ids.get(c.as_str()).copied())
+                .collect()
+        })
+    }
+
+    /// The digest of each id bucket (an id's first byte; `gridlease_protocol::sync::id_digest`
+    /// XORed over the bucket) of the live offers held at `now`, of the GPU classes `classes`
+    /// (`None`: all): what two books compare before listing ids (book sync's anti-entropy).
+    /// One pass over the offers held.
+    pub fn bucket_digests(&self, classes: Option<&[String]>, now: Timestamp) -> Vec<u64> {
+        let filter = self.class_filter(classes);
+        let mut digests = vec![0u64; gridlease_protocol::sync::BUCKETS];
+        for s in &self.slots {
+            if s.expires_at > now && filter.as_ref().is_none_or(|f| f.contains(&s.class)) {
+                digests[usize::from(s.id.0.0[0])] ^= gridlease_protocol::sync::id_digest(&s.id);
+            }
+        }
+        digests
+    }
+
+    /// [`OfferBook::ids_after`] restricted to one id bucket (ids whose first byte is
+    /// `bucket`) and to the GPU classes `classes` (`None`: all).
+    pub fn bucket_ids_after(
+        &self,
+        classes: Option<&[String]>,
+        bucket: u8,
+        after: Option<&OfferId>,
+        limit: usize,
+        now: Timestamp,
+    ) -> (Vec<OfferId>, bool) {
+        let filter = self.class_filter(classes);
+        let mut first = [0u8; 32];
+        first[0] = bucket;
+        let start = OfferId(gridlease_protocol::Digest(first));
+        // From the bucket's first id (or after `after`, when that is in the bucket or later).
+        let after = after.copied().filter(|a| *a >= start);
+        let end = bucket.checked_add(1).map(|b| {
+            let mut next = [0u8; 32];
+            next[0] = b;
+            OfferId(gridlease_protocol::Digest(next))
+        });
+        if let (Some(a), Some(e)) = (&after, &end)
+            && a >= e
+        {
+            // Past the bucket (`BTreeMap::range` would panic on a reversed range).
+            return (Vec::new(), false);
+        }
+        let lower = match &after {
+            Some(a) => std::ops::Bound::Excluded(*a),
+            None => std::ops::Bound::Included(start),
+        };
+        self.ids_in_range(lower, end, limit, now, |s| {
+            filter.as_ref().is_none_or(|f| f.contains(&s.class))
+        })
     }
 
     /// [`OfferBook::ids_after`] restricted to offers of the GPU classes `classes`
@@ -628,31 +689,43 @@ impl OfferBook {
         now: Timestamp,
     ) -> (Vec<OfferId>, bool) {
         // Classes compared once per interned string, not once per offer.
-        let wanted: Vec<u32> = classes
-            .iter()
-            .filter_map(|c| self.text.ids.get(c.as_str()).copied())
-            .collect();
+        let wanted = self.class_filter(Some(classes)).unwrap_or_default();
         if wanted.is_empty() {
             return (Vec::new(), false);
         }
-        self.ids_after_where(after, limit, now, |s| wanted.contains(&s.class))
+        self.ids_after_where(after, None, limit, now, |s| wanted.contains(&s.class))
     }
 
     fn ids_after_where(
         &self,
         after: Option<&OfferId>,
+        end: Option<OfferId>,
+        limit: usize,
+        now: Timestamp,
+        keep: impl Fn(&Slot) -> bool,
+    ) -> (Vec<OfferId>, bool) {
+        let lower = match after {
+            Some(a) => std::ops::Bound::Excluded(*a),
+            None => std::ops::Bound::Unbounded,
+        };
+        self.ids_in_range(lower, end, limit, now, keep)
+    }
+
+    /// Live ids held from `lower` to before `end` (`None`: the last), in order, at most
+    /// `limit` of those `keep` takes; and whether more follow.
+    fn ids_in_range(
+        &self,
+        lower: std::ops::Bound<OfferId>,
+        end: Option<OfferId>,
         limit: usize,
         now: Timestamp,
         keep: impl Fn(&Slot) -> bool,
     ) -> (Vec<OfferId>, bool) {
         use std::ops::Bound;
-        let lower = match after {
-            Some(a) => Bound::Excluded(*a),
-            None => Bound::Unbounded,
-        };
+        let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
         let mut live = self
             .by_id
-            .range((lower, Bound::Unbounded))
+            .range((lower, upper))
             .filter(|&(_, &i)| {
                 self.slots
                     .get(i as usize)
@@ -1049,6 +1122,87 @@ mod tests {
         }
         assert!(!book.text.ids.contains_key("a100-sxm4-80gb"));
         assert!(book.text.ids.contains_key("rtx-4090"));
+    }
+
+    #[test]
+    fn bucket_digests_and_pages_cover_exactly_the_live_ids_of_each_bucket() {
+        let net = NetworkId::devnet();
+        let mut book = OfferBook::default();
+        let mut ids = Vec::new();
+        for n in 0..600u32 {
+            let mut secret = [9u8; 32];
+            secret[..4].copy_from_slice(&n.to_be_bytes());
+            let k = NodeKey::from_secret(secret);
+            let mut offer = fixtures::offer(k.public(), 1, 1, 100);
+            if n % 3 == 0 {
+                offer.gpus[0].spec.model = "NVIDIA A100-SXM4-80GB".to_string();
+            }
+            let s = Signed::sign(&k, &net, &offer).unwrap();
+            let id = OfferId(s.envelope().content_digest());
+            book.admit(s, offer, id, T0).unwrap();
+            ids.push((id, n % 3 == 0));
+        }
+        let digest_of = |keep: &dyn Fn(bool) -> bool| {
+            let mut d = vec![0u64; gridlease_protocol::sync::BUCKETS];
+            for (id, a100) in &ids {
+                if keep(*a100) {
+                    d[usize::from(id.0.0[0])] ^= gridlease_protocol::sync::id_digest(id);
+                }
+            }
+            d
+        };
+        assert_eq!(book.bucket_digests(None, T0), digest_of(&|_| true));
+        let a100 = ["a100-sxm4-80gb".to_string()];
+        assert_eq!(book.bucket_digests(Some(&a100), T0), digest_of(&|a| a));
+        assert_eq!(
+            book.bucket_digests(Some(&["rtx-3090".to_string()]), T0),
+            vec![0; 256]
+        );
+        assert_eq!(
+            book.bucket_digests(None, T0.plus_secs(300)),
+            vec![0; 256],
+            "expired"
+        );
+        // Every bucket paged two ids at a time gives exactly its ids, in order.
+        let mut all = Vec::new();
+        for b in 0..=255u8 {
+            let mut after = None;
+            loop {
+                let (page, more) = book.bucket_ids_after(None, b, after.as_ref(), 2, T0);
+                assert!(page.iter().all(|id| id.0.0[0] == b));
+                all.extend(page.iter().copied());
+                after = page.last().copied();
+                if !more {
+                    break;
+                }
+            }
+        }
+        let mut want: Vec<OfferId> = ids.iter().map(|(id, _)| *id).collect();
+        want.sort();
+        assert_eq!(all, want);
+        // Class-restricted, and a cursor outside the bucket (before it, after it).
+        let (page, _) = book.bucket_ids_after(Some(&a100), 7, None, 1000, T0);
+        let want7: Vec<OfferId> = want
+            .iter()
+            .copied()
+            .filter(|id| id.0.0[0] == 7 && ids.iter().any(|(i, a)| i == id && *a))
+            .collect();
+        assert_eq!(page, want7);
+        let low = OfferId(gridlease_protocol::Digest([0; 32]));
+        let high = OfferId(gridlease_protocol::Digest([255; 32]));
+        let in7 = want.iter().filter(|id| id.0.0[0] == 7).count();
+        assert_eq!(
+            book.bucket_ids_after(None, 7, Some(&low), 1000, T0).0.len(),
+            in7
+        );
+        assert_eq!(
+            book.bucket_ids_after(None, 7, Some(&high), 1000, T0),
+            (vec![], false)
+        );
+        assert_eq!(
+            book.bucket_ids_after(None, 255, Some(&high), 1000, T0),
+            (vec![], false)
+        );
     }
 
     /// Every index points at the slot that holds its key, each slot is indexed once in each,

@@ -139,6 +139,68 @@ async fn an_unchanged_offer_is_not_republished_and_book_sync_reaches_who_missed_
     );
     assert_eq!(st.offers_admitted, 1, "by sync, not gossip: {st:?} {g:?}");
     assert_eq!(heard(g), 0, "{g:?}");
+    // By a round that compared bucket digests and listed the one bucket that differed.
+    assert!(st.digest_rounds >= 1 && st.buckets_differing >= 1, "{st:?}");
+    assert_eq!(st.ids_received, 1, "{st:?}");
+}
+
+/// Anti-entropy compares bucket digests first (`docs/protocol.md` 3c step 3): between two
+/// nodes that hold the same 300 offers, rounds list no id at all (a whole listing would be 300
+/// ids, 33 bytes each, every round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anti_entropy_between_books_in_step_lists_no_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let quick = || {
+        let mut c = config();
+        c.offer_resync = Duration::from_millis(500);
+        c
+    };
+    let ab = vec![
+        start(dir.path(), "a", quick()).await,
+        start(dir.path(), "b", quick()).await,
+    ];
+    let g = start(dir.path(), "g", config()).await;
+    connect(&ab[0], &ab[1]).await;
+    connect(&g, &ab[0]).await;
+    connect(&g, &ab[1]).await;
+    wait_mesh(&ab).await;
+    let now = clock::now();
+    for i in 0..300u32 {
+        let mut secret = [5u8; 32];
+        secret[..4].copy_from_slice(&i.to_be_bytes());
+        let key = NodeKey::from_secret(secret);
+        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
+    }
+    for n in &ab {
+        let c = n.node.client.clone();
+        eventually("both to hold the 300 offers", || {
+            let c = c.clone();
+            async move { c.book_len().await.unwrap() == 300 }
+        })
+        .await;
+    }
+    // Only the two stay connected: a and b hold the same book.
+    stop(g).await;
+    let ac = ab[0].node.client.clone();
+    let before = ac.sync_stats().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = ac.sync_stats().await.unwrap();
+    assert!(
+        after.digest_rounds >= before.digest_rounds + 2,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(
+        after.buckets_differing, before.buckets_differing,
+        "{after:?}"
+    );
+    assert_eq!(after.ids_received, before.ids_received, "{after:?}");
+    for n in ab {
+        stop(n).await;
+    }
 }
 
 /// A provider whose publication reached nobody (it had no peer yet) publishes it again when a

@@ -7,6 +7,8 @@
 //! |--------------------------------|-----------------------------------------------------|
 //! | `Ids { after }`                | `Ids { ids, more }`: at most [`MAX_SYNC_IDS`] ids > `after` |
 //! | `ClassIds { classes, after }`  | `Ids { ids, more }`: the same, only offers of those GPU classes |
+//! | `Digests { classes }`          | `Digests { digests }`: one per id bucket (first byte), [`BUCKETS`] |
+//! | `BucketIds { classes, bucket, after }` | `Ids { ids, more }`: the ids of one bucket |
 //! | `Get { ids }` (<= [`MAX_SYNC_GET`]) | `Offers { envelopes }`: those still held, as received |
 //! | `CompletionIds { after }`      | `CompletionIds { ids, more }`: leases of the completion records held, > `after` |
 //! | `GetCompletions { leases }` (<= [`MAX_SYNC_GET`]) | `Completions { pairs }`: those held, as `CoSigned` bytes |
@@ -63,6 +65,35 @@ pub enum BookRequest {
         /// The last id of the previous page.
         after: Option<OfferId>,
     },
+    /// The [`BUCKETS`] digests of the live offer ids held (of these classes, or of all with
+    /// `None`): what an anti-entropy round compares first (`docs/protocol.md` 3c step 3).
+    /// Answered with `Digests`.
+    Digests {
+        /// As in `ClassIds`; `None`: every class.
+        classes: Option<Vec<String>>,
+    },
+    /// Like `Ids` (or `ClassIds` with `classes`), only the ids of one bucket (first byte
+    /// `bucket`). Answered with `Ids` pages.
+    BucketIds {
+        /// As in `Digests`.
+        classes: Option<Vec<String>>,
+        /// The bucket: the ids' first byte.
+        bucket: u8,
+        /// The last id of the previous page.
+        after: Option<OfferId>,
+    },
+}
+
+/// Buckets of a digest answer: ids by their first byte.
+pub const BUCKETS: usize = 256;
+
+/// The digest of one bucket: the XOR of bytes 8..16 (big-endian) of each of its ids (ids are
+/// SHA-256 digests, so any difference between two sets changes it but with probability
+/// 2^-64), 0 for an empty bucket.
+pub fn id_digest(id: &OfferId) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id.0.0[8..16]);
+    u64::from_be_bytes(b)
 }
 
 /// What the peer answers.
@@ -94,6 +125,11 @@ pub enum BookResponse {
     Completions {
         /// Encoded pairs (each at most `crate::completion::MAX_COSIGNED_BYTES`).
         pairs: Vec<serde_bytes::ByteBuf>,
+    },
+    /// The digest of each bucket of live ids held (see [`id_digest`]), exactly [`BUCKETS`].
+    Digests {
+        /// Bucket `b`'s digest at index `b`.
+        digests: Vec<u64>,
     },
 }
 
@@ -165,5 +201,30 @@ mod tests {
             codec::decode::<BookRequest, MAX_SYNC_REQUEST_FRAME>(&bytes).unwrap(),
             classes
         );
+        // Digests: the request with the most classes, the answer of every bucket.
+        let many = Some(vec![
+            "x".repeat(crate::class::MAX_CLASS_LEN);
+            crate::class::MAX_FOLLOWED_CLASSES
+        ]);
+        for req in [
+            BookRequest::Digests {
+                classes: many.clone(),
+            },
+            BookRequest::BucketIds {
+                classes: many,
+                bucket: 255,
+                after: Some(OfferId(Digest::of("t", b"after"))),
+            },
+        ] {
+            let bytes = codec::encode::<BookRequest, MAX_SYNC_REQUEST_FRAME>(&req).unwrap();
+            assert_eq!(
+                codec::decode::<BookRequest, MAX_SYNC_REQUEST_FRAME>(&bytes).unwrap(),
+                req
+            );
+        }
+        let digests = BookResponse::Digests {
+            digests: vec![u64::MAX; BUCKETS],
+        };
+        assert!(codec::encode::<BookResponse, MAX_SYNC_RESPONSE_FRAME>(&digests).is_ok());
     }
 }

@@ -503,7 +503,20 @@ fn truncated() -> SanitizeError {
     ))
 }
 
+/// How long one Docker archive request may take. bollard times a request as a whole until
+/// the answer's headers, its body included (two minutes by default, what every other
+/// request keeps): an upload streamed from a renter's home link (1 GiB at 20 Mbit/s is about
+/// 7 minutes), or a download while a loaded daemon prepares a large tree, takes longer. A
+/// transfer that stops is ended by its stream instead: the renter's connection closing ends
+/// the request body (an upload) or the reader (a download).
+pub const ARCHIVE_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 impl Sandbox {
+    /// The Docker client for archive requests ([`ARCHIVE_REQUEST_TIMEOUT`]).
+    fn archive_client(&self) -> bollard::Docker {
+        self.docker().clone().with_timeout(ARCHIVE_REQUEST_TIMEOUT)
+    }
+
     /// Extracts the tar stream `body` at the workspace (`/workspace`) of `container`. `body`
     /// should come from [`rewrite`].
     pub async fn put_workspace_archive(
@@ -515,7 +528,7 @@ impl Sandbox {
             .path(gridlease_protocol::transfer::WORKSPACE)
             .no_overwrite_dir_non_dir("true")
             .build();
-        self.docker()
+        self.archive_client()
             .upload_to_container(container, Some(opts), bollard::body_try_stream(body))
             .await
             .map_err(docker_err("upload_to_container", container))
@@ -531,7 +544,7 @@ impl Sandbox {
             .path(path)
             .build();
         let target = container.to_string();
-        self.docker()
+        self.archive_client()
             .download_from_container(container, Some(opts))
             .map(move |r| {
                 r.map_err(|source| SandboxError::Docker {

@@ -59,6 +59,10 @@ pub struct SyncStats {
     pub offers_rejected: u64,
     /// Response bytes received (frames included).
     pub bytes_received: u64,
+    /// Anti-entropy rounds (bucket digests compared first).
+    pub digest_rounds: u64,
+    /// Id buckets whose digests differed in those rounds (each listed).
+    pub buckets_differing: u64,
 }
 
 /// Most ids answered for an id prefix: two are enough to call it ambiguous.

@@ -214,6 +214,14 @@ const WITHDRAWAL_TTL_S: u64 = 90;
 /// How long a stopping node keeps driving its connections so the withdrawal goes out.
 const WITHDRAWAL_DRAIN: Duration = Duration::from_millis(300);
 
+/// Whether a sync request's classes are acceptable: at most the followed-class limit, each a
+/// class name; `None` (every class) always.
+fn valid_classes(classes: Option<&[String]>) -> bool {
+    classes.is_none_or(|cs| {
+        cs.len() <= class::MAX_FOLLOWED_CLASSES && cs.iter().all(|c| class::is_class(c))
+    })
+}
+
 /// Most book syncs run at once; more connections wait in a queue.
 const MAX_SYNCS: usize = 8;
 /// Most peers waiting for a book sync; a connection beyond them is not synced now (gossip and
@@ -235,6 +243,13 @@ struct BookSync {
     completions_listed: bool,
     /// Leases whose records the peer holds and this node lacks, not yet asked for.
     completions_missing: std::collections::VecDeque<gridlease_protocol::LeaseId>,
+    /// An anti-entropy round: the id buckets are compared first (`Digests`), and only those
+    /// that differ are listed (`BucketIds`).
+    by_bucket: bool,
+    /// The bucket being listed (with `by_bucket`).
+    bucket: Option<u8>,
+    /// Buckets that differ, not listed yet.
+    buckets: std::collections::VecDeque<u8>,
 }
 
 impl EventLoop {
@@ -1702,9 +1717,23 @@ impl EventLoop {
     /// re-gossiped). Costs one page of 33-byte ids per 4,096 offers held when nothing is
     /// missing.
     fn offer_anti_entropy(&mut self) {
-        if let Some(peer) = self.next_in_turn(|l| &mut l.resync_round) {
-            self.start_sync(peer);
+        let Some(peer) = self.next_in_turn(|l| &mut l.resync_round) else {
+            return;
+        };
+        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS {
+            return;
         }
+        self.sync_stats.started += 1;
+        self.sync_stats.digest_rounds += 1;
+        self.syncs.insert(
+            peer,
+            BookSync {
+                by_bucket: true,
+                ..BookSync::default()
+            },
+        );
+        let classes = self.followed_classes();
+        self.sync_request(peer, BookRequest::Digests { classes });
     }
 
     /// The next connected peer in turn for a round counted by `round`, in peer id order.
@@ -1790,6 +1819,32 @@ impl EventLoop {
         }
     }
 
+    /// Lists the next differing bucket of an anti-entropy round, or, when none is left (or
+    /// the sync lists whole pages), ends the listing and fetches what is missing.
+    fn next_bucket(&mut self, peer: PeerId) {
+        let Some(s) = self.syncs.get_mut(&peer) else {
+            return;
+        };
+        s.bucket = s.buckets.pop_front();
+        match s.bucket {
+            Some(bucket) => {
+                let classes = self.followed_classes();
+                self.sync_request(
+                    peer,
+                    BookRequest::BucketIds {
+                        classes,
+                        bucket,
+                        after: None,
+                    },
+                );
+            }
+            None => {
+                s.listed = true;
+                self.sync_next(peer);
+            }
+        }
+    }
+
     fn end_sync(&mut self, peer: &PeerId) {
         if let Some(s) = self.syncs.remove(peer) {
             for id in s.missing {
@@ -1870,6 +1925,29 @@ impl EventLoop {
                 BookResponse::Ids { ids, more }
             }
             BookRequest::ClassIds { .. } => BookResponse::Refused,
+            BookRequest::Digests { classes } if valid_classes(classes.as_deref()) => {
+                let digests = self
+                    .book
+                    .view(|b| b.bucket_digests(classes.as_deref(), now));
+                BookResponse::Digests { digests }
+            }
+            BookRequest::BucketIds {
+                classes,
+                bucket,
+                after,
+            } if valid_classes(classes.as_deref()) => {
+                let (ids, more) = self.book.view(|b| {
+                    b.bucket_ids_after(
+                        classes.as_deref(),
+                        bucket,
+                        after.as_ref(),
+                        MAX_SYNC_IDS,
+                        now,
+                    )
+                });
+                BookResponse::Ids { ids, more }
+            }
+            BookRequest::Digests { .. } | BookRequest::BucketIds { .. } => BookResponse::Refused,
             BookRequest::Get { ids } if ids.len() <= MAX_SYNC_GET => {
                 let envelopes = self.book.view(|book| {
                     ids.iter()
@@ -1920,15 +1998,23 @@ impl EventLoop {
                     self.wanted.insert(id);
                     s.missing.push_back(id);
                 }
-                match (more, last) {
-                    (true, Some(after)) => {
+                match (more, last, s.bucket) {
+                    (true, Some(after), Some(bucket)) => {
+                        let classes = self.followed_classes();
+                        self.sync_request(
+                            peer,
+                            BookRequest::BucketIds {
+                                classes,
+                                bucket,
+                                after: Some(after),
+                            },
+                        );
+                    }
+                    (true, Some(after), None) => {
                         let next = self.ids_request(Some(after));
                         self.sync_request(peer, next);
                     }
-                    _ => {
-                        s.listed = true;
-                        self.sync_next(peer);
-                    }
+                    _ => self.next_bucket(peer),
                 }
             }
             BookResponse::Offers { envelopes } => {
@@ -1943,6 +2029,29 @@ impl EventLoop {
                 self.sync_next(peer);
             }
             BookResponse::Refused => self.end_sync(&peer),
+            BookResponse::Digests { digests } => {
+                let Some(s) = self.syncs.get(&peer) else {
+                    return;
+                };
+                if !s.by_bucket || digests.len() != gridlease_protocol::sync::BUCKETS {
+                    // Not asked for, or malformed.
+                    self.end_sync(&peer);
+                    return;
+                }
+                let now = clock::now();
+                let classes = self.followed_classes();
+                let own = self
+                    .book
+                    .view(|b| b.bucket_digests(classes.as_deref(), now));
+                let differ: std::collections::VecDeque<u8> = (0..=u8::MAX)
+                    .filter(|&b| own[usize::from(b)] != digests[usize::from(b)])
+                    .collect();
+                self.sync_stats.buckets_differing += differ.len() as u64;
+                if let Some(s) = self.syncs.get_mut(&peer) {
+                    s.buckets = differ;
+                }
+                self.next_bucket(peer);
+            }
             BookResponse::CompletionIds { ids, more } => {
                 let last = ids.last().copied();
                 let room = crate::store::COMPLETIONS_KEPT;
