@@ -1819,6 +1819,16 @@ impl EventLoop {
         }
     }
 
+    /// The request for a page of the peer's ids in `bucket` after `after`, of the followed
+    /// classes when this node follows some.
+    fn bucket_request(&self, bucket: u8, after: Option<OfferId>) -> BookRequest {
+        BookRequest::BucketIds {
+            classes: self.followed_classes(),
+            bucket,
+            after,
+        }
+    }
+
     /// Lists the next differing bucket of an anti-entropy round, or, when none is left (or
     /// the sync lists whole pages), ends the listing and fetches what is missing.
     fn next_bucket(&mut self, peer: PeerId) {
@@ -1828,15 +1838,8 @@ impl EventLoop {
         s.bucket = s.buckets.pop_front();
         match s.bucket {
             Some(bucket) => {
-                let classes = self.followed_classes();
-                self.sync_request(
-                    peer,
-                    BookRequest::BucketIds {
-                        classes,
-                        bucket,
-                        after: None,
-                    },
-                );
+                let next = self.bucket_request(bucket, None);
+                self.sync_request(peer, next);
             }
             None => {
                 s.listed = true;
@@ -2000,15 +2003,8 @@ impl EventLoop {
                 }
                 match (more, last, s.bucket) {
                     (true, Some(after), Some(bucket)) => {
-                        let classes = self.followed_classes();
-                        self.sync_request(
-                            peer,
-                            BookRequest::BucketIds {
-                                classes,
-                                bucket,
-                                after: Some(after),
-                            },
-                        );
+                        let next = self.bucket_request(bucket, Some(after));
+                        self.sync_request(peer, next);
                     }
                     (true, Some(after), None) => {
                         let next = self.ids_request(Some(after));
