@@ -1329,10 +1329,14 @@ fn fresh_nonce() -> u64 {
 
 /// A provider's answer that does not fit the request, as an error.
 fn unexpected(lease_id: LeaseId, answer: &SessionResponse) -> LeaseError {
-    LeaseError::Remote {
-        lease_id,
-        detail: format!("provider answered {answer:?}"),
-    }
+    let detail = match answer {
+        // The provider's per-renter rate (logs::PEER_LOG_RATE) or its queues are full.
+        SessionResponse::Busy => {
+            "the provider is busy (this node asked it too often); retry in a second".into()
+        }
+        other => format!("provider answered {other:?}"),
+    };
+    LeaseError::Remote { lease_id, detail }
 }
 
 /// Sends one session request and returns the answer (or why there is none).
