@@ -31,7 +31,17 @@ use crate::money::{Money, MoneyError};
 const HOUR_S: u128 = 3600;
 
 /// `floor(price_per_gpu_hour x gpus x seconds / 3600)`, or an overflow error.
+#[inline]
 pub fn cost(seconds: u64, gpus: u16, price_per_gpu_hour: Money) -> Result<Money, MoneyError> {
+    // Asked at every usage report (several times): the usual product fits 64 bits, where the
+    // checks are two multiplies' overflow flags and the division a multiply.
+    if let Some(p) = price_per_gpu_hour
+        .micros()
+        .checked_mul(u64::from(gpus))
+        .and_then(|r| r.checked_mul(seconds))
+    {
+        return Ok(Money::from_micros(p / HOUR_S as u64));
+    }
     // price x gpus < 2^80 always fits; x seconds may not, hence checked.
     let product = (u128::from(price_per_gpu_hour.micros()) * u128::from(gpus))
         .checked_mul(u128::from(seconds))
@@ -106,7 +116,12 @@ impl Tariff {
     /// [`crate::channel::RenterChannel`]): `due` plus the cost of the prepaid seconds, capped
     /// at the budget. With no prepay this is `due` (capped): payment in arrears. A prepay of
     /// at least the lease's duration pays the whole budget.
+    #[inline]
     pub fn receipt_total(&self, due: Money) -> Money {
+        if self.prepay_s == 0 {
+            // Payment in arrears (the window of no seconds costs nothing).
+            return due.min(self.max_total);
+        }
         let ahead_ms = u64::from(self.prepay_s).saturating_mul(1000);
         if ahead_ms >= self.max_wall_ms && self.prepay_s > 0 {
             return self.max_total;
@@ -140,6 +155,7 @@ impl Tariff {
 
     /// Due while running, for `wall_ms` of use so far: per-second cost of at most the lease's
     /// duration, capped at the budget.
+    #[inline]
     pub fn due(&self, wall_ms: u64) -> Result<Money, MoneyError> {
         let c = cost(
             billable_seconds(wall_ms.min(self.max_wall_ms)),
@@ -150,6 +166,7 @@ impl Tariff {
     }
 
     /// Due at settlement: like [`Tariff::due`] but never below the minimum billed duration.
+    #[inline]
     pub fn final_due(&self, wall_ms: u64) -> Result<Money, MoneyError> {
         let secs =
             billable_seconds(wall_ms.min(self.max_wall_ms)).max(u64::from(self.min_billed_s));
@@ -164,6 +181,7 @@ impl Tariff {
     }
 
     /// The cost of `seconds` of use (no cap): what a window of that length is worth.
+    #[inline]
     pub fn window_cost(&self, seconds: u64) -> Result<Money, MoneyError> {
         cost(seconds, self.gpus, self.price_per_gpu_hour)
     }
@@ -232,6 +250,9 @@ mod tests {
             (1u64, 1u16, u64::MAX),
             (u64::MAX, 1, 1),
             (u64::MAX, 1, 2),
+            // price x gpus alone beyond 64 bits, the quotient within.
+            (u64::MAX, 2, 1),
+            (u64::MAX / 2, 3, 0),
             (4_294_967_296, 2, 2_147_483_648),
             (4_294_967_296, 2, 2_147_483_647),
             (3_599, 7, 3_601),
@@ -379,6 +400,21 @@ mod tests {
                 .map(|w| interval_charge(w[0], w[1], gpus, p).unwrap())
                 .collect();
             prop_assert_eq!(Money::checked_sum(parts).unwrap(), cost(end, gpus, p).unwrap());
+        }
+
+        /// The 64-bit path and the 128-bit one give the 128-bit quotient (or overflow).
+        #[test]
+        fn cost_is_the_exact_quotient_everywhere(
+            s in any::<u64>(), gpus in any::<u16>(), micros in any::<u64>(), shift in 0u32..64,
+        ) {
+            // Shifted so that both paths are taken often.
+            let s = s >> shift;
+            let exact = (u128::from(micros) * u128::from(gpus))
+                .checked_mul(u128::from(s))
+                .map(|p| p / 3600)
+                .filter(|&e| e <= u128::from(u64::MAX));
+            let got = cost(s, gpus, Money::from_micros(micros));
+            prop_assert_eq!(got.ok().map(|m| u128::from(m.micros())), exact);
         }
 
         /// Cost is monotonic in time, and linear up to one micro-unit of rounding.

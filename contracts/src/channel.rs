@@ -137,6 +137,7 @@ impl ProviderChannel {
 
     /// Validates a receipt from `signer` received at `now`. On success returns the amount newly
     /// paid (to book), and the receipt becomes the final statement so far.
+    #[inline]
     pub fn accept_receipt(
         &mut self,
         signer: &PublicKey,
@@ -180,11 +181,13 @@ impl ProviderChannel {
     }
 
     /// Notes that the renter was heard from (any valid message), resetting the grace timer.
+    #[inline]
     pub fn heard_from_renter(&mut self, now: Timestamp) {
         self.last_heard = self.last_heard.max(now);
     }
 
     /// Total paid so far (the final statement if the lease ended now).
+    #[inline]
     pub fn paid(&self) -> Money {
         self.last
             .as_ref()
@@ -208,6 +211,7 @@ impl ProviderChannel {
 
     /// Whether the renter has paid for time not yet used (a prepaid, unattended lease): paid
     /// beyond what `wall_ms` of usage costs, or the whole budget.
+    #[inline]
     pub fn prepaid_ahead(&self, wall_ms: u64) -> Result<bool, MoneyError> {
         let paid = self.paid();
         Ok(self.tariff.prepay_s > 0
@@ -224,6 +228,7 @@ impl ProviderChannel {
     /// past the grace period stops the lease unless it prepaid the time now being used
     /// ([`Self::prepaid_ahead`]): then the lease runs on the renter's money until that is used
     /// up, and stops at once after (the renter is still silent).
+    #[inline]
     pub fn decide(&self, wall_ms: u64, now: Timestamp) -> Result<Decision, MoneyError> {
         // Called at every report: the amount due is computed once.
         let due = self.tariff.due(wall_ms)?;
@@ -316,6 +321,29 @@ pub fn check_usage(
     signer: &PublicKey,
     elapsed_ms: u64,
 ) -> Result<(), UsageError> {
+    check_usage_in(
+        terms,
+        &Tariff::of(terms),
+        lease_id,
+        prev,
+        report,
+        signer,
+        elapsed_ms,
+    )
+}
+
+/// [`check_usage`] with the terms' tariff already at hand (a channel keeps it: this runs at
+/// every report).
+#[inline]
+fn check_usage_in(
+    terms: &LeaseTerms,
+    tariff: &Tariff,
+    lease_id: LeaseId,
+    prev: Option<&UsageReport>,
+    report: &UsageReport,
+    signer: &PublicKey,
+    elapsed_ms: u64,
+) -> Result<(), UsageError> {
     if report.lease_id != lease_id {
         return Err(UsageError::WrongLease);
     }
@@ -335,7 +363,6 @@ pub fn check_usage(
     } else if report.seq == 0 {
         return Err(UsageError::StaleSeq { last: 0, got: 0 });
     }
-    let tariff = Tariff::of(terms);
     let allowed_ms = elapsed_ms
         .saturating_add(WALL_CLOCK_TOLERANCE_MS)
         .min(tariff.max_wall_ms);
@@ -366,6 +393,7 @@ pub fn check_usage(
 
 /// The first cumulative meter of `report` below its value in `prev`, in the order the report
 /// lists them.
+#[inline]
 fn decreased_meter(prev: &UsageReport, report: &UsageReport) -> Option<&'static str> {
     if report.wall_ms < prev.wall_ms {
         Some("wall_ms")
@@ -391,6 +419,8 @@ fn decreased_meter(prev: &UsageReport, report: &UsageReport) -> Option<&'static 
 pub struct RenterChannel {
     lease_id: LeaseId,
     terms: LeaseTerms,
+    /// The tariff of `terms` (asked at every report).
+    tariff: Tariff,
     /// The terms before the last amendment: a report the provider signed before it accepted
     /// the amendment may arrive after the renter applied it (see [`RenterChannel::amend`]).
     before_amend: Option<LeaseTerms>,
@@ -403,6 +433,7 @@ impl RenterChannel {
     pub fn new(lease_id: LeaseId, terms: LeaseTerms) -> Self {
         Self {
             lease_id,
+            tariff: Tariff::of(&terms),
             terms,
             before_amend: None,
             last_usage: None,
@@ -416,6 +447,7 @@ impl RenterChannel {
     /// under them: its amount may be capped at the previous budget.
     pub fn amend(&mut self, amended: &LeaseTerms) {
         let before = std::mem::replace(&mut self.terms, amended.clone());
+        self.tariff = Tariff::of(amended);
         self.before_amend = Some(before);
     }
 
@@ -436,6 +468,7 @@ impl RenterChannel {
     }
 
     /// Total paid so far.
+    #[inline]
     pub fn paid(&self) -> Money {
         self.last_receipt
             .as_ref()
@@ -456,6 +489,7 @@ impl RenterChannel {
     /// (`None` if nothing new is due), or why the report is refused; a refused report books
     /// nothing and the renter should close the lease with
     /// [`CloseReason::ImplausibleUsage`].
+    #[inline]
     pub fn on_usage(
         &mut self,
         report: &UsageReport,
@@ -464,7 +498,9 @@ impl RenterChannel {
         now: Timestamp,
     ) -> Result<Option<PaymentReceipt>, UsageError> {
         self.observe(report, signer, elapsed_ms)?;
-        let total = Tariff::of(&self.terms).receipt_total(Money::from_micros(report.amount_due));
+        let total = self
+            .tariff
+            .receipt_total(Money::from_micros(report.amount_due));
         Ok(self.pay(total, report.wall_ms, now))
     }
 
@@ -472,15 +508,17 @@ impl RenterChannel {
     /// nothing: how a renter that was away catches up on reports of a lease the provider has
     /// already closed (paying more then would only make the two statements differ; the
     /// settlement is [`Self::settlement`]).
+    #[inline]
     pub fn observe(
         &mut self,
         report: &UsageReport,
         signer: &PublicKey,
         elapsed_ms: u64,
     ) -> Result<(), UsageError> {
-        let check = |terms: &LeaseTerms| {
-            check_usage(
+        let check = |terms: &LeaseTerms, tariff: &Tariff| {
+            check_usage_in(
                 terms,
+                tariff,
                 self.lease_id,
                 self.last_usage.as_ref(),
                 report,
@@ -488,10 +526,10 @@ impl RenterChannel {
                 elapsed_ms,
             )
         };
-        match (check(&self.terms), &self.before_amend) {
+        match (check(&self.terms, &self.tariff), &self.before_amend) {
             (Ok(()), _) => {}
             (Err(e @ UsageError::AmountMismatch { .. }), Some(before)) => {
-                check(before).map_err(|_| e)?;
+                check(before, &Tariff::of(before)).map_err(|_| e)?;
             }
             (Err(e), _) => return Err(e),
         }
@@ -507,6 +545,7 @@ impl RenterChannel {
 
     /// Books and returns the next receipt, paying `due` (capped at the budget) in total, if
     /// that is more than paid so far; `None` otherwise.
+    #[inline]
     fn pay(&mut self, due: Money, covers_wall_ms: u64, now: Timestamp) -> Option<PaymentReceipt> {
         let due = due.min(Money::from_micros(self.terms.max_total));
         if due <= self.paid() {
@@ -536,15 +575,13 @@ impl RenterChannel {
         if !crate::billing::start_failure_is_billed(kind) {
             return Ok(None);
         }
-        Ok(self.pay(Tariff::of(&self.terms).failed_start_fee()?, 0, now))
+        Ok(self.pay(self.tariff.failed_start_fee()?, 0, now))
     }
 
     /// What the renter has paid beyond the usage it has been shown: at most the prepay's cost
     /// ([`Tariff::prepaid_beyond`]); zero in arrears.
     pub fn prepaid_exposure(&self, shown_wall_ms: u64) -> Result<Money, MoneyError> {
-        Ok(self
-            .paid()
-            .saturating_sub(Tariff::of(&self.terms).due(shown_wall_ms)?))
+        Ok(self.paid().saturating_sub(self.tariff.due(shown_wall_ms)?))
     }
 }
 
