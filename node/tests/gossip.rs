@@ -203,6 +203,84 @@ async fn anti_entropy_between_books_in_step_lists_no_ids() {
     }
 }
 
+/// The sync on connecting compares bucket digests first too: a node that restarts with its
+/// book lists no id of a peer in step with it (it listed every id, 33 bytes each, before), and
+/// a new node, for which every bucket differs, lists whole pages and gets everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_with_its_book_lists_no_ids_when_it_reconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    // No anti-entropy round in the test's time: every sync here is one on connecting.
+    let slow = || {
+        let mut c = config();
+        c.offer_resync = Duration::from_secs(3600);
+        c
+    };
+    let ab = vec![
+        start(dir.path(), "a", slow()).await,
+        start(dir.path(), "b", slow()).await,
+    ];
+    let g = start(dir.path(), "g", slow()).await;
+    connect(&ab[0], &ab[1]).await;
+    connect(&g, &ab[0]).await;
+    connect(&g, &ab[1]).await;
+    wait_mesh(&ab).await;
+    let now = clock::now();
+    for i in 0..300u32 {
+        let mut secret = [6u8; 32];
+        secret[..4].copy_from_slice(&i.to_be_bytes());
+        let key = NodeKey::from_secret(secret);
+        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
+    }
+    let holds_all = |c: gridlease_node::net::Client| {
+        eventually("the 300 offers", move || {
+            let c = c.clone();
+            async move { c.book_len().await.unwrap() == 300 }
+        })
+    };
+    for n in &ab {
+        holds_all(n.node.client.clone()).await;
+    }
+    stop(g).await;
+    let mut ab = ab;
+    let b = ab.pop().unwrap();
+    let home = stop(b).await;
+    let b = start_from_home(&home, slow()).await;
+    // Restored before it connects.
+    holds_all(b.node.client.clone()).await;
+    connect(&b, &ab[0]).await;
+    // b syncs with a (a synced with b's peer id before, on their first connection).
+    let bc = b.node.client.clone();
+    eventually("b to compare a's digests", || {
+        let c = bc.clone();
+        async move { c.sync_stats().await.unwrap().digest_rounds >= 1 }
+    })
+    .await;
+    // Time for any listing the comparison would start (loopback answers take milliseconds).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = bc.sync_stats().await.unwrap();
+    assert_eq!(
+        (st.digest_rounds, st.buckets_differing, st.whole_listings),
+        (1, 0, 0),
+        "{st:?}"
+    );
+    assert_eq!(st.ids_received, 0, "ids listed: {st:?}");
+
+    // A new node: every bucket differs, whole pages are listed.
+    let c = start(dir.path(), "c", slow()).await;
+    connect(&c, &ab[0]).await;
+    holds_all(c.node.client.clone()).await;
+    let st = c.node.client.sync_stats().await.unwrap();
+    assert_eq!(st.whole_listings, 1, "{st:?}");
+    assert_eq!(st.ids_received, 300, "{st:?}");
+    for n in [b, c, ab.pop().unwrap()] {
+        stop(n).await;
+    }
+}
+
 /// A provider whose publication reached nobody (it had no peer yet) publishes it again when a
 /// peer subscribes to the offer topic, so nodes beyond that peer hear of it at once rather
 /// than at the next anti-entropy round (an hour away here) or the re-sign before expiry.

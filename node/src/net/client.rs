@@ -59,10 +59,14 @@ pub struct SyncStats {
     pub offers_rejected: u64,
     /// Response bytes received (frames included).
     pub bytes_received: u64,
-    /// Anti-entropy rounds (bucket digests compared first).
+    /// Syncs that have compared the peer's bucket digests with the book's (on connecting and
+    /// in anti-entropy rounds).
     pub digest_rounds: u64,
-    /// Id buckets whose digests differed in those rounds (each listed).
+    /// Id buckets whose digests differed in those syncs.
     pub buckets_differing: u64,
+    /// Of those syncs, the ones where so many buckets differed that the peer's ids were
+    /// listed in whole pages instead of bucket by bucket.
+    pub whole_listings: u64,
 }
 
 /// Most ids answered for an id prefix: two are enough to call it ambiguous.
@@ -97,6 +101,8 @@ pub(crate) enum Command {
     /// Stored offers, verified again, for the book (the restore after start); answers how
     /// many were admitted.
     Restore(Vec<super::restore::Restored>, oneshot::Sender<usize>),
+    /// The restore has finished (or given up): book syncs may start.
+    RestoreDone,
     SyncStats(oneshot::Sender<SyncStats>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     SetFree(u16, oneshot::Sender<()>),

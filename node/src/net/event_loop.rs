@@ -109,6 +109,11 @@ struct PendingRpc {
     retry: Option<(PeerId, Vec<Multiaddr>, LeaseRpc)>,
 }
 
+/// Most differing id buckets a book sync lists one by one (`BucketIds`); with more it lists
+/// whole pages (`Ids`/`ClassIds`) instead. An eighth: listing 32 buckets costs at least 32
+/// round trips, the whole book of 100,000 ids 25.
+const LIST_BUCKETS_UP_TO: usize = gridlease_protocol::sync::BUCKETS / 8;
+
 /// Most lease-stream requests awaiting the lease service at once; more are answered `Busy`
 /// (sessions) or refused (proposals).
 const MAX_LEASE_IN_FLIGHT: usize = 1024;
@@ -164,8 +169,11 @@ pub(super) struct EventLoop {
     lease_handler: Option<mpsc::Sender<InboundLease>>,
     /// Book syncs this node runs with peers it connected to (at most [`MAX_SYNCS`]).
     syncs: HashMap<PeerId, BookSync>,
-    /// Connected peers waiting for a sync slot (at most [`MAX_SYNC_QUEUE`]).
+    /// Connected peers waiting for a sync slot, or for the restore to finish (at most
+    /// [`MAX_SYNC_QUEUE`]).
     sync_queue: std::collections::VecDeque<PeerId>,
+    /// The stored offers are still being restored ([`super::restore`]): syncs wait.
+    restoring: bool,
     /// Offer ids asked for by a sync and not answered yet (never asked twice at once).
     wanted: std::collections::HashSet<OfferId>,
     /// Book sync requests answered per peer.
@@ -318,6 +326,7 @@ impl EventLoop {
             lease_handler: None,
             syncs: HashMap::new(),
             sync_queue: std::collections::VecDeque::new(),
+            restoring: true,
             wanted: std::collections::HashSet::new(),
             sync_limits: RateLimiter::new(
                 super::ratelimit::RateLimit {
@@ -566,6 +575,10 @@ impl EventLoop {
                         .count()
                 });
                 let _ = reply.send(admitted);
+            }
+            Command::RestoreDone => {
+                self.restoring = false;
+                self.next_queued_sync();
             }
             Command::SyncStats(reply) => {
                 let mut st = self.sync_stats;
@@ -1688,7 +1701,6 @@ impl EventLoop {
 
     // ---- book sync -------------------------------------------------------------------------
 
-    /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once).
     /// Anti-entropy for completion records: each republish period, the completions phase of a
     /// book sync with the next connected peer in turn (gossip can miss a node whose mesh was
     /// forming; a batch nobody learns from is not forwarded). Costs one page of lease ids per
@@ -1711,12 +1723,15 @@ impl EventLoop {
     }
 
     /// Anti-entropy for offers, which are published only when they change: each
-    /// [`super::NodeConfig::offer_resync`], a whole book sync (offer ids, then completion
-    /// records) with the next connected peer in turn. Catches what gossip missed (a message
-    /// lost while a mesh was forming, an offer a peer learned by sync, which is not
-    /// re-gossiped). Costs one page of 33-byte ids per 4,096 offers held when nothing is
+    /// [`super::NodeConfig::offer_resync`], a book sync (bucket digests, the ids of the
+    /// buckets that differ, then completion records) with the next connected peer in turn.
+    /// Catches what gossip missed (a message lost while a mesh was forming, an offer a peer
+    /// learned by sync, which is not re-gossiped). Costs one 2 KB answer when nothing is
     /// missing.
     fn offer_anti_entropy(&mut self) {
+        if self.restoring {
+            return;
+        }
         let Some(peer) = self.next_in_turn(|l| &mut l.resync_round) else {
             return;
         };
@@ -1724,7 +1739,6 @@ impl EventLoop {
             return;
         }
         self.sync_stats.started += 1;
-        self.sync_stats.digest_rounds += 1;
         self.syncs.insert(
             peer,
             BookSync {
@@ -1748,20 +1762,30 @@ impl EventLoop {
         Some(peers[*r % peers.len()])
     }
 
+    /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once,
+    /// [`MAX_SYNC_QUEUE`] waiting).
     fn start_sync(&mut self, peer: PeerId) {
         if self.syncs.contains_key(&peer) || self.sync_queue.contains(&peer) {
             return;
         }
-        if self.syncs.len() >= MAX_SYNCS {
+        if self.syncs.len() >= MAX_SYNCS || self.restoring {
             if self.sync_queue.len() < MAX_SYNC_QUEUE {
                 self.sync_queue.push_back(peer);
             }
             return;
         }
+        // Bucket digests first, as in an anti-entropy round: a node that reconnects, or
+        // restarts with its book, lists only the buckets that differ (a new node lists all).
         self.sync_stats.started += 1;
-        self.syncs.insert(peer, BookSync::default());
-        let first = self.ids_request(None);
-        self.sync_request(peer, first);
+        self.syncs.insert(
+            peer,
+            BookSync {
+                by_bucket: true,
+                ..BookSync::default()
+            },
+        );
+        let classes = self.followed_classes();
+        self.sync_request(peer, BookRequest::Digests { classes });
     }
 
     /// The request for a page of the peer's offer ids after `after`: of the followed classes
@@ -1859,7 +1883,7 @@ impl EventLoop {
 
     /// Starts the next queued sync with a peer still connected.
     fn next_queued_sync(&mut self) {
-        while self.syncs.len() < MAX_SYNCS {
+        while self.syncs.len() < MAX_SYNCS && !self.restoring {
             let Some(peer) = self.sync_queue.pop_front() else {
                 return;
             };
@@ -2042,7 +2066,16 @@ impl EventLoop {
                 let differ: std::collections::VecDeque<u8> = (0..=u8::MAX)
                     .filter(|&b| own[usize::from(b)] != digests[usize::from(b)])
                     .collect();
+                self.sync_stats.digest_rounds += 1;
                 self.sync_stats.buckets_differing += differ.len() as u64;
+                if differ.len() > LIST_BUCKETS_UP_TO {
+                    // Most buckets differ (a new node, or one long away): whole pages of ids
+                    // take a round trip per 4,096 ids, a bucket at least one each.
+                    self.sync_stats.whole_listings += 1;
+                    let first = self.ids_request(None);
+                    self.sync_request(peer, first);
+                    return;
+                }
                 if let Some(s) = self.syncs.get_mut(&peer) {
                     s.buckets = differ;
                 }

@@ -113,6 +113,9 @@ pub(super) async fn run(
     }
     p.done = true;
     progress.send_replace(p);
+    // The loop holds its book syncs until now: digests compared against a book still being
+    // restored would differ everywhere and fetch again what the store holds.
+    let _ = loop_tx.send(Command::RestoreDone).await;
     tracing::info!(
         offers = p.restored,
         stored = p.stored,
