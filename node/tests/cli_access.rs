@@ -73,15 +73,6 @@ fn running_lease(dir: &Path, image: &str, log: &Path, extra: &[&str]) -> (Market
     (m, id)
 }
 
-/// A free loopback TCP port (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `GET /metrics` of a node's metrics endpoint.
 fn scrape(port: u16) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -260,7 +251,7 @@ fn forward_serves_a_big_file_and_many_connections_and_only_the_renter_gets_in() 
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("provider.log");
-    let metrics = free_port();
+    let metrics = common::free_port();
     let metrics_addr = format!("127.0.0.1:{metrics}");
     let (m, id) = running_lease(dir.path(), &image.tag, &log, &["--metrics", &metrics_addr]);
     let _guard = ContainersGuard(m.provider_peer.clone());

@@ -281,6 +281,61 @@ async fn a_node_restarted_with_its_book_lists_no_ids_when_it_reconnects() {
     }
 }
 
+/// Book syncs wait for the restore of the stored offers, and then run: a node whose restore is
+/// held for a second while completion-records rounds run with its peer back to back (every
+/// 1 ms) still gets the peer's offers by its connection's sync once the restore is done (no
+/// offer anti-entropy round in the test's time). The rounds may or may not be running with
+/// the peer at that moment; when one is, the connection's sync waits for it to end (in the
+/// scale harness, where rounds ran slowly, it was dropped, and new nodes kept only what their
+/// other peers gave them: `bench_scale` shows that case, this test does not force it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn book_syncs_wait_for_the_restore_and_then_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = || {
+        let mut c = config();
+        c.offer_resync = Duration::from_secs(3600);
+        c
+    };
+    let full = start(dir.path(), "full", slow()).await;
+    let g = start(dir.path(), "g", slow()).await;
+    connect(&g, &full).await;
+    wait_mesh(std::slice::from_ref(&full)).await;
+    let now = clock::now();
+    for i in 0..50u32 {
+        let mut secret = [7u8; 32];
+        secret[..4].copy_from_slice(&i.to_be_bytes());
+        let key = NodeKey::from_secret(secret);
+        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
+    }
+    let fc = full.node.client.clone();
+    eventually("the full node's 50 offers", || {
+        let c = fc.clone();
+        async move { c.book_len().await.unwrap() == 50 }
+    })
+    .await;
+    stop(g).await;
+    let mut c = slow();
+    c.completions_republish = Duration::from_millis(1);
+    c.faults.hold_restore = Some(Duration::from_secs(1));
+    let new = start(dir.path(), "new", c).await;
+    connect(&new, &full).await;
+    let nc = new.node.client.clone();
+    eventually("the new node's 50 offers by its sync on connecting", || {
+        let c = nc.clone();
+        async move { c.book_len().await.unwrap() == 50 }
+    })
+    .await;
+    let st = nc.sync_stats().await.unwrap();
+    assert_eq!(st.offers_admitted, 50, "{st:?}");
+    for n in [new, full] {
+        stop(n).await;
+    }
+}
+
 /// A provider whose publication reached nobody (it had no peer yet) publishes it again when a
 /// peer subscribes to the offer topic, so nodes beyond that peer hear of it at once rather
 /// than at the next anti-entropy round (an hour away here) or the re-sign before expiry.
@@ -1109,15 +1164,6 @@ async fn a_node_that_follows_one_class_holds_only_that_class_by_sync_and_by_goss
     for n in [p4090, pa100, hub, f, liar] {
         stop(n).await;
     }
-}
-
-/// A loopback TCP port free now (bound, then released for the node to listen on).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// DHT lookup of a class's nodes (`docs/protocol.md` 3c step 4): a node that follows a class

@@ -1763,12 +1763,14 @@ impl EventLoop {
     }
 
     /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once,
-    /// [`MAX_SYNC_QUEUE`] waiting).
+    /// [`MAX_SYNC_QUEUE`] waiting). Waits in the queue while the restore runs, while [`MAX_SYNCS`] run, or while another
+    /// sync with the peer runs (an anti-entropy round that picked it first: the connection's
+    /// sync, dropped then, left a new node with only what other peers gave it).
     fn start_sync(&mut self, peer: PeerId) {
-        if self.syncs.contains_key(&peer) || self.sync_queue.contains(&peer) {
+        if self.sync_queue.contains(&peer) {
             return;
         }
-        if self.syncs.len() >= MAX_SYNCS || self.restoring {
+        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS || self.restoring {
             if self.sync_queue.len() < MAX_SYNC_QUEUE {
                 self.sync_queue.push_back(peer);
             }
@@ -1874,6 +1876,7 @@ impl EventLoop {
 
     fn end_sync(&mut self, peer: &PeerId) {
         if let Some(s) = self.syncs.remove(peer) {
+            tracing::debug!(%peer, missing = s.missing.len(), listed = s.listed, "book sync ended early");
             for id in s.missing {
                 self.wanted.remove(&id);
             }
@@ -1881,10 +1884,15 @@ impl EventLoop {
         self.next_queued_sync();
     }
 
-    /// Starts the next queued sync with a peer still connected.
+    /// Starts queued syncs while slots are free: the first queued peers with no sync running
+    /// (one that runs stays queued until it ends; every end calls this).
     fn next_queued_sync(&mut self) {
         while self.syncs.len() < MAX_SYNCS && !self.restoring {
-            let Some(peer) = self.sync_queue.pop_front() else {
+            let syncs = &self.syncs;
+            let Some(at) = self.sync_queue.iter().position(|p| !syncs.contains_key(p)) else {
+                return;
+            };
+            let Some(peer) = self.sync_queue.remove(at) else {
                 return;
             };
             if self.swarm.is_connected(&peer) {
@@ -2048,7 +2056,10 @@ impl EventLoop {
                 }
                 self.sync_next(peer);
             }
-            BookResponse::Refused => self.end_sync(&peer),
+            BookResponse::Refused => {
+                tracing::debug!(%peer, "book sync refused by the peer");
+                self.end_sync(&peer);
+            }
             BookResponse::Digests { digests } => {
                 let Some(s) = self.syncs.get(&peer) else {
                     return;

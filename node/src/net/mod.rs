@@ -124,6 +124,9 @@ pub struct NetFaults {
     /// Subscribe to the offer topic only once the first connection has closed: a node whose
     /// gossip with its first peer never starts, and works after a reconnection.
     pub subscribe_after_first_disconnect: bool,
+    /// Report the restore of the stored offers done only this long after it is (a big book's
+    /// restore, which book syncs wait for).
+    pub hold_restore: Option<Duration>,
 }
 
 impl NodeConfig {
@@ -462,6 +465,7 @@ impl Node {
             restore_rx,
         );
         let store_for_restore = store.clone();
+        let hold_restore = config.faults.hold_restore;
         let mut el = event_loop::EventLoop::new(
             swarm,
             key,
@@ -481,7 +485,14 @@ impl Node {
         let span = tracing::info_span!("network", peer = %peer);
         let task = tokio::spawn(tracing::Instrument::instrument(el.run(), span.clone()));
         tokio::spawn(tracing::Instrument::instrument(
-            restore::run(store_for_restore, network, now, cmd_tx, restore_tx),
+            restore::run(
+                store_for_restore,
+                network,
+                now,
+                cmd_tx,
+                restore_tx,
+                hold_restore,
+            ),
             span,
         ));
         Ok(Self {

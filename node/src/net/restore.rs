@@ -63,6 +63,7 @@ pub(super) async fn run(
     now: Timestamp,
     loop_tx: mpsc::Sender<Command>,
     progress: watch::Sender<RestoreProgress>,
+    hold: Option<std::time::Duration>,
 ) {
     let mut p = RestoreProgress::default();
     match store.call(move |s| s.count_live_offers(now)).await {
@@ -110,6 +111,10 @@ pub(super) async fn run(
             Some(n) => after = Some(n),
             None => break,
         }
+    }
+    if let Some(hold) = hold {
+        // A test fault (`NetFaults::hold_restore`).
+        tokio::time::sleep(hold).await;
     }
     p.done = true;
     progress.send_replace(p);

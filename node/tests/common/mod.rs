@@ -234,6 +234,15 @@ pub async fn wait_mesh(nodes: &[TestNode]) {
     }
 }
 
+/// A loopback TCP port free now (bound, then released for a node or server to listen on).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// An offer by `key` valid from now for `ttl_s` seconds.
 pub fn live_offer(key: &NodeKey, seq: u64, price: u64, now: Timestamp, ttl_s: u64) -> Offer {
     let mut o = fixtures::offer(key.public(), seq, 1, price);
