@@ -207,7 +207,12 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let class_of = |i: usize| (classes > 0).then(|| i % classes);
-    let dir = tempfile::tempdir().unwrap();
+    // BENCH_KEEP: the daemons' homes and logs stay for a look afterwards (a panic included).
+    let dir = tempfile::Builder::new()
+        .disable_cleanup(std::env::var_os("BENCH_KEEP").is_some())
+        .tempdir()
+        .unwrap();
+    println!("daemon homes and logs in {}", dir.path().display());
     let net = NetworkId::devnet();
     let mut rng = Rng(0x5eed_5ca1e);
     let search_home = dir.path().join("d0");
@@ -276,14 +281,22 @@ async fn main() {
         if let Some(nice) = std::env::var("BENCH_SEARCH_NICE").ok().filter(|_| i == 0) {
             // Daemon 0 ahead of the others in the CPU queue: the share of its machine a node
             // has when it runs alone there, while 99 others share these cores.
-            let pid = nodes[0].proc.0.id().to_string();
+            // Every thread: on Linux a nice value is a thread's, and `renice -p PID` changes
+            // only the main thread's (tokio's workers kept nice 0 in the first runs). Threads
+            // started later inherit it from the (reniced) thread that starts them.
+            let pid = nodes[0].proc.0.id();
+            let tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
             let ok = Command::new("renice")
-                .args(["-n", &nice, "-p", &pid])
+                .args(["-n", &nice, "-p"])
+                .args(&tids)
                 .stdout(std::process::Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
-            assert!(ok, "renice -n {nice} -p {pid} failed");
-            println!("daemon 0 runs at nice {nice}");
+            assert!(ok, "renice -n {nice} -p {tids:?} failed");
+            println!("daemon 0 runs at nice {nice} ({} threads)", tids.len());
         }
         if let Some(n) = class_book.filter(|_| i == 0) {
             // Its book restored before the others connect, so they sync all of it.
