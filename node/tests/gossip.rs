@@ -35,6 +35,31 @@ async fn learn_everywhere(nodes: &mut [TestNode], provider: usize) {
     }
 }
 
+/// `g` publishes `n` live offers of `n` providers (keys from `seed`) on the offer topic.
+async fn publish_offers(g: &TestNode, seed: u8, n: u32) {
+    let now = clock::now();
+    for i in 0..n {
+        let mut secret = [seed; 32];
+        secret[..4].copy_from_slice(&i.to_be_bytes());
+        let key = NodeKey::from_secret(secret);
+        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
+    }
+}
+
+/// Waits until the node's book holds `n` offers.
+async fn holds(c: &gridlease_node::net::Client, n: usize) {
+    let c = c.clone();
+    eventually(&format!("{n} offers in the book"), || {
+        let c = c.clone();
+        async move { c.book_len().await.unwrap() == n }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_nodes_in_a_line_all_learn_a_new_offer() {
     let dir = tempfile::tempdir().unwrap();
@@ -164,24 +189,9 @@ async fn anti_entropy_between_books_in_step_lists_no_ids() {
     connect(&g, &ab[0]).await;
     connect(&g, &ab[1]).await;
     wait_mesh(&ab).await;
-    let now = clock::now();
-    for i in 0..300u32 {
-        let mut secret = [5u8; 32];
-        secret[..4].copy_from_slice(&i.to_be_bytes());
-        let key = NodeKey::from_secret(secret);
-        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
-            .unwrap()
-            .to_bytes()
-            .unwrap();
-        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
-    }
+    publish_offers(&g, 5, 300).await;
     for n in &ab {
-        let c = n.node.client.clone();
-        eventually("both to hold the 300 offers", || {
-            let c = c.clone();
-            async move { c.book_len().await.unwrap() == 300 }
-        })
-        .await;
+        holds(&n.node.client, 300).await;
     }
     // Only the two stay connected: a and b hold the same book.
     stop(g).await;
@@ -224,25 +234,9 @@ async fn a_node_restarted_with_its_book_lists_no_ids_when_it_reconnects() {
     connect(&g, &ab[0]).await;
     connect(&g, &ab[1]).await;
     wait_mesh(&ab).await;
-    let now = clock::now();
-    for i in 0..300u32 {
-        let mut secret = [6u8; 32];
-        secret[..4].copy_from_slice(&i.to_be_bytes());
-        let key = NodeKey::from_secret(secret);
-        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
-            .unwrap()
-            .to_bytes()
-            .unwrap();
-        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
-    }
-    let holds_all = |c: gridlease_node::net::Client| {
-        eventually("the 300 offers", move || {
-            let c = c.clone();
-            async move { c.book_len().await.unwrap() == 300 }
-        })
-    };
+    publish_offers(&g, 6, 300).await;
     for n in &ab {
-        holds_all(n.node.client.clone()).await;
+        holds(&n.node.client, 300).await;
     }
     stop(g).await;
     let mut ab = ab;
@@ -250,7 +244,7 @@ async fn a_node_restarted_with_its_book_lists_no_ids_when_it_reconnects() {
     let home = stop(b).await;
     let b = start_from_home(&home, slow()).await;
     // Restored before it connects.
-    holds_all(b.node.client.clone()).await;
+    holds(&b.node.client, 300).await;
     connect(&b, &ab[0]).await;
     // b syncs with a (a synced with b's peer id before, on their first connection).
     let bc = b.node.client.clone();
@@ -272,7 +266,7 @@ async fn a_node_restarted_with_its_book_lists_no_ids_when_it_reconnects() {
     // A new node: every bucket differs, whole pages are listed.
     let c = start(dir.path(), "c", slow()).await;
     connect(&c, &ab[0]).await;
-    holds_all(c.node.client.clone()).await;
+    holds(&c.node.client, 300).await;
     let st = c.node.client.sync_stats().await.unwrap();
     assert_eq!(st.whole_listings, 1, "{st:?}");
     assert_eq!(st.ids_received, 300, "{st:?}");
@@ -300,23 +294,8 @@ async fn book_syncs_wait_for_the_restore_and_then_run() {
     let g = start(dir.path(), "g", slow()).await;
     connect(&g, &full).await;
     wait_mesh(std::slice::from_ref(&full)).await;
-    let now = clock::now();
-    for i in 0..50u32 {
-        let mut secret = [7u8; 32];
-        secret[..4].copy_from_slice(&i.to_be_bytes());
-        let key = NodeKey::from_secret(secret);
-        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
-            .unwrap()
-            .to_bytes()
-            .unwrap();
-        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
-    }
-    let fc = full.node.client.clone();
-    eventually("the full node's 50 offers", || {
-        let c = fc.clone();
-        async move { c.book_len().await.unwrap() == 50 }
-    })
-    .await;
+    publish_offers(&g, 7, 50).await;
+    holds(&full.node.client, 50).await;
     stop(g).await;
     let mut c = slow();
     c.completions_republish = Duration::from_millis(1);
@@ -324,11 +303,7 @@ async fn book_syncs_wait_for_the_restore_and_then_run() {
     let new = start(dir.path(), "new", c).await;
     connect(&new, &full).await;
     let nc = new.node.client.clone();
-    eventually("the new node's 50 offers by its sync on connecting", || {
-        let c = nc.clone();
-        async move { c.book_len().await.unwrap() == 50 }
-    })
-    .await;
+    holds(&nc, 50).await;
     let st = nc.sync_stats().await.unwrap();
     assert_eq!(st.offers_admitted, 50, "{st:?}");
     for n in [new, full] {

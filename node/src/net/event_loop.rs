@@ -1738,16 +1738,7 @@ impl EventLoop {
         if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS {
             return;
         }
-        self.sync_stats.started += 1;
-        self.syncs.insert(
-            peer,
-            BookSync {
-                by_bucket: true,
-                ..BookSync::default()
-            },
-        );
-        let classes = self.followed_classes();
-        self.sync_request(peer, BookRequest::Digests { classes });
+        self.begin_sync(peer);
     }
 
     /// The next connected peer in turn for a round counted by `round`, in peer id order.
@@ -1762,22 +1753,9 @@ impl EventLoop {
         Some(peers[*r % peers.len()])
     }
 
-    /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once,
-    /// [`MAX_SYNC_QUEUE`] waiting). Waits in the queue while the restore runs, while [`MAX_SYNCS`] run, or while another
-    /// sync with the peer runs (an anti-entropy round that picked it first: the connection's
-    /// sync, dropped then, left a new node with only what other peers gave it).
-    fn start_sync(&mut self, peer: PeerId) {
-        if self.sync_queue.contains(&peer) {
-            return;
-        }
-        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS || self.restoring {
-            if self.sync_queue.len() < MAX_SYNC_QUEUE {
-                self.sync_queue.push_back(peer);
-            }
-            return;
-        }
-        // Bucket digests first, as in an anti-entropy round: a node that reconnects, or
-        // restarts with its book, lists only the buckets that differ (a new node lists all).
+    /// A book sync with `peer`: bucket digests first, then the ids of the buckets that differ
+    /// (or whole pages, when most do), then the missing offers and completion records.
+    fn begin_sync(&mut self, peer: PeerId) {
         self.sync_stats.started += 1;
         self.syncs.insert(
             peer,
@@ -1788,6 +1766,26 @@ impl EventLoop {
         );
         let classes = self.followed_classes();
         self.sync_request(peer, BookRequest::Digests { classes });
+    }
+
+    /// Asks a newly connected peer which live offers it holds (bounded: [`MAX_SYNCS`] at once,
+    /// [`MAX_SYNC_QUEUE`] waiting). Waits in the queue while the restore runs, while
+    /// [`MAX_SYNCS`] run, or while another sync with the peer runs (an anti-entropy round that
+    /// picked it first: the connection's sync, dropped then, left a new node with only what
+    /// other peers gave it).
+    fn start_sync(&mut self, peer: PeerId) {
+        if self.sync_queue.contains(&peer) {
+            return;
+        }
+        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS || self.restoring {
+            if self.sync_queue.len() < MAX_SYNC_QUEUE {
+                self.sync_queue.push_back(peer);
+            }
+            return;
+        }
+        // As an anti-entropy round: a node that reconnects, or restarts with its book, lists
+        // only the buckets that differ (a new node lists all).
+        self.begin_sync(peer);
     }
 
     /// The request for a page of the peer's offer ids after `after`: of the followed classes
