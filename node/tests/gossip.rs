@@ -308,6 +308,55 @@ async fn book_syncs_wait_for_the_restore_and_then_run() {
     }
 }
 
+/// Offers a sync asked for and did not get (the peer listed them and no longer holds them) are
+/// asked for again from the next peer that lists them: a new node synced first with a peer
+/// that answers its `Get`s empty still gets every offer from a second, full peer. (Before,
+/// the ids of a `Get` stayed "wanted" forever and every later listing skipped them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offers_a_peer_listed_and_did_not_send_are_fetched_from_the_next_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every sync here is a connection's: no anti-entropy or completion-records round.
+    let slow = || {
+        let mut c = config();
+        c.offer_resync = Duration::from_secs(3600);
+        c.completions_republish = Duration::from_secs(3600);
+        c
+    };
+    let mut lossy = slow();
+    lossy.faults.answer_gets_empty = true;
+    let lossy = start(dir.path(), "lossy", lossy).await;
+    let full = start(dir.path(), "full", slow()).await;
+    let g = start(dir.path(), "g", slow()).await;
+    connect(&lossy, &full).await;
+    connect(&g, &lossy).await;
+    connect(&g, &full).await;
+    let peers = vec![lossy, full];
+    wait_mesh(&peers).await;
+    let (lossy, full) = (&peers[0], &peers[1]);
+    publish_offers(&g, 8, 60).await;
+    holds(&lossy.node.client, 60).await;
+    holds(&full.node.client, 60).await;
+    stop(g).await;
+
+    let new = start(dir.path(), "new", slow()).await;
+    let nc = new.node.client.clone();
+    connect(&new, lossy).await;
+    eventually("the lossy peer's empty answers", || {
+        let c = nc.clone();
+        async move { c.sync_stats().await.unwrap().asked_not_admitted == 60 }
+    })
+    .await;
+    assert_eq!(nc.book_len().await.unwrap(), 0);
+    connect(&new, full).await;
+    holds(&nc, 60).await;
+    let st = nc.sync_stats().await.unwrap();
+    assert_eq!(st.offers_admitted, 60, "{st:?}");
+    stop(new).await;
+    for n in peers {
+        stop(n).await;
+    }
+}
+
 /// A provider whose publication reached nobody (it had no peer yet) publishes it again when a
 /// peer subscribes to the offer topic, so nodes beyond that peer hear of it at once rather
 /// than at the next anti-entropy round (an hour away here) or the re-sign before expiry.

@@ -67,6 +67,10 @@ pub struct SyncStats {
     /// Of those syncs, the ones where so many buckets differed that the peer's ids were
     /// listed in whole pages instead of bucket by bucket.
     pub whole_listings: u64,
+    /// Offers asked for in a sync that did not come back new: left out of the peer's answer
+    /// (it no longer held them), stale when they came, or lost with a failed request. Each is
+    /// asked for again from the next peer that lists it.
+    pub asked_not_admitted: u64,
 }
 
 /// Most ids answered for an id prefix: two are enough to call it ambiguous.

@@ -174,7 +174,10 @@ pub(super) struct EventLoop {
     sync_queue: std::collections::VecDeque<PeerId>,
     /// The stored offers are still being restored ([`super::restore`]): syncs wait.
     restoring: bool,
-    /// Offer ids asked for by a sync and not answered yet (never asked twice at once).
+    /// Offer ids a sync listed and will ask for, or has asked for and not had answered yet
+    /// (never asked twice at once). Each leaves when its offer is admitted or refreshed, when
+    /// the answer to its `Get` comes without it, or when its sync ends: one left behind would
+    /// keep every later listing from asking for it again.
     wanted: std::collections::HashSet<OfferId>,
     /// Book sync requests answered per peer.
     sync_limits: RateLimiter<PeerId>,
@@ -241,6 +244,8 @@ const MAX_SYNC_QUEUE: usize = 1024;
 struct BookSync {
     /// Ids the peer holds that this node lacks, not yet asked for.
     missing: std::collections::VecDeque<OfferId>,
+    /// Ids of the `Get` in flight (each also in `wanted`).
+    asked: Vec<OfferId>,
     /// The id pages are done.
     listed: bool,
     /// A request to the peer is in flight.
@@ -1821,6 +1826,7 @@ impl EventLoop {
             ids.push(id);
         }
         if !ids.is_empty() {
+            s.asked.clone_from(&ids);
             self.sync_request(peer, BookRequest::Get { ids });
             return;
         }
@@ -1874,12 +1880,24 @@ impl EventLoop {
 
     fn end_sync(&mut self, peer: &PeerId) {
         if let Some(s) = self.syncs.remove(peer) {
-            tracing::debug!(%peer, missing = s.missing.len(), listed = s.listed, "book sync ended early");
+            tracing::debug!(%peer, missing = s.missing.len(), asked = s.asked.len(), listed = s.listed, "book sync ended early");
             for id in s.missing {
                 self.wanted.remove(&id);
             }
+            self.release_asked(s.asked);
         }
         self.next_queued_sync();
+    }
+
+    /// Releases the ids of an answered or abandoned `Get` that are still wanted: offers the
+    /// answer left out (the peer no longer held them), stale ones, or ones a failed request
+    /// lost. The next listing that names them asks for them again.
+    fn release_asked(&mut self, asked: Vec<OfferId>) {
+        for id in asked {
+            if self.wanted.remove(&id) {
+                self.sync_stats.asked_not_admitted += 1;
+            }
+        }
     }
 
     /// Starts queued syncs while slots are free: the first queued peers with no sync running
@@ -1981,6 +1999,16 @@ impl EventLoop {
                 BookResponse::Ids { ids, more }
             }
             BookRequest::Digests { .. } | BookRequest::BucketIds { .. } => BookResponse::Refused,
+            // A test fault: a peer that no longer holds what it listed.
+            BookRequest::Get { ids } if self.config.faults.answer_gets_empty => {
+                tracing::debug!(
+                    asked = ids.len(),
+                    "book sync Get answered empty (test fault)"
+                );
+                BookResponse::Offers {
+                    envelopes: Vec::new(),
+                }
+            }
             BookRequest::Get { ids } if ids.len() <= MAX_SYNC_GET => {
                 let envelopes = self.book.view(|book| {
                     ids.iter()
@@ -2051,6 +2079,10 @@ impl EventLoop {
                         self.end_sync(&peer);
                         return;
                     }
+                }
+                if let Some(s) = self.syncs.get_mut(&peer) {
+                    let asked = std::mem::take(&mut s.asked);
+                    self.release_asked(asked);
                 }
                 self.sync_next(peer);
             }

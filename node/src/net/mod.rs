@@ -127,6 +127,9 @@ pub struct NetFaults {
     /// Report the restore of the stored offers done only this long after it is (a big book's
     /// restore, which book syncs wait for).
     pub hold_restore: Option<Duration>,
+    /// Answer every book sync `Get` with no offers, as a peer that no longer holds what it
+    /// listed (evicted or expired since).
+    pub answer_gets_empty: bool,
 }
 
 impl NodeConfig {
