@@ -778,6 +778,21 @@ impl OfferBook {
         true
     }
 
+    /// Drops every offer of the GPU class `class` (`gridlease_protocol::class`); returns how
+    /// many (a node that stops following a class).
+    pub fn remove_class(&mut self, class: &str) -> usize {
+        let gone: Vec<PublicKey> = self
+            .slots
+            .iter()
+            .filter(|s| self.text.get(s.class) == class)
+            .map(|s| s.provider)
+            .collect();
+        for p in &gone {
+            self.remove(p);
+        }
+        gone.len()
+    }
+
     /// Drops every offer expired at `now`; returns how many.
     pub fn evict_expired(&mut self, now: Timestamp) -> usize {
         let mut n = 0;
@@ -1116,12 +1131,27 @@ mod tests {
             (vec![], false)
         );
         // Removing every offer of a class releases its interned name.
+        let mut whole = book.clone();
         for n in (1..10).step_by(2) {
             let k = NodeKey::from_secret([u8::try_from(n).unwrap() + 1; 32]);
             assert!(book.remove(&k.public()));
         }
         assert!(!book.text.ids.contains_key("a100-sxm4-80gb"));
         assert!(book.text.ids.contains_key("rtx-4090"));
+        // So does dropping the class at once, and the other class stays whole.
+        assert_eq!(whole.remove_class("a100-sxm4-80gb"), 5);
+        assert_eq!(whole.remove_class("a100-sxm4-80gb"), 0);
+        assert!(!whole.text.ids.contains_key("a100-sxm4-80gb"));
+        assert_eq!(whole.len(), 5);
+        assert_eq!(
+            whole.class_ids_after(&both, None, 1000, T0).0,
+            want["rtx-4090"]
+                .iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]

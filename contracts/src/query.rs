@@ -738,6 +738,23 @@ fn parse_scaled(text: &str, scale: u64, decimals: u32) -> Option<u64> {
 }
 
 impl Query {
+    /// The GPU classes (`gridlease_protocol::class`) the query's `gpu=MODEL` conditions name,
+    /// in order, each once: the class of every single-model offer the query can match (a
+    /// multi-model offer's class is `mixed`). Empty when no condition names a model exactly
+    /// (`gpu~4090` names no class).
+    pub fn gpu_classes(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for c in &self.conditions {
+            if let (Field::Gpu, Op::Eq, Value::Text(model)) = (c.field, c.op, &c.value) {
+                let class = gridlease_protocol::class::class_of_model(model);
+                if !out.contains(&class) {
+                    out.push(class);
+                }
+            }
+        }
+        out
+    }
+
     /// Parses a query. The empty string matches every offer.
     pub fn parse(input: &str) -> Result<Self, QueryError> {
         let mut q = Self::default();
@@ -1074,6 +1091,16 @@ mod tests {
                 .compare(&a.numbers, &b.numbers),
             Ordering::Greater
         );
+    }
+
+    #[test]
+    fn gpu_conditions_name_the_classes_of_the_models_they_equal() {
+        let q = Query::parse(
+            r#"gpu="NVIDIA GeForce RTX 4090" vram>=24 gpu!=a100 gpu~h100 gpu=rtx-4090 gpu="nvidia a100-sxm4-80gb""#,
+        )
+        .unwrap();
+        assert_eq!(q.gpu_classes(), vec!["rtx-4090", "a100-sxm4-80gb"]);
+        assert!(Query::parse("gpu~4090").unwrap().gpu_classes().is_empty());
     }
 
     #[test]

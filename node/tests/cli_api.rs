@@ -509,4 +509,13 @@ fn an_empty_search_on_a_node_following_some_classes_names_them() {
     // `--json` stays the bare list.
     let out = cli(&home, &["--json", "search", "gpu~a100"]);
     assert_eq!(text(&out.stdout).trim(), "[]");
+    // A search naming a model exactly has the node follow its class for a while (with no
+    // peer to fetch from, it answers at once from the book).
+    let out = cli(&home, &["search", "gpu=\"NVIDIA A100-SXM4-80GB\""]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("follows only the GPU classes rtx-3090,rtx-4090,a100-sxm4-80gb"),
+        "{said}"
+    );
 }

@@ -1255,3 +1255,133 @@ async fn a_follower_finds_its_classes_nodes_in_the_dht_and_hears_them_by_gossip(
         stop(n).await;
     }
 }
+
+/// A search that names a class the node does not follow (`docs/protocol.md` 3c step 4): the
+/// node follows the class, syncs its offers (that class only) from a connected peer that
+/// holds them, and answers once they are in its book; it then hears the class's new offers
+/// by gossip; a search goes on naming the class keeps it followed, and once no search has
+/// named it for `search_follow` the node unsubscribes and its offers leave the book.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it_a_while() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = |model: &str, price| {
+        let mut c = config();
+        c.offer = Some(template_of(model, price));
+        c
+    };
+    let p4090 = start(
+        dir.path(),
+        "p4090",
+        provider("NVIDIA GeForce RTX 4090", 350_000),
+    )
+    .await;
+    let pa100 = start(
+        dir.path(),
+        "pa100",
+        provider("NVIDIA A100-SXM4-80GB", 900_000),
+    )
+    .await;
+    let hub = start(dir.path(), "hub", config()).await;
+    connect(&p4090, &hub).await;
+    connect(&pa100, &hub).await;
+    wait_mesh(std::slice::from_ref(&hub)).await;
+    // 50 more a100 offers, so the fetch is more than one message (published by a provider:
+    // a node's own raw publications reach other books, not its own).
+    let h = hub.node.client.clone();
+    let now = clock::now();
+    for i in 0..50u32 {
+        let mut secret = [9; 32];
+        secret[..4].copy_from_slice(&i.to_be_bytes());
+        let key = NodeKey::from_secret(secret);
+        let mut offer = live_offer(&key, 1, 100_000, now, 300);
+        for g in &mut offer.gpus {
+            g.spec.model = "NVIDIA A100-SXM4-80GB".to_string();
+        }
+        let bytes = Signed::sign(&key, &net(), &offer)
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        pa100
+            .node
+            .client
+            .publish_raw_on(gridlease_node::net::RawTopic::Every, bytes)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    eventually("the hub to hold both classes' offers", || {
+        let h = h.clone();
+        async move { h.book_len().await.unwrap() == 52 }
+    })
+    .await;
+
+    let mut c = config();
+    c.follow = Some(vec!["rtx-4090".to_string()]);
+    c.search_follow = Duration::from_secs(3);
+    let mut f = start(dir.path(), "f", c).await;
+    let fc = f.node.client.clone();
+    connect(&f, &hub).await;
+    holds(&fc, 1).await;
+    let before = fc.sync_stats().await.unwrap();
+    assert_eq!(before.ids_received, 1, "{before:?}");
+
+    let a100 = "a100-sxm4-80gb".to_string();
+    tokio::time::timeout(Duration::from_secs(10), fc.search_class(a100.clone()))
+        .await
+        .expect("the fetch ends")
+        .unwrap();
+    // Answered once the class's offers are in the book (read at once, not eventually).
+    assert_eq!(fc.book_len().await.unwrap(), 52);
+    let after = fc.sync_stats().await.unwrap();
+    assert_eq!(
+        after.ids_received - before.ids_received,
+        51,
+        "the fetch lists the searched class only: {after:?}"
+    );
+    let followed = fc.followed().unwrap();
+    assert_eq!(followed.searched, vec![a100.clone()]);
+    assert!(followed.classes.contains(&a100), "{followed:?}");
+
+    // Followed now: the provider's next a100 offer arrives by gossip.
+    fc.search_class(a100.clone()).await.unwrap();
+    connect(&f, &pa100).await;
+    let fpeer = f.peer;
+    let mut pa100 = pa100;
+    wait_event(&mut pa100.events, |e| match e {
+        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
+        _ => None,
+    })
+    .await;
+    let new = pa100
+        .node
+        .client
+        .set_offer(Some(template_of("NVIDIA A100-SXM4-80GB", 800_000)))
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    wait_event(&mut f.events, |e| match e {
+        NetworkEvent::OfferAdmitted { id, .. } if *id == new => Some(()),
+        _ => None,
+    })
+    .await;
+
+    // Searched again within `search_follow` (3 s), it stays followed past 3 s from the
+    // search before.
+    fc.search_class(a100.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fc.search_class(a100.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fc.announce().await.unwrap();
+    assert_eq!(fc.followed().unwrap().searched, vec![a100.clone()]);
+    // No search for 3 s: an announce round drops the class and its offers.
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    fc.announce().await.unwrap();
+    let followed = fc.followed().unwrap();
+    assert!(followed.searched.is_empty(), "{followed:?}");
+    assert_eq!(followed.classes, vec!["rtx-4090".to_string()]);
+    assert_eq!(fc.book_len().await.unwrap(), 1);
+    for n in [p4090, pa100, hub, f] {
+        stop(n).await;
+    }
+}

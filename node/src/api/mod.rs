@@ -355,6 +355,48 @@ pub const NEXT_PAGE_HEADER: &str = "x-gridlease-next-page";
 /// The header of an empty search answer from a node that follows only some GPU classes: those
 /// classes, comma-separated (its book holds no other offers).
 pub const FOLLOWED_CLASSES_HEADER: &str = "x-gridlease-followed-classes";
+/// The header of a search answer given before the offers of the GPU classes it names were
+/// all fetched (the node had just started following them): those classes, comma-separated.
+pub const FETCHING_CLASSES_HEADER: &str = "x-gridlease-fetching-classes";
+/// Longest a search waits for the offers of GPU classes it names and the node did not follow.
+pub const CLASS_FETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Most GPU classes one search makes the node follow.
+const MAX_CLASSES_PER_SEARCH: usize = 4;
+
+/// On a node that follows only some GPU classes, a search whose `gpu=MODEL` conditions name
+/// classes it does not follow (or follows for earlier searches only) has the node follow them
+/// and fetch their offers first (`docs/protocol.md` 3c step 4), for at most
+/// [`CLASS_FETCH_WAIT`]. Returns the classes whose fetch had not ended by then.
+async fn fetch_named_classes(client: &crate::net::Client, query: &Query) -> Vec<String> {
+    let Some(followed) = client.followed() else {
+        return Vec::new();
+    };
+    let classes: Vec<String> = query
+        .gpu_classes()
+        .into_iter()
+        .filter(|c| !followed.classes.contains(c) || followed.searched.contains(c))
+        .take(MAX_CLASSES_PER_SEARCH)
+        .collect();
+    if classes.is_empty() {
+        return Vec::new();
+    }
+    let deadline = tokio::time::Instant::now() + CLASS_FETCH_WAIT;
+    let waits = classes.iter().map(|c| {
+        let (client, c) = (client.clone(), c.clone());
+        async move {
+            tokio::time::timeout_at(deadline, client.search_class(c))
+                .await
+                .is_ok()
+        }
+    });
+    let done = futures::future::join_all(waits).await;
+    classes
+        .into_iter()
+        .zip(done)
+        .filter(|(_, done)| !done)
+        .map(|(c, _)| c)
+        .collect()
+}
 
 /// `GET /v1/offers`: a search of the local book.
 #[utoipa::path(
@@ -369,6 +411,7 @@ pub const FOLLOWED_CLASSES_HEADER: &str = "x-gridlease-followed-classes";
             headers(
                 ("x-gridlease-next-page" = String, description = "Present when more offers match: the cursor of the next page (pass it as `after`)"),
                 ("x-gridlease-followed-classes" = String, description = "Present on an empty answer when the node follows only some GPU classes (`follow`): those classes, comma-separated; its book holds no offers of other classes"),
+                ("x-gridlease-fetching-classes" = String, description = "Present when the query names GPU classes (`gpu=MODEL`) the node did not follow and their offers were still being fetched from the network after 5 s: those classes, comma-separated; the answer holds what had arrived, and the same search a little later holds more"),
             ),
             links(
                 ("getOffer" = (operation_id = "getOffer", parameters(("id" = "$response.body#/0/id")),
@@ -447,6 +490,7 @@ async fn offers(
     {
         query.conditions.extend(free.conditions);
     }
+    let fetching = fetch_named_classes(&s.client, &query).await;
     let (rows, next) = s
         .client
         .search_page(query, limit, after)
@@ -463,6 +507,11 @@ async fn offers(
         None
     };
     let mut answer = Json(rows).into_response();
+    if !fetching.is_empty()
+        && let Ok(v) = axum::http::HeaderValue::from_str(&fetching.join(","))
+    {
+        answer.headers_mut().insert(FETCHING_CLASSES_HEADER, v);
+    }
     if let Some(classes) = followed
         && let Ok(v) = axum::http::HeaderValue::from_str(&classes.join(","))
     {

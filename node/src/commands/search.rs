@@ -71,12 +71,20 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
     let followed = headers
         .get(crate::api::FOLLOWED_CLASSES_HEADER)
         .and_then(|v| v.to_str().ok());
+    let fetching = headers
+        .get(crate::api::FETCHING_CLASSES_HEADER)
+        .and_then(|v| v.to_str().ok());
     out.emit(&rows, |p| {
+        if let Some(classes) = fetching {
+            p.line(&format!(
+                "offers of the GPU classes {classes} are still arriving from the network (this node did not follow them before this search): search again in a few seconds for the rest"
+            ));
+        }
         if rows.is_empty() {
             p.line("no offers match");
             if let Some(classes) = followed {
                 p.line(&format!(
-                    "this node follows only the GPU classes {classes} (its follow setting, `gridlease node --follow`): offers of other classes are not in its book"
+                    "this node follows only the GPU classes {classes} (its follow setting, `gridlease node --follow`, and classes searched lately): offers of other classes are not in its book; a search that names a model exactly (gpu=\"nvidia a100-sxm4-80gb\") has the node fetch that model's offers"
                 ));
             }
             return;

@@ -111,7 +111,9 @@ pub(crate) enum Command {
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
     SetFree(u16, oneshot::Sender<()>),
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
-    FollowedClasses(oneshot::Sender<Option<Vec<String>>>),
+    /// A search names a GPU class: follow it for a while if it is not followed, and answer
+    /// once its offers are fetched (`docs/protocol.md` 3c step 4).
+    SearchClass(String, oneshot::Sender<()>),
     Announce(oneshot::Sender<()>),
     PublishRaw(RawTopic, Vec<u8>, oneshot::Sender<Result<(), String>>),
     LeaseRpc {
@@ -208,6 +210,17 @@ pub struct Client {
     streams: libp2p_stream::Control,
     book: super::BookReader,
     restore: tokio::sync::watch::Receiver<super::RestoreProgress>,
+    followed: tokio::sync::watch::Receiver<Option<Followed>>,
+}
+
+/// The GPU classes a node that follows only some holds in its book (the network loop
+/// publishes them as they change).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Followed {
+    /// Every class followed: configured, the own offer's, and those followed for a search.
+    pub classes: Vec<String>,
+    /// Of those, the ones followed for a search only, for a while (`NodeConfig::search_follow`).
+    pub searched: Vec<String>,
 }
 
 impl std::fmt::Debug for Client {
@@ -219,6 +232,7 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         tx: mpsc::Sender<Command>,
         network: NetworkId,
@@ -227,6 +241,7 @@ impl Client {
         streams: libp2p_stream::Control,
         book: super::BookReader,
         restore: tokio::sync::watch::Receiver<super::RestoreProgress>,
+        followed: tokio::sync::watch::Receiver<Option<Followed>>,
     ) -> Self {
         Self {
             tx,
@@ -236,6 +251,7 @@ impl Client {
             streams,
             book,
             restore,
+            followed,
         }
     }
 
@@ -430,7 +446,22 @@ impl Client {
     /// The GPU classes whose offers this node's book holds (followed, and the own offer's);
     /// `None` when it follows every class.
     pub async fn followed_classes(&self) -> Result<Option<Vec<String>>, NegotiationError> {
-        self.ask(Command::FollowedClasses).await
+        Ok(self.followed().map(|f| f.classes))
+    }
+
+    /// The classes this node follows, and which of them for a search only; `None` when it
+    /// follows every class. Read without asking the network loop.
+    pub fn followed(&self) -> Option<Followed> {
+        self.followed.borrow().clone()
+    }
+
+    /// A search names `class`: a node that follows only some classes and not this one follows
+    /// it for `NodeConfig::search_follow` (again from each search), fetches its offers from
+    /// nodes that hold them (connected ones, or those a DHT lookup finds) and returns when
+    /// that fetch has ended. Returns at once when the class is followed and fetched (or the
+    /// node follows every class). Callers bound the wait.
+    pub async fn search_class(&self, class: String) -> Result<(), NegotiationError> {
+        self.ask(|reply| Command::SearchClass(class, reply)).await
     }
 
     /// Runs one announce round now (what the timer does every announce period).

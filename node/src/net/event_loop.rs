@@ -214,6 +214,12 @@ pub(super) struct EventLoop {
     /// soonest: a class's nodes may be connected without subscribing to its topic, a
     /// provider that follows every class).
     looked_up: HashMap<String, std::time::Instant>,
+    /// Classes followed because a search named them, and the fetches of their offers.
+    searched: super::searched::SearchedClasses,
+    /// The classes the book holds (`None`: every class), from [`Self::offer_topics`]; kept
+    /// here and published to the clients ([`super::Client::followed`]) when they change.
+    followed: Option<Vec<String>>,
+    followed_tx: tokio::sync::watch::Sender<Option<super::Followed>>,
 }
 
 /// Most nodes of a class one DHT lookup dials.
@@ -246,6 +252,8 @@ struct BookSync {
     missing: std::collections::VecDeque<OfferId>,
     /// Ids of the `Get` in flight (each also in `wanted`).
     asked: Vec<OfferId>,
+    /// The classes this sync lists and fetches (`None`: every class), fixed at its start.
+    classes: Option<Vec<String>>,
     /// The id pages are done.
     listed: bool,
     /// A request to the peer is in flight.
@@ -279,10 +287,11 @@ impl EventLoop {
         cancel: CancellationToken,
         sync_bytes: Arc<std::sync::atomic::AtomicU64>,
         completions: super::reputation::Completions,
+        followed_tx: tokio::sync::watch::Sender<Option<super::Followed>>,
     ) -> Self {
         let (config_grace, config_bootstrap) = (config.gossip_grace, config.bootstrap.clone());
         let config_provider_rate = config.provider_rate;
-        Self {
+        let mut el = Self {
             topic: gossip::offer_topic(&config.network),
             offer_topics: if config.faults.subscribe_after_first_disconnect {
                 Vec::new()
@@ -297,6 +306,9 @@ impl EventLoop {
             provided: HashMap::new(),
             class_lookups: HashMap::new(),
             looked_up: HashMap::new(),
+            searched: super::searched::SearchedClasses::new(config.search_follow),
+            followed: None,
+            followed_tx,
             // Keys for every provider the book can hold; few verified messages, since the book
             // itself recognises re-announcements of what it holds (`gossip::check_offer`).
             ingestor: OfferIngestor::with_caches(
@@ -351,7 +363,9 @@ impl EventLoop {
             sync_bytes,
             liveness: super::liveness::Liveness::new(config_grace, &config_bootstrap),
             own_resigns: RateLimiter::new(config_provider_rate.with_headroom(), 1),
-        }
+        };
+        el.topics_changed();
+        el
     }
 
     /// Binds the listen addresses, registers external addresses and dials bootstrap peers.
@@ -618,9 +632,7 @@ impl EventLoop {
                 }
                 let _ = reply.send(());
             }
-            Command::FollowedClasses(reply) => {
-                let _ = reply.send(self.followed_classes());
-            }
+            Command::SearchClass(class, reply) => self.search_class(class, reply),
             Command::OwnOffer(reply) => {
                 let _ = reply.send(self.provider.current.clone());
             }
@@ -717,6 +729,9 @@ impl EventLoop {
         self.book
             .view(|b| last_accepted.retain(|id, _| b.contains(id)));
         self.refresh_own(false);
+        for class in self.searched.idle(std::time::Instant::now()) {
+            self.unfollow_searched(&class);
+        }
         self.provide_classes();
         self.find_class_peers();
     }
@@ -742,7 +757,15 @@ impl EventLoop {
         }
         let now = std::time::Instant::now();
         let every = self.config.offer_resync;
-        let mut classes = self.followed_classes().unwrap_or_default();
+        // Not those followed for a search only: the node leaves them when no search names
+        // them for a while, and a record lives 48 h.
+        let searched = &self.searched;
+        let mut classes: Vec<String> = self
+            .followed_classes()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| !searched.contains(c))
+            .collect();
         if let Some(own) = &self.provider.current {
             classes.push(class::offer_class(&own.offer));
         }
@@ -827,6 +850,18 @@ impl EventLoop {
             .take(CLASS_DIALS)
             .copied()
             .collect();
+        if self.searched.contains(class) {
+            // A search waits for this class: connected nodes of it are synced now.
+            let connected: Vec<PeerId> = found
+                .iter()
+                .filter(|p| self.swarm.is_connected(p))
+                .take(CLASS_DIALS)
+                .copied()
+                .collect();
+            for peer in connected {
+                self.fetch_class_from(class, peer);
+            }
+        }
         self.emit(NetworkEvent::ClassNodesFound {
             class: class.to_string(),
             peers: found,
@@ -836,10 +871,118 @@ impl EventLoop {
             let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
                 .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
                 .build();
-            if let Err(e) = self.swarm.dial(opts) {
-                tracing::debug!(%peer, error = %e, "node of the class not dialed");
+            if self.swarm.dial(opts).is_ok() {
+                // Its connection's sync fetches the class (a followed one).
+                self.searched.fetching_from(class, peer);
+            } else {
+                tracing::debug!(%peer, "node of the class not dialed");
             }
         }
+    }
+
+    /// A search names `class` ([`Command::SearchClass`]; `docs/protocol.md` 3c step 4). On a
+    /// node that follows only some classes and not this one: follows it (subscribes to its
+    /// topic; the least recently searched class makes room when the followed classes are at
+    /// their limit), syncs its offers from up to [`CLASS_DIALS`] connected peers that hold
+    /// them (on its topic or on the topic of every offer), or looks its nodes up in the DHT
+    /// when none is connected; `reply` is answered when that fetch ends. A class followed for
+    /// a search already stays followed longer, and the search waits for a fetch under way.
+    fn search_class(&mut self, class: String, reply: oneshot::Sender<()>) {
+        let now = std::time::Instant::now();
+        if self.config.follow.is_none() || !class::is_class(&class) {
+            let _ = reply.send(());
+            return;
+        }
+        if self.searched.touch(&class, now) {
+            self.searched.wait(&class, reply);
+            return;
+        }
+        if self.follows(&class) {
+            let _ = reply.send(());
+            return;
+        }
+        if self.offer_topics.len() >= class::MAX_FOLLOWED_CLASSES {
+            match self.searched.least_recent() {
+                Some(old) => self.unfollow_searched(&old),
+                None => {
+                    tracing::info!(%class, "a search names a GPU class this node cannot follow too (it follows the most it may)");
+                    let _ = reply.send(());
+                    return;
+                }
+            }
+        }
+        let topic = gossip::class_topic(&self.config.network, &class);
+        if let Err(e) = gossip::subscribe_offers(&mut self.swarm.behaviour_mut().gossipsub, &topic)
+        {
+            tracing::warn!(%class, error = %e, "cannot follow the GPU class a search names");
+            let _ = reply.send(());
+            return;
+        }
+        tracing::info!(%class, "following a GPU class a search names, and fetching its offers");
+        self.offer_topics.push(topic);
+        self.searched.start(&class, now);
+        self.topics_changed();
+        // Connected peers that hold the class's offers: on its topic, or following every class.
+        let class_hash = gossip::class_topic(&self.config.network, &class).hash();
+        let every = self.topic.hash();
+        let holders: Vec<PeerId> = self
+            .swarm
+            .behaviour()
+            .gossipsub
+            .all_peers()
+            .filter(|(_, topics)| topics.contains(&&class_hash) || topics.contains(&&every))
+            .map(|(p, _)| *p)
+            .take(CLASS_DIALS)
+            .collect();
+        for peer in &holders {
+            self.fetch_class_from(&class, *peer);
+        }
+        let dht_peers = self
+            .swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .any(|b| b.num_entries() > 0);
+        if holders.is_empty() && dht_peers {
+            let key = gossip::class_key(&self.config.network, &class);
+            let query = self.swarm.behaviour_mut().kad.get_providers(key);
+            tracing::debug!(%class, "looking up the searched GPU class's nodes in the DHT");
+            self.looked_up.insert(class.clone(), now);
+            self.class_lookups.insert(query, class.clone());
+            self.searched.looking_up(&class, true);
+        }
+        // Answered at once when there is nothing to wait for (no holder connected, no DHT
+        // peer known): the search reads the book as it is.
+        self.searched.wait(&class, reply);
+    }
+
+    /// Syncs the offers of `class`, followed for a search, from the connected `peer`: a sync
+    /// over that class only, or, when a sync with the peer runs, the queued one after it
+    /// (over every followed class, this one included).
+    fn fetch_class_from(&mut self, class: &str, peer: PeerId) {
+        if self.searched.waits_for(class, &peer) {
+            return;
+        }
+        self.searched.fetching_from(class, peer);
+        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS || self.restoring {
+            self.start_sync(peer);
+        } else {
+            self.begin_sync(peer, Some(vec![class.to_string()]));
+        }
+    }
+
+    /// Stops following a class followed for a search: unsubscribes from its topic and drops
+    /// its offers from the book (the store keeps them until they expire; a restore admits
+    /// the followed classes only).
+    fn unfollow_searched(&mut self, class: &str) {
+        let topic = gossip::class_topic(&self.config.network, class);
+        self.swarm.behaviour_mut().gossipsub.unsubscribe(&topic);
+        self.offer_topics.retain(|t| t.hash() != topic.hash());
+        self.searched.remove(class);
+        self.provided.remove(class);
+        self.topics_changed();
+        let dropped = self.book.update(|b| b.remove_class(class));
+        tracing::info!(%class, dropped, "no longer following a GPU class no search named for a while");
     }
 
     /// Re-signs the own offer when it must be (missing, close to expiry, addresses changed)
@@ -928,7 +1071,14 @@ impl EventLoop {
         if self.config.follow.is_none() {
             return;
         }
-        let topic = gossip::class_topic(&self.config.network, &class::offer_class(offer));
+        let own = class::offer_class(offer);
+        if self.searched.contains(&own) {
+            // Followed for a search until now: for good from here.
+            self.searched.remove(&own);
+            self.topics_changed();
+            return;
+        }
+        let topic = gossip::class_topic(&self.config.network, &own);
         if self.offer_topics.iter().any(|t| t.hash() == topic.hash()) {
             return;
         }
@@ -936,6 +1086,7 @@ impl EventLoop {
             Ok(()) => {
                 tracing::info!(topic = %topic, "following the own offer's GPU class");
                 self.offer_topics.push(topic);
+                self.topics_changed();
             }
             Err(e) => tracing::warn!(error = %e, "cannot follow the own offer's GPU class"),
         }
@@ -944,8 +1095,13 @@ impl EventLoop {
     /// The GPU classes whose offers this node's book holds: `None` for every class, else the
     /// followed ones and the own offer's.
     fn followed_classes(&self) -> Option<Vec<String>> {
-        self.config.follow.as_ref()?;
-        Some(
+        self.followed.clone()
+    }
+
+    /// Recomputes the followed classes after [`Self::offer_topics`] changed, and publishes
+    /// them to the clients.
+    fn topics_changed(&mut self) {
+        self.followed = self.config.follow.as_ref().map(|_| {
             self.offer_topics
                 .iter()
                 .filter_map(|t| {
@@ -954,8 +1110,17 @@ impl EventLoop {
                         .flatten()
                         .map(str::to_string)
                 })
-                .collect(),
-        )
+                .collect()
+        });
+        let view = self.followed.as_ref().map(|classes| super::Followed {
+            classes: classes.clone(),
+            searched: {
+                let mut s: Vec<String> = self.searched.names().map(str::to_string).collect();
+                s.sort();
+                s
+            },
+        });
+        self.followed_tx.send_replace(view);
     }
 
     /// Whether this node's book takes an offer of `class`.
@@ -1203,6 +1368,7 @@ impl EventLoop {
                 self.connections.closed(&peer_id, connection_id);
                 self.liveness.lost(&peer_id, std::time::Instant::now());
                 self.reversed.remove(&peer_id);
+                self.searched.peer_gone(&peer_id);
                 if self.config.faults.subscribe_after_first_disconnect {
                     // Test fault: gossip starts working after the first reconnection.
                     self.config.faults.subscribe_after_first_disconnect = false;
@@ -1214,12 +1380,16 @@ impl EventLoop {
                             self.offer_topics.push(topic);
                         }
                     }
+                    self.topics_changed();
                 }
                 self.emit(NetworkEvent::PeerDisconnected { peer: peer_id });
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 if let Some(peer) = peer_id {
                     self.liveness.lost(&peer, std::time::Instant::now());
+                    if !self.swarm.is_connected(&peer) {
+                        self.searched.peer_gone(&peer);
+                    }
                 }
                 tracing::debug!(peer = ?peer_id, error = %error, "outgoing connection failed");
             }
@@ -1372,17 +1542,22 @@ impl EventLoop {
                 }
                 if step.last
                     && let Some(class) = self.class_lookups.remove(&id)
-                    && step.count.get() == 1
-                    && !matches!(
-                        result,
-                        kad::QueryResult::GetProviders(Ok(
-                            kad::GetProvidersOk::FoundProviders { .. }
-                        ))
-                    )
                 {
-                    // Found nobody: asked again at the next announce round, not after
-                    // `offer_resync`.
-                    self.looked_up.remove(&class);
+                    // A search waiting for the class's fetch waits for the lookup no more (but
+                    // for the syncs with the nodes it found).
+                    self.searched.looking_up(&class, false);
+                    if step.count.get() == 1
+                        && !matches!(
+                            result,
+                            kad::QueryResult::GetProviders(Ok(
+                                kad::GetProvidersOk::FoundProviders { .. }
+                            ))
+                        )
+                    {
+                        // Found nobody: asked again at the next announce round, not after
+                        // `offer_resync`.
+                        self.looked_up.remove(&class);
+                    }
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::RoutingUpdated {
@@ -1743,7 +1918,7 @@ impl EventLoop {
         if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS {
             return;
         }
-        self.begin_sync(peer);
+        self.begin_sync(peer, self.followed_classes());
     }
 
     /// The next connected peer in turn for a round counted by `round`, in peer id order.
@@ -1759,17 +1934,18 @@ impl EventLoop {
     }
 
     /// A book sync with `peer`: bucket digests first, then the ids of the buckets that differ
-    /// (or whole pages, when most do), then the missing offers and completion records.
-    fn begin_sync(&mut self, peer: PeerId) {
+    /// (or whole pages, when most do), then the missing offers and completion records; over
+    /// `classes` (`None`: every class).
+    fn begin_sync(&mut self, peer: PeerId, classes: Option<Vec<String>>) {
         self.sync_stats.started += 1;
         self.syncs.insert(
             peer,
             BookSync {
                 by_bucket: true,
+                classes: classes.clone(),
                 ..BookSync::default()
             },
         );
-        let classes = self.followed_classes();
         self.sync_request(peer, BookRequest::Digests { classes });
     }
 
@@ -1790,13 +1966,13 @@ impl EventLoop {
         }
         // As an anti-entropy round: a node that reconnects, or restarts with its book, lists
         // only the buckets that differ (a new node lists all).
-        self.begin_sync(peer);
+        self.begin_sync(peer, self.followed_classes());
     }
 
-    /// The request for a page of the peer's offer ids after `after`: of the followed classes
-    /// only when this node follows some.
-    fn ids_request(&self, after: Option<OfferId>) -> BookRequest {
-        match self.followed_classes() {
+    /// The request for a page of the peer's offer ids after `after`, of `classes` (a sync's;
+    /// `None`: every class).
+    fn ids_request(classes: Option<Vec<String>>, after: Option<OfferId>) -> BookRequest {
+        match classes {
             None => BookRequest::Ids { after },
             Some(classes) => BookRequest::ClassIds { classes, after },
         }
@@ -1844,16 +2020,22 @@ impl EventLoop {
         if !leases.is_empty() {
             self.sync_request(peer, BookRequest::GetCompletions { leases });
         } else if s.completions_listed {
-            self.syncs.remove(&peer);
+            if let Some(s) = self.syncs.remove(&peer) {
+                self.searched.sync_ended(&peer, s.classes.as_deref());
+            }
             self.next_queued_sync();
         }
     }
 
-    /// The request for a page of the peer's ids in `bucket` after `after`, of the followed
-    /// classes when this node follows some.
-    fn bucket_request(&self, bucket: u8, after: Option<OfferId>) -> BookRequest {
+    /// The request for a page of the peer's ids in `bucket` after `after`, of `classes` (a
+    /// sync's; `None`: every class).
+    fn bucket_request(
+        classes: Option<Vec<String>>,
+        bucket: u8,
+        after: Option<OfferId>,
+    ) -> BookRequest {
         BookRequest::BucketIds {
-            classes: self.followed_classes(),
+            classes,
             bucket,
             after,
         }
@@ -1868,7 +2050,7 @@ impl EventLoop {
         s.bucket = s.buckets.pop_front();
         match s.bucket {
             Some(bucket) => {
-                let next = self.bucket_request(bucket, None);
+                let next = Self::bucket_request(s.classes.clone(), bucket, None);
                 self.sync_request(peer, next);
             }
             None => {
@@ -1885,6 +2067,7 @@ impl EventLoop {
                 self.wanted.remove(&id);
             }
             self.release_asked(s.asked);
+            self.searched.sync_ended(peer, s.classes.as_deref());
         }
         self.next_queued_sync();
     }
@@ -2061,11 +2244,11 @@ impl EventLoop {
                 }
                 match (more, last, s.bucket) {
                     (true, Some(after), Some(bucket)) => {
-                        let next = self.bucket_request(bucket, Some(after));
+                        let next = Self::bucket_request(s.classes.clone(), bucket, Some(after));
                         self.sync_request(peer, next);
                     }
                     (true, Some(after), None) => {
-                        let next = self.ids_request(Some(after));
+                        let next = Self::ids_request(s.classes.clone(), Some(after));
                         self.sync_request(peer, next);
                     }
                     _ => self.next_bucket(peer),
@@ -2100,7 +2283,7 @@ impl EventLoop {
                     return;
                 }
                 let now = clock::now();
-                let classes = self.followed_classes();
+                let classes = s.classes.clone();
                 let own = self
                     .book
                     .view(|b| b.bucket_digests(classes.as_deref(), now));
@@ -2113,7 +2296,7 @@ impl EventLoop {
                     // Most buckets differ (a new node, or one long away): whole pages of ids
                     // take a round trip per 4,096 ids, a bucket at least one each.
                     self.sync_stats.whole_listings += 1;
-                    let first = self.ids_request(None);
+                    let first = Self::ids_request(classes, None);
                     self.sync_request(peer, first);
                     return;
                 }

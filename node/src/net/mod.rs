@@ -23,6 +23,7 @@ pub mod ratelimit;
 pub mod reach;
 pub mod reputation;
 mod restore;
+mod searched;
 mod shared_book;
 
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
 pub use client::{
-    Client, GossipStats, NegotiationError, NegotiationOutcome, RawTopic, Reachability,
+    Client, Followed, GossipStats, NegotiationError, NegotiationOutcome, RawTopic, Reachability,
     ReplacedOffer, SyncStats,
 };
 pub use provider::{OfferTemplate, OwnOffer, reject};
@@ -110,6 +111,10 @@ pub struct NodeConfig {
     /// topics only, and its book holds only their offers. `None`: every class (the topic of
     /// all offers, the whole book).
     pub follow: Option<Vec<String>>,
+    /// How long a node that follows only some classes keeps following a class it was asked to
+    /// search (a query's `gpu=MODEL`) after the last such search (`docs/protocol.md` 3c step
+    /// 4); then that class's offers leave its book.
+    pub search_follow: Duration,
     /// A connected gridlease peer that has not subscribed to the offer topic within this long
     /// has a connection whose gossip never started; it is disconnected so the next connection
     /// starts it afresh (`liveness.rs`).
@@ -165,6 +170,7 @@ impl NodeConfig {
             },
             offer: None,
             follow: None,
+            search_follow: Duration::from_secs(600),
             gossip_grace: Duration::from_secs(30),
             faults: NetFaults::default(),
         }
@@ -458,6 +464,7 @@ impl Node {
         let streams = swarm.behaviour().stream.new_control();
         let book = shared_book::SharedBook::new(book);
         let (restore_tx, restore_rx) = watch::channel(RestoreProgress::default());
+        let (followed_tx, followed_rx) = watch::channel(None);
         let client = Client::new(
             cmd_tx.clone(),
             network.clone(),
@@ -466,6 +473,7 @@ impl Node {
             streams,
             book.reader(),
             restore_rx,
+            followed_rx,
         );
         let store_for_restore = store.clone();
         let hold_restore = config.faults.hold_restore;
@@ -481,6 +489,7 @@ impl Node {
             cancel.clone(),
             sync_bytes,
             completions,
+            followed_tx,
         );
         el.start_listening()?;
         el.dial_known(&known_peers);
