@@ -957,8 +957,9 @@ impl EventLoop {
     }
 
     /// Syncs the offers of `class`, followed for a search, from the connected `peer`: a sync
-    /// over that class only, or, when a sync with the peer runs, the queued one after it
-    /// (over every followed class, this one included).
+    /// over that class's offers only (the completion records came with the connection's
+    /// sync), or, when a sync with the peer runs, the queued one after it (over every
+    /// followed class, this one included).
     fn fetch_class_from(&mut self, class: &str, peer: PeerId) {
         if self.searched.waits_for(class, &peer) {
             return;
@@ -968,6 +969,10 @@ impl EventLoop {
             self.start_sync(peer);
         } else {
             self.begin_sync(peer, Some(vec![class.to_string()]));
+            if let Some(s) = self.syncs.get_mut(&peer) {
+                s.completions_started = true;
+                s.completions_listed = true;
+            }
         }
     }
 
