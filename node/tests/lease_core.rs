@@ -330,3 +330,86 @@ async fn the_renter_sees_running_with_a_start_time_and_a_decreasing_time_left() 
     renter.cancel.cancel();
     remove_container(&sb, id).await;
 }
+
+/// A provider stopped between creating a lease's container and recording it running (the
+/// container's id is written with `running`, not before) resumes the start when it comes
+/// back: the container left behind, found by its name, is replaced by a new one that runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_start_stopped_after_create_is_resumed_with_a_fresh_container() {
+    let Some(sb) = docker_or_skip("start_resumed_after_create").await else {
+        return;
+    };
+    let image = sb.ensure_probe_image().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let template = lease_template(1, INTERVAL_S, WINDOW_S);
+    // A long grace: the renter waits out the provider's restart.
+    let provider = provider_with(root, &sb, template.clone(), 30, |svc| {
+        svc.faults = Faults {
+            stop_after_create: true,
+            ..Faults::default()
+        };
+    })
+    .await;
+    let mut renter = party(
+        root,
+        "renter",
+        common::config(),
+        service_config(root, "renter", 30),
+        None,
+    )
+    .await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &image, 30, LONG))
+        .await
+        .unwrap();
+    let name = format!("gridlease-{id}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        if let Ok(c) = sb.inspect(&name).await {
+            break c.id.unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no container created"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let v = provider.leases.lease(id).await.unwrap().unwrap();
+    assert_eq!(state(&v), "starting", "{v:#?}");
+
+    // The provider stops and comes back from its home, without the fault.
+    provider.cancel.cancel();
+    let home = common::stop(provider.node).await;
+    let mut pc = common::config();
+    pc.offer = Some(template.clone());
+    let node = common::start_from_home(&home, pc).await;
+    let mut svc = service_config(root, "provider", 30);
+    svc.base_template = Some(template);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let leases = gridlease_node::lease::LeaseService::start(
+        node.node.client.clone(),
+        &node.node.events,
+        svc,
+        Some(sb.clone()),
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+    let v = wait_view(&leases, id, "the resumed lease running", |v| {
+        state(v) == "running"
+    })
+    .await;
+    let now = sb.inspect(&name).await.unwrap();
+    assert_ne!(
+        now.id.as_deref(),
+        Some(first.as_str()),
+        "the old container runs"
+    );
+    assert_eq!(now.state.and_then(|s| s.running), Some(true), "{v:#?}");
+    cancel.cancel();
+    renter.cancel.cancel();
+    remove_container(&sb, id).await;
+}

@@ -187,6 +187,9 @@ pub struct Faults {
     pub bad_receipt_after: Option<(u64, BadReceipt)>,
     /// Provider: wait this long before creating the container, as a slow image pull would.
     pub slow_start: Option<Duration>,
+    /// Provider: end the session right after creating the container, writing nothing more,
+    /// as a node stopped (or killed) between create and start would.
+    pub stop_after_create: bool,
     /// Provider: decide and store leases but never run their sessions (negotiation tests
     /// without Docker): they stay `accepted`, holding their GPUs.
     pub hold_sessions: bool,
@@ -918,6 +921,15 @@ impl LeaseService {
             })
             .await?;
         Ok(found.map(|(rec, l)| view::from_store(&l, &rec, self.ctx.now())))
+    }
+
+    /// The view of lease `id` as its session publishes it, each change as it happens; `None`
+    /// when no session runs the lease here (not live, or not this node's).
+    pub async fn watch(
+        &self,
+        id: LeaseId,
+    ) -> Result<Option<watch::Receiver<LeaseView>>, LeaseError> {
+        self.ask(|r| Cmd::Watch(id, r)).await
     }
 
     /// Who provides lease `id`: `None` when this node has no such lease, `Some(None)` when

@@ -485,10 +485,13 @@ pub(crate) async fn run(
 }
 
 /// Ensure image, create and start the container. Persist before act: `Starting` is stored
-/// before anything is pulled or created, the container id before the container is started,
-/// `Running` (with the start time: the lease clock's zero) right after; a write that fails
-/// stops the start, and a container already created is removed. With an upload hold in the
-/// terms, the created container waits for the renter between create and start ([`hold`]).
+/// before anything is pulled or created, `Running` (with the start time: the lease clock's
+/// zero, and the container id) right after the start; a write that fails stops the start,
+/// and a container already created is removed. A container left by an interrupted start has
+/// the lease's name (`container_name`), so a start resumed after a restart (`Starting`
+/// stored) removes it by name first; its id needs no write of its own. With an upload hold in
+/// the terms, the created container waits for the renter between create and start ([`hold`]),
+/// and its id is stored before that wait (a restart during the hold finds it).
 async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Result<(), Halt> {
     let ctx = s.ctx.clone();
     let Some(sb) = ctx.sandbox.clone() else {
@@ -499,6 +502,8 @@ async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Resul
         )
         .into());
     };
+    // Stored as `Starting` already: this node stopped during an earlier start of the lease.
+    let resumed = s.lease.state == LeaseState::Starting;
     if s.lease.state == LeaseState::Accepted
         && !s
             .transition(
@@ -603,9 +608,11 @@ async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Resul
         );
         spec.cpu_millicores = host_millicores;
     }
-    // A container from an interrupted start (crash between create and start) is replaced.
-    let name = gridlease_sandbox::spec::container_name(&spec);
-    let _ = sb.remove(&name).await;
+    // A container from an interrupted start (a stop between create and `Running`) is replaced.
+    if resumed {
+        let name = gridlease_sandbox::spec::container_name(&spec);
+        let _ = sb.remove(&name).await;
+    }
     // The lease's /workspace, before the container that mounts it (removed in `finish`).
     let workspace = create_workspace(&ctx, &sb, &spec).await;
     spec.workspace = Some(workspace.map_err(|e| {
@@ -622,19 +629,26 @@ async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Resul
         )
     })?;
     s.container = Some(id.clone());
-    let patch = SessionPatch {
-        container_id: Some(id.clone()),
-        ..SessionPatch::default()
-    };
-    let (lid, state) = (s.lease.id, s.lease.state);
-    if let Err(e) = ctx
-        .store
-        .call(move |st| st.lease_transition(&lid, None, state, &patch))
-        .await
-    {
-        tracing::error!(error = %e, "cannot store the container id; not starting it");
-        remove_container(s).await;
-        return Err(internal("cannot record the container").into());
+    if ctx.config.faults.stop_after_create {
+        tracing::info!(container = %id, "stopping after create (test fault)");
+        return Err(Halt::Shutdown);
+    }
+    if terms.upload_hold_s > 0 {
+        // The hold may last minutes: a restart during it must find the container.
+        let patch = SessionPatch {
+            container_id: Some(id.clone()),
+            ..SessionPatch::default()
+        };
+        let (lid, state) = (s.lease.id, s.lease.state);
+        if let Err(e) = ctx
+            .store
+            .call(move |st| st.lease_transition(&lid, None, state, &patch))
+            .await
+        {
+            tracing::error!(error = %e, "cannot store the container id; not starting it");
+            remove_container(s).await;
+            return Err(internal("cannot record the container").into());
+        }
     }
     if let Err(halt) = hold(s, inbox).await {
         remove_container(s).await;
@@ -663,6 +677,7 @@ async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Resul
             Actor::Provider,
             SessionPatch {
                 started_at: Some(now),
+                container_id: Some(id.clone()),
                 ..SessionPatch::default()
             },
         )
