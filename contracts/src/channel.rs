@@ -175,7 +175,19 @@ impl ProviderChannel {
                 cap: self.tariff.max_total,
             });
         }
-        self.last = Some(receipt.clone());
+        // Field by field, each scalar read on its own (`black_box` keeps the compiler from
+        // merging the reads into 16-byte loads): a receipt built a moment ago (the simulator
+        // hands it over at once) was stored one 8-byte field at a time, and a wider load
+        // spanning two of those stores stalls on store forwarding (a quarter of the
+        // simulator's per-report loop, `docs/benchmarks.md`).
+        self.last = Some(PaymentReceipt {
+            lease_id: receipt.lease_id,
+            seq: std::hint::black_box(receipt.seq),
+            total_paid: std::hint::black_box(receipt.total_paid),
+            covers_wall_ms: std::hint::black_box(receipt.covers_wall_ms),
+            usage_seq: std::hint::black_box(receipt.usage_seq),
+            issued_at: std::hint::black_box(receipt.issued_at),
+        });
         self.last_heard = self.last_heard.max(now);
         Ok(got.saturating_sub(last_total))
     }
@@ -501,7 +513,9 @@ impl RenterChannel {
         let total = self
             .tariff
             .receipt_total(Money::from_micros(report.amount_due));
-        Ok(self.pay(total, report.wall_ms, now))
+        // The report's own fields, not the copy `observe` just kept: reading a field of a
+        // struct copied a moment ago stalls on store forwarding (the simulator's hot loop).
+        Ok(self.pay(total, report.wall_ms, report.seq, now))
     }
 
     /// Checks a report like [`Self::on_usage`] and records it as the last one shown, but pays
@@ -546,7 +560,13 @@ impl RenterChannel {
     /// Books and returns the next receipt, paying `due` (capped at the budget) in total, if
     /// that is more than paid so far; `None` otherwise.
     #[inline]
-    fn pay(&mut self, due: Money, covers_wall_ms: u64, now: Timestamp) -> Option<PaymentReceipt> {
+    fn pay(
+        &mut self,
+        due: Money,
+        covers_wall_ms: u64,
+        usage_seq: u64,
+        now: Timestamp,
+    ) -> Option<PaymentReceipt> {
         let due = due.min(Money::from_micros(self.terms.max_total));
         if due <= self.paid() {
             return None;
@@ -556,7 +576,7 @@ impl RenterChannel {
             seq: self.last_receipt.as_ref().map_or(1, |r| r.seq + 1),
             total_paid: due.micros(),
             covers_wall_ms,
-            usage_seq: self.last_usage.as_ref().map_or(0, |u| u.seq),
+            usage_seq,
             issued_at: now,
         };
         self.last_receipt = Some(receipt.clone());
@@ -575,7 +595,8 @@ impl RenterChannel {
         if !crate::billing::start_failure_is_billed(kind) {
             return Ok(None);
         }
-        Ok(self.pay(self.tariff.failed_start_fee()?, 0, now))
+        let usage_seq = self.last_usage.as_ref().map_or(0, |u| u.seq);
+        Ok(self.pay(self.tariff.failed_start_fee()?, 0, usage_seq, now))
     }
 
     /// What the renter has paid beyond the usage it has been shown: at most the prepay's cost
