@@ -50,6 +50,31 @@ async fn publish_offers(g: &TestNode, seed: u8, n: u32) {
     }
 }
 
+/// `g` publishes `n` live offers of `n` providers (keys from `seed`) with GPUs of `model`, on
+/// the topic of every offer.
+async fn publish_model_offers(g: &TestNode, seed: u8, n: u32, model: &str) {
+    let now = clock::now();
+    for i in 0..n {
+        let mut secret = [seed; 32];
+        secret[..4].copy_from_slice(&i.to_be_bytes());
+        let key = NodeKey::from_secret(secret);
+        let mut offer = live_offer(&key, 1, 100_000, now, 300);
+        for g in &mut offer.gpus {
+            g.spec.model = model.to_string();
+        }
+        let bytes = Signed::sign(&key, &net(), &offer)
+            .unwrap()
+            .to_bytes()
+            .unwrap();
+        g.node
+            .client
+            .publish_raw_on(gridlease_node::net::RawTopic::Every, bytes)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// Waits until the node's book holds `n` offers.
 async fn holds(c: &gridlease_node::net::Client, n: usize) {
     let c = c.clone();
@@ -1285,30 +1310,11 @@ async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it
     connect(&p4090, &hub).await;
     connect(&pa100, &hub).await;
     wait_mesh(std::slice::from_ref(&hub)).await;
+    wait_mesh(std::slice::from_ref(&pa100)).await;
     // 50 more a100 offers, so the fetch is more than one message (published by a provider:
     // a node's own raw publications reach other books, not its own).
     let h = hub.node.client.clone();
-    let now = clock::now();
-    for i in 0..50u32 {
-        let mut secret = [9; 32];
-        secret[..4].copy_from_slice(&i.to_be_bytes());
-        let key = NodeKey::from_secret(secret);
-        let mut offer = live_offer(&key, 1, 100_000, now, 300);
-        for g in &mut offer.gpus {
-            g.spec.model = "NVIDIA A100-SXM4-80GB".to_string();
-        }
-        let bytes = Signed::sign(&key, &net(), &offer)
-            .unwrap()
-            .to_bytes()
-            .unwrap();
-        pa100
-            .node
-            .client
-            .publish_raw_on(gridlease_node::net::RawTopic::Every, bytes)
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    publish_model_offers(&pa100, 9, 50, "NVIDIA A100-SXM4-80GB").await;
     eventually("the hub to hold both classes' offers", || {
         let h = h.clone();
         async move { h.book_len().await.unwrap() == 52 }
@@ -1322,6 +1328,13 @@ async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it
     let fc = f.node.client.clone();
     connect(&f, &hub).await;
     holds(&fc, 1).await;
+    // The connection's sync has ended (a fetch while it runs waits for it and then syncs every
+    // followed class, listing the rtx-4090 offer again).
+    eventually("the connection's sync to end", || {
+        let fc = fc.clone();
+        async move { fc.sync_stats().await.unwrap().ended == 1 }
+    })
+    .await;
     let before = fc.sync_stats().await.unwrap();
     assert_eq!(before.ids_received, 1, "{before:?}");
 
@@ -1382,6 +1395,49 @@ async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it
     assert_eq!(followed.classes, vec!["rtx-4090".to_string()]);
     assert_eq!(fc.book_len().await.unwrap(), 1);
     for n in [p4090, pa100, hub, f] {
+        stop(n).await;
+    }
+}
+
+/// A search whose class fetch outlasts the API's wait is answered from the book as it is and
+/// names the class still arriving (`x-gridlease-fetching-classes`); once the fetch ends, the
+/// same search waits for nothing and finds the class's offers. The fetch is held up by the
+/// searching node's own restore (book syncs wait for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_fetch_that_outlasts_the_wait_is_named_and_a_later_search_finds_its_offers() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = start(dir.path(), "hub", config()).await;
+    let g = start(dir.path(), "g", config()).await;
+    connect(&g, &hub).await;
+    wait_mesh(std::slice::from_ref(&g)).await;
+    publish_model_offers(&g, 11, 20, "NVIDIA A100-SXM4-80GB").await;
+    holds(&hub.node.client, 20).await;
+    stop(g).await;
+
+    let mut c = config();
+    c.follow = Some(vec!["rtx-4090".to_string()]);
+    c.faults.hold_restore = Some(Duration::from_secs(3));
+    let f = start(dir.path(), "f", c).await;
+    let fc = f.node.client.clone();
+    connect(&f, &hub).await;
+    let query =
+        gridlease_contracts::query::Query::parse(r#"gpu="NVIDIA A100-SXM4-80GB" vram>=1"#).unwrap();
+    let fetch = |wait| gridlease_node::api::fetch_named_classes(&fc, &query, wait);
+    let still = fetch(Duration::from_millis(300)).await;
+    assert_eq!(still, vec!["a100-sxm4-80gb".to_string()]);
+    assert_eq!(fc.book_len().await.unwrap(), 0);
+    // A query that names no class waits for nothing.
+    let any = gridlease_contracts::query::Query::parse("gpu~a100").unwrap();
+    assert!(
+        gridlease_node::api::fetch_named_classes(&fc, &any, Duration::from_millis(300))
+            .await
+            .is_empty()
+    );
+    // The restore ends within 3 s; the fetch then runs, and the search waits for it.
+    let still = fetch(Duration::from_secs(10)).await;
+    assert!(still.is_empty(), "{still:?}");
+    assert_eq!(fc.book_len().await.unwrap(), 20);
+    for n in [f, hub] {
         stop(n).await;
     }
 }

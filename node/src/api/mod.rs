@@ -366,8 +366,13 @@ const MAX_CLASSES_PER_SEARCH: usize = 4;
 /// On a node that follows only some GPU classes, a search whose `gpu=MODEL` conditions name
 /// classes it does not follow (or follows for earlier searches only) has the node follow them
 /// and fetch their offers first (`docs/protocol.md` 3c step 4), for at most
-/// [`CLASS_FETCH_WAIT`]. Returns the classes whose fetch had not ended by then.
-async fn fetch_named_classes(client: &crate::net::Client, query: &Query) -> Vec<String> {
+/// `wait` ([`CLASS_FETCH_WAIT`] in the API). Returns the classes whose fetch had not ended by
+/// then (the answer's `x-gridlease-fetching-classes`).
+pub async fn fetch_named_classes(
+    client: &crate::net::Client,
+    query: &Query,
+    wait: std::time::Duration,
+) -> Vec<String> {
     let Some(followed) = client.followed() else {
         return Vec::new();
     };
@@ -380,7 +385,7 @@ async fn fetch_named_classes(client: &crate::net::Client, query: &Query) -> Vec<
     if classes.is_empty() {
         return Vec::new();
     }
-    let deadline = tokio::time::Instant::now() + CLASS_FETCH_WAIT;
+    let deadline = tokio::time::Instant::now() + wait;
     let waits = classes.iter().map(|c| {
         let (client, c) = (client.clone(), c.clone());
         async move {
@@ -490,7 +495,7 @@ async fn offers(
     {
         query.conditions.extend(free.conditions);
     }
-    let fetching = fetch_named_classes(&s.client, &query).await;
+    let fetching = fetch_named_classes(&s.client, &query, CLASS_FETCH_WAIT).await;
     let (rows, next) = s
         .client
         .search_page(query, limit, after)

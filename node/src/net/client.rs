@@ -51,6 +51,8 @@ pub struct GossipStats {
 pub struct SyncStats {
     /// Syncs started.
     pub started: u64,
+    /// Syncs that ended, finished or not (`started - ended` run now).
+    pub ended: u64,
     /// Ids received in id pages.
     pub ids_received: u64,
     /// Offers received, verified and admitted.

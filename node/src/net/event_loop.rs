@@ -934,8 +934,19 @@ impl EventLoop {
             .map(|(p, _)| *p)
             .take(CLASS_DIALS)
             .collect();
-        for peer in &holders {
-            self.fetch_class_from(&class, *peer);
+        // None known (a peer's subscriptions may not have arrived yet): the first connected
+        // peers are asked anyway (a peer without the class answers empty digests), and the
+        // DHT too.
+        let asked: Vec<PeerId> = if holders.is_empty() {
+            let mut peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+            peers.sort();
+            peers.truncate(CLASS_DIALS);
+            peers
+        } else {
+            holders.clone()
+        };
+        for peer in asked {
+            self.fetch_class_from(&class, peer);
         }
         let dht_peers = self
             .swarm
@@ -2026,6 +2037,7 @@ impl EventLoop {
             self.sync_request(peer, BookRequest::GetCompletions { leases });
         } else if s.completions_listed {
             if let Some(s) = self.syncs.remove(&peer) {
+                self.sync_stats.ended += 1;
                 self.searched.sync_ended(&peer, s.classes.as_deref());
             }
             self.next_queued_sync();
@@ -2067,6 +2079,7 @@ impl EventLoop {
 
     fn end_sync(&mut self, peer: &PeerId) {
         if let Some(s) = self.syncs.remove(peer) {
+            self.sync_stats.ended += 1;
             tracing::debug!(%peer, missing = s.missing.len(), asked = s.asked.len(), listed = s.listed, "book sync ended early");
             for id in s.missing {
                 self.wanted.remove(&id);
