@@ -75,6 +75,36 @@ async fn publish_model_offers(g: &TestNode, seed: u8, n: u32, model: &str) {
     }
 }
 
+/// Once `f` subscribes at provider `p`, `p` offers one GPU of `model` at `price`; returns the
+/// new offer's id once `f` has admitted it (by gossip: the two are connected).
+async fn new_offer_heard_by(
+    p: &mut TestNode,
+    f: &mut TestNode,
+    model: &str,
+    price: u64,
+) -> OfferId {
+    let fpeer = f.peer;
+    wait_event(&mut p.events, |e| match e {
+        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
+        _ => None,
+    })
+    .await;
+    let new = p
+        .node
+        .client
+        .set_offer(Some(template_of(model, price)))
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    wait_event(&mut f.events, |e| match e {
+        NetworkEvent::OfferAdmitted { id, .. } if *id == new => Some(()),
+        _ => None,
+    })
+    .await;
+    new
+}
+
 /// Waits until the node's book holds `n` offers.
 async fn holds(c: &gridlease_node::net::Client, n: usize) {
     let c = c.clone();
@@ -1256,25 +1286,7 @@ async fn a_follower_finds_its_classes_nodes_in_the_dht_and_hears_them_by_gossip(
         },
     )
     .await;
-    let fpeer = f.peer;
-    wait_event(&mut p.events, |e| match e {
-        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
-        _ => None,
-    })
-    .await;
-    let new = p
-        .node
-        .client
-        .set_offer(Some(template_of("NVIDIA GeForce RTX 4090", 300_000)))
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
-    wait_event(&mut f.events, |e| match e {
-        NetworkEvent::OfferAdmitted { id, .. } if *id == new => Some(()),
-        _ => None,
-    })
-    .await;
+    let new = new_offer_heard_by(&mut p, &mut f, "NVIDIA GeForce RTX 4090", 300_000).await;
     assert!(fc.offer(new).await.unwrap().is_some());
     for n in [hub, p, f] {
         stop(n).await;
@@ -1358,26 +1370,8 @@ async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it
     // Followed now: the provider's next a100 offer arrives by gossip.
     fc.search_class(a100.clone()).await.unwrap();
     connect(&f, &pa100).await;
-    let fpeer = f.peer;
     let mut pa100 = pa100;
-    wait_event(&mut pa100.events, |e| match e {
-        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
-        _ => None,
-    })
-    .await;
-    let new = pa100
-        .node
-        .client
-        .set_offer(Some(template_of("NVIDIA A100-SXM4-80GB", 800_000)))
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
-    wait_event(&mut f.events, |e| match e {
-        NetworkEvent::OfferAdmitted { id, .. } if *id == new => Some(()),
-        _ => None,
-    })
-    .await;
+    new_offer_heard_by(&mut pa100, &mut f, "NVIDIA A100-SXM4-80GB", 800_000).await;
 
     // Searched again within `search_follow` (3 s), it stays followed past 3 s from the
     // search before.

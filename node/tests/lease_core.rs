@@ -383,22 +383,9 @@ async fn a_start_stopped_after_create_is_resumed_with_a_fresh_container() {
     // The provider stops and comes back from its home, without the fault.
     provider.cancel.cancel();
     let home = common::stop(provider.node).await;
-    let mut pc = common::config();
-    pc.offer = Some(template.clone());
-    let node = common::start_from_home(&home, pc).await;
-    let mut svc = service_config(root, "provider", 30);
-    svc.base_template = Some(template);
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let leases = gridlease_node::lease::LeaseService::start(
-        node.node.client.clone(),
-        &node.node.events,
-        svc,
-        Some(sb.clone()),
-        cancel.clone(),
-    )
-    .await
-    .unwrap();
-    let v = wait_view(&leases, id, "the resumed lease running", |v| {
+    let provider =
+        provider_from_home(&home, &sb, template, service_config(root, "provider", 30)).await;
+    let v = wait_view(&provider.leases, id, "the resumed lease running", |v| {
         state(v) == "running"
     })
     .await;
@@ -409,7 +396,7 @@ async fn a_start_stopped_after_create_is_resumed_with_a_fresh_container() {
         "the old container runs"
     );
     assert_eq!(now.state.and_then(|s| s.running), Some(true), "{v:#?}");
-    cancel.cancel();
+    provider.cancel.cancel();
     renter.cancel.cancel();
     remove_container(&sb, id).await;
 }

@@ -517,27 +517,10 @@ async fn a_provider_restarted_after_an_extension_keeps_the_new_deadline() {
     let started = x.deadline_ms - u64::from(D + E) * 1000;
     // Gone at once (nothing settled, nothing said), back from the same home.
     vanish(provider).await;
-    let mut pc = common::config();
-    pc.offer = Some(template.clone());
     let mut svc = service_config(dir.path(), "provider", GRACE_S);
-    svc.base_template = Some(template);
     with_watchdog(&mut svc);
-    let node = common::start_from_home(&dir.path().join("provider"), pc).await;
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let leases = gridlease_node::lease::LeaseService::start(
-        node.node.client.clone(),
-        &node.node.events,
-        svc,
-        Some(sb.clone()),
-        cancel.clone(),
-    )
-    .await
-    .unwrap();
-    let provider = Party {
-        node,
-        leases,
-        cancel,
-    };
+    let provider =
+        provider_from_home(&dir.path().join("provider"), &sb, template.clone(), svc).await;
     common::connect(&renter.node, &provider.node).await;
     let v = provider.leases.lease(id).await.unwrap().unwrap();
     assert_eq!((v.duration_s, v.extensions), (D + E, 1), "{v:?}");

@@ -103,7 +103,11 @@ pub async fn party(
     svc: LeaseServiceConfig,
     sandbox: Option<Sandbox>,
 ) -> Party {
-    let node = start(root, name, config).await;
+    serve(start(root, name, config).await, svc, sandbox).await
+}
+
+/// A party of `node` with a lease service configured by `svc`.
+async fn serve(node: TestNode, svc: LeaseServiceConfig, sandbox: Option<Sandbox>) -> Party {
     let cancel = CancellationToken::new();
     let leases = LeaseService::start(
         node.node.client.clone(),
@@ -135,6 +139,21 @@ pub async fn provider_with(
     tweak(&mut svc);
     pc.offer = Some(template);
     party(root, "provider", pc, svc, Some(sb.clone())).await
+}
+
+/// A provider started again from its home (after [`vanish`] or `common::stop`), offering
+/// `template` with Docker, its lease service configured by `svc` (which gets `template`); the
+/// service resumes the leases it stored.
+pub async fn provider_from_home(
+    home: &Path,
+    sb: &Sandbox,
+    template: OfferTemplate,
+    mut svc: LeaseServiceConfig,
+) -> Party {
+    let mut pc = config();
+    pc.offer = Some(template.clone());
+    svc.base_template = Some(template);
+    serve(start_from_home(home, pc).await, svc, Some(sb.clone())).await
 }
 
 /// Provider (with `template`) and renter, connected, the renter holding the provider's offer.
