@@ -208,11 +208,14 @@ async fn main() {
         .unwrap_or(0);
     let class_of = |i: usize| (classes > 0).then(|| i % classes);
     // BENCH_KEEP: the daemons' homes and logs stay for a look afterwards (a panic included).
+    let keep = std::env::var_os("BENCH_KEEP").is_some();
     let dir = tempfile::Builder::new()
-        .disable_cleanup(std::env::var_os("BENCH_KEEP").is_some())
+        .disable_cleanup(keep)
         .tempdir()
         .unwrap();
-    println!("daemon homes and logs in {}", dir.path().display());
+    if keep {
+        println!("daemon homes and logs kept in {}", dir.path().display());
+    }
     let net = NetworkId::devnet();
     let mut rng = Rng(0x5eed_5ca1e);
     let search_home = dir.path().join("d0");
