@@ -73,6 +73,10 @@ async fn twenty_nodes_agree_on_reputation_and_a_self_dealer_stays_below_one_hone
     let mut nodes = Vec::new();
     for i in 0..20 {
         let mut c = config();
+        // Offers published before the topology exists reach the nodes that synced before their
+        // neighbours held them only by anti-entropy, one peer a round: every 2 s here, not
+        // every 10 s (the six-offer wait took 30 s and more at 10 s, at the test's deadline).
+        c.offer_resync = std::time::Duration::from_secs(2);
         if i < 6 {
             c.offer = Some(template(1, 100_000 + 10_000 * i as u64));
         }
