@@ -24,7 +24,8 @@
 //! the provider's node, Docker's archive API), `docker cp DIR CONTAINER:/workspace/dN` (the
 //! Docker CLI straight to the daemon's archive API), each into the same workspace; the
 //! download the same way back; and raw TCP: the same files read and sent over one
-//! loopback TCP connection to a reader that discards them.
+//! loopback TCP connection to a reader that discards them. Every timed copy starts after a
+//! `sync`, so none pays for the writeback of the 1 GiB the copy before it left dirty.
 
 #![allow(
     clippy::unwrap_used,
@@ -43,6 +44,13 @@ use std::time::{Duration, Instant};
 
 use bench_support::{Kill, gridlease_bin};
 use gridlease_sandbox::Sandbox;
+
+/// Writes every dirty page back before a timed copy, so that no copy pays for the writeback
+/// of the one before it (each copy puts 1 GiB in the page cache: the workspace's loop device
+/// and its backing file, or the local destination).
+fn settle() {
+    assert!(Command::new("sync").status().unwrap().success(), "sync");
+}
 
 fn cli(home: &Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(gridlease_bin())
@@ -431,6 +439,7 @@ async fn main() {
     };
     for r in 0..cp_rounds {
         let mbs = |t: Instant| tree_bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
+        settle();
         let t = Instant::now();
         run_ok(Command::new(gridlease_bin()).arg("--home").arg(&rh).args([
             "-q",
@@ -440,6 +449,7 @@ async fn main() {
         ]));
         g_up.push(mbs(t));
         phase("gridlease cp upload", t);
+        settle();
         let t = Instant::now();
         run_ok(Command::new("docker").args([
             "cp",
@@ -449,6 +459,7 @@ async fn main() {
         d_up.push(mbs(t));
         phase("docker cp upload", t);
         let back = dir.path().join(format!("back-g{r}"));
+        settle();
         let t = Instant::now();
         run_ok(Command::new(gridlease_bin()).arg("--home").arg(&rh).args([
             "-q",
@@ -459,6 +470,7 @@ async fn main() {
         g_down.push(mbs(t));
         phase("gridlease cp download", t);
         let back_d = dir.path().join(format!("back-d{r}"));
+        settle();
         let t = Instant::now();
         run_ok(Command::new("docker").args([
             "cp",
@@ -467,6 +479,7 @@ async fn main() {
         ]));
         d_down.push(mbs(t));
         phase("docker cp download", t);
+        settle();
         let t = Instant::now();
         raw_tcp(&tree);
         raw.push(mbs(t));

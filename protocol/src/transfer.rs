@@ -8,7 +8,7 @@
 //! | `Upload`   | `Chunk`* (a tar stream), then `End`          | `Done` or `Error`                    |
 //! | `Download` | `Skip`* (paths already copied), then `Go`    | `Root`, `Chunk`* (a tar stream), then `End` or `Error` |
 //!
-//! `End` carries the byte count and the SHA-256 of the tar bytes sent; the receiver compares
+//! `End` carries the byte count and the BLAKE3 hash of the tar bytes sent; the receiver compares
 //! both with what it received before it reports success. Tar entries are relative to the
 //! request's path; only regular files, directories and symlinks travel.
 
@@ -41,12 +41,12 @@ pub enum TransferFrame {
     },
     /// Tar bytes (at most [`MAX_CHUNK`]).
     Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// The sender's tar stream ended: how many bytes and their SHA-256.
+    /// The sender's tar stream ended: how many bytes and their hash.
     End {
         /// Bytes of tar data sent.
         bytes: u64,
-        /// SHA-256 of those bytes.
-        sha256: [u8; 32],
+        /// BLAKE3 (32 bytes) of those bytes.
+        blake3: [u8; 32],
     },
     /// Upload: the provider extracted everything into the workspace (the tar bytes matched).
     Done {

@@ -12,7 +12,6 @@ use gridlease_protocol::transfer::{
 };
 use gridlease_sandbox::Sandbox;
 use gridlease_sandbox::files::{MAX_ENTRIES, Rules, TarFilter};
-use sha2::Digest as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::frames::{self, Incoming};
@@ -58,22 +57,20 @@ where
     let receive = async move {
         let mut filter = TarFilter::new(rules);
         let mut out = Vec::new();
-        let mut sha = sha2::Sha256::new();
-        let mut n = 0u64;
+        let mut tally = frames::Tally::default();
         loop {
             match frames::read_transfer(&mut rd).await {
                 Ok(Some(Incoming::Chunk(b))) => {
-                    sha.update(&b);
-                    n += b.len() as u64;
+                    tally.update(&b);
                     filter.push(b, &mut out).map_err(err)?;
                     // Docker stopping gives its own error.
                     let _ = to_docker.send(std::mem::take(&mut out)).await;
                 }
-                Ok(Some(Incoming::Frame(TransferFrame::End { bytes, sha256 }))) => {
-                    let got: [u8; 32] = sha.finalize().into();
-                    if bytes != n || sha256 != got {
+                Ok(Some(Incoming::Frame(TransferFrame::End { bytes, blake3 }))) => {
+                    let n = tally.bytes();
+                    if !tally.matches(bytes, &blake3) {
                         return Err(format!(
-                            "the upload arrived damaged ({n} bytes received, {bytes} sent, or the SHA-256 differs); nothing is reported copied: run the same cp again"
+                            "the upload arrived damaged ({n} bytes received, {bytes} sent, or the checksum differs); nothing is reported copied: run the same cp again"
                         ));
                     }
                     let entries = filter.entries();
@@ -214,10 +211,9 @@ where
             .finish(&mut out)
             .map_err(|e| docker_error(e.to_string()))?;
         emit(&mut wr, &mut chunks, &mut out, &mut root_sent, root).await?;
-        let (bytes, sha256) = chunks.finish(&mut wr).await.map_err(err)?;
-        send(&mut wr, &TransferFrame::End { bytes, sha256 })
-            .await
-            .map_err(err)?;
+        let bytes = chunks.bytes();
+        let end = chunks.finish(&mut wr).await.map_err(err)?;
+        send(&mut wr, &end).await.map_err(err)?;
         Ok::<_, String>(bytes)
     };
     let sent = match send_all.await {

@@ -69,13 +69,46 @@ pub async fn write_chunk<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::
 /// [`transfer::chunk_prefix`]).
 const PREFIX_ROOM: usize = 10;
 
+/// The byte count and BLAKE3 hash of a transfer's tar bytes, kept by the sender for its `End`
+/// frame and by the receiver to check that frame.
+#[derive(Default)]
+pub struct Tally {
+    hash: blake3::Hasher,
+    bytes: u64,
+}
+
+impl Tally {
+    /// Adds bytes sent or received.
+    pub fn update(&mut self, data: &[u8]) {
+        self.hash.update(data);
+        self.bytes += data.len() as u64;
+    }
+
+    /// The `End` frame for what was added.
+    pub fn end(&self) -> TransferFrame {
+        TransferFrame::End {
+            bytes: self.bytes,
+            blake3: *self.hash.finalize().as_bytes(),
+        }
+    }
+
+    /// Whether the sender's `End { bytes, blake3 }` matches what was added.
+    pub fn matches(&self, bytes: u64, blake3: &[u8; 32]) -> bool {
+        bytes == self.bytes && self.hash.finalize() == *blake3
+    }
+
+    /// Bytes added.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
 /// Fills `Chunk` frames of [`transfer::MAX_CHUNK`] bytes from pieces of any size and writes each
-/// frame, prefix and data, in one write; counts and hashes (SHA-256) the data, for the `End`
+/// frame, prefix and data, in one write; counts and hashes the data ([`Tally`]) for the `End`
 /// frame. One copy per byte: into the frame being filled.
 pub struct ChunkWriter {
     frame: Vec<u8>,
-    sha: sha2::Sha256,
-    bytes: u64,
+    tally: Tally,
 }
 
 impl Default for ChunkWriter {
@@ -91,8 +124,7 @@ impl ChunkWriter {
         frame.resize(PREFIX_ROOM, 0);
         ChunkWriter {
             frame,
-            sha: sha2::Digest::new(),
-            bytes: 0,
+            tally: Tally::default(),
         }
     }
 
@@ -102,8 +134,7 @@ impl ChunkWriter {
         w: &mut W,
         mut data: &[u8],
     ) -> std::io::Result<()> {
-        sha2::Digest::update(&mut self.sha, data);
-        self.bytes += data.len() as u64;
+        self.tally.update(data);
         while !data.is_empty() {
             let room = PREFIX_ROOM + transfer::MAX_CHUNK - self.frame.len();
             let (now, rest) = data.split_at(room.min(data.len()));
@@ -129,13 +160,18 @@ impl ChunkWriter {
         Ok(())
     }
 
-    /// Writes what is left; the bytes and the SHA-256 of all data put.
+    /// Bytes put so far.
+    pub fn bytes(&self) -> u64 {
+        self.tally.bytes()
+    }
+
+    /// Writes what is left; the `End` frame for all data put.
     pub async fn finish<W: AsyncWrite + Unpin>(
         mut self,
         w: &mut W,
-    ) -> std::io::Result<(u64, [u8; 32])> {
+    ) -> std::io::Result<TransferFrame> {
         self.flush(w).await?;
-        Ok((self.bytes, sha2::Digest::finalize(self.sha).into()))
+        Ok(self.tally.end())
     }
 }
 
@@ -226,7 +262,7 @@ mod tests {
             TransferFrame::Chunk(vec![9; 300]),
             TransferFrame::End {
                 bytes: 3,
-                sha256: [1; 32],
+                blake3: [1; 32],
             },
         ];
         let writer = async {
@@ -259,6 +295,37 @@ mod tests {
             .unwrap();
         let err = read_transfer(&mut b).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    #[tokio::test]
+    async fn a_tally_matches_the_senders_end_however_the_bytes_were_split_and_nothing_else() {
+        let data: Vec<u8> = (0..700_000u32).map(|i| (i * 31 + i / 997) as u8).collect();
+        // The sender: a ChunkWriter fed in odd pieces.
+        let mut out = Vec::new();
+        let mut w = ChunkWriter::new();
+        for piece in data.chunks(100_003) {
+            w.put(&mut out, piece).await.unwrap();
+        }
+        let TransferFrame::End { bytes, blake3 } = w.finish(&mut out).await.unwrap() else {
+            panic!("not an End frame");
+        };
+        assert_eq!(bytes, data.len() as u64);
+        assert_eq!(&blake3, blake3::hash(&data).as_bytes());
+        // The receiver: the chunks as they arrive.
+        let mut rd = &out[..];
+        let mut tally = Tally::default();
+        while let Some(Incoming::Chunk(c)) = read_transfer(&mut rd).await.unwrap() {
+            tally.update(&c);
+        }
+        assert!(tally.matches(bytes, &blake3));
+        assert!(!tally.matches(bytes + 1, &blake3), "a count that differs");
+        // One byte changed in transit.
+        let mut damaged = data.clone();
+        damaged[654_321] ^= 0x40;
+        let mut other = Tally::default();
+        other.update(&damaged);
+        assert_eq!(other.bytes(), bytes);
+        assert!(!other.matches(bytes, &blake3), "a byte that differs");
     }
 
     #[tokio::test]

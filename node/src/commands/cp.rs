@@ -1,6 +1,6 @@
 //! `gridlease cp SRC LEASE:PATH` and `gridlease cp LEASE:PATH DST`: files and directories into
 //! and out of a running lease's `/workspace`, over the P2P link (an access stream, see
-//! `gridlease_protocol::transfer`), streamed (fixed buffers), checksummed (SHA-256 of each
+//! `gridlease_protocol::transfer`), streamed (fixed buffers), checksummed (BLAKE3 of each
 //! transfer's tar bytes, checked by the receiver), and resumable: what was copied is recorded in
 //! a journal under `<home>/transfers/`, so after a lost connection (retried at once) or a
 //! killed command (run it again) completed files are not sent again.
@@ -534,31 +534,23 @@ async fn upload_batch(
         Ok::<_, anyhow::Error>(())
     };
     let pump = async {
-        let mut sha = sha2::Sha256::new();
-        let mut n = 0u64;
+        let mut tally = frames::Tally::default();
         let mut buf = vec![0u8; MAX_CHUNK];
         loop {
             let k = tar_r.read(&mut buf).await?;
             if k == 0 {
                 break;
             }
-            sha.update(&buf[..k]);
-            n += k as u64;
+            tally.update(&buf[..k]);
             progress.inc(k as u64);
             counted.fetch_add(k as u64, std::sync::atomic::Ordering::Relaxed);
             frames::write_chunk(&mut wr, &buf[..k])
                 .await
                 .map_err(|e| Lost(e.to_string()))?;
         }
-        frames::send::<_, MAX_TRANSFER_FRAME, _>(
-            &mut wr,
-            &TransferFrame::End {
-                bytes: n,
-                sha256: sha.finalize().into(),
-            },
-        )
-        .await
-        .map_err(|e| Lost(e.to_string()))?;
+        frames::send::<_, MAX_TRANSFER_FRAME, _>(&mut wr, &tally.end())
+            .await
+            .map_err(|e| Lost(e.to_string()))?;
         Ok::<_, anyhow::Error>(())
     };
     tokio::try_join!(build, pump)?;
@@ -750,26 +742,24 @@ async fn download_once(
     // Chunks go to the unpacker as they came (no copy), a few at a time.
     let (tar_w, tar_r) = frames::chunk_pipe(8);
     let receive = async move {
-        let mut sha = sha2::Sha256::new();
-        let mut n = 0u64;
+        let mut tally = frames::Tally::default();
         loop {
             match frames::read_transfer(&mut rd).await {
                 Ok(Some(frames::Incoming::Chunk(b))) => {
-                    sha.update(&b);
-                    n += b.len() as u64;
+                    tally.update(&b);
                     // An unpacker that stopped gives its own error; the stream is still
                     // read to its end and checked.
                     let _ = tar_w.send(Ok(b)).await;
                 }
-                Ok(Some(frames::Incoming::Frame(TransferFrame::End { bytes, sha256 }))) => {
-                    let got: [u8; 32] = sha.finalize().into();
-                    if bytes != n || sha256 != got {
+                Ok(Some(frames::Incoming::Frame(TransferFrame::End { bytes, blake3 }))) => {
+                    let n = tally.bytes();
+                    if !tally.matches(bytes, &blake3) {
                         // The unpacker must not take a damaged stream's end for a clean one.
                         let _ = tar_w
                             .send(Err(std::io::Error::other("the download arrived damaged")))
                             .await;
                         anyhow::bail!(
-                            "the download arrived damaged ({n} bytes received, {bytes} sent, or the SHA-256 differs)"
+                            "the download arrived damaged ({n} bytes received, {bytes} sent, or the checksum differs)"
                         );
                     }
                     return Ok(());

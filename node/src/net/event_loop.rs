@@ -17,7 +17,7 @@ use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance};
 use libp2p::multiaddr::Protocol;
 use libp2p::request_response::{self, OutboundRequestId, ResponseChannel};
 use libp2p::swarm::SwarmEvent;
-use libp2p::{Multiaddr, Swarm, autonat, dcutr, identify, kad, mdns, noise, relay, tcp, yamux};
+use libp2p::{Multiaddr, Swarm, autonat, dcutr, identify, kad, mdns, noise, relay, tcp};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -59,7 +59,7 @@ const MAX_REVERSALS: usize = 1024;
 /// Most tracked peers in each rate limiter.
 const RATE_KEYS: usize = 10_000;
 
-/// Builds the swarm: TCP + QUIC, noise, yamux, DNS, relay client, the composite behaviour.
+/// Builds the swarm: TCP + QUIC, noise, yamux ([`super::muxer`]), DNS, relay client, the composite behaviour.
 pub(super) fn build_swarm(
     key: &NodeKey,
     config: &NodeConfig,
@@ -71,13 +71,13 @@ pub(super) fn build_swarm(
         .with_tcp(
             tcp::Config::default().nodelay(true),
             noise::Config::new,
-            yamux::Config::default,
+            super::muxer::Config::default,
         )
         .map_err(|e| t(&e))?
         .with_quic()
         .with_dns()
         .map_err(|e| t(&e))?
-        .with_relay_client(noise::Config::new, yamux::Config::default)
+        .with_relay_client(noise::Config::new, super::muxer::Config::default)
         .map_err(|e| t(&e))?
         .with_behaviour(|kp, relay_client| {
             Behaviour::new(kp, relay_client, config, book_codec)

@@ -18,6 +18,7 @@ pub mod codec;
 mod event_loop;
 pub mod gossip;
 mod liveness;
+pub mod muxer;
 pub mod provider;
 pub mod ratelimit;
 pub mod reach;
