@@ -184,19 +184,36 @@ pub async fn wait_event<T>(
         .expect("timed out waiting for an event")
 }
 
-/// Connects `a` to `b` and waits until both see the connection.
+/// Connects `a` to `b` and waits until both see the connection. The dial is made again when
+/// no connection is up within 3 s: when `b` dials `a` at the same moment (a node started
+/// from its home dials the peers it knew), both dials leave from the nodes' listening ports
+/// (libp2p reuses them), the two SYNs make one TCP connection by simultaneous open, each node
+/// starts the noise handshake as the initiator, and both fail.
 pub async fn connect(a: &TestNode, b: &TestNode) {
-    a.node.client.dial(b.addr.clone()).await.unwrap().unwrap();
     let (ca, cb) = (a.node.client.clone(), b.node.client.clone());
     let (pa, pb) = (a.peer, b.peer);
-    eventually("connection", || {
-        let (ca, cb) = (ca.clone(), cb.clone());
-        async move {
-            ca.connected_peers().await.unwrap().contains(&pb)
-                && cb.connected_peers().await.unwrap().contains(&pa)
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        a.node.client.dial(b.addr.clone()).await.unwrap().unwrap();
+        let up = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                if ca.connected_peers().await.unwrap().contains(&pb)
+                    && cb.connected_peers().await.unwrap().contains(&pa)
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if up.is_ok() {
+            return;
         }
-    })
-    .await;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for connection"
+        );
+    }
 }
 
 /// Connects `nodes` as a random tree (so the graph is connected) plus `extra` random edges,
