@@ -37,30 +37,41 @@ async fn learn_everywhere(nodes: &mut [TestNode], provider: usize) {
 
 /// `g` publishes `n` live offers of `n` providers (keys from `seed`) on the offer topic.
 async fn publish_offers(g: &TestNode, seed: u8, n: u32) {
-    let now = clock::now();
-    for i in 0..n {
-        let mut secret = [seed; 32];
-        secret[..4].copy_from_slice(&i.to_be_bytes());
-        let key = NodeKey::from_secret(secret);
-        let bytes = Signed::sign(&key, &net(), &live_offer(&key, 1, 100_000, now, 300))
-            .unwrap()
-            .to_bytes()
-            .unwrap();
-        g.node.client.publish_raw(bytes).await.unwrap().unwrap();
-    }
+    publish_offers_on(g, seed, n, None, gridlease_node::net::RawTopic::Followed).await;
 }
 
 /// `g` publishes `n` live offers of `n` providers (keys from `seed`) with GPUs of `model`, on
 /// the topic of every offer.
 async fn publish_model_offers(g: &TestNode, seed: u8, n: u32, model: &str) {
+    publish_offers_on(
+        g,
+        seed,
+        n,
+        Some(model),
+        gridlease_node::net::RawTopic::Every,
+    )
+    .await;
+}
+
+/// `g` publishes `n` live offers of `n` providers (keys from `seed`), their GPUs of `model`
+/// when given, on topic `on`.
+async fn publish_offers_on(
+    g: &TestNode,
+    seed: u8,
+    n: u32,
+    model: Option<&str>,
+    on: gridlease_node::net::RawTopic,
+) {
     let now = clock::now();
     for i in 0..n {
         let mut secret = [seed; 32];
         secret[..4].copy_from_slice(&i.to_be_bytes());
         let key = NodeKey::from_secret(secret);
         let mut offer = live_offer(&key, 1, 100_000, now, 300);
-        for g in &mut offer.gpus {
-            g.spec.model = model.to_string();
+        if let Some(model) = model {
+            for g in &mut offer.gpus {
+                g.spec.model = model.to_string();
+            }
         }
         let bytes = Signed::sign(&key, &net(), &offer)
             .unwrap()
@@ -68,7 +79,7 @@ async fn publish_model_offers(g: &TestNode, seed: u8, n: u32, model: &str) {
             .unwrap();
         g.node
             .client
-            .publish_raw_on(gridlease_node::net::RawTopic::Every, bytes)
+            .publish_raw_on(on.clone(), bytes)
             .await
             .unwrap()
             .unwrap();

@@ -799,13 +799,7 @@ impl EventLoop {
             return;
         };
         // Nobody to ask yet (the bootstrap connections are not up).
-        if !self
-            .swarm
-            .behaviour_mut()
-            .kad
-            .kbuckets()
-            .any(|b| b.num_entries() > 0)
-        {
+        if !self.dht_has_peers() {
             return;
         }
         let network = self.config.network.clone();
@@ -828,12 +822,27 @@ impl EventLoop {
             if heard {
                 continue;
             }
-            let key = gossip::class_key(&network, &c);
-            let query = self.swarm.behaviour_mut().kad.get_providers(key);
             tracing::debug!(class = %c, "looking up the GPU class's nodes in the DHT");
-            self.looked_up.insert(c.clone(), now);
-            self.class_lookups.insert(query, c);
+            self.lookup_class(c, now);
         }
+    }
+
+    /// Whether the DHT's routing table holds anybody to ask.
+    fn dht_has_peers(&mut self) -> bool {
+        self.swarm
+            .behaviour_mut()
+            .kad
+            .kbuckets()
+            .any(|b| b.num_entries() > 0)
+    }
+
+    /// Starts a DHT lookup of the nodes that put a provider record for `class`; the answer
+    /// comes to [`Self::on_class_providers`].
+    fn lookup_class(&mut self, class: String, now: std::time::Instant) {
+        let key = gossip::class_key(&self.config.network, &class);
+        let query = self.swarm.behaviour_mut().kad.get_providers(key);
+        self.looked_up.insert(class.clone(), now);
+        self.class_lookups.insert(query, class);
     }
 
     /// Nodes of a followed class found in the DHT: dials up to [`CLASS_DIALS`] of them this
@@ -948,18 +957,9 @@ impl EventLoop {
         for peer in asked {
             self.fetch_class_from(&class, peer);
         }
-        let dht_peers = self
-            .swarm
-            .behaviour_mut()
-            .kad
-            .kbuckets()
-            .any(|b| b.num_entries() > 0);
-        if holders.is_empty() && dht_peers {
-            let key = gossip::class_key(&self.config.network, &class);
-            let query = self.swarm.behaviour_mut().kad.get_providers(key);
+        if holders.is_empty() && self.dht_has_peers() {
             tracing::debug!(%class, "looking up the searched GPU class's nodes in the DHT");
-            self.looked_up.insert(class.clone(), now);
-            self.class_lookups.insert(query, class.clone());
+            self.lookup_class(class.clone(), now);
             self.searched.looking_up(&class, true);
         }
         // Answered at once when there is nothing to wait for (no holder connected, no DHT
