@@ -85,6 +85,48 @@ pub struct Party {
     pub node: TestNode,
     pub leases: LeaseService,
     pub cancel: CancellationToken,
+    /// A provider's containers and workspaces go when the test fails (its own clean-up at the
+    /// end never runs then, and a leftover would hold Docker and loop devices for later runs).
+    _cleanup: Option<CleanupOnPanic>,
+}
+
+/// Removes every container and workspace labelled with a node's id if it is dropped while
+/// the thread panics (a failed assertion); does nothing otherwise.
+struct CleanupOnPanic {
+    node_id: String,
+}
+
+impl Drop for CleanupOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let node_id = std::mem::take(&mut self.node_id);
+        // Its own thread and runtime: the test's runtime is unwinding around this drop, and
+        // a fresh Docker client carries no connection tied to that runtime.
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the clean-up");
+            rt.block_on(async {
+                let Ok(sb) = Sandbox::connect().await else {
+                    return;
+                };
+                for (id, _) in sb.list_node_containers(&node_id).await.unwrap_or_default() {
+                    let _ = sb.remove(&id).await;
+                }
+                match sb.remove_node_workspaces(&node_id).await {
+                    Ok(leases) => eprintln!(
+                        "test failed: removed the containers and {} workspace(s) of node {node_id}",
+                        leases.len()
+                    ),
+                    Err(e) => eprintln!("test failed: workspaces of node {node_id} left: {e}"),
+                }
+            });
+        });
+        let _ = done.join();
+    }
 }
 
 pub fn service_config(root: &Path, name: &str, grace_s: u32) -> LeaseServiceConfig {
@@ -109,6 +151,7 @@ pub async fn party(
 /// A party of `node` with a lease service configured by `svc`.
 async fn serve(node: TestNode, svc: LeaseServiceConfig, sandbox: Option<Sandbox>) -> Party {
     let cancel = CancellationToken::new();
+    let has_sandbox = sandbox.is_some();
     let leases = LeaseService::start(
         node.node.client.clone(),
         &node.node.events,
@@ -118,10 +161,14 @@ async fn serve(node: TestNode, svc: LeaseServiceConfig, sandbox: Option<Sandbox>
     )
     .await
     .unwrap();
+    let cleanup = has_sandbox.then(|| CleanupOnPanic {
+        node_id: node.node.client.peer_id().to_string(),
+    });
     Party {
         node,
         leases,
         cancel,
+        _cleanup: cleanup,
     }
 }
 
