@@ -171,7 +171,7 @@ pub enum OpenError {
     Refused(AccessRefusal),
     /// The provider's node does not speak the access protocol.
     #[error(
-        "the provider's node does not serve shell, exec or forward (an older version, or a node without Docker)"
+        "the provider's node does not serve shell, exec, forward or file copies (another version of the access protocol, or a node without Docker)"
     )]
     Unsupported,
     /// The provider could not be reached, or the stream broke before an answer.
