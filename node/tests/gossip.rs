@@ -1404,6 +1404,119 @@ async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it
     }
 }
 
+/// A search that names a class no connected peer holds (`docs/protocol.md` 3c step 4, the
+/// DHT path): the node looks the class's key up in the DHT, dials the node it finds, and
+/// answers the search once that connection's sync has brought the class's offers into its
+/// book. Here the a100 provider is reachable at a confirmed direct address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_for_a_class_no_connected_peer_holds_finds_its_nodes_in_the_dht() {
+    search_finds_a_provider_through_the_dht(|c| {
+        let port = free_port();
+        let addr: libp2p::Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap();
+        c.listen = vec![addr.clone()];
+        c.external_addrs = vec![addr];
+    })
+    .await;
+}
+
+/// The same with a provider behind a NAT: no listener, reachable only through its relay
+/// reservation at the hub. Its record carries its relayed address (a relay's reservation is
+/// a confirmed external address), and the searching node reaches it through the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_finds_a_provider_behind_a_nat_through_the_dht_and_its_relay() {
+    search_finds_a_provider_through_the_dht(|c| {
+        c.listen.clear();
+        c.use_relays = true;
+    })
+    .await;
+}
+
+/// A node `f` follows rtx-4090 and is connected only to a hub that follows rtx-4090 too (so
+/// it holds no a100 offer and forwards none, and `f` looks nothing up for its own class). An
+/// a100 provider configured by `reachable` is started after `f` has settled (so no DHT query
+/// of `f` met it), bootstrapped from the hub, and puts its class's record there. A search of
+/// a100 on `f` must find the provider in the DHT, connect, and answer with its offer in the
+/// book.
+async fn search_finds_a_provider_through_the_dht(reachable: impl FnOnce(&mut NodeConfig)) {
+    let dir = tempfile::tempdir().unwrap();
+    let rtx = || Some(vec!["rtx-4090".to_string()]);
+    let mut hub_config = config();
+    hub_config.relay_server = true;
+    hub_config.follow = rtx();
+    let mut hub = start(dir.path(), "hub", hub_config).await;
+
+    let mut f_config = config();
+    f_config.follow = rtx();
+    f_config.bootstrap = vec![hub.addr.clone()];
+    let mut f = start(dir.path(), "f", f_config).await;
+    let fc = f.node.client.clone();
+    let (fpeer, hpeer) = (f.peer, hub.peer);
+    // Settled: each has the other's subscription, and the connection's sync has ended.
+    wait_event(&mut f.events, |e| match e {
+        NetworkEvent::PeerSubscribed { peer } if *peer == hpeer => Some(()),
+        _ => None,
+    })
+    .await;
+    wait_event(&mut hub.events, |e| match e {
+        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
+        _ => None,
+    })
+    .await;
+    eventually("the follower's sync with the hub to end", || {
+        let fc = fc.clone();
+        async move { fc.sync_stats().await.unwrap().ended >= 1 }
+    })
+    .await;
+
+    let mut p_config = config();
+    reachable(&mut p_config);
+    p_config.bootstrap = vec![hub.addr.clone()];
+    p_config.offer = Some(template_of("NVIDIA A100-SXM4-80GB", 900_000));
+    let mut p = start(dir.path(), "p", p_config).await;
+    let a100 = "a100-sxm4-80gb".to_string();
+    let put = wait_event(&mut p.events, |e| match e {
+        NetworkEvent::ClassRecordPut { class } => Some(class.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(put, a100);
+    let ppeer = p.peer;
+    assert!(
+        !fc.connected_peers().await.unwrap().contains(&ppeer),
+        "the follower met the provider before searching: the DHT path is not what is tested"
+    );
+    // The follower's book is empty: nobody it knows holds an rtx-4090 offer.
+    assert_eq!(fc.book_len().await.unwrap(), 0);
+
+    tokio::time::timeout(Duration::from_secs(20), fc.search_class(a100.clone()))
+        .await
+        .expect("the fetch ends")
+        .unwrap();
+    // Answered once the provider's offer is in the book (read at once, not eventually; by
+    // its provider, not its id: a provider behind a NAT re-signs its offer with its relayed
+    // address once its reservation is up, which may be after its record was put).
+    let held = fc.offer_ids(String::new()).await.unwrap();
+    assert_eq!(
+        held.len(),
+        1,
+        "the search was answered before the class's offers arrived"
+    );
+    let entry = fc.offer(held[0]).await.unwrap().expect("held");
+    assert_eq!(entry.offer.provider, p.key_public);
+    let found = wait_event(&mut f.events, |e| match e {
+        NetworkEvent::ClassNodesFound { class, peers } if peers.contains(&ppeer) => {
+            Some(class.clone())
+        }
+        _ => None,
+    })
+    .await;
+    assert_eq!(found, a100);
+    assert!(fc.connected_peers().await.unwrap().contains(&ppeer));
+    for n in [hub, p, f] {
+        stop(n).await;
+    }
+}
+
 /// A search whose class fetch outlasts the API's wait is answered from the book as it is and
 /// names the class still arriving (`x-gridlease-fetching-classes`); once the fetch ends, the
 /// same search waits for nothing and finds the class's offers. The fetch is held up by the

@@ -208,6 +208,9 @@ pub(super) struct EventLoop {
     /// again each `offer_resync` (kad's own republication is every 12 h, and nodes holding
     /// the record come and go).
     provided: HashMap<String, std::time::Instant>,
+    /// Provider records being put, by query: a put that fails is tried again at the next
+    /// announce round.
+    class_puts: HashMap<kad::QueryId, String>,
     /// DHT lookups of a followed class's nodes under way, by query.
     class_lookups: HashMap<kad::QueryId, String>,
     /// When each followed class was last looked up (again after `offer_resync` at the
@@ -304,6 +307,7 @@ impl EventLoop {
             resync_round: 0,
             publish_pending: false,
             provided: HashMap::new(),
+            class_puts: HashMap::new(),
             class_lookups: HashMap::new(),
             looked_up: HashMap::new(),
             searched: super::searched::SearchedClasses::new(config.search_follow),
@@ -737,22 +741,15 @@ impl EventLoop {
     }
 
     /// Puts a DHT provider record under the key of each class whose offers this node follows
-    /// or serves (`docs/protocol.md` 3c step 4), once it has a confirmed direct external
-    /// address: a record holds the addresses others will dial, so a node that cannot be
-    /// reached directly puts none.
+    /// or serves (`docs/protocol.md` 3c step 4), once it has a confirmed external address: a
+    /// record holds the addresses others will dial (kad sends the confirmed external ones),
+    /// so a node without any puts none. A node behind a NAT has its relay reservation's
+    /// address (libp2p-relay confirms it): those who find it come through the relay, and
+    /// DCUtR may then punch a direct path.
     fn provide_classes(&mut self) {
-        let direct = self
-            .swarm
-            .external_addresses()
-            .any(|a| !super::reach::is_relayed(a));
+        let reachable = self.swarm.external_addresses().next().is_some();
         // A record put with no DHT peer known stays local until kad republishes it.
-        let peers = self
-            .swarm
-            .behaviour_mut()
-            .kad
-            .kbuckets()
-            .any(|b| b.num_entries() > 0);
-        if !direct || !peers {
+        if !reachable || !self.dht_has_peers() {
             return;
         }
         let now = std::time::Instant::now();
@@ -779,9 +776,10 @@ impl EventLoop {
             }
             let key = gossip::class_key(&self.config.network, &c);
             match self.swarm.behaviour_mut().kad.start_providing(key) {
-                Ok(_) => {
-                    tracing::debug!(class = %c, "provider record put in the DHT for the GPU class");
-                    self.provided.insert(c, now);
+                Ok(query) => {
+                    tracing::debug!(class = %c, "putting a provider record in the DHT for the GPU class");
+                    self.provided.insert(c.clone(), now);
+                    self.class_puts.insert(query, c);
                 }
                 Err(e) => {
                     tracing::warn!(class = %c, error = %e, "cannot put the class's provider record")
@@ -1573,6 +1571,25 @@ impl EventLoop {
                         // Found nobody: asked again at the next announce round, not after
                         // `offer_resync`.
                         self.looked_up.remove(&class);
+                    }
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::OutboundQueryProgressed {
+                id,
+                result: kad::QueryResult::StartProviding(result),
+                ..
+            })) => {
+                let Some(class) = self.class_puts.remove(&id) else {
+                    return;
+                };
+                match result {
+                    Ok(_) => {
+                        tracing::debug!(%class, "provider record for the GPU class stored in the DHT");
+                        self.emit(NetworkEvent::ClassRecordPut { class });
+                    }
+                    Err(e) => {
+                        tracing::info!(%class, error = %e, "the GPU class's provider record was not stored in the DHT (tried again at the next announce round)");
+                        self.provided.remove(&class);
                     }
                 }
             }

@@ -273,6 +273,12 @@ pub enum NetworkEvent {
         /// The peer.
         peer: PeerId,
     },
+    /// This node's provider record for a GPU class (`docs/protocol.md` 3c step 4) was stored
+    /// at the DHT nodes closest to the class's key.
+    ClassRecordPut {
+        /// The class.
+        class: String,
+    },
     /// A DHT lookup found nodes of a followed GPU class (`docs/protocol.md` 3c step 4).
     ClassNodesFound {
         /// The class.
