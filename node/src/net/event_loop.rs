@@ -28,6 +28,7 @@ use super::codec::{Incoming, LeaseRpc, LeaseRpcResponse};
 use super::gossip::{self, OfferIgnore, Verdict};
 use super::provider::{self, OwnOffer, ProviderState};
 use super::ratelimit::RateLimiter;
+use super::sync_queue::{Scope, SyncQueue};
 use super::{BuildError, NetworkEvent, NodeConfig};
 use super::{InboundLease, InboundRequest, Proposal};
 use crate::clock;
@@ -169,9 +170,9 @@ pub(super) struct EventLoop {
     lease_handler: Option<mpsc::Sender<InboundLease>>,
     /// Book syncs this node runs with peers it connected to (at most [`MAX_SYNCS`]).
     syncs: HashMap<PeerId, BookSync>,
-    /// Connected peers waiting for a sync slot, or for the restore to finish (at most
-    /// [`MAX_SYNC_QUEUE`]).
-    sync_queue: std::collections::VecDeque<PeerId>,
+    /// Syncs waiting for a slot, for the restore to finish, or for a sync with the same peer
+    /// to end (at most [`MAX_SYNC_QUEUE`] peers).
+    sync_queue: SyncQueue,
     /// The stored offers are still being restored ([`super::restore`]): syncs wait.
     restoring: bool,
     /// Offer ids a sync listed and will ask for, or has asked for and not had answered yet
@@ -346,7 +347,7 @@ impl EventLoop {
             reversed: std::collections::HashSet::new(),
             lease_handler: None,
             syncs: HashMap::new(),
-            sync_queue: std::collections::VecDeque::new(),
+            sync_queue: SyncQueue::new(MAX_SYNC_QUEUE),
             restoring: true,
             wanted: std::collections::HashSet::new(),
             sync_limits: RateLimiter::new(
@@ -967,20 +968,48 @@ impl EventLoop {
 
     /// Syncs the offers of `class`, followed for a search, from the connected `peer`: a sync
     /// over that class's offers only (the completion records came with the connection's
-    /// sync), or, when a sync with the peer runs, the queued one after it (over every
-    /// followed class, this one included).
+    /// sync), now or, when it must wait (a sync with the peer runs, the most syncs run, the
+    /// restore runs), from the queue: there it merges with other classes fetched from the
+    /// peer, and a whole sync queued with the peer covers it.
     fn fetch_class_from(&mut self, class: &str, peer: PeerId) {
         if self.searched.waits_for(class, &peer) {
             return;
         }
         self.searched.fetching_from(class, peer);
-        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS || self.restoring {
-            self.start_sync(peer);
+        let classes = vec![class.to_string()];
+        if self.must_wait_to_sync(&peer) {
+            self.queue_sync(peer, Scope::Classes(classes));
         } else {
-            self.begin_sync(peer, Some(vec![class.to_string()]));
-            if let Some(s) = self.syncs.get_mut(&peer) {
-                s.completions_started = true;
-                s.completions_listed = true;
+            self.begin_class_fetch(peer, classes);
+        }
+    }
+
+    /// A sync with `peer` over `classes`' offers only, without the completion records.
+    fn begin_class_fetch(&mut self, peer: PeerId, classes: Vec<String>) {
+        self.begin_sync(peer, Some(classes));
+        if let Some(s) = self.syncs.get_mut(&peer) {
+            s.completions_started = true;
+            s.completions_listed = true;
+        }
+    }
+
+    /// Whether a sync with `peer` must wait in the queue: one with it is queued or runs, the
+    /// most syncs run, or the restore runs.
+    fn must_wait_to_sync(&self, peer: &PeerId) -> bool {
+        self.sync_queue.contains(peer)
+            || self.syncs.contains_key(peer)
+            || self.syncs.len() >= MAX_SYNCS
+            || self.restoring
+    }
+
+    /// Queues a sync with `peer`. When the queue is full the peer is not synced now (gossip
+    /// and the anti-entropy rounds still reach it), and searches waiting for a class fetch
+    /// from it wait no more.
+    fn queue_sync(&mut self, peer: PeerId, scope: Scope) {
+        if let Err(refused) = self.sync_queue.push(peer, scope) {
+            tracing::debug!(%peer, "book sync queue full: not synced now");
+            if let Scope::Classes(classes) = refused {
+                self.searched.sync_ended(&peer, Some(classes.as_slice()));
             }
         }
     }
@@ -1988,13 +2017,8 @@ impl EventLoop {
     /// picked it first: the connection's sync, dropped then, left a new node with only what
     /// other peers gave it).
     fn start_sync(&mut self, peer: PeerId) {
-        if self.sync_queue.contains(&peer) {
-            return;
-        }
-        if self.syncs.contains_key(&peer) || self.syncs.len() >= MAX_SYNCS || self.restoring {
-            if self.sync_queue.len() < MAX_SYNC_QUEUE {
-                self.sync_queue.push_back(peer);
-            }
+        if self.must_wait_to_sync(&peer) {
+            self.queue_sync(peer, Scope::Whole);
             return;
         }
         // As an anti-entropy round: a node that reconnects, or restarts with its book, lists
@@ -2119,18 +2143,27 @@ impl EventLoop {
     }
 
     /// Starts queued syncs while slots are free: the first queued peers with no sync running
-    /// (one that runs stays queued until it ends; every end calls this).
+    /// (one that runs stays queued until it ends; every end calls this). A class fetch
+    /// starts over the classes still followed for a search (one dropped meanwhile has
+    /// answered its searches).
     fn next_queued_sync(&mut self) {
         while self.syncs.len() < MAX_SYNCS && !self.restoring {
             let syncs = &self.syncs;
-            let Some(at) = self.sync_queue.iter().position(|p| !syncs.contains_key(p)) else {
+            let Some((peer, scope)) = self.sync_queue.pop_ready(|p| !syncs.contains_key(p)) else {
                 return;
             };
-            let Some(peer) = self.sync_queue.remove(at) else {
-                return;
-            };
-            if self.swarm.is_connected(&peer) {
-                self.start_sync(peer);
+            // A peer gone since has released what waited for it (`SearchedClasses::peer_gone`).
+            if !self.swarm.is_connected(&peer) {
+                continue;
+            }
+            match scope {
+                Scope::Whole => self.start_sync(peer),
+                Scope::Classes(mut classes) => {
+                    classes.retain(|c| self.searched.contains(c));
+                    if !classes.is_empty() {
+                        self.begin_class_fetch(peer, classes);
+                    }
+                }
             }
         }
     }

@@ -26,6 +26,7 @@ pub mod reputation;
 mod restore;
 mod searched;
 mod shared_book;
+mod sync_queue;
 
 use std::sync::Arc;
 use std::time::Duration;
