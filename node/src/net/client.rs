@@ -361,8 +361,12 @@ impl Client {
     }
 
     /// A page of a search: at most `limit` live offers matching `query` that sort after
-    /// `after`, and the cursor of the next page when more match. The scan runs on a blocking
-    /// thread under the book's read lock, never on the event loop.
+    /// `after`, and the cursor of the next page when more match. The scan runs under the
+    /// book's read lock, never on the event loop: on the calling worker thread, whose other
+    /// tasks move to another thread meanwhile (`block_in_place`), or on a blocking thread
+    /// on a single-threaded runtime. In place, an answer waits for no other thread: handing
+    /// the scan to the blocking pool and back cost two thread wake-ups, each a wait for a
+    /// core on a busy machine (`docs/benchmarks.md`, issue 19's scale harness).
     pub async fn search_page(
         &self,
         query: Query,
@@ -370,12 +374,16 @@ impl Client {
         after: Option<Cursor>,
     ) -> Result<(Vec<BookEntry>, Option<Cursor>), NegotiationError> {
         let book = self.book.clone();
-        tokio::task::spawn_blocking(move || {
-            book.search(&query, super::now(), limit, after.as_ref())
-        })
-        .await
-        // Only a panic in the scan (a bug) or a runtime shutting down fails the join.
-        .map_err(|_| NegotiationError::Closed)
+        let scan = move || book.search(&query, super::now(), limit, after.as_ref());
+        if tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread
+        {
+            return Ok(tokio::task::block_in_place(scan));
+        }
+        tokio::task::spawn_blocking(scan)
+            .await
+            // Only a panic in the scan (a bug) or a runtime shutting down fails the join.
+            .map_err(|_| NegotiationError::Closed)
     }
 
     /// One offer from the book.

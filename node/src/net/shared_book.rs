@@ -2,7 +2,8 @@
 //! ([`BookReader`], held by every [`super::Client`]).
 //!
 //! Searches used to run on the event loop, so a large search stalled gossip and a gossip burst
-//! delayed searches. Now a search runs on a blocking thread under a read lock, never on the
+//! delayed searches. Now a search runs under a read lock on the API's thread (which hands its
+//! other tasks to another thread meanwhile, [`super::Client::search_page`]), never on the
 //! loop; the loop takes the write lock for each admission or removal (microseconds). While a
 //! search scans, a waiting admission is delayed by at most that one scan (about 2 ms at 100,000
 //! offers, `docs/benchmarks.md`), and a search waits at most for one admission; neither waits
@@ -58,8 +59,8 @@ impl BookReader {
 
     /// Live offers matching `query` at `now`, in its order (ties by id), at most `limit`,
     /// after the position `after` names, and the next page's cursor when more match (keyset
-    /// pagination: `OfferBook::search_page`). Scans under the read lock; call it from a
-    /// blocking thread.
+    /// pagination: `OfferBook::search_page`). Scans under the read lock; call it where blocking is
+    /// allowed (`block_in_place`, a blocking thread).
     pub fn search(
         &self,
         query: &Query,
