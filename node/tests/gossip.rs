@@ -95,11 +95,7 @@ async fn new_offer_heard_by(
     price: u64,
 ) -> OfferId {
     let fpeer = f.peer;
-    wait_event(&mut p.events, |e| match e {
-        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
-        _ => None,
-    })
-    .await;
+    subscribed(p, fpeer).await;
     let new = p
         .node
         .client
@@ -114,6 +110,15 @@ async fn new_offer_heard_by(
     })
     .await;
     new
+}
+
+/// Waits until `n` hears that `peer` subscribed to an offer topic.
+async fn subscribed(n: &mut TestNode, peer: PeerId) {
+    wait_event(&mut n.events, |e| match e {
+        NetworkEvent::PeerSubscribed { peer: s } if *s == peer => Some(()),
+        _ => None,
+    })
+    .await;
 }
 
 /// Waits until the node's book holds `n` offers.
@@ -1182,11 +1187,7 @@ async fn a_node_that_follows_one_class_holds_only_that_class_by_sync_and_by_goss
     connect(&f, &pa100).await;
     for p in [&mut p4090, &mut pa100] {
         let peer = f.peer;
-        wait_event(&mut p.events, |e| match e {
-            NetworkEvent::PeerSubscribed { peer: s } if *s == peer => Some(()),
-            _ => None,
-        })
-        .await;
+        subscribed(p, peer).await;
     }
     let new4090 = p4090
         .node
@@ -1227,11 +1228,7 @@ async fn a_node_that_follows_one_class_holds_only_that_class_by_sync_and_by_goss
     connect(&liar, &f).await;
     let (peer, fpeer) = (liar.peer, f.peer);
     // The liar publishes once it knows the follower subscribes to the rtx-4090 topic.
-    wait_event(&mut liar.events, |e| match e {
-        NetworkEvent::PeerSubscribed { peer: s } if *s == fpeer => Some(()),
-        _ => None,
-    })
-    .await;
+    subscribed(&mut liar, fpeer).await;
     let key = NodeKey::from_secret([77; 32]);
     let mut offer = live_offer(&key, 1, 100_000, clock::now(), 300);
     for g in &mut offer.gpus {
@@ -1452,16 +1449,8 @@ async fn search_finds_a_provider_through_the_dht(reachable: impl FnOnce(&mut Nod
     let fc = f.node.client.clone();
     let (fpeer, hpeer) = (f.peer, hub.peer);
     // Settled: each has the other's subscription, and the connection's sync has ended.
-    wait_event(&mut f.events, |e| match e {
-        NetworkEvent::PeerSubscribed { peer } if *peer == hpeer => Some(()),
-        _ => None,
-    })
-    .await;
-    wait_event(&mut hub.events, |e| match e {
-        NetworkEvent::PeerSubscribed { peer } if *peer == fpeer => Some(()),
-        _ => None,
-    })
-    .await;
+    subscribed(&mut f, hpeer).await;
+    subscribed(&mut hub, fpeer).await;
     eventually("the follower's sync with the hub to end", || {
         let fc = fc.clone();
         async move { fc.sync_stats().await.unwrap().ended >= 1 }
