@@ -1,4 +1,4 @@
-//! Interactive access to a running lease (`/gridlease/access/2`): a shell, a command, or a
+//! Interactive access to a running lease (`/gridlease/access/3`): a shell, a command, or a
 //! TCP connection to a port of the tenant's container, carried on a libp2p stream from the
 //! renter's node to the provider's.
 //!
@@ -21,9 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{self, CodecError};
 use crate::types::LeaseId;
 
-/// The stream protocol name (version 2: transfers end with a BLAKE3 hash, see
+/// The stream protocol name (version 3: a download says the most bytes it takes and is told
+/// which entries were left out; version 2: transfers end with a BLAKE3 hash; see
 /// [`crate::transfer`]).
-pub const ACCESS_PROTOCOL: &str = "/gridlease/access/2";
+pub const ACCESS_PROTOCOL: &str = "/gridlease/access/3";
 /// Most arguments of one command.
 pub const MAX_ARGS: usize = 256;
 /// Most bytes of all arguments of one command together.

@@ -1020,6 +1020,14 @@ wire_message!(
 );
 
 impl LeaseTerms {
+    /// The lease's disk (its `/workspace`), bytes: the per-GPU disk times the GPUs (one unit
+    /// for a CPU-only lease).
+    pub fn workspace_bytes(&self) -> u64 {
+        u64::from(self.per_gpu.disk_gib)
+            .saturating_mul(u64::from(self.gpu_count.max(1)))
+            .saturating_mul(1 << 30)
+    }
+
     /// The canonical encoding: what the lease id hashes.
     pub fn canonical_bytes(&self) -> Result<Vec<u8>, crate::codec::CodecError> {
         crate::codec::encode::<Self, MAX_LEASE_REQUEST_BYTES>(self)

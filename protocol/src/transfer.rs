@@ -6,11 +6,13 @@
 //! | request    | renter -> provider                          | provider -> renter                  |
 //! |------------|---------------------------------------------|-------------------------------------|
 //! | `Upload`   | `Chunk`* (a tar stream), then `End`          | `Done` or `Error`                    |
-//! | `Download` | `Skip`* (paths already copied), then `Go`    | `Root`, `Chunk`* (a tar stream), then `End` or `Error` |
+//! | `Download` | `Skip`* (paths already copied), then `Go`    | `Root`, then `Chunk`* (a tar stream) and `Skipped`* in any order, then `End` or `Error` |
 //!
 //! `End` carries the byte count and the BLAKE3 hash of the tar bytes sent; the receiver compares
 //! both with what it received before it reports success. Tar entries are relative to the
-//! request's path; only regular files, directories and symlinks travel.
+//! request's path; only regular files (sparse ones as GNU sparse entries), directories and
+//! symlinks that stay inside the copied tree travel; the provider names each entry it leaves
+//! out in a `Skipped` frame.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,8 +33,12 @@ pub enum TransferFrame {
     /// Download: entries (paths relative to the requested path) the renter already has; the
     /// provider leaves them out.
     Skip(Vec<String>),
-    /// Download: no more `Skip`; start sending.
-    Go,
+    /// Download: no more `Skip`; start sending, at most `max_bytes` of file data (files that
+    /// would pass it are left out; `None`: no limit).
+    Go {
+        /// Most bytes of file data, holes not counted.
+        max_bytes: Option<u64>,
+    },
     /// Download: what the requested path is (sent before the first `Chunk`): a directory (its
     /// entries follow, relative to it) or a file (one entry follows).
     Root {
@@ -57,6 +63,14 @@ pub enum TransferFrame {
     },
     /// The transfer failed; the last frame.
     Error(String),
+    /// Download: an entry the provider left out (a symlink out of the tree, a FIFO, a file
+    /// over the renter's limit...), and why.
+    Skipped {
+        /// Its path, relative to the requested path.
+        path: String,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 /// The codec's variant index of [`TransferFrame::Chunk`]: the first byte of a chunk frame's
@@ -196,7 +210,9 @@ mod tests {
         }
         assert!(chunk_prefix(MAX_CHUNK + 1).is_none());
         // Other frames are not chunks; a chunk whose length disagrees with its frame is refused.
-        let end = crate::access::frame::<_, MAX_TRANSFER_FRAME>(&TransferFrame::Go).unwrap();
+        let end =
+            crate::access::frame::<_, MAX_TRANSFER_FRAME>(&TransferFrame::Go { max_bytes: None })
+                .unwrap();
         assert_eq!(chunk_head(&end[4..5], 1), Ok(None));
         assert!(chunk_head(&[3, 10], 11).is_err());
         assert!(chunk_head(&[3, 10], 13).is_err());

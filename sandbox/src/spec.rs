@@ -211,9 +211,7 @@ impl SandboxSpec {
         let memory_mib = terms.per_gpu.ram_mib.saturating_mul(units);
         let scratch_mib = memory_mib.min(limits.max_scratch_mib).max(1);
         let shm_mib = (memory_mib / SHM_DIVISOR).max(1);
-        let workspace_bytes = u64::from(terms.per_gpu.disk_gib)
-            .saturating_mul(u64::from(units))
-            .saturating_mul(1024 * 1024 * 1024);
+        let workspace_bytes = terms.workspace_bytes();
         Self {
             lease_id,
             node_id: node_id.to_string(),

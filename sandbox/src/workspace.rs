@@ -128,6 +128,23 @@ pub enum WorkspaceError {
         /// The image.
         path: PathBuf,
     },
+    /// The workspace's image has no loop device (the workspace was removed).
+    #[error("the workspace of lease {lease_id} is gone")]
+    Gone {
+        /// The lease.
+        lease_id: LeaseId,
+    },
+    /// Mounting the workspace on the host failed.
+    #[error("cannot mount the workspace {device} at {path}: {source}")]
+    Mount {
+        /// The loop device.
+        device: PathBuf,
+        /// The mount point.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// A Docker volume call failed.
     #[error("docker {op} failed for volume {volume}: {source}")]
     Docker {
@@ -159,6 +176,12 @@ pub fn volume_name(lease: &LeaseId) -> String {
 /// The image file of a lease's workspace in `dir`.
 pub fn image_path(dir: &Path, lease: &LeaseId) -> PathBuf {
     dir.join(format!("{lease}.img"))
+}
+
+/// Where the node mounts a lease's workspace for its own copies into and out of it
+/// ([`open_workspace_fs`]).
+pub fn mount_path(dir: &Path, lease: &LeaseId) -> PathBuf {
+    dir.join(format!("{lease}.mnt"))
 }
 
 /// The lease whose image file is called `file_name`, if it is one.
@@ -578,6 +601,10 @@ impl Sandbox {
         let volume = volume_name(lease);
         self.remove_volume(&volume).await?;
         let image = image_path(&canonical_or_same(dir), lease);
+        // The node's own mount goes first (lazily: a copy still reading keeps the filesystem
+        // until it ends), and no copy mounts the device again while it is detached.
+        let _mounts = MOUNTS.lock().await;
+        unmount_own(&mount_path(&canonical_or_same(dir), lease));
         for device in loops_backed_by(&attached_loops(), &image) {
             run_tool("losetup", &["-d".into(), device.clone().into()], device).await?;
         }
@@ -746,6 +773,94 @@ impl Sandbox {
         }
         Ok(plan)
     }
+}
+
+/// Serialises the node's own workspace mounts with the removal of workspaces (so a copy never
+/// mounts a loop device that is being detached, and possibly reused for another lease).
+static MOUNTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Removes the node's own mount of a workspace, if there is one, and its mount point.
+fn unmount_own(mount: &Path) {
+    match rustix::mount::unmount(mount, rustix::mount::UnmountFlags::DETACH) {
+        Ok(()) => tracing::debug!(path = %mount.display(), "workspace unmounted"),
+        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
+        Err(e) => {
+            tracing::warn!(path = %mount.display(), error = %e, "cannot unmount the workspace")
+        }
+    }
+    let _ = std::fs::remove_dir(mount);
+}
+
+/// Opens the workspace of `lease` (its image in `dir`) on the host, for the node's copies into
+/// and out of it ([`crate::files`]): mounts the lease's loop device at [`mount_path`]
+/// (`nosuid,nodev,noexec`, in the node's mount namespace; the same filesystem the container
+/// sees, whether or not it runs) unless that device is mounted there already, and opens the
+/// mount's root. The mount stays until [`Sandbox::remove_workspace`]. Fails with
+/// [`WorkspaceError::Gone`] when no loop device backs the lease's image any more.
+pub async fn open_workspace_fs(
+    dir: &Path,
+    lease: &LeaseId,
+) -> Result<crate::files::WorkspaceFs, WorkspaceError> {
+    let _mounts = MOUNTS.lock().await;
+    let dir = canonical_or_same(dir);
+    let lease_id = *lease;
+    tokio::task::spawn_blocking(move || mount_own(&dir, &lease_id))
+        .await
+        .map_err(|e| WorkspaceError::Io {
+            path: PathBuf::from("."),
+            source: std::io::Error::other(e),
+        })?
+}
+
+fn mount_own(dir: &Path, lease: &LeaseId) -> Result<crate::files::WorkspaceFs, WorkspaceError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let image = image_path(dir, lease);
+    let loops = attached_loops();
+    let Some(device) = loops_backed_by(&loops, &image).next().cloned() else {
+        return Err(WorkspaceError::Gone { lease_id: *lease });
+    };
+    let mount = mount_path(dir, lease);
+    let mount_err = |source: std::io::Error| WorkspaceError::Mount {
+        device: device.clone(),
+        path: mount.clone(),
+        source,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(&mount) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(mount_err(e)),
+    }
+    let rdev = std::fs::metadata(&device).map_err(mount_err)?.rdev();
+    let here = std::fs::symlink_metadata(&mount).map_err(mount_err)?.dev();
+    if here != rdev {
+        if here != std::fs::metadata(dir).map_err(mount_err)?.dev() {
+            // Something else is mounted there (a device since reused): off it goes.
+            unmount_own(&mount);
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&mount)
+                .map_err(mount_err)?;
+        }
+        rustix::mount::mount(
+            &device,
+            &mount,
+            "ext4",
+            rustix::mount::MountFlags::NOSUID
+                | rustix::mount::MountFlags::NODEV
+                | rustix::mount::MountFlags::NOEXEC,
+            c"noinit_itable",
+        )
+        .map_err(|e| mount_err(std::io::Error::from_raw_os_error(e.raw_os_error())))?;
+        // The device is the lease's still (removal holds the same lock, so it cannot have
+        // been detached and reused meanwhile; checked anyway).
+        let still = loops_backed_by(&attached_loops(), &image).any(|d| *d == device);
+        if !still {
+            unmount_own(&mount);
+            return Err(WorkspaceError::Gone { lease_id: *lease });
+        }
+        tracing::debug!(lease = %lease, device = %device.display(), "workspace mounted for copies");
+    }
+    crate::files::WorkspaceFs::open(&mount).map_err(mount_err)
 }
 
 /// Whether a workspace volume whose `device` option is `device` still reaches `image`: the

@@ -1,100 +1,76 @@
-//! Provider: `gridlease cp` into and out of a lease's workspace, through Docker's archive API
-//! (`gridlease_sandbox::files`). Both directions stream through [`TarFilter`] and bounded
-//! queues, the files' data as slices of the buffers it arrived in: memory does not grow with
-//! the transfer.
+//! Provider: `gridlease cp` into and out of a lease's workspace, written and read by the node
+//! itself on the workspace's filesystem (`gridlease_sandbox::files`: mounted on the host,
+//! every name resolved beneath its root without following links), never through Docker's
+//! archive API. Both directions stream through bounded queues to a blocking task, the files'
+//! data as slices of the buffers it arrived in: memory does not grow with the transfer.
+//!
+//! Every wait on the renter is bounded ([`IDLE`]): a renter that stops sending or reading
+//! frees its stream, and with it the workspace's files, instead of holding them.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use bytes::Bytes;
-use futures::StreamExt;
-use gridlease_protocol::transfer::{
-    MAX_TRANSFER_FRAME, TransferFrame, WORKSPACE, workspace_relative,
+use gridlease_protocol::LeaseId;
+use gridlease_protocol::transfer::{MAX_TRANSFER_FRAME, TransferFrame, workspace_relative};
+use gridlease_sandbox::files::{
+    DownloadRules, Event, MAX_ENTRIES, Out, TarReader, TransferError, Upload, WorkspaceFs,
 };
-use gridlease_sandbox::Sandbox;
-use gridlease_sandbox::files::{MAX_ENTRIES, Rules, TarFilter};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::frames::{self, Incoming};
 
-/// Batches of rewritten pieces (one batch per chunk received) queued for Docker.
+/// Batches of parsed events (one batch per chunk received) queued for the writer.
 const PIPE_DEPTH: usize = 8;
+/// Pieces of a download's tar stream queued for the renter.
+const OUT_DEPTH: usize = 8;
 /// Most bytes of skip paths a download takes.
 const MAX_SKIP_TOTAL: usize = 64 << 20;
+/// Longest a transfer waits for the renter to send the next frame or to take the next one.
+pub(super) const IDLE: Duration = Duration::from_secs(120);
 
 async fn send<W: AsyncWrite + Unpin>(w: &mut W, f: &TransferFrame) -> std::io::Result<()> {
-    frames::send::<_, MAX_TRANSFER_FRAME, _>(w, f).await
+    within(frames::send::<_, MAX_TRANSFER_FRAME, _>(w, f)).await
+}
+
+/// `io` unless it takes longer than [`IDLE`].
+async fn within<T>(io: impl Future<Output = std::io::Result<T>>) -> std::io::Result<T> {
+    tokio::time::timeout(IDLE, io).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the renter's side did not move for {} s", IDLE.as_secs()),
+        ))
+    })
 }
 
 fn err(e: impl std::fmt::Display) -> String {
     gridlease_protocol::access::message(e)
 }
 
-/// Receives a tar stream into the workspace at `dest`; answers `Done` or `Error`. Returns
-/// the bytes received.
-pub(super) async fn upload<S>(sb: &Sandbox, container: &str, dest: &str, io: S) -> u64
+/// The lease's workspace, opened on the host.
+async fn open(dir: &Path, lease: &LeaseId) -> Result<WorkspaceFs, String> {
+    gridlease_sandbox::workspace::open_workspace_fs(dir, lease)
+        .await
+        .map_err(|e| {
+            tracing::warn!(lease = %lease, error = %e, "cannot open the workspace for a copy");
+            match e {
+                gridlease_sandbox::WorkspaceError::Gone { .. } => {
+                    "the lease's workspace is gone".to_string()
+                }
+                other => err(format!("the provider cannot open the workspace: {other}")),
+            }
+        })
+}
+
+/// Receives a tar stream into the workspace (images in `dir`) of `lease` at `dest`; answers
+/// `Done` or `Error`. Returns the bytes received.
+pub(super) async fn upload<S>(dir: &Path, lease: &LeaseId, dest: &str, io: S) -> u64
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let (mut rd, mut wr) = tokio::io::split(io);
-    let prefix = match workspace_relative(dest) {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = send(&mut wr, &TransferFrame::Error(err(e))).await;
-            return 0;
-        }
-    };
-    let rules = Rules {
-        prefix,
-        ..Rules::default()
-    };
-    // Chunks are rewritten as they come, and what the filter gives (rebuilt headers, slices
-    // of the chunks) goes to Docker's request body without a copy, a few batches at a time.
-    let (to_docker, docker_in) = tokio::sync::mpsc::channel::<Vec<Bytes>>(PIPE_DEPTH);
-    let body = futures::stream::unfold(docker_in, |mut rx| async move {
-        rx.recv().await.map(|batch| (batch, rx))
-    })
-    .flat_map(|batch| futures::stream::iter(batch.into_iter().map(Ok::<_, std::io::Error>)));
-    let receive = async move {
-        let mut filter = TarFilter::new(rules);
-        let mut out = Vec::new();
-        let mut tally = frames::Tally::default();
-        loop {
-            match frames::read_transfer(&mut rd).await {
-                Ok(Some(Incoming::Chunk(b))) => {
-                    tally.update(&b);
-                    filter.push(b, &mut out).map_err(err)?;
-                    // Docker stopping gives its own error.
-                    let _ = to_docker.send(std::mem::take(&mut out)).await;
-                }
-                Ok(Some(Incoming::Frame(TransferFrame::End { bytes, blake3 }))) => {
-                    let n = tally.bytes();
-                    if !tally.matches(bytes, &blake3) {
-                        return Err(format!(
-                            "the upload arrived damaged ({n} bytes received, {bytes} sent, or the checksum differs); nothing is reported copied: run the same cp again"
-                        ));
-                    }
-                    let entries = filter.entries();
-                    filter.finish(&mut out).map_err(err)?;
-                    let _ = to_docker.send(out).await;
-                    // Docker's body ends here.
-                    drop(to_docker);
-                    return Ok((n, entries));
-                }
-                Ok(Some(Incoming::Frame(other))) => {
-                    return Err(format!("unexpected {other:?} in an upload"));
-                }
-                Ok(None) => return Err("the renter's stream ended before the upload did".into()),
-                Err(e) => return Err(err(e)),
-            }
-        }
-    };
-    let docker = async {
-        sb.put_workspace_archive(container, body)
-            .await
-            .map_err(|e| err(format!("extracting into the workspace failed: {e}")))
-    };
-    let answer = match tokio::try_join!(receive, docker) {
-        Ok(((bytes, entries), ())) => TransferFrame::Done { bytes, entries },
+    let answer = match receive(dir, lease, dest, &mut rd).await {
+        Ok((bytes, entries)) => TransferFrame::Done { bytes, entries },
         Err(e) => TransferFrame::Error(e),
     };
     let bytes = match &answer {
@@ -102,35 +78,77 @@ where
         _ => 0,
     };
     let _ = send(&mut wr, &answer).await;
-    let _ = wr.shutdown().await;
+    let _ = within(wr.shutdown()).await;
     bytes
 }
 
-/// Sends the `Root` frame once (a directory unless `root` says otherwise), then `out`'s pieces
-/// as chunks.
-async fn emit<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    chunks: &mut frames::ChunkWriter,
-    out: &mut Vec<Bytes>,
-    root_sent: &mut bool,
-    root: Option<bool>,
-) -> Result<(), String> {
-    if !*root_sent {
-        let directory = root.unwrap_or(true);
-        send(wr, &TransferFrame::Root { directory })
-            .await
-            .map_err(err)?;
-        *root_sent = true;
+/// The upload's work: frames in, parsed on this task, applied by a blocking writer.
+async fn receive<R: AsyncRead + Unpin>(
+    dir: &Path,
+    lease: &LeaseId,
+    dest: &str,
+    rd: &mut R,
+) -> Result<(u64, u64), String> {
+    let prefix = PathBuf::from(workspace_relative(dest)?);
+    let fs = open(dir, lease).await?;
+    let (to_writer, mut events) = tokio::sync::mpsc::channel::<Vec<Event>>(PIPE_DEPTH);
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut up = Upload::new(&fs, &prefix)?;
+        while let Some(batch) = events.blocking_recv() {
+            for e in batch {
+                up.apply(e)?;
+            }
+        }
+        up.finish()
+    });
+    let mut reader = TarReader::new();
+    let mut tally = frames::Tally::default();
+    let mut batch = Vec::new();
+    let received: Result<u64, String> = loop {
+        match within(frames::read_transfer(rd)).await {
+            Ok(Some(Incoming::Chunk(b))) => {
+                tally.update(&b);
+                if let Err(e) = reader.push(b, &mut batch) {
+                    break Err(err(e));
+                }
+                if to_writer.send(std::mem::take(&mut batch)).await.is_err() {
+                    // The writer stopped: its error says why.
+                    break Ok(tally.bytes());
+                }
+            }
+            Ok(Some(Incoming::Frame(TransferFrame::End { bytes, blake3 }))) => {
+                let n = tally.bytes();
+                if !tally.matches(bytes, &blake3) {
+                    break Err(format!(
+                        "the upload arrived damaged ({n} bytes received, {bytes} sent, or the checksum differs); run the same cp again"
+                    ));
+                }
+                break reader.finish().map(|_| n).map_err(err);
+            }
+            Ok(Some(Incoming::Frame(other))) => {
+                break Err(format!("unexpected {other:?} in an upload"));
+            }
+            Ok(None) => break Err("the renter's stream ended before the upload did".into()),
+            Err(e) => break Err(err(e)),
+        }
+    };
+    // The writer's queue ends here; it finishes what it holds.
+    drop(to_writer);
+    let written = writer
+        .await
+        .map_err(|e| err(format!("the upload's writer failed: {e}")))?;
+    match (received, written) {
+        (Ok(n), Ok(entries)) => Ok((n, entries)),
+        // The writer's refusal first: it is why the stream was cut short.
+        (_, Err(e @ (TransferError::Refused { .. } | TransferError::Full { .. }))) => Err(err(e)),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(err(e)),
     }
-    for piece in out.drain(..) {
-        chunks.put(wr, &piece).await.map_err(err)?;
-    }
-    Ok(())
 }
 
-/// Sends `path` of the workspace as a tar stream, leaving out what the renter's `Skip`
-/// frames name. Returns the bytes sent.
-pub(super) async fn download<S>(sb: &Sandbox, container: &str, path: &str, io: S) -> u64
+/// Sends `path` of the workspace (images in `dir`) of `lease` as a tar stream, leaving out
+/// what the renter's `Skip` frames name. Returns the bytes sent.
+pub(super) async fn download<S>(dir: &Path, lease: &LeaseId, path: &str, io: S) -> u64
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -142,13 +160,20 @@ where
             return 0;
         }
     };
-    let mut skip = HashSet::new();
+    let mut rules = DownloadRules {
+        skip: HashSet::new(),
+        max_bytes: None,
+    };
     let mut skip_bytes = 0usize;
     loop {
-        match frames::read::<TransferFrame, MAX_TRANSFER_FRAME, _>(&mut rd).await {
+        match within(frames::read::<TransferFrame, MAX_TRANSFER_FRAME, _>(
+            &mut rd,
+        ))
+        .await
+        {
             Ok(Some(TransferFrame::Skip(paths))) => {
                 skip_bytes += paths.iter().map(String::len).sum::<usize>();
-                if skip_bytes > MAX_SKIP_TOTAL || skip.len() as u64 > MAX_ENTRIES {
+                if skip_bytes > MAX_SKIP_TOTAL || rules.skip.len() as u64 > MAX_ENTRIES {
                     let _ = send(
                         &mut wr,
                         &TransferFrame::Error("the skip list is too long".into()),
@@ -156,73 +181,71 @@ where
                     .await;
                     return 0;
                 }
-                skip.extend(paths);
+                rules.skip.extend(paths);
             }
-            Ok(Some(TransferFrame::Go)) => break,
+            Ok(Some(TransferFrame::Go { max_bytes })) => {
+                rules.max_bytes = max_bytes;
+                break;
+            }
             _ => return 0,
         }
     }
-    let full = if rel.is_empty() {
-        WORKSPACE.to_string()
-    } else {
-        format!("{WORKSPACE}/{rel}")
-    };
-    let rules = Rules {
-        strip_first: true,
-        skip,
-        skip_others: true,
-        ..Rules::default()
-    };
-    let docker_error = |text: String| {
-        if text.contains("No such container:path") || text.contains("Could not find the file") {
-            format!("{full} does not exist in the lease's container")
-        } else {
-            err(format!("reading {full}: {text}"))
-        }
-    };
-    // Docker's pieces go through the filter and straight into chunk frames: one copy, into
-    // the frame being filled.
-    let send_all = async {
-        let mut from_docker = std::pin::pin!(sb.get_archive(container, &full));
-        let mut filter = TarFilter::new(rules);
-        let mut out = Vec::new();
-        let mut chunks = frames::ChunkWriter::new();
-        let mut root_sent = false;
-        while let Some(piece) = from_docker.next().await {
-            let piece = piece.map_err(|e| docker_error(e.to_string()))?;
-            filter
-                .push(piece, &mut out)
-                .map_err(|e| docker_error(e.to_string()))?;
-            // The root's kind is known once the first entry was read; it goes first.
-            if filter.root_is_dir().is_some() || !out.is_empty() {
-                emit(
-                    &mut wr,
-                    &mut chunks,
-                    &mut out,
-                    &mut root_sent,
-                    filter.root_is_dir(),
-                )
-                .await?;
-            }
-        }
-        let root = filter.root_is_dir();
-        // An archive that ends inside an entry is refused here.
-        filter
-            .finish(&mut out)
-            .map_err(|e| docker_error(e.to_string()))?;
-        emit(&mut wr, &mut chunks, &mut out, &mut root_sent, root).await?;
-        let bytes = chunks.bytes();
-        let end = chunks.finish(&mut wr).await.map_err(err)?;
-        send(&mut wr, &end).await.map_err(err)?;
-        Ok::<_, String>(bytes)
-    };
-    let sent = match send_all.await {
+    let sent = match send_tree(dir, lease, PathBuf::from(rel), rules, &mut wr).await {
         Ok(n) => n,
         Err(e) => {
             let _ = send(&mut wr, &TransferFrame::Error(e)).await;
             0
         }
     };
-    let _ = wr.shutdown().await;
+    let _ = within(wr.shutdown()).await;
     sent
+}
+
+/// The download's work: a blocking walk of the tree hands pieces of tar over a bounded queue;
+/// this task frames them. The renter going away (or stalling past [`IDLE`]) drops the queue,
+/// which stops the walk.
+async fn send_tree<W: AsyncWrite + Unpin>(
+    dir: &Path,
+    lease: &LeaseId,
+    rel: PathBuf,
+    rules: DownloadRules,
+    wr: &mut W,
+) -> Result<u64, String> {
+    let fs = open(dir, lease).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Out>(OUT_DEPTH);
+    let walk = tokio::task::spawn_blocking(move || {
+        gridlease_sandbox::files::download(&fs, &rel, &rules, &mut |o| tx.blocking_send(o).is_ok())
+    });
+    let mut chunks = frames::ChunkWriter::new();
+    let framed: Result<(), String> = async {
+        while let Some(out) = rx.recv().await {
+            match out {
+                Out::Root { directory } => {
+                    send(wr, &TransferFrame::Root { directory })
+                        .await
+                        .map_err(err)?;
+                }
+                Out::Tar(piece) => within(chunks.put(wr, &piece)).await.map_err(err)?,
+                Out::Skipped { path, reason } => {
+                    within(chunks.flush(wr)).await.map_err(err)?;
+                    send(wr, &TransferFrame::Skipped { path, reason })
+                        .await
+                        .map_err(err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    // Whatever happened, the walk stops: its queue is gone.
+    drop(rx);
+    let walked = walk
+        .await
+        .map_err(|e| err(format!("the download's reader failed: {e}")))?;
+    framed?;
+    walked.map_err(err)?;
+    let bytes = chunks.bytes();
+    let end = within(chunks.finish(wr)).await.map_err(err)?;
+    send(wr, &end).await.map_err(err)?;
+    Ok(bytes)
 }

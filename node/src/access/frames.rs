@@ -147,7 +147,8 @@ impl ChunkWriter {
         Ok(())
     }
 
-    async fn flush<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> std::io::Result<()> {
+    /// Writes the frame being filled, if it holds anything (before another frame is sent).
+    pub async fn flush<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> std::io::Result<()> {
         let len = self.frame.len() - PREFIX_ROOM;
         if len == 0 {
             return Ok(());
@@ -256,7 +257,7 @@ mod tests {
         let (mut a, mut b) = tokio::io::duplex(1 << 20);
         let data: Vec<u8> = (0..transfer::MAX_CHUNK).map(|i| (i * 7) as u8).collect();
         let frames = [
-            TransferFrame::Go,
+            TransferFrame::Go { max_bytes: Some(7) },
             TransferFrame::Chunk(data.clone()),
             TransferFrame::Chunk(vec![]),
             TransferFrame::Chunk(vec![9; 300]),

@@ -1,5 +1,5 @@
 //! Interactive access to running leases (issue 14): `gridlease shell`, `exec` and `forward`,
-//! carried on libp2p streams (`/gridlease/access/2`, [`gridlease_protocol::access`]) over the
+//! carried on libp2p streams (`/gridlease/access/3`, [`gridlease_protocol::access`]) over the
 //! connection the two nodes already share (direct, hole-punched or relayed), so neither side
 //! needs a public address and the provider publishes no port.
 //!

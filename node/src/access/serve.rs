@@ -156,16 +156,15 @@ impl Server {
             AccessRequest::Forward { port, .. } => self.forward(peer, lease, port, io).await,
             AccessRequest::Upload { dest, .. } => {
                 if self.grant(&mut io, kind).await {
-                    let n = super::files::upload(&self.sandbox, &container_name(&lease), &dest, io)
-                        .await;
+                    let dir = self.leases.workspace_dir();
+                    let n = super::files::upload(&dir, &lease, &dest, io).await;
                     tracing::info!(%peer, lease = %lease, dest, bytes = n, "upload ended");
                 }
             }
             AccessRequest::Download { path, .. } => {
                 if self.grant(&mut io, kind).await {
-                    let n =
-                        super::files::download(&self.sandbox, &container_name(&lease), &path, io)
-                            .await;
+                    let dir = self.leases.workspace_dir();
+                    let n = super::files::download(&dir, &lease, &path, io).await;
                     tracing::info!(%peer, lease = %lease, path, bytes = n, "download ended");
                 }
             }

@@ -1399,13 +1399,19 @@ async fn splice(
         };
         let mut up = hyper_util::rt::TokioIo::new(up);
         let mut stream = tokio_util::compat::FuturesAsyncReadCompatExt::compat(stream);
-        let r = tokio::io::copy_bidirectional_with_sizes(
-            &mut up,
-            &mut stream,
-            crate::access::SPLICE_BUFFER,
-            crate::access::SPLICE_BUFFER,
-        )
-        .await;
+        let r = if kind == gridlease_protocol::access::AccessKind::Forward {
+            // A forwarded TCP connection: each direction's half-close travels on its own.
+            tokio::io::copy_bidirectional_with_sizes(
+                &mut up,
+                &mut stream,
+                crate::access::SPLICE_BUFFER,
+                crate::access::SPLICE_BUFFER,
+            )
+            .await
+            .map(|_| ())
+        } else {
+            until_provider_ends(&mut up, &mut stream).await
+        };
         tracing::debug!(kind = kind.name(), result = ?r, "access stream closed");
     });
     Response::builder()
@@ -1414,6 +1420,42 @@ async fn splice(
         .header(axum::http::header::UPGRADE, types::ACCESS_UPGRADE)
         .body(axum::body::Body::empty())
         .map_err(ApiError::internal)
+}
+
+/// Copies both ways between the CLI's connection and an exec or transfer stream until the
+/// provider's side ends: after its last frame (an exit code, `Done` or `Error`) the provider
+/// reads nothing more, so whatever the CLI still sends is not carried (a stream the provider
+/// stopped reading would hold the copy, and the CLI's connection, forever).
+async fn until_provider_ends<A, B>(cli: &mut A, provider: &mut B) -> std::io::Result<()>
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    let (mut cr, mut cw) = tokio::io::split(cli);
+    let (mut pr, mut pw) = tokio::io::split(provider);
+    let to_provider = async {
+        let mut r = tokio::io::BufReader::with_capacity(crate::access::SPLICE_BUFFER, &mut cr);
+        tokio::io::copy_buf(&mut r, &mut pw).await?;
+        pw.shutdown().await
+    };
+    let from_provider = async {
+        let mut r = tokio::io::BufReader::with_capacity(crate::access::SPLICE_BUFFER, &mut pr);
+        tokio::io::copy_buf(&mut r, &mut cw).await?;
+        cw.shutdown().await
+    };
+    tokio::pin!(to_provider);
+    tokio::pin!(from_provider);
+    let mut sent = false;
+    loop {
+        tokio::select! {
+            r = &mut from_provider => return r,
+            r = &mut to_provider, if !sent => {
+                sent = true;
+                r?;
+            }
+        }
+    }
 }
 
 /// Query string of `GET /v1/leases/{id}/logs`.

@@ -714,12 +714,17 @@ async fn download_outputs(
     let mut ok = true;
     for spec in specs {
         let (src, dst) = download_spec(spec);
-        match super::cp::download(api, out, &lease, &src, &dst).await {
+        match super::cp::download(api, out, &lease, &src, &dst, None).await {
             Ok(r) => out.line(&format!(
-                "downloaded {src} -> {}: {} file(s), {:.1} MiB",
+                "downloaded {src} -> {}: {} file(s), {:.1} MiB{}",
                 dst.display(),
                 r.files,
-                r.bytes as f64 / 1048576.0
+                r.bytes as f64 / 1048576.0,
+                if r.left_out.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} entries left out (named above)", r.left_out.len())
+                }
             )),
             Err(e) => {
                 ok = false;

@@ -754,6 +754,12 @@ impl LeaseService {
         Ok(svc)
     }
 
+    /// Where this provider's lease workspaces live (`gridlease_sandbox::workspace`): what
+    /// file copies open.
+    pub fn workspace_dir(&self) -> PathBuf {
+        self.ctx.workspace_dir()
+    }
+
     /// The Docker sandbox this node runs leases in (`None`: Docker unreachable, renting only).
     pub fn sandbox(&self) -> Option<Sandbox> {
         self.ctx.sandbox.clone()

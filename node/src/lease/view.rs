@@ -84,6 +84,9 @@ pub struct LeaseView {
     pub prepay_s: u32,
     /// Image.
     pub image: String,
+    /// The lease's disk (its `/workspace`), bytes.
+    #[serde(default)]
+    pub disk_bytes: u64,
     /// When the container started (unix ms).
     pub started_at: Option<u64>,
     /// When the lease closed (unix ms).
@@ -254,6 +257,7 @@ pub(crate) fn make(
         min_billed_s: t.min_billed_s,
         prepay_s: t.prepay_s,
         image: t.image.clone(),
+        disk_bytes: t.workspace_bytes(),
         started_at: lease.started_at.map(|t| t.0),
         closed_at: lease.closed_at.map(|t| t.0),
         usage: usage.map(UsageView::from),
@@ -526,7 +530,7 @@ mod tests {
                 r#"{{"lease_id":"{id}","role":"provider","state":"settled","#,
                 r#""counterparty":"{peer}","gpus":1,"price_per_gpu_hour":3600000,"#,
                 r#""duration_s":600,"max_total":10000000,"extensions":0,"min_billed_s":60,"prepay_s":0,"#,
-                r#""image":"{image}","started_at":{started},"#,
+                r#""image":"{image}","disk_bytes":107374182400,"started_at":{started},"#,
                 r#""closed_at":{closed},"usage":{{"seq":6,"wall_ms":60000,"#,
                 r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,
                 r#""mem_peak_mib":1024,"net_rx_bytes":0,"net_tx_bytes":0}},"paid":60000,"cost_so_far":60000,"#,

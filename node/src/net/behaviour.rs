@@ -48,7 +48,7 @@ pub struct Behaviour {
     pub relay_server: Toggle<relay::Behaviour>,
     /// AutoNAT dial-back server (`--relay-server` only).
     pub autonat_server: Toggle<autonat::v2::server::Behaviour>,
-    /// Raw streams outside the event loop (interactive access, `/gridlease/access/2`): opened
+    /// Raw streams outside the event loop (interactive access, `/gridlease/access/3`): opened
     /// and accepted through a [`libp2p_stream::Control`], bytes never pass through the loop.
     pub stream: libp2p_stream::Behaviour,
 }
