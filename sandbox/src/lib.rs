@@ -17,6 +17,7 @@
 pub mod access;
 pub mod bench;
 pub mod dev_gpus;
+pub mod direct;
 pub mod docker;
 pub mod files;
 pub mod firewall;

@@ -38,10 +38,18 @@
 //! (`binds`, `mounts` never set), and it would run in the tenant's namespaces under the
 //! tenant's uid.
 //!
+//! **A Docker daemon that does not answer** (blocked, overloaded) cannot stop the container.
+//! At its start the watchdog asks Docker for the container's init process (its host PID and
+//! the container's full id); [`DIRECT_AFTER`] past the deadline, if the container was not seen
+//! to stop, it sends SIGKILL to that process itself through a pidfd, after checking that the
+//! process still sits in the container's cgroup. The container's PID namespace dies with its
+//! init, so every process of the tenant ends (`gridlease_sandbox::direct`); Docker records the
+//! exit when it answers again.
+//!
 //! What it does not cover: a host that reboots (the containers are gone too), a Docker daemon
-//! that is down past the deadline (the watchdog keeps trying until [`GIVE_UP_AFTER`] after it),
-//! and someone killing the watchdog itself (then the node's own enforcement is all there is,
-//! while the node runs).
+//! that did not answer even when the container started (then only Docker can stop it: the
+//! watchdog keeps trying until [`GIVE_UP_AFTER`] after the deadline), and someone killing the
+//! watchdog itself (then the node's own enforcement is all there is, while the node runs).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -51,6 +59,7 @@ use std::time::Duration;
 use gridlease_contracts::StopSchedule;
 use gridlease_protocol::{LeaseId, Timestamp};
 use gridlease_sandbox::Sandbox;
+use gridlease_sandbox::direct::{InitProcess, Killed};
 use gridlease_sandbox::runtime::{TermClaim, now_ms};
 
 /// The hidden subcommand of the `gridlease` binary that runs a watchdog.
@@ -282,28 +291,49 @@ pub fn forget(data_dir: &Path, id: &LeaseId) {
     }
 }
 
+/// How long past the deadline the watchdog waits for Docker to have stopped the container
+/// before it kills the container's processes itself ([`gridlease_sandbox::direct`]).
+pub const DIRECT_AFTER: Duration = Duration::from_secs(2);
+
+/// Longest the watchdog waits for Docker to name the container's init process at its start.
+const FIND_INIT: Duration = Duration::from_secs(10);
+
 /// The watchdog itself (`gridlease __watchdog`): stops the container on its schedule by the
 /// wall clock, then returns; follows a later deadline from the deadline file until the SIGTERM
 /// time; retries while Docker does not answer, until [`GIVE_UP_AFTER`] past the deadline.
+///
+/// Docker may not answer at all (a daemon blocked by a stuck stream): at its start the
+/// watchdog asks Docker once for the container's init process, and [`DIRECT_AFTER`] past the
+/// deadline, if the container was not seen to stop, it kills that process itself, which ends
+/// every process of the container (`gridlease_sandbox::direct`).
 pub async fn run(args: &WatchdogArgs) -> Result<(), WatchdogError> {
     let claim = TermClaim::new(args.term_marker.clone());
     let mut deadline = args.current_deadline();
     let first = StopSchedule::at_deadline(deadline, args.grace_ms);
     tracing::info!(container = %args.container, term_at = %first.term_at, kill_at = %first.kill_at, "watchdog started");
+    let init = find_init(&args.container).await;
+    let mut direct_tried = false;
     loop {
         let schedule = StopSchedule::at_deadline(deadline, args.grace_ms);
         let give_up = schedule
             .kill_at
             .plus_ms(u64::try_from(GIVE_UP_AFTER.as_millis()).unwrap_or(u64::MAX));
         let enforce = async {
-            match Sandbox::connect().await {
+            let r = match Sandbox::connect().await {
                 Ok(sb) => sb
                     .enforce_stop(&args.container, schedule, &now_ms, Some(&claim))
                     .await
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
+            };
+            if r.is_err() && now_ms() <= give_up {
+                tokio::time::sleep(RETRY).await;
             }
+            r
         };
+        let direct_at = schedule
+            .kill_at
+            .plus_ms(u64::try_from(DIRECT_AFTER.as_millis()).unwrap_or(u64::MAX));
         // Before the SIGTERM time nothing has been signalled: waiting for it may be cut short
         // by a later deadline.
         let attempt = tokio::select! {
@@ -313,6 +343,24 @@ pub async fn run(args: &WatchdogArgs) -> Result<(), WatchdogError> {
                 tracing::info!(container = %args.container, term_at = %s.term_at, kill_at = %s.kill_at, "deadline moved later (lease extended)");
                 deadline = later;
                 continue;
+            }
+            () = wall_sleep_until(direct_at), if init.is_some() && !direct_tried => {
+                direct_tried = true;
+                let Some(p) = &init else { continue };
+                match p.kill() {
+                    Ok(Killed::Killed) => {
+                        tracing::warn!(container = %args.container, pid = p.pid, "Docker did not stop the container by its deadline: its processes were killed directly");
+                        return Ok(());
+                    }
+                    Ok(Killed::Gone) => {
+                        tracing::info!(container = %args.container, "the container's processes are gone; watchdog done");
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        tracing::warn!(container = %args.container, error = %e, "cannot kill the container's processes directly; still asking Docker");
+                        continue;
+                    }
+                }
             }
         };
         match attempt {
@@ -328,9 +376,52 @@ pub async fn run(args: &WatchdogArgs) -> Result<(), WatchdogError> {
             }
             Err(detail) => {
                 tracing::warn!(container = %args.container, error = %detail, "watchdog: Docker failed; retrying");
-                tokio::time::sleep(RETRY).await;
             }
         }
+    }
+}
+
+/// The container's init process, as Docker names it at the watchdog's start (`None`: Docker
+/// did not answer within [`FIND_INIT`], or the container does not run: then only Docker can
+/// stop it).
+async fn find_init(container: &str) -> Option<InitProcess> {
+    let asked = async {
+        let sb = Sandbox::connect().await.map_err(|e| e.to_string())?;
+        sb.init_process(container).await.map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(FIND_INIT, asked).await {
+        Ok(Ok(Some(p))) => {
+            tracing::info!(
+                container,
+                pid = p.pid,
+                "the container's init process, for a stop without Docker"
+            );
+            Some(p)
+        }
+        Ok(Ok(None)) => None,
+        Ok(Err(e)) => {
+            tracing::warn!(container, error = %e, "cannot find the container's init process: only Docker can stop it");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                container,
+                "Docker did not name the container's init process in time: only Docker can stop it"
+            );
+            None
+        }
+    }
+}
+
+/// Sleeps until `at` by the wall clock.
+async fn wall_sleep_until(at: Timestamp) {
+    loop {
+        let left = at.0.saturating_sub(now_ms().0);
+        if left == 0 {
+            return;
+        }
+        // In steps: a wall clock that jumps is followed within a second.
+        tokio::time::sleep(Duration::from_millis(left.min(1000))).await;
     }
 }
 

@@ -75,6 +75,16 @@ pub fn start_node(home: &Path, extra: &[&str]) -> Daemon {
 
 /// [`start_node`], its log (at `info`) written to `log` when given.
 pub fn start_node_logged(home: &Path, extra: &[&str], log: Option<&Path>) -> Daemon {
+    start_node_env(home, extra, log, &[])
+}
+
+/// [`start_node_logged`] with more environment variables for the node (`DOCKER_HOST`...).
+pub fn start_node_env(
+    home: &Path,
+    extra: &[&str],
+    log: Option<&Path>,
+    env: &[(&str, &str)],
+) -> Daemon {
     let stderr = match log {
         Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
         None => Stdio::null(),
@@ -100,6 +110,7 @@ pub fn start_node_logged(home: &Path, extra: &[&str], log: Option<&Path>) -> Dae
             gridlease_sandbox::probe_image::probe_image_tag(),
         )
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
@@ -212,6 +223,17 @@ pub fn market_configured(
     log: Option<&Path>,
     config: [&str; 2],
 ) -> Market {
+    market_env(dir, extra, log, config, &[])
+}
+
+/// [`market_configured`], with more environment variables for the provider's node.
+pub fn market_env(
+    dir: &Path,
+    extra: &[&str],
+    log: Option<&Path>,
+    config: [&str; 2],
+    provider_env: &[(&str, &str)],
+) -> Market {
     use std::io::Write;
     let (ph, rh) = (dir.join("provider"), dir.join("renter"));
     for (home, lines) in [(&ph, config[0]), (&rh, config[1])] {
@@ -225,7 +247,7 @@ pub fn market_configured(
     }
     let mut args = vec!["--dev-gpus", "RTX 4090:24GiB:3.60"];
     args.extend_from_slice(extra);
-    let provider = start_node_logged(&ph, &args, log);
+    let provider = start_node_env(&ph, &args, log, provider_env);
     let status = json(&ph, &["status"]);
     let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
     let renter = start_node(&rh, &["--bootstrap", &addr]);
