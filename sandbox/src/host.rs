@@ -134,6 +134,32 @@ pub fn tenant_nofile() -> u32 {
     nofile_within(hard)
 }
 
+/// Most descriptors the node asks for when its hard limit is unlimited.
+pub const NOFILE_CEILING: u64 = 1 << 20;
+
+/// Raises this process's soft open-file limit to its hard one (a node started from a
+/// terminal gets a soft limit of 1,024 and a hard one far above: each peer connection, access
+/// stream and Docker call takes a descriptor). Returns the soft limit in force afterwards.
+pub fn raise_nofile() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    let want = now.maximum.unwrap_or(NOFILE_CEILING).min(NOFILE_CEILING);
+    let current = now.current.unwrap_or(NOFILE_CEILING);
+    if current >= want {
+        return current;
+    }
+    match setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(want),
+            maximum: now.maximum,
+        },
+    ) {
+        Ok(()) => want,
+        Err(_) => current,
+    }
+}
+
 /// [`crate::spec::DEFAULT_NOFILE`] lowered to `hard` (`None`: unlimited), at least 1024.
 pub fn nofile_within(hard: Option<u64>) -> u32 {
     let default = u64::from(crate::spec::DEFAULT_NOFILE);

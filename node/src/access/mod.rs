@@ -10,9 +10,13 @@
 //! - Renter ([`open`]): opens a stream to the lease's provider, sends the request, and hands
 //!   the granted stream to the control API, which splices it to the CLI's connection.
 //!
-//! Bounds: at most [`MAX_STREAMS`] access streams at once on a provider and
-//! [`MAX_STREAMS_PER_LEASE`] per lease; every frame is capped; byte copies use fixed buffers
-//! (back-pressure is the transports' own: yamux windows, TCP, Docker's hijacked connection).
+//! Bounds: only the renters of this provider's leases hold stream slots (a stranger's stream
+//! is answered `NotRenter` off the accept loop, holding one of a few vetting permits, never a
+//! slot); at most [`MAX_STREAMS`] access streams at once on a provider,
+//! [`MAX_STREAMS_PER_PEER`] per peer and [`MAX_STREAMS_PER_LEASE`] per lease; a stream whose
+//! request does not come within [`REQUEST_TIMEOUT`] is closed; log lines about refusals are
+//! rate-limited; every frame is capped; byte copies use fixed buffers (back-pressure is the
+//! transports' own: yamux windows, TCP, Docker's hijacked connection).
 //!
 //! Depends on `net` (streams) and `lease` (what a lease is and whether it runs); the control
 //! API depends on it.
@@ -43,10 +47,13 @@ pub use serve::serve;
 pub const MAX_STREAMS: usize = 512;
 /// Most access streams open at once for one lease.
 pub const MAX_STREAMS_PER_LEASE: usize = 128;
+/// Most access streams one peer holds at once (all its leases).
+pub const MAX_STREAMS_PER_PEER: usize = 128;
 /// Copy buffer, each way, where the renter's node splices a CLI connection to a stream.
 pub const SPLICE_BUFFER: usize = 256 * 1024;
-/// How long a provider waits for the opening request of a stream.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a provider waits for the opening request of a stream (the renter's node sends it
+/// as it opens the stream).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a renter waits for the provider's answer (creating an exec can take a while on a
 /// loaded host).
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,8 +1,8 @@
 //! Provider: accepting access streams and serving them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
 use futures::StreamExt;
@@ -18,7 +18,10 @@ use tokio::sync::Semaphore;
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_STREAMS, MAX_STREAMS_PER_LEASE, REQUEST_TIMEOUT, SharedStats, authorize, frames};
+use super::{
+    MAX_STREAMS, MAX_STREAMS_PER_LEASE, MAX_STREAMS_PER_PEER, REQUEST_TIMEOUT, SharedStats,
+    authorize, frames,
+};
 use crate::lease::LeaseService;
 use crate::net::Client;
 
@@ -28,6 +31,27 @@ type Io = Compat<libp2p::Stream>;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Copy buffer of a forwarded connection, each way.
 const FORWARD_BUFFER: usize = 256 * 1024;
+/// Streams of peers the gate does not know, vetted at once; more are dropped unread.
+const MAX_VETTING: usize = 32;
+/// How long a stranger's stream is kept to read its request and answer its refusal.
+const STRANGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The gate's cache of peers with leases is refilled this often...
+const GATE_REFRESH: Duration = Duration::from_secs(5);
+/// ...and for a peer it does not know, at once unless it is younger than this.
+const GATE_REFILL_ON_MISS: Duration = Duration::from_millis(250);
+/// Streams without a lease here that get a peer blocked...
+const STRIKES: u32 = 32;
+/// ...when opened within this long...
+const STRIKE_WINDOW: Duration = Duration::from_secs(60);
+/// ...for this long.
+const BLOCK_FOR: Duration = Duration::from_secs(600);
+/// Most peers counted, and most blocked, at once.
+const MAX_STRIKE_PEERS: usize = 4096;
+/// Log lines about refused or dropped streams: 20 at once, then one a second.
+const LOG_RATE: crate::net::ratelimit::RateLimit = crate::net::ratelimit::RateLimit {
+    burst: 20,
+    per_token: Duration::from_secs(1),
+};
 
 #[derive(Clone)]
 struct Server {
@@ -40,6 +64,157 @@ struct Server {
     /// Network namespaces of leases' containers, held open once found (see
     /// `gridlease_sandbox::access::ContainerNetns`); dropped when a lease is found not running.
     netns: Arc<Mutex<HashMap<LeaseId, Arc<ContainerNetns>>>>,
+    /// Who may hold a stream slot, and how many each holds.
+    gate: Arc<Gate>,
+    /// Refusals and drops are logged within this budget.
+    log: Arc<LogBudget>,
+    /// Strangers that keep opening streams are blocked for a while.
+    strikes: Arc<Mutex<Strikes>>,
+    client: Client,
+}
+
+/// Streams opened by peers with no lease here, per peer, and the peers blocked for it: a peer
+/// that opens [`STRIKES`] such streams within [`STRIKE_WINDOW`] is blocked (its connections
+/// closed, new ones refused) for [`BLOCK_FOR`]. At most [`MAX_STRIKE_PEERS`] peers of each.
+#[derive(Default)]
+struct Strikes {
+    counted: HashMap<PeerId, (Instant, u32)>,
+    blocked: HashMap<PeerId, Instant>,
+}
+
+impl Strikes {
+    /// Counts one stream of `peer` at `now`; true when the peer is to be blocked now.
+    fn strike(&mut self, peer: PeerId, now: Instant) -> bool {
+        if self.blocked.contains_key(&peer) {
+            return false;
+        }
+        if self.counted.len() >= MAX_STRIKE_PEERS && !self.counted.contains_key(&peer) {
+            self.counted
+                .retain(|_, (since, _)| now.duration_since(*since) < STRIKE_WINDOW);
+            if self.counted.len() >= MAX_STRIKE_PEERS {
+                return false;
+            }
+        }
+        let (since, n) = self.counted.entry(peer).or_insert((now, 0));
+        if now.duration_since(*since) >= STRIKE_WINDOW {
+            *since = now;
+            *n = 0;
+        }
+        *n += 1;
+        if *n < STRIKES || self.blocked.len() >= MAX_STRIKE_PEERS {
+            return false;
+        }
+        self.counted.remove(&peer);
+        self.blocked.insert(peer, now);
+        true
+    }
+
+    /// The blocked peers whose time is up (forgotten here).
+    fn expired(&mut self, now: Instant) -> Vec<PeerId> {
+        let done: Vec<PeerId> = self
+            .blocked
+            .iter()
+            .filter(|(_, at)| now.duration_since(**at) >= BLOCK_FOR)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in &done {
+            self.blocked.remove(p);
+        }
+        done
+    }
+}
+
+/// Who may hold a stream slot: the renters of this provider's leases
+/// ([`LeaseService::access_peers`], cached), at most [`MAX_STREAMS_PER_PEER`] each. A peer
+/// the cache does not know is vetted off the accept loop, with only a vetting permit
+/// ([`MAX_VETTING`]) while it is: a stranger never holds a slot the lease's renter needs.
+struct Gate {
+    leases: LeaseService,
+    peers: std::sync::RwLock<HashSet<PeerId>>,
+    /// When the cache was filled; taken while it is refilled (one refill at a time).
+    filled: tokio::sync::Mutex<Option<Instant>>,
+    per_peer: Mutex<HashMap<PeerId, usize>>,
+}
+
+impl Gate {
+    fn knows(&self, peer: &PeerId) -> bool {
+        self.peers.read().is_ok_and(|p| p.contains(peer))
+    }
+
+    /// Refills the cache unless it is younger than `max_age`.
+    async fn refresh(&self, max_age: Duration) {
+        let mut filled = self.filled.lock().await;
+        if filled.is_some_and(|at| at.elapsed() < max_age) {
+            return;
+        }
+        match self.leases.access_peers().await {
+            Ok(peers) => {
+                if let Ok(mut p) = self.peers.write() {
+                    *p = peers;
+                }
+                *filled = Some(Instant::now());
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the peers with leases here"),
+        }
+    }
+
+    /// One of `peer`'s stream slots, or `None` when it holds [`MAX_STREAMS_PER_PEER`].
+    fn take(self: &Arc<Self>, peer: PeerId) -> Option<PeerSlot> {
+        let mut m = self.per_peer.lock().ok()?;
+        let n = m.entry(peer).or_insert(0);
+        if *n >= MAX_STREAMS_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            gate: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// A peer's stream slot, given back when dropped.
+struct PeerSlot {
+    gate: Arc<Gate>,
+    peer: PeerId,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.gate.per_peer.lock()
+            && let Some(n) = m.get_mut(&self.peer)
+        {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// A budget for log lines about refused or dropped streams: a flood of them writes a bounded
+/// number of lines, and the next line allowed says how many were not written.
+struct LogBudget {
+    limiter: Mutex<(crate::net::ratelimit::RateLimiter<()>, u64)>,
+}
+
+impl LogBudget {
+    fn new() -> Self {
+        Self {
+            limiter: Mutex::new((crate::net::ratelimit::RateLimiter::new(LOG_RATE, 1), 0)),
+        }
+    }
+
+    /// `Some(lines not written since the last one)` when a line may be written now.
+    fn allow(&self) -> Option<u64> {
+        let mut g = self.limiter.lock().ok()?;
+        if g.0.check(&(), crate::clock::now()) {
+            Some(std::mem::take(&mut g.1))
+        } else {
+            g.1 += 1;
+            None
+        }
+    }
 }
 
 /// Serves access streams for this provider's leases until `cancel`. `policy` is what the
@@ -57,33 +232,61 @@ pub fn serve(
         .accept(super::protocol())
         .map_err(|e| anyhow::anyhow!("access protocol: {e}"))?;
     let server = Server {
+        gate: Arc::new(Gate {
+            leases: leases.clone(),
+            peers: Default::default(),
+            filled: tokio::sync::Mutex::new(None),
+            per_peer: Mutex::default(),
+        }),
         leases,
         sandbox,
         policy,
         stats,
         open: Arc::default(),
         netns: Arc::default(),
+        log: Arc::new(LogBudget::new()),
+        strikes: Arc::default(),
+        client: client.clone(),
     };
     let limit = Arc::new(Semaphore::new(MAX_STREAMS));
+    let vetting = Arc::new(Semaphore::new(MAX_VETTING));
     Ok(tokio::spawn(async move {
+        // Leases start and end: the cache follows within this period, and at once for a
+        // peer it does not know (vetted below).
+        let mut refill = tokio::time::interval(GATE_REFRESH);
         loop {
             let next = tokio::select! {
                 _ = cancel.cancelled() => break,
+                _ = refill.tick() => {
+                    let gate = server.gate.clone();
+                    tokio::spawn(async move { gate.refresh(Duration::ZERO).await });
+                    server.unblock_expired();
+                    continue;
+                }
                 n = incoming.next() => n,
             };
             let Some((peer, stream)) = next else { break };
-            let Ok(permit) = limit.clone().try_acquire_owned() else {
-                tracing::warn!(%peer, "access stream dropped: {MAX_STREAMS} already open");
-                continue;
+            // The accept loop never waits: a stream is admitted from the cache, or vetted in
+            // a task of its own, or dropped.
+            let known = server.gate.knows(&peer);
+            let vet = if known {
+                None
+            } else {
+                match vetting.clone().try_acquire_owned() {
+                    Ok(p) => Some(p),
+                    Err(_) => {
+                        server.dropped(&peer, "too many streams from peers with no lease here");
+                        server.strike(peer);
+                        continue;
+                    }
+                }
             };
-            let s = server.clone();
-            let cancel = cancel.clone();
+            let (s, cancel, limit) = (server.clone(), cancel.clone(), limit.clone());
             tokio::spawn(async move {
                 tokio::select! {
                     _ = cancel.cancelled() => {}
-                    _ = s.handle(peer, stream) => {}
+                    _ = s.admit_and_handle(peer, stream, vet, limit) => {}
                 }
-                drop(permit);
             });
         }
     }))
@@ -109,8 +312,96 @@ impl Drop for Slot {
 }
 
 impl Server {
-    async fn handle(&self, peer: PeerId, stream: libp2p::Stream) {
+    /// Counts a stream of a peer with no lease here; blocks the peer when it has opened too
+    /// many.
+    fn strike(&self, peer: PeerId) {
+        let block = self
+            .strikes
+            .lock()
+            .is_ok_and(|mut s| s.strike(peer, Instant::now()));
+        if block {
+            tracing::warn!(%peer, strikes = STRIKES, window_s = STRIKE_WINDOW.as_secs(), for_s = BLOCK_FOR.as_secs(), "peer blocked: it keeps opening access streams with no lease here");
+            let client = self.client.clone();
+            tokio::spawn(async move {
+                let _ = client.block(peer).await;
+            });
+        }
+    }
+
+    /// Lifts the blocks whose time is up.
+    fn unblock_expired(&self) {
+        let done = self
+            .strikes
+            .lock()
+            .map(|mut s| s.expired(Instant::now()))
+            .unwrap_or_default();
+        for peer in done {
+            let client = self.client.clone();
+            tokio::spawn(async move {
+                let _ = client.unblock(peer).await;
+            });
+        }
+    }
+
+    /// Logs (within the budget) a stream dropped before its request was read.
+    fn dropped(&self, peer: &PeerId, why: &str) {
+        if let Some(unlogged) = self.log.allow() {
+            tracing::warn!(%peer, unlogged, "access stream dropped: {why}");
+        }
+    }
+
+    /// Admits a stream (a peer the gate does not know is vetted first, holding only `vet`),
+    /// takes the peer's and the provider's slots, then serves it.
+    async fn admit_and_handle(
+        &self,
+        peer: PeerId,
+        stream: libp2p::Stream,
+        vet: Option<tokio::sync::OwnedSemaphorePermit>,
+        limit: Arc<Semaphore>,
+    ) {
         let mut io = stream.compat();
+        if vet.is_some() {
+            self.gate.refresh(GATE_REFILL_ON_MISS).await;
+            if !self.gate.knows(&peer) {
+                // A stranger: told so (its request read within a short time, for the log and
+                // the counters), never given a slot.
+                self.strike(peer);
+                let req = tokio::time::timeout(
+                    STRANGER_TIMEOUT,
+                    frames::read::<AccessRequest, MAX_REQUEST_FRAME, _>(&mut io),
+                )
+                .await;
+                if let Ok(Ok(Some(req))) = req {
+                    self.stats.refuse(req.kind());
+                    if let Some(unlogged) = self.log.allow() {
+                        tracing::warn!(%peer, lease = %req.lease_id(), kind = req.kind().name(), reason = %AccessRefusal::NotRenter, unlogged, "access refused");
+                    }
+                }
+                let _ = tokio::time::timeout(
+                    STRANGER_TIMEOUT,
+                    refuse(&mut io, AccessRefusal::NotRenter),
+                )
+                .await;
+                return;
+            }
+        }
+        drop(vet);
+        let Some(_peer_slot) = self.gate.take(peer) else {
+            self.dropped(&peer, "the peer holds too many streams");
+            let _ =
+                tokio::time::timeout(STRANGER_TIMEOUT, refuse(&mut io, AccessRefusal::Busy)).await;
+            return;
+        };
+        let Ok(_permit) = limit.try_acquire_owned() else {
+            self.dropped(&peer, "the provider's access streams are all in use");
+            let _ =
+                tokio::time::timeout(STRANGER_TIMEOUT, refuse(&mut io, AccessRefusal::Busy)).await;
+            return;
+        };
+        self.handle(peer, io).await;
+    }
+
+    async fn handle(&self, peer: PeerId, mut io: Io) {
         let req = match tokio::time::timeout(
             REQUEST_TIMEOUT,
             frames::read::<AccessRequest, MAX_REQUEST_FRAME, _>(&mut io),
@@ -120,7 +411,9 @@ impl Server {
             Ok(Ok(Some(r))) => r,
             Ok(Ok(None)) => return,
             Ok(Err(e)) => {
-                tracing::warn!(%peer, error = %e, "access stream: bad request frame");
+                if let Some(unlogged) = self.log.allow() {
+                    tracing::warn!(%peer, error = %e, unlogged, "access stream: bad request frame");
+                }
                 return;
             }
             Err(_) => {
@@ -134,7 +427,9 @@ impl Server {
             Ok(slot) => slot,
             Err(refusal) => {
                 self.stats.refuse(kind);
-                tracing::warn!(%peer, lease = %lease, kind = kind.name(), reason = %refusal, "access refused");
+                if let Some(unlogged) = self.log.allow() {
+                    tracing::warn!(%peer, lease = %lease, kind = kind.name(), reason = %refusal, unlogged, "access refused");
+                }
                 let _ = refuse(&mut io, refusal).await;
                 return;
             }
@@ -398,4 +693,31 @@ async fn refuse(io: &mut Io, refusal: AccessRefusal) -> std::io::Result<()> {
 
 async fn send_out(wr: &mut WriteHalf<Io>, out: &ExecOutput) -> std::io::Result<()> {
     frames::send::<_, MAX_EXEC_FRAME, _>(wr, out).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_that_keeps_opening_streams_without_a_lease_is_blocked_for_a_while() {
+        let mut s = Strikes::default();
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let t0 = Instant::now();
+        for i in 1..STRIKES {
+            assert!(!s.strike(a, t0 + Duration::from_millis(u64::from(i))));
+        }
+        // Another peer's streams do not count against it.
+        assert!(!s.strike(b, t0));
+        assert!(s.strike(a, t0 + Duration::from_secs(1)), "the 32nd stream");
+        assert!(!s.strike(a, t0 + Duration::from_secs(2)), "blocked already");
+        // A slow trickle never adds up: the window restarts.
+        for i in 0..3 * STRIKES {
+            let at = t0 + STRIKE_WINDOW * (i + 1);
+            assert!(!s.strike(b, at));
+        }
+        assert!(s.expired(t0 + BLOCK_FOR / 2).is_empty());
+        assert_eq!(s.expired(t0 + BLOCK_FOR + Duration::from_secs(1)), vec![a]);
+        assert!(s.blocked.is_empty());
+    }
 }

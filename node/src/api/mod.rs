@@ -225,20 +225,25 @@ pub async fn serve(
 )]
 async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError> {
     let c = &s.client;
-    let listen = c.listen_addrs().await.map_err(ApiError::internal)?;
-    let peers = c.connected_peers().await.map_err(ApiError::internal)?;
-    let offers = c.book_len().await.map_err(ApiError::internal)?;
-    let own = c.own_offer().await.map_err(ApiError::internal)?;
-    // The own offer's summary in the own book carries the score search shows.
-    let own_numbers = match &own {
-        Some(o) => c
-            .offer(o.id)
-            .await
-            .map_err(ApiError::internal)?
-            .map(|e| e.summary.numbers),
-        None => None,
+    // Asked at once: the network loop answers them in one pass, so a busy node (a flood of
+    // connections) still answers `status` in one wait, not six.
+    let own_with_numbers = async {
+        let own = c.own_offer().await?;
+        // The own offer's summary in the own book carries the score search shows.
+        let numbers = match &own {
+            Some(o) => c.offer(o.id).await?.map(|e| e.summary.numbers),
+            None => None,
+        };
+        Ok::<_, crate::net::NegotiationError>((own, numbers))
     };
-    let reach = c.reachability().await.map_err(ApiError::internal)?;
+    let (listen, peers, offers, (own, own_numbers), reach) = tokio::try_join!(
+        c.listen_addrs(),
+        c.connected_peers(),
+        c.book_len(),
+        own_with_numbers,
+        c.reachability(),
+    )
+    .map_err(ApiError::internal)?;
     let (cache, limits) = s.leases.image_cache().await;
     let text = |v: &[libp2p::Multiaddr]| v.iter().map(ToString::to_string).collect();
     Ok(Json(StatusView {

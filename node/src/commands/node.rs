@@ -209,6 +209,15 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     crate::api::ensure_not_running(home).await?;
     let store = h.open_store()?;
     let mut net = NodeConfig::new(h.network.clone());
+    // Peer connections may take what descriptors leave after the node's own needs.
+    let nofile = gridlease_sandbox::host::raise_nofile();
+    net.connections = crate::net::ConnectionCaps::for_descriptors(nofile);
+    tracing::info!(
+        nofile,
+        max_inbound_connections = net.connections.max_established_incoming,
+        max_pending_handshakes = net.connections.max_pending_incoming,
+        "descriptor budget"
+    );
     net.listen = addrs(&config.listen)?;
     net.bootstrap = addrs(&config.bootstrap)?;
     net.relay_server = config.relay_server;

@@ -895,6 +895,39 @@ impl LeaseService {
             .collect())
     }
 
+    /// The peers that may open access streams here now: the renters of this provider's live
+    /// leases and of finished ones whose outputs are still kept. The access server admits no
+    /// one else to a stream slot (`access::authorize` then decides each request).
+    pub async fn access_peers(&self) -> Result<std::collections::HashSet<PeerId>, LeaseError> {
+        let mut out = std::collections::HashSet::new();
+        for v in self.ask(Cmd::Views).await? {
+            if v.role == Role::Provider
+                && let Ok(p) = v.counterparty.parse()
+            {
+                out.insert(p);
+            }
+        }
+        let now = self.ctx.now();
+        let kept = self
+            .ctx
+            .store
+            .call(move |s| {
+                let mut renters = Vec::new();
+                for (id, until) in s.kept_outputs()? {
+                    if until > now
+                        && let Some(l) = s.lease(&id)?
+                        && l.role == Role::Provider
+                    {
+                        renters.push(l.lease.terms.renter);
+                    }
+                }
+                Ok(renters)
+            })
+            .await?;
+        out.extend(kept.into_iter().filter_map(|k| k.peer_id().ok()));
+        Ok(out)
+    }
+
     /// Lease `id`'s statement (`gridlease statement`): what this node keeps of it, signed.
     pub async fn statement(
         &self,

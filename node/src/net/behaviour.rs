@@ -21,9 +21,17 @@ pub const IDENTIFY_PROTOCOL: &str = "/gridlease/1.0.0";
 /// Kademlia protocol name (a private DHT, not the IPFS one).
 pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/gridlease/kad/1.0.0");
 
-/// Every protocol a node speaks. Field order is the order events are polled in.
+/// Every protocol a node speaks. Field order is the order events are polled in, and the
+/// order in which connections are vetted (the limits first).
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
+    /// Peers the application blocked ([`super::Client::block`]): their connections closed, new
+    /// ones refused.
+    pub blocked: libp2p::allow_block_list::Behaviour<libp2p::allow_block_list::BlockedPeers>,
+    /// Connections in total, pending and per peer ([`super::ConnectionCaps`]).
+    pub limits: libp2p::connection_limits::Behaviour,
+    /// Inbound connections per remote IP address ([`super::ip_limits`]).
+    pub ip_limits: super::ip_limits::Behaviour,
     /// Offer gossip on `gridlease/v1/offers/<network>`, application-validated, peer-scored.
     pub gossipsub: gossipsub::Behaviour,
     /// Lease negotiation (`/gridlease/lease/1`), length-prefixed bincode frames.
@@ -134,7 +142,21 @@ impl Behaviour {
         } else {
             (None, None)
         };
+        let caps = config.connections;
+        let limits = libp2p::connection_limits::Behaviour::new(
+            libp2p::connection_limits::ConnectionLimits::default()
+                .with_max_pending_incoming(Some(caps.max_pending_incoming))
+                .with_max_established_incoming(Some(caps.max_established_incoming))
+                .with_max_established_per_peer(Some(caps.max_established_per_peer)),
+        );
+        let ip_limits = super::ip_limits::Behaviour::new(super::ip_limits::IpCaps {
+            pending: caps.max_pending_per_ip,
+            established: caps.max_established_per_ip,
+        });
         Ok(Self {
+            blocked: Default::default(),
+            limits,
+            ip_limits,
             gossipsub,
             lease,
             book,

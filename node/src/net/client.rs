@@ -127,6 +127,9 @@ pub(crate) enum Command {
     SetLeaseHandler(mpsc::Sender<super::InboundLease>, oneshot::Sender<()>),
     Reachability(oneshot::Sender<Reachability>),
     Connections(PeerId, oneshot::Sender<Vec<super::reach::Connection>>),
+    /// Blocks (`true`: its connections closed, new ones refused) or unblocks a peer; answers
+    /// whether that changed anything.
+    Block(PeerId, bool, oneshot::Sender<bool>),
 }
 
 /// How this node is reached, as observed (see [`super::reach`]).
@@ -334,6 +337,17 @@ impl Client {
         peer: PeerId,
     ) -> Result<Vec<super::reach::Connection>, NegotiationError> {
         self.ask(|r| Command::Connections(peer, r)).await
+    }
+
+    /// Blocks `peer`: its connections are closed and new ones refused, until
+    /// [`Client::unblock`]. The application decides who (`access` blocks peers that flood it).
+    pub async fn block(&self, peer: PeerId) -> Result<bool, NegotiationError> {
+        self.ask(|r| Command::Block(peer, true, r)).await
+    }
+
+    /// Lifts a [`Client::block`].
+    pub async fn unblock(&self, peer: PeerId) -> Result<bool, NegotiationError> {
+        self.ask(|r| Command::Block(peer, false, r)).await
     }
 
     /// Connected peers.

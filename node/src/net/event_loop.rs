@@ -542,6 +542,15 @@ impl EventLoop {
             Command::ConnectedPeers(reply) => {
                 let _ = reply.send(self.swarm.connected_peers().copied().collect());
             }
+            Command::Block(peer, block, reply) => {
+                let blocked = &mut self.swarm.behaviour_mut().blocked;
+                let changed = if block {
+                    blocked.block_peer(peer)
+                } else {
+                    blocked.unblock_peer(peer)
+                };
+                let _ = reply.send(changed);
+            }
             Command::MeshPeers(reply) => {
                 // Every offer topic's mesh, each peer once.
                 let gs = &self.swarm.behaviour().gossipsub;

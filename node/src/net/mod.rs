@@ -17,6 +17,7 @@ pub mod client;
 pub mod codec;
 mod event_loop;
 pub mod gossip;
+pub mod ip_limits;
 mod liveness;
 pub mod muxer;
 pub mod provider;
@@ -121,8 +122,58 @@ pub struct NodeConfig {
     /// has a connection whose gossip never started; it is disconnected so the next connection
     /// starts it afresh (`liveness.rs`).
     pub gossip_grace: Duration,
+    /// Limits on the connections the node accepts ([`ConnectionCaps::for_descriptors`] in a
+    /// daemon).
+    pub connections: ConnectionCaps,
     /// Test faults; all off in a daemon.
     pub faults: NetFaults,
+}
+
+/// Limits on the connections a node accepts, so a flood of handshakes from one host or many
+/// cannot take the descriptors the node needs for its API, its store and Docker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionCaps {
+    /// Inbound handshakes under way, in all.
+    pub max_pending_incoming: u32,
+    /// Inbound connections up, in all.
+    pub max_established_incoming: u32,
+    /// Connections with one peer.
+    pub max_established_per_peer: u32,
+    /// Inbound handshakes under way from one IP address (loopback not counted).
+    pub max_pending_per_ip: u32,
+    /// Inbound connections up from one IP address (loopback not counted).
+    pub max_established_per_ip: u32,
+}
+
+/// Descriptors a node keeps for everything but peer connections (the control API and its
+/// clients, SQLite, the Docker client, access streams' sockets, workspaces, lease logs).
+pub const DESCRIPTORS_RESERVED: u64 = 512;
+
+impl Default for ConnectionCaps {
+    fn default() -> Self {
+        Self {
+            max_pending_incoming: 128,
+            max_established_incoming: 1024,
+            max_established_per_peer: 8,
+            max_pending_per_ip: 16,
+            max_established_per_ip: 64,
+        }
+    }
+}
+
+impl ConnectionCaps {
+    /// The defaults, with inbound connections capped to what `nofile` descriptors leave after
+    /// [`DESCRIPTORS_RESERVED`] and the pending handshakes (at least 32, at most 8,192).
+    pub fn for_descriptors(nofile: u64) -> Self {
+        let d = Self::default();
+        let room = nofile
+            .saturating_sub(DESCRIPTORS_RESERVED)
+            .saturating_sub(u64::from(d.max_pending_incoming));
+        Self {
+            max_established_incoming: u32::try_from(room.clamp(32, 8192)).unwrap_or(8192),
+            ..d
+        }
+    }
 }
 
 /// Faults a test can inject into the network loop.
@@ -174,6 +225,7 @@ impl NodeConfig {
             follow: None,
             search_follow: Duration::from_secs(600),
             gossip_grace: Duration::from_secs(30),
+            connections: ConnectionCaps::default(),
             faults: NetFaults::default(),
         }
     }

@@ -17,7 +17,11 @@ use serde_json::Value;
 
 /// The binary, with every `GRIDLEASE_*` variable of the test's environment removed.
 pub fn bin() -> Command {
-    let mut c = Command::cargo_bin("gridlease").unwrap();
+    clean(Command::cargo_bin("gridlease").unwrap())
+}
+
+/// `c` without the test's `GRIDLEASE_*` variables, logging at `warn`.
+fn clean(mut c: Command) -> Command {
     for (k, _) in std::env::vars() {
         if k.starts_with("GRIDLEASE_") {
             c.env_remove(k);
@@ -78,6 +82,15 @@ pub fn start_node_logged(home: &Path, extra: &[&str], log: Option<&Path>) -> Dae
     start_node_env(home, extra, log, &[])
 }
 
+/// How a test launches a node beyond its flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Launch<'a> {
+    /// More environment variables (`DOCKER_HOST`...).
+    pub env: &'a [(&'a str, &'a str)],
+    /// The open-file limit, soft and hard, the node starts with.
+    pub nofile: Option<u64>,
+}
+
 /// [`start_node_logged`] with more environment variables for the node (`DOCKER_HOST`...).
 pub fn start_node_env(
     home: &Path,
@@ -85,16 +98,34 @@ pub fn start_node_env(
     log: Option<&Path>,
     env: &[(&str, &str)],
 ) -> Daemon {
+    start_node_launched(home, extra, log, Launch { env, nofile: None })
+}
+
+/// [`start_node_logged`], launched as `launch` says.
+pub fn start_node_launched(
+    home: &Path,
+    extra: &[&str],
+    log: Option<&Path>,
+    launch: Launch<'_>,
+) -> Daemon {
+    let env = launch.env;
+    // util-linux's `prlimit` runs the node with the given open-file limit.
+    let mut cmd = match launch.nofile {
+        Some(n) => {
+            let mut c = clean(Command::new("prlimit"));
+            c.arg(format!("--nofile={n}:{n}")).arg("--").arg(bin_path());
+            c
+        }
+        None => bin(),
+    };
     let stderr = match log {
         Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
         None => Stdio::null(),
     };
-    let mut cmd = bin();
     if log.is_some() {
         cmd.env("RUST_LOG", "info");
     }
-    let child = cmd
-        .arg("--home")
+    cmd.arg("--home")
         .arg(home)
         .args([
             "node",
@@ -112,9 +143,8 @@ pub fn start_node_env(
         .args(extra)
         .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
+        .stderr(stderr);
+    let child = cmd.spawn().unwrap();
     let d = Daemon(child);
     wait_for(Duration::from_secs(30), "the node's API", || {
         cli(home, &["status"]).status.success()
@@ -234,6 +264,26 @@ pub fn market_env(
     config: [&str; 2],
     provider_env: &[(&str, &str)],
 ) -> Market {
+    market_launched(
+        dir,
+        extra,
+        log,
+        config,
+        Launch {
+            env: provider_env,
+            nofile: None,
+        },
+    )
+}
+
+/// [`market_configured`], the provider's node launched as `launch` says.
+pub fn market_launched(
+    dir: &Path,
+    extra: &[&str],
+    log: Option<&Path>,
+    config: [&str; 2],
+    launch: Launch<'_>,
+) -> Market {
     use std::io::Write;
     let (ph, rh) = (dir.join("provider"), dir.join("renter"));
     for (home, lines) in [(&ph, config[0]), (&rh, config[1])] {
@@ -247,7 +297,7 @@ pub fn market_env(
     }
     let mut args = vec!["--dev-gpus", "RTX 4090:24GiB:3.60"];
     args.extend_from_slice(extra);
-    let provider = start_node_env(&ph, &args, log, provider_env);
+    let provider = start_node_launched(&ph, &args, log, launch);
     let status = json(&ph, &["status"]);
     let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
     let renter = start_node(&rh, &["--bootstrap", &addr]);
