@@ -599,6 +599,20 @@ impl RenterChannel {
         Ok(self.pay(self.tariff.failed_start_fee()?, 0, usage_seq, now))
     }
 
+    /// The receipt the renter owes when it stops a lease whose container the provider held for
+    /// its uploads (`upload_hold_s`) before the command started: the minimum billed duration
+    /// ([`Tariff::failed_start_fee`]), once. A held container kept a GPU from everyone else;
+    /// without a price, holding and stopping again and again would cost a provider its GPU
+    /// for nothing. Like [`RenterChannel::on_usage`] the channel books it: persist it before
+    /// sending it, or restore a clone on failure.
+    pub fn on_hold_abandoned(
+        &mut self,
+        now: Timestamp,
+    ) -> Result<Option<PaymentReceipt>, MoneyError> {
+        let usage_seq = self.last_usage.as_ref().map_or(0, |u| u.seq);
+        Ok(self.pay(self.tariff.failed_start_fee()?, 0, usage_seq, now))
+    }
+
     /// What the renter has paid beyond the usage it has been shown: at most the prepay's cost
     /// ([`Tariff::prepaid_beyond`]); zero in arrears.
     pub fn prepaid_exposure(&self, shown_wall_ms: u64) -> Result<Money, MoneyError> {
@@ -670,6 +684,21 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(r.total_paid, 1_000);
+    }
+
+    #[test]
+    fn an_abandoned_upload_hold_costs_the_minimum_once() {
+        let f = fx();
+        let mut renter = RenterChannel::new(f.id, f.terms.clone());
+        let r = renter.on_hold_abandoned(T0).unwrap().expect("a fee");
+        assert_eq!((r.seq, r.total_paid, r.covers_wall_ms), (1, 60_000, 0));
+        assert_eq!(renter.on_hold_abandoned(T0).unwrap(), None, "paid once");
+        let mut provider = ProviderChannel::new(f.id, &f.terms, T0);
+        assert_eq!(
+            provider.accept_receipt(&f.renter, &r, T0).unwrap(),
+            Money::from_micros(60_000)
+        );
+        assert_eq!(renter.settlement(), provider.paid());
     }
 
     fn report(f: &Fx, seq: u64, wall_ms: u64) -> UsageReport {

@@ -111,12 +111,19 @@ pub struct Config {
     /// lease's workspace size).
     pub output_retention_secs: u32,
     /// Most seconds a lease's created container is held before its command starts, while the
-    /// renter uploads (`rent --upload`); advertised in offers. 0: never. Default: 600 (the
-    /// GPUs are held meanwhile, not billed).
+    /// renter uploads (`rent --upload`); advertised in offers. 0: never. Default: 300. The
+    /// GPUs are held meanwhile: one held container per renter at a time, and a renter that
+    /// stops the lease before its command starts pays the minimum billed duration.
     pub upload_hold_secs: u32,
     /// Seconds between a provider's usage reports (each answered by a payment receipt);
     /// advertised in offers. Default: 10.
     pub usage_interval_secs: u32,
+    /// Days a finished lease's logs (its output, its watchdog's) are kept after they were last
+    /// written; 0: removed when the lease ends. Default: 7.
+    pub lease_log_days: u32,
+    /// Most GiB of lease logs kept in all: beyond it, finished leases' logs are removed oldest
+    /// first. Kept back from the disk offers promise (with `reserve_disk_gib`). Default: 2.
+    pub lease_logs_gib: u64,
     /// Seconds an offered GPU its owner used (a process on it, or utilisation, while no lease
     /// holds it) stays out of the offer after its last use. Default: 300.
     pub owner_idle_secs: u64,
@@ -207,8 +214,10 @@ impl Default for Config {
             isolation: gridlease_protocol::Isolation::Runc,
             gvisor_runtime: gridlease_sandbox::isolation::DEFAULT_GVISOR_RUNTIME.to_string(),
             output_retention_secs: 3600,
-            upload_hold_secs: 600,
+            upload_hold_secs: 300,
             usage_interval_secs: 10,
+            lease_log_days: 7,
+            lease_logs_gib: 2,
             owner_idle_secs: 300,
             owner_util_percent: 10,
             pay_ahead_secs: 60,
@@ -271,7 +280,7 @@ pub struct Overrides {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_retention_secs: Option<u32>,
     /// Most seconds a lease's container is held for uploads before its command starts
-    /// (default 600; 0: never).
+    /// (default 300; 0: never).
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_UPLOAD_HOLD_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upload_hold_secs: Option<u32>,
@@ -279,6 +288,14 @@ pub struct Overrides {
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_USAGE_INTERVAL_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_interval_secs: Option<u32>,
+    /// Days finished leases' logs are kept (default 7).
+    #[arg(long, value_name = "DAYS", env = env_vars::GRIDLEASE_LEASE_LOG_DAYS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_log_days: Option<u32>,
+    /// Most GiB of lease logs kept in all (default 2; kept back from offers' disk).
+    #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_LEASE_LOGS_GIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_logs_gib: Option<u64>,
     /// Seconds a GPU its owner used stays out of the offer after its last use (default 300).
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_OWNER_IDLE_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -554,6 +571,18 @@ impl Config {
                 problem: format!("{} is not in 1..=86400", self.owner_idle_secs),
             });
         }
+        if self.lease_log_days > 3650 {
+            return Err(ConfigError::Invalid {
+                field: "lease_log_days",
+                problem: format!("{} is not in 0..=3650", self.lease_log_days),
+            });
+        }
+        if self.lease_logs_gib > 1024 {
+            return Err(ConfigError::Invalid {
+                field: "lease_logs_gib",
+                problem: format!("{} is not in 0..=1024", self.lease_logs_gib),
+            });
+        }
         if self.owner_util_percent > 100 {
             return Err(ConfigError::Invalid {
                 field: "owner_util_percent",
@@ -598,10 +627,24 @@ impl Config {
 
     /// What offers keep back from the host (unset fields: the documented defaults).
     pub fn host_reserve(&self) -> gridlease_contracts::capacity::HostReserve {
+        let disk = gridlease_contracts::capacity::HostReserve {
+            disk_gib: self.reserve_disk_gib,
+            ..Default::default()
+        }
+        .disk();
         gridlease_contracts::capacity::HostReserve {
             ram_mib: self.reserve_ram_mib,
             cpu_millicores: self.reserve_cpu_millicores,
-            disk_gib: self.reserve_disk_gib,
+            // The lease logs' budget is disk no offer may promise.
+            disk_gib: Some(disk.saturating_add(self.lease_logs_gib)),
+        }
+    }
+
+    /// How long, and how much of, finished leases' logs are kept.
+    pub fn log_retention(&self) -> crate::lease::retention::LogRetention {
+        crate::lease::retention::LogRetention {
+            keep_for: std::time::Duration::from_secs(u64::from(self.lease_log_days) * 86_400),
+            max_bytes: self.lease_logs_gib.saturating_mul(1 << 30),
         }
     }
 
@@ -745,9 +788,19 @@ mod tests {
         let r = c.host_reserve();
         assert_eq!(
             (r.ram_mib, r.cpu_millicores, r.disk_gib),
-            (Some(4096), Some(500), None)
+            (Some(4096), Some(500), Some(10 + 2)),
+            "the disk reserve holds the lease logs' budget (2 GiB) too"
         );
         assert_eq!(c.per_gpu_limit().ram_mib, Some(256));
+        let c = Config::resolve(
+            None,
+            &flags(&["--reserve-disk-gib", "20", "--lease-logs-gib", "5"]),
+        )
+        .unwrap();
+        assert_eq!(c.host_reserve().disk_gib, Some(25));
+        assert_eq!(c.log_retention().max_bytes, 5 << 30);
+        let err = Config::resolve(None, &flags(&["--lease-log-days", "4000"])).unwrap_err();
+        assert!(err.to_string().contains("lease_log_days"), "{err}");
     }
 
     #[test]

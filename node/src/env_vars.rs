@@ -76,6 +76,10 @@ pub const GRIDLEASE_UPLOAD_HOLD_SECS: &str = "GRIDLEASE_UPLOAD_HOLD_SECS";
 pub const GRIDLEASE_GVISOR_RUNTIME: &str = "GRIDLEASE_GVISOR_RUNTIME";
 /// Seconds (config key `usage_interval_secs`).
 pub const GRIDLEASE_USAGE_INTERVAL_SECS: &str = "GRIDLEASE_USAGE_INTERVAL_SECS";
+/// Days (config key `lease_log_days`).
+pub const GRIDLEASE_LEASE_LOG_DAYS: &str = "GRIDLEASE_LEASE_LOG_DAYS";
+/// GiB (config key `lease_logs_gib`).
+pub const GRIDLEASE_LEASE_LOGS_GIB: &str = "GRIDLEASE_LEASE_LOGS_GIB";
 /// Seconds (config key `pay_ahead_secs`).
 pub const GRIDLEASE_PAY_AHEAD_SECS: &str = "GRIDLEASE_PAY_AHEAD_SECS";
 /// Seconds (config key `renter_grace_secs`).

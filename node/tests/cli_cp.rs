@@ -411,7 +411,7 @@ fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_out
             .stdout,
     );
     assert!(
-        offer.contains("held up to 300 s, not billed"),
+        offer.contains("held up to 300 s (rent --upload), one per renter at a time"),
         "the offer says how long it holds: {offer}"
     );
     let child = bin()

@@ -2,8 +2,9 @@
 //! Docker. A lease that asks for a hold gets its container created and not started; both
 //! sides' views say until when; the command starts when the renter begins it, or when the
 //! hold runs out (the provider's injected clock advanced past it); a stop during the hold
-//! settles at nothing and removes the container; more hold than the offer gives is refused
-//! before anything is signed.
+//! costs the renter the minimum billed duration, on both ledgers, and removes the container; a
+//! second hold of the same renter while one is held is refused (issue 41 item 6); more hold than
+//! the offer gives is refused before anything is signed.
 // Test helpers unwrap: a failed step is a test failure with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -72,7 +73,16 @@ async fn a_held_container_starts_when_the_renter_begins_or_its_hold_runs_out() {
         "the renter is told until when"
     );
     assert_eq!(docker_state(&sb, id).await, "created");
-    assert_eq!(rheld.paid, 0, "a hold is not billed");
+    assert_eq!(rheld.paid, 0, "a hold is not billed while it lasts");
+    // One held container per renter: a second is refused before anything is signed.
+    let err = renter.leases.rent(req.clone()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            gridlease_node::lease::RentError::Rejected(gridlease_protocol::RejectReason::HoldBusy)
+        ),
+        "{err}"
+    );
     renter.leases.begin(id).await.unwrap();
     let done = closed(&renter.leases, id, 60).await;
     assert_eq!(
@@ -88,7 +98,8 @@ async fn a_held_container_starts_when_the_renter_begins_or_its_hold_runs_out() {
     );
     assert!(done.upload_until.is_none(), "no hold once it ran");
 
-    // Stopped during the hold: settled at nothing on both sides, the container removed.
+    // Stopped during the hold: the renter pays the minimum billed duration, both sides
+    // agree, the container is removed.
     let third = renter.leases.rent(req.clone()).await.unwrap();
     wait_view(&renter.leases, third, "the third hold", |v| {
         v.upload_until.is_some()
@@ -99,8 +110,15 @@ async fn a_held_container_starts_when_the_renter_begins_or_its_hold_runs_out() {
     let pdone = closed(&provider.leases, third, 30).await;
     assert_eq!(rdone.state, LeaseState::Settled, "{rdone:#?}");
     assert_eq!(pdone.state, LeaseState::Settled, "{pdone:#?}");
-    assert_eq!(rdone.settled_total, Some(0), "{rdone:#?}");
-    assert_eq!(pdone.settled_total, Some(0), "{pdone:#?}");
+    let fee =
+        u64::from(rdone.min_billed_s) * rdone.price_per_gpu_hour * u64::from(rdone.gpus) / 3600;
+    assert!(fee > 0);
+    assert_eq!(rdone.settled_total, Some(fee), "{rdone:#?}");
+    assert_eq!(pdone.settled_total, Some(fee), "{pdone:#?}");
+    assert_eq!(rdone.close_reason, pdone.close_reason);
+    let (earned, _) = provider.leases.ledger_totals().await.unwrap();
+    let (_, spent) = renter.leases.ledger_totals().await.unwrap();
+    assert_eq!(earned, spent, "both ledgers record it");
     assert!(rdone.started_at.is_none(), "the command never ran");
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     while container_exists(&sb, third).await {

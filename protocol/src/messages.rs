@@ -717,6 +717,9 @@ pub enum RejectReason {
     },
     /// The provider failed internally; try another offer.
     Internal,
+    /// The renter already has a container held for its uploads here (`upload_hold_s`) whose
+    /// command has not started: one at a time per renter.
+    HoldBusy,
 }
 
 /// The provider's refusal.

@@ -230,6 +230,7 @@ fn reject_reason() -> impl Strategy<Value = RejectReason> {
         Just(RejectReason::UnknownOffer),
         any::<u64>().prop_map(|current_seq| RejectReason::StaleOffer { current_seq }),
         Just(RejectReason::OfferExpired),
+        Just(RejectReason::HoldBusy),
         Just(RejectReason::RequestExpired),
         Just(RejectReason::WrongProvider),
         any::<u64>().prop_map(|ask| RejectReason::PriceBelowAsk { ask }),

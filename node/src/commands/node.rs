@@ -323,6 +323,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let renter_grace_s = config.renter_grace_secs;
     let owner_idle_s = config.owner_idle_secs;
     let owner_util_percent = config.owner_util_percent;
+    let log_retention = config.log_retention();
     let config = net;
     let network = h.network.clone();
 
@@ -345,6 +346,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             renter_grace_s,
             owner_idle_s,
             owner_util_percent,
+            log_retention,
         },
     )
     .await

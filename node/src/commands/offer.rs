@@ -59,8 +59,8 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
                 "copy them in once the lease runs (gridlease cp)".to_string()
             } else {
                 format!(
-                    "before the command starts: the container is held up to {} s, not billed (rent --upload)",
-                    o.upload_hold_s
+                    "before the command starts: the container is held up to {} s (rent --upload), one per renter at a time; stopping during the hold costs the minimum billed {} s",
+                    o.upload_hold_s, o.min_billed_s
                 )
             }
         ));

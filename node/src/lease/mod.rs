@@ -55,6 +55,7 @@ mod outputs;
 pub mod owner;
 pub mod provider;
 pub mod renter;
+pub mod retention;
 pub mod telemetry;
 pub mod view;
 pub mod watchdog;
@@ -149,6 +150,10 @@ pub struct LeaseServiceConfig {
     /// Provider: how often finished leases' kept outputs are checked for removal
     /// (`outputs::SWEEP`, 10 s, in a daemon).
     pub outputs_sweep: Duration,
+    /// How long, and how much of, finished leases' logs are kept ([`retention`]).
+    pub log_retention: retention::LogRetention,
+    /// How often finished leases' logs are swept ([`retention::SWEEP`] in a daemon).
+    pub logs_sweep: Duration,
     /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
     /// daemon; a [`clock::ManualClock`] in tests of grace periods and expiry).
     pub clock: SharedClock,
@@ -229,6 +234,8 @@ impl LeaseServiceConfig {
             watchdog: None,
             rpc_timeout: Duration::from_secs(10),
             outputs_sweep: outputs::SWEEP,
+            log_retention: retention::LogRetention::default(),
+            logs_sweep: retention::SWEEP,
             clock: clock::system(),
             faults: Faults::default(),
         }
@@ -578,6 +585,9 @@ pub(crate) struct Ctx {
     /// view, so that the desk has released them before anyone who saw the view can ask for
     /// them ([`Ctx::gpus_free`]). The session's end releases them too (idempotent).
     released: mpsc::Sender<LeaseId>,
+    /// A lease ended: [`retention::run`] sweeps finished leases' logs now, not only on its
+    /// period.
+    pub(crate) log_sweep: tokio::sync::Notify,
 }
 
 impl Ctx {
@@ -667,6 +677,8 @@ struct Entry {
     view: watch::Receiver<LeaseView>,
     /// Provider: the lease's renter and its live telemetry (`None` on the renter side).
     telemetry: Option<(Option<PeerId>, telemetry::Ring)>,
+    /// Provider: the terms hold the container for the renter's uploads before its command.
+    upload_hold: bool,
 }
 
 impl LeaseService {
@@ -704,6 +716,7 @@ impl LeaseService {
             owner_busy: watch::Sender::new(std::collections::BTreeSet::new()),
             hours: watch::Sender::new(None),
             released: released_tx,
+            log_sweep: tokio::sync::Notify::new(),
         });
         // The hours a restarted provider offers in are those it last saved.
         if let Some(path) = &ctx.config.provide_file {
@@ -742,6 +755,7 @@ impl LeaseService {
         if ctx.sandbox.is_some() {
             tokio::spawn(outputs::run(ctx.clone(), ctx.config.outputs_sweep));
         }
+        tokio::spawn(retention::run(ctx.clone(), ctx.config.logs_sweep));
         client.set_lease_handler(in_tx).await?;
         let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
@@ -1328,6 +1342,8 @@ pub struct DaemonLeaseSettings {
     pub owner_idle_s: u64,
     /// As a provider: utilisation that means the owner uses a GPU (0: processes only).
     pub owner_util_percent: u32,
+    /// As a provider: how long, and how much of, finished leases' logs are kept.
+    pub log_retention: retention::LogRetention,
 }
 
 /// Starts the lease service of a daemon: output under `<home>/leases`, Docker if reachable
@@ -1344,6 +1360,7 @@ pub async fn start_for_daemon(
     config.renter_grace_s = settings.renter_grace_s;
     config.owner_idle = Duration::from_secs(settings.owner_idle_s);
     config.owner_util_percent = settings.owner_util_percent;
+    config.log_retention = settings.log_retention;
     config.image_cache = settings.image_cache;
     (config.limits.isolation, config.limits.runtime) = settings.runtime;
     config.base_template = base_template;
@@ -1582,6 +1599,7 @@ impl Actor {
 
     fn on_session_end(&mut self, end: SessionEnd) {
         self.sessions.remove(&end.id);
+        self.ctx.log_sweep.notify_one();
         if end.released {
             self.desk.release(&end.id);
             self.publish_holds();
@@ -1716,6 +1734,21 @@ impl Actor {
         self.decide(&proposal, admitted, reply);
     }
 
+    /// Provider: whether `renter` has a lease here whose container is (or is about to be) held
+    /// for its uploads, its command not started.
+    fn holds_uploads_for(&self, renter: &PublicKey) -> bool {
+        let peer = renter.peer_id().ok();
+        self.sessions.values().any(|e| {
+            e.upload_hold
+                && e.telemetry.as_ref().is_some_and(|(p, _)| *p == peer)
+                && matches!(
+                    e.view.borrow().state,
+                    gridlease_contracts::LeaseState::Accepted
+                        | gridlease_contracts::LeaseState::Starting
+                )
+        })
+    }
+
     /// Provider: the desk decides; an accepted lease is stored before it is answered.
     fn decide(
         &mut self,
@@ -1727,6 +1760,21 @@ impl Actor {
         let key = self.ctx.client.key();
         let network = self.ctx.client.network();
         let now = self.ctx.now();
+        // One held container per renter: a held container keeps its GPUs from everyone, and
+        // many of them from one renter would let it take the provider's GPUs for nothing.
+        let terms = &verified.message.terms;
+        if terms.upload_hold_s > 0 && self.holds_uploads_for(&verified.signer) {
+            let lease_id = terms.lease_id().unwrap_or(LeaseId(Digest::default()));
+            let _ = reply.send(crate::net::reject(
+                key,
+                network,
+                lease_id,
+                terms.nonce,
+                gridlease_protocol::RejectReason::HoldBusy,
+                now,
+            ));
+            return;
+        }
         self.desk
             .set_owner_busy(self.ctx.owner_busy.borrow().clone());
         match self
@@ -1994,6 +2042,7 @@ impl Actor {
         let entry_ring = ring
             .clone()
             .map(|r| (l.lease.terms.renter.peer_id().ok(), r));
+        let upload_hold_s = l.lease.terms.upload_hold_s;
         let span = tracing::info_span!("lease", lease = %id.short(), role = ?role);
         let fut = async move {
             // A ring exactly for provider leases.
@@ -2007,12 +2056,14 @@ impl Actor {
             SessionEnd { id, released }
         };
         self.tasks.spawn(tracing::Instrument::instrument(fut, span));
+        let upload_hold = role == Role::Provider && upload_hold_s > 0;
         self.sessions.insert(
             id,
             Entry {
                 inbox: inbox_tx,
                 view: view_rx,
                 telemetry: entry_ring,
+                upload_hold,
             },
         );
     }

@@ -366,6 +366,30 @@ impl Session {
         }
     }
 
+    /// Pays for a container the provider held for our uploads and that we stopped before its
+    /// command started (`RenterChannel::on_hold_abandoned`: the minimum billed duration).
+    async fn pay_abandoned_hold(&mut self) {
+        let now = self.ctx.now();
+        let before = self.channel.clone();
+        match self.channel.on_hold_abandoned(now) {
+            Ok(Some(receipt)) => {
+                if self.persist_receipt(&receipt, None, now).await.is_some() {
+                    tracing::info!(
+                        total = %self.channel.paid(),
+                        "stopped during the upload hold: paying the minimum billed duration"
+                    );
+                } else {
+                    self.channel = before;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "upload-hold fee not computed");
+                self.channel = before;
+            }
+        }
+    }
+
     /// After a silence (this node was suspended, offline, or the provider's reports were
     /// lost): asks the provider for its reports since the last one seen, checks each one in
     /// order (recorded, not paid: the provider's next report is answered with a receipt that
@@ -623,6 +647,11 @@ pub(crate) async fn run(
                 None => return,
                 Some(SessionMsg::Stop(done)) => {
                     if s.lease.state.can_close() {
+                        if s.held_until.is_some() && !heard_any {
+                            // Stopped while the provider holds the container for our uploads:
+                            // the hold is paid (stored before the provider's close asks).
+                            s.pay_abandoned_hold().await;
+                        }
                         s.close(CloseReason::RenterStop, Actor::Renter).await;
                         s.send_close(CloseReason::RenterStop);
                         closing_since = Some(ctx.now());
