@@ -276,6 +276,112 @@ async fn a_pull_that_stalls_mid_layer_fails_the_lease_with_that_reason_for_the_r
     drop(registry);
 }
 
+/// Bytes used on the filesystem of Docker's root directory.
+fn docker_root_used(root: &std::path::Path) -> u64 {
+    let st = rustix::fs::statvfs(root).unwrap();
+    (st.f_blocks - st.f_bfree) * st.f_frsize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_image_that_unpacks_past_the_cap_is_stopped_mid_pull_and_nothing_of_it_stays() {
+    let test = "registry_bomb";
+    let Some(sb) = docker_or_skip(test).await else {
+        return;
+    };
+    let Some(registry) = Registry::start(test) else {
+        return;
+    };
+    // 3 GiB of zeros in a layer of about 3 MiB, written to the registry by hand.
+    let repo = format!("{}/zeros", run_prefix(test));
+    let reference = format!("{}/{repo}:1", registry.host);
+    let _images = ImagesGuard(vec![reference.clone()]);
+    let host = registry.host.clone();
+    let compressed =
+        tokio::task::spawn_blocking(move || push_zeros_bomb(&host, &repo, "1", 3 << 30))
+            .await
+            .unwrap();
+    assert!(compressed < 8 << 20, "{compressed} bytes compressed");
+    let cap: u64 = 1 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let mut template = lease_template(1, 1, 3);
+    template.images.registries = vec![registry.host.clone()];
+    template.images.max_unpacked_bytes = cap;
+    let provider = provider_with(dir.path(), &sb, template, GRACE_S, |_| {}).await;
+    let rc = service_config(dir.path(), "renter", GRACE_S);
+    let mut renter = party(dir.path(), "renter", common::config(), rc, None).await;
+    let offer = connect_for_offer(&mut renter, &provider).await;
+
+    // The disk of Docker's root, sampled while the lease starts.
+    let root = std::path::PathBuf::from(sb.docker().info().await.unwrap().docker_root_dir.unwrap());
+    let before = docker_root_used(&root);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, root) = (stop.clone(), root.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0u64;
+            let until = std::time::Instant::now() + Duration::from_secs(180);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && std::time::Instant::now() < until
+            {
+                peak = peak.max(docker_root_used(&root));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        })
+    };
+    // The offer states only compressed sizes: this one passes at negotiation.
+    let id = renter
+        .leases
+        .rent(probe_rent(offer, &reference, 60, &["exit", "0"]))
+        .await
+        .unwrap();
+    let v = closed(&renter.leases, id, 180).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    eprintln!("renter's view: {v:#?}");
+    let grew = peak.saturating_sub(before);
+    eprintln!(
+        "Docker's disk grew by {} MiB at most during the pull",
+        grew >> 20
+    );
+    assert_eq!(v.close_reason.as_deref(), Some("start_failed"));
+    let f = v.failure.clone().expect("the renter is told why");
+    assert_eq!(f.kind, "image_refused", "{f:?}");
+    assert!(
+        f.message
+            .contains("unpacks to more than the provider's limit of 1.0 GiB"),
+        "{}",
+        f.message
+    );
+    // Stopped at the cap (plus what a quarter second of extraction writes), not at 3 GiB.
+    assert!(grew < cap + (512 << 20), "the pull unpacked {grew} bytes");
+    // Nothing of it stays: no image, and the disk back where it was.
+    assert!(
+        sb.docker().inspect_image(&reference).await.is_err(),
+        "the image is still there"
+    );
+    let mut after = docker_root_used(&root);
+    for _ in 0..50 {
+        if after <= before + (64 << 20) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        after = docker_root_used(&root);
+    }
+    assert!(
+        after <= before + (64 << 20),
+        "{} MiB of the pull left on Docker's disk",
+        after.saturating_sub(before) >> 20
+    );
+    // Refused on the renter's image: the failed-start fee, on both ledgers.
+    let pv = closed(&provider.leases, id, 30).await;
+    assert_eq!(v.settled_total, pv.settled_total);
+    for p in [&provider, &renter] {
+        p.cancel.cancel();
+    }
+    drop(registry);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn five_pulled_images_with_a_cache_of_two_leave_at_most_two() {
     let test = "registry_cache";

@@ -31,6 +31,7 @@ pub mod runtime;
 pub mod seccomp;
 pub mod spec;
 pub mod time;
+pub mod unpack;
 pub mod workspace;
 
 pub use docker::{ConnectError, connect};

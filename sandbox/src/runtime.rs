@@ -74,6 +74,19 @@ pub enum SandboxError {
         /// The limit, seconds.
         secs: u64,
     },
+    /// The image unpacks to more than the limit: the pull was stopped (or the pulled image
+    /// removed), nothing of it kept.
+    #[error(
+        "{image} unpacks to more than {max} bytes (at least {unpacked} seen); the pull was stopped and what it wrote removed"
+    )]
+    PullTooLarge {
+        /// The image.
+        image: String,
+        /// What was seen unpacked when it stopped.
+        unpacked: u64,
+        /// The limit, bytes.
+        max: u64,
+    },
     /// The daemon answered something the call cannot use.
     #[error("docker {op}: {message}")]
     Unexpected {
@@ -133,6 +146,9 @@ pub struct PullLimits {
     pub stall: Duration,
     /// Longest pull in all.
     pub total: Duration,
+    /// Most bytes the image may take unpacked: the pull is stopped once it has unpacked more
+    /// ([`crate::unpack::UnpackGauge`]), and a pulled image larger than this is removed.
+    pub max_unpacked: Option<u64>,
 }
 
 impl PullLimits {
@@ -140,8 +156,12 @@ impl PullLimits {
     pub const NONE: Self = Self {
         stall: Duration::from_secs(365 * 86_400),
         total: Duration::from_secs(365 * 86_400),
+        max_unpacked: None,
     };
 }
+
+/// How often a pull's unpacked bytes are measured against [`PullLimits::max_unpacked`].
+const UNPACK_CHECK: Duration = Duration::from_millis(250);
 
 /// How a container ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -258,8 +278,14 @@ impl Sandbox {
                     .from_image(repo)
                     .tag(tag)
                     .build();
+                let gauge = match limits.max_unpacked {
+                    Some(_) => self.unpack_gauge().await,
+                    None => None,
+                };
                 let mut stream = self.docker.create_image(Some(opts), None, None);
                 let started = tokio::time::Instant::now();
+                let mut check = tokio::time::interval(UNPACK_CHECK);
+                let mut last_event = started;
                 loop {
                     let left = limits.total.saturating_sub(started.elapsed());
                     if left.is_zero() {
@@ -268,11 +294,35 @@ impl Sandbox {
                             secs: limits.total.as_secs(),
                         });
                     }
-                    let ev = match tokio::time::timeout(limits.stall.min(left), stream.next()).await
-                    {
+                    let stall_left = limits.stall.saturating_sub(last_event.elapsed());
+                    let next = tokio::select! {
+                        n = tokio::time::timeout(stall_left.min(left), stream.next()) => n,
+                        _ = check.tick(), if gauge.is_some() => {
+                            if let (Some(g), Some(max)) = (&gauge, limits.max_unpacked) {
+                                let g = g.clone();
+                                let unpacked = tokio::task::spawn_blocking(move || g.unpacked())
+                                    .await
+                                    .unwrap_or(0);
+                                if unpacked > max {
+                                    // Dropping the stream closes the connection, which cancels
+                                    // the daemon's pull and the layer it was extracting.
+                                    drop(stream);
+                                    self.forget_partial_image(image).await;
+                                    return Err(SandboxError::PullTooLarge {
+                                        image: image.to_string(),
+                                        unpacked,
+                                        max,
+                                    });
+                                }
+                            }
+                            continue;
+                        }
+                    };
+                    last_event = tokio::time::Instant::now();
+                    let ev = match next {
                         Ok(Some(ev)) => ev,
                         Ok(None) => break,
-                        Err(_) if limits.stall <= left => {
+                        Err(_) if stall_left <= left => {
                             return Err(SandboxError::PullStalled {
                                 image: image.to_string(),
                                 secs: limits.stall.as_secs(),
@@ -307,18 +357,66 @@ impl Sandbox {
             }
             Err(e) => return Err(docker_err("inspect_image", image)(e)),
         };
+        let size = inspected
+            .size
+            .and_then(|b| u64::try_from(b).ok())
+            .unwrap_or(0);
+        if pulled
+            && let Some(max) = limits.max_unpacked
+            && size > max
+        {
+            // Pulled whole before the gauge saw it (or with no gauge): removed all the same.
+            self.forget_partial_image(image).await;
+            return Err(SandboxError::PullTooLarge {
+                image: image.to_string(),
+                unpacked: size,
+                max,
+            });
+        }
         spec::check_image_config(image, inspected.config.as_ref())
             .map_err(|source| SandboxError::Image { source })?;
         Ok(if pulled {
-            Presence::Pulled {
-                bytes: inspected
-                    .size
-                    .and_then(|b| u64::try_from(b).ok())
-                    .unwrap_or(0),
-            }
+            Presence::Pulled { bytes: size }
         } else {
             Presence::Present
         })
+    }
+
+    /// Removes what a stopped or refused pull of `image` left: the image if it got that far
+    /// (its layers go with it when no other image uses them). The daemon drops the layers of a
+    /// cancelled pull itself.
+    async fn forget_partial_image(&self, image: &str) {
+        let opts = bollard::query_parameters::RemoveImageOptionsBuilder::default()
+            .force(true)
+            .build();
+        // The cancelled pull may still be winding down: try a few times.
+        for _ in 0..20 {
+            match self
+                .docker
+                .remove_image(image, Some(opts.clone()), None)
+                .await
+            {
+                Ok(_)
+                | Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => {}
+                Err(e) => tracing::debug!(image, error = %e, "removing a refused image"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if matches!(
+                self.docker.inspect_image(image).await,
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404,
+                    ..
+                })
+            ) {
+                return;
+            }
+        }
+        tracing::warn!(
+            image,
+            "an image over the unpacked limit could not be removed"
+        );
     }
 
     /// Removes an image (not forced: the daemon refuses one a container still uses, which is

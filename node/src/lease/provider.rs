@@ -528,9 +528,16 @@ async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Resul
         )
         .into());
     }
+    // The cap on unpacked size is the offer's (a registry states only compressed sizes:
+    // checked while the image is pulled, and the pull stopped at it).
+    let max_unpacked = match ctx.client.own_offer().await {
+        Ok(Some(own)) => own.images.max_unpacked_bytes,
+        _ => gridlease_contracts::image::ImagePolicy::default().max_unpacked_bytes,
+    };
     let limits = gridlease_sandbox::runtime::PullLimits {
         stall: ctx.config.pull_stall,
         total: ctx.config.pull_timeout,
+        max_unpacked: Some(max_unpacked),
     };
     // Pull progress goes to the renter (at most once a second), so a long pull that keeps
     // progressing is not taken for a silent provider.
@@ -810,6 +817,13 @@ fn pull_failure(e: &SandboxError) -> StartFailure {
         SandboxError::PullTimeout { secs, .. } => StartFailure::new(
             StartFailureKind::PullTimeout,
             format!("image pull took longer than the provider's limit of {secs} s"),
+        ),
+        SandboxError::PullTooLarge { max, .. } => StartFailure::new(
+            StartFailureKind::ImageRefused,
+            format!(
+                "image refused: it unpacks to more than the provider's limit of {:.1} GiB (max_unpacked_gib); the pull was stopped and nothing of it kept",
+                *max as f64 / f64::from(1u32 << 30)
+            ),
         ),
         SandboxError::Image { source } | SandboxError::Spec { source, .. } => StartFailure::new(
             StartFailureKind::ImageRefused,

@@ -258,3 +258,125 @@ impl StallProxy {
 pub fn run_prefix(test: &str) -> String {
     format!("glt-{}-{}", std::process::id(), test.replace('_', "-"))
 }
+
+/// One HTTP/1.1 request to the registry at `host`, written by hand: (status, headers, body).
+fn http(
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..at]).into_owned();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head, out[at + 4..].to_vec())
+}
+
+/// Uploads a blob to `repo` on the registry; its digest.
+fn put_blob(host: &str, repo: &str, data: &[u8]) -> String {
+    use sha2::Digest as _;
+    let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)));
+    let (status, head, _) = http(
+        host,
+        "POST",
+        &format!("/v2/{repo}/blobs/uploads/"),
+        &[],
+        b"",
+    );
+    assert_eq!(status, 202, "{head}");
+    let location = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Location: ")
+                .or_else(|| l.strip_prefix("location: "))
+        })
+        .unwrap()
+        .trim()
+        .to_string();
+    let path = location
+        .strip_prefix(&format!("http://{host}"))
+        .unwrap_or(&location)
+        .to_string();
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let (status, head, _) = http(
+        host,
+        "PUT",
+        &format!("{path}{sep}digest={digest}"),
+        &[("Content-Type", "application/octet-stream")],
+        data,
+    );
+    assert_eq!(status, 201, "{head}");
+    digest
+}
+
+/// Pushes `repo:tag` to the registry at `host`, written by hand over HTTP: one layer whose
+/// tar holds `zeros` bytes of zeros in one file (a multiple of 1 MiB), gzip-compressed (as
+/// concatenated gzip members, about 1 KiB per MiB: a decompression bomb). Returns the
+/// layer's compressed size.
+pub fn push_zeros_bomb(host: &str, repo: &str, tag: &str, zeros: u64) -> u64 {
+    use sha2::Digest as _;
+    use std::io::Write;
+    const MIB: usize = 1 << 20;
+    assert_eq!(zeros % MIB as u64, 0);
+    let gz = |data: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    };
+    let mut h = tar::Header::new_gnu();
+    h.set_path("zeros").unwrap();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_size(zeros);
+    h.set_cksum();
+    let block = vec![0u8; MIB];
+    let mut diff = sha2::Sha256::new();
+    let mut layer = Vec::new();
+    diff.update(h.as_bytes());
+    layer.extend(gz(h.as_bytes()));
+    let member = gz(&block);
+    for _ in 0..zeros / MIB as u64 {
+        diff.update(&block);
+        layer.extend_from_slice(&member);
+    }
+    diff.update([0u8; 1024]);
+    layer.extend(gz(&[0u8; 1024]));
+    let diff_id = format!("sha256:{}", hex::encode(diff.finalize()));
+    let config = format!(
+        r#"{{"architecture":"amd64","os":"linux","config":{{"Entrypoint":["/zeros"]}},"rootfs":{{"type":"layers","diff_ids":["{diff_id}"]}}}}"#
+    );
+    let layer_digest = put_blob(host, repo, &layer);
+    let config_digest = put_blob(host, repo, config.as_bytes());
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.docker.distribution.manifest.v2+json","config":{{"mediaType":"application/vnd.docker.container.image.v1+json","size":{},"digest":"{config_digest}"}},"layers":[{{"mediaType":"application/vnd.docker.image.rootfs.diff.tar.gzip","size":{},"digest":"{layer_digest}"}}]}}"#,
+        config.len(),
+        layer.len()
+    );
+    let (status, head, _) = http(
+        host,
+        "PUT",
+        &format!("/v2/{repo}/manifests/{tag}"),
+        &[(
+            "Content-Type",
+            "application/vnd.docker.distribution.manifest.v2+json",
+        )],
+        manifest.as_bytes(),
+    );
+    assert_eq!(status, 201, "{head}");
+    layer.len() as u64
+}
