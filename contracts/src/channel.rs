@@ -599,6 +599,19 @@ impl RenterChannel {
         Ok(self.pay(self.tariff.failed_start_fee()?, 0, usage_seq, now))
     }
 
+    /// The receipt that pays ahead what the terms' prepay window is worth (`prepay_s`), when the
+    /// provider says the lease's command started: the renter may go offline from then on (the
+    /// provider runs a prepaid lease on through the renter's silence). `None` without a prepay
+    /// window or when already paid. Like [`RenterChannel::on_usage`] the channel books it:
+    /// persist it before sending it, or restore a clone on failure.
+    pub fn on_started(&mut self, now: Timestamp) -> Option<PaymentReceipt> {
+        let usage_seq = self.last_usage.as_ref().map_or(0, |u| u.seq);
+        let shown = self.last_usage.as_ref().map_or(0, |u| u.amount_due);
+        let wall_ms = self.last_usage.as_ref().map_or(0, |u| u.wall_ms);
+        let total = self.tariff.receipt_total(Money::from_micros(shown));
+        self.pay(total, wall_ms, usage_seq, now)
+    }
+
     /// The receipt the renter owes when it stops a lease whose container the provider held for
     /// its uploads (`upload_hold_s`) before the command started: the minimum billed duration
     /// ([`Tariff::failed_start_fee`]), once. A held container kept a GPU from everyone else;
@@ -684,6 +697,27 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(r.total_paid, 1_000);
+    }
+
+    #[test]
+    fn a_prepaid_lease_is_paid_ahead_when_it_starts_and_a_provider_runs_it_through_silence() {
+        let f = fx();
+        let mut terms = f.terms.clone();
+        terms.prepay_s = 120;
+        let id = terms.lease_id().unwrap();
+        let mut renter = RenterChannel::new(id, terms.clone());
+        let r = renter.on_started(T0).expect("paid ahead");
+        // fixtures: 1000 micro-units a second.
+        assert_eq!((r.seq, r.total_paid), (1, 120_000));
+        assert_eq!(renter.on_started(T0), None, "once");
+        let mut provider = ProviderChannel::new(id, &terms, T0);
+        provider.accept_receipt(&f.renter, &r, T0).unwrap();
+        // Silent for longer than the grace, 60 s of use shown: prepaid, so it runs on.
+        let later = T0.plus_secs(u64::from(terms.grace_s) + 30);
+        assert_eq!(provider.decide(60_000, later).unwrap(), Decision::Continue);
+        // Without a prepay window nothing is paid at the start.
+        let mut plain = RenterChannel::new(f.id, f.terms.clone());
+        assert_eq!(plain.on_started(T0), None);
     }
 
     #[test]

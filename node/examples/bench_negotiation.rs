@@ -62,6 +62,15 @@ async fn main() {
         lease_round += 1;
         for _ in 0..16 {
             nonce += 1;
+            // Each accepted lease re-signs the offer (one GPU fewer free): a request names the
+            // current signature, as `rent` does, or it is refused as stale.
+            let own = provider
+                .node
+                .client
+                .own_offer()
+                .await
+                .unwrap()
+                .unwrap_or_else(|| own.clone());
             let now = clock::now();
             let terms = LeaseTerms {
                 network: NetworkId::devnet(),

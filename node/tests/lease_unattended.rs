@@ -194,3 +194,65 @@ fn without_a_prepay_the_same_silence_stops_the_lease_and_the_renter_learns_it() 
     );
     settled_alike(&rh, &ph, &id, "renter_unreachable");
 }
+
+/// Issue 42 item 1: `rent --prepay all --detach` returns only once the lease started and its
+/// prepay was paid ahead, so the renter's node may die 3 s after it returns (before any usage
+/// report): the lease runs to its deadline all the same, and the renter, started again much
+/// later, learns how it ended at once: both sides agree on the reason and the amount.
+#[test]
+fn a_prepaid_lease_whose_renter_dies_right_after_rent_returns_runs_to_its_deadline() {
+    let Some(image) = probe_image_or_skip("unattended_killed") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let mut m = market(dir.path());
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "60",
+            "--prepay",
+            "all",
+            "--detach",
+            "--image",
+            &image,
+            "--",
+            "sleep",
+            "3600",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    // Returned: the provider already holds the prepaid receipt, before any usage report.
+    let p = lease_of(&ph, &id);
+    assert_eq!(p["state"], "running", "{p}");
+    assert_eq!(p["paid"], p["max_total"], "{p}");
+    assert!(
+        p["usage"].is_null(),
+        "returned before any usage report: {p}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&m.renter, "-KILL");
+    let _ = m.renter.0.wait();
+    // The provider runs the lease to its deadline, never stopping it for the silence.
+    wait_for(Duration::from_secs(120), "the provider to settle", || {
+        lease_of(&ph, &id)["state"] == "settled"
+    });
+    let p = lease_of(&ph, &id);
+    assert_eq!(p["close_reason"], "expired", "{p}");
+    // The renter's node starts again: it asks where the lease stands at once.
+    let addr = json(&ph, &["status"])["listen_addrs"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let started = Instant::now();
+    m.renter = cli_support::start_node(&rh, &["--bootstrap", &addr]);
+    settled_alike(&rh, &ph, &id, "expired");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the renter learnt the end only after {:?}",
+        started.elapsed()
+    );
+}

@@ -144,6 +144,17 @@ pub enum SessionRequest {
     /// signature over the record it agrees with (the same one, or the same with outcome
     /// `Disputed` when the two sides' closes disagree), or `UnknownLease`.
     Complete(Signed<crate::completion::Completion>),
+    /// Provider -> renter, as soon as the lease's command runs: when it started (the
+    /// provider's clock; the lease clock's zero). The renter's view says `running` at once,
+    /// not at the first usage report. Answered with [`SessionResponse::Receipt`] paying ahead
+    /// what the terms' `prepay_s` says (so an unattended lease holds from its first second,
+    /// whatever becomes of the renter's node after), else `NothingDue`.
+    Started {
+        /// The lease.
+        lease_id: LeaseId,
+        /// When its command started.
+        started_at: Timestamp,
+    },
 }
 
 /// Most usage reports in one [`SessionResponse::Reports`].
@@ -187,6 +198,7 @@ impl SessionRequest {
             Self::Logs { lease_id, .. }
             | Self::Starting { lease_id, .. }
             | Self::Held { lease_id, .. }
+            | Self::Started { lease_id, .. }
             | Self::Telemetry { lease_id, .. }
             | Self::Reports { lease_id, .. }
             | Self::Begin { lease_id } => Some(*lease_id),
@@ -397,6 +409,10 @@ mod tests {
                 until: Timestamp(9),
             },
             SessionRequest::Begin { lease_id },
+            SessionRequest::Started {
+                lease_id,
+                started_at: Timestamp(11),
+            },
         ] {
             assert_eq!(req.lease_hint(), Some(lease_id));
             let bytes =

@@ -1023,6 +1023,21 @@ async fn meter_loop(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> 
     // At most one report in flight: a slow renter delays the next report, never the loop.
     let mut inflight: tokio::task::JoinSet<Result<SessionResponse, String>> =
         tokio::task::JoinSet::new();
+    // The renter learns at once that the command runs (and pays ahead a prepaid lease then).
+    if let Some(peer) = s.renter_peer {
+        let (ctx2, lease_id) = (ctx.clone(), s.lease.id);
+        inflight.spawn(async move {
+            session_rpc(
+                &ctx2,
+                peer,
+                SessionRequest::Started {
+                    lease_id,
+                    started_at: started,
+                },
+            )
+            .await
+        });
+    }
     let mut iv_start = ctx.now().max(started);
     let mut finished = None;
     let ended = loop {

@@ -89,7 +89,12 @@ impl Session {
     /// the provider's events; the start time is the report's end minus the wall time it
     /// claims), so this node's view says `running` with the time left.
     async fn note_running(&mut self, u: &UsageReport) {
-        let started = Timestamp(u.interval_end.0.saturating_sub(u.wall_ms));
+        self.note_started(Timestamp(u.interval_end.0.saturating_sub(u.wall_ms)))
+            .await;
+    }
+
+    /// Records the lease's start at `started` (provider's clock), once: the view says running.
+    async fn note_started(&mut self, started: Timestamp) {
         if self.lease.state == gridlease_contracts::LeaseState::Accepted
             && !self
                 .transition(
@@ -362,6 +367,29 @@ impl Session {
             Err(e) => {
                 tracing::warn!(error = %e, "failed-start fee not computed");
                 self.channel = before;
+            }
+        }
+    }
+
+    /// The provider says the command started: recorded, and the terms' prepay paid ahead at
+    /// once (stored before it is answered), so the lease holds whatever becomes of this node
+    /// from now on. The answer: that receipt, or `NothingDue`.
+    async fn on_started(&mut self, started_at: Timestamp) -> SessionResponse {
+        self.note_started(started_at).await;
+        let now = self.ctx.now();
+        let before = self.channel.clone();
+        let Some(receipt) = self.channel.on_started(now) else {
+            return SessionResponse::NothingDue;
+        };
+        match self.persist_receipt(&receipt, None, now).await {
+            Some(rs) => {
+                tracing::info!(total = %self.channel.paid(), "the lease started: prepay paid ahead");
+                self.publish();
+                SessionResponse::Receipt(rs)
+            }
+            None => {
+                self.channel = before;
+                SessionResponse::Busy
             }
         }
     }
@@ -639,6 +667,16 @@ pub(crate) async fn run(
     let mut final_since: Option<Timestamp> = None;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Resumed (this node restarted) with a lease that had started: where it stands is asked at
+    // once, so a lease the provider ended meanwhile is settled as it says now, not after a
+    // silence, and the view is never behind by more than a round trip.
+    // (A lease rented now starts `accepted`: only a resumed one is `running` here.)
+    if s.lease.state == gridlease_contracts::LeaseState::Running && closing_since.is_none() {
+        match s.reconcile(seen_at).await {
+            Reconciled::Settled => return,
+            Reconciled::Live | Reconciled::Unreachable => last_heard = ctx.now(),
+        }
+    }
     loop {
         tokio::select! {
             biased;
@@ -731,6 +769,11 @@ pub(crate) async fn run(
                                 s.publish();
                             }
                         }
+                        SessionRequest::Started { started_at, .. } => {
+                            let _ = reply.send(s.on_started(started_at).await);
+                            last_heard = ctx.now();
+                            heard_any = true;
+                        }
                         SessionRequest::Starting { pulled, total, .. } => {
                             // The start is progressing: the start allowance counts from now.
                             let _ = reply.send(SessionResponse::NothingDue);
@@ -772,9 +815,10 @@ pub(crate) async fn run(
                 } else {
                     start_ms.saturating_add(2 * interval_ms).saturating_add(hold_ms)
                 };
-                if now.ms_since(last_heard) > limit && heard_any {
-                    // Silent since the last report: perhaps this node was away (suspended,
-                    // offline). Ask the provider where the lease stands before giving up.
+                if now.ms_since(last_heard) > limit {
+                    // Silent since the last report (or the start notice): perhaps this node was
+                    // away (suspended, offline). Ask the provider where the lease stands
+                    // before giving up.
                     tracing::info!(silent_ms = now.ms_since(last_heard), "provider silent; reconciling");
                     match s.reconcile(seen_at).await {
                         Reconciled::Settled => return,

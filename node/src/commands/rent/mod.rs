@@ -7,6 +7,10 @@
 //! to follow or stop the lease. Both exit with [`EXIT_INTERRUPTED`]; what happened is said on
 //! stderr.
 
+mod follow;
+
+use follow::{await_prepaid, show_pull};
+pub use follow::{follow_logs, wait_terminal};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -273,77 +277,6 @@ pub fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
         .collect()
 }
 
-/// Follows a lease's output from `from` until it ends; returns the exit code if known.
-/// Transient failures of the provider (busy, reconnecting) are retried for about a minute.
-pub async fn follow_logs(
-    api: &ApiClient,
-    out: &Printer,
-    lease: &str,
-    mut from: u64,
-    follow: bool,
-) -> anyhow::Result<Option<i32>> {
-    use crate::api::{EOF_HEADER, EXIT_CODE_HEADER, NEXT_OFFSET_HEADER};
-    let mut failures = 0u32;
-    let mut ended_at: Option<tokio::time::Instant> = None;
-    loop {
-        let fetched = api
-            .get_raw(&format!("/v1/leases/{lease}/logs?from={from}"))
-            .await;
-        let (headers, body) = match fetched {
-            Ok(r) => {
-                failures = 0;
-                r
-            }
-            Err(e @ ClientError::Api { status: 500.., .. }) if follow && failures < 30 => {
-                failures += 1;
-                tracing::debug!(error = %e, "log fetch failed; retrying");
-                if let Ok(view) = api.lease(lease).await
-                    && view.is_terminal()
-                {
-                    return Ok(view.exit_code);
-                }
-                let backoff = 200 * u64::from(failures.min(10));
-                tokio::time::sleep(Duration::from_millis(backoff)).await;
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if !out.quiet && !out.json {
-            out.bytes(&body);
-        }
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        };
-        from = header(NEXT_OFFSET_HEADER)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(from + body.len() as u64);
-        let exit = header(EXIT_CODE_HEADER).and_then(|v| v.parse().ok());
-        if header(EOF_HEADER).is_some() || !follow {
-            return Ok(exit);
-        }
-        if body.len() >= 16 * 1024 {
-            // More is probably waiting: ask again at once.
-            continue;
-        }
-        if body.is_empty()
-            && let Ok(view) = api.lease(lease).await
-            && view.is_terminal()
-        {
-            // The lease is over but no end-of-output came: the provider may still be
-            // flushing the last lines. Give it a few seconds, then report what we have.
-            let since = *ended_at.get_or_insert_with(tokio::time::Instant::now);
-            if since.elapsed() > Duration::from_secs(3) {
-                return Ok(exit.or(view.exit_code));
-            }
-        }
-        // Poll gently: the provider serves every renter's log requests.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
 /// `--upload`: copies each SRC into the held container's `/workspace` (the same copy as
 /// `gridlease cp`: checksummed, resumable). The first failure ends it.
 async fn upload_inputs(
@@ -374,80 +307,6 @@ async fn upload_inputs(
         ));
     }
     Ok(())
-}
-
-/// While the provider pulls the lease's image: a progress bar of the bytes it reports (on a
-/// terminal), then one line with what was pulled. Returns once the container runs or the lease
-/// is over, or with `held` once the provider holds the container for uploads (else after 2 s
-/// when no pull is reported: the output follows then).
-async fn show_pull(api: &ApiClient, out: &Printer, lease: &str, held: bool) -> anyhow::Result<()> {
-    let quiet_limit = tokio::time::Instant::now() + Duration::from_secs(2);
-    let mut bar: Option<indicatif::ProgressBar> = None;
-    let mut last = None;
-    loop {
-        let view = api.lease(lease).await?;
-        match view.pull {
-            Some(p) if !view.is_terminal() => {
-                let b = bar.get_or_insert_with(|| {
-                    let b = indicatif::ProgressBar::new(p.total_bytes);
-                    if let Ok(style) = indicatif::ProgressStyle::with_template(
-                        "pulling the image {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
-                    ) {
-                        b.set_style(style);
-                    }
-                    if out.quiet || out.json {
-                        b.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-                    }
-                    b
-                });
-                b.set_length(p.total_bytes);
-                b.set_position(p.pulled_bytes);
-                last = Some(p);
-            }
-            _ => {
-                let started = !matches!(
-                    view.state,
-                    gridlease_contracts::LeaseState::Accepted
-                        | gridlease_contracts::LeaseState::Starting
-                );
-                let waiting = if held {
-                    view.upload_until.is_none()
-                } else {
-                    bar.is_some() || tokio::time::Instant::now() <= quiet_limit
-                };
-                if started || view.is_terminal() || !waiting {
-                    if let Some(b) = bar {
-                        b.finish_and_clear();
-                    }
-                    if let Some(p) = last {
-                        out.note(&format!(
-                            "the provider pulled the image ({:.1} MiB)",
-                            p.total_bytes as f64 / f64::from(1u32 << 20)
-                        ));
-                    }
-                    return Ok(());
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Waits (bounded) until the lease is settled, rejected or failed and returns its view (the
-/// last one seen when `limit` runs out first).
-pub async fn wait_terminal(
-    api: &ApiClient,
-    lease: &str,
-    limit: Duration,
-) -> anyhow::Result<LeaseView> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let view = api.lease(lease).await?;
-        if view.is_terminal() || tokio::time::Instant::now() >= deadline {
-            return Ok(view);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// How a lease is billed, in words: `billed per second, at least 60 s`.
@@ -573,6 +432,11 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         let rented = api.rent(&body).await?;
         if let Some(note) = &rented.note {
             out.note(note);
+        }
+        if body.prepay_s > 0
+            && let Some(code) = await_prepaid(api, out, &rented.lease_id).await?
+        {
+            return Ok(code);
         }
         out.emit(&rented, |p| p.line(&rented.lease_id));
         return Ok(0);
