@@ -25,6 +25,9 @@ pub const DEFAULT_DISK_RESERVE_GIB: u64 = 10;
 pub const MIN_RAM_MIB_PER_GPU: u64 = 64;
 /// Least CPU per GPU worth offering, millicores (Docker's smallest CPU quota is 0.01 CPU).
 pub const MIN_CPU_MILLICORES_PER_GPU: u64 = 10;
+/// Least disk per GPU worth offering, GiB: every lease gets a size-enforced `/workspace` of its
+/// share, and a lease with none could not start.
+pub const MIN_DISK_GIB_PER_GPU: u64 = 1;
 
 /// What the host has, as the sandbox measured it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +94,7 @@ pub enum CapacityError {
         "{resource}: {available} left after the reserve for {gpus} GPUs is below {minimum} per GPU; lower the reserve or offer fewer GPUs"
     )]
     TooLittle {
-        /// `ram_mib` or `cpu_millicores`.
+        /// `ram_mib`, `cpu_millicores` or `disk_gib`.
         resource: &'static str,
         /// What is left for all GPUs together.
         available: u64,
@@ -110,8 +113,9 @@ fn clamp_u32(v: u64) -> u32 {
 /// by `limit`. `net_mbps` is 0 (bandwidth is not enforced).
 ///
 /// Guarantee: `gpus x result` is at most the host minus the reserve in RAM, CPU and disk.
-/// Disk may come out 0 when the filesystem is nearly full (scratch then stays minimal); RAM
-/// and CPU below [`MIN_RAM_MIB_PER_GPU`] / [`MIN_CPU_MILLICORES_PER_GPU`] are an error.
+/// RAM, CPU or disk below [`MIN_RAM_MIB_PER_GPU`] / [`MIN_CPU_MILLICORES_PER_GPU`] /
+/// [`MIN_DISK_GIB_PER_GPU`] is an error: an offer whose leases could not start (a nearly full
+/// disk leaves no `/workspace`) is not made.
 pub fn per_gpu_resources(
     host: &HostFacts,
     reserve: &HostReserve,
@@ -147,6 +151,12 @@ pub fn per_gpu_resources(
             u64::from(per.cpu_millicores),
             cpu_left,
             MIN_CPU_MILLICORES_PER_GPU,
+        ),
+        (
+            "disk_gib",
+            u64::from(per.disk_gib),
+            disk_left,
+            MIN_DISK_GIB_PER_GPU,
         ),
     ] {
         if value < minimum {
@@ -224,7 +234,7 @@ mod tests {
     }
 
     #[test]
-    fn too_little_ram_or_cpu_is_an_error_and_a_full_disk_is_zero() {
+    fn too_little_ram_cpu_or_disk_is_an_error() {
         let small = HostFacts {
             ram_mib: 2048,
             cpu_millicores: 1000,
@@ -262,8 +272,34 @@ mod tests {
             cpu_millicores: Some(500),
             disk_gib: None,
         };
+        let err = per_gpu_resources(&small, &reserve, &PerGpuLimit::default(), 1).unwrap_err();
+        assert_eq!(
+            err,
+            CapacityError::TooLittle {
+                resource: "disk_gib",
+                available: 0,
+                gpus: 1,
+                minimum: 1,
+            },
+            "5 GiB free less the 10 GiB reserve leaves no /workspace: {err}"
+        );
+        let reserve = HostReserve {
+            disk_gib: Some(4),
+            ..reserve
+        };
         let per = per_gpu_resources(&small, &reserve, &PerGpuLimit::default(), 1).unwrap();
-        assert_eq!(per.disk_gib, 0);
+        assert_eq!(per.disk_gib, 1);
+        let two = per_gpu_resources(&small, &reserve, &PerGpuLimit::default(), 2).unwrap_err();
+        assert!(
+            matches!(
+                two,
+                CapacityError::TooLittle {
+                    resource: "disk_gib",
+                    ..
+                }
+            ),
+            "1 GiB left for two GPUs: {two}"
+        );
         assert_eq!(
             per_gpu_resources(&host(), &reserve, &PerGpuLimit::default(), 0),
             Err(CapacityError::NoGpus)
@@ -292,6 +328,7 @@ mod tests {
                 prop_assert!(n * u64::from(per.disk_gib) <= disk_free.saturating_sub(reserve.disk()));
                 prop_assert!(u64::from(per.ram_mib) >= MIN_RAM_MIB_PER_GPU);
                 prop_assert!(u64::from(per.cpu_millicores) >= MIN_CPU_MILLICORES_PER_GPU);
+                prop_assert!(u64::from(per.disk_gib) >= MIN_DISK_GIB_PER_GPU);
                 if let Some(l) = l_ram {
                     prop_assert!(per.ram_mib <= l);
                 }

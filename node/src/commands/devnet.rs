@@ -190,6 +190,9 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
         extra.extend(["--dev-gpus".to_string(), (*gpus).to_string()]);
         // The devnet's providers offer the probe image (imported here, never pulled).
         extra.extend(["--local-image".to_string(), image.clone()]);
+        // The providers share one host and run a few seconds of burn: 1 GiB of /workspace
+        // each and no reserve beyond the log budget, so a small temporary directory will do.
+        extra.extend(["--reserve-disk-gib", "0", "--per-gpu-disk-gib", "1"].map(String::from));
         providers.push(start_node(
             &exe,
             &dir,

@@ -141,7 +141,7 @@ async fn host_resources(
     let reserve = config.host_reserve();
     let f = reading.facts;
     let per = per_gpu_resources(&f, &reserve, &config.per_gpu_limit(), gpus).context(
-        "this host cannot back an offer: lower reserve_ram_mib / reserve_cpu_millicores or offer fewer GPUs",
+        "this host cannot back an offer: free disk, or lower reserve_ram_mib / reserve_cpu_millicores / reserve_disk_gib / lease_logs_gib, or offer fewer GPUs",
     )?;
     tracing::info!(
         gpus,
@@ -157,9 +157,6 @@ async fn host_resources(
         disk = %reading.disk_path.display(),
         "resources per offered GPU, from the host minus the reserve"
     );
-    if per.disk_gib == 0 {
-        tracing::warn!(disk = %reading.disk_path.display(), "no disk left after the reserve: offers promise no /workspace space");
-    }
     Ok(per)
 }
 

@@ -141,6 +141,10 @@ pub fn start_node_launched(
             gridlease_sandbox::probe_image::probe_image_tag(),
         )
         .args(extra)
+        // Test homes live under the temporary directory, which may be a small tmpfs (half the
+        // RAM: 12 GiB on CI's machines): the default 10 GiB reserve plus the 2 GiB log budget
+        // would leave no disk to offer there. A test's own `env` may set it back.
+        .env("GRIDLEASE_RESERVE_DISK_GIB", "0")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr);

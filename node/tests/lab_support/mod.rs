@@ -560,6 +560,8 @@ pub fn node_in(host: &Host, home: &Path, extra: &[&str], log: &Path) -> Daemon {
             gridlease_node::env_vars::GRIDLEASE_LOCAL_IMAGES,
             gridlease_sandbox::probe_image::probe_image_tag(),
         )
+        // As `cli_support::start_node_launched`: the temporary directory may be a small tmpfs.
+        .env(gridlease_node::env_vars::GRIDLEASE_RESERVE_DISK_GIB, "0")
         .arg("--home")
         .arg(home)
         .args([
