@@ -1,5 +1,7 @@
 //! Time from `rent` to the container running (image already local), against a bare
-//! `docker run -d` of the same image on the same machine.
+//! `docker run -d` of the same image on the same machine; and (issue 42 item 3) how long after
+//! the provider's view the renter's says `running`, and `rent` to the command's first output at
+//! the renter (less the negotiation) against an attached `docker run` printing the same line.
 //!
 //! `cargo run --release -p gridlease-node --example bench_lease_start -- [ROUNDS]`
 //!
@@ -97,6 +99,8 @@ async fn main() {
     let mut docker_ms = Vec::new();
     let mut api_ms = Vec::new();
     let mut same_ms = Vec::new();
+    let mut notice_ms = Vec::new();
+    let mut output_ratio = Vec::new();
     for i in 0..rounds + 1 {
         // The provider re-signs its offer as it nears expiry: rent the newest one.
         while let Ok(e) = ev.try_recv() {
@@ -111,7 +115,12 @@ async fn main() {
                 gpus: 1,
                 duration_s: 10,
                 image: image.clone(),
-                command: vec!["sleep".into(), "3".into()],
+                command: vec![
+                    "sentinel".into(),
+                    "FIRST".into(),
+                    "sleep".into(),
+                    "3".into(),
+                ],
                 env: Default::default(),
                 max_total: None,
                 network: gridlease_protocol::NetworkPolicy::None,
@@ -136,6 +145,38 @@ async fn main() {
                 .expect("the session ended before running");
         }
         let running = t0.elapsed();
+        // The renter's own view: how long after the provider's it says `running` (the
+        // provider's start notice), and when the command's first output reaches the renter
+        // the way `gridlease rent` asks for it (every 50 ms until it comes).
+        let mut rview = rl.watch(id).await.unwrap().expect("the renter's session");
+        while rview.borrow_and_update().state != gridlease_contracts::LeaseState::Running {
+            rview.changed().await.expect("the renter's session ended");
+        }
+        let renter_running = t0.elapsed();
+        let first_output = loop {
+            let chunk = rl.logs(id, 0).await.unwrap();
+            if String::from_utf8_lossy(&chunk.data).contains("FIRST") {
+                break t0.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Its baseline: `docker run` of the same image printing the same line, attached.
+        let t4 = Instant::now();
+        let out = tokio::process::Command::new("docker")
+            .args([
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                &image,
+                "sentinel",
+                "FIRST",
+            ])
+            .output()
+            .await
+            .unwrap();
+        let attached = t4.elapsed();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("FIRST"));
         let t1 = Instant::now();
         let out = tokio::process::Command::new("docker")
             .args([
@@ -202,6 +243,15 @@ async fn main() {
             docker_ms.push(bare.as_secs_f64() * 1e3);
             api_ms.push(api.as_secs_f64() * 1e3);
             same_ms.push(same.as_secs_f64() * 1e3);
+            notice_ms.push((renter_running - running).as_secs_f64() * 1e3);
+            output_ratio.push((first_output - negotiated).as_secs_f64() / attached.as_secs_f64());
+            println!(
+                "round {i}: renter's view running {:.1} ms after the provider's; first output at the renter {:.1} ms after rent ({:.1} ms after negotiation), docker run attached {:.1} ms",
+                (renter_running - running).as_secs_f64() * 1e3,
+                first_output.as_secs_f64() * 1e3,
+                (first_output - negotiated).as_secs_f64() * 1e3,
+                attached.as_secs_f64() * 1e3
+            );
             println!(
                 "round {i}: rent->running {:.1} ms (negotiation {:.1} ms), docker run -d --network none {:.1} ms, API create+start {:.1} ms, same spec + workspace {:.1} ms",
                 running.as_secs_f64() * 1e3,
@@ -220,6 +270,11 @@ async fn main() {
         median(&mut api_ms),
     );
     let w = median(&mut same_ms);
+    println!(
+        "median over {rounds} rounds: the renter's view says running {:.1} ms after the provider's; rent -> first output at the renter, less the negotiation, / docker run attached: ratio {:.2}",
+        median(&mut notice_ms),
+        median(&mut output_ratio)
+    );
     println!(
         "median over {rounds} rounds: rent->running {l:.1} ms, docker run -d --network none {d:.1} ms (ratio {:.2}), API create+start {a:.1} ms (ratio {:.2}), like for like: same hardened spec + workspace through the API {w:.1} ms (ratio {:.2})",
         l / d,

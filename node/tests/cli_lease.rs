@@ -315,7 +315,7 @@ fn a_rent_whose_client_is_killed_after_negotiation_still_settles() {
 /// signed: an unlisted registry, a bare image id, environment the provider controls, and
 /// network egress from an offer without it.
 #[test]
-fn rent_says_why_the_provider_refused_the_image_or_the_environment() {
+fn rent_says_why_the_provider_refused_the_image_or_the_environment_or_that_the_offer_is_its_own() {
     let Some(image) = probe_image_or_skip("rent_says_why") else {
         return;
     };
@@ -358,6 +358,32 @@ fn rent_says_why_the_provider_refused_the_image_or_the_environment() {
         assert!(stderr.contains(sentence), "{args:?}: {stderr}");
     }
     let leases = json(&rh, &["leases"]);
+    assert_eq!(leases.as_array().map(Vec::len), Some(0), "{leases}");
+
+    // The provider renting its own offer is told so (it used to dial itself and print
+    // "Failed to dial the requested peer"), exit 4, nothing recorded.
+    let ph = dir.path().join("provider");
+    let out = cli(
+        &ph,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "60",
+            "--image",
+            &image,
+            "--",
+            "true",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("is this node's own offer: a node does not rent from itself"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("rent from another provider"), "{stderr}");
+    let leases = json(&ph, &["leases"]);
     assert_eq!(leases.as_array().map(Vec::len), Some(0), "{leases}");
 }
 

@@ -945,6 +945,8 @@ async fn rent(
         )
         .hint("pick another offer with `gridlease search`")),
         Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::new(P::UnknownOffer, e.to_string())),
+        Err(e @ RentError::OwnOffer(_)) => Err(ApiError::new(P::OwnOffer, e.to_string())
+            .hint("rent from another provider: `gridlease search` lists their offers")),
         Err(e @ RentError::KeepOutputs { .. }) => Err(ApiError::new(
             P::BeyondOfferTerms,
             e.to_string(),

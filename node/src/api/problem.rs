@@ -50,6 +50,8 @@ pub enum ProblemType {
     OfferReplaced,
     /// The request asks more than the offer gives (output retention, upload hold).
     BeyondOfferTerms,
+    /// The offer is this node's own: a node does not rent from itself.
+    OwnOffer,
     /// The provider refused the lease.
     LeaseRejected,
     /// The extension was refused (by the provider, or here by the same rule).
@@ -74,7 +76,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 23] = [
+    pub const ALL: [Self; 24] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -88,6 +90,7 @@ impl ProblemType {
         Self::AmbiguousId,
         Self::OfferReplaced,
         Self::BeyondOfferTerms,
+        Self::OwnOffer,
         Self::LeaseRejected,
         Self::ExtensionRefused,
         Self::AccessRefused,
@@ -116,6 +119,7 @@ impl ProblemType {
             Self::AmbiguousId => "ambiguous-id",
             Self::OfferReplaced => "offer-replaced",
             Self::BeyondOfferTerms => "beyond-offer-terms",
+            Self::OwnOffer => "own-offer",
             Self::LeaseRejected => "lease-rejected",
             Self::ExtensionRefused => "extension-refused",
             Self::AccessRefused => "access-refused",
@@ -145,6 +149,7 @@ impl ProblemType {
             Self::AmbiguousId => "the id prefix is ambiguous",
             Self::OfferReplaced => "the offer was replaced",
             Self::BeyondOfferTerms => "the request exceeds the offer's terms",
+            Self::OwnOffer => "the offer is this node's own",
             Self::LeaseRejected => "the provider rejected the lease",
             Self::ExtensionRefused => "the extension was refused",
             Self::AccessRefused => "access was refused",
@@ -172,6 +177,7 @@ impl ProblemType {
             Self::AmbiguousId
             | Self::OfferReplaced
             | Self::BeyondOfferTerms
+            | Self::OwnOffer
             | Self::LeaseRejected
             | Self::ExtensionRefused
             | Self::AccessRefused
@@ -202,6 +208,7 @@ impl ProblemType {
             self,
             Self::LeaseRejected
                 | Self::OfferReplaced
+                | Self::OwnOffer
                 | Self::ExtensionRefused
                 | Self::AccessRefused
         )

@@ -350,6 +350,9 @@ pub enum RentError {
     /// The offer is not in the local book.
     #[error("offer {0} is not known to this node; search again")]
     UnknownOffer(OfferId),
+    /// The offer is this node's own.
+    #[error("offer {0} is this node's own offer: a node does not rent from itself")]
+    OwnOffer(OfferId),
     /// The provider refused.
     #[error("the provider refused: {0:?}")]
     Rejected(RejectReason),
@@ -825,6 +828,9 @@ impl LeaseService {
                 .map(|r| r.current)
                 .ok_or(RentError::UnknownOffer(id))?,
         };
+        if entry.offer.provider == client.key().public() {
+            return Err(RentError::OwnOffer(id));
+        }
         let most = entry.offer.sandbox.output_retention_s;
         if req.keep_outputs_s > most {
             return Err(RentError::KeepOutputs {
