@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gridlease"));
     c.env_remove("GRIDLEASE_HOME").env("RUST_LOG", "info");
+    // As `cli_support::bin`: no disk reserve, so a small temporary directory backs the offer.
+    c.env("GRIDLEASE_RESERVE_DISK_GIB", "0");
     c
 }
 

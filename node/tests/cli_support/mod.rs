@@ -20,7 +20,7 @@ pub fn bin() -> Command {
     clean(Command::cargo_bin("gridlease").unwrap())
 }
 
-/// `c` without the test's `GRIDLEASE_*` variables, logging at `warn`.
+/// `c` without the test's `GRIDLEASE_*` variables, logging at `warn`, keeping no disk reserve.
 fn clean(mut c: Command) -> Command {
     for (k, _) in std::env::vars() {
         if k.starts_with("GRIDLEASE_") {
@@ -28,8 +28,15 @@ fn clean(mut c: Command) -> Command {
         }
     }
     c.env("RUST_LOG", "warn");
+    // Test homes live under the temporary directory, which may be small (CI's machines): the
+    // default 10 GiB reserve plus the 2 GiB log budget could leave a provider node no disk to
+    // offer, and it would refuse to start. A test may set it back (`.env`, or a flag).
+    c.env(DISK_RESERVE.0, DISK_RESERVE.1);
     c
 }
+
+/// The disk reserve test nodes keep ([`bin`]), as an environment variable.
+pub const DISK_RESERVE: (&str, &str) = ("GRIDLEASE_RESERVE_DISK_GIB", "0");
 
 /// The binary's path (what [`bin`] runs).
 pub fn bin_path() -> std::path::PathBuf {
@@ -141,10 +148,6 @@ pub fn start_node_launched(
             gridlease_sandbox::probe_image::probe_image_tag(),
         )
         .args(extra)
-        // Test homes live under the temporary directory, which may be a small tmpfs (half the
-        // RAM: 12 GiB on CI's machines): the default 10 GiB reserve plus the 2 GiB log budget
-        // would leave no disk to offer there. A test's own `env` may set it back.
-        .env("GRIDLEASE_RESERVE_DISK_GIB", "0")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr);
