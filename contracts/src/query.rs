@@ -537,6 +537,24 @@ pub enum SortField {
     Rep,
 }
 
+impl SortField {
+    /// Every sort key's name and field, in the order the docs list them.
+    pub const ALL: [(&'static str, Self); 7] = [
+        ("price", Self::Price),
+        ("fp16_tflops", Self::Fp16Tflops),
+        ("fp32_tflops", Self::Fp32Tflops),
+        ("price_per_tflop", Self::PricePerTflop),
+        ("vram", Self::Vram),
+        ("age", Self::Age),
+        ("rep", Self::Rep),
+    ];
+
+    /// The names, comma-separated (for messages).
+    pub fn names() -> String {
+        Self::ALL.map(|(n, _)| n).join(", ")
+    }
+}
+
 impl SortKey {
     /// The default order: cheapest first.
     pub const DEFAULT: Self = Self {
@@ -554,21 +572,15 @@ impl SortKey {
             Some(rest) => (true, rest),
             None => (false, text.strip_prefix('+').unwrap_or(text)),
         };
-        let field = match name.to_ascii_lowercase().as_str() {
-            "price" => SortField::Price,
-            "fp16_tflops" => SortField::Fp16Tflops,
-            "fp32_tflops" => SortField::Fp32Tflops,
-            "price_per_tflop" => SortField::PricePerTflop,
-            "vram" => SortField::Vram,
-            "age" => SortField::Age,
-            "rep" => SortField::Rep,
-            _ => {
-                return Err(QueryError {
-                    start: offset,
-                    end: offset + text.len(),
-                    kind: QueryErrorKind::UnknownSortKey(text.to_string()),
-                });
-            }
+        let Some(&(_, field)) = SortField::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        else {
+            return Err(QueryError {
+                start: offset,
+                end: offset + text.len(),
+                kind: QueryErrorKind::UnknownSortKey(text.to_string()),
+            });
         };
         Ok(Self { field, descending })
     }
@@ -680,8 +692,8 @@ impl fmt::Display for QueryErrorKind {
             Self::MissingValue => write!(f, "missing value after the operator"),
             Self::UnknownSortKey(k) => write!(
                 f,
-                "unknown sort key `{k}`; known: price, fp16_tflops, fp32_tflops, \
-                 price_per_tflop, vram, age (prefix `-` for descending)"
+                "unknown sort key `{k}`; known: {} (prefix `-` for descending)",
+                SortField::names()
             ),
             Self::DuplicateSort => write!(f, "only one sort term is allowed"),
             Self::TooManyTerms => write!(f, "more than {MAX_TERMS} terms"),

@@ -519,3 +519,97 @@ fn an_empty_search_on_a_node_following_some_classes_names_them() {
         "{said}"
     );
 }
+
+/// Issue 42 item 9: the input checks say what is wrong, the same way everywhere.
+/// - `rent -e K=V` is `--env`, as `exec -e` (it was a usage error);
+/// - `--max-total -1` is "cannot be negative" (it was "unexpected argument");
+/// - `provide --price 18446744073709` is "too large" (it was "not an amount above 0");
+/// - `provide --price 10000000000` is published with a note (it was silent);
+/// - an unknown sort key's hint names `rep`, and an unknown field lists the fields once;
+/// - `gpu=4090` matching nothing suggests `gpu~4090`.
+#[test]
+fn input_checks_say_what_is_wrong_the_same_way_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    init(&home);
+    let _node = start_node(&home, &["--dev-gpus", "RTX 4090:24GiB:0.40"]);
+    let offer = json(&home, &["status"])["own_offer"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // `rent -e` parses (and gets as far as the own-offer refusal, exit 4), like `--env`.
+    let out = cli(
+        &home,
+        &[
+            "rent",
+            &offer,
+            "--seconds",
+            "60",
+            "--image",
+            "x:1",
+            "-e",
+            "A=1",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("own offer"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    for args in [
+        &[
+            "rent",
+            &offer,
+            "--seconds",
+            "60",
+            "--image",
+            "x:1",
+            "--max-total",
+            "-1",
+        ][..],
+        &["extend", "abcd", "--seconds", "60", "--max-total", "-1"][..],
+    ] {
+        let out = cli(&home, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("cannot be negative"), "{args:?}: {err}");
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+
+    let out = cli(&home, &["provide", "--price", "18446744073709"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("too large"), "{err}");
+    assert!(!err.contains("not an amount above 0"), "{err}");
+    let out = cli(&home, &["provide", "--price", "10000000000"]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("check the decimal point"), "{err}");
+    let out = cli(&home, &["provide", "--price", "0.40"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("decimal point"));
+
+    let out = cli(&home, &["search", "--sort", "bogus"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("rep"), "the sort keys include rep: {err}");
+    let out = cli(&home, &["search", "colour=red"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("fp16_tflops").count(),
+        1,
+        "fields listed once: {err}"
+    );
+
+    let out = cli(&home, &["search", "gpu=4090"]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(said.contains("no offers match"), "{said}");
+    assert!(said.contains("gpu~4090"), "{said}");
+}

@@ -243,12 +243,16 @@ fn devnet_runs_to_a_settled_lease() {
         "lease timeline",
         "metered usage",
         "both ledgers agree to the micro-unit",
+        // The minimum billed time is named (the run is 1 s of burn), and times are dates.
+        "the offer's minimum of 60 s applied",
+        "  started at    20",
     ] {
         assert!(
             text.contains(needle),
             "devnet output lacks {needle:?}:\n{text}"
         );
     }
+    assert!(!text.contains("unix s"), "{text}");
 }
 
 /// The `rent` client dies (SIGKILL, so its HTTP request to the daemon is dropped mid-call)
@@ -438,4 +442,87 @@ fn logs_prints_everything_tails_and_speaks_json() {
     assert_eq!(v["complete"], true);
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["cut_bytes"], Value::Null);
+}
+
+/// Issue 42 item 7: "how did my job end?" A prepaid lease on declared GPUs whose command exits
+/// 3: `logs -f` exits 3 (it used to exit 0); `leases` says it ended with `container_exited,
+/// exit 3`, shows GPU utilization and VRAM as n/a (they used to read 0% and 0 MiB), and tells
+/// what was paid (the 60 s minimum) from what was authorised (the whole prepaid lease).
+#[test]
+fn leases_says_how_a_lease_ended_what_was_paid_and_authorised_and_logs_f_exits_with_its_code() {
+    let Some(image) = probe_image_or_skip("leases_says_how_it_ended") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rh = dir.path().join("renter");
+    let m = market(dir.path());
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "120",
+            "--prepay",
+            "all",
+            "--detach",
+            "--image",
+            &image,
+            "--",
+            "sentinel",
+            "STARTED",
+            "sleep",
+            "2",
+            "exit",
+            "3",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    let out = cli(&rh, &["logs", "-f", &id[..12]]);
+    assert!(
+        text(&out.stdout).contains("STARTED"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let out = cli(&rh, &["--json", "logs", "-f", &id[..12]]);
+    assert_eq!(out.status.code(), Some(3), "logs -f --json exits the same");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["exit_code"], 3, "{v}");
+
+    wait_for(Duration::from_secs(60), "the lease to settle", || {
+        lease_of(&rh, &id)["state"] == "settled"
+    });
+    let v = lease_of(&rh, &id);
+    // 120 s at 3.60 GLU/GPU-hour authorised ahead; the 60 s minimum paid.
+    assert_eq!(v["authorised"], 120_000, "{v:#}");
+    assert_eq!(v["paid"], 60_000, "{v:#}");
+    assert_eq!(v["settled_total"], 60_000, "{v:#}");
+    assert_eq!(v["gpus_declared"], true, "{v:#}");
+    assert!(v["usage"]["gpu_util_permille"].is_null(), "{v:#}");
+    assert!(v["usage"]["vram_peak_mib"].is_null(), "{v:#}");
+    assert_eq!(v["close_reason"], "container_exited", "{v:#}");
+    assert_eq!(v["exit_code"], 3, "{v:#}");
+
+    let out = cli(&rh, &["leases", "--all", "--wide"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let header = table
+        .lines()
+        .find(|l| l.contains("role") && l.contains("state"))
+        .unwrap_or_else(|| panic!("no header: {table}"));
+    for col in ["gpu util", "vram", "paid GLU", "authorised GLU", "ended"] {
+        assert!(header.contains(col), "no {col} column: {table}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.contains(&id[..12]))
+        .unwrap_or_else(|| panic!("no row for {id}: {table}"));
+    assert!(row.contains("container_exited, exit 3"), "{row}");
+    assert_eq!(row.matches("n/a").count(), 2, "gpu util and vram: {row}");
+    assert!(!row.contains("0%"), "{row}");
+    assert!(
+        row.contains(" 0.06 ") && row.contains(" 0.12 "),
+        "paid 0.06, authorised 0.12: {row}"
+    );
 }

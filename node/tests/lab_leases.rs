@@ -65,7 +65,9 @@ fn wait_connections(
 
 /// The provider's view of the lease's paid amount.
 fn paid(m: &Market, id: &str) -> u64 {
-    lease_of(&m.provider.home, id)["paid"].as_u64().unwrap_or(0)
+    lease_of(&m.provider.home, id)["authorised"]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 /// Waits until the provider has booked more than `above` for the lease.
@@ -280,7 +282,7 @@ fn a_partition_for_twice_the_grace_stops_the_container_within_one_window() {
         "the container is stopped"
     );
     let ran_ms = p["usage"]["wall_ms"].as_u64().unwrap();
-    let unpaid = (ran_ms * PER_S / 1000).saturating_sub(p["paid"].as_u64().unwrap());
+    let unpaid = (ran_ms * PER_S / 1000).saturating_sub(p["authorised"].as_u64().unwrap());
     // docs/billing.md: one window plus one step at the decision; the container then runs
     // until SIGTERM ends it (the probe exits at once; 1 s allowed for the stop).
     let bound = u64::from(w.window + w.interval + 1) * PER_S;
@@ -457,7 +459,7 @@ fn a_lease_across_loss_and_latency_settles_and_ledgers_agree() {
     assert_eq!(p["close_reason"], "container_exited", "{p:#}");
     assert_eq!(r["close_reason"], "container_exited", "{r:#}");
     let ran_ms = p["usage"]["wall_ms"].as_u64().unwrap();
-    let unpaid = (ran_ms * PER_S / 1000).saturating_sub(p["paid"].as_u64().unwrap());
+    let unpaid = (ran_ms * PER_S / 1000).saturating_sub(p["authorised"].as_u64().unwrap());
     assert!(
         unpaid <= u64::from(w.window + w.interval) * PER_S,
         "unpaid usage {unpaid}"

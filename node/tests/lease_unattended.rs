@@ -126,7 +126,7 @@ fn rent(rh: &Path, ph: &Path, offer: &str, image: &str, sleep_s: u32, prepay: &[
     let rented = json(rh, &args);
     let id = rented["lease_id"].as_str().unwrap().to_string();
     wait_for(Duration::from_secs(60), "a receipt at the provider", || {
-        lease_of(ph, &id)["paid"].as_u64().unwrap_or(0) > 0
+        lease_of(ph, &id)["authorised"].as_u64().unwrap_or(0) > 0
     });
     id
 }
@@ -145,7 +145,7 @@ fn a_prepaid_lease_runs_to_its_end_while_the_renter_is_away_and_both_ledgers_agr
     assert_eq!(seen["prepay_s"], u64::from(u32::MAX), "{seen}");
     // The whole budget was paid ahead at the first report.
     let max_total = seen["max_total"].as_u64().unwrap();
-    assert_eq!(lease_of(&ph, &id)["paid"].as_u64(), Some(max_total));
+    assert_eq!(lease_of(&ph, &id)["authorised"].as_u64(), Some(max_total));
 
     // The container runs to its end (24 s of sleep) although the renter is silent: the
     // provider closes with the container's exit, never for the silence.
@@ -228,7 +228,7 @@ fn a_prepaid_lease_whose_renter_dies_right_after_rent_returns_runs_to_its_deadli
     // Returned: the provider already holds the prepaid receipt, before any usage report.
     let p = lease_of(&ph, &id);
     assert_eq!(p["state"], "running", "{p}");
-    assert_eq!(p["paid"], p["max_total"], "{p}");
+    assert_eq!(p["authorised"], p["max_total"], "{p}");
     assert!(
         p["usage"].is_null(),
         "returned before any usage report: {p}"

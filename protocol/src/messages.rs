@@ -207,6 +207,13 @@ pub struct OfferedGpu {
     pub bench: BenchReport,
 }
 
+impl OfferedGpu {
+    /// Its numbers were typed in (`--dev-gpus`), not measured: no driver reports on it.
+    pub fn declared(&self) -> bool {
+        self.bench.attestation == Attestation::Declared
+    }
+}
+
 /// Host resources that come with each leased GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -473,11 +473,18 @@ async fn offers(
             .hint("terms are separated by single spaces, at most 31 conditions, a sort: term only last; see docs/search.md"));
         }
         Err(e) => {
+            // An unknown field's message lists the fields already.
+            let hint = match e.kind {
+                gridlease_contracts::query::QueryErrorKind::UnknownField(_) => {
+                    "types and examples: `gridlease search --help`".to_string()
+                }
+                _ => fields(),
+            };
             return Err(ApiError::new(
                 P::InvalidQuery,
                 format!("invalid query\n{}", e.render(&p.q)),
             )
-            .hint(fields()));
+            .hint(hint));
         }
     };
     // The `sort` parameter, when given, is the order (over a `sort:` term of the query).
@@ -487,7 +494,10 @@ async fn offers(
             .filter(|_| openapi::SORT.is_match(k))
             .ok_or_else(|| {
                 ApiError::new(P::InvalidParameter, format!("sort {k:?} is not a sort key")).hint(
-                    "price, fp16_tflops, fp32_tflops, price_per_tflop, vram or age; - before it sorts descending",
+                    format!(
+                        "{}; - before it sorts descending",
+                        gridlease_contracts::query::SortField::names()
+                    ),
                 )
             })?;
     }
@@ -1638,7 +1648,9 @@ fn check_provide(b: &ProvideBody) -> Result<(), ApiError> {
     {
         return Err(ApiError::new(
             P::InvalidBody,
-            format!("price {p:?} is not an amount above 0 (at most 6 decimals)"),
+            format!(
+                "price {p:?} is not an amount above 0 and below 10000000000000 (at most 6 decimals)"
+            ),
         )
         .hint("e.g. `gridlease provide --price 0.40`"));
     }

@@ -426,6 +426,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_sort_pattern_takes_every_sort_key_and_nothing_else() {
+        for (name, _) in gridlease_contracts::query::SortField::ALL {
+            for k in [name.to_string(), format!("-{name}"), format!("+{name}")] {
+                assert!(SORT.is_match(&k), "{k}");
+            }
+        }
+        assert!(!SORT.is_match("bogus"));
+    }
+
+    #[test]
     fn the_query_pattern_takes_the_documented_examples_and_refuses_what_does_not_parse() {
         for ok in [
             "",

@@ -298,22 +298,34 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     let renter_ledger = r.ledger().await?;
     let provider_ledger = provider.api().ledger().await?;
 
-    let ts =
-        |ms: Option<u64>| ms.map_or("-".into(), |ms| format!("{}.{:03}", ms / 1000, ms % 1000));
+    // UTC, to the millisecond (RFC 3339).
+    let ts = |ms: Option<u64>| {
+        ms.and_then(|ms| i64::try_from(ms).ok())
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+            .map_or("-".into(), |t| format!("{t:.3}"))
+    };
     out.line("\nlease timeline:");
     out.line(&format!("  lease id      {}", rented.lease_id));
-    out.line(&format!(
-        "  started at    {} (unix s)",
-        ts(provider_view.started_at)
-    ));
-    out.line(&format!(
-        "  closed at     {} (unix s)",
-        ts(provider_view.closed_at)
-    ));
+    out.line(&format!("  started at    {}", ts(provider_view.started_at)));
+    out.line(&format!("  closed at     {}", ts(provider_view.closed_at)));
     out.line(&format!(
         "  ended         {} (exit code {})",
         provider_view.close_reason.as_deref().unwrap_or("-"),
         exit.map_or("-".into(), |c| c.to_string())
+    ));
+    let ran_s = renter_view.usage.as_ref().map_or(0, |u| u.wall_ms) / 1000;
+    out.line(&format!(
+        "  billed        {} {} for {ran_s} s run{}",
+        money(renter_view.paid),
+        gridlease_contracts::money::UNIT,
+        if super::rent::minimum_applied(&renter_view) {
+            format!(
+                ": the offer's minimum of {} s applied",
+                renter_view.min_billed_s
+            )
+        } else {
+            String::new()
+        }
     ));
     out.line(&format!(
         "  state         renter: {}, provider: {}",

@@ -23,8 +23,8 @@ pub struct ExtendArgs {
     pub seconds: Option<u32>,
     /// The new budget cap (default: the current cap plus the added time at the lease's
     /// price); never below the current cap.
-    #[arg(long, value_name = "AMOUNT")]
-    pub max_total: Option<String>,
+    #[arg(long, value_name = "AMOUNT", allow_hyphen_values = true, value_parser = super::parse_amount)]
+    pub max_total: Option<Money>,
 }
 
 /// The deadline in words: an HTTP date (UTC).
@@ -38,14 +38,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ExtendArgs) -> anyhow::R
     let body = ExtendRequest {
         minutes: args.minutes,
         seconds: args.seconds,
-        max_total: args
-            .max_total
-            .as_deref()
-            .map(|m| {
-                m.parse::<Money>()
-                    .map_err(|e| anyhow::anyhow!("--max-total {m:?}: {e}"))
-            })
-            .transpose()?,
+        max_total: args.max_total,
     };
     let x: Extended = api.extend(&args.lease, &body).await?;
     if let Some(note) = &x.note {

@@ -35,6 +35,8 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
             .iter()
             .map(|v| {
                 let u = v.usage.as_ref();
+                // Declared GPUs: nothing measures them (null), shown as n/a, never 0.
+                let gpu = |x: Option<String>| x.unwrap_or_else(|| "n/a".into());
                 vec![
                     short(&v.lease_id.to_string()),
                     v.role.as_str().to_string(),
@@ -42,16 +44,22 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                     short(&v.counterparty),
                     v.gpus.to_string(),
                     u.map_or("-".into(), |u| {
-                        format!("{:.0}%", f64::from(u.gpu_util_permille) / 10.0)
+                        gpu(u
+                            .gpu_util_permille
+                            .map(|p| format!("{:.0}%", f64::from(p) / 10.0)))
                     }),
-                    u.map_or("-".into(), |u| format!("{} MiB", u.vram_peak_mib)),
+                    u.map_or("-".into(), |u| {
+                        gpu(u.vram_peak_mib.map(|m| format!("{m} MiB")))
+                    }),
                     u.map_or("-".into(), |u| format!("{:.1}", u.cpu_ms as f64 / 1000.0)),
                     u.map_or("-".into(), |u| {
                         format!("{}/{}", size(u.net_rx_bytes), size(u.net_tx_bytes))
                     }),
                     money(v.cost_so_far),
                     money(v.paid),
+                    money(v.authorised),
                     v.time_left_s.map_or("-".into(), |x| format!("{x} s")),
+                    ended(v),
                     if v.extensions > 0 {
                         format!("{} s ({} ext)", v.duration_s, v.extensions)
                     } else {
@@ -73,13 +81,15 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                 "net rx/tx",
                 "cost GLU",
                 "paid GLU",
+                "authorised GLU",
                 "left",
+                "ended",
                 "duration",
             ],
             rows,
             // Least important first: duration (with its extensions), counterparty, net, cpu s,
-            // vram, gpu util, gpus, role, paid.
-            &[12, 3, 8, 7, 6, 5, 4, 1, 10],
+            // vram, authorised, gpu util, gpus, role, paid.
+            &[14, 3, 8, 7, 6, 11, 5, 4, 1, 10],
             args.wide,
         );
         for v in &views {
@@ -89,6 +99,17 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
         }
     });
     Ok(0)
+}
+
+/// How a finished lease ended: why, and the container's exit code when it has one
+/// (`container_exited, exit 3`); `-` while it runs.
+fn ended(v: &crate::lease::LeaseView) -> String {
+    match (v.close_reason.as_deref(), v.exit_code) {
+        (Some(r), Some(code)) => format!("{r}, exit {code}"),
+        (Some(r), None) => r.to_string(),
+        (None, Some(code)) => format!("exit {code}"),
+        (None, None) => "-".into(),
+    }
 }
 
 /// Bytes in the largest binary unit that keeps the number at least 1 (`0`, `512 B`, `1.5 MiB`).

@@ -108,11 +108,13 @@ pub fn last_lines(data: &[u8], n: usize) -> &[u8] {
     data
 }
 
-/// Prints output.
+/// Prints output. With `--follow` it exits as `rent` does once the lease is over: with the
+/// container's exit code, 5 when it could not start ([`super::rent::exit_status`]).
 pub async fn run(api: &ApiClient, out: &Printer, args: &LogsArgs) -> anyhow::Result<u8> {
     if args.follow && !out.json {
-        super::rent::follow_logs(api, out, &args.lease, 0, true).await?;
-        return Ok(0);
+        let exit = super::rent::follow_logs(api, out, &args.lease, 0, true).await?;
+        let view = api.lease(&args.lease).await?;
+        return Ok(super::rent::exit_status(&view, exit));
     }
     let (data, complete, exit_code) = if args.follow {
         // `--json --follow`: wait for the end, then print one object.
@@ -144,6 +146,12 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LogsArgs) -> anyhow::Res
         cut_bytes: cut_bytes(&data),
         exit_code,
     };
+    if args.follow {
+        let lease = api.lease(&args.lease).await?;
+        let code = super::rent::exit_status(&lease, exit_code);
+        out.emit(&view, |_| {});
+        return Ok(code);
+    }
     if out.json {
         out.emit(&view, |_| {});
     } else if !out.quiet {

@@ -156,3 +156,13 @@ pub enum Command {
     #[command(name = "__watchdog", hide = true)]
     Watchdog(watchdog::WatchdogArgs),
 }
+
+/// Parses an amount argument (`--max-total`): GLU with at most 6 decimals. A negative one is
+/// named as such (clap would otherwise take `-1` for an unknown flag).
+pub fn parse_amount(s: &str) -> Result<gridlease_contracts::Money, String> {
+    if s.starts_with('-') {
+        return Err("an amount cannot be negative (GLU, 0 or more, e.g. 2.50)".into());
+    }
+    s.parse()
+        .map_err(|e: gridlease_contracts::MoneyError| e.to_string())
+}

@@ -61,6 +61,11 @@ pub struct ProvideArgs {
     pub off: bool,
 }
 
+/// A price above this (GLU per GPU-hour) is published with a note: it is most likely a
+/// slip of the decimal point (offers are a fraction of a GLU to a few GLU per GPU-hour).
+pub const PRICE_NOTE_ABOVE: gridlease_contracts::Money =
+    gridlease_contracts::Money::from_micros(1_000 * 1_000_000);
+
 /// Changes the offer.
 pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::Result<u8> {
     if let Some(p) = &args.price {
@@ -69,6 +74,16 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
             .map_err(|e| anyhow::anyhow!("--price {p:?}: {e}"))?;
         if m == gridlease_contracts::Money::ZERO {
             anyhow::bail!("--price must be above 0, e.g. --price 0.40");
+        }
+        if m.micros() > crate::api::openapi::MAX_AMOUNT_MICROS {
+            anyhow::bail!(
+                "--price {p}: too large; a price is below 10000000000000 GLU per GPU-hour, e.g. --price 0.40"
+            );
+        }
+        if m.micros() > PRICE_NOTE_ABOVE.micros() {
+            out.note(&format!(
+                "--price {m} GLU per GPU-hour is more than {PRICE_NOTE_ABOVE} GLU, far above what GPUs are offered at (a fraction of a GLU to a few GLU): check the decimal point; it is published as given"
+            ));
         }
     }
     // Said here, before anything changes (the daemon checks the same again).

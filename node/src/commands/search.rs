@@ -55,6 +55,16 @@ pub fn path(query: &str, sort: Option<&str>, limit: u32) -> String {
     p
 }
 
+/// The value of a `gpu=VALUE` term of `query` (unquoted, any case): an exact model name is
+/// rarely what was meant when nothing matched.
+fn exact_gpu_value(query: &str) -> Option<&str> {
+    query.split(' ').find_map(|t| {
+        let (field, value) = t.split_once('=')?;
+        (field.eq_ignore_ascii_case("gpu") && !value.is_empty() && !value.starts_with('"'))
+            .then_some(value)
+    })
+}
+
 /// Searches and prints a table.
 pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::Result<u8> {
     let q = args.query.join(" ");
@@ -82,6 +92,11 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
         }
         if rows.is_empty() {
             p.line("no offers match");
+            if let Some(v) = exact_gpu_value(&q) {
+                p.line(&format!(
+                    "gpu={v} matches the whole model name only (gpu=\"nvidia geforce rtx 4090\"); gpu~{v} matches models that contain it"
+                ));
+            }
             if let Some(classes) = followed {
                 p.line(&format!(
                     "this node follows only the GPU classes {classes} (its follow setting, `gridlease node --follow`, and classes searched lately): offers of other classes are not in its book; a search that names a model exactly (gpu=\"nvidia a100-sxm4-80gb\") has the node fetch that model's offers"
@@ -154,4 +169,18 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
         ));
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exact_gpu_term_is_found_for_its_hint() {
+        assert_eq!(exact_gpu_value("gpu=4090 vram>=24"), Some("4090"));
+        assert_eq!(exact_gpu_value("vram>=24 GPU=a100"), Some("a100"));
+        assert_eq!(exact_gpu_value("gpu~4090"), None);
+        assert_eq!(exact_gpu_value("gpu!=4090"), None);
+        assert_eq!(exact_gpu_value("gpu=\"nvidia a100\""), None);
+    }
 }

@@ -654,7 +654,8 @@ impl Ctx {
 
 enum Cmd {
     /// A renter lease negotiated and stored by this node: start its session.
-    Register(Box<StoredLease>, oneshot::Sender<()>),
+    /// A lease just made here as the renter, and whether its offer declared its GPUs.
+    Register(Box<StoredLease>, bool, oneshot::Sender<()>),
     Views(oneshot::Sender<Vec<LeaseView>>),
     Watch(LeaseId, oneshot::Sender<Option<watch::Receiver<LeaseView>>>),
     ToSession(LeaseId, Box<SessionMsg>, oneshot::Sender<bool>),
@@ -875,7 +876,12 @@ impl LeaseService {
                 {
                     tracing::warn!(lease = %lease_id, error = %e, "cannot keep the lease's offer: its statement will lack it");
                 }
-                self.ask(|r| Cmd::Register(stored, r))
+                let declared = entry
+                    .offer
+                    .gpus
+                    .iter()
+                    .any(gridlease_protocol::OfferedGpu::declared);
+                self.ask(|r| Cmd::Register(stored, declared, r))
                     .await
                     .map_err(|_| RentError::Closed)?;
                 Ok(lease_id)
@@ -1633,9 +1639,13 @@ impl Actor {
 
     async fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Register(stored, reply) => {
+            Cmd::Register(stored, gpus_declared, reply) => {
                 if !self.sessions.contains_key(&stored.lease.id) {
-                    self.spawn(*stored, SessionRecord::default());
+                    let rec = SessionRecord {
+                        gpus_declared,
+                        ..SessionRecord::default()
+                    };
+                    self.spawn(*stored, rec);
                 }
                 let _ = reply.send(());
             }
@@ -1842,7 +1852,13 @@ impl Actor {
             Ok(None) => {
                 self.desk.persisted(&stored, accept.clone());
                 tracing::info!(lease = %id.short(), gpus = stored.gpus.len(), "lease accepted");
-                self.spawn(*stored, SessionRecord::default());
+                let rec = SessionRecord {
+                    gpus_declared: self.ctx.config.base_template.as_ref().is_some_and(|t| {
+                        t.gpus.iter().any(gridlease_protocol::OfferedGpu::declared)
+                    }),
+                    ..SessionRecord::default()
+                };
+                self.spawn(*stored, rec);
                 LeaseRpcResponse::Accepted(accept)
             }
             Ok(Some(existing)) => {

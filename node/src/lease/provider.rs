@@ -86,21 +86,23 @@ struct Session {
     last_amendment: Option<(gridlease_protocol::LeaseAmendment, Signed<AmendAccept>)>,
     /// Live telemetry: written by the metering task, read by the service for the renter.
     telemetry: super::telemetry::Ring,
+    /// The lease's offer declared its GPUs: their usage is unknown.
+    gpus_declared: bool,
 }
 
 impl Session {
     fn publish(&self) {
-        let v = view::make(
-            Role::Provider,
-            &self.lease,
-            &self.renter,
-            self.last_report.as_ref(),
-            self.channel.paid().micros(),
-            self.exit_code,
-            self.ctx.now(),
-        )
-        .with_failure(self.failure.as_ref())
-        .with_hold(self.held_until);
+        let known = view::Known {
+            role: Role::Provider,
+            counterparty: &self.renter,
+            usage: self.last_report.as_ref(),
+            authorised: self.channel.paid().micros(),
+            exit_code: self.exit_code,
+            gpus_declared: self.gpus_declared,
+        };
+        let v = view::make(&self.lease, known, self.ctx.now())
+            .with_failure(self.failure.as_ref())
+            .with_hold(self.held_until);
         self.view.send_replace(v);
     }
 
@@ -439,6 +441,7 @@ pub(crate) async fn run(
             Some((proposal, signed))
         }),
         telemetry,
+        gpus_declared: rec.gpus_declared,
     };
     s.publish();
 

@@ -55,23 +55,25 @@ struct Session {
     held_until: Option<Timestamp>,
     /// An extension sent (and stored) whose answer was not seen yet ([`super::extend`]).
     pending: Option<(LeaseAmendment, Signed<LeaseAmendment>)>,
+    /// The lease's offer declared its GPUs: their usage is unknown.
+    gpus_declared: bool,
     view: watch::Sender<LeaseView>,
 }
 
 impl Session {
     fn publish(&self) {
-        let v = view::make(
-            Role::Renter,
-            &self.lease,
-            &self.provider,
-            self.channel.last_usage(),
-            self.channel.paid().micros(),
-            self.exit_code,
-            self.ctx.now(),
-        )
-        .with_failure(self.failure.as_ref())
-        .with_pull(self.pull)
-        .with_hold(self.held_until);
+        let known = view::Known {
+            role: Role::Renter,
+            counterparty: &self.provider,
+            usage: self.channel.last_usage(),
+            authorised: self.channel.paid().micros(),
+            exit_code: self.exit_code,
+            gpus_declared: self.gpus_declared,
+        };
+        let v = view::make(&self.lease, known, self.ctx.now())
+            .with_failure(self.failure.as_ref())
+            .with_pull(self.pull)
+            .with_hold(self.held_until);
         self.view.send_replace(v);
     }
 
@@ -650,6 +652,7 @@ pub(crate) async fn run(
             .filter(|a| a.acceptance.is_none())
             .and_then(|a| ext::decode_proposal(&a.proposal))
             .map(|(s, m)| (m, s)),
+        gpus_declared: rec.gpus_declared,
         view: view_tx,
     };
     s.publish();

@@ -18,10 +18,11 @@ pub struct UsageView {
     pub seq: u64,
     /// Wall seconds the container has run (cumulative, whole seconds billed).
     pub wall_ms: u64,
-    /// Mean GPU utilization over the last interval, per mille.
-    pub gpu_util_permille: u16,
-    /// Peak VRAM in the last interval, MiB.
-    pub vram_peak_mib: u32,
+    /// Mean GPU utilization over the last interval, per mille; `null` when the lease's GPUs
+    /// are declared (`gpus_declared`: nothing measures them).
+    pub gpu_util_permille: Option<u16>,
+    /// Peak VRAM in the last interval, MiB; `null` when the GPUs are declared.
+    pub vram_peak_mib: Option<u32>,
     /// CPU milliseconds, cumulative.
     pub cpu_ms: u64,
     /// Peak memory in the last interval, MiB.
@@ -39,8 +40,8 @@ impl From<&UsageReport> for UsageView {
         Self {
             seq: u.seq,
             wall_ms: u.wall_ms,
-            gpu_util_permille: u.gpu_util_permille,
-            vram_peak_mib: u.vram_peak_mib,
+            gpu_util_permille: Some(u.gpu_util_permille),
+            vram_peak_mib: Some(u.vram_peak_mib),
             cpu_ms: u.cpu_ms,
             mem_peak_mib: u.mem_peak_mib,
             net_rx_bytes: u.net_rx_bytes,
@@ -93,8 +94,17 @@ pub struct LeaseView {
     pub closed_at: Option<u64>,
     /// The last usage report.
     pub usage: Option<UsageView>,
-    /// Paid so far: the last receipt's total, micro-units.
+    /// The offer the lease was made from declared its GPUs (`--dev-gpus`): no driver
+    /// measures them, so `usage`'s GPU values are `null`.
+    #[serde(default)]
+    pub gpus_declared: bool,
+    /// Paid, micro-units: the settled total once settled; before, what the signed receipts
+    /// cover of the cost so far (the smaller of `authorised` and `cost_so_far`).
     pub paid: u64,
+    /// Authorised, micro-units: the last signed receipt's total. A prepaid lease authorises
+    /// ahead of its use (`prepay_s`); only what the provider's reports make due is paid.
+    #[serde(default)]
+    pub authorised: u64,
     /// Cost so far: the last report's amount due, micro-units.
     pub cost_so_far: u64,
     /// Seconds left until the lease's deadline, while it runs.
@@ -224,17 +234,35 @@ fn time_left_s(
     }
 }
 
+/// What a session knows of its lease besides the lease itself: its view's inputs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Known<'a> {
+    /// This node's side.
+    pub role: Role,
+    /// The other party.
+    pub counterparty: &'a PublicKey,
+    /// The last usage report.
+    pub usage: Option<&'a UsageReport>,
+    /// The last receipt's total, micro-units.
+    pub authorised: u64,
+    /// The container's exit code.
+    pub exit_code: Option<i32>,
+    /// The lease's offer declared its GPUs.
+    pub gpus_declared: bool,
+}
+
 /// Builds a view from a lease and what the session knows.
-pub(crate) fn make(
-    role: Role,
-    lease: &Lease,
-    counterparty: &PublicKey,
-    usage: Option<&UsageReport>,
-    paid: u64,
-    exit_code: Option<i32>,
-    now: Timestamp,
-) -> LeaseView {
+pub(crate) fn make(lease: &Lease, k: Known<'_>, now: Timestamp) -> LeaseView {
+    let Known {
+        role,
+        counterparty,
+        usage,
+        authorised,
+        exit_code,
+        gpus_declared,
+    } = k;
     let t = &lease.terms;
+    let cost_so_far = usage.map_or(0, |u| u.amount_due);
     let time_left_s = time_left_s(
         lease.state,
         lease.started_at.map(|t| t.0),
@@ -260,9 +288,20 @@ pub(crate) fn make(
         disk_bytes: t.workspace_bytes(),
         started_at: lease.started_at.map(|t| t.0),
         closed_at: lease.closed_at.map(|t| t.0),
-        usage: usage.map(UsageView::from),
-        paid,
-        cost_so_far: usage.map_or(0, |u| u.amount_due),
+        usage: usage.map(|u| {
+            let mut v = UsageView::from(u);
+            if gpus_declared {
+                v.gpu_util_permille = None;
+                v.vram_peak_mib = None;
+            }
+            v
+        }),
+        gpus_declared,
+        paid: lease
+            .settled_total
+            .map_or(authorised.min(cost_so_far), |m| m.micros()),
+        authorised,
+        cost_so_far,
         time_left_s,
         exit_code,
         close_reason: lease
@@ -317,18 +356,21 @@ pub(crate) fn from_store(l: &StoredLease, rec: &SessionRecord, now: Timestamp) -
     let mut lease = l.lease.clone();
     restore_lease(&mut lease, rec);
     let usage = rec.last_usage.as_ref().and_then(|(_, b)| decode_usage(b));
-    let paid = rec
+    let authorised = rec
         .last_receipt
         .as_ref()
         .and_then(|(_, b)| decode_receipt(b))
         .map_or(0, |(_, r)| r.total_paid);
     make(
-        l.role,
         &lease,
-        &super::counterparty(l),
-        usage.as_ref().map(|(_, u)| u),
-        paid,
-        rec.fields.exit_code,
+        Known {
+            role: l.role,
+            counterparty: &super::counterparty(l),
+            usage: usage.as_ref().map(|(_, u)| u),
+            authorised,
+            exit_code: rec.fields.exit_code,
+            gpus_declared: rec.gpus_declared,
+        },
         now,
     )
     .with_failure(rec.fields.failure.as_ref())
@@ -458,13 +500,23 @@ mod tests {
         let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, r, 1, 600);
         let id = terms.lease_id().unwrap();
         let lease = Lease::propose(id, terms);
-        let v = make(Role::Renter, &lease, &p, None, 42, Some(0), fixtures::T0);
+        let known = Known {
+            role: Role::Renter,
+            counterparty: &p,
+            usage: None,
+            authorised: 42,
+            exit_code: Some(0),
+            gpus_declared: false,
+        };
+        let v = make(&lease, known, fixtures::T0);
         let j = serde_json::to_value(&v).unwrap();
         assert_eq!(j["lease_id"], id.to_string());
         assert_eq!(j["role"], "renter");
         assert_eq!(j["state"], "proposed");
         assert_eq!(j["counterparty"], p.peer_id().unwrap().to_string());
-        assert_eq!(j["paid"], 42);
+        // Authorised ahead of any report: nothing is due, so nothing is paid yet.
+        assert_eq!(j["authorised"], 42);
+        assert_eq!(j["paid"], 0);
         assert_eq!(j["exit_code"], 0);
         assert!(!v.is_terminal());
     }
@@ -506,18 +558,54 @@ mod tests {
             .unwrap();
         let mut usage = fixtures::usage(id, 6, 60_000, 1);
         usage.amount_due = 60_000;
-        (
-            make(
-                Role::Provider,
-                &lease,
-                &r,
-                Some(&usage),
-                60_000,
-                Some(137),
-                T0,
-            ),
-            r,
-        )
+        let known = Known {
+            role: Role::Provider,
+            counterparty: &r,
+            usage: Some(&usage),
+            authorised: 60_000,
+            exit_code: Some(137),
+            gpus_declared: false,
+        };
+        (make(&lease, known, T0), r)
+    }
+
+    /// A prepaid lease authorises its whole budget but pays what was due; a pay-as-you-go one
+    /// pays what its receipts cover; settled, the settlement is what was paid. Declared GPUs'
+    /// usage is unknown (null), never 0.
+    #[test]
+    fn paid_is_what_was_due_authorised_is_what_was_signed_and_declared_gpus_are_null() {
+        let p = NodeKey::from_secret([1; 32]).public();
+        let r = NodeKey::from_secret([2; 32]).public();
+        let offer = fixtures::offer(p, 1, 1, 3_600_000);
+        let terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, r, 1, 600);
+        let id = terms.lease_id().unwrap();
+        let lease = Lease::propose(id, terms);
+        let mut usage = fixtures::usage(id, 2, 20_000, 1);
+        usage.amount_due = 11_111;
+        let known = |authorised, gpus_declared| Known {
+            role: Role::Renter,
+            counterparty: &p,
+            usage: Some(&usage),
+            authorised,
+            exit_code: None,
+            gpus_declared,
+        };
+        let prepaid = make(&lease, known(20_000, true), fixtures::T0);
+        assert_eq!((prepaid.paid, prepaid.authorised), (11_111, 20_000));
+        let u = prepaid.usage.as_ref().unwrap();
+        assert_eq!((u.gpu_util_permille, u.vram_peak_mib), (None, None));
+        let j = serde_json::to_value(&prepaid).unwrap();
+        assert!(j["usage"]["gpu_util_permille"].is_null(), "{j}");
+        assert_eq!(j["gpus_declared"], true);
+        let lagging = make(&lease, known(10_000, false), fixtures::T0);
+        assert_eq!((lagging.paid, lagging.authorised), (10_000, 10_000));
+        let u = lagging.usage.as_ref().unwrap();
+        assert_eq!(u.gpu_util_permille, Some(usage.gpu_util_permille));
+        let (settled, _) = settled_view();
+        assert_eq!(
+            (settled.paid, settled.settled_total),
+            (60_000, Some(60_000))
+        );
     }
 
     /// The JSON scripts read (`leases --json`, `GET /v1/leases`), byte for byte.
@@ -533,7 +621,8 @@ mod tests {
                 r#""image":"{image}","disk_bytes":107374182400,"started_at":{started},"#,
                 r#""closed_at":{closed},"usage":{{"seq":6,"wall_ms":60000,"#,
                 r#""gpu_util_permille":970,"vram_peak_mib":20000,"cpu_ms":30000,"#,
-                r#""mem_peak_mib":1024,"net_rx_bytes":0,"net_tx_bytes":0}},"paid":60000,"cost_so_far":60000,"#,
+                r#""mem_peak_mib":1024,"net_rx_bytes":0,"net_tx_bytes":0}},"gpus_declared":false,"#,
+                r#""paid":60000,"authorised":60000,"cost_so_far":60000,"#,
                 r#""time_left_s":null,"exit_code":137,"close_reason":"renter_stop","#,
                 r#""settled_total":60000,"failure":null}}"#
             ),

@@ -68,6 +68,9 @@ pub struct SessionRecord {
     pub last_usage: Option<(u64, Vec<u8>)>,
     /// The last receipt (signed envelope bytes) and its sequence.
     pub last_receipt: Option<(u64, Vec<u8>)>,
+    /// The offer the lease was made from (when this node kept it) declared its GPUs
+    /// (`--dev-gpus`): no driver measures them, so their usage is unknown, not 0.
+    pub gpus_declared: bool,
 }
 
 /// One ledger row.
@@ -125,6 +128,15 @@ pub fn parse_reason(s: &str) -> Option<CloseReason> {
     ]
     .into_iter()
     .find(|r| reason_str(*r) == s)
+}
+
+/// Whether a stored offer (signed envelope bytes, verified before it was stored) declares any
+/// of its GPUs rather than measuring them. An envelope this build cannot read declares none.
+fn declares_gpus(envelope: &[u8]) -> bool {
+    Signed::<Offer>::from_bytes(envelope)
+        .ok()
+        .and_then(|s| Offer::decode_payload(&s.envelope().payload).ok())
+        .is_some_and(|o| o.gpus.iter().any(gridlease_protocol::OfferedGpu::declared))
 }
 
 /// Usage reports a renter keeps per lease (the newest; see [`Store::put_usage`]).
@@ -554,11 +566,21 @@ impl Store {
             )
             .optional()
             .map_err(&e)?;
+        let offer: Option<Vec<u8>> = self
+            .conn
+            .query_row(
+                "SELECT envelope FROM lease_offers WHERE lease_id = ?1",
+                [lid],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(&e)?;
         Ok(SessionRecord {
             fields,
             amendment,
             last_usage,
             last_receipt,
+            gpus_declared: offer.as_deref().is_some_and(declares_gpus),
         })
     }
 

@@ -178,11 +178,11 @@ pub(super) async fn await_prepaid(
     let mut said = false;
     loop {
         let v = api.lease(id).await?;
-        if v.state == gridlease_contracts::LeaseState::Running && v.paid > 0 {
+        if v.state == gridlease_contracts::LeaseState::Running && v.authorised > 0 {
             out.note(&format!(
-                "lease {} started and its prepay is paid ahead ({}): it runs on while this node is offline",
+                "lease {} started and its prepay is paid ahead ({} authorised): it runs on while this node is offline",
                 short(id),
-                crate::output::money(v.paid)
+                crate::output::money(v.authorised)
             ));
             return Ok(None);
         }

@@ -73,12 +73,12 @@ pub struct RentArgs {
     /// Container image (used as is if present on the provider, else pulled).
     #[arg(long, value_name = "IMG")]
     pub image: String,
-    /// Environment variable for the container (repeatable).
-    #[arg(long = "env", value_name = "K=V")]
+    /// Environment variable for the container (repeatable), as `exec -e`.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
     pub env: Vec<String>,
     /// Most you will pay in total (default: the whole duration at the offer's price).
-    #[arg(long, value_name = "AMOUNT")]
-    pub max_total: Option<String>,
+    #[arg(long, value_name = "AMOUNT", allow_hyphen_values = true, value_parser = super::parse_amount)]
+    pub max_total: Option<Money>,
     /// Network for the container: `none` (default: no network at all) or `egress` (the
     /// internet, never the provider's LAN, link-local/metadata addresses or host; only
     /// offers showing `egress` accept it).
@@ -322,7 +322,7 @@ pub fn billing_text(min_billed_s: u32) -> String {
 /// than the minimum and paid more than those seconds cost.
 pub fn minimum_applied(view: &LeaseView) -> bool {
     let wall_s = view.usage.as_ref().map_or(0, |u| u.wall_ms) / 1000;
-    let paid = view.settled_total.unwrap_or(view.paid);
+    let paid = view.paid;
     let ran_cost = gridlease_contracts::cost(
         wall_s,
         view.gpus,
@@ -356,7 +356,7 @@ pub fn print_bill(out: &Printer, view: &LeaseView) {
         wall_s,
         view.gpus,
         money(view.price_per_gpu_hour),
-        money(view.settled_total.unwrap_or(view.paid)),
+        money(view.paid),
         minimum,
         view.close_reason
             .as_ref()
@@ -402,14 +402,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         image: args.image.clone(),
         command: args.command.clone(),
         env: parse_env(&args.env)?,
-        max_total: args
-            .max_total
-            .as_deref()
-            .map(|m| {
-                m.parse::<Money>()
-                    .map_err(|e| anyhow::anyhow!("--max-total {m:?}: {e}"))
-            })
-            .transpose()?,
+        max_total: args.max_total,
         network: args.network.into(),
         keep_outputs_s,
         upload_hold_s,
@@ -543,17 +536,28 @@ async fn foreground(
         }
         return Ok(EXIT_INTERRUPTED);
     }
+    let code = exit_status(&view, exit);
     if view.failure.is_some() {
-        return Ok(EXIT_START_FAILED);
+        return Ok(code);
     }
-    let code = exit.or(view.exit_code).unwrap_or(1);
     let downloaded = fg
         .drive(download_outputs(api, out, &view, &args.download))
         .await??;
     if !downloaded && code == 0 {
         return Ok(1);
     }
-    Ok(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+    Ok(code)
+}
+
+/// The exit status of a command that followed a finished lease (`rent`, `logs -f`): the
+/// container's exit code (`exit`, from the end of its output, or else the view's), 5 when the
+/// provider could not start it ([`EXIT_START_FAILED`]), 1 when it ended without one.
+pub fn exit_status(view: &LeaseView, exit: Option<i32>) -> u8 {
+    if view.failure.is_some() {
+        return EXIT_START_FAILED;
+    }
+    exit.or(view.exit_code)
+        .map_or(1, |c| u8::try_from(c.clamp(0, 255)).unwrap_or(1))
 }
 
 /// `--download`: copies each PATH out of the finished lease's kept `/workspace` (the same
