@@ -491,3 +491,123 @@ fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_out
         .expect("begun");
     assert!(held < begun, "held, then begun by the renter");
 }
+
+/// Issue 42 item 6: `cp` errors say what is wrong, never "run the same `gridlease cp` again"
+/// when running it again cannot help, and never a raw Docker error.
+/// - a missing remote path: named as missing, exit 1, no resume advice;
+/// - a tree with an absolute symlink: the link is left out and named (exit 6), the rest comes;
+/// - an upload into a directory that is a symlink (to `/etc`): refused with a sentence, and
+///   nothing lands outside `/workspace`.
+#[test]
+fn cp_errors_say_what_is_wrong_and_never_advise_a_retry_that_cannot_help() {
+    let test = "cp_errors";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = busybox_market(
+        dir.path(),
+        &image.tag,
+        &dir.path().join("provider.log"),
+        &[],
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "300",
+            "--detach",
+            "--image",
+            &image.tag,
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /workspace/out/sub && echo data > /workspace/out/sub/f && \
+             ln -s /etc/passwd /workspace/out/abs && ln -s /etc /workspace/etc-link && \
+             touch /workspace/ready && sleep 300",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&ph, &id)["state"] == "running"
+    });
+    let remote = |p: &str| format!("{}:{p}", &id[..12]);
+    let cp = |args: &[&str]| {
+        bin()
+            .arg("--home")
+            .arg(&rh)
+            .arg("cp")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    wait_for(Duration::from_secs(30), "the tenant's files", || {
+        cp(&[
+            &remote("/workspace/ready"),
+            dir.path().join("ready").to_str().unwrap(),
+        ])
+        .status
+        .success()
+    });
+
+    let out = cp(&[
+        &remote("/workspace/not-there"),
+        dir.path().join("x").to_str().unwrap(),
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not-there"), "names the path: {err}");
+    assert!(
+        err.contains("no such file or directory") || err.contains("does not exist"),
+        "says it is missing: {err}"
+    );
+    eprintln!("missing: {err}");
+    assert!(!err.contains("run the same"), "no retry advice: {err}");
+
+    let dst = dir.path().join("out");
+    let out = cp(&[&remote("/workspace/out"), dst.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "a left-out entry: {err}");
+    assert!(err.contains("abs"), "names the link: {err}");
+    assert!(!err.contains("run the same"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(dst.join("sub/f")).unwrap(),
+        "data\n"
+    );
+    assert!(std::fs::symlink_metadata(dst.join("abs")).is_err());
+
+    let src = dir.path().join("evil.txt");
+    std::fs::write(&src, "owned\n").unwrap();
+    let out = cp(&[
+        src.to_str().unwrap(),
+        &remote("/workspace/etc-link/evil.txt"),
+    ]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        !err.contains("Docker responded"),
+        "no raw Docker error: {err}"
+    );
+    eprintln!("into a link: {err}");
+    assert!(err.contains("etc-link"), "names the link: {err}");
+    assert!(err.contains("symbolic link"), "says what it is: {err}");
+    assert!(!err.contains("run the same"), "{err}");
+    let exec = bin()
+        .arg("--home")
+        .arg(&rh)
+        .args([
+            "exec",
+            &id[..12],
+            "--",
+            "sh",
+            "-c",
+            "test ! -e /etc/evil.txt && echo clean",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(text(&exec.stdout).trim(), "clean", "{}", text(&exec.stderr));
+}

@@ -352,6 +352,12 @@ impl<'a> Upload<'a> {
                 let parent = self.parent_of(&path)?;
                 match rustix::fs::statat(parent, &name, AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {}
+                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                        return Err(refuse(
+                            "it is a symbolic link, and copies never follow links in the workspace"
+                                .into(),
+                        ));
+                    }
                     Ok(_) => return Err(refuse("it exists and is not a directory".into())),
                     Err(Errno::NOENT) => {
                         fs.make_dir(parent, &name, entry.mode | 0o700, &path)?;
