@@ -319,12 +319,23 @@ impl ImagePolicy {
 /// Whether the provider's own policy is usable: registries are hosts, local images are valid
 /// references, prefixes fit an offer (at most 16, each at most 256 bytes), caps above zero.
 pub fn check_policy(p: &ImagePolicy) -> Result<(), String> {
+    use gridlease_protocol::{MAX_OFFER_LOCAL_IMAGES, MAX_OFFER_REGISTRIES, MAX_REGISTRY_LEN};
+    // The offer carries the policy (renters check names against it before asking).
+    if p.registries.len() > MAX_OFFER_REGISTRIES {
+        return Err(format!("at most {MAX_OFFER_REGISTRIES} registries"));
+    }
     for h in &p.registries {
-        if !valid_host(h) {
-            return Err(format!("registry {h:?} is not a host[:port]"));
+        if !valid_host(h) || h.len() > MAX_REGISTRY_LEN {
+            return Err(format!(
+                "registry {h:?} is not a host[:port] of at most {MAX_REGISTRY_LEN} bytes"
+            ));
         }
     }
+    if p.local_images.len() > MAX_OFFER_LOCAL_IMAGES {
+        return Err(format!("at most {MAX_OFFER_LOCAL_IMAGES} local images"));
+    }
     for l in &p.local_images {
+        // At most MAX_IMAGE_LEN bytes, as every reference.
         ImageRef::parse(l).map_err(|r| format!("local image {l:?}: {}", refusal_text(&r)))?;
     }
     if p.prefixes.len() > gridlease_protocol::MAX_IMAGE_PREFIXES {
@@ -346,6 +357,28 @@ pub fn check_policy(p: &ImagePolicy) -> Result<(), String> {
         return Err("image size caps must be above zero".into());
     }
     Ok(())
+}
+
+/// What images an offer's policy runs, in words: pulled from its registries (within its
+/// prefixes, if any) and its local images.
+pub fn policy_text(registries: &[String], prefixes: &[String], local: &[String]) -> String {
+    let pulled = match (registries.is_empty(), prefixes.is_empty()) {
+        (true, _) => "no pulled images".to_string(),
+        (false, true) => format!("any image from {}", registries.join(", ")),
+        (false, false) => format!(
+            "images from {} starting with {}",
+            registries.join(", "),
+            prefixes.join(", ")
+        ),
+    };
+    if local.is_empty() {
+        pulled
+    } else {
+        format!(
+            "{pulled}; its local images (never pulled): {}",
+            local.join(", ")
+        )
+    }
 }
 
 /// Checks a reference against the policy without any facts: grammar, bare ids, registry and

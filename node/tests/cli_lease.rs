@@ -526,3 +526,55 @@ fn leases_says_how_a_lease_ended_what_was_paid_and_authorised_and_logs_f_exits_w
         "paid 0.06, authorised 0.12: {row}"
     );
 }
+
+/// Issue 42 item 4: the offer carries its image rules (registries, prefixes, local images);
+/// `offer` shows them, and a name that fits none of them is refused by the renter's own node
+/// with that sentence, exit 4, before anything is signed or any registry is asked (it used to
+/// reach the provider, which tried docker.io and answered with a network error).
+#[test]
+fn an_image_the_offer_does_not_run_is_refused_before_asking_and_offer_lists_what_it_runs() {
+    let Some(image) = probe_image_or_skip("image_not_offered") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    // A registry on loopback nothing listens on: no test traffic leaves this machine.
+    let m = cli_support::market_with(dir.path(), &["--image-registry", "127.0.0.1:9"], None);
+    let shown = text(&cli(&rh, &["offer", &m.offer]).stdout);
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with("images"))
+        .unwrap_or_else(|| panic!("no images line: {shown}"));
+    assert!(line.contains("127.0.0.1:9"), "{line}");
+    assert!(line.contains(&image), "the local image is listed: {line}");
+    let o = json(&rh, &["offer", &m.offer]);
+    assert_eq!(o["registries"], serde_json::json!(["127.0.0.1:9"]), "{o}");
+    assert_eq!(o["local_images"][0], image.as_str(), "{o}");
+
+    let out = cli(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "60",
+            "--image",
+            "not-there:9",
+            "--",
+            "true",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("image not-there:9: the provider does not pull from registry docker.io"),
+        "{err}"
+    );
+    assert!(err.contains(&image), "names what the offer runs: {err}");
+    assert!(!err.contains("error sending request"), "{err}");
+    // Nothing was signed on either side.
+    for h in [&ph, &rh] {
+        let leases = json(h, &["leases", "--all"]);
+        assert_eq!(leases.as_array().map(Vec::len), Some(0), "{leases}");
+    }
+}

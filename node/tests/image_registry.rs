@@ -80,6 +80,61 @@ async fn refused(renter: &Party, req: gridlease_node::lease::RentRequest) -> Ima
     }
 }
 
+/// A name the offer's own image rules refuse (from the reference alone): the renter's node says
+/// so before it asks (`RentError::ImageNotOffered`, nothing sent); the same request sent
+/// straight to the provider, as a renter that skips that check would, is refused there too,
+/// before signing, for the same reason. Returns the refusal.
+async fn refused_by_both(
+    renter: &Party,
+    offer: gridlease_protocol::OfferId,
+    image: &str,
+) -> ImageRefusal {
+    let req = probe_rent(offer, image, 30, &[]);
+    let local = match renter.leases.rent(req.clone()).await {
+        Err(RentError::ImageNotOffered { refusal, .. }) => refusal,
+        other => panic!("not refused by the renter's node: {other:?}"),
+    };
+    let client = &renter.node.node.client;
+    // The offer as the provider signs it now (a lease that came and went re-signed it).
+    let entry = match client.offer(offer).await.unwrap() {
+        Some(e) => e,
+        None => {
+            client
+                .replaced_offers(offer.to_string())
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|r| r.old == offer)
+                .expect("the offer or its replacement")
+                .current
+        }
+    };
+    let now = gridlease_node::clock::now();
+    let terms = gridlease_node::renter::terms_for(
+        &common::net(),
+        &entry,
+        renter.node.key_public,
+        &req,
+        GRACE_S,
+        now.0,
+        now,
+    )
+    .unwrap();
+    let addrs = gridlease_node::renter::offer_addrs(&entry);
+    match client
+        .negotiate(terms, now.plus_secs(60), addrs)
+        .await
+        .unwrap()
+    {
+        gridlease_node::net::NegotiationOutcome::Rejected {
+            reason: RejectReason::ImageRefused { refusal },
+            ..
+        } => assert_eq!(refusal, local, "the provider's reason is the renter's"),
+        other => panic!("the provider did not refuse {image}: {other:?}"),
+    }
+    local
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn registry_images_pull_and_run_and_disallowed_ones_are_refused_before_signing() {
     let test = "registry_policy";
@@ -142,22 +197,14 @@ async fn registry_images_pull_and_run_and_disallowed_ones_are_refused_before_sig
     );
     // A registry the provider does not list (another loopback port): refused from the
     // reference alone, nothing is asked.
-    let e = refused(
-        &renter,
-        probe_rent(offer, "127.0.0.1:1/x/probe:ok", 30, &[]),
-    )
-    .await;
+    let e = refused_by_both(&renter, offer, "127.0.0.1:1/x/probe:ok").await;
     assert_eq!(
         e,
         ImageRefusal::PrivateRegistry {
             registry: "127.0.0.1:1".into()
         }
     );
-    let e = refused(
-        &renter,
-        probe_rent(offer, "registry.example.com/x:1", 30, &[]),
-    )
-    .await;
+    let e = refused_by_both(&renter, offer, "registry.example.com/x:1").await;
     assert!(
         matches!(e, ImageRefusal::RegistryNotAllowed { .. }),
         "unlisted public registry"
@@ -165,7 +212,7 @@ async fn registry_images_pull_and_run_and_disallowed_ones_are_refused_before_sig
     // A bare image id.
     let inspected = sb.docker().inspect_image(&ok).await.unwrap();
     let bare = inspected.id.unwrap();
-    let e = refused(&renter, probe_rent(offer, &bare, 30, &[])).await;
+    let e = refused_by_both(&renter, offer, &bare).await;
     assert_eq!(e, ImageRefusal::BareId);
     // None of the refused ones was signed or stored.
     assert_eq!(

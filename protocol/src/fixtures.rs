@@ -67,6 +67,8 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
             isolation: crate::Isolation::Runc,
             output_retention_s: 0,
             upload_hold_s: 0,
+            registries: vec!["docker.io".into()],
+            local_images: Vec::new(),
         },
         addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
         region: "eu-west".into(),

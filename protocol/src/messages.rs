@@ -53,6 +53,12 @@ pub const MAX_OFFER_ADDRS: usize = 8;
 pub const MAX_ADDR_LEN: usize = 256;
 /// Most image prefixes in a sandbox allow-list.
 pub const MAX_IMAGE_PREFIXES: usize = 16;
+/// Most registry hosts an offer names.
+pub const MAX_OFFER_REGISTRIES: usize = 8;
+/// Longest registry host (`host[:port]`) an offer names.
+pub const MAX_REGISTRY_LEN: usize = 128;
+/// Most local images an offer names.
+pub const MAX_OFFER_LOCAL_IMAGES: usize = 8;
 /// Longest image reference.
 pub const MAX_IMAGE_LEN: usize = 256;
 /// Most command arguments.
@@ -311,6 +317,13 @@ pub struct SandboxPolicy {
     /// command, while the renter uploads into `/workspace` (`LeaseTerms::upload_hold_s`,
     /// `rent --upload`); 0: never held. Not billed: the lease clock starts with the command.
     pub upload_hold_s: u32,
+    /// Registry hosts (`host[:port]`) the provider pulls tenants' images from. With
+    /// `image_prefixes` and `local_images` it is the whole image policy a renter's node checks
+    /// a name against before it asks (`gridlease_contracts::image::check_reference`).
+    pub registries: Vec<String>,
+    /// Images on the provider's machine (built or imported there, never pulled) tenants may
+    /// run, as references.
+    pub local_images: Vec<String>,
 }
 
 impl SandboxPolicy {
@@ -388,6 +401,22 @@ impl Shape for Offer {
         )?;
         for p in &self.sandbox.image_prefixes {
             max_len("sandbox.image_prefixes", p, MAX_IMAGE_LEN)?;
+        }
+        max_count(
+            "sandbox.registries",
+            self.sandbox.registries.len(),
+            MAX_OFFER_REGISTRIES,
+        )?;
+        for r in &self.sandbox.registries {
+            max_len("sandbox.registries", r, MAX_REGISTRY_LEN)?;
+        }
+        max_count(
+            "sandbox.local_images",
+            self.sandbox.local_images.len(),
+            MAX_OFFER_LOCAL_IMAGES,
+        )?;
+        for l in &self.sandbox.local_images {
+            max_len("sandbox.local_images", l, MAX_IMAGE_LEN)?;
         }
         max_count("addrs", self.addrs.len(), MAX_OFFER_ADDRS)?;
         for a in &self.addrs {

@@ -156,6 +156,8 @@ fn offer() -> impl Strategy<Value = Offer> {
                     isolation: gridlease_protocol::Isolation::Runc,
                     output_retention_s: 0,
                     upload_hold_s: 0,
+                    registries: vec!["docker.io".into()],
+                    local_images: Vec::new(),
                 },
                 free_gpus: 0,
                 interruptible: seq % 2 == 1,
@@ -685,4 +687,68 @@ fn lease_terms_encoding_is_canonical() {
     assert_eq!(a.canonical_bytes().unwrap(), b.canonical_bytes().unwrap());
     assert_eq!(a.lease_id().unwrap(), b.lease_id().unwrap());
     let _ = codec::MAX_FRAME_BYTES;
+}
+
+/// The largest offer its shape check lets through (every list at its most, every string at its
+/// longest, every integer at its widest) encodes within `MAX_OFFER_BYTES`: the image policy
+/// the offer carries (registries, prefixes, local images) never makes a valid offer unsendable.
+#[test]
+fn the_largest_valid_offer_fits_its_cap() {
+    use gridlease_protocol::{
+        MAX_ADDR_LEN, MAX_GPUS_PER_OFFER, MAX_IMAGE_LEN, MAX_IMAGE_PREFIXES, MAX_MODEL_LEN,
+        MAX_OFFER_ADDRS, MAX_OFFER_BYTES, MAX_OFFER_LOCAL_IMAGES, MAX_OFFER_REGISTRIES,
+        MAX_REGION_LEN, MAX_REGISTRY_LEN, MAX_VERSION_LEN, Shape, fixtures,
+    };
+    let long = |n: usize| "x".repeat(n);
+    let mut o = fixtures::offer(
+        NodeKey::from_secret([1; 32]).public(),
+        u64::MAX,
+        1,
+        u64::MAX,
+    );
+    let mut g = o.gpus[0].clone();
+    g.spec.model = long(MAX_MODEL_LEN);
+    g.spec.driver_version = long(MAX_VERSION_LEN);
+    g.spec.cuda_version = long(MAX_VERSION_LEN);
+    g.spec.vram_mib = u32::MAX;
+    g.spec.power_limit_w = u32::MAX;
+    g.bench.tool_version = long(MAX_VERSION_LEN);
+    g.bench.fp32_gflops = u32::MAX;
+    g.bench.fp16_gflops = u32::MAX;
+    g.bench.device_mem_mbps = u32::MAX;
+    g.bench.h2d_mbps = u32::MAX;
+    g.bench.measured_at = Timestamp(u64::MAX);
+    o.gpus = vec![g; MAX_GPUS_PER_OFFER];
+    o.created_at = Timestamp(u64::MAX);
+    o.expires_at = Timestamp(u64::MAX);
+    o.per_gpu = ResourcesPerGpu {
+        cpu_millicores: u32::MAX,
+        ram_mib: u32::MAX,
+        disk_gib: u32::MAX,
+        net_mbps: u32::MAX,
+    };
+    o.min_duration_s = u32::MAX;
+    o.max_duration_s = u32::MAX;
+    o.min_billed_s = u32::MAX;
+    o.usage_interval_s = u32::MAX;
+    o.pay_ahead_s = u32::MAX;
+    o.sandbox.image_prefixes = vec![long(MAX_IMAGE_LEN); MAX_IMAGE_PREFIXES];
+    o.sandbox.registries = vec![long(MAX_REGISTRY_LEN); MAX_OFFER_REGISTRIES];
+    o.sandbox.local_images = vec![long(MAX_IMAGE_LEN); MAX_OFFER_LOCAL_IMAGES];
+    o.sandbox.output_retention_s = u32::MAX;
+    o.sandbox.upload_hold_s = u32::MAX;
+    o.addrs = vec![long(MAX_ADDR_LEN); MAX_OFFER_ADDRS];
+    o.region = long(MAX_REGION_LEN);
+    o.free_gpus = u16::MAX;
+    o.check_shape().unwrap();
+    let bytes = o.encode_payload().unwrap();
+    assert!(
+        bytes.len() <= MAX_OFFER_BYTES,
+        "{} bytes > {MAX_OFFER_BYTES}",
+        bytes.len()
+    );
+    eprintln!(
+        "largest valid offer: {} of {MAX_OFFER_BYTES} bytes",
+        bytes.len()
+    );
 }

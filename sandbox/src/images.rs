@@ -92,7 +92,7 @@ pub async fn registry_facts(
                 REGISTRY_TIMEOUT.as_secs()
             ))
         })?
-        .map_err(|e| unavailable(format!("registry {}: {e}", image.registry)))?;
+        .map_err(|e| unavailable(registry_failure(image, &e)))?;
     let compressed = manifest
         .layers
         .iter()
@@ -105,6 +105,33 @@ pub async fn registry_facts(
         unpacked_bytes: None,
         env: config_env(&config),
     })
+}
+
+/// Why a registry gave no manifest, in words: the image is not there, or the provider could
+/// not reach the registry at all (no internet, DNS, TLS), or what the registry said.
+fn registry_failure(image: &ImageRef, e: &oci_client::errors::OciDistributionError) -> String {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
+    let (registry, name) = (&image.registry, image.canonical());
+    match e {
+        E::ImageManifestNotFoundError(_) => format!("registry {registry} has no image {name}"),
+        E::RegistryError { envelope, .. }
+            if envelope
+                .errors
+                .iter()
+                .any(|x| matches!(x.code, C::ManifestUnknown | C::NameUnknown)) =>
+        {
+            format!("registry {registry} has no image {name}")
+        }
+        // Docker Hub answers an anonymous request for a repository that does not exist (or is
+        // private) with 401.
+        E::UnauthorizedError { .. } => format!(
+            "registry {registry} has no public image {name} (it asked for credentials, and the provider pulls anonymously)"
+        ),
+        E::RequestError(err) => {
+            format!("the provider cannot reach registry {registry} to fetch {name}: {err}")
+        }
+        other => format!("registry {registry}: {other}"),
+    }
 }
 
 /// The `config.Env` of an image config document (OCI and Docker v2 agree on it).

@@ -660,6 +660,8 @@ async fn offer(
             NetworkPolicy::Egress => "egress".into(),
         },
         image_prefixes: o.sandbox.image_prefixes.clone(),
+        registries: o.sandbox.registries.clone(),
+        local_images: o.sandbox.local_images.clone(),
         access: o.sandbox.access,
         isolation: o.sandbox.isolation,
         output_retention_s: o.sandbox.output_retention_s,
@@ -957,6 +959,11 @@ async fn rent(
         Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::new(P::UnknownOffer, e.to_string())),
         Err(e @ RentError::OwnOffer(_)) => Err(ApiError::new(P::OwnOffer, e.to_string())
             .hint("rent from another provider: `gridlease search` lists their offers")),
+        Err(e @ RentError::ImageNotOffered { .. }) => Err(ApiError::new(
+            P::BeyondOfferTerms,
+            e.to_string(),
+        )
+        .hint("`gridlease offer OFFER` shows the images it runs")),
         Err(e @ RentError::KeepOutputs { .. }) => Err(ApiError::new(
             P::BeyondOfferTerms,
             e.to_string(),

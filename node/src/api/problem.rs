@@ -48,7 +48,8 @@ pub enum ProblemType {
     AmbiguousId,
     /// The offer was replaced by its provider with other GPUs or a higher price.
     OfferReplaced,
-    /// The request asks more than the offer gives (output retention, upload hold).
+    /// The request asks more than the offer gives (output retention, upload hold) or an image
+    /// it does not run.
     BeyondOfferTerms,
     /// The offer is this node's own: a node does not rent from itself.
     OwnOffer,
@@ -209,6 +210,7 @@ impl ProblemType {
             Self::LeaseRejected
                 | Self::OfferReplaced
                 | Self::OwnOffer
+                | Self::BeyondOfferTerms
                 | Self::ExtensionRefused
                 | Self::AccessRefused
         )

@@ -399,6 +399,12 @@ pub struct OfferDetail {
     pub network: String,
     /// Image prefixes allowed (empty: any image of the provider's registries).
     pub image_prefixes: Vec<String>,
+    /// Registry hosts the provider pulls images from.
+    #[serde(default)]
+    pub registries: Vec<String>,
+    /// Images on the provider's machine (never pulled) tenants may run.
+    #[serde(default)]
+    pub local_images: Vec<String>,
     /// Interactive access allowed while a lease runs.
     pub access: gridlease_protocol::access::AccessPolicy,
     /// The runtime tenants run under: `runc` or `gvisor`.

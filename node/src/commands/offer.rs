@@ -74,11 +74,7 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
         ));
         p.line(&format!(
             "images       {}",
-            if o.image_prefixes.is_empty() {
-                "any image of the provider's registries".to_string()
-            } else {
-                o.image_prefixes.join(", ")
-            }
+            gridlease_contracts::image::policy_text(&o.registries, &o.image_prefixes, &o.local_images)
         ));
         if !o.region.is_empty() {
             p.line(&format!("region       {}", o.region));

@@ -372,6 +372,17 @@ pub enum RentError {
         /// The offer's most.
         most: u32,
     },
+    /// The image is not one the offer allows (its registries, prefixes and local images, as
+    /// the offer states them): refused before anything is signed.
+    #[error("image {image}: {}; the offer runs {allowed}", gridlease_contracts::image::refusal_text(.refusal))]
+    ImageNotOffered {
+        /// The image asked for.
+        image: String,
+        /// Why the offer's policy refuses it.
+        refusal: gridlease_protocol::ImageRefusal,
+        /// What the offer runs, in words.
+        allowed: String,
+    },
     /// A longer upload hold asked than the offer gives.
     #[error(
         "the provider holds a container for uploads for at most {most} s; {asked} s were asked"
@@ -831,6 +842,26 @@ impl LeaseService {
         };
         if entry.offer.provider == client.key().public() {
             return Err(RentError::OwnOffer(id));
+        }
+        // The offer states the provider's image rules: a name they refuse is said here, before
+        // anything is signed, in the provider's own words.
+        let sb = &entry.offer.sandbox;
+        let policy = gridlease_contracts::image::ImagePolicy {
+            registries: sb.registries.clone(),
+            prefixes: sb.image_prefixes.clone(),
+            local_images: sb.local_images.clone(),
+            ..Default::default()
+        };
+        if let Err(refusal) = gridlease_contracts::image::check_reference(&policy, &req.image) {
+            return Err(RentError::ImageNotOffered {
+                image: req.image.clone(),
+                refusal,
+                allowed: gridlease_contracts::image::policy_text(
+                    &sb.registries,
+                    &sb.image_prefixes,
+                    &sb.local_images,
+                ),
+            });
         }
         let most = entry.offer.sandbox.output_retention_s;
         if req.keep_outputs_s > most {

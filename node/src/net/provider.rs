@@ -68,6 +68,8 @@ impl OfferTemplate {
                 isolation: gridlease_protocol::Isolation::Runc,
                 output_retention_s: 0,
                 upload_hold_s: 0,
+                registries: Vec::new(),
+                local_images: Vec::new(),
             },
             images: ImagePolicy::default(),
             region: String::new(),
@@ -100,7 +102,13 @@ impl OfferTemplate {
             min_billed_s: self.min_billed_s,
             usage_interval_s: self.usage_interval_s,
             pay_ahead_s: self.pay_ahead_s,
-            sandbox: self.sandbox.clone(),
+            sandbox: SandboxPolicy {
+                // The image rules renters check a name against before asking: the template's.
+                image_prefixes: self.images.prefixes.clone(),
+                registries: self.images.registries.clone(),
+                local_images: self.images.local_images.clone(),
+                ..self.sandbox.clone()
+            },
             addrs,
             region: self.region.clone(),
             free_gpus: free.map_or(all, |f| f.min(all)),
