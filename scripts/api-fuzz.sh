@@ -15,8 +15,11 @@
 # of the two runs (renter, provider) killed after GRIDLEASE_FUZZ_TIMEOUT seconds (default 120). The seed is fixed
 # (GRIDLEASE_FUZZ_SEED, default 20) so a CI failure reproduces; set another to explore.
 # The access routes (tag `access`: exec, forward, upload, download) switch protocols with an
-# HTTP upgrade, which a request/response fuzzer cannot drive; they are left out here and
-# tested by node/tests/cli_access.rs and cli_cp.rs.
+# HTTP upgrade once granted, which a request/response client cannot follow (it would reuse the
+# switched connection): they are fuzzed, all checks, on the provider only, where no request
+# can be granted (a provider does not open access to its own tenants: `not-renter`), and left
+# out on the renter; what happens after 101 is tested by node/tests/cli_access.rs, cli_cp.rs
+# and hostile_transfers.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -104,6 +107,9 @@ gl --home "$work/renter" --json rent "$offer" --minutes 30 --image "$image" --de
 # provided; `PUT /v1/provide` finds GPUs there).
 status=0
 for side in renter provider; do
+  # The access routes on the provider only (see above).
+  access=(--exclude-tag access)
+  [ "$side" = provider ] && access=()
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$work/$side/api.sock" &
   pids+=($!)
@@ -116,7 +122,7 @@ for side in renter provider; do
     --url "http://127.0.0.1:$port" \
     --checks all \
     --phases examples,coverage,fuzzing,stateful \
-    --exclude-tag access \
+    "${access[@]}" \
     --max-examples "$examples" \
     --seed "$seed" \
     --workers 1 \

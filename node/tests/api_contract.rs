@@ -172,7 +172,7 @@ fn a_daemon_serves_the_generated_document_and_answers_errors_as_documented_probl
             &format!("/v1/leases/{lease}/exec"),
             Some("{}"),
         ),
-        426,
+        400,
         "upgrade-required",
     );
     assert_problem(http(&home, "GET", "/v1/nope", None), 404, "not-found");

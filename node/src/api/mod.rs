@@ -87,7 +87,9 @@ pub struct ApiState {
         (name = "offers", description = "The offer book, searched locally"),
         (name = "leases", description = "Leases this node rents or provides"),
         (name = "access", description = "Interactive access to a lease (HTTP upgrades)"),
-    )
+    ),
+    // The access routes' header schemas (header parameters are not collected from routes).
+    components(schemas(types::AccessUpgrade, types::ConnectionUpgrade))
 )]
 struct ApiDoc;
 
@@ -1170,13 +1172,18 @@ async fn extend(
 /// Most bytes of an exec request body.
 const MAX_EXEC_BODY: usize = 128 * 1024;
 
-/// An access route needs `Upgrade: gridlease-access`: without it nothing is opened.
+/// An access route needs `Connection: upgrade` and `Upgrade: gridlease-access` (required
+/// headers of the document): without them nothing is opened, and the request is malformed
+/// (400, `upgrade-required`).
 fn require_upgrade(req: &axum::extract::Request) -> Result<(), ApiError> {
-    let ok = req
-        .headers()
-        .get(axum::http::header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case(types::ACCESS_UPGRADE));
+    let has = |name: axum::http::header::HeaderName, want: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(want)))
+        })
+    };
+    let ok = has(axum::http::header::UPGRADE, types::ACCESS_UPGRADE)
+        && has(axum::http::header::CONNECTION, "upgrade");
     if ok {
         Ok(())
     } else {
@@ -1196,10 +1203,16 @@ fn require_upgrade(req: &axum::extract::Request) -> Result<(), ApiError> {
 enum AccessProblems {
     #[response(
         status = 400,
-        description = "Not a lease id (`invalid-parameter`)",
+        description = "Not a lease id (`invalid-parameter`), no `Connection: upgrade` and `Upgrade: gridlease-access` headers (`upgrade-required`), or a body that cannot be read (`malformed-body`)",
         content_type = "application/problem+json"
     )]
-    BadId(Problem),
+    BadRequest(Problem),
+    #[response(
+        status = 422,
+        description = "The body is not the route's request (`invalid-body`)",
+        content_type = "application/problem+json"
+    )]
+    BadBody(Problem),
     #[response(
         status = 404,
         description = "No such lease (`unknown-lease`)",
@@ -1212,12 +1225,7 @@ enum AccessProblems {
         content_type = "application/problem+json"
     )]
     Refused(Problem),
-    #[response(
-        status = 426,
-        description = "No `Upgrade: gridlease-access` header (`upgrade-required`)",
-        content_type = "application/problem+json"
-    )]
-    NoUpgrade(Problem),
+
     #[response(
         status = 502,
         description = "The provider is unreachable (`provider-unreachable`)",
@@ -1242,7 +1250,7 @@ enum AccessProblems {
     tag = "access",
     summary = "A shell or a command in the lease's container (HTTP upgrade)",
     description = "After 101 the connection carries ExecInput frames up and ExecOutput frames down.",
-    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)")),
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols")),
     request_body = types::ExecBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
@@ -1256,11 +1264,7 @@ async fn exec(
 ) -> Result<Response, ApiError> {
     require_upgrade(&req)?;
     let upgrade = hyper::upgrade::on(&mut req);
-    let body = axum::body::to_bytes(req.into_body(), MAX_EXEC_BODY)
-        .await
-        .map_err(|e| ApiError::new(P::MalformedBody, format!("exec request body: {e}")))?;
-    let ask: types::ExecBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(P::InvalidBody, format!("exec request body: {e}")))?;
+    let ask: types::ExecBody = access_body(req).await?;
     let lease_id = resolve_lease(&s, &id).await?;
     let request = gridlease_protocol::access::AccessRequest::Exec {
         lease_id,
@@ -1284,7 +1288,7 @@ async fn exec(
     params(
         ("id" = String, Path, description = "Lease id or unique hex prefix"),
         ("port" = u16, Path, description = "Port inside the container"),
-        ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)"),
+        ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols"),
     ),
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
@@ -1303,14 +1307,15 @@ async fn forward(
     splice(&s, request, upgrade).await
 }
 
-async fn transfer_body<T: serde::de::DeserializeOwned>(
+/// The JSON body of an access route (at most [`MAX_EXEC_BODY`] bytes), read as every route
+/// reads one ([`problem::json_body`]).
+async fn access_body<T: serde::de::DeserializeOwned>(
     req: axum::extract::Request,
 ) -> Result<T, ApiError> {
     let body = axum::body::to_bytes(req.into_body(), MAX_EXEC_BODY)
         .await
         .map_err(|e| ApiError::new(P::MalformedBody, format!("request body: {e}")))?;
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(P::InvalidBody, format!("request body: {e}")))
+    problem::json_body(&body)
 }
 
 /// `POST /v1/leases/{id}/upload` (`{"dest": PATH}`) with `Upgrade: gridlease-access`: a tar
@@ -1322,7 +1327,7 @@ async fn transfer_body<T: serde::de::DeserializeOwned>(
     tag = "access",
     summary = "A tar stream into the lease's /workspace (HTTP upgrade)",
     description = "After 101: TransferFrame Chunks of a tar stream and End up, Done or Error down.",
-    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)")),
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols")),
     request_body = types::UploadBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
@@ -1352,7 +1357,7 @@ async fn upload(
     tag = "access",
     summary = "A tar stream of a path in the lease's /workspace (HTTP upgrade)",
     description = "After 101: Skips and Go up; Root, Chunks and End (or Error) down.",
-    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = String, Header, description = "Must be `gridlease-access` (with `Connection: upgrade`)")),
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols")),
     request_body = types::DownloadBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
@@ -1382,7 +1387,7 @@ async fn transfer<B: serde::de::DeserializeOwned>(
 ) -> Result<Response, ApiError> {
     require_upgrade(&req)?;
     let upgrade = hyper::upgrade::on(&mut req);
-    let body = transfer_body(req).await?;
+    let body = access_body(req).await?;
     let lease_id = resolve_lease(s, id).await?;
     splice(s, make(lease_id, body), upgrade).await
 }

@@ -263,7 +263,14 @@ fn constrain(doc: &mut Value) -> Vec<String> {
                 ("price", json!({"pattern": PRICE.text})),
                 ("network_policy", network),
                 ("gpus", json!({"items": {"minLength": 1}})),
-                ("registries", json!({"items": {"pattern": HOST.text}})),
+                // The offer carries them (`gridlease_protocol::SandboxPolicy`): its caps.
+                (
+                    "registries",
+                    json!({
+                        "maxItems": gridlease_protocol::MAX_OFFER_REGISTRIES,
+                        "items": {"pattern": HOST.text, "maxLength": gridlease_protocol::MAX_REGISTRY_LEN},
+                    }),
+                ),
                 (
                     "image_prefixes",
                     json!({
@@ -273,7 +280,10 @@ fn constrain(doc: &mut Value) -> Vec<String> {
                 ),
                 (
                     "local_images",
-                    json!({"items": {"pattern": IMAGE.text, "maxLength": MAX_LOCAL_IMAGE_LEN}}),
+                    json!({
+                        "maxItems": gridlease_protocol::MAX_OFFER_LOCAL_IMAGES,
+                        "items": {"pattern": IMAGE.text, "maxLength": MAX_LOCAL_IMAGE_LEN},
+                    }),
                 ),
                 ("hours", json!({"pattern": HOURS.text})),
                 ("tz", json!({"enum": zones})),

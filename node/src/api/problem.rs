@@ -174,7 +174,8 @@ impl ProblemType {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotFound | Self::UnknownLease | Self::UnknownOffer => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
+            // A missing required header: a malformed request (the document requires both).
+            Self::UpgradeRequired => StatusCode::BAD_REQUEST,
             Self::AmbiguousId
             | Self::OfferReplaced
             | Self::BeyondOfferTerms
@@ -345,13 +346,18 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|e| ApiError::new(ProblemType::MalformedBody, e.body_text()))?;
-        let mut value: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::new(ProblemType::MalformedBody, format!("not JSON: {e}")))?;
-        integral_floats(&mut value);
-        T::deserialize(value)
-            .map(Self)
-            .map_err(|e| ApiError::new(ProblemType::InvalidBody, e.to_string()))
+        json_body(&bytes).map(Self)
     }
+}
+
+/// A request body read as JSON the way [`ApiJson`] reads it (400 `malformed-body` when it is
+/// not JSON, 422 `invalid-body` when it is not a `T`; a number with a zero fraction is the
+/// integer it equals), for routes that take the body themselves (the access routes).
+pub fn json_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::new(ProblemType::MalformedBody, format!("not JSON: {e}")))?;
+    integral_floats(&mut value);
+    T::deserialize(value).map_err(|e| ApiError::new(ProblemType::InvalidBody, e.to_string()))
 }
 
 /// Numbers with a zero fraction become integers (within the 64-bit range).

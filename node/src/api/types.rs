@@ -363,6 +363,22 @@ pub struct DownloadBody {
 /// The `Upgrade` protocol name of the access routes.
 pub const ACCESS_UPGRADE: &str = "gridlease-access";
 
+/// The `Upgrade` header an access route needs: `gridlease-access`, its one value.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum AccessUpgrade {
+    /// `gridlease-access`.
+    #[serde(rename = "gridlease-access")]
+    GridleaseAccess,
+}
+
+/// The `Connection` header an access route needs: `upgrade`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum ConnectionUpgrade {
+    /// `upgrade`.
+    #[serde(rename = "upgrade")]
+    Upgrade,
+}
+
 /// `GET /v1/offers/{id}`: one offer whole (`gridlease offer OFFER`).
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OfferDetail {
