@@ -749,6 +749,34 @@ impl OfferBook {
         ids_with_prefix(&self.by_id, prefix, limit)
     }
 
+    /// Ids of the current offers of the providers whose key, in hex, starts with `prefix`
+    /// (hex, any case), at most `limit`: what an offer handle (`<provider key hex>/0`, see
+    /// [`offer_handle`]) names, whichever signature of the offer is current. A scan of the
+    /// providers (a few milliseconds for 100,000): handles are resolved once per `rent`.
+    pub fn ids_of_providers_with_prefix(&self, prefix: &str, limit: usize) -> Vec<OfferId> {
+        let Some(nibbles) = prefix
+            .chars()
+            .map(|c| c.to_digit(16).and_then(|d| u8::try_from(d).ok()))
+            .collect::<Option<Vec<u8>>>()
+            .filter(|n| n.len() <= 64)
+        else {
+            return Vec::new();
+        };
+        let starts = |key: &[u8; 32]| {
+            nibbles.iter().enumerate().all(|(i, n)| {
+                let b = key[i / 2];
+                let got = if i % 2 == 0 { b >> 4 } else { b & 0x0f };
+                got == *n
+            })
+        };
+        self.slots
+            .iter()
+            .filter(|s| starts(&s.provider.0))
+            .map(|s| s.id)
+            .take(limit)
+            .collect()
+    }
+
     /// Removes the offer of `provider`; returns whether one was held. The last entry moves
     /// into the freed index (the vectors stay dense), and its indexes follow.
     pub fn remove(&mut self, provider: &PublicKey) -> bool {
@@ -922,6 +950,20 @@ fn id_prefix(id: &OfferId) -> u64 {
 
 /// The keys of `map` whose lowercase hex form starts with `prefix`, at most `limit`. Ids order
 /// as their bytes, and so as their hex, so the matches are one range.
+/// The stable handle of `provider`'s offer: its key in hex and the offer's slot (`/0`: a
+/// provider offers one offer now). Unlike the offer id, it stays the same when the provider
+/// re-signs the offer (a lease taking or freeing a GPU, an expiry) and across restarts; the
+/// signed id remains the evidence of the exact terms.
+pub fn offer_handle(provider: &PublicKey) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(66);
+    for b in provider.0 {
+        let _ = write!(s, "{b:02x}");
+    }
+    s.push_str("/0");
+    s
+}
+
 fn ids_with_prefix<V>(map: &BTreeMap<OfferId, V>, prefix: &str, limit: usize) -> Vec<OfferId> {
     if prefix.len() > 64 {
         return Vec::new();
@@ -957,6 +999,34 @@ mod tests {
     ) -> Result<Admission, BookError> {
         let (s, o, id) = signed(key, seq, price, 300);
         book.admit(s, o, id, T0)
+    }
+
+    #[test]
+    fn a_handle_names_the_providers_current_offer_through_re_signs() {
+        let (a, b) = (NodeKey::from_secret([1; 32]), NodeKey::from_secret([2; 32]));
+        let mut book = OfferBook::default();
+        admit(&mut book, &a, 1, 100).unwrap();
+        admit(&mut book, &b, 1, 100).unwrap();
+        let handle = offer_handle(&a.public());
+        assert_eq!(handle.len(), 66);
+        assert!(handle.ends_with("/0"));
+        let hex = handle.trim_end_matches("/0");
+        for prefix in [hex, &hex[..12], &hex[..12].to_ascii_uppercase()] {
+            let ids = book.ids_of_providers_with_prefix(prefix, 2);
+            assert_eq!(ids.len(), 1, "{prefix}");
+            assert_eq!(book.get(&ids[0]).unwrap().offer.provider, a.public());
+        }
+        // Re-signed: a new id, the same handle, which now names the new offer.
+        let (s2, o2, id2) = signed(&a, 2, 100, 300);
+        book.admit(s2, o2, id2, T0).unwrap();
+        assert_eq!(book.ids_of_providers_with_prefix(&hex[..12], 2), vec![id2]);
+        // The empty prefix matches both; not hex, or too long, nothing.
+        assert_eq!(book.ids_of_providers_with_prefix("", 5).len(), 2);
+        assert!(book.ids_of_providers_with_prefix("xyz", 5).is_empty());
+        assert!(
+            book.ids_of_providers_with_prefix(&"0".repeat(65), 5)
+                .is_empty()
+        );
     }
 
     #[test]

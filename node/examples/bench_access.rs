@@ -25,7 +25,13 @@
 //! Docker CLI straight to the daemon's archive API), each into the same workspace; the
 //! download the same way back; and raw TCP: the same files read and sent over one
 //! loopback TCP connection to a reader that discards them. Every timed copy starts after a
-//! `sync`, so none pays for the writeback of the 1 GiB the copy before it left dirty.
+//! `sync`, so none pays for the writeback of the 1 GiB the copy before it left dirty. Then one
+//! file of 1 GiB (random bytes) the same ways: up and down with `gridlease cp` and with
+//! `docker cp` (issue 42 item 12: one large file, not only a tree).
+//!
+//! `BENCH_ACCESS_MIB` (default 1024, a multiple of 64) sets every size above: the file served,
+//! the tree (64 files of MIB/64) and the single file. `.ci/run` runs the smallest (64, one
+//! round) so the benchmark is known to work.
 
 #![allow(
     clippy::unwrap_used,
@@ -164,22 +170,41 @@ fn run_ok(c: &mut Command) {
     );
 }
 
-/// 64 files of 16 MiB of pseudo-random bytes in 4 directories: total bytes.
-fn random_tree(root: &Path) -> u64 {
+/// Pseudo-random bytes (xorshift from `x`), the next state returned.
+fn fill(buf: &mut [u8], mut x: u64) -> u64 {
+    for chunk in buf.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    x
+}
+
+/// 64 files of `mib`/64 MiB of pseudo-random bytes in 4 directories: total bytes.
+fn random_tree(root: &Path, mib: u64) -> u64 {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut buf = vec![0u8; 16 << 20];
+    let each = usize::try_from(mib / 64).unwrap() << 20;
+    let mut buf = vec![0u8; each];
     for i in 0..64 {
-        for chunk in buf.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes());
-        }
+        x = fill(&mut buf, x);
         let p = root.join(format!("d{}/f{i:02}.bin", i % 4));
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, &buf).unwrap();
     }
-    64 * (16 << 20)
+    64 * each as u64
+}
+
+/// One file of `mib` MiB of pseudo-random bytes, written 16 MiB at a time: its bytes.
+fn random_file(path: &Path, mib: u64) -> u64 {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut buf = vec![0u8; 1 << 20];
+    for _ in 0..mib {
+        x = fill(&mut buf, x);
+        f.write_all(&buf).unwrap();
+    }
+    mib << 20
 }
 
 /// Reads every file under `root` and sends it over one loopback TCP connection to a thread
@@ -280,6 +305,17 @@ async fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
+    let mib: u64 = std::env::var("BENCH_ACCESS_MIB")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1024);
+    assert!(
+        mib >= 64 && mib.is_multiple_of(64),
+        "BENCH_ACCESS_MIB is a multiple of 64"
+    );
+    // Every copy of every round stays in the workspace (docker cp's files are root's): the
+    // tree and the file, up both ways, per round, and the served file.
+    let disk_gib = (mib * (4 * rounds as u64 + 1)).div_ceil(1024) + 1;
     let sb = Sandbox::connect().await.expect("Docker is needed");
     sb.ensure_probe_image().await.unwrap();
     let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)");
@@ -295,7 +331,7 @@ async fn main() {
             "--local-image",
             &tag,
             "--per-gpu-disk-gib",
-            "16",
+            &disk_gib.to_string(),
         ],
     );
     let status = cli(&ph, &["status"]);
@@ -323,9 +359,11 @@ async fn main() {
             "--",
             "sh",
             "-c",
-            "cd /workspace && dd if=/dev/zero of=big bs=1M count=1024 2>/dev/null && \
-             dd if=/dev/zero of=small bs=1k count=1 2>/dev/null && \
-             httpd -p 8080 -h /workspace && exec nc -ll -p 9000 -e cat",
+            &format!(
+                "cd /workspace && dd if=/dev/zero of=big bs=1M count={mib} 2>/dev/null && \
+                 dd if=/dev/zero of=small bs=1k count=1 2>/dev/null && \
+                 httpd -p 8080 -h /workspace && exec nc -ll -p 9000 -e cat"
+            ),
         ],
     );
     let id = rented["lease_id"].as_str().unwrap().to_string();
@@ -398,7 +436,7 @@ async fn main() {
             };
             let t = Instant::now();
             let n = get(s, "/big");
-            assert!(n > 1 << 30, "short read: {n}");
+            assert!(n as u64 > mib << 20, "short read: {n}");
             out.push(n as f64 / t.elapsed().as_secs_f64() / 1e6);
         }
     }
@@ -420,7 +458,11 @@ async fn main() {
 
     // Copies.
     let tree = dir.path().join("tree");
-    let tree_bytes = random_tree(&tree);
+    let tree_bytes = random_tree(&tree, mib);
+    let one = dir.path().join("one.bin");
+    let one_bytes = random_file(&one, mib);
+    let (mut g1_up, mut d1_up, mut g1_down, mut d1_down) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let container = gridlease_sandbox::spec::container_name_of(&id.parse().unwrap());
     let (mut g_up, mut d_up, mut g_down, mut d_down, mut raw) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -486,6 +528,52 @@ async fn main() {
         phase("raw TCP", t);
         let _ = std::fs::remove_dir_all(&back);
         let _ = std::fs::remove_dir_all(&back_d);
+
+        // One large file, the same four ways.
+        let mbs1 = |t: Instant| one_bytes as f64 / t.elapsed().as_secs_f64() / 1e6;
+        let (g1, d1) = (format!("g1-{r}.bin"), format!("d1-{r}.bin"));
+        settle();
+        let t = Instant::now();
+        run_ok(Command::new(gridlease_bin()).arg("--home").arg(&rh).args([
+            "-q",
+            "cp",
+            &one.display().to_string(),
+            &format!("{}:/workspace/{g1}", &id[..12]),
+        ]));
+        g1_up.push(mbs1(t));
+        phase("gridlease cp upload, one file", t);
+        settle();
+        let t = Instant::now();
+        run_ok(Command::new("docker").args([
+            "cp",
+            &one.display().to_string(),
+            &format!("{container}:/workspace/{d1}"),
+        ]));
+        d1_up.push(mbs1(t));
+        phase("docker cp upload, one file", t);
+        let back1 = dir.path().join(format!("back1-g{r}.bin"));
+        settle();
+        let t = Instant::now();
+        run_ok(Command::new(gridlease_bin()).arg("--home").arg(&rh).args([
+            "-q",
+            "cp",
+            &format!("{}:/workspace/{g1}", &id[..12]),
+            &back1.display().to_string(),
+        ]));
+        g1_down.push(mbs1(t));
+        phase("gridlease cp download, one file", t);
+        let back1_d = dir.path().join(format!("back1-d{r}.bin"));
+        settle();
+        let t = Instant::now();
+        run_ok(Command::new("docker").args([
+            "cp",
+            &format!("{container}:/workspace/{d1}"),
+            &back1_d.display().to_string(),
+        ]));
+        d1_down.push(mbs1(t));
+        phase("docker cp download, one file", t);
+        let _ = std::fs::remove_file(&back1);
+        let _ = std::fs::remove_file(&back1_d);
         // The copies stay (docker cp's files belong to root, which the tenant cannot remove):
         // the workspace is sized for all rounds.
     }
@@ -494,7 +582,7 @@ async fn main() {
     println!("| measure | direct loopback | forwarded | ratio / added |");
     println!("|---|---|---|---|");
     println!(
-        "| GET 1 GiB, MB/s (median of {rounds}) | {dm:.0} | {fm:.0} | {:.2}x |",
+        "| GET {mib} MiB, MB/s (median of {rounds}) | {dm:.0} | {fm:.0} | {:.2}x |",
         fm / dm
     );
     for (name, d, f) in [
@@ -524,7 +612,8 @@ async fn main() {
     );
     println!();
     println!(
-        "| copy of a 1 GiB tree (64 x 16 MiB), MB/s, median of {rounds} | gridlease cp | docker cp | raw loopback TCP | cp / docker cp | cp / raw TCP |"
+        "| copy of a {mib} MiB tree (64 x {} MiB), MB/s, median of {rounds} | gridlease cp | docker cp | raw loopback TCP | cp / docker cp | cp / raw TCP |",
+        mib / 64
     );
     println!("|---|---|---|---|---|---|");
     println!(
@@ -537,6 +626,19 @@ async fn main() {
         gd / dd,
         gd / rt
     );
+    let (gu1, du1, gd1, dd1) = (
+        median(g1_up),
+        median(d1_up),
+        median(g1_down),
+        median(d1_down),
+    );
+    println!();
+    println!(
+        "| copy of one {mib} MiB file, MB/s, median of {rounds} | gridlease cp | docker cp | cp / docker cp |"
+    );
+    println!("|---|---|---|---|");
+    println!("| upload | {gu1:.0} | {du1:.0} | {:.2}x |", gu1 / du1);
+    println!("| download | {gd1:.0} | {dd1:.0} | {:.2}x |", gd1 / dd1);
 
     let _ = Command::new(gridlease_bin())
         .arg("--home")

@@ -41,9 +41,13 @@ async fn main() {
     }
     let mut rng = Rng(seed);
     let mut edges = BTreeSet::new();
+    // Three new distinct edges each (fewer on a network too small to have them; the tries
+    // are bounded, so a tiny network cannot loop forever).
+    let want = 3.min(n.saturating_sub(1) / 2);
     for a in 0..n {
-        let mut k = 0;
-        while k < 3 {
+        let (mut k, mut tries) = (0, 0);
+        while k < want && tries < 10_000 {
+            tries += 1;
             let b = rng.below(n);
             if b != a && edges.insert((a.min(b), a.max(b))) {
                 k += 1;

@@ -578,3 +578,84 @@ fn an_image_the_offer_does_not_run_is_refused_before_asking_and_offer_lists_what
         assert_eq!(leases.as_array().map(Vec::len), Some(0), "{leases}");
     }
 }
+
+/// Issue 42 item 8: an offer's handle (`<provider key>/0`, `search` shows its first 12 digits)
+/// stays the same when the provider re-signs the offer (a lease taking and freeing its GPU)
+/// and across a restart of the renter's node; `rent` and `offer` take it, with no "re-signed"
+/// note, while the offer id (the evidence of the exact terms) changes.
+#[test]
+fn an_offer_handle_stays_the_same_across_re_signs_and_restarts() {
+    let Some(image) = probe_image_or_skip("offer_handle") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let mut m = market(dir.path());
+    let rows = json(&rh, &["search"]);
+    let (id0, handle) = (
+        rows[0]["id"].as_str().unwrap().to_string(),
+        rows[0]["handle"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(handle.len(), 66, "{rows}");
+    let short = format!("{}/0", &handle[..12]);
+    let table = text(&cli(&rh, &["search", "--wide"]).stdout);
+    assert!(table.contains(&short), "search shows the handle: {table}");
+
+    let rent = |rh: &std::path::Path| {
+        let out = cli(
+            rh,
+            &[
+                "rent",
+                &short,
+                "--seconds",
+                "60",
+                "--detach",
+                "--image",
+                &image,
+                "--",
+                "exit",
+                "0",
+            ],
+        );
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            !err.contains("re-signed"),
+            "no re-sign note for a handle: {err}"
+        );
+        let v: Value =
+            serde_json::from_slice(&cli(rh, &["--json", "leases", "--all"]).stdout).unwrap();
+        v.as_array().unwrap().len()
+    };
+    assert_eq!(rent(&rh), 1);
+    // The lease took the GPU and gave it back: the provider re-signed its offer twice.
+    wait_for(
+        Duration::from_secs(60),
+        "a re-signed offer with a free GPU",
+        || {
+            let rows = json(&rh, &["search"]);
+            rows[0]["id"].as_str().is_some_and(|id| id != id0) && rows[0]["handle"] == *handle
+        },
+    );
+    assert_eq!(rent(&rh), 2, "the same handle rents the re-signed offer");
+
+    // The renter's node restarts: the handle still resolves from the restored book.
+    let addr = json(&ph, &["status"])["listen_addrs"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    m.renter.0.kill().unwrap();
+    m.renter.0.wait().unwrap();
+    m.renter = cli_support::start_node(&rh, &["--bootstrap", &addr]);
+    wait_for(Duration::from_secs(30), "the offer by its handle", || {
+        cli(&rh, &["offer", &short]).status.success()
+    });
+    let shown = text(&cli(&rh, &["offer", &short]).stdout);
+    assert!(shown.contains(&handle), "offer prints the handle: {shown}");
+    wait_for(
+        Duration::from_secs(60),
+        "the provider's GPU free again",
+        || json(&rh, &["offer", &short])["free_gpus"] == 1,
+    );
+    assert_eq!(rent(&rh), 3, "the handle rents after a restart");
+}

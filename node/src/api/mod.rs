@@ -554,6 +554,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
     models.dedup();
     OfferRow {
         id: e.id.to_string(),
+        handle: gridlease_contracts::book::offer_handle(&e.offer.provider),
         provider: e.offer.provider.to_string(),
         gpu: models.join(", "),
         gpus: n.gpus,
@@ -616,6 +617,7 @@ async fn offer(
     let o = &e.offer;
     Ok(Json(types::OfferDetail {
         id: e.id.to_string(),
+        handle: gridlease_contracts::book::offer_handle(&o.provider),
         provider: o
             .provider
             .peer_id()
@@ -730,9 +732,12 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<St
     if !openapi::OFFER_ID.is_match(prefix) {
         return Err(ApiError::new(
             P::InvalidParameter,
-            format!("{prefix:?} is not an offer id"),
+            format!("{prefix:?} is not an offer id or handle"),
         )
-        .hint("use an id (or its first digits) from `gridlease search`"));
+        .hint("use a handle (PROVIDER/0) or an id (or its first digits) from `gridlease search`"));
+    }
+    if let Some((provider, slot)) = prefix.split_once('/') {
+        return resolve_handle(s, provider, slot).await;
     }
     let p = prefix.trim_end_matches('…').to_ascii_lowercase();
     let hits = s
@@ -792,6 +797,42 @@ async fn resolve_offer(s: &ApiState, prefix: &str) -> Result<(OfferId, Option<St
             format!("offer id prefix {prefix} is ambiguous"),
         )
         .hint("give more digits")),
+    }
+}
+
+/// The current offer an offer handle (`<provider key hex, or its first digits>/<slot>`, see
+/// `gridlease_contracts::book::offer_handle`) names: the provider's offer as it is signed now,
+/// whatever its id.
+async fn resolve_handle(
+    s: &ApiState,
+    provider: &str,
+    slot: &str,
+) -> Result<(OfferId, Option<String>), ApiError> {
+    let handle = format!("{provider}/{slot}");
+    if slot.parse::<u8>() != Ok(0) {
+        return Err(ApiError::new(
+            P::UnknownOffer,
+            format!("offer {handle}: a provider offers one offer, slot 0"),
+        ));
+    }
+    let hits = s
+        .client
+        .offer_ids_of_providers(provider.to_ascii_lowercase())
+        .await
+        .map_err(ApiError::internal)?;
+    match hits.as_slice() {
+        [one] => Ok((*one, None)),
+        [] => Err(ApiError::new(
+            P::UnknownOffer,
+            format!(
+                "offer {handle}: no provider whose key starts with {provider} has an offer in this node's book (it may have withdrawn it, or it expired); search again"
+            ),
+        )),
+        _ => Err(ApiError::new(
+            P::AmbiguousId,
+            format!("offer handle {handle} is ambiguous"),
+        )
+        .hint("give more digits of the provider")),
     }
 }
 
@@ -882,7 +923,10 @@ fn check_rent(req: &RentRequest) -> Result<(), ApiError> {
         ));
     }
     if !openapi::OFFER_ID.is_match(&req.offer) {
-        return bad(format!("offer {:?} is not an offer id", req.offer));
+        return bad(format!(
+            "offer {:?} is not an offer id or handle",
+            req.offer
+        ));
     }
     if req
         .max_total

@@ -47,7 +47,7 @@ impl Pattern {
 pub static LEASE_ID: Pattern = Pattern::new("^[0-9a-fA-F]{1,64}$");
 /// An offer id or a prefix of at least 4 of its hex digits (a trailing `…`, as tables print
 /// it, is allowed).
-pub static OFFER_ID: Pattern = Pattern::new("^[0-9a-fA-F]{4,64}…?$");
+pub static OFFER_ID: Pattern = Pattern::new("^[0-9a-fA-F]{4,64}(?:…|/[0-9]{1,2})?$");
 /// An amount of money, decimal: up to 13 integer digits (after leading zeros) and 6 decimals.
 pub static AMOUNT: Pattern =
     Pattern::new(r"^(?:0*[1-9][0-9]{0,12}(?:\.[0-9]{0,6})?|0+(?:\.[0-9]{0,6})?|0*\.[0-9]{1,6})$");

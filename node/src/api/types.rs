@@ -151,8 +151,13 @@ pub struct ConnectionView {
 /// `GET /v1/offers`: one row of a search.
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OfferRow {
-    /// Offer id (hex, 64 digits); any unique prefix is accepted by `rent`.
+    /// Offer id (hex, 64 digits): this signature of the offer, which changes whenever the
+    /// provider re-signs it; any unique prefix is accepted by `rent`.
     pub id: String,
+    /// The offer's stable handle, `<provider key, 64 hex digits>/0`: the same across re-signs
+    /// and restarts; `rent` and `offer` take it (or its provider part's first digits, `/0`).
+    #[serde(default)]
+    pub handle: String,
     /// Provider peer id.
     pub provider: String,
     /// GPU model(s), e.g. `NVIDIA GeForce RTX 4090`.
@@ -384,6 +389,9 @@ pub enum ConnectionUpgrade {
 pub struct OfferDetail {
     /// Offer id (64 hex digits).
     pub id: String,
+    /// The offer's stable handle (`<provider key hex>/0`; see [`OfferRow::handle`]).
+    #[serde(default)]
+    pub handle: String,
     /// Provider peer id.
     pub provider: String,
     /// Sequence (a higher one replaces it).

@@ -9,17 +9,27 @@ use crate::output::Printer;
 /// Arguments of `gridlease offer`.
 #[derive(Debug, Args)]
 pub struct OfferArgs {
-    /// Offer id (or a unique prefix, as `search` shows).
+    /// Offer handle (`PROVIDER/0`, as `search` shows it: stable across re-signs) or id (or a
+    /// unique prefix).
     #[arg(value_name = "OFFER")]
     pub offer: String,
 }
 
 /// Prints the offer.
 pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Result<u8> {
-    let o: OfferDetail = api.get(&format!("/v1/offers/{}", a.offer)).await?;
+    let o: OfferDetail = api
+        .get(&format!(
+            "/v1/offers/{}",
+            super::search::urlencode(&a.offer)
+        ))
+        .await?;
     out.emit(&o, |p| {
         let secs = |ms: u64| httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
         p.line(&format!("offer        {}", o.id));
+        p.line(&format!(
+            "handle       {} (stays the same when the provider re-signs the offer)",
+            o.handle
+        ));
         p.line(&format!("provider     {} (seq {})", o.provider, o.seq));
         p.line(&format!(
             "gpus         {} free of {} when signed",

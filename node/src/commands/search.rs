@@ -55,6 +55,15 @@ pub fn path(query: &str, sort: Option<&str>, limit: u32) -> String {
     p
 }
 
+/// An offer handle as tables show it: the provider key's first 12 hex digits and the slot
+/// (`3f9a21c4b7e0/0`), which `rent` and `offer` take as they are.
+pub fn short_handle(handle: &str) -> String {
+    match handle.split_once('/') {
+        Some((provider, slot)) => format!("{}/{slot}", &provider[..provider.len().min(12)]),
+        None => short(handle),
+    }
+}
+
 /// The value of a `gpu=VALUE` term of `query` (unquoted, any case): an exact model name is
 /// rarely what was meant when nothing matched.
 fn exact_gpu_value(query: &str) -> Option<&str> {
@@ -108,7 +117,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
             .iter()
             .map(|r| {
                 vec![
-                    short(&r.id),
+                    short_handle(&r.handle),
                     short(&r.provider),
                     match (r.gpus, r.free_gpus) {
                         (1, _) => r.gpu.clone(),
@@ -174,6 +183,13 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handles_are_shown_short_with_their_slot() {
+        let h = format!("{}/0", "ab".repeat(32));
+        assert_eq!(short_handle(&h), "abababababab/0");
+        assert_eq!(short_handle("abc/0"), "abc/0");
+    }
 
     #[test]
     fn an_exact_gpu_term_is_found_for_its_hint() {

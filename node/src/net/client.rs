@@ -423,6 +423,17 @@ impl Client {
         Ok(self.book.ids_with_prefix(&prefix, MAX_PREFIX_MATCHES))
     }
 
+    /// Ids of the current offers of providers whose key (hex) starts with `prefix` (an offer
+    /// handle's provider part); two at most.
+    pub async fn offer_ids_of_providers(
+        &self,
+        prefix: String,
+    ) -> Result<Vec<OfferId>, NegotiationError> {
+        Ok(self
+            .book
+            .ids_of_providers_with_prefix(&prefix, MAX_PREFIX_MATCHES))
+    }
+
     /// Offers that newer ones from the same providers replaced, whose id starts with `prefix`
     /// (lowercase hex), with each provider's current offer.
     pub async fn replaced_offers(

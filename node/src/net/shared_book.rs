@@ -92,6 +92,12 @@ impl BookReader {
         self.read().ids_with_prefix(prefix, limit)
     }
 
+    /// Ids of the current offers of providers whose key (hex) starts with `prefix`, at most
+    /// `limit` (`OfferBook::ids_of_providers_with_prefix`: offer handles).
+    pub fn ids_of_providers_with_prefix(&self, prefix: &str, limit: usize) -> Vec<OfferId> {
+        self.read().ids_of_providers_with_prefix(prefix, limit)
+    }
+
     /// Offers that newer ones from the same providers replaced, whose id starts with
     /// `prefix`, with each provider's current offer; at most `limit`.
     pub fn replaced(&self, prefix: &str, limit: usize) -> Vec<ReplacedOffer> {

@@ -55,7 +55,8 @@ impl From<Network> for gridlease_protocol::NetworkPolicy {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("duration").required(true).args(["hours", "minutes", "seconds"])))]
 pub struct RentArgs {
-    /// Offer id (or its first digits) from `gridlease search`.
+    /// Offer handle (`PROVIDER/0`, as `gridlease search` shows it: the provider's offer as it
+    /// is signed now) or offer id (or its first digits).
     #[arg(value_name = "OFFER")]
     pub offer: String,
     /// GPUs to lease.
@@ -384,7 +385,13 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         || !args.upload.is_empty()
         || args.prepay.is_some()
     {
-        Some(api.get(&format!("/v1/offers/{}", args.offer)).await?)
+        Some(
+            api.get(&format!(
+                "/v1/offers/{}",
+                super::search::urlencode(&args.offer)
+            ))
+            .await?,
+        )
     } else {
         None
     };
