@@ -611,3 +611,95 @@ fn cp_errors_say_what_is_wrong_and_never_advise_a_retry_that_cannot_help() {
         .unwrap();
     assert_eq!(text(&exec.stdout).trim(), "clean", "{}", text(&exec.stderr));
 }
+
+/// Issue 42 item 2: an upload keeps each file's mode and modification time (they used to be
+/// 1970-01-01, so Python took a changed module of the same size for its stale bytecode): a
+/// file changed in place (same size, newer mtime) and copied again is seen as changed.
+#[test]
+fn an_upload_keeps_each_files_mode_and_mtime() {
+    let test = "cp_mtime";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = busybox_market(
+        dir.path(),
+        &image.tag,
+        &dir.path().join("provider.log"),
+        &[],
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "300",
+            "--detach",
+            "--image",
+            &image.tag,
+            "--",
+            "sleep",
+            "300",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&ph, &id)["state"] == "running"
+    });
+    let src = dir.path().join("mod.py");
+    let stat_in_lease = || {
+        let out = bin()
+            .arg("--home")
+            .arg(&rh)
+            .args([
+                "exec",
+                &id[..12],
+                "--",
+                "/bin/busybox",
+                "stat",
+                "-c",
+                "%Y %a",
+                "/workspace/mod.py",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{} {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout).trim().to_string()
+    };
+    let upload = || {
+        let out = bin()
+            .arg("--home")
+            .arg(&rh)
+            .args([
+                "cp",
+                src.to_str().unwrap(),
+                &format!("{}:/workspace/mod.py", &id[..12]),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    let set = |content: &str, mtime: i64, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&src, content).unwrap();
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(mode)).unwrap();
+        let f = std::fs::File::options().write(true).open(&src).unwrap();
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(u64::try_from(mtime).unwrap());
+        f.set_modified(t).unwrap();
+    };
+    set("X = 1\n", 1_700_000_000, 0o640);
+    upload();
+    assert_eq!(stat_in_lease(), "1700000000 640");
+    // Changed in place: the same size, a later mtime, another mode.
+    set("X = 2\n", 1_700_000_100, 0o755);
+    upload();
+    assert_eq!(stat_in_lease(), "1700000100 755");
+}
