@@ -54,7 +54,7 @@ cleanup() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ -n "$provider_peer" ]; then
     # The lease's container, then its workspace: the volume and the loop device under it.
-    docker ps -aq --filter "label=gridlease.node=$provider_peer" | xargs -r docker rm -f >/dev/null
+    docker ps -aq --filter "label=gridlease.node=$provider_peer" | xargs -r docker rm -f -v >/dev/null
     docker volume ls -q --filter "label=gridlease.node=$provider_peer" | xargs -r docker volume rm -f >/dev/null
   fi
   find "$work" -name '*.img' -print0 2>/dev/null | while IFS= read -r -d '' img; do
