@@ -492,6 +492,40 @@ fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_out
     assert!(held < begun, "held, then begun by the renter");
 }
 
+/// A market whose provider offers `image`, and a running lease of it whose command is `cmd`
+/// (5 minutes, detached): the market (dropped last: it removes the provider's containers), the
+/// guard, the renter's home and the lease id.
+fn running_lease(
+    dir: &Path,
+    image: &BusyboxImage,
+    cmd: &[&str],
+) -> (
+    cli_support::Market,
+    ContainersGuard,
+    std::path::PathBuf,
+    String,
+) {
+    let m = busybox_market(dir, &image.tag, &dir.join("provider.log"), &[]);
+    let guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.join("provider"), dir.join("renter"));
+    let mut args = vec![
+        "rent",
+        &m.offer,
+        "--seconds",
+        "300",
+        "--detach",
+        "--image",
+        &image.tag,
+        "--",
+    ];
+    args.extend_from_slice(cmd);
+    let id = json(&rh, &args)["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&ph, &id)["state"] == "running"
+    });
+    (m, guard, rh, id)
+}
+
 /// Issue 42 item 6: `cp` errors say what is wrong, never "run the same `gridlease cp` again"
 /// when running it again cannot help, and never a raw Docker error.
 /// - a missing remote path: named as missing, exit 1, no resume advice;
@@ -505,25 +539,10 @@ fn cp_errors_say_what_is_wrong_and_never_advise_a_retry_that_cannot_help() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let m = busybox_market(
+    let (_m, _guard, rh, id) = running_lease(
         dir.path(),
-        &image.tag,
-        &dir.path().join("provider.log"),
-        &[],
-    );
-    let _guard = ContainersGuard(m.provider_peer.clone());
-    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let rented = json(
-        &rh,
+        &image,
         &[
-            "rent",
-            &m.offer,
-            "--seconds",
-            "300",
-            "--detach",
-            "--image",
-            &image.tag,
-            "--",
             "sh",
             "-c",
             "mkdir -p /workspace/out/sub && echo data > /workspace/out/sub/f && \
@@ -531,10 +550,6 @@ fn cp_errors_say_what_is_wrong_and_never_advise_a_retry_that_cannot_help() {
              touch /workspace/ready && sleep 300",
         ],
     );
-    let id = rented["lease_id"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(60), "the lease to run", || {
-        lease_of(&ph, &id)["state"] == "running"
-    });
     let remote = |p: &str| format!("{}:{p}", &id[..12]);
     let cp = |args: &[&str]| {
         bin()
@@ -622,33 +637,7 @@ fn an_upload_keeps_each_files_mode_and_mtime() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let m = busybox_market(
-        dir.path(),
-        &image.tag,
-        &dir.path().join("provider.log"),
-        &[],
-    );
-    let _guard = ContainersGuard(m.provider_peer.clone());
-    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
-    let rented = json(
-        &rh,
-        &[
-            "rent",
-            &m.offer,
-            "--seconds",
-            "300",
-            "--detach",
-            "--image",
-            &image.tag,
-            "--",
-            "sleep",
-            "300",
-        ],
-    );
-    let id = rented["lease_id"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(60), "the lease to run", || {
-        lease_of(&ph, &id)["state"] == "running"
-    });
+    let (_m, _guard, rh, id) = running_lease(dir.path(), &image, &["sleep", "300"]);
     let src = dir.path().join("mod.py");
     let stat_in_lease = || {
         let out = bin()
