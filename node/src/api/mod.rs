@@ -345,8 +345,8 @@ pub struct OffersParams {
     /// The search query (see `docs/search.md`); empty matches every offer with a free GPU.
     #[serde(default)]
     pub q: String,
-    /// Sort key: `price` (default), `fp16_tflops`, `fp32_tflops`, `price_per_tflop`, `vram`
-    /// or `age`; a leading `-` sorts descending. Given, it wins over a `sort:KEY` term of `q`.
+    /// Sort key: `price` (default), `fp16_tflops`, `fp32_tflops`, `price_per_tflop`, `vram`,
+    /// `age` or `rep`; a leading `-` sorts descending. Given, it wins over a `sort:KEY` term of `q`.
     pub sort: Option<String>,
     /// Most rows.
     #[param(minimum = 1, maximum = 10000, default = 20)]
@@ -1241,6 +1241,18 @@ fn require_upgrade(req: &axum::extract::Request) -> Result<(), ApiError> {
     }
 }
 
+/// The headers every access route needs, documented once (both required, each with its one
+/// value; [`require_upgrade`] checks them).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // A documentation type: never built, only described.
+struct AccessHeaders {
+    /// The access protocol.
+    upgrade: types::AccessUpgrade,
+    /// The connection switches protocols.
+    connection: types::ConnectionUpgrade,
+}
+
 /// The refusals every access route (exec, forward, upload, download) can give, documented once.
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // A documentation type: never built, only described.
@@ -1294,7 +1306,7 @@ enum AccessProblems {
     tag = "access",
     summary = "A shell or a command in the lease's container (HTTP upgrade)",
     description = "After 101 the connection carries ExecInput frames up and ExecOutput frames down.",
-    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols")),
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), AccessHeaders),
     request_body = types::ExecBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
@@ -1332,7 +1344,7 @@ async fn exec(
     params(
         ("id" = String, Path, description = "Lease id or unique hex prefix"),
         ("port" = u16, Path, description = "Port inside the container"),
-        ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols"),
+        AccessHeaders,
     ),
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
@@ -1371,7 +1383,7 @@ async fn access_body<T: serde::de::DeserializeOwned>(
     tag = "access",
     summary = "A tar stream into the lease's /workspace (HTTP upgrade)",
     description = "After 101: TransferFrame Chunks of a tar stream and End up, Done or Error down.",
-    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols")),
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), AccessHeaders),
     request_body = types::UploadBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
@@ -1401,7 +1413,7 @@ async fn upload(
     tag = "access",
     summary = "A tar stream of a path in the lease's /workspace (HTTP upgrade)",
     description = "After 101: Skips and Go up; Root, Chunks and End (or Error) down.",
-    params(("id" = String, Path, description = "Lease id or unique hex prefix"), ("upgrade" = types::AccessUpgrade, Header, description = "The access protocol"), ("connection" = types::ConnectionUpgrade, Header, description = "The connection switches protocols")),
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), AccessHeaders),
     request_body = types::DownloadBody,
     responses(
         (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
