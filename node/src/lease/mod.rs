@@ -1184,7 +1184,17 @@ impl LeaseService {
             .ask(|r| Cmd::ToSession(id, Box::new(SessionMsg::Stop(reply)), r))
             .await?
         {
-            rx.await.map_err(|_| LeaseError::Closed)
+            match rx.await {
+                Ok(()) => Ok(()),
+                // The session ended before it read the stop: the lease closed meanwhile (as
+                // when it was already over); only a session that ended with the lease still
+                // open (the node shutting down) leaves it unstopped.
+                Err(_) => match self.ctx.store.call(move |s| s.lease(&id)).await? {
+                    Some(l) if l.lease.state.is_terminal() => Ok(()),
+                    Some(l) if l.lease.state == gridlease_contracts::LeaseState::Closing => Ok(()),
+                    _ => Err(LeaseError::Closed),
+                },
+            }
         } else {
             match self.ctx.store.call(move |s| s.lease(&id)).await? {
                 Some(_) => Ok(()), // already over
