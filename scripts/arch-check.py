@@ -24,6 +24,10 @@
    literals and `$crate` in macros are ignored. `--strict` also counts parent -> child uses
    (parent <-> child back-and-forth), for information: CI does not run it.
 
+   Test code is not architecture: items under `#[cfg(test)]` (test modules inline or in their
+   own file, test-only functions and `use`s) are left out, so a unit test may use any module of
+   its crate. `--with-tests` counts them too, for information.
+
    Every strongly connected component of more than one module is reported with the edges
    (file:line) that make it.
 
@@ -58,6 +62,7 @@ MOD_DECL_RE = re.compile(r"^[ \t]*(?:pub(?:\([^)]*\))?[ \t]+)?mod[ \t]+(" + IDEN
 USE_RE = re.compile(r"(?<![\w$])(pub(?:\([^)]*\))?\s+)?use\s+([^;{}]*(?:\{[^;]*\})?[^;{}]*);")
 CODE_PATH_RE = re.compile(r"(?<![\w$:])((?:" + IDENT + r")(?:\s*::\s*" + IDENT + r")+)")
 INLINE_MOD_RE = re.compile(r"\bmod\s+(" + IDENT + r")\s*\{")
+CFG_TEST_RE = re.compile(r"#\[cfg\(test\)\]")
 FN_RE = re.compile(r"\bfn\s+(" + IDENT + r")")
 
 
@@ -107,6 +112,36 @@ def strip_code(text: str) -> str:
         else:
             out.append(c)
             i += 1
+    return "".join(out)
+
+
+def blank_test_items(text: str) -> str:
+    """Blanks every item under `#[cfg(test)]` (a test module, function or `use`), lines kept."""
+    out = list(text)
+    for m in CFG_TEST_RE.finditer(text):
+        j, paren = m.end(), 0
+        while j < len(text):
+            ch = text[j]
+            if ch in "([":
+                paren += 1
+            elif ch in ")]":
+                paren -= 1
+            elif paren == 0 and ch in ";{":
+                break
+            j += 1
+        if j < len(text) and text[j] == "{":
+            depth = 0
+            while j < len(text):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+        for k in range(m.start(), min(j + 1, len(text))):
+            if out[k] != "\n":
+                out[k] = " "
     return "".join(out)
 
 
@@ -185,8 +220,9 @@ class ModFile:
 
 
 class Crate:
-    def __init__(self, name: str, root_file: str):
+    def __init__(self, name: str, root_file: str, with_tests: bool):
         self.name = name
+        self.with_tests = with_tests
         self.root_file = root_file
         self.files: dict[tuple[str, ...], ModFile] = {}
         self.load(root_file, (), True)
@@ -195,6 +231,8 @@ class Crate:
         with open(path, encoding="utf-8") as f:
             raw = f.read()
         text = strip_code(raw)
+        if not self.with_tests:
+            text = blank_test_items(text)
         mf = ModFile(path=path, mod=mod)
         self.files[mod] = mf
         mf.items = set(ITEM_RE.findall(text))
@@ -414,10 +452,10 @@ def crate_roots(repo: str, member: str) -> list[str]:
     return roots
 
 
-def check_cycles(repo: str, member: str, strict: bool) -> list[str]:
+def check_cycles(repo: str, member: str, strict: bool, with_tests: bool) -> list[str]:
     findings = []
     for root in crate_roots(repo, member):
-        crate = Crate(member, root)
+        crate = Crate(member, root, with_tests)
         graph = crate.edges(strict)
         for comp in sccs(graph):
             if len(comp) < 2:
@@ -489,6 +527,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--crate", action="append", default=[], help="a member directory or package name (repeatable; default all)")
     ap.add_argument("--strict", action="store_true", help="also count a module's uses of its own descendants (report only)")
+    ap.add_argument("--with-tests", action="store_true", help="also count `#[cfg(test)]` code (report only)")
     args = ap.parse_args()
     members = workspace_members(repo)
     by_name = {m: m for m in members} | {package_name(repo, m): m for m in members}
@@ -499,7 +538,7 @@ def main() -> int:
     selected = [by_name[c] for c in args.crate] if args.crate else members
     findings: list[str] = []
     for member in selected:
-        findings += check_cycles(repo, member, args.strict)
+        findings += check_cycles(repo, member, args.strict, args.with_tests)
     if "node" in selected:
         findings += check_sizes(repo)
     if findings:
