@@ -26,7 +26,7 @@ use gridlease_protocol::{
     AmendAccept, AmendRefusal, LeaseAmendment, LeaseTerms, PublicKey, Shape, Timestamp,
 };
 
-use crate::billing::cost;
+use crate::billing::default_budget;
 use crate::deadline::StopSchedule;
 use crate::lease::Lease;
 use crate::money::{Money, MoneyError};
@@ -58,9 +58,9 @@ pub fn amended_terms(terms: &LeaseTerms, a: &LeaseAmendment) -> LeaseTerms {
 /// costs (both durations counted at least the minimum billed time). Checked arithmetic.
 pub fn raised_cap(terms: &LeaseTerms, new_duration_s: u32) -> Result<Money, MoneyError> {
     let price = Money::from_micros(terms.price_per_gpu_hour);
-    let billed = |d: u32| u64::from(d.max(terms.min_billed_s));
-    let before = cost(billed(terms.duration_s), terms.gpu_count, price)?;
-    let after = cost(billed(new_duration_s), terms.gpu_count, price)?;
+    let budget = |d: u32| default_budget(d, terms.min_billed_s, terms.gpu_count, price);
+    let before = budget(terms.duration_s)?;
+    let after = budget(new_duration_s)?;
     Money::from_micros(terms.max_total).checked_add(after.saturating_sub(before))
 }
 
@@ -96,8 +96,9 @@ pub fn check_next(lease: &Lease, a: &LeaseAmendment) -> Result<(), AmendRefusal>
             current: t.max_total,
         });
     }
-    cost(
-        u64::from(a.duration_s.max(t.min_billed_s)),
+    default_budget(
+        a.duration_s,
+        t.min_billed_s,
         t.gpu_count,
         Money::from_micros(t.price_per_gpu_hour),
     )
@@ -105,6 +106,21 @@ pub fn check_next(lease: &Lease, a: &LeaseAmendment) -> Result<(), AmendRefusal>
         detail: "the amended lease's cost overflows".into(),
     })?;
     Ok(())
+}
+
+impl Lease {
+    /// Applies an accepted amendment (a longer duration and its budget cap) if it is the next
+    /// one and the lease runs ([`check_next`]); a refused one changes nothing.
+    /// Not a state transition: the lease keeps running, to a later deadline.
+    ///
+    /// Defined here, not in [`crate::lease`], so that the state machine does not depend on the
+    /// amendment rules (no import cycle between the two modules).
+    pub fn amend(&mut self, a: &LeaseAmendment) -> Result<(), AmendRefusal> {
+        check_next(self, a)?;
+        self.terms = amended_terms(&self.terms, a);
+        self.extensions = a.seq;
+        Ok(())
+    }
 }
 
 /// The renter's next amendment of `lease`: `add_s` more seconds, and the cap `max_total` (by
@@ -236,6 +252,7 @@ pub fn refusal_text(r: &AmendRefusal) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::billing::cost;
     use crate::lease::{Actor, LeaseEvent, LeaseState};
     use gridlease_protocol::fixtures::{self, T0};
     use gridlease_protocol::{CloseReason, Digest, LeaseId, NodeKey, OfferId};

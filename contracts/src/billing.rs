@@ -56,6 +56,25 @@ pub fn cost(seconds: u64, gpus: u16, price_per_gpu_hour: Money) -> Result<Money,
         .map_err(|_| MoneyError::Overflow)
 }
 
+/// **The default budget cap** of a lease whose renter names none: the cost of the whole
+/// duration, or of the minimum billed time if that is longer,
+/// `cost(max(duration_s, min_billed_s), gpus, price_per_gpu_hour)`. The renter's node proposes
+/// it (`gridlease rent` without `--max-total`), the simulator's renters ask for it, and an
+/// extension raises a cap by the difference of two of them ([`crate::amend::raised_cap`]).
+/// An overflow error where that cost does not fit.
+pub fn default_budget(
+    duration_s: u32,
+    min_billed_s: u32,
+    gpus: u16,
+    price_per_gpu_hour: Money,
+) -> Result<Money, MoneyError> {
+    cost(
+        u64::from(duration_s.max(min_billed_s)),
+        gpus,
+        price_per_gpu_hour,
+    )
+}
+
 /// The charge for usage between cumulative second `from_s` and `to_s` (`to_s >= from_s`).
 pub fn interval_charge(
     from_s: u64,
@@ -226,6 +245,26 @@ pub fn start_failure_is_billed(kind: StartFailureKind) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_default_budget_is_the_cost_of_the_duration_or_of_the_minimum_billed_time() {
+        let price = Money::from_micros(3_600_000); // 1_000 micro-units per GPU-second
+        // Longer than the minimum: the whole duration, every GPU.
+        assert_eq!(
+            default_budget(600, 60, 2, price),
+            Ok(Money::from_micros(1_200_000))
+        );
+        // Shorter than the minimum: the minimum billed time.
+        assert_eq!(
+            default_budget(30, 60, 2, price),
+            Ok(Money::from_micros(120_000))
+        );
+        assert_eq!(default_budget(60, 60, 1, Money::ZERO), Ok(Money::ZERO));
+        assert_eq!(
+            default_budget(u32::MAX, 0, u16::MAX, Money::from_micros(u64::MAX)),
+            Err(MoneyError::Overflow)
+        );
+    }
 
     #[test]
     fn only_an_owner_reclaim_waives_the_minimum() {

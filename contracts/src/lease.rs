@@ -237,19 +237,6 @@ impl Lease {
             .map(|s| s.plus_secs(u64::from(self.terms.duration_s)))
     }
 
-    /// Applies an accepted amendment (a longer duration and its budget cap) if it is the next
-    /// one and the lease runs ([`crate::amend::check_next`]); a refused one changes nothing.
-    /// Not a state transition: the lease keeps running, to a later deadline.
-    pub fn amend(
-        &mut self,
-        a: &gridlease_protocol::LeaseAmendment,
-    ) -> Result<(), gridlease_protocol::AmendRefusal> {
-        crate::amend::check_next(self, a)?;
-        self.terms = crate::amend::amended_terms(&self.terms, a);
-        self.extensions = a.seq;
-        Ok(())
-    }
-
     /// Whether `actor` may cause `event` at all (independent of state).
     pub fn allowed(actor: Actor, event: &LeaseEvent) -> bool {
         match event {

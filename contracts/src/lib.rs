@@ -26,7 +26,7 @@ pub mod schedule;
 pub mod statement;
 pub mod terms;
 
-pub use billing::{BilledTime, Tariff, cost, interval_charge};
+pub use billing::{BilledTime, Tariff, cost, default_budget, interval_charge};
 pub use channel::{
     Decision, ProviderChannel, ReceiptError, RenterChannel, UsageError, check_usage,
 };

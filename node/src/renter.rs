@@ -23,8 +23,9 @@ pub fn terms_for(
     let o = &entry.offer;
     let max_total = match req.max_total {
         Some(m) => m,
-        None => gridlease_contracts::cost(
-            u64::from(req.duration_s.max(o.min_billed_s)),
+        None => gridlease_contracts::default_budget(
+            req.duration_s,
+            o.min_billed_s,
             req.gpus,
             Money::from_micros(o.price_per_gpu_hour),
         )?,

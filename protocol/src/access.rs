@@ -356,7 +356,7 @@ pub fn frame<T: Serialize, const MAX: usize>(value: &T) -> Result<Vec<u8>, Codec
 
 /// Truncates a message to [`MAX_MESSAGE`] bytes on a char boundary.
 pub fn message(s: impl std::fmt::Display) -> String {
-    crate::session::truncated(s, MAX_MESSAGE)
+    crate::text::truncated(s, MAX_MESSAGE)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod session;
 pub mod statement;
 pub mod sync;
 pub mod telemetry;
+pub mod text;
 pub mod transfer;
 pub mod types;
 

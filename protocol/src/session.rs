@@ -24,6 +24,7 @@ use crate::messages::{
 #[cfg(doc)]
 use crate::telemetry::MAX_TELEMETRY_SAMPLES;
 use crate::telemetry::TelemetryBatch;
+pub use crate::text::truncated;
 use crate::types::{LeaseId, Timestamp};
 
 /// Largest log chunk in one response, bytes: 1023 KiB (with its framing the response stays
@@ -270,19 +271,6 @@ pub enum SessionResponse {
 /// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.
 pub fn detail(s: impl std::fmt::Display) -> String {
     truncated(s, MAX_DETAIL)
-}
-
-/// `s` as text, cut to at most `max` bytes on a char boundary.
-pub fn truncated(s: impl std::fmt::Display, max: usize) -> String {
-    let mut s = s.to_string();
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
 }
 
 #[cfg(test)]

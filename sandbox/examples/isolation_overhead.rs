@@ -21,7 +21,7 @@ use gridlease_sandbox::runtime::now_ms;
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 
 fn spec(image: &str, i: usize, args: &[&str], runtime: Option<&str>) -> SandboxSpec {
-    let mut s = SandboxSpec::small(
+    let mut s = SandboxSpec::small_on_host(
         LeaseId(Digest::of(
             "isolation-bench",
             format!("{}-{i}-{}", std::process::id(), now_ms().0).as_bytes(),

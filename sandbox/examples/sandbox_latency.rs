@@ -19,7 +19,7 @@ use gridlease_sandbox::runtime::now_ms;
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 
 fn spec(image: &str, i: usize, args: &[&str]) -> SandboxSpec {
-    SandboxSpec::small(
+    SandboxSpec::small_on_host(
         LeaseId(Digest::of(
             "latency",
             format!("{}-{i}-{}", std::process::id(), now_ms().0).as_bytes(),

@@ -18,8 +18,10 @@
 use std::path::{Path, PathBuf};
 
 use gridlease_contracts::capacity::HostFacts;
+use gridlease_protocol::LeaseId;
 
 use crate::runtime::Sandbox;
+use crate::spec::{ProviderLimits, SandboxSpec};
 
 const MIB: u64 = 1024 * 1024;
 const GIB: u64 = 1024 * MIB;
@@ -132,6 +134,29 @@ pub fn disk_space(path: &Path) -> Result<DiskSpace, HostError> {
 pub fn tenant_nofile() -> u32 {
     let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
     nofile_within(hard)
+}
+
+impl ProviderLimits {
+    /// The defaults with this host's tenant open-file limit ([`tenant_nofile`]): the limits a
+    /// node runs with. Reads this process's `getrlimit`, the I/O that the pure
+    /// [`ProviderLimits::default`] leaves out.
+    pub fn from_host() -> Self {
+        Self {
+            nofile: tenant_nofile(),
+            ..Self::default()
+        }
+    }
+}
+
+impl SandboxSpec {
+    /// [`SandboxSpec::small`] with this host's tenant open-file limit ([`tenant_nofile`]), for
+    /// a container started on this host (the runtime check, benchmarks, tests).
+    pub fn small_on_host(lease_id: LeaseId, node_id: &str, image: &str, command: &[&str]) -> Self {
+        Self {
+            nofile: tenant_nofile(),
+            ..SandboxSpec::small(lease_id, node_id, image, command)
+        }
+    }
 }
 
 /// Most descriptors the node asks for when its hard limit is unlimited.

@@ -175,7 +175,7 @@ async fn probe_kernel(
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let mut spec = SandboxSpec::small(
+    let mut spec = SandboxSpec::small_on_host(
         LeaseId(Digest::of(
             "gridlease-runtime-check",
             format!("{}-{nonce}", std::process::id()).as_bytes(),

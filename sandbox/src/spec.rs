@@ -141,8 +141,8 @@ pub struct ProviderLimits {
     pub max_scratch_mib: u32,
     /// Name of the egress bridge (see `Sandbox::ensure_egress_network`).
     pub egress_network: String,
-    /// Open-file limit per container (default [`crate::host::tenant_nofile`]: [`DEFAULT_NOFILE`]
-    /// or the node's own hard limit if lower).
+    /// Open-file limit per container (default [`DEFAULT_NOFILE`]; a node runs with
+    /// [`ProviderLimits::from_host`]'s, lowered to its own hard limit: `crate::host::tenant_nofile`).
     pub nofile: u32,
     /// The Docker runtime tenants run under (see [`SandboxSpec::runtime`]); `None`: runc.
     pub runtime: Option<String>,
@@ -156,7 +156,7 @@ impl Default for ProviderLimits {
             pids_limit: 1024,
             max_scratch_mib: 16 * 1024,
             egress_network: "gridlease-egress".to_string(),
-            nofile: crate::host::tenant_nofile(),
+            nofile: DEFAULT_NOFILE,
             runtime: None,
             isolation: Isolation::Runc,
         }
@@ -166,7 +166,9 @@ impl Default for ProviderLimits {
 impl SandboxSpec {
     /// A small hardened spec for a container that is no lease's (the runtime check at start-up,
     /// benchmarks, tests): 1 CPU, 128 MiB, 64 processes, 16 MiB `/tmp`, 64 MiB `/dev/shm`, no
-    /// workspace, no network, no deadline, under the daemon's default runtime. Callers adjust
+    /// workspace, no network, no deadline, under the daemon's default runtime, [`DEFAULT_NOFILE`]
+    /// open files (no I/O here: a container started on this host takes
+    /// [`SandboxSpec::small_on_host`], whose limit is lowered to the node's own). Callers adjust
     /// fields.
     pub fn small(lease_id: LeaseId, node_id: &str, image: &str, command: &[&str]) -> Self {
         Self {
@@ -184,7 +186,7 @@ impl SandboxSpec {
             shm_mib: 64,
             workspace_bytes: 0,
             workspace: None,
-            nofile: crate::host::tenant_nofile(),
+            nofile: DEFAULT_NOFILE,
             network: NetworkPolicy::None,
             egress_network: String::new(),
             run_as_root: false,
@@ -862,7 +864,7 @@ mod tests {
         assert_eq!(s.image, terms.image);
         assert_eq!(s.network, terms.network_policy);
         assert_eq!(s.pids_limit, limits.pids_limit);
-        assert_eq!(s.nofile, crate::host::tenant_nofile());
+        assert_eq!(s.nofile, limits.nofile);
     }
 
     #[test]

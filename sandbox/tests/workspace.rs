@@ -128,7 +128,7 @@ async fn a_pytorch_shaped_job_runs_as_nobody_in_a_disk_workspace() {
         &node,
         Timestamp(u64::MAX / 2),
         vec![],
-        &ProviderLimits::default(),
+        &ProviderLimits::from_host(),
     );
     assert_eq!(spec.workspace_bytes, 2 * GIB);
     assert_eq!(spec.shm_mib, 768);

@@ -11,6 +11,7 @@
 
 pub mod columnar;
 pub mod engine;
+pub mod manifest;
 pub mod market;
 pub mod metrics;
 pub mod output;
@@ -20,4 +21,5 @@ pub mod scenario;
 pub mod shards;
 pub mod stats;
 pub mod sweep;
+pub mod table;
 pub mod zi;

@@ -29,7 +29,7 @@ use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, unifo
 use gridlease_contracts::reputation::{Outcome, ReputationBook, TrustPolicy};
 use gridlease_contracts::{
     Actor, Decision, Lease, LeaseEvent, Money, ProviderChannel, ProviderView, RenterChannel,
-    Tariff, check_request, cost,
+    Tariff, check_request, cost, default_budget,
 };
 use gridlease_protocol::fixtures;
 use gridlease_protocol::{
@@ -1446,7 +1446,7 @@ impl<'s> Market<'s> {
         }
         let c = &self.sc.channel;
         let tariff_budget =
-            cost(u64::from(j.duration_s.max(c.min_billed_s)), j.gpus, price).unwrap_or(Money::ZERO);
+            default_budget(j.duration_s, c.min_billed_s, j.gpus, price).unwrap_or(Money::ZERO);
         let (network, image) = match self.spare_terms.pop() {
             Some((mut network, mut image)) => {
                 if network != self.network {

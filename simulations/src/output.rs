@@ -14,13 +14,14 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use gridlease_contracts::Money;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use crate::manifest::{Manifest, TraceInfo};
 use crate::market::{Market, Mechanism, RunResult, revenue_gini};
 use crate::metrics::{Bucket, Population, WAIT_BINS_S};
 use crate::scenario::{Attack, Scenario};
 use crate::stats::{self, Summary};
+pub use crate::table::Table;
 
 /// One sweep point: the parameter settings and the scenario they produce.
 #[derive(Clone, Debug)]
@@ -29,46 +30,6 @@ pub struct Point {
     pub params: Vec<(String, String)>,
     /// The resulting scenario.
     pub scenario: Scenario,
-}
-
-/// A table of text cells.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Table {
-    /// Column names.
-    pub header: Vec<String>,
-    /// Rows.
-    pub rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    /// Index of a column.
-    pub fn col(&self, name: &str) -> Option<usize> {
-        self.header.iter().position(|h| h == name)
-    }
-
-    /// Writes as CSV.
-    pub fn write(&self, path: &Path) -> Result<()> {
-        let mut w =
-            csv::Writer::from_path(path).with_context(|| format!("create {}", path.display()))?;
-        w.write_record(&self.header)?;
-        for r in &self.rows {
-            w.write_record(r)?;
-        }
-        w.flush()?;
-        Ok(())
-    }
-
-    /// Reads a CSV written by [`Table::write`].
-    pub fn read(path: &Path) -> Result<Self> {
-        let mut r =
-            csv::Reader::from_path(path).with_context(|| format!("open {}", path.display()))?;
-        let header = r.headers()?.iter().map(str::to_string).collect();
-        let mut rows = Vec::new();
-        for rec in r.records() {
-            rows.push(rec?.iter().map(str::to_string).collect());
-        }
-        Ok(Self { header, rows })
-    }
 }
 
 /// One finished replication.
@@ -736,61 +697,6 @@ pub fn summary(runs: &Table) -> Table {
         }
     }
     out
-}
-
-/// The manifest (`manifest.json`), written by `run`/`sweep` and read back by `merge`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Manifest {
-    /// `gridlease-sim` version.
-    pub version: String,
-    /// The git revision the binary was built from ([`git_revision`]).
-    pub git_revision: Option<String>,
-    /// Scenario name.
-    pub scenario: String,
-    /// SHA-256 of the base scenario's canonical TOML.
-    pub scenario_hash: String,
-    /// Base seed.
-    pub seed: u64,
-    /// Replications per point.
-    pub replications: u64,
-    /// Swept parameters and their values.
-    pub sweep: Vec<(String, Vec<String>)>,
-    /// Number of sweep points.
-    pub points: usize,
-    /// Shard `i/n`, if any.
-    pub shard: Option<String>,
-    /// Replications in this output.
-    pub runs: usize,
-    /// Files written.
-    pub files: Vec<String>,
-    /// Events processed (all runs).
-    pub events: u64,
-    /// Wall-clock seconds (not reproducible, informational only).
-    pub wall_seconds: f64,
-    /// Events per wall-clock second.
-    pub events_per_second: f64,
-    /// `merge` only: the shard directories merged.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub merged_from: Vec<String>,
-    /// `merge` only: which shards and replications the merged output covers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub coverage: Option<crate::shards::Coverage>,
-    /// `--trace` only: what `trace.csv` holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace: Option<TraceInfo>,
-}
-
-/// What `trace.csv` holds (`manifest.json`, `--trace` only).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TraceInfo {
-    /// `--trace-max-rows`.
-    pub max_rows: usize,
-    /// Rows each run kept at most.
-    pub rows_per_run: usize,
-    /// Rows written.
-    pub rows: usize,
-    /// Events not written because a run reached its cap (0: the trace is complete).
-    pub dropped: u64,
 }
 
 /// SHA-256 hex of a scenario's canonical TOML.

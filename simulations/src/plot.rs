@@ -23,8 +23,8 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 use crate::metrics::WAIT_BINS_S;
-use crate::output::Table;
 use crate::stats;
+use crate::table::Table;
 
 /// Environment variable naming a .ttf file for plot text.
 pub const FONT_ENV: &str = "GRIDLEASE_SIM_FONT";

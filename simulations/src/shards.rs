@@ -7,9 +7,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::output::{Manifest, Table, tasks};
+pub use crate::manifest::{Coverage, Task};
+use crate::output::{Manifest, tasks};
+use crate::table::Table;
 
 /// Why a shard set cannot be merged.
 #[derive(Debug, thiserror::Error)]
@@ -105,28 +107,6 @@ pub enum MergeError {
         /// All tasks of the study.
         total: usize,
     },
-}
-
-/// One (point, replication) task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Task {
-    /// Sweep point.
-    pub point: usize,
-    /// Replication.
-    pub replication: u64,
-}
-
-/// What the merge covers, for the merged manifest.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Coverage {
-    /// Whether some replications are missing.
-    pub partial: bool,
-    /// Shard count of the split merged.
-    pub shards: u64,
-    /// Shard indices missing.
-    pub missing_shards: Vec<u64>,
-    /// The replications missing, as (point, replication).
-    pub missing_replications: Vec<Task>,
 }
 
 /// The shards' manifests, checked; the first shard's manifest is the template of the merged one.

@@ -193,7 +193,7 @@ impl LeaseServiceConfig {
             gpu_uuids: BTreeMap::new(),
             gpu_sampler: None,
             provide_file: None,
-            limits: ProviderLimits::default(),
+            limits: ProviderLimits::from_host(),
             base_template: None,
             renter_grace_s: 30,
             owner_idle: Duration::from_secs(300),

@@ -79,7 +79,7 @@ pub fn lease(tag: &str) -> LeaseId {
 
 /// A probe spec with small limits; the caller adjusts fields.
 pub fn probe_spec(image: &str, node: &str, args: &[&str]) -> SandboxSpec {
-    SandboxSpec::small(lease("lease"), node, image, args)
+    SandboxSpec::small_on_host(lease("lease"), node, image, args)
 }
 
 /// Removes containers, workspaces (volume, loop device, image file), directories, networks and
