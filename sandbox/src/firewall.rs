@@ -33,6 +33,9 @@
 
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use backon::{BlockingRetryable, ConstantBuilder};
 
 use crate::runtime::{Sandbox, SandboxError};
 
@@ -665,19 +668,20 @@ impl Firewall {
             });
         }
         let _guard = APPLY_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let mut attempt = 0;
-        loop {
-            let listing = self.listing()?;
-            match self.restore(&rules.install_script(&listing)) {
-                Ok(()) => break,
-                // Another process changed the table between the read and the commit.
-                Err(e) if attempt < 2 => {
-                    tracing::debug!(error = %e, "firewall transaction failed; retrying");
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        (|| {
+            let listing = self.listing().map_err(Attempt::Fatal)?;
+            self.restore(&rules.install_script(&listing))
+                .map_err(Attempt::Conflict)
+        })
+        .retry(RETRY_TRANSACTION)
+        .sleep(std::thread::sleep)
+        // Another process changed the table between the read and the commit.
+        .when(Attempt::is_conflict)
+        .notify(|e, _| {
+            tracing::debug!(error = %e.error(), "firewall transaction failed; retrying");
+        })
+        .call()
+        .map_err(Attempt::into_error)?;
         tracing::info!(
             network = %rules.network,
             bridge = %rules.bridge,
@@ -694,28 +698,68 @@ impl Firewall {
     pub fn remove(&self, network: &str) -> Result<bool, FirewallError> {
         let chains = Chains::of(network);
         let _guard = APPLY_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let mut attempt = 0;
-        loop {
-            let listing = self.listing()?;
+        let removed = (|| {
+            let listing = self.listing().map_err(Attempt::Fatal)?;
             let Some(script) = removal_script(&listing, &chains) else {
                 return Ok(false);
             };
-            match self.restore(&script) {
-                Ok(()) => break,
-                Err(e) if attempt < 2 => {
-                    tracing::debug!(error = %e, "firewall removal failed; retrying");
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
+            self.restore(&script).map_err(Attempt::Conflict)?;
+            Ok(true)
+        })
+        .retry(RETRY_TRANSACTION)
+        .sleep(std::thread::sleep)
+        .when(Attempt::is_conflict)
+        .notify(|e, _| {
+            tracing::debug!(error = %e.error(), "firewall removal failed; retrying");
+        })
+        .call()
+        .map_err(Attempt::into_error)?;
+        if removed {
+            tracing::info!(network, "egress firewall rules removed");
         }
-        tracing::info!(network, "egress firewall rules removed");
-        Ok(true)
+        Ok(removed)
     }
 
     /// Whether the rules of `network` are installed (both chains exist).
     pub fn installed(&self, network: &str) -> Result<bool, FirewallError> {
         Ok(chains_present(&self.listing()?, &Chains::of(network)))
+    }
+}
+
+/// How a firewall transaction is tried again when its commit fails (another process changed
+/// the table between the read and the commit): 3 attempts in all, straight after each other.
+const RETRY_TRANSACTION: ConstantBuilder = ConstantBuilder::new()
+    .with_delay(Duration::ZERO)
+    .with_max_times(2);
+
+/// Why one attempt at a firewall transaction failed: reading the table is not tried again,
+/// committing the change is.
+#[derive(Debug)]
+enum Attempt {
+    /// Listing the rules failed: given up at once.
+    Fatal(FirewallError),
+    /// The commit failed: tried again.
+    Conflict(FirewallError),
+}
+
+impl Attempt {
+    /// Whether this attempt is tried again.
+    fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict(_))
+    }
+
+    /// The failure.
+    fn error(&self) -> &FirewallError {
+        match self {
+            Self::Fatal(e) | Self::Conflict(e) => e,
+        }
+    }
+
+    /// The failure, as the caller reports it.
+    fn into_error(self) -> FirewallError {
+        match self {
+            Self::Fatal(e) | Self::Conflict(e) => e,
+        }
     }
 }
 

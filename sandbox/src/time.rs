@@ -1,60 +1,12 @@
-//! RFC 3339 timestamps as Docker writes them (`2026-11-30T00:05:01.123456789Z`).
-
-/// Days from 1970-01-01 to the given civil date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+//! RFC 3339 timestamps as Docker writes them (`2026-11-30T00:05:01.123456789Z`), parsed by
+//! [`jiff`].
 
 /// Parses an RFC 3339 UTC or offset timestamp into unix nanoseconds. `None` if malformed.
 /// Docker's zero time (`0001-01-01T00:00:00Z`) parses to a negative value.
 pub fn parse_rfc3339_ns(s: &str) -> Option<i128> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || (b[10] != b'T' && b[10] != b' ') {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse().ok() };
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
-        return None;
-    }
-    let mut rest = &s[19..];
-    let mut nanos: i128 = 0;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if digits.is_empty() {
-            return None;
-        }
-        let mut padded = digits.clone();
-        padded.truncate(9);
-        while padded.len() < 9 {
-            padded.push('0');
-        }
-        nanos = padded.parse().ok()?;
-        rest = &frac[digits.len()..];
-    }
-    let offset_s: i64 = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let oh: i64 = rest.get(1..3)?.parse().ok()?;
-            let om: i64 = rest.get(4..6)?.parse().ok()?;
-            sign * (oh * 3600 + om * 60)
-        }
-    };
-    let days = days_from_civil(y, mo, d);
-    let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_s;
-    Some(i128::from(secs) * 1_000_000_000 + nanos)
+    s.parse::<jiff::Timestamp>()
+        .ok()
+        .map(jiff::Timestamp::as_nanosecond)
 }
 
 #[cfg(test)]
@@ -74,5 +26,32 @@ mod tests {
         );
         assert!(parse_rfc3339_ns("0001-01-01T00:00:00Z").is_some_and(|v| v < 0));
         assert_eq!(parse_rfc3339_ns("garbage"), None);
+    }
+
+    /// What the hand-written parser this replaced also read: a lower-case `z`, a space for
+    /// the `T`, negative offsets, fewer fraction digits; and what it refused.
+    #[test]
+    fn parses_offsets_and_fractions_and_refuses_what_has_no_offset() {
+        let at = 1_795_997_101_000_000_000;
+        assert_eq!(parse_rfc3339_ns("2026-11-30T00:05:01z"), Some(at));
+        assert_eq!(parse_rfc3339_ns("2026-11-30 00:05:01Z"), Some(at));
+        assert_eq!(parse_rfc3339_ns("2026-11-29T22:35:01-01:30"), Some(at));
+        assert_eq!(
+            parse_rfc3339_ns("2026-11-30T00:05:01.12Z"),
+            Some(at + 120_000_000)
+        );
+        // Docker's own fraction: nine digits, then an offset rather than `Z`.
+        assert_eq!(
+            parse_rfc3339_ns("2026-11-30T02:05:01.000000007+02:00"),
+            Some(at + 7)
+        );
+        assert_eq!(parse_rfc3339_ns("2026-11-30T00:05:01"), None, "no offset");
+        assert_eq!(
+            parse_rfc3339_ns("2026-11-30T00:05:01.Z"),
+            None,
+            "empty fraction"
+        );
+        assert_eq!(parse_rfc3339_ns("2026-13-30T00:05:01Z"), None, "month 13");
+        assert_eq!(parse_rfc3339_ns(""), None);
     }
 }

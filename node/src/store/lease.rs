@@ -14,7 +14,8 @@ use gridlease_protocol::{
 };
 use rusqlite::{OptionalExtension, params};
 
-use super::{Role, Store, StoreError, actor_str, classify, event_str, i64_of, u64_of};
+use super::sql::{actor_str, classify, event_str, i64_of, u64_of};
+use super::{Role, Store, StoreError};
 
 /// Ledger account: the renter's spending on a lease (debit side).
 pub const ACCOUNT_LEASE_SPEND: &str = "lease_spend";

@@ -17,7 +17,9 @@ use gridlease_protocol::transfer::{
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use super::{ATTEMPTS, CopyReport, FILE_BUFFER, Journal, LeftOut, Lost, bar, retryable};
+use backon::RetryableWithContext;
+
+use super::{CopyReport, FILE_BUFFER, Journal, LeftOut, Lost, bar, retry_delays, retryable};
 use crate::access::frames;
 use crate::api::client::ApiClient;
 use crate::output::Printer;
@@ -73,51 +75,53 @@ pub(crate) async fn download(
     // Never more data than the lease's disk could hold, unless the renter says otherwise.
     let limit = max_size.or((view.disk_bytes > 0).then_some(view.disk_bytes));
     let target = std::path::absolute(dst)?;
-    let mut journal = Journal::open(
+    let journal = Journal::open(
         api.home(),
         &format!("download\n{id}\n{rel}\n{}", target.display()),
     )?;
     let skipped = journal.done.len() as u64;
     let progress = bar(out, None, "downloading");
-    let mut done = Progress::default();
     let mut retries = 0u64;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    // Each attempt resumes where the last one stopped: the journal and the progress so far
+    // pass from one attempt to the next.
+    let (id_ref, rel_ref, target_ref, progress_ref) = (&id, &rel, &target, &progress);
+    let attempt = move |(mut journal, mut done): (Journal, Progress)| async move {
         let left = limit.map(|l| l.saturating_sub(done.bytes));
-        match download_once(
+        let r = download_once(
             api,
             out,
-            &id,
-            &rel,
-            &target,
+            id_ref,
+            rel_ref,
+            target_ref,
             left,
             &mut journal,
-            &progress,
+            progress_ref,
             &mut done,
         )
-        .await
-        {
-            Ok(()) => break,
-            Err(e) if retryable(&e) && attempt < ATTEMPTS => {
-                retries += 1;
-                progress.println(format!("{e:#}; resuming"));
-                tokio::time::sleep(Duration::from_millis(500 * attempt as u64)).await;
-            }
-            Err(e) => {
-                progress.abandon();
-                let files = done.files;
-                return Err(if retryable(&e) {
-                    e.context(format!(
-                        "download interrupted; run the same `gridlease cp` again to resume ({files} file(s) copied so far)"
-                    ))
-                } else if files > 0 {
-                    e.context(format!("download failed after {files} file(s)"))
-                } else {
-                    e.context("download failed")
-                });
-            }
-        }
+        .await;
+        ((journal, done), r)
+    };
+    let ((journal, done), result) = attempt
+        .retry(retry_delays())
+        .context((journal, Progress::default()))
+        .when(retryable)
+        .notify(|e, _| {
+            retries += 1;
+            progress.println(format!("{e:#}; resuming"));
+        })
+        .await;
+    if let Err(e) = result {
+        progress.abandon();
+        let files = done.files;
+        return Err(if retryable(&e) {
+            e.context(format!(
+                "download interrupted; run the same `gridlease cp` again to resume ({files} file(s) copied so far)"
+            ))
+        } else if files > 0 {
+            e.context(format!("download failed after {files} file(s)"))
+        } else {
+            e.context("download failed")
+        });
     }
     progress.finish_and_clear();
     journal.finish();

@@ -251,6 +251,12 @@ fn bar(out: &Printer, total: Option<u64>, what: &str) -> indicatif::ProgressBar 
     b
 }
 
+/// The waits between the [`ATTEMPTS`] attempts of a batch (or download) after a lost
+/// connection: 500 ms, then 500 ms longer each time (1 s, 1.5 s, 2 s).
+fn retry_delays() -> impl backon::Backoff {
+    (1..ATTEMPTS).map(|attempt| std::time::Duration::from_millis(500 * attempt as u64))
+}
+
 /// Whether a failed attempt is worth another: the connection, not the provider's answer.
 fn retryable(e: &anyhow::Error) -> bool {
     match e.downcast_ref::<ClientError>() {

@@ -11,9 +11,11 @@ use gridlease_protocol::transfer::{
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use backon::Retryable;
+
 use super::{
-    ATTEMPTS, BATCH_BYTES, BATCH_ENTRIES, CopyReport, FILE_BUFFER, IN_FLIGHT, Journal, Lost,
-    MAX_ENTRIES, bar, retryable,
+    BATCH_BYTES, BATCH_ENTRIES, CopyReport, FILE_BUFFER, IN_FLIGHT, Journal, Lost, MAX_ENTRIES,
+    bar, retry_delays, retryable,
 };
 use crate::access::frames;
 use crate::api::client::ApiClient;
@@ -197,21 +199,23 @@ pub(crate) async fn upload(
     // Batches go [`IN_FLIGHT`] at a time (a batch's end waits for Docker to finish extracting
     // it; the next one streams meanwhile) and are recorded in order as each is confirmed.
     let mut confirmed = futures::stream::iter(sends.iter().map(|send| async move {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
+        // A failed attempt's error comes with the bytes it had counted on the bar, which a
+        // retry takes back off it.
+        (|| async move {
             let counted = std::sync::atomic::AtomicU64::new(0);
-            match upload_batch(api, id, send, progress, &counted).await {
-                Ok(()) => return Ok(()),
-                Err(e) if retryable(&e) && attempt < ATTEMPTS => {
-                    retries_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    progress.dec(counted.into_inner());
-                    progress.println(format!("{e:#}; retrying"));
-                    tokio::time::sleep(Duration::from_millis(500 * attempt as u64)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            upload_batch(api, id, send, progress, &counted)
+                .await
+                .map_err(|e| (e, counted.into_inner()))
+        })
+        .retry(retry_delays())
+        .when(|(e, _)| retryable(e))
+        .notify(|(e, counted), _| {
+            retries_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            progress.dec(*counted);
+            progress.println(format!("{e:#}; retrying"));
+        })
+        .await
+        .map_err(|(e, _)| e)
     }))
     .buffered(IN_FLIGHT);
     let (mut files, mut bytes) = (0u64, 0u64);
