@@ -34,10 +34,13 @@ pub enum TelemetrySource {
     None,
 }
 
-/// One leased GPU at one instant.
+/// One leased GPU at one instant; `None` (`null` in the control API) where the provider
+/// cannot measure a value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = GpuTelemetryView))]
 pub struct GpuTelemetry {
     /// Utilisation, percent (0..=100).
+    #[cfg_attr(feature = "openapi", schema(maximum = 100))]
     pub util_percent: Option<u8>,
     /// VRAM in use, MiB.
     pub vram_used_mib: Option<u32>,

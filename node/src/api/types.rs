@@ -281,58 +281,91 @@ pub struct BegunView {
     pub begun: bool,
 }
 
-/// `PUT /v1/provide`: what this node offers.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ProvideBody {
-    /// Price per GPU-hour, decimal.
+/// What this node offers: the body of `PUT /v1/provide`, and the flags of `gridlease provide`.
+/// Every field is optional: what a call leaves out stays as the last `provide` set it (the
+/// first call starts from the node's configuration).
+// Declared once for the CLI (clap), the wire (serde) and the document (utoipa, as
+// `ProvideBody`); `lease::ProvideSettings` is the typed form the daemon applies and keeps.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args, utoipa::ToSchema,
+)]
+#[schema(as = ProvideBody)]
+pub struct ProvideOptions {
+    /// Price per GPU-hour, decimal, e.g. 0.40 (above 0). Needed the first time; later ones
+    /// keep the last price unless given. Every setting left out stays as the last `provide`
+    /// set it.
+    #[arg(long, value_name = "AMOUNT")]
     #[serde(default)]
     pub price: Option<String>,
-    /// GPU ids (`gridlease gpus`), or `["all"]` / absent for all.
+    /// GPUs to offer: `all`, or ids from `gridlease gpus` (UUIDs, or declared-N), separated by
+    /// commas on the command line; absent the first time: all.
+    #[arg(long, value_delimiter = ',')]
     #[serde(default)]
     #[schema(min_items = 1)]
     pub gpus: Option<Vec<String>>,
-    /// Longest lease, hours.
+    /// Longest lease, hours (at least 1).
+    #[arg(long, value_name = "H", value_parser = clap::value_parser!(u32).range(1..))]
     #[serde(default)]
     #[schema(minimum = 1)]
     pub max_hours: Option<u32>,
-    /// `none` (default) or `egress`.
+    /// Network access tenants may get: `none` (the default) or `egress`.
+    #[arg(long, value_parser = ["none", "egress"])]
     #[serde(default)]
     pub network_policy: Option<String>,
-    /// Registry hosts images may come from (replaces the list).
+    /// Registry hosts tenants' images may come from, comma-separated on the command line
+    /// (replaces the list; default docker.io,nvcr.io,ghcr.io,quay.io,public.ecr.aws). A
+    /// loopback, private or local-network host is allowed only when listed here exactly (with
+    /// its port).
+    #[arg(long, value_delimiter = ',', value_name = "HOST[:PORT]")]
     #[serde(default)]
     pub registries: Option<Vec<String>>,
-    /// Canonical reference prefixes images must start with (empty list: any).
+    /// Only images whose canonical reference starts with one of these (e.g.
+    /// docker.io/pytorch/,nvcr.io/nvidia/); an empty list (`--image-prefixes ''`) allows any.
+    #[arg(long, value_delimiter = ',', value_name = "PREFIX")]
     #[serde(default)]
     pub image_prefixes: Option<Vec<String>>,
-    /// Local images (never pulled) tenants may run.
+    /// Local images (built or imported here, never pulled) tenants may run, comma-separated on
+    /// the command line; no other local-only image is rentable.
+    #[arg(long, value_delimiter = ',', value_name = "IMAGE")]
     #[serde(default)]
     pub local_images: Option<Vec<String>>,
-    /// Largest compressed image, GiB.
+    /// Largest image a tenant may pull, compressed, GiB (default 20).
+    #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..))]
     #[serde(default)]
     #[schema(minimum = 1)]
     pub max_image_gib: Option<u64>,
-    /// Largest unpacked image, GiB.
+    /// Largest image unpacked on this disk, GiB (default 60).
+    #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..))]
     #[serde(default)]
     #[schema(minimum = 1)]
     pub max_unpacked_gib: Option<u64>,
-    /// The daily windows during which the GPUs are offered, in `tz`: `HH:MM-HH:MM` separated
-    /// by commas (a window may cross midnight: `22:00-08:00`), or `always` (the default).
+    /// Hours of the day the GPUs are offered, in `tz`: windows HH:MM-HH:MM separated by
+    /// commas (`22:00-08:00,12:00-13:00`; a window may cross midnight), or `always` (the
+    /// default). Outside them the offer says 0 free GPUs.
+    #[arg(long, value_name = "WINDOWS")]
     #[serde(default)]
     #[schema(example = "22:00-08:00,12:00-13:00")]
     pub hours: Option<String>,
-    /// The time zone of `hours`, an IANA name (`Europe/Berlin`); `local` or absent the first
-    /// time: the machine's zone.
+    /// Time zone of `hours`, an IANA name (Europe/Berlin), or `local`: the machine's zone (the
+    /// default). Daylight saving time is followed.
+    #[arg(long, value_name = "ZONE")]
     #[serde(default)]
     #[schema(example = "Europe/Berlin")]
     pub tz: Option<String>,
     /// Whether a running lease may be stopped when the owner wants the GPU back (the owner
-    /// uses it, or the offered hours end); default false.
+    /// starts using it, or the offered hours end): it closes as `owner_reclaimed`, billed to
+    /// the second. Stated in the offer; default false (only unleased GPUs are withdrawn).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     #[serde(default)]
     pub interruptible: Option<bool>,
     /// Stop offering.
+    #[arg(long)]
     #[serde(default)]
     pub off: bool,
 }
+
+/// The body of `PUT /v1/provide`: the provide options ([`ProvideOptions`]).
+pub type ProvideBody = ProvideOptions;
 
 /// Body of `POST /v1/leases/{id}/exec` (an HTTP upgrade: the connection then carries the
 /// access protocol's exec frames, `gridlease_protocol::access::{ExecInput, ExecOutput}`).
@@ -509,7 +542,7 @@ pub struct TelemetrySampleView {
     /// When it was taken, ms since the epoch (provider's clock).
     pub at_ms: u64,
     /// One entry per leased GPU, in the lease's order.
-    pub gpus: Vec<GpuTelemetryView>,
+    pub gpus: Vec<GpuTelemetry>,
     /// Container CPU use since the previous sample, millicores (1000 = one core busy).
     pub cpu_millicores: Option<u32>,
     /// Container memory in use, MiB.
@@ -518,25 +551,9 @@ pub struct TelemetrySampleView {
     pub mem_limit_mib: Option<u32>,
 }
 
-/// One GPU of a [`TelemetrySampleView`].
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct GpuTelemetryView {
-    /// Utilisation, percent.
-    #[schema(maximum = 100)]
-    pub util_percent: Option<u8>,
-    /// VRAM in use, MiB.
-    pub vram_used_mib: Option<u32>,
-    /// VRAM on the board, MiB.
-    pub vram_total_mib: Option<u32>,
-    /// Power draw, watts.
-    pub power_w: Option<u16>,
-    /// Enforced power limit, watts.
-    pub power_limit_w: Option<u16>,
-    /// Core temperature, degrees Celsius.
-    pub temp_c: Option<u8>,
-    /// SM clock, MHz.
-    pub sm_clock_mhz: Option<u16>,
-}
+/// One GPU of a [`TelemetrySampleView`]: the protocol's sample as the provider sent it (its
+/// schema is named `GpuTelemetryView` in the document).
+pub use gridlease_protocol::telemetry::GpuTelemetry;
 
 impl TelemetryView {
     /// The view of a provider's (checked) answer.
@@ -558,26 +575,12 @@ impl TelemetryView {
                 .into_iter()
                 .map(|s| TelemetrySampleView {
                     at_ms: s.at.0,
-                    gpus: s.gpus.into_iter().map(GpuTelemetryView::from).collect(),
+                    gpus: s.gpus,
                     cpu_millicores: s.cpu_millicores,
                     mem_used_mib: s.mem_used_mib,
                     mem_limit_mib: s.mem_limit_mib,
                 })
                 .collect(),
-        }
-    }
-}
-
-impl From<gridlease_protocol::telemetry::GpuTelemetry> for GpuTelemetryView {
-    fn from(g: gridlease_protocol::telemetry::GpuTelemetry) -> Self {
-        Self {
-            util_percent: g.util_percent,
-            vram_used_mib: g.vram_used_mib,
-            vram_total_mib: g.vram_total_mib,
-            power_w: g.power_w,
-            power_limit_w: g.power_limit_w,
-            temp_c: g.temp_c,
-            sm_clock_mhz: g.sm_clock_mhz,
         }
     }
 }

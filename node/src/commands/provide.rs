@@ -3,62 +3,16 @@
 use clap::Args;
 
 use crate::api::client::ApiClient;
-use crate::api::types::{ProvideBody, StatusView};
+use crate::api::types::{ProvideOptions, StatusView};
 use crate::output::Printer;
 
-/// Arguments of `gridlease provide`.
+/// Arguments of `gridlease provide`: the provide options, as the body of `PUT /v1/provide`
+/// takes them.
 #[derive(Debug, Args)]
 pub struct ProvideArgs {
-    /// Price per GPU-hour, e.g. 0.40 (above 0). Needed the first time; later ones keep the
-    /// last price unless given. Every setting left out stays as the last `provide` set it.
-    #[arg(long, value_name = "AMOUNT")]
-    pub price: Option<String>,
-    /// GPUs to offer: `all`, or ids from `gridlease gpus` (UUIDs, or declared-N) separated by
-    /// commas.
-    #[arg(long, value_delimiter = ',')]
-    pub gpus: Option<Vec<String>>,
-    /// Longest lease, hours (at least 1).
-    #[arg(long, value_name = "H", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_hours: Option<u32>,
-    /// Network access tenants may get.
-    #[arg(long, value_parser = ["none", "egress"])]
-    pub network_policy: Option<String>,
-    /// Registry hosts tenants' images may come from, comma-separated (replaces the list;
-    /// default docker.io,nvcr.io,ghcr.io,quay.io,public.ecr.aws). A loopback, private or
-    /// local-network host is allowed only when listed here exactly (with its port).
-    #[arg(long, value_delimiter = ',', value_name = "HOST[:PORT]")]
-    pub registries: Option<Vec<String>>,
-    /// Only images whose canonical reference starts with one of these, comma-separated
-    /// (e.g. docker.io/pytorch/,nvcr.io/nvidia/); `--image-prefixes ''` allows any.
-    #[arg(long, value_delimiter = ',', value_name = "PREFIX")]
-    pub image_prefixes: Option<Vec<String>>,
-    /// Local images (built or imported here, never pulled) tenants may run, comma-separated;
-    /// no other local-only image is rentable.
-    #[arg(long, value_delimiter = ',', value_name = "IMAGE")]
-    pub local_images: Option<Vec<String>>,
-    /// Largest image a tenant may pull, compressed, GiB (default 20).
-    #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_image_gib: Option<u64>,
-    /// Largest image unpacked on this disk, GiB (default 60).
-    #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_unpacked_gib: Option<u64>,
-    /// Hours of the day the GPUs are offered, in --tz: windows HH:MM-HH:MM separated by
-    /// commas (`22:00-08:00,12:00-13:00`; a window may cross midnight), or `always` (the
-    /// default). Outside them the offer says 0 free GPUs.
-    #[arg(long, value_name = "WINDOWS")]
-    pub hours: Option<String>,
-    /// Time zone of --hours, an IANA name (Europe/Berlin), or `local`: the machine's zone (the
-    /// default). Daylight saving time is followed.
-    #[arg(long, value_name = "ZONE")]
-    pub tz: Option<String>,
-    /// Whether a running lease may be stopped when you want the GPU back (you start using
-    /// it, or --hours end): it closes as `owner_reclaimed`, billed to the second. Stated in
-    /// the offer; default false (only unleased GPUs are withdrawn).
-    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
-    pub interruptible: Option<bool>,
-    /// Stop offering.
-    #[arg(long)]
-    pub off: bool,
+    /// What to offer; every setting left out stays as the last `provide` set it.
+    #[command(flatten)]
+    pub options: ProvideOptions,
 }
 
 /// A price above this (GLU per GPU-hour) is published with a note: it is most likely a
@@ -68,6 +22,7 @@ pub const PRICE_NOTE_ABOVE: gridlease_contracts::Money =
 
 /// Changes the offer.
 pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::Result<u8> {
+    let args = &args.options;
     if let Some(p) = &args.price {
         let m = p
             .parse::<gridlease_contracts::Money>()
@@ -94,20 +49,11 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
     if let Some(z) = &args.tz {
         crate::lease::owner::zone(Some(z)).map_err(|e| anyhow::anyhow!("--tz: {e}"))?;
     }
-    let body = ProvideBody {
-        price: args.price.clone(),
-        gpus: args.gpus.clone(),
-        max_hours: args.max_hours,
-        network_policy: args.network_policy.clone(),
-        registries: args.registries.clone(),
-        image_prefixes: args.image_prefixes.as_ref().map(|p| nonempty(p)),
-        local_images: args.local_images.as_ref().map(|p| nonempty(p)),
-        max_image_gib: args.max_image_gib,
-        max_unpacked_gib: args.max_unpacked_gib,
-        hours: args.hours.clone(),
-        tz: args.tz.clone(),
-        interruptible: args.interruptible,
-        off: args.off,
+    // `--image-prefixes ''` is the empty list.
+    let body = ProvideOptions {
+        image_prefixes: args.image_prefixes.as_deref().map(nonempty),
+        local_images: args.local_images.as_deref().map(nonempty),
+        ..args.clone()
     };
     let s: StatusView = api.put("/v1/provide", &body).await?;
     out.emit(&s, |p| match &s.own_offer {

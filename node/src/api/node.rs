@@ -1,0 +1,148 @@
+//! This node's routes: status, peers, GPUs.
+
+use axum::Json;
+use axum::extract::State;
+use gridlease_contracts::Money;
+
+use super::ApiState;
+use super::problem::{ApiError, Problem};
+use super::types::{
+    ConnectionView, GpusView, ImageCacheView, OwnOfferView, PeerView, ScheduleView, StatusView,
+};
+/// `GET /v1/status`.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    operation_id = "getStatus",
+    tag = "node",
+    summary = "Identity, addresses, reachability, peers, offers known, own offer, image cache",
+    responses(
+        (status = 200, description = "This node now", body = StatusView),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+pub(super) async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>, ApiError> {
+    let c = &s.client;
+    // Asked at once: the network loop answers them in one pass, so a busy node (a flood of
+    // connections) still answers `status` in one wait, not six.
+    let own_with_numbers = async {
+        let own = c.own_offer().await?;
+        // The own offer's summary in the own book carries the score search shows.
+        let numbers = match &own {
+            Some(o) => c.offer(o.id).await?.map(|e| e.summary.numbers),
+            None => None,
+        };
+        Ok::<_, crate::net::NegotiationError>((own, numbers))
+    };
+    let (listen, peers, offers, (own, own_numbers), reach) = tokio::try_join!(
+        c.listen_addrs(),
+        c.connected_peers(),
+        c.book_len(),
+        own_with_numbers,
+        c.reachability(),
+    )
+    .map_err(ApiError::internal)?;
+    let (cache, limits) = s.leases.image_cache().await;
+    let text = |v: &[libp2p::Multiaddr]| v.iter().map(ToString::to_string).collect();
+    Ok(Json(StatusView {
+        image_cache: ImageCacheView {
+            images: cache.images,
+            bytes: cache.bytes,
+            max_images: limits.max_images,
+            max_bytes: limits.max_bytes,
+        },
+        peer_id: c.peer_id().to_string(),
+        network: c.network().to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        uptime_s: s.started.elapsed().as_secs(),
+        listen_addrs: listen.iter().map(ToString::to_string).collect(),
+        connected_peers: peers.len(),
+        offers_known: offers,
+        offers_restoring: {
+            let p = c.restore_progress();
+            (!p.done).then(|| p.left())
+        },
+        nat_status: reach.nat_status.to_string(),
+        reachable_addrs: text(&reach.reachable),
+        unreachable_addrs: text(&reach.unreachable),
+        external_addrs: text(&reach.external),
+        relays: reach.relays.iter().map(ToString::to_string).collect(),
+        schedule: s.leases.schedule().map(|n| ScheduleView {
+            text: n.sentence(),
+            hours: n.hours,
+            tz: n.zone,
+            offered: n.availability.offered,
+            until_ms: n.availability.until.map(|t| t.0),
+        }),
+        own_offer: own.map(|o| OwnOfferView {
+            id: o.id.to_string(),
+            seq: o.offer.seq,
+            gpus: o.offer.gpus.len(),
+            price_per_gpu_hour: Money::from_micros(o.offer.price_per_gpu_hour).to_string(),
+            expires_at_ms: o.offer.expires_at.0,
+            ram_mib_per_gpu: o.offer.per_gpu.ram_mib,
+            cpu_millicores_per_gpu: o.offer.per_gpu.cpu_millicores,
+            disk_gib_per_gpu: o.offer.per_gpu.disk_gib,
+            rep: f64::from(
+                own_numbers.map_or(gridlease_contracts::query::REP_PRIOR_PERMILLE, |n| {
+                    n.rep_permille
+                }),
+            ) / 1000.0,
+            completed: own_numbers.map_or(0, |n| n.completed),
+            interruptible: o.offer.interruptible,
+        }),
+    }))
+}
+
+/// `GET /v1/peers`.
+#[utoipa::path(
+    get,
+    path = "/v1/peers",
+    operation_id = "listPeers",
+    tag = "node",
+    summary = "Connected peers with gossip score and mesh membership",
+    responses(
+        (status = 200, description = "Connected peers, by peer id", body = Vec<PeerView>),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+pub(super) async fn peers(State(s): State<ApiState>) -> Result<Json<Vec<PeerView>>, ApiError> {
+    let c = &s.client;
+    let connected = c.connected_peers().await.map_err(ApiError::internal)?;
+    let mesh = c.mesh_peers().await.map_err(ApiError::internal)?;
+    let mut out = Vec::with_capacity(connected.len());
+    for p in connected {
+        let score = c.peer_score(p).await.map_err(ApiError::internal)?;
+        let connections = c
+            .connections(p)
+            .await
+            .map_err(ApiError::internal)?
+            .into_iter()
+            .map(|k| ConnectionView {
+                remote_addr: k.remote.to_string(),
+                relayed: k.relayed,
+            })
+            .collect();
+        out.push(PeerView {
+            peer_id: p.to_string(),
+            score,
+            in_mesh: mesh.contains(&p),
+            connections,
+        });
+    }
+    out.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
+    Ok(Json(out))
+}
+
+/// `GET /v1/gpus`.
+#[utoipa::path(
+    get,
+    path = "/v1/gpus",
+    operation_id = "listGpus",
+    tag = "node",
+    summary = "GPUs found (NVML) or declared (--dev-gpus)",
+    responses((status = 200, description = "This node's GPUs", body = GpusView))
+)]
+pub(super) async fn gpus(State(s): State<ApiState>) -> Json<GpusView> {
+    Json((*s.gpus).clone())
+}
