@@ -27,11 +27,13 @@ use gridlease_sandbox::runtime::SandboxError;
 use gridlease_sandbox::{Sandbox, SandboxSpec};
 use tokio::sync::{mpsc, watch};
 
+use super::config::MAX_LOG_BYTES;
+use super::ctx::Ctx;
 use super::logs::{self, LogWriter};
+use super::session::{InboundSession, SessionMsg, SessionReply, session_rpc, sign};
 use super::view::{self, LeaseView};
 use super::watchdog::{self, Ensured};
 use super::wire::{SessionRequest, SessionResponse};
-use super::{Ctx, MAX_LOG_BYTES, SessionMsg, session_rpc, sign};
 use crate::store::lease::{SessionPatch, SessionRecord, UsageKept};
 use crate::store::{Role, StoredLease};
 
@@ -109,7 +111,8 @@ impl Session {
     /// Persist before act: stores the transition with `patch`, then applies it. Returns
     /// false (and logs why) when it did not happen; the caller must not act on it.
     async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) -> bool {
-        let done = super::transition(&self.ctx, &mut self.lease, event, actor, patch).await;
+        let done =
+            super::session::transition(&self.ctx, &mut self.lease, event, actor, patch).await;
         if done {
             self.publish();
         }
@@ -207,6 +210,7 @@ impl Session {
             None => due,
         };
         self.seq += 1;
+        #[cfg(feature = "faults")]
         let (totals, due) = match self.ctx.config.faults.inflate_usage_from_seq {
             Some(from) if self.seq >= from && exit_code.is_none() => {
                 let mut t = totals;
@@ -248,8 +252,8 @@ impl Session {
     /// watchdog's deadline file and the amendment with its acceptance are written, and only
     /// then the lease, its payment channel and (in the caller) the stop schedule take the new
     /// terms and the acceptance is sent. Returns true when the deadline moved.
-    async fn on_extend(&mut self, m: super::InboundSession, grace_ms: u64) -> bool {
-        let super::InboundSession {
+    async fn on_extend(&mut self, m: InboundSession, grace_ms: u64) -> bool {
+        let InboundSession {
             peer,
             request,
             reply,
@@ -262,7 +266,7 @@ impl Session {
             let _ = reply.send(SessionResponse::UnknownLease);
             return false;
         }
-        let refuse = |reply: super::SessionReply, r: AmendRefusal| {
+        let refuse = |reply: SessionReply, r: AmendRefusal| {
             tracing::info!(refusal = ?r, "extension refused");
             let _ = reply.send(SessionResponse::ExtendRefused(r));
             false
@@ -349,6 +353,7 @@ impl Session {
             deadline = %deadline,
             "lease extended"
         );
+        #[cfg(feature = "faults")]
         if ctx.config.faults.lose_first_extend_answer && self.lease.extensions == 1 {
             let _ = reply.send(SessionResponse::Busy);
             return true;
@@ -398,6 +403,7 @@ pub(crate) async fn run(
     view_tx: watch::Sender<LeaseView>,
     telemetry: super::telemetry::Ring,
 ) -> bool {
+    #[cfg(feature = "faults")]
     if ctx.config.faults.hold_sessions {
         ctx.cancel.cancelled().await;
         return false;
@@ -518,6 +524,7 @@ async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Resul
     {
         return Err(internal("cannot record the start").into());
     }
+    #[cfg(feature = "faults")]
     if let Some(d) = ctx.config.faults.slow_start {
         tokio::time::sleep(d).await;
     }
@@ -639,6 +646,7 @@ async fn start(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Resul
         )
     })?;
     s.container = Some(id.clone());
+    #[cfg(feature = "faults")]
     if ctx.config.faults.stop_after_create {
         tracing::info!(container = %id, "stopping after create (test fault)");
         return Err(Halt::Shutdown);
@@ -1231,7 +1239,7 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
         SessionMsg::Extend(ask) => {
             let _ = ask
                 .reply
-                .send(Err(super::ExtendError::NotRenter(s.lease.id)));
+                .send(Err(super::extend::ExtendError::NotRenter(s.lease.id)));
             None
         }
         SessionMsg::Inbound(m) => {

@@ -14,10 +14,11 @@ use gridlease_protocol::{
 };
 use tokio::sync::{mpsc, watch};
 
+use super::ctx::Ctx;
 use super::extend::{self as ext, Answer, ExtendError, Extended};
+use super::session::{InboundSession, SessionMsg, apply_and_persist_at, session_rpc, sign};
 use super::view::{self, LeaseView};
 use super::wire::{SessionRequest, SessionResponse, detail};
-use super::{Ctx, InboundSession, SessionMsg, session_rpc, sign};
 use crate::store::lease::{SessionPatch, SessionRecord, UsageKept};
 use crate::store::{Role, StoredLease};
 
@@ -80,7 +81,8 @@ impl Session {
     /// Persist before act: stores the transition with `patch`, then applies it. Returns
     /// false (and logs why) when it did not happen.
     async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) -> bool {
-        let done = super::transition(&self.ctx, &mut self.lease, event, actor, patch).await;
+        let done =
+            super::session::transition(&self.ctx, &mut self.lease, event, actor, patch).await;
         if done {
             self.publish();
         }
@@ -115,7 +117,7 @@ impl Session {
             };
             let ctx = self.ctx.clone();
             let event = LeaseEvent::Started;
-            match super::apply_and_persist_at(
+            match apply_and_persist_at(
                 &ctx,
                 &mut self.lease,
                 event,
@@ -178,6 +180,7 @@ impl Session {
     }
 
     /// A deliberately bad receipt, when the test-only fault says so.
+    #[cfg(feature = "faults")]
     fn fault(&mut self) -> Option<SessionResponse> {
         let (after, kind) = self.ctx.config.faults.bad_receipt_after?;
         let last = self.channel.last_receipt()?.clone();
@@ -185,8 +188,10 @@ impl Session {
             return None;
         }
         match kind {
-            super::BadReceipt::Replay => self.last_signed.clone().map(SessionResponse::Receipt),
-            super::BadReceipt::Decreasing => {
+            super::faults::BadReceipt::Replay => {
+                self.last_signed.clone().map(SessionResponse::Receipt)
+            }
+            super::faults::BadReceipt::Decreasing => {
                 let r = PaymentReceipt {
                     seq: last.seq + 1,
                     total_paid: last.total_paid.saturating_sub(1),
@@ -546,6 +551,7 @@ impl Session {
             }
         };
         let now = self.ctx.now();
+        #[cfg(feature = "faults")]
         if let Some(bad) = self.fault() {
             return (bad, None);
         }
