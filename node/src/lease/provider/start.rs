@@ -33,6 +33,20 @@ pub(super) async fn start(
     inbox: &mut mpsc::Receiver<SessionMsg>,
 ) -> Result<(), Halt> {
     let ctx = s.ctx.clone();
+    let (sb, resumed) = begin(s).await?;
+    let terms = s.lease.terms.clone();
+    pull_image(s, &sb, &terms.image).await?;
+    // Egress only behind the host firewall: no rules, no container.
+    crate::lease::egress::ensure(&ctx, &sb, terms.network_policy).await?;
+    let spec = container_spec(s, &terms);
+    let id = create_container(s, &sb, spec, resumed).await?;
+    run_container(s, &sb, id, inbox).await
+}
+
+/// The start's first step: the sandbox (none: the start fails), `Starting` stored (unless it
+/// was already: `resumed`, this node stopped during an earlier start of the lease).
+async fn begin(s: &mut Session) -> Result<(Sandbox, bool), Halt> {
+    let ctx = s.ctx.clone();
     let Some(sb) = ctx.sandbox.clone() else {
         tracing::error!("no Docker: cannot start the container");
         return Err(StartFailure::new(
@@ -58,8 +72,7 @@ pub(super) async fn start(
     if let Some(d) = ctx.config.faults.slow_start {
         tokio::time::sleep(d).await;
     }
-    let terms = s.lease.terms.clone();
-    if terms.upload_hold_s > 0 && s.container.is_some() {
+    if s.lease.terms.upload_hold_s > 0 && s.container.is_some() {
         // This node stopped while the container was held: the workspace is made afresh below,
         // so what the renter uploaded (and its copy journal says is there) would be gone.
         remove_container(s).await;
@@ -68,6 +81,13 @@ pub(super) async fn start(
         )
         .into());
     }
+    Ok((sb, resumed))
+}
+
+/// Pulls `image` if it is not here, within the offer's bounds, its progress forwarded to the
+/// renter; records it in the cache of pulled images.
+async fn pull_image(s: &Session, sb: &Sandbox, image: &str) -> Result<(), Halt> {
+    let ctx = &s.ctx;
     // The cap on unpacked size is the offer's (a registry states only compressed sizes:
     // checked while the image is pulled, and the pull stopped at it).
     let max_unpacked = match ctx.client.own_offer().await {
@@ -81,10 +101,10 @@ pub(super) async fn start(
     };
     // Pull progress goes to the renter (at most once a second), so a long pull that keeps
     // progressing is not taken for a silent provider.
-    let (progress_tx, forward) = pull_progress(&ctx, s.lease.id, s.renter_peer);
+    let (progress_tx, forward) = pull_progress(ctx, s.lease.id, s.renter_peer);
     let mut layers: std::collections::HashMap<String, (u64, u64)> = Default::default();
     let pulled = sb
-        .ensure_image_within(&terms.image, limits, |p| {
+        .ensure_image_within(image, limits, |p| {
             let Some(layer) = p.layer else { return };
             let e = layers.entry(layer).or_default();
             match (p.status.as_str(), p.current, p.total) {
@@ -105,11 +125,11 @@ pub(super) async fn start(
         f.abort();
     }
     let presence = pulled.map_err(|e| {
-        tracing::warn!(error = %e, image = %terms.image, "image not available");
+        tracing::warn!(error = %e, image = %image, "image not available");
         pull_failure(&e)
     })?;
     // Pulled for a lease: tracked in the bounded cache (`images::evict`); used again: touched.
-    let (reference, now) = (crate::lease::images::canonical(&terms.image), ctx.now());
+    let (reference, now) = (crate::lease::images::canonical(image), ctx.now());
     let bytes = match presence {
         gridlease_sandbox::runtime::Presence::Pulled { bytes } => Some(bytes),
         gridlease_sandbox::runtime::Presence::Present => None,
@@ -121,9 +141,14 @@ pub(super) async fn start(
     {
         tracing::warn!(error = %e, "cannot record the image in the cache");
     }
-    // Egress only behind the host firewall: no rules, no container.
-    crate::lease::egress::ensure(&ctx, &sb, terms.network_policy).await?;
-    let uuids = leased_uuids(&ctx, &s.gpus);
+    Ok(())
+}
+
+/// The container's spec from the terms: the leased GPUs, the deadline counted from now (after
+/// the upload hold) at the latest, the CPU capped at the host's.
+fn container_spec(s: &Session, terms: &gridlease_protocol::LeaseTerms) -> SandboxSpec {
+    let ctx = &s.ctx;
+    let uuids = leased_uuids(ctx, &s.gpus);
     // The deadline counts from now (after the upload hold) at the latest; the watcher uses
     // the real start below.
     let expires = ctx
@@ -132,7 +157,7 @@ pub(super) async fn start(
         .plus_secs(u64::from(terms.duration_s));
     let mut spec = SandboxSpec::from_terms(
         s.lease.id,
-        &terms,
+        terms,
         &ctx.node_id,
         expires,
         uuids,
@@ -155,13 +180,25 @@ pub(super) async fn start(
         );
         spec.cpu_millicores = host_millicores;
     }
+    spec
+}
+
+/// Creates the lease's workspace and container (replacing those of an interrupted start);
+/// with an upload hold, stores the container's id before the hold. Returns the container id.
+async fn create_container(
+    s: &mut Session,
+    sb: &Sandbox,
+    mut spec: SandboxSpec,
+    resumed: bool,
+) -> Result<String, Halt> {
+    let ctx = s.ctx.clone();
     // A container from an interrupted start (a stop between create and `Running`) is replaced.
     if resumed {
         let name = gridlease_sandbox::spec::container_name(&spec);
         let _ = sb.remove(&name).await;
     }
     // The lease's /workspace, before the container that mounts it (removed in `finish`).
-    let workspace = create_workspace(&ctx, &sb, &spec).await;
+    let workspace = create_workspace(&ctx, sb, &spec).await;
     spec.workspace = Some(workspace.map_err(|e| {
         StartFailure::new(
             StartFailureKind::Create,
@@ -181,7 +218,7 @@ pub(super) async fn start(
         tracing::info!(container = %id, "stopping after create (test fault)");
         return Err(Halt::Shutdown);
     }
-    if terms.upload_hold_s > 0 {
+    if s.lease.terms.upload_hold_s > 0 {
         // The hold may last minutes: a restart during it must find the container.
         let patch = SessionPatch {
             container_id: Some(id.clone()),
@@ -198,6 +235,19 @@ pub(super) async fn start(
             return Err(internal("cannot record the container").into());
         }
     }
+    Ok(id)
+}
+
+/// The created container's upload hold, its start, its output's writer and `Running` stored
+/// (the lease clock's zero); the container is removed if any of it fails.
+async fn run_container(
+    s: &mut Session,
+    sb: &Sandbox,
+    id: String,
+    inbox: &mut mpsc::Receiver<SessionMsg>,
+) -> Result<(), Halt> {
+    let ctx = s.ctx.clone();
+    let terms = s.lease.terms.clone();
     if let Err(halt) = hold(s, inbox).await {
         remove_container(s).await;
         return Err(halt);
