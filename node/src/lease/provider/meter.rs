@@ -316,7 +316,7 @@ impl Run {
         }
         // Stopped by the watchdog's SIGTERM (a node that came back after the deadline, or the
         // watchdog first at deadline - grace): the lease expired.
-        let ended = match ended {
+        match ended {
             Ended::Exited
                 if self.claim.taken()
                     && StopSchedule::expired(self.deadline, self.grace_ms, ctx.now()) =>
@@ -324,8 +324,7 @@ impl Run {
                 Ended::Stop(CloseReason::Expired)
             }
             e => e,
-        };
-        ended
+        }
     }
 
     /// The run's totals from the meter, which ends with the container (its totals use the
