@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p gridlease-node --example bench_negotiation -- [ROUNDS]`
 //!
-//! Each round is one full `Client::negotiate` call on the renter, timed end to end. The provider
+//! Each round is one full `lease::negotiate` call on the renter, timed end to end. The provider
 //! offers 16 GPUs; every 16 leases it publishes a new offer with fresh GPUs so every request
 //! takes the accept path.
 
@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use bench_support::*;
 use gridlease_node::clock;
-use gridlease_node::net::{NegotiationOutcome, OfferTemplate};
+use gridlease_node::lease::NegotiationOutcome;
+use gridlease_node::net::OfferTemplate;
 use gridlease_protocol::fixtures;
 use gridlease_protocol::{Digest, LeaseTerms, NetworkId, NetworkPolicy};
 
@@ -98,12 +99,15 @@ async fn main() {
                 prepay_s: 0,
             };
             let t0 = Instant::now();
-            let out = renter
-                .node
-                .client
-                .negotiate(terms, now.plus_secs(60), vec![provider.addr.clone()])
-                .await
-                .unwrap();
+            let out = gridlease_node::lease::negotiate(
+                &renter.node.client,
+                &gridlease_node::clock::SystemClock,
+                terms,
+                now.plus_secs(60),
+                vec![provider.addr.clone()],
+            )
+            .await
+            .unwrap();
             let took = t0.elapsed();
             assert!(
                 matches!(out, NegotiationOutcome::Accepted { .. }),

@@ -1,10 +1,12 @@
-//! The renter's side: turning a rent request and an offer from the book into proposed terms.
+//! The renter's side: the rent request ([`RentRequest`]) and turning it and an offer from the
+//! book into proposed terms ([`terms_for`]). Nothing here depends on the lease service, which
+//! takes the request ([`crate::lease::LeaseService::rent`]).
+
+use std::collections::BTreeMap;
 
 use gridlease_contracts::book::BookEntry;
 use gridlease_contracts::{Money, MoneyError};
-use gridlease_protocol::{LeaseTerms, NetworkId, PublicKey, Timestamp};
-
-use crate::lease::RentRequest;
+use gridlease_protocol::{LeaseTerms, NetworkId, NetworkPolicy, PublicKey, Timestamp};
 
 /// The terms for `req` on the offer in `entry`: the offer's ask price and settings, the
 /// network `req` asks for (the provider refuses one its offer does not allow), the
@@ -65,4 +67,123 @@ pub fn offer_addrs(entry: &BookEntry) -> Vec<libp2p::Multiaddr> {
         .iter()
         .filter_map(|a| a.parse().ok())
         .collect()
+}
+
+/// What a renter asks for: the one rent request, built by the CLI, sent as the body of
+/// `POST /v1/leases`, and taken by [`LeaseService::rent`](crate::lease::LeaseService::rent) (which fills in the rest of the
+/// terms from the offer: [`terms_for`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct RentRequest {
+    /// Offer id (64 hex digits), or a unique prefix of it as `gridlease search` shows: the
+    /// control API resolves a prefix; [`LeaseService::rent`](crate::lease::LeaseService::rent) needs the whole id.
+    pub offer: String,
+    /// GPUs wanted.
+    pub gpus: u16,
+    /// Seconds.
+    pub duration_s: u32,
+    /// Container image.
+    pub image: String,
+    /// Command and arguments; empty runs the image's own entrypoint/cmd.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Budget cap (a decimal amount in JSON, e.g. `"1.5"`); default: the cost of the whole
+    /// duration (or of the minimum billed time, if longer).
+    #[serde(default, with = "decimal")]
+    #[schema(value_type = Option<String>)]
+    pub max_total: Option<Money>,
+    /// Network for the container: `"none"` (default) or `"egress"` (internet, not the
+    /// provider's LAN or host; the offer must allow it, or the provider refuses the lease).
+    #[serde(default = "no_network", with = "network_text")]
+    #[schema(value_type = String)]
+    pub network: NetworkPolicy,
+    /// Seconds the provider should keep the finished lease's container and `/workspace` for
+    /// downloads (`gridlease cp`, `rent --download`); at most the offer's
+    /// `output_retention_s`. 0 (default): removed when the lease ends.
+    #[serde(default)]
+    pub keep_outputs_s: u32,
+    /// Seconds the provider should hold the created container before starting the command,
+    /// for the renter's uploads into `/workspace` (`rent --upload`); at most the offer's
+    /// `upload_hold_s`. The renter ends the hold sooner with [`LeaseService::begin`](crate::lease::LeaseService::begin).
+    /// 0 (default): started at once.
+    #[serde(default)]
+    pub upload_hold_s: u32,
+    /// Seconds of use to pay ahead of the provider's reports, so the lease keeps running while
+    /// this node is offline (an unattended lease; `rent --prepay`): each receipt pays what is
+    /// due plus this much, capped at the budget. 0 (default): in arrears, and the provider
+    /// stops the lease when this node is silent past the grace period. 4294967295 (`all`):
+    /// the whole budget at the first report.
+    #[serde(default)]
+    pub prepay_s: u32,
+}
+
+fn no_network() -> NetworkPolicy {
+    NetworkPolicy::None
+}
+
+/// [`NetworkPolicy`] as the CLI and `provide` write it: `"none"` or `"egress"`.
+mod network_text {
+    use gridlease_protocol::NetworkPolicy;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer>(n: &NetworkPolicy, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match n {
+            NetworkPolicy::None => "none",
+            NetworkPolicy::Egress => "egress",
+        })
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NetworkPolicy, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "none" => Ok(NetworkPolicy::None),
+            "egress" => Ok(NetworkPolicy::Egress),
+            other => Err(D::Error::custom(format!(
+                "network {other:?} is not none or egress"
+            ))),
+        }
+    }
+}
+
+/// `Option<Money>` as a decimal string (`"0.25"`), as people write amounts (also
+/// [`crate::lease::ExtendRequest::max_total`]).
+pub(crate) mod decimal {
+    use gridlease_contracts::Money;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(crate) fn serialize<S: Serializer>(m: &Option<Money>, s: S) -> Result<S::Ok, S::Error> {
+        match m {
+            Some(m) => s.serialize_some(&m.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Money>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| {
+                t.parse::<Money>()
+                    .map_err(|e| D::Error::custom(format!("max_total {t:?}: {e}")))
+            })
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rent_request_network_defaults_to_none_and_reads_lowercase_names() {
+        let base = r#"{"offer":"x","gpus":1,"duration_s":60,"image":"i"}"#;
+        let r: RentRequest = serde_json::from_str(base).unwrap();
+        assert_eq!(r.network, NetworkPolicy::None);
+        let with = |n: &str| base.replace('}', &format!(r#","network":"{n}"}}"#));
+        let r: RentRequest = serde_json::from_str(&with("egress")).unwrap();
+        assert_eq!(r.network, NetworkPolicy::Egress);
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["network"], "egress");
+        let err = serde_json::from_str::<RentRequest>(&with("host")).unwrap_err();
+        assert!(err.to_string().contains("not none or egress"), "{err}");
+    }
 }

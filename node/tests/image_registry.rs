@@ -121,12 +121,12 @@ async fn refused_by_both(
     )
     .unwrap();
     let addrs = gridlease_node::renter::offer_addrs(&entry);
-    match client
-        .negotiate(terms, now.plus_secs(60), addrs)
+    let clock = gridlease_node::clock::SystemClock;
+    match gridlease_node::lease::negotiate(client, &clock, terms, now.plus_secs(60), addrs)
         .await
         .unwrap()
     {
-        gridlease_node::net::NegotiationOutcome::Rejected {
+        gridlease_node::lease::NegotiationOutcome::Rejected {
             reason: RejectReason::ImageRefused { refusal },
             ..
         } => assert_eq!(refusal, local, "the provider's reason is the renter's"),

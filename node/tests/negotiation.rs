@@ -11,7 +11,8 @@ use gridlease_contracts::LeaseState;
 use gridlease_contracts::book::BookEntry;
 use gridlease_node::clock;
 use gridlease_node::lease::RentRequest;
-use gridlease_node::net::{NegotiationOutcome, NetworkEvent, NodeConfig};
+use gridlease_node::lease::{NegotiationOutcome, negotiate_signed};
+use gridlease_node::net::{NetworkEvent, NodeConfig};
 use gridlease_node::renter::{offer_addrs, terms_for};
 use gridlease_node::store::Role;
 use gridlease_protocol::{LeaseAccept, LeaseId, LeaseRequest, LeaseTerms, RejectReason, Signed};
@@ -69,12 +70,15 @@ fn terms(renter: &TestNode, entry: &BookEntry, ask: &(RentRequest, u64)) -> Leas
 }
 
 async fn negotiate(renter: &TestNode, entry: &BookEntry, t: LeaseTerms) -> NegotiationOutcome {
-    renter
-        .node
-        .client
-        .negotiate(t, clock::now().plus_secs(60), offer_addrs(entry))
-        .await
-        .unwrap()
+    gridlease_node::lease::negotiate(
+        &renter.node.client,
+        &clock::SystemClock,
+        t,
+        clock::now().plus_secs(60),
+        offer_addrs(entry),
+    )
+    .await
+    .unwrap()
 }
 
 fn accepted(o: NegotiationOutcome) -> (LeaseId, Signed<LeaseRequest>, Signed<LeaseAccept>) {
@@ -160,12 +164,15 @@ async fn rejections_carry_their_reason_and_nonces_are_idempotent() {
     else {
         panic!("rejected");
     };
-    let again = renter
-        .node
-        .client
-        .negotiate_signed(request.clone(), t.clone(), offer_addrs(&entry))
-        .await
-        .unwrap();
+    let again = negotiate_signed(
+        &renter.node.client,
+        &clock::SystemClock,
+        request.clone(),
+        t.clone(),
+        offer_addrs(&entry),
+    )
+    .await
+    .unwrap();
     let NegotiationOutcome::Accepted {
         lease_id: again_id,
         accept: again_accept,
@@ -314,12 +321,15 @@ async fn restarted_nodes_still_know_their_leases_and_offers() {
     assert_eq!(theirs.len(), 1);
     assert_eq!(theirs[0].lease.id, lease_id);
     connect(&renter, &provider).await;
-    let again = renter
-        .node
-        .client
-        .negotiate_signed(request, t, vec![provider.addr.clone()])
-        .await
-        .unwrap();
+    let again = negotiate_signed(
+        &renter.node.client,
+        &clock::SystemClock,
+        request,
+        t,
+        vec![provider.addr.clone()],
+    )
+    .await
+    .unwrap();
     let (_, _, again_accept) = accepted(again);
     assert_eq!(again_accept.to_bytes().unwrap(), accept.to_bytes().unwrap());
     // Its GPU is still held: a two-GPU request (made from the provider's current offer, which

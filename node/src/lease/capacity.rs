@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::Ctx;
+use super::ctx::Ctx;
 
 /// How soon the count is tried again when the node had no offer yet.
 const NO_OFFER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);

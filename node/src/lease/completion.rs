@@ -22,7 +22,9 @@ use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck};
 use gridlease_protocol::session::{SessionRequest, SessionResponse};
 use gridlease_protocol::{CloseReason, LeaseId, LeaseTerms, PeerId};
 
-use super::{Ctx, session_rpc, sign, view};
+use super::ctx::Ctx;
+use super::session::{session_rpc, sign};
+use super::view;
 use crate::store::Role;
 
 /// How long a renter waits for its own side of a lease to settle before answering.

@@ -14,7 +14,7 @@ use gridlease_protocol::{NetworkPolicy, StartFailure, StartFailureKind};
 use gridlease_sandbox::Sandbox;
 use gridlease_sandbox::firewall::{DnsAllow, Teardown};
 
-use super::Ctx;
+use super::ctx::Ctx;
 
 /// Makes sure the egress network and its firewall rules are in place for a lease that asks
 /// for `network`; nothing to do for `None`.

@@ -5,7 +5,7 @@
 //!
 //! # The path of one extend
 //! 1. The API hands an [`ExtendRequest`] to [`super::LeaseService::extend`], which sends it to
-//!    the lease's renter session ([`super::SessionMsg::Extend`]).
+//!    the lease's renter session ([`super::session::SessionMsg::Extend`]).
 //! 2. The renter session builds the amendment (`amend::propose`: refused locally with the
 //!    provider's own reason when the lease does not run, the cap would go down, ...), signs it,
 //!    stores it as *pending*, and sends `SessionRequest::Extend` ([`send`]).
@@ -35,8 +35,9 @@ use gridlease_protocol::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use super::ctx::Ctx;
+use super::session::session_rpc;
 use super::wire::{SessionRequest, SessionResponse};
-use super::{Ctx, session_rpc};
 use crate::store::StoreError;
 
 /// What a renter asks for: the body of `POST /v1/leases/{id}/extend`. Exactly one of
@@ -54,7 +55,7 @@ pub struct ExtendRequest {
     /// cost of the added time. Never below the current cap.
     #[serde(
         default,
-        with = "super::decimal",
+        with = "crate::renter::decimal",
         skip_serializing_if = "Option::is_none"
     )]
     #[schema(value_type = Option<String>)]

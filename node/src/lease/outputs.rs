@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use gridlease_protocol::LeaseId;
 
-use super::Ctx;
+use super::ctx::Ctx;
 
 /// How often kept outputs are checked for removal (their time is stated to the second; they
 /// may stay up to this much longer).

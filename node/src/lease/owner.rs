@@ -34,7 +34,8 @@ use gridlease_protocol::{Digest, Timestamp};
 use gridlease_sandbox::meter::GpuSample;
 use jiff::tz::TimeZone;
 
-use super::{LeaseService, ProvideSettings};
+use super::service::LeaseService;
+use super::settings::ProvideSettings;
 use crate::store::Role;
 
 /// The owner's terms of the offer: the hours a provider offers its GPUs, with their zone

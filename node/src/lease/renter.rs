@@ -14,10 +14,11 @@ use gridlease_protocol::{
 };
 use tokio::sync::{mpsc, watch};
 
+use super::ctx::Ctx;
 use super::extend::{self as ext, Answer, ExtendError, Extended};
+use super::session::{InboundSession, SessionMsg, apply_and_persist_at, session_rpc, sign};
 use super::view::{self, LeaseView};
 use super::wire::{SessionRequest, SessionResponse, detail};
-use super::{Ctx, InboundSession, SessionMsg, session_rpc, sign};
 use crate::store::lease::{SessionPatch, SessionRecord, UsageKept};
 use crate::store::{Role, StoredLease};
 
@@ -80,7 +81,8 @@ impl Session {
     /// Persist before act: stores the transition with `patch`, then applies it. Returns
     /// false (and logs why) when it did not happen.
     async fn transition(&mut self, event: LeaseEvent, actor: Actor, patch: SessionPatch) -> bool {
-        let done = super::transition(&self.ctx, &mut self.lease, event, actor, patch).await;
+        let done =
+            super::session::transition(&self.ctx, &mut self.lease, event, actor, patch).await;
         if done {
             self.publish();
         }
@@ -115,7 +117,7 @@ impl Session {
             };
             let ctx = self.ctx.clone();
             let event = LeaseEvent::Started;
-            match super::apply_and_persist_at(
+            match apply_and_persist_at(
                 &ctx,
                 &mut self.lease,
                 event,
@@ -178,6 +180,7 @@ impl Session {
     }
 
     /// A deliberately bad receipt, when the test-only fault says so.
+    #[cfg(feature = "faults")]
     fn fault(&mut self) -> Option<SessionResponse> {
         let (after, kind) = self.ctx.config.faults.bad_receipt_after?;
         let last = self.channel.last_receipt()?.clone();
@@ -185,8 +188,10 @@ impl Session {
             return None;
         }
         match kind {
-            super::BadReceipt::Replay => self.last_signed.clone().map(SessionResponse::Receipt),
-            super::BadReceipt::Decreasing => {
+            super::faults::BadReceipt::Replay => {
+                self.last_signed.clone().map(SessionResponse::Receipt)
+            }
+            super::faults::BadReceipt::Decreasing => {
                 let r = PaymentReceipt {
                     seq: last.seq + 1,
                     total_paid: last.total_paid.saturating_sub(1),
@@ -546,6 +551,7 @@ impl Session {
             }
         };
         let now = self.ctx.now();
+        #[cfg(feature = "faults")]
         if let Some(bad) = self.fault() {
             return (bad, None);
         }
@@ -619,8 +625,89 @@ pub(crate) async fn run(
     mut inbox: mpsc::Receiver<SessionMsg>,
     view_tx: watch::Sender<LeaseView>,
 ) {
+    let mut s = restore(ctx.clone(), &stored, &rec, view_tx);
+    s.publish();
+    let mut w = Liveness::new(&s, &stored);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Resumed (this node restarted) with a lease that had started: where it stands is asked at
+    // once, so a lease the provider ended meanwhile is settled as it says now, not after a
+    // silence, and the view is never behind by more than a round trip.
+    // (A lease rented now starts `accepted`: only a resumed one is `running` here.)
+    if s.lease.state == gridlease_contracts::LeaseState::Running && w.closing_since.is_none() {
+        match s.reconcile(w.seen_at).await {
+            Reconciled::Settled => return,
+            Reconciled::Live | Reconciled::Unreachable => w.last_heard = ctx.now(),
+        }
+    }
+    loop {
+        let flow = tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => return,
+            msg = inbox.recv() => match msg {
+                None => return,
+                Some(msg) => on_message(&mut s, &mut w, msg).await,
+            },
+            _ = tick.tick() => on_tick(&mut s, &mut w).await,
+        };
+        if let Flow::End = flow {
+            return;
+        }
+    }
+}
+
+/// Whether a renter session goes on after a message or a tick.
+enum Flow {
+    /// It goes on.
+    Continue,
+    /// The lease is settled (or the session must end).
+    End,
+}
+
+/// The renter's watch on the provider: when it was last heard from, and what bounds its
+/// silence.
+struct Liveness {
+    /// The renter's clock for plausibility: from when it stored the accepted lease.
+    seen_at: Timestamp,
+    interval_ms: u64,
+    start_ms: u64,
+    last_heard: Timestamp,
+    heard_any: bool,
+    /// The provider holds the container for our uploads this long more before it starts.
+    hold_ms: u64,
+    /// Since when this node waits for the provider's close after its own.
+    closing_since: Option<Timestamp>,
+    /// When the provider's final report (with the exit code) came: its close follows.
+    final_since: Option<Timestamp>,
+}
+
+impl Liveness {
+    /// At the session's (re)start.
+    fn new(s: &Session, stored: &StoredLease) -> Self {
+        let ctx = &s.ctx;
+        Self {
+            seen_at: stored.created_at,
+            interval_ms: u64::from(s.lease.terms.usage_interval_s) * 1000,
+            start_ms: u64::try_from(ctx.config.start_allowance.as_millis()).unwrap_or(u64::MAX),
+            last_heard: ctx.now(),
+            heard_any: s.channel.last_usage().is_some(),
+            hold_ms: 0,
+            closing_since: (s.lease.state == gridlease_contracts::LeaseState::Closing)
+                .then(|| ctx.now()),
+            final_since: None,
+        }
+    }
+}
+
+/// The session of a stored renter lease, as its record left it (restored after a restart).
+fn restore(
+    ctx: Arc<Ctx>,
+    stored: &StoredLease,
+    rec: &SessionRecord,
+    view_tx: watch::Sender<LeaseView>,
+) -> Session {
     let mut lease = stored.lease.clone();
-    view::restore_lease(&mut lease, &rec);
+    view::restore_lease(&mut lease, rec);
     let terms = lease.terms.clone();
     let provider = terms.provider;
     let last_usage = rec
@@ -635,8 +722,8 @@ pub(crate) async fn run(
         last_usage.as_ref().map(|(_, u)| u.clone()),
         last_receipt.as_ref().map(|(_, r)| r.clone()),
     );
-    let mut s = Session {
-        ctx: ctx.clone(),
+    Session {
+        ctx,
         provider_peer: provider.peer_id().ok(),
         lease,
         provider,
@@ -654,193 +741,187 @@ pub(crate) async fn run(
             .map(|(s, m)| (m, s)),
         gpus_declared: rec.gpus_declared,
         view: view_tx,
-    };
-    s.publish();
-    // The renter's clock for plausibility: from when it stored the accepted lease.
-    let seen_at = stored.created_at;
-    let interval_ms = u64::from(terms.usage_interval_s) * 1000;
-    let start_ms = u64::try_from(ctx.config.start_allowance.as_millis()).unwrap_or(u64::MAX);
-    let mut last_heard = ctx.now();
-    let mut heard_any = s.channel.last_usage().is_some();
-    // The provider holds the container for our uploads this long more before it starts.
-    let mut hold_ms = 0u64;
-    let mut closing_since =
-        (s.lease.state == gridlease_contracts::LeaseState::Closing).then(|| ctx.now());
-    // When the provider's final report (with the exit code) came: its close follows.
-    let mut final_since: Option<Timestamp> = None;
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Resumed (this node restarted) with a lease that had started: where it stands is asked at
-    // once, so a lease the provider ended meanwhile is settled as it says now, not after a
-    // silence, and the view is never behind by more than a round trip.
-    // (A lease rented now starts `accepted`: only a resumed one is `running` here.)
-    if s.lease.state == gridlease_contracts::LeaseState::Running && closing_since.is_none() {
-        match s.reconcile(seen_at).await {
-            Reconciled::Settled => return,
-            Reconciled::Live | Reconciled::Unreachable => last_heard = ctx.now(),
-        }
     }
-    loop {
-        tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => return,
-            msg = inbox.recv() => match msg {
-                None => return,
-                Some(SessionMsg::Stop(done)) => {
-                    if s.lease.state.can_close() {
-                        if s.held_until.is_some() && !heard_any {
-                            // Stopped while the provider holds the container for our uploads:
-                            // the hold is paid (stored before the provider's close asks).
-                            s.pay_abandoned_hold().await;
-                        }
-                        s.close(CloseReason::RenterStop, Actor::Renter).await;
-                        s.send_close(CloseReason::RenterStop);
-                        closing_since = Some(ctx.now());
+}
+
+/// A message for the session: the node's stop or extension, or the provider's request.
+async fn on_message(s: &mut Session, w: &mut Liveness, msg: SessionMsg) -> Flow {
+    let ctx = s.ctx.clone();
+    match msg {
+        SessionMsg::Stop(done) => {
+            if s.lease.state.can_close() {
+                if s.held_until.is_some() && !w.heard_any {
+                    // Stopped while the provider holds the container for our uploads:
+                    // the hold is paid (stored before the provider's close asks).
+                    s.pay_abandoned_hold().await;
+                }
+                s.close(CloseReason::RenterStop, Actor::Renter).await;
+                s.send_close(CloseReason::RenterStop);
+                w.closing_since = Some(ctx.now());
+            }
+            let _ = done.send(());
+        }
+        SessionMsg::Extend(ask) => {
+            let _ = ask.reply.send(s.extend(ask.add_s, ask.max_total).await);
+        }
+        // Only a provider reclaims its GPUs.
+        SessionMsg::Reclaim(done) => {
+            let _ = done.send(());
+        }
+        SessionMsg::Inbound(m) => return on_inbound(s, w, *m).await,
+    }
+    Flow::Continue
+}
+
+/// A request from the lease's provider (anyone else's is answered `UnknownLease`).
+async fn on_inbound(s: &mut Session, w: &mut Liveness, m: InboundSession) -> Flow {
+    let ctx = s.ctx.clone();
+    let InboundSession {
+        peer,
+        request,
+        reply,
+    } = m;
+    if Some(peer) != s.provider_peer {
+        let _ = reply.send(SessionResponse::UnknownLease);
+        return Flow::Continue;
+    }
+    match request {
+        SessionRequest::Usage(signed) => {
+            let (answer, end) = s.on_usage(signed, w.seen_at).await;
+            let _ = reply.send(answer);
+            w.last_heard = ctx.now();
+            w.heard_any = true;
+            if s.exit_code.is_some() && w.final_since.is_none() {
+                w.final_since = Some(w.last_heard);
+            }
+            if let Some(reason) = end {
+                s.send_close(reason);
+                s.settle(reason).await;
+                return Flow::End;
+            }
+        }
+        SessionRequest::Close(signed) => {
+            let net = ctx.client.network().clone();
+            match signed.verify(&net) {
+                Ok(v) if v.signer == s.provider && v.message.lease_id == s.lease.id => {
+                    if v.message.reason == CloseReason::StartFailed {
+                        s.failure = v.message.failure.clone();
+                        // Stored before the answer that carries it.
+                        s.pay_failed_start(v.message.failure.as_ref()).await;
                     }
-                    let _ = done.send(());
-                }
-                Some(SessionMsg::Extend(ask)) => {
-                    let _ = ask.reply.send(s.extend(ask.add_s, ask.max_total).await);
-                }
-                // Only a provider reclaims its GPUs.
-                Some(SessionMsg::Reclaim(done)) => {
-                    let _ = done.send(());
-                }
-                Some(SessionMsg::Inbound(m)) => {
-                    let InboundSession { peer, request, reply } = *m;
-                    if Some(peer) != s.provider_peer {
-                        let _ = reply.send(SessionResponse::UnknownLease);
-                        continue;
+                    let _ = reply.send(SessionResponse::Closed {
+                        last_receipt: s.last_signed.clone(),
+                    });
+                    if v.message.exit_code.is_some() {
+                        s.exit_code = v.message.exit_code;
                     }
-                    match request {
-                        SessionRequest::Usage(signed) => {
-                            let (answer, end) = s.on_usage(signed, seen_at).await;
-                            let _ = reply.send(answer);
-                            last_heard = ctx.now();
-                            heard_any = true;
-                            if s.exit_code.is_some() && final_since.is_none() {
-                                final_since = Some(last_heard);
-                            }
-                            if let Some(reason) = end {
-                                s.send_close(reason);
-                                s.settle(reason).await;
-                                return;
-                            }
-                        }
-                        SessionRequest::Close(signed) => {
-                            let net = ctx.client.network().clone();
-                            match signed.verify(&net) {
-                                Ok(v) if v.signer == s.provider && v.message.lease_id == s.lease.id => {
-                                    if v.message.reason == CloseReason::StartFailed {
-                                        s.failure = v.message.failure.clone();
-                                        // Stored before the answer that carries it.
-                                        s.pay_failed_start(v.message.failure.as_ref()).await;
-                                    }
-                                    let _ = reply.send(SessionResponse::Closed {
-                                        last_receipt: s.last_signed.clone(),
-                                    });
-                                    if v.message.exit_code.is_some() {
-                                        s.exit_code = v.message.exit_code;
-                                    }
-                                    s.close(v.message.reason, Actor::Provider).await;
-                                    s.settle(v.message.reason).await;
-                                    return;
-                                }
-                                _ => {
-                                    let _ = reply.send(SessionResponse::UnknownLease);
-                                }
-                            }
-                        }
-                        SessionRequest::Logs { .. }
-                        | SessionRequest::Extend(_)
-                        | SessionRequest::Telemetry { .. }
-                        | SessionRequest::Reports { .. }
-                        | SessionRequest::Complete(_)
-                        | SessionRequest::Begin { .. } => {
-                            let _ = reply.send(SessionResponse::UnknownLease);
-                        }
-                        SessionRequest::Held { until, .. } => {
-                            // Created and waiting for our uploads: the start allowance
-                            // counts from the end of the hold.
-                            let _ = reply.send(SessionResponse::NothingDue);
-                            if !heard_any {
-                                last_heard = ctx.now();
-                                hold_ms = until
-                                    .ms_since(last_heard)
-                                    .min(u64::from(terms.upload_hold_s) * 1000);
-                                s.held_until = Some(until);
-                                s.publish();
-                            }
-                        }
-                        SessionRequest::Started { started_at, .. } => {
-                            let _ = reply.send(s.on_started(started_at).await);
-                            last_heard = ctx.now();
-                            heard_any = true;
-                        }
-                        SessionRequest::Starting { pulled, total, .. } => {
-                            // The start is progressing: the start allowance counts from now.
-                            let _ = reply.send(SessionResponse::NothingDue);
-                            if !heard_any {
-                                last_heard = ctx.now();
-                                s.pull = Some((pulled, total.max(pulled)));
-                                s.publish();
-                            }
-                        }
-                    }
+                    s.close(v.message.reason, Actor::Provider).await;
+                    s.settle(v.message.reason).await;
+                    return Flow::End;
                 }
-            },
-            _ = tick.tick() => {
-                let now = ctx.now();
-                if let Some(since) = closing_since {
-                    // Waiting for the provider's close after ours: bounded.
-                    let wait = u64::try_from(
-                        (ctx.config.rpc_timeout + ctx.config.stop_grace).as_millis(),
-                    )
-                    .unwrap_or(u64::MAX)
-                    .saturating_add(2 * interval_ms);
-                    if now.ms_since(since) > wait {
-                        let reason = s.lease.close_reason.unwrap_or(CloseReason::RenterStop);
-                        s.settle(reason).await;
-                        return;
-                    }
-                    continue;
-                }
-                if let Some(since) = final_since {
-                    if now.ms_since(since) > FINAL_WAIT_MS {
-                        tracing::warn!("no close after the provider's final report; settling on it");
-                        s.settle(CloseReason::ContainerExited).await;
-                        return;
-                    }
-                    continue;
-                }
-                let limit = if heard_any {
-                    2 * interval_ms + SILENCE_SLACK_MS
-                } else {
-                    start_ms.saturating_add(2 * interval_ms).saturating_add(hold_ms)
-                };
-                if now.ms_since(last_heard) > limit {
-                    // Silent since the last report (or the start notice): perhaps this node was
-                    // away (suspended, offline). Ask the provider where the lease stands
-                    // before giving up.
-                    tracing::info!(silent_ms = now.ms_since(last_heard), "provider silent; reconciling");
-                    match s.reconcile(seen_at).await {
-                        Reconciled::Settled => return,
-                        Reconciled::Live => {
-                            last_heard = ctx.now();
-                            continue;
-                        }
-                        Reconciled::Unreachable => {}
-                    }
-                }
-                if now.ms_since(last_heard) > limit {
-                    tracing::warn!(silent_ms = now.ms_since(last_heard), "provider silent; closing");
-                    s.send_close(CloseReason::ProviderUnreachable);
-                    s.settle(CloseReason::ProviderUnreachable).await;
-                    return;
+                _ => {
+                    let _ = reply.send(SessionResponse::UnknownLease);
                 }
             }
         }
+        SessionRequest::Logs { .. }
+        | SessionRequest::Extend(_)
+        | SessionRequest::Telemetry { .. }
+        | SessionRequest::Reports { .. }
+        | SessionRequest::Complete(_)
+        | SessionRequest::Begin { .. } => {
+            let _ = reply.send(SessionResponse::UnknownLease);
+        }
+        SessionRequest::Held { until, .. } => {
+            // Created and waiting for our uploads: the start allowance
+            // counts from the end of the hold.
+            let _ = reply.send(SessionResponse::NothingDue);
+            if !w.heard_any {
+                w.last_heard = ctx.now();
+                w.hold_ms = until
+                    .ms_since(w.last_heard)
+                    .min(u64::from(s.lease.terms.upload_hold_s) * 1000);
+                s.held_until = Some(until);
+                s.publish();
+            }
+        }
+        SessionRequest::Started { started_at, .. } => {
+            let _ = reply.send(s.on_started(started_at).await);
+            w.last_heard = ctx.now();
+            w.heard_any = true;
+        }
+        SessionRequest::Starting { pulled, total, .. } => {
+            // The start is progressing: the start allowance counts from now.
+            let _ = reply.send(SessionResponse::NothingDue);
+            if !w.heard_any {
+                w.last_heard = ctx.now();
+                s.pull = Some((pulled, total.max(pulled)));
+                s.publish();
+            }
+        }
     }
+    Flow::Continue
+}
+
+/// The session's tick: a close that the provider does not answer, a final report with no
+/// close after it, and a provider silent too long (asked where the lease stands first).
+async fn on_tick(s: &mut Session, w: &mut Liveness) -> Flow {
+    let ctx = s.ctx.clone();
+    let now = ctx.now();
+    if let Some(since) = w.closing_since {
+        // Waiting for the provider's close after ours: bounded.
+        let wait = u64::try_from((ctx.config.rpc_timeout + ctx.config.stop_grace).as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(2 * w.interval_ms);
+        if now.ms_since(since) > wait {
+            let reason = s.lease.close_reason.unwrap_or(CloseReason::RenterStop);
+            s.settle(reason).await;
+            return Flow::End;
+        }
+        return Flow::Continue;
+    }
+    if let Some(since) = w.final_since {
+        if now.ms_since(since) > FINAL_WAIT_MS {
+            tracing::warn!("no close after the provider's final report; settling on it");
+            s.settle(CloseReason::ContainerExited).await;
+            return Flow::End;
+        }
+        return Flow::Continue;
+    }
+    let limit = if w.heard_any {
+        2 * w.interval_ms + SILENCE_SLACK_MS
+    } else {
+        w.start_ms
+            .saturating_add(2 * w.interval_ms)
+            .saturating_add(w.hold_ms)
+    };
+    if now.ms_since(w.last_heard) > limit {
+        // Silent since the last report (or the start notice): perhaps this node was
+        // away (suspended, offline). Ask the provider where the lease stands
+        // before giving up.
+        tracing::info!(
+            silent_ms = now.ms_since(w.last_heard),
+            "provider silent; reconciling"
+        );
+        match s.reconcile(w.seen_at).await {
+            Reconciled::Settled => return Flow::End,
+            Reconciled::Live => {
+                w.last_heard = ctx.now();
+                return Flow::Continue;
+            }
+            Reconciled::Unreachable => {}
+        }
+    }
+    if now.ms_since(w.last_heard) > limit {
+        tracing::warn!(
+            silent_ms = now.ms_since(w.last_heard),
+            "provider silent; closing"
+        );
+        s.send_close(CloseReason::ProviderUnreachable);
+        s.settle(CloseReason::ProviderUnreachable).await;
+        return Flow::End;
+    }
+    Flow::Continue
 }
 
 /// Answers a provider's close for a lease whose renter session has ended: its last receipt

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gridlease_protocol::LeaseId;
 
-use super::Ctx;
+use super::ctx::Ctx;
 
 /// How often the sweep runs.
 pub const SWEEP: Duration = Duration::from_secs(600);

@@ -365,7 +365,7 @@ pub(crate) fn from_store(l: &StoredLease, rec: &SessionRecord, now: Timestamp) -
         &lease,
         Known {
             role: l.role,
-            counterparty: &super::counterparty(l),
+            counterparty: &super::session::counterparty(l),
             usage: usage.as_ref().map(|(_, u)| u),
             authorised,
             exit_code: rec.fields.exit_code,

@@ -1,21 +1,18 @@
-//! The cloneable handle to the network actor, and the renter's side of negotiation.
+//! The cloneable handle to the network actor (the renter's side of negotiation is
+//! `lease::negotiate`; `net` carries its request with [`Client::lease_rpc`]).
 
 use std::sync::Arc;
 
 use gridlease_contracts::book::{BookEntry, Cursor};
 use gridlease_contracts::query::Query;
-use gridlease_contracts::terms::{AcceptError, check_accept};
-use gridlease_contracts::{Actor, Lease, LeaseEvent};
-use gridlease_protocol::{
-    CodecError, EnvelopeError, LeaseAccept, LeaseId, LeaseReject, LeaseRequest, LeaseTerms,
-    NetworkId, NodeKey, OfferId, PeerId, RejectReason, Signed, Timestamp,
-};
+use gridlease_contracts::terms::AcceptError;
+use gridlease_protocol::{CodecError, EnvelopeError, NetworkId, NodeKey, OfferId, PeerId};
 use libp2p::Multiaddr;
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::provider::{OfferTemplate, OwnOffer};
-use crate::store::{Role, StoreError, StoreHandle, StoredLease};
+use crate::store::{StoreError, StoreHandle};
 
 /// An offer id a newer offer of the same provider replaced (providers re-sign before expiry,
 /// so ids from an earlier search age out), with the provider's current offer.
@@ -148,7 +145,8 @@ pub struct Reachability {
     pub relays: Vec<PeerId>,
 }
 
-/// Why a negotiation failed (a rejection is not a failure: see [`NegotiationOutcome`]).
+/// Why a request to the network task failed (a negotiation's rejection is not a failure:
+/// see [`crate::lease::NegotiationOutcome`]).
 #[derive(Debug, thiserror::Error)]
 pub enum NegotiationError {
     /// The request could not be delivered or answered.
@@ -180,29 +178,6 @@ pub enum NegotiationError {
     /// The network task has stopped.
     #[error("the network task has stopped")]
     Closed,
-}
-
-/// The result of a negotiation.
-#[derive(Debug, Clone)]
-pub enum NegotiationOutcome {
-    /// Both signatures exist and the lease is stored on this side.
-    Accepted {
-        /// The lease id (hash of the terms).
-        lease_id: LeaseId,
-        /// The renter's signed request.
-        request: Signed<LeaseRequest>,
-        /// The provider's signed acceptance.
-        accept: Signed<LeaseAccept>,
-        /// The lease as this node stored it (its session starts from it).
-        stored: Box<StoredLease>,
-    },
-    /// The provider refused.
-    Rejected {
-        /// Why.
-        reason: RejectReason,
-        /// The signed refusal.
-        reject: Signed<LeaseReject>,
-    },
 }
 
 /// Handle to a running node's network task.
@@ -547,84 +522,5 @@ impl Client {
         tx: mpsc::Sender<super::InboundLease>,
     ) -> Result<(), NegotiationError> {
         self.ask(|r| Command::SetLeaseHandler(tx, r)).await
-    }
-
-    /// The renter's negotiation: signs `terms` as a request valid until `expires_at`, sends it
-    /// to the provider, verifies the answer (provider's signature, identical terms, lease id,
-    /// GPU count) and stores the lease before returning. `addrs` are dial hints (e.g. the
-    /// offer's addresses).
-    pub async fn negotiate(
-        &self,
-        terms: LeaseTerms,
-        expires_at: Timestamp,
-        addrs: Vec<Multiaddr>,
-    ) -> Result<NegotiationOutcome, NegotiationError> {
-        let request = Signed::sign(
-            &self.key,
-            &self.network,
-            &LeaseRequest {
-                terms: terms.clone(),
-                expires_at,
-            },
-        )?;
-        self.negotiate_signed(request, terms, addrs).await
-    }
-
-    /// [`Client::negotiate`] with an already signed request (retries resend the same bytes).
-    pub async fn negotiate_signed(
-        &self,
-        request: Signed<LeaseRequest>,
-        terms: LeaseTerms,
-        addrs: Vec<Multiaddr>,
-    ) -> Result<NegotiationOutcome, NegotiationError> {
-        let peer = terms
-            .provider
-            .peer_id()
-            .map_err(|_| NegotiationError::BadProvider)?;
-        let answer = self
-            .lease_rpc(peer, addrs, LeaseRpc::Propose(request.clone()))
-            .await?;
-        match answer {
-            LeaseRpcResponse::Accepted(accept) => {
-                let v = accept.verify(&self.network)?;
-                let lease_id = check_accept(&terms, &v.message, &v.signer)?;
-                let now = crate::clock::now();
-                let mut lease = Lease::propose(lease_id, terms);
-                // The renter records the provider's acceptance as the provider's event.
-                lease
-                    .apply(LeaseEvent::Accept, Actor::Provider, v.message.accepted_at)
-                    .map_err(|_| NegotiationError::BadReject)?;
-                let stored = StoredLease {
-                    role: Role::Renter,
-                    lease,
-                    request: request.clone(),
-                    accept: Some(accept.clone()),
-                    gpus: v.message.gpus.clone(),
-                    created_at: now,
-                };
-                let row = stored.clone();
-                self.store.call(move |s| s.insert_lease(&row)).await?;
-                Ok(NegotiationOutcome::Accepted {
-                    lease_id,
-                    request,
-                    accept,
-                    stored: Box::new(stored),
-                })
-            }
-            LeaseRpcResponse::Rejected(reject) => {
-                let v = reject.verify(&self.network)?;
-                if v.signer != terms.provider || v.message.nonce != terms.nonce {
-                    return Err(NegotiationError::BadReject);
-                }
-                Ok(NegotiationOutcome::Rejected {
-                    reason: v.message.reason,
-                    reject,
-                })
-            }
-            LeaseRpcResponse::Session(_) => Err(NegotiationError::Network {
-                peer,
-                detail: "provider answered a proposal with a session message".into(),
-            }),
-        }
     }
 }

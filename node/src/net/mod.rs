@@ -44,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
 pub use client::{
-    Client, Followed, GossipStats, NegotiationError, NegotiationOutcome, RawTopic, Reachability,
-    ReplacedOffer, SyncStats,
+    Client, Followed, GossipStats, NegotiationError, RawTopic, Reachability, ReplacedOffer,
+    SyncStats,
 };
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;

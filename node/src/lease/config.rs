@@ -1,0 +1,153 @@
+//! The lease service's settings: [`LeaseServiceConfig`] (what tests and the daemon set),
+//! [`SharedGpuSampler`], the daemon's [`DaemonLeaseSettings`] and the service's queue bounds.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gridlease_protocol::Digest;
+use gridlease_sandbox::spec::ProviderLimits;
+
+#[cfg(feature = "faults")]
+use super::faults::Faults;
+use super::{outputs, owner, retention};
+use crate::clock::{self, SharedClock};
+use crate::net::OfferTemplate;
+
+/// Capacity of the service's command channel.
+pub const SERVICE_QUEUE: usize = 64;
+/// Capacity of the inbound session channel (network -> service).
+pub const INBOUND_QUEUE: usize = 256;
+/// Capacity of each session's inbox.
+pub const SESSION_QUEUE: usize = 32;
+/// Most bytes of a container's output kept by the provider: its first and its last 4 MiB
+/// (`logs::Caps::split`), with a notice of what was cut between them.
+pub const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Settings of the lease service.
+#[derive(Clone, Debug)]
+pub struct LeaseServiceConfig {
+    /// Where finished leases' output is kept (`<home>/leases`).
+    pub data_dir: PathBuf,
+    /// Real GPU UUIDs by digest (NVML); declared dev GPUs have none and get no device request.
+    pub gpu_uuids: BTreeMap<Digest, String>,
+    /// Samples leased GPUs (utilization, VRAM, energy) alongside container stats; NVML in a
+    /// daemon with real GPUs, none with declared ones.
+    pub gpu_sampler: Option<SharedGpuSampler>,
+    /// Where [`LeaseService::provide`] keeps its settings (`<home>/provide.json` in a daemon).
+    pub provide_file: Option<PathBuf>,
+    /// Provider-side sandbox limits.
+    pub limits: ProviderLimits,
+    /// What this node offers when [`LeaseService::provide`] enables it (GPUs, defaults).
+    pub base_template: Option<OfferTemplate>,
+    /// Renter: seconds the provider may wait for a silent renter (`grace_s` of the terms).
+    pub renter_grace_s: u32,
+    /// Provider: how long an offered GPU its owner used must stay idle before it is offered
+    /// again ([`owner`]).
+    pub owner_idle: Duration,
+    /// Provider: utilisation of an unleased offered GPU that means its owner uses it, percent
+    /// (0: only compute processes count; [`owner`]).
+    pub owner_util_percent: u32,
+    /// Renter: how long the provider may take from accept to the first usage report (image
+    /// pull and start) before the renter gives up on it.
+    pub start_allowance: Duration,
+    /// Provider: an image pull whose progress stream is silent this long fails as stalled
+    /// (a pull that keeps progressing is not cut by it).
+    pub pull_stall: Duration,
+    /// Provider: the longest image pull in all.
+    pub pull_timeout: Duration,
+    /// Provider: bounds of the cache of images pulled for leases (least recently used ones
+    /// beyond it are removed when a lease ends).
+    pub image_cache: gridlease_contracts::image::CacheLimits,
+    /// Provider: SIGTERM-to-SIGKILL grace when stopping a container (at the end of a lease:
+    /// SIGTERM at `deadline - stop_grace`, SIGKILL at the deadline).
+    pub stop_grace: Duration,
+    /// Provider: the executable that runs `__watchdog` (the `gridlease` binary: the daemon's
+    /// own, `std::env::current_exe`), spawned per container so it stops at its deadline even
+    /// if this node is killed ([`watchdog`]). `None`: no watchdog; the node alone stops
+    /// containers, while it runs.
+    pub watchdog: Option<PathBuf>,
+    /// How long a session waits for an answer from the other side.
+    pub rpc_timeout: Duration,
+    /// Provider: how often finished leases' kept outputs are checked for removal
+    /// (`outputs::SWEEP`, 10 s, in a daemon).
+    pub outputs_sweep: Duration,
+    /// How long, and how much of, finished leases' logs are kept ([`retention`]).
+    pub log_retention: retention::LogRetention,
+    /// How often finished leases' logs are swept ([`retention::SWEEP`] in a daemon).
+    pub logs_sweep: Duration,
+    /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
+    /// daemon; a [`clock::ManualClock`] in tests of grace periods and expiry).
+    pub clock: SharedClock,
+    /// Deliberate misbehaviour, for tests of the other side's defences only. Always
+    /// [`Faults::default`] (none) in the daemon.
+    /// Only with the `faults` feature (the tests'); a release build has no fault hooks.
+    #[cfg(feature = "faults")]
+    #[doc(hidden)]
+    pub faults: Faults,
+}
+
+/// A GPU sampler shared by lease sessions, with the id it knows each offered GPU by.
+#[derive(Clone)]
+pub struct SharedGpuSampler {
+    /// The sampler (NVML, or a scripted probe for declared GPUs).
+    pub sampler: std::sync::Arc<dyn gridlease_sandbox::meter::GpuSampler>,
+    /// The sampler's id (a UUID) of each offered GPU, by the digest offers carry. Separate
+    /// from [`LeaseServiceConfig::gpu_uuids`], which are passed to containers as devices.
+    pub ids: BTreeMap<Digest, String>,
+    /// What telemetry says the values come from.
+    pub source: gridlease_protocol::telemetry::TelemetrySource,
+}
+
+impl std::fmt::Debug for SharedGpuSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedGpuSampler")
+    }
+}
+
+impl LeaseServiceConfig {
+    /// Defaults with output under `data_dir`.
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self {
+            data_dir,
+            gpu_uuids: BTreeMap::new(),
+            gpu_sampler: None,
+            provide_file: None,
+            limits: ProviderLimits::from_host(),
+            base_template: None,
+            renter_grace_s: 30,
+            owner_idle: Duration::from_secs(300),
+            owner_util_percent: owner::BUSY_UTIL_PERCENT,
+            start_allowance: Duration::from_secs(300),
+            pull_stall: Duration::from_secs(120),
+            pull_timeout: Duration::from_secs(1800),
+            image_cache: gridlease_contracts::image::CacheLimits::default(),
+            stop_grace: Duration::from_secs(2),
+            watchdog: None,
+            rpc_timeout: Duration::from_secs(10),
+            outputs_sweep: outputs::SWEEP,
+            log_retention: retention::LogRetention::default(),
+            logs_sweep: retention::SWEEP,
+            clock: clock::system(),
+            #[cfg(feature = "faults")]
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// The daemon's settings of its lease service (from its configuration).
+#[derive(Clone, Debug)]
+pub struct DaemonLeaseSettings {
+    /// Bounds of the cache of pulled images.
+    pub image_cache: gridlease_contracts::image::CacheLimits,
+    /// The isolation tenants run under, and the Docker runtime that gives it.
+    pub runtime: (gridlease_protocol::Isolation, Option<String>),
+    /// As a renter: the grace the terms give a provider for this node's silence.
+    pub renter_grace_s: u32,
+    /// As a provider: seconds an owner-used GPU stays out of the offer after its last use.
+    pub owner_idle_s: u64,
+    /// As a provider: utilisation that means the owner uses a GPU (0: processes only).
+    pub owner_util_percent: u32,
+    /// As a provider: how long, and how much of, finished leases' logs are kept.
+    pub log_retention: retention::LogRetention,
+}

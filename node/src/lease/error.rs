@@ -1,0 +1,93 @@
+//! The errors of the lease service's operations: [`RentError`] (renting) and [`LeaseError`]
+//! (every operation on a lease that exists).
+
+use gridlease_protocol::{LeaseId, OfferId, RejectReason};
+
+use super::negotiate::NegotiateError;
+use crate::net::NegotiationError;
+use crate::store::StoreError;
+
+/// Why renting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RentError {
+    /// The offer id is not a whole offer id.
+    #[error("{0:?} is not an offer id (64 hex digits)")]
+    BadOffer(String),
+    /// The offer is not in the local book.
+    #[error("offer {0} is not known to this node; search again")]
+    UnknownOffer(OfferId),
+    /// The offer is this node's own.
+    #[error("offer {0} is this node's own offer: a node does not rent from itself")]
+    OwnOffer(OfferId),
+    /// The provider refused.
+    #[error("the provider refused: {0:?}")]
+    Rejected(RejectReason),
+    /// Looking the offer up or negotiating with its provider failed.
+    #[error(transparent)]
+    Negotiation(#[from] NegotiateError),
+    /// The budget computation overflowed.
+    #[error("the price of this lease overflows")]
+    Overflow,
+    /// More output retention asked than the offer gives.
+    #[error(
+        "the provider keeps a finished lease's outputs for at most {most} s; {asked} s were asked"
+    )]
+    KeepOutputs {
+        /// Asked for.
+        asked: u32,
+        /// The offer's most.
+        most: u32,
+    },
+    /// The image is not one the offer allows (its registries, prefixes and local images, as
+    /// the offer states them): refused before anything is signed.
+    #[error("image {image}: {}; the offer runs {allowed}", gridlease_contracts::image::refusal_text(.refusal))]
+    ImageNotOffered {
+        /// The image asked for.
+        image: String,
+        /// Why the offer's policy refuses it.
+        refusal: gridlease_protocol::ImageRefusal,
+        /// What the offer runs, in words.
+        allowed: String,
+    },
+    /// A longer upload hold asked than the offer gives.
+    #[error(
+        "the provider holds a container for uploads for at most {most} s; {asked} s were asked"
+    )]
+    UploadHold {
+        /// Asked for.
+        asked: u32,
+        /// The offer's most.
+        most: u32,
+    },
+    /// The lease service has stopped.
+    #[error("the lease service has stopped")]
+    Closed,
+}
+
+/// Why a lease operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// No such lease on this node.
+    #[error("no lease {0} on this node")]
+    Unknown(LeaseId),
+    /// The lease is not running (it has not started here yet, or it is over).
+    #[error("lease {0} is not running")]
+    NotRunning(LeaseId),
+    /// The provider could not be reached or answered something unexpected.
+    #[error("lease {lease_id}: {detail}")]
+    Remote {
+        /// The lease.
+        lease_id: LeaseId,
+        /// Why.
+        detail: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The network failed.
+    #[error(transparent)]
+    Network(#[from] NegotiationError),
+    /// The lease service has stopped.
+    #[error("the lease service has stopped")]
+    Closed,
+}
