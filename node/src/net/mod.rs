@@ -13,21 +13,25 @@
 //! store thread ([`crate::store::StoreHandle`]) and completions come back as internal messages.
 
 pub mod behaviour;
+mod book_sync;
+mod classes;
 pub mod client;
 pub mod codec;
+mod error;
 mod event_loop;
 pub mod gossip;
+mod ingest;
 pub mod ip_limits;
-mod liveness;
+mod lease_rpc;
+mod loop_ctx;
 pub mod muxer;
+mod own_offer;
 pub mod provider;
 pub mod ratelimit;
 pub mod reach;
 pub mod reputation;
 mod restore;
-mod searched;
 mod shared_book;
-mod sync_queue;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +47,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
+pub use error::NetError;
 pub use client::{
     Client, Followed, GossipStats, NegotiationError, NegotiationOutcome, RawTopic, Reachability,
     ReplacedOffer, SyncStats,
@@ -125,7 +130,8 @@ pub struct NodeConfig {
     /// Limits on the connections the node accepts ([`ConnectionCaps::for_descriptors`] in a
     /// daemon).
     pub connections: ConnectionCaps,
-    /// Test faults; all off in a daemon.
+    /// Test faults; all off in a daemon (only with the `faults` feature).
+    #[cfg(feature = "faults")]
     pub faults: NetFaults,
 }
 
@@ -176,7 +182,8 @@ impl ConnectionCaps {
     }
 }
 
-/// Faults a test can inject into the network loop.
+/// Faults a test can inject into the network loop (only with the `faults` feature).
+#[cfg(feature = "faults")]
 #[derive(Clone, Debug, Default)]
 pub struct NetFaults {
     /// Subscribe to the offer topic only once the first connection has closed: a node whose
@@ -226,8 +233,36 @@ impl NodeConfig {
             search_follow: Duration::from_secs(600),
             gossip_grace: Duration::from_secs(30),
             connections: ConnectionCaps::default(),
+            #[cfg(feature = "faults")]
             faults: NetFaults::default(),
         }
+    }
+
+    /// Whether the offer topics wait for the first disconnection
+    /// (`NetFaults::subscribe_after_first_disconnect`); never without the `faults` feature.
+    pub(crate) fn subscribes_late(&self) -> bool {
+        #[cfg(feature = "faults")]
+        return self.faults.subscribe_after_first_disconnect;
+        #[cfg(not(feature = "faults"))]
+        false
+    }
+
+    /// Whether book sync `Get`s are answered empty (`NetFaults::answer_gets_empty`); never
+    /// without the `faults` feature.
+    pub(crate) fn answers_gets_empty(&self) -> bool {
+        #[cfg(feature = "faults")]
+        return self.faults.answer_gets_empty;
+        #[cfg(not(feature = "faults"))]
+        false
+    }
+
+    /// How long the restore's end is held back (`NetFaults::hold_restore`); never without
+    /// the `faults` feature.
+    pub(crate) fn restore_hold(&self) -> Option<Duration> {
+        #[cfg(feature = "faults")]
+        return self.faults.hold_restore;
+        #[cfg(not(feature = "faults"))]
+        None
     }
 
     /// Loopback-only settings for tests and benchmarks: TCP on 127.0.0.1, no mDNS, fast
@@ -536,7 +571,7 @@ impl Node {
             followed_rx,
         );
         let store_for_restore = store.clone();
-        let hold_restore = config.faults.hold_restore;
+        let hold_restore = config.restore_hold();
         let mut el = event_loop::EventLoop::new(
             swarm,
             key,
