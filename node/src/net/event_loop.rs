@@ -7,14 +7,13 @@
 //! (the own offer) and [`LeaseRpcs`] (the lease stream).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gridlease_protocol::{NodeKey, PeerId, class};
 use libp2p::gossipsub;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::SwarmEvent;
-use libp2p::{Multiaddr, Swarm, identify, kad, mdns, noise, relay, tcp};
+use libp2p::{Multiaddr, Swarm, identify, kad, mdns, relay};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -29,117 +28,12 @@ use super::own_offer::{Publisher, WITHDRAWAL_DRAIN};
 use super::provider::ProviderState;
 use super::reach::Reach;
 use super::reputation::{Reputation, graylisted};
+use super::timers::{Tick, Timers};
 use super::{BuildError, NetworkEvent, NodeConfig, gossip};
-use crate::clock;
 use crate::store::StoreHandle;
 
-/// How often admitted offers are written to the store.
-const OFFER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
 /// Most peers recorded per identify round in the store, and dialed from it at start.
 pub(super) const STORED_PEERS: usize = 16;
-/// How long a new connection may take (transport, security, multiplexing). Shorter than
-/// libp2p's 10 s default because an AutoNAT v2 client waits 10 s for its server's verdict: a
-/// dial-back to an address behind a router that drops unsolicited packets (most home routers)
-/// must fail before that, or the client sees a timeout, learns nothing, and its NAT status
-/// stays unknown.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Builds the swarm: TCP + QUIC, noise, yamux ([`super::muxer`]), DNS, relay client, the composite behaviour.
-pub(super) fn build_swarm(
-    key: &NodeKey,
-    config: &NodeConfig,
-    book_codec: super::codec::BookCodec,
-) -> Result<Swarm<Behaviour>, BuildError> {
-    let t = |e: &dyn std::fmt::Display| BuildError::Transport(e.to_string());
-    let swarm = libp2p::SwarmBuilder::with_existing_identity(key.keypair().clone())
-        .with_tokio()
-        .with_tcp(
-            tcp::Config::default().nodelay(true),
-            noise::Config::new,
-            super::muxer::Config::default,
-        )
-        .map_err(|e| t(&e))?
-        .with_quic()
-        .with_dns()
-        .map_err(|e| t(&e))?
-        .with_relay_client(noise::Config::new, super::muxer::Config::default)
-        .map_err(|e| t(&e))?
-        .with_behaviour(|kp, relay_client| {
-            Behaviour::new(kp, relay_client, config, book_codec)
-                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
-        })
-        .map_err(|e| t(&e))?
-        .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_connection_timeout))
-        .with_connection_timeout(CONNECTION_TIMEOUT)
-        .build();
-    Ok(swarm)
-}
-
-/// The loop's periodic work, one timer each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tick {
-    /// The announce round ([`EventLoop::announce`]).
-    Announce,
-    /// The book's reputation scores follow the records.
-    Rescore,
-    /// Own completion records go out again; a completion anti-entropy round.
-    Republish,
-    /// An offer anti-entropy round.
-    Resync,
-    /// Admitted offers go to the store.
-    Flush,
-    /// A DHT random walk.
-    KadWalk,
-    /// Liveness, relayed connections to retire, a paced re-sign.
-    Live,
-}
-
-/// The timers behind [`Tick`]s (delayed, not bunched, when the loop was busy).
-struct Timers {
-    announce: tokio::time::Interval,
-    rescore: tokio::time::Interval,
-    republish: tokio::time::Interval,
-    resync: tokio::time::Interval,
-    flush: tokio::time::Interval,
-    kad_walk: tokio::time::Interval,
-    live: tokio::time::Interval,
-}
-
-impl Timers {
-    /// The periods `config` sets.
-    fn new(config: &NodeConfig) -> Self {
-        let delayed = |mut i: tokio::time::Interval| {
-            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            i
-        };
-        Self {
-            announce: delayed(tokio::time::interval(config.announce_period)),
-            rescore: delayed(tokio::time::interval(super::reputation::RESCORE_PERIOD)),
-            republish: delayed(tokio::time::interval(config.completions_republish)),
-            resync: delayed(tokio::time::interval_at(
-                tokio::time::Instant::now() + config.offer_resync,
-                config.offer_resync,
-            )),
-            flush: delayed(tokio::time::interval(OFFER_FLUSH_PERIOD)),
-            kad_walk: delayed(tokio::time::interval(Duration::from_secs(300))),
-            live: delayed(tokio::time::interval(Duration::from_millis(250))),
-        }
-    }
-
-    /// The next tick due, in this order when several are.
-    async fn next(&mut self) -> Tick {
-        tokio::select! {
-            biased;
-            _ = self.announce.tick() => Tick::Announce,
-            _ = self.rescore.tick() => Tick::Rescore,
-            _ = self.republish.tick() => Tick::Republish,
-            _ = self.resync.tick() => Tick::Resync,
-            _ = self.flush.tick() => Tick::Flush,
-            _ = self.kad_walk.tick() => Tick::KadWalk,
-            _ = self.live.tick() => Tick::Live,
-        }
-    }
-}
 
 /// The network loop: the swarm, the shared context, the children, and dispatch.
 pub(super) struct EventLoop {
@@ -287,7 +181,7 @@ impl EventLoop {
         let every = self.classes.topic.clone();
         let withdrawn = self
             .own
-            .withdraw(&mut self.swarm, &self.ctx, &every, clock::now());
+            .withdraw(&mut self.swarm, &self.ctx, &every, self.ctx.now());
         if withdrawn && self.swarm.connected_peers().next().is_some() {
             let swarm = &mut self.swarm;
             let _ = tokio::time::timeout(WITHDRAWAL_DRAIN, async {
@@ -297,7 +191,7 @@ impl EventLoop {
             })
             .await;
         }
-        self.ingest.flush(&self.ctx, clock::now());
+        self.ingest.flush(&self.ctx, self.ctx.now());
         tracing::info!("network loop stopped");
     }
 
@@ -315,13 +209,13 @@ impl EventLoop {
                 let (sync, mut d) = self.sync_parts();
                 sync.offer_anti_entropy(&mut d);
             }
-            Tick::Flush => self.ingest.flush(&self.ctx, clock::now()),
+            Tick::Flush => self.ingest.flush(&self.ctx, self.ctx.now()),
             Tick::KadWalk => {
                 // Random walk to keep the routing table fresh; no known peers is fine.
                 let _ = self.swarm.behaviour_mut().kad.bootstrap();
             }
             Tick::Live => {
-                let now = Instant::now();
+                let now = self.ctx.instant();
                 let grace = self.ctx.config.gossip_grace;
                 self.reach.check_liveness(&mut self.swarm, grace, now);
                 self.reach.retire_relayed(&mut self.swarm, now);
@@ -341,7 +235,7 @@ impl EventLoop {
             &mut self.classes,
             &self.reach.listen_addrs,
             publish,
-            clock::now(),
+            self.ctx.now(),
         );
     }
 
@@ -351,11 +245,11 @@ impl EventLoop {
     /// and from the anti-entropy round (`offer_anti_entropy`); once more only when its last
     /// publication found no subscribed peer (`publish_pending`, done when one subscribes).
     fn announce(&mut self) {
-        let now = clock::now();
+        let now = self.ctx.now();
         self.ctx.book.update(|b| b.evict_expired(now));
         self.ingest.sweep(&self.ctx);
         self.refresh_own(false);
-        let instant = Instant::now();
+        let instant = self.ctx.instant();
         self.classes
             .unfollow_idle(&mut self.swarm, &self.ctx, instant);
         self.provide_classes();
@@ -371,7 +265,7 @@ impl EventLoop {
             .as_ref()
             .map(|o| class::offer_class(&o.offer));
         self.classes
-            .provide_classes(&mut self.swarm, own, Instant::now());
+            .provide_classes(&mut self.swarm, own, self.ctx.instant());
     }
 
     // ---- commands ------------------------------------------------------------------------
@@ -404,7 +298,7 @@ impl EventLoop {
             Command::AddCompletion(pair, reply) => {
                 let r = self
                     .reputation
-                    .add(&mut self.swarm, &self.ctx, pair, clock::now());
+                    .add(&mut self.swarm, &self.ctx, pair, self.ctx.now());
                 let _ = reply.send(r.map_err(super::NetError::from));
             }
             Command::GossipStats(reply) => {
@@ -458,7 +352,7 @@ impl EventLoop {
                     // Also takes the offer out of the own book.
                     let every = self.classes.topic.clone();
                     self.own
-                        .withdraw(&mut self.swarm, &self.ctx, &every, clock::now());
+                        .withdraw(&mut self.swarm, &self.ctx, &every, self.ctx.now());
                 }
                 self.own.provider.template = template;
                 self.own.provider.current = None;
@@ -507,7 +401,7 @@ impl EventLoop {
     /// A search names `class`: the classes child follows it and names the peers to fetch its
     /// offers from; the book-sync child fetches them.
     fn search_class(&mut self, class: String, reply: oneshot::Sender<()>) {
-        let now = Instant::now();
+        let now = self.ctx.instant();
         let Some(start) = self
             .classes
             .begin_search(&mut self.swarm, &self.ctx, class, reply, now)
@@ -538,7 +432,7 @@ impl EventLoop {
                 ..
             } => {
                 self.reach
-                    .established(peer_id, connection_id, &endpoint, Instant::now());
+                    .established(peer_id, connection_id, &endpoint, self.ctx.instant());
                 if num_established.get() == 1 {
                     self.reach.liveness.connected(&peer_id);
                     self.ctx.emit(NetworkEvent::PeerConnected { peer: peer_id });
@@ -561,7 +455,7 @@ impl EventLoop {
             } => self.on_disconnected(peer_id, connection_id),
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 if let Some(peer) = peer_id {
-                    self.reach.liveness.lost(&peer, Instant::now());
+                    self.reach.liveness.lost(&peer, self.ctx.instant());
                     if !self.swarm.is_connected(&peer) {
                         self.classes.searched.peer_gone(&peer);
                     }
@@ -591,13 +485,14 @@ impl EventLoop {
 
     /// The last connection to a peer closed.
     fn on_disconnected(&mut self, peer: PeerId, id: libp2p::swarm::ConnectionId) {
-        self.reach.disconnected(&peer, id, Instant::now());
+        self.reach.disconnected(&peer, id, self.ctx.instant());
         self.classes.searched.peer_gone(&peer);
         #[cfg(feature = "faults")]
         if self.ctx.config.faults.subscribe_after_first_disconnect {
             // Test fault: gossip starts working after the first reconnection.
             self.ctx.config.faults.subscribe_after_first_disconnect = false;
-            self.classes.subscribe_late(&mut self.swarm, &self.ctx.config);
+            self.classes
+                .subscribe_late(&mut self.swarm, &self.ctx.config);
         }
         self.ctx.emit(NetworkEvent::PeerDisconnected { peer });
     }
@@ -609,22 +504,21 @@ impl EventLoop {
             BehaviourEvent::Lease(e) => {
                 let own = self.own.provider.current.as_ref();
                 let listen = &self.reach.listen_addrs;
-                self.lease.on_event(
-                    &mut self.swarm,
-                    &self.ctx,
-                    &mut self.ingest,
-                    own,
-                    listen,
-                    e,
-                );
+                self.lease
+                    .on_event(&mut self.swarm, &self.ctx, &mut self.ingest, own, listen, e);
             }
             BehaviourEvent::Book(e) => {
                 let (sync, mut d) = self.sync_parts();
                 sync.on_event(&mut d, e);
             }
             BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. }) => {
-                self.reach
-                    .on_identify(&mut self.swarm, &self.ctx, peer_id, info, Instant::now());
+                self.reach.on_identify(
+                    &mut self.swarm,
+                    &self.ctx,
+                    peer_id,
+                    info,
+                    self.ctx.instant(),
+                );
             }
             BehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
                 for (peer, addr) in found {
@@ -684,7 +578,7 @@ impl EventLoop {
                 message_id,
                 message,
             } => {
-                let now = clock::now();
+                let now = self.ctx.now();
                 let score = self.swarm.behaviour().gossipsub.peer_score(&from);
                 let acceptance = if self.reputation.is_topic(&message.topic) {
                     if graylisted(score) || !self.ingest.allow_peer(&from, now) {
@@ -694,14 +588,8 @@ impl EventLoop {
                             .on_batch(&self.ctx, &from, &message.data, now)
                     }
                 } else {
-                    self.ingest.on_offer(
-                        &self.ctx,
-                        from,
-                        &message.data,
-                        &message.topic,
-                        score,
-                        now,
-                    )
+                    self.ingest
+                        .on_offer(&self.ctx, from, &message.data, &message.topic, score, now)
                 };
                 self.swarm
                     .behaviour_mut()
@@ -712,7 +600,8 @@ impl EventLoop {
                 if gossip::offer_topic_class(&self.ctx.config.network, &topic).is_some() =>
             {
                 self.reach.liveness.subscribed(&peer_id);
-                self.ctx.emit(NetworkEvent::PeerSubscribed { peer: peer_id });
+                self.ctx
+                    .emit(NetworkEvent::PeerSubscribed { peer: peer_id });
                 if self.own.publish_pending {
                     // The own offer's last publication reached nobody.
                     self.refresh_own(true);

@@ -11,12 +11,12 @@ use gridlease_protocol::{Offer, OfferId, PeerId, PublicKey, Signed, Timestamp};
 use libp2p::gossipsub::{MessageAcceptance, TopicHash};
 
 use super::NetworkEvent;
+use super::NodeConfig;
 use super::client::GossipStats;
 use super::gossip::{self, OfferIgnore, Verdict};
 use super::loop_ctx::LoopCtx;
-use super::ratelimit::{RateLimit, RateLimiter};
-use super::NodeConfig;
 use super::loop_ctx::RATE_KEYS;
+use super::ratelimit::{RateLimit, RateLimiter};
 
 /// Most offers buffered for the next store flush.
 const OFFER_FLUSH_MAX: usize = 1024;

@@ -20,7 +20,6 @@ use super::ingest::Ingest;
 use super::loop_ctx::{LoopCtx, truncate};
 use super::provider::{self, OwnOffer};
 use super::{InboundLease, InboundRequest, NetError, NetworkEvent, Proposal};
-use crate::clock;
 
 /// Most lease-stream requests awaiting the lease service at once; more are answered `Busy`
 /// (sessions) or refused (proposals).
@@ -71,7 +70,14 @@ impl LeaseRpcs {
         reply: oneshot::Sender<Result<LeaseRpcResponse, NetError>>,
     ) {
         let retry = (!swarm.is_connected(&peer)).then(|| (peer, addrs.clone(), rpc.clone()));
-        self.send_rpc(swarm, listen, peer, &addrs, rpc, PendingRpc { reply, retry });
+        self.send_rpc(
+            swarm,
+            listen,
+            peer,
+            &addrs,
+            rpc,
+            PendingRpc { reply, retry },
+        );
     }
 
     /// Sends a lease-stream request to `peer`, dialing it first at `addrs` (never one of our
@@ -148,10 +154,10 @@ impl LeaseRpcs {
                     request, channel, ..
                 } => match request {
                     Incoming::Valid(request) => {
-                        self.on_request(swarm, ctx, own, peer, request, channel, clock::now())
+                        self.on_request(swarm, ctx, own, peer, request, channel, ctx.now())
                     }
                     Incoming::Malformed(detail) => {
-                        let now = clock::now();
+                        let now = ctx.now();
                         ingest.probed(&peer, "lease", &detail, now);
                         let blank = LeaseId(Digest::default());
                         let reason = RejectReason::Malformed {

@@ -2,8 +2,9 @@
 //! settings, store, book and event channel. Children take it as a parameter; none owns it.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use gridlease_protocol::{NodeKey, PeerId};
+use gridlease_protocol::{NodeKey, PeerId, Timestamp};
 use libp2p::Multiaddr;
 use libp2p::multiaddr::Protocol;
 use tokio::sync::broadcast;
@@ -30,6 +31,18 @@ impl LoopCtx {
     /// Sends a node event. No subscriber is fine; a lagging one loses old events.
     pub(super) fn emit(&self, event: NetworkEvent) {
         let _ = self.events.send(event);
+    }
+
+    /// The time now, from the injected clock ([`NodeConfig::clock`]).
+    pub(super) fn now(&self) -> Timestamp {
+        self.config.clock.now()
+    }
+
+    /// The monotonic instant now, moved ahead as far as the injected clock runs ahead of the
+    /// wall clock (not at all with the system clock): what the children's periods compare.
+    pub(super) fn instant(&self) -> Instant {
+        let ahead = self.config.clock.now().ms_since(crate::clock::now());
+        Instant::now() + Duration::from_millis(ahead)
     }
 }
 

@@ -32,6 +32,8 @@ pub mod reach;
 pub mod reputation;
 mod restore;
 mod shared_book;
+mod timers;
+mod transport;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,11 +49,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
-pub use error::NetError;
 pub use client::{
     Client, Followed, GossipStats, NegotiationError, NegotiationOutcome, RawTopic, Reachability,
     ReplacedOffer, SyncStats,
 };
+pub use error::NetError;
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
 pub use restore::RestoreProgress;
@@ -130,6 +132,11 @@ pub struct NodeConfig {
     /// Limits on the connections the node accepts ([`ConnectionCaps::for_descriptors`] in a
     /// daemon).
     pub connections: ConnectionCaps,
+    /// The network loop's time: the instants its children compare (searched classes,
+    /// lookups, provider records, liveness, relayed connections) and the timestamps it
+    /// stamps. [`clock::system`] in a daemon; tests move a [`clock::ManualClock`] ahead
+    /// instead of sleeping.
+    pub clock: clock::SharedClock,
     /// Test faults; all off in a daemon (only with the `faults` feature).
     #[cfg(feature = "faults")]
     pub faults: NetFaults,
@@ -233,6 +240,7 @@ impl NodeConfig {
             search_follow: Duration::from_secs(600),
             gossip_grace: Duration::from_secs(30),
             connections: ConnectionCaps::default(),
+            clock: clock::system(),
             #[cfg(feature = "faults")]
             faults: NetFaults::default(),
         }
@@ -552,7 +560,7 @@ impl Node {
 
         let book_codec = codec::BookCodec::default();
         let sync_bytes = book_codec.received();
-        let swarm = event_loop::build_swarm(&key, &config, book_codec)?;
+        let swarm = transport::build_swarm(&key, &config, book_codec)?;
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
         let (events, _) = broadcast::channel(EVENT_QUEUE);
         let cancel = CancellationToken::new();

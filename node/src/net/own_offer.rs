@@ -301,3 +301,43 @@ fn advertised_addrs(swarm: &Swarm<Behaviour>, listen: &[Multiaddr]) -> Vec<Strin
     out.truncate(gridlease_protocol::MAX_OFFER_ADDRS);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::ratelimit::RateLimit;
+
+    fn publisher() -> Publisher {
+        let rate = RateLimit {
+            burst: 2,
+            per_token: Duration::from_secs(1),
+        };
+        Publisher::new(ProviderState::default(), rate)
+    }
+
+    #[test]
+    fn a_capacity_resign_waits_for_the_pace_on_the_injected_clock() {
+        let mut p = publisher();
+        let t0 = Timestamp(10_000_000);
+        // Nothing asked: not stale.
+        assert!(!p.stale(false, t0));
+        p.provider.resign = true;
+        // The burst allows what the headroom leaves; then the pace holds it back.
+        let mut allowed = 0;
+        while p.stale(false, t0) {
+            allowed += 1;
+            assert!(allowed < 10, "the pace never held the re-sign back");
+        }
+        assert!(allowed >= 1);
+        // A re-sign that must happen (expiry, addresses) never waits.
+        assert!(p.stale(true, t0));
+        // Later on the same clock, a token is back.
+        assert!(p.stale(false, Timestamp(t0.0 + 10_000)));
+    }
+
+    #[test]
+    fn no_current_offer_must_be_signed() {
+        let p = publisher();
+        assert!(p.must_resign(&[], 0, Timestamp(1)));
+    }
+}

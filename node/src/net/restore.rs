@@ -107,7 +107,11 @@ pub(super) async fn run<C: From<RestoreStep>>(
         keys = k;
         if !batch.is_empty() {
             let (reply, admitted) = oneshot::channel();
-            if loop_tx.send(RestoreStep::Batch(batch, reply).into()).await.is_err() {
+            if loop_tx
+                .send(RestoreStep::Batch(batch, reply).into())
+                .await
+                .is_err()
+            {
                 break;
             }
             let Ok(n) = admitted.await else {

@@ -47,9 +47,7 @@ pub(super) fn answer(
         }
         BookRequest::ClassIds { .. } => BookResponse::Refused,
         BookRequest::Digests { classes } if valid_classes(classes.as_deref()) => {
-            let digests = ctx
-                .book
-                .view(|b| b.bucket_digests(classes.as_deref(), now));
+            let digests = ctx.book.view(|b| b.bucket_digests(classes.as_deref(), now));
             BookResponse::Digests { digests }
         }
         BookRequest::BucketIds {

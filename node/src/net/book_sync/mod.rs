@@ -26,7 +26,6 @@ use super::ingest::Ingest;
 use super::loop_ctx::{LoopCtx, RATE_KEYS};
 use super::ratelimit::{RateLimit, RateLimiter};
 use super::reputation::Reputation;
-use crate::clock;
 use queue::{Scope, SyncQueue};
 
 /// Most book syncs run at once; more connections wait in a queue.
@@ -424,7 +423,7 @@ impl BookSyncs {
                 request_response::Message::Request {
                     request, channel, ..
                 } => {
-                    let now = clock::now();
+                    let now = d.ctx.now();
                     let response = match request {
                         Incoming::Valid(r) => answer::answer(
                             d.ctx,

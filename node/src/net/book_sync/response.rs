@@ -7,7 +7,6 @@ use gridlease_protocol::sync::{BookRequest, BookResponse};
 use gridlease_protocol::{LeaseId, OfferId, PeerId};
 
 use super::{BookSyncs, SyncDeps, bucket_request, ids_request};
-use crate::clock;
 use crate::net::ingest::SyncedOffer;
 
 /// Most differing id buckets a book sync lists one by one (`BucketIds`); with more it lists
@@ -34,11 +33,9 @@ impl BookSyncs {
                 self.end_sync(d, &peer);
             }
             BookResponse::Digests { digests } => self.on_digests(d, peer, &digests),
-            BookResponse::CompletionIds { ids, more } => {
-                self.on_completion_ids(d, peer, ids, more)
-            }
+            BookResponse::CompletionIds { ids, more } => self.on_completion_ids(d, peer, ids, more),
             BookResponse::Completions { pairs } => {
-                let now = clock::now();
+                let now = d.ctx.now();
                 match d.reputation.on_synced(d.ctx, &pairs, now) {
                     Ok(()) => self.sync_next(d, peer),
                     Err(e) => {
@@ -92,7 +89,7 @@ impl BookSyncs {
         envelopes: Vec<serde_bytes::ByteBuf>,
     ) {
         for bytes in envelopes {
-            let now = clock::now();
+            let now = d.ctx.now();
             let classes = &*d.classes;
             let synced = d
                 .ingest
@@ -131,7 +128,7 @@ impl BookSyncs {
             self.end_sync(d, &peer);
             return;
         }
-        let now = clock::now();
+        let now = d.ctx.now();
         let classes = s.classes.clone();
         let own = d
             .ctx

@@ -14,7 +14,6 @@ use tokio::sync::oneshot;
 
 use super::liveness::Liveness;
 use super::{Connection, Connections, Observed};
-use crate::clock;
 use crate::net::behaviour::{Behaviour, IDENTIFY_PROTOCOL, KAD_PROTOCOL};
 use crate::net::gossip;
 use crate::net::loop_ctx::{LoopCtx, with_peer};
@@ -219,7 +218,10 @@ impl Reach {
         }
         if info.protocols.contains(&KAD_PROTOCOL) {
             for addr in &dialable {
-                swarm.behaviour_mut().kad.add_address(&peer_id, addr.clone());
+                swarm
+                    .behaviour_mut()
+                    .kad
+                    .add_address(&peer_id, addr.clone());
             }
         }
         if info.protocols.contains(&relay::HOP_PROTOCOL_NAME) {
@@ -233,7 +235,7 @@ impl Reach {
             .map(ToString::to_string)
             .collect();
         let peer = peer_id.to_string();
-        let now = clock::now();
+        let now = ctx.now();
         // Best effort: a full store queue only loses a restart hint.
         let _ = ctx.store.try_submit(move |s| {
             if let Err(e) = s.put_peer(&peer, &addrs, now) {
@@ -412,7 +414,10 @@ mod tests {
         assert!(reach.reversal_addrs(&peer, &public).is_none());
         let t0 = Instant::now();
         reach.connections.established(peer, conn(1, true), t0);
-        assert_eq!(reach.reversal_addrs(&peer, &public).unwrap(), public.to_vec());
+        assert_eq!(
+            reach.reversal_addrs(&peer, &public).unwrap(),
+            public.to_vec()
+        );
         // Only private addresses: nothing to dial.
         assert!(
             reach
