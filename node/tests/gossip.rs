@@ -1344,6 +1344,10 @@ async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it
     let mut c = config();
     c.follow = Some(vec!["rtx-4090".to_string()]);
     c.search_follow = Duration::from_secs(3);
+    // The follower's loop reads this clock: the test moves it past `search_follow` instead
+    // of sleeping.
+    let clock = gridlease_node::clock::ManualClock::new();
+    c.clock = clock.clone();
     let mut f = start(dir.path(), "f", c).await;
     let fc = f.node.client.clone();
     connect(&f, &hub).await;
@@ -1384,13 +1388,13 @@ async fn a_search_for_a_class_the_node_does_not_follow_fetches_it_and_follows_it
     // Searched again within `search_follow` (3 s), it stays followed past 3 s from the
     // search before.
     fc.search_class(a100.clone()).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    clock.advance(2_000);
     fc.search_class(a100.clone()).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    clock.advance(2_000);
     fc.announce().await.unwrap();
     assert_eq!(fc.followed().unwrap().searched, vec![a100.clone()]);
     // No search for 3 s: an announce round drops the class and its offers.
-    tokio::time::sleep(Duration::from_millis(3100)).await;
+    clock.advance(3_100);
     fc.announce().await.unwrap();
     let followed = fc.followed().unwrap();
     assert!(followed.searched.is_empty(), "{followed:?}");

@@ -11,6 +11,7 @@ use libp2p::Multiaddr;
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::{LeaseRpc, LeaseRpcResponse};
+use super::error::NetError;
 use super::provider::{OfferTemplate, OwnOffer};
 use crate::store::{StoreError, StoreHandle};
 
@@ -90,7 +91,7 @@ pub enum RawTopic {
 #[derive(Debug)]
 pub(crate) enum Command {
     ListenAddrs(oneshot::Sender<Vec<Multiaddr>>),
-    Dial(Multiaddr, oneshot::Sender<Result<(), String>>),
+    Dial(Multiaddr, oneshot::Sender<Result<(), NetError>>),
     ConnectedPeers(oneshot::Sender<Vec<PeerId>>),
     MeshPeers(oneshot::Sender<Vec<PeerId>>),
     PeerScore(PeerId, oneshot::Sender<Option<f64>>),
@@ -98,7 +99,7 @@ pub(crate) enum Command {
     /// was its provider; answers whether it was new.
     AddCompletion(
         gridlease_protocol::completion::CoSigned,
-        oneshot::Sender<Result<bool, String>>,
+        oneshot::Sender<Result<bool, NetError>>,
     ),
     GossipStats(oneshot::Sender<GossipStats>),
     /// Stored offers, verified again, for the book (the restore after start); answers how
@@ -114,12 +115,12 @@ pub(crate) enum Command {
     /// once its offers are fetched (`docs/protocol.md` 3c step 4).
     SearchClass(String, oneshot::Sender<()>),
     Announce(oneshot::Sender<()>),
-    PublishRaw(RawTopic, Vec<u8>, oneshot::Sender<Result<(), String>>),
+    PublishRaw(RawTopic, Vec<u8>, oneshot::Sender<Result<(), NetError>>),
     LeaseRpc {
         peer: PeerId,
         addrs: Vec<Multiaddr>,
         rpc: LeaseRpc,
-        reply: oneshot::Sender<Result<LeaseRpcResponse, String>>,
+        reply: oneshot::Sender<Result<LeaseRpcResponse, NetError>>,
     },
     SetLeaseHandler(mpsc::Sender<super::InboundLease>, oneshot::Sender<()>),
     Reachability(oneshot::Sender<Reachability>),
@@ -127,6 +128,15 @@ pub(crate) enum Command {
     /// Blocks (`true`: its connections closed, new ones refused) or unblocks a peer; answers
     /// whether that changed anything.
     Block(PeerId, bool, oneshot::Sender<bool>),
+}
+
+impl From<super::restore::RestoreStep> for Command {
+    fn from(step: super::restore::RestoreStep) -> Self {
+        match step {
+            super::restore::RestoreStep::Batch(batch, reply) => Command::Restore(batch, reply),
+            super::restore::RestoreStep::Done => Command::RestoreDone,
+        }
+    }
 }
 
 /// How this node is reached, as observed (see [`super::reach`]).
@@ -297,7 +307,7 @@ impl Client {
     }
 
     /// Dials an address; resolves when the dial was started (connection events follow).
-    pub async fn dial(&self, addr: Multiaddr) -> Result<Result<(), String>, NegotiationError> {
+    pub async fn dial(&self, addr: Multiaddr) -> Result<Result<(), NetError>, NegotiationError> {
         self.ask(|r| Command::Dial(addr, r)).await
     }
 
@@ -386,10 +396,10 @@ impl Client {
     pub async fn add_completion(
         &self,
         pair: gridlease_protocol::completion::CoSigned,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, NetError> {
         self.ask(|r| Command::AddCompletion(pair, r))
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|_| NetError::Closed)?
     }
 
     /// Ids of held offers starting with `prefix` (lowercase hex); two at most (more is
@@ -484,7 +494,7 @@ impl Client {
     pub async fn publish_raw(
         &self,
         bytes: Vec<u8>,
-    ) -> Result<Result<(), String>, NegotiationError> {
+    ) -> Result<Result<(), NetError>, NegotiationError> {
         self.publish_raw_on(RawTopic::Followed, bytes).await
     }
 
@@ -494,7 +504,7 @@ impl Client {
         &self,
         on: RawTopic,
         bytes: Vec<u8>,
-    ) -> Result<Result<(), String>, NegotiationError> {
+    ) -> Result<Result<(), NetError>, NegotiationError> {
         self.ask(|r| Command::PublishRaw(on, bytes, r)).await
     }
 
@@ -512,7 +522,10 @@ impl Client {
             reply,
         })
         .await?
-        .map_err(|detail| NegotiationError::Network { peer, detail })
+        .map_err(|e| NegotiationError::Network {
+            peer,
+            detail: e.to_string(),
+        })
     }
 
     /// Routes inbound lease-stream requests (proposals and sessions) to `tx`, the lease

@@ -224,7 +224,7 @@ pub fn behaviour(
         .map_err(|e| BuildError::Gossip(e.to_string()))?;
     gs.with_peer_score(score_params(&config.network), thresholds())
         .map_err(BuildError::Gossip)?;
-    if !config.faults.subscribe_after_first_disconnect {
+    if !config.subscribes_late() {
         for topic in followed_topics(&config.network, config.follow.as_deref()) {
             subscribe_offers(&mut gs, &topic).map_err(BuildError::Gossip)?;
         }

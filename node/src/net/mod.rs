@@ -13,21 +13,27 @@
 //! store thread ([`crate::store::StoreHandle`]) and completions come back as internal messages.
 
 pub mod behaviour;
+mod book_sync;
+mod classes;
 pub mod client;
 pub mod codec;
+mod error;
 mod event_loop;
 pub mod gossip;
+mod ingest;
 pub mod ip_limits;
-mod liveness;
+mod lease_rpc;
+mod loop_ctx;
 pub mod muxer;
+mod own_offer;
 pub mod provider;
 pub mod ratelimit;
 pub mod reach;
 pub mod reputation;
 mod restore;
-mod searched;
 mod shared_book;
-mod sync_queue;
+mod timers;
+mod transport;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +53,7 @@ pub use client::{
     Client, Followed, GossipStats, NegotiationError, RawTopic, Reachability, ReplacedOffer,
     SyncStats,
 };
+pub use error::NetError;
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
 pub use restore::RestoreProgress;
@@ -125,7 +132,13 @@ pub struct NodeConfig {
     /// Limits on the connections the node accepts ([`ConnectionCaps::for_descriptors`] in a
     /// daemon).
     pub connections: ConnectionCaps,
-    /// Test faults; all off in a daemon.
+    /// The network loop's time: the instants its children compare (searched classes,
+    /// lookups, provider records, liveness, relayed connections) and the timestamps it
+    /// stamps. [`clock::system`] in a daemon; tests move a [`clock::ManualClock`] ahead
+    /// instead of sleeping.
+    pub clock: clock::SharedClock,
+    /// Test faults; all off in a daemon (only with the `faults` feature).
+    #[cfg(feature = "faults")]
     pub faults: NetFaults,
 }
 
@@ -176,7 +189,8 @@ impl ConnectionCaps {
     }
 }
 
-/// Faults a test can inject into the network loop.
+/// Faults a test can inject into the network loop (only with the `faults` feature).
+#[cfg(feature = "faults")]
 #[derive(Clone, Debug, Default)]
 pub struct NetFaults {
     /// Subscribe to the offer topic only once the first connection has closed: a node whose
@@ -226,8 +240,37 @@ impl NodeConfig {
             search_follow: Duration::from_secs(600),
             gossip_grace: Duration::from_secs(30),
             connections: ConnectionCaps::default(),
+            clock: clock::system(),
+            #[cfg(feature = "faults")]
             faults: NetFaults::default(),
         }
+    }
+
+    /// Whether the offer topics wait for the first disconnection
+    /// (`NetFaults::subscribe_after_first_disconnect`); never without the `faults` feature.
+    pub(crate) fn subscribes_late(&self) -> bool {
+        #[cfg(feature = "faults")]
+        return self.faults.subscribe_after_first_disconnect;
+        #[cfg(not(feature = "faults"))]
+        false
+    }
+
+    /// Whether book sync `Get`s are answered empty (`NetFaults::answer_gets_empty`); never
+    /// without the `faults` feature.
+    pub(crate) fn answers_gets_empty(&self) -> bool {
+        #[cfg(feature = "faults")]
+        return self.faults.answer_gets_empty;
+        #[cfg(not(feature = "faults"))]
+        false
+    }
+
+    /// How long the restore's end is held back (`NetFaults::hold_restore`); never without
+    /// the `faults` feature.
+    pub(crate) fn restore_hold(&self) -> Option<Duration> {
+        #[cfg(feature = "faults")]
+        return self.faults.hold_restore;
+        #[cfg(not(feature = "faults"))]
+        None
     }
 
     /// Loopback-only settings for tests and benchmarks: TCP on 127.0.0.1, no mDNS, fast
@@ -517,7 +560,7 @@ impl Node {
 
         let book_codec = codec::BookCodec::default();
         let sync_bytes = book_codec.received();
-        let swarm = event_loop::build_swarm(&key, &config, book_codec)?;
+        let swarm = transport::build_swarm(&key, &config, book_codec)?;
         let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
         let (events, _) = broadcast::channel(EVENT_QUEUE);
         let cancel = CancellationToken::new();
@@ -536,7 +579,7 @@ impl Node {
             followed_rx,
         );
         let store_for_restore = store.clone();
-        let hold_restore = config.faults.hold_restore;
+        let hold_restore = config.restore_hold();
         let mut el = event_loop::EventLoop::new(
             swarm,
             key,

@@ -15,7 +15,6 @@ use gridlease_contracts::terms::validate_offer;
 use gridlease_protocol::{NetworkId, Offer, OfferId, Signed, Timestamp, VerifyCache};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::client::Command;
 use crate::store::{StoreHandle, StoredOffer};
 
 /// Stored offers read, verified and admitted per step. One page holds the loop's write lock
@@ -29,6 +28,16 @@ pub(crate) struct Restored {
     pub offer: Offer,
     pub id: OfferId,
     pub received_at: Timestamp,
+}
+
+/// What the restore hands the network loop. The loop's command type converts from it
+/// (`From<RestoreStep>`), so this module needs nothing of [`super::client`].
+#[derive(Debug)]
+pub(crate) enum RestoreStep {
+    /// Stored offers, verified again, for the book; answers how many were admitted.
+    Batch(Vec<Restored>, oneshot::Sender<usize>),
+    /// The restore has finished (or given up): book syncs may start.
+    Done,
 }
 
 /// How far the restore of the stored offers has got.
@@ -57,11 +66,11 @@ impl RestoreProgress {
 
 /// Restores the offers stored before `now` into the loop's book, page by page, publishing the
 /// progress. Ends early (done) when the loop has stopped.
-pub(super) async fn run(
+pub(super) async fn run<C: From<RestoreStep>>(
     store: StoreHandle,
     network: NetworkId,
     now: Timestamp,
-    loop_tx: mpsc::Sender<Command>,
+    loop_tx: mpsc::Sender<C>,
     progress: watch::Sender<RestoreProgress>,
     hold: Option<std::time::Duration>,
 ) {
@@ -98,7 +107,11 @@ pub(super) async fn run(
         keys = k;
         if !batch.is_empty() {
             let (reply, admitted) = oneshot::channel();
-            if loop_tx.send(Command::Restore(batch, reply)).await.is_err() {
+            if loop_tx
+                .send(RestoreStep::Batch(batch, reply).into())
+                .await
+                .is_err()
+            {
                 break;
             }
             let Ok(n) = admitted.await else {
@@ -120,7 +133,7 @@ pub(super) async fn run(
     progress.send_replace(p);
     // The loop holds its book syncs until now: digests compared against a book still being
     // restored would differ everywhere and fetch again what the store holds.
-    let _ = loop_tx.send(Command::RestoreDone).await;
+    let _ = loop_tx.send(RestoreStep::Done.into()).await;
     tracing::info!(
         offers = p.restored,
         stored = p.stored,

@@ -14,7 +14,7 @@ use libp2p::PeerId;
 
 /// What a queued sync covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Scope {
+pub(in crate::net) enum Scope {
     /// The classes followed when it starts, and the completion records.
     Whole,
     /// These classes' offers only (classes followed for a search).
@@ -23,13 +23,13 @@ pub(super) enum Scope {
 
 /// Waiting syncs, in the order they were first asked for, at most `cap` peers.
 #[derive(Debug)]
-pub(super) struct SyncQueue {
+pub(in crate::net) struct SyncQueue {
     queue: VecDeque<(PeerId, Scope)>,
     cap: usize,
 }
 
 impl SyncQueue {
-    pub(super) fn new(cap: usize) -> Self {
+    pub(in crate::net) fn new(cap: usize) -> Self {
         Self {
             queue: VecDeque::new(),
             cap,
@@ -41,14 +41,14 @@ impl SyncQueue {
         self.queue.len()
     }
 
-    pub(super) fn contains(&self, peer: &PeerId) -> bool {
+    pub(in crate::net) fn contains(&self, peer: &PeerId) -> bool {
         self.queue.iter().any(|(p, _)| p == peer)
     }
 
     /// Queues a sync with `peer` over `scope`, merged with one already queued with it.
     /// Returns the scope that was refused when the queue is full and `peer` has no entry:
     /// whatever waits for that sync must stop waiting.
-    pub(super) fn push(&mut self, peer: PeerId, scope: Scope) -> Result<(), Scope> {
+    pub(in crate::net) fn push(&mut self, peer: PeerId, scope: Scope) -> Result<(), Scope> {
         if let Some((_, queued)) = self.queue.iter_mut().find(|(p, _)| *p == peer) {
             match (queued, scope) {
                 (Scope::Whole, _) => {}
@@ -72,7 +72,7 @@ impl SyncQueue {
 
     /// Takes the first queued sync whose peer `ready` accepts (one with a sync running stays
     /// queued until that ends).
-    pub(super) fn pop_ready(
+    pub(in crate::net) fn pop_ready(
         &mut self,
         mut ready: impl FnMut(&PeerId) -> bool,
     ) -> Option<(PeerId, Scope)> {

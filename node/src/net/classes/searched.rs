@@ -35,31 +35,31 @@ struct Searched {
 
 /// The classes followed for searches, and the fetches of their offers.
 #[derive(Debug)]
-pub(super) struct SearchedClasses {
+pub(in crate::net) struct SearchedClasses {
     classes: HashMap<String, Searched>,
     keep: Duration,
 }
 
 impl SearchedClasses {
     /// Classes stay followed `keep` after their last search.
-    pub(super) fn new(keep: Duration) -> Self {
+    pub(in crate::net) fn new(keep: Duration) -> Self {
         Self {
             classes: HashMap::new(),
             keep,
         }
     }
 
-    pub(super) fn contains(&self, class: &str) -> bool {
+    pub(in crate::net) fn contains(&self, class: &str) -> bool {
         self.classes.contains_key(class)
     }
 
     /// The classes followed for searches, in no order.
-    pub(super) fn names(&self) -> impl Iterator<Item = &str> {
+    pub(in crate::net) fn names(&self) -> impl Iterator<Item = &str> {
         self.classes.keys().map(String::as_str)
     }
 
     /// Starts following `class` for a search at `now` (the network loop has subscribed).
-    pub(super) fn start(&mut self, class: &str, now: Instant) {
+    pub(in crate::net) fn start(&mut self, class: &str, now: Instant) {
         self.classes.insert(
             class.to_string(),
             Searched {
@@ -73,7 +73,7 @@ impl SearchedClasses {
 
     /// Another search of a class followed for searches: it stays followed `keep` from `now`.
     /// False when the class is not followed for searches.
-    pub(super) fn touch(&mut self, class: &str, now: Instant) -> bool {
+    pub(in crate::net) fn touch(&mut self, class: &str, now: Instant) -> bool {
         match self.classes.get_mut(class) {
             Some(s) => {
                 s.last = now;
@@ -85,7 +85,7 @@ impl SearchedClasses {
 
     /// A search waits for the class's fetch: answered when it ends (at once when nothing is
     /// pending, or when too many wait already).
-    pub(super) fn wait(&mut self, class: &str, waiter: oneshot::Sender<()>) {
+    pub(in crate::net) fn wait(&mut self, class: &str, waiter: oneshot::Sender<()>) {
         match self.classes.get_mut(class) {
             Some(s) if s.waiters.len() < MAX_WAITERS => s.waiters.push(waiter),
             _ => {
@@ -96,21 +96,21 @@ impl SearchedClasses {
     }
 
     /// The class's offers are being synced from `peer`.
-    pub(super) fn fetching_from(&mut self, class: &str, peer: PeerId) {
+    pub(in crate::net) fn fetching_from(&mut self, class: &str, peer: PeerId) {
         if let Some(s) = self.classes.get_mut(class) {
             s.pending.insert(peer);
         }
     }
 
     /// Whether the class's fetch already waits for `peer`.
-    pub(super) fn waits_for(&self, class: &str, peer: &PeerId) -> bool {
+    pub(in crate::net) fn waits_for(&self, class: &str, peer: &PeerId) -> bool {
         self.classes
             .get(class)
             .is_some_and(|s| s.pending.contains(peer))
     }
 
     /// A DHT lookup of the class's nodes started (`true`) or ended.
-    pub(super) fn looking_up(&mut self, class: &str, on: bool) {
+    pub(in crate::net) fn looking_up(&mut self, class: &str, on: bool) {
         if let Some(s) = self.classes.get_mut(class) {
             s.lookup = on;
         }
@@ -118,7 +118,7 @@ impl SearchedClasses {
     }
 
     /// A sync with `peer` over `classes` (`None`: every class) ended, finished or not.
-    pub(super) fn sync_ended(&mut self, peer: &PeerId, classes: Option<&[String]>) {
+    pub(in crate::net) fn sync_ended(&mut self, peer: &PeerId, classes: Option<&[String]>) {
         let names: Vec<String> = self
             .classes
             .iter_mut()
@@ -131,7 +131,7 @@ impl SearchedClasses {
     }
 
     /// `peer` is gone (its connection closed, or a dial failed): no fetch waits for it.
-    pub(super) fn peer_gone(&mut self, peer: &PeerId) {
+    pub(in crate::net) fn peer_gone(&mut self, peer: &PeerId) {
         self.sync_ended(peer, None);
     }
 
@@ -149,7 +149,7 @@ impl SearchedClasses {
 
     /// The class searched least recently with no search waiting for it: the one to stop
     /// following when another class needs the room.
-    pub(super) fn least_recent(&self) -> Option<String> {
+    pub(in crate::net) fn least_recent(&self) -> Option<String> {
         self.classes
             .iter()
             .filter(|(_, s)| s.waiters.is_empty())
@@ -158,7 +158,7 @@ impl SearchedClasses {
     }
 
     /// The classes not searched for `keep` by `now`, with no search waiting.
-    pub(super) fn idle(&self, now: Instant) -> Vec<String> {
+    pub(in crate::net) fn idle(&self, now: Instant) -> Vec<String> {
         self.classes
             .iter()
             .filter(|(_, s)| s.waiters.is_empty() && now.duration_since(s.last) >= self.keep)
@@ -168,7 +168,7 @@ impl SearchedClasses {
 
     /// Stops tracking `class` (no longer followed for searches, or followed for good now);
     /// its waiting searches are answered.
-    pub(super) fn remove(&mut self, class: &str) {
+    pub(in crate::net) fn remove(&mut self, class: &str) {
         if let Some(s) = self.classes.remove(class) {
             for w in s.waiters {
                 let _ = w.send(());

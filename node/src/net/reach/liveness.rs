@@ -26,9 +26,9 @@ use libp2p::multiaddr::Protocol;
 use libp2p::{Multiaddr, PeerId};
 
 /// First wait before a bootstrap peer is dialed again.
-pub(super) const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+pub(in crate::net) const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest wait between dials of a lost bootstrap peer.
-pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(60);
+pub(in crate::net) const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 struct Bootstrap {
@@ -40,7 +40,7 @@ struct Bootstrap {
 
 /// What the network loop tracks to keep its node in the gossip.
 #[derive(Debug)]
-pub(super) struct Liveness {
+pub(in crate::net) struct Liveness {
     grace: Duration,
     /// Gridlease peers connected and not (yet) subscribed to the offer topic: since when.
     waiting: HashMap<PeerId, Instant>,
@@ -50,7 +50,7 @@ pub(super) struct Liveness {
 impl Liveness {
     /// Tracks gossip with grace `grace`, and the bootstrap peers of `bootstrap` that name
     /// their peer id (`/p2p/<id>` last).
-    pub(super) fn new(grace: Duration, bootstrap: &[Multiaddr]) -> Self {
+    pub(in crate::net) fn new(grace: Duration, bootstrap: &[Multiaddr]) -> Self {
         let bootstrap = bootstrap
             .iter()
             .filter_map(|a| match a.iter().last() {
@@ -73,7 +73,7 @@ impl Liveness {
     }
 
     /// Identify arrived from a connected peer: a gridlease node not yet subscribed is watched.
-    pub(super) fn identified(
+    pub(in crate::net) fn identified(
         &mut self,
         peer: PeerId,
         gridlease: bool,
@@ -86,7 +86,7 @@ impl Liveness {
     }
 
     /// The peer subscribed to the offer topic: its gossip works.
-    pub(super) fn subscribed(&mut self, peer: &PeerId) {
+    pub(in crate::net) fn subscribed(&mut self, peer: &PeerId) {
         self.waiting.remove(peer);
         if let Some(b) = self.bootstrap.get_mut(peer) {
             b.backoff = FIRST_BACKOFF;
@@ -94,12 +94,12 @@ impl Liveness {
     }
 
     /// Whether `peer` is a gridlease node whose gossip has not started.
-    pub(super) fn is_waiting(&self, peer: &PeerId) -> bool {
+    pub(in crate::net) fn is_waiting(&self, peer: &PeerId) -> bool {
         self.waiting.contains_key(peer)
     }
 
     /// A first connection to `peer` is up.
-    pub(super) fn connected(&mut self, peer: &PeerId) {
+    pub(in crate::net) fn connected(&mut self, peer: &PeerId) {
         if let Some(b) = self.bootstrap.get_mut(peer) {
             b.next = None;
         }
@@ -107,7 +107,7 @@ impl Liveness {
 
     /// The last connection to `peer` closed, or a dial to it failed: a bootstrap peer is
     /// dialed again after its backoff, which doubles.
-    pub(super) fn lost(&mut self, peer: &PeerId, now: Instant) {
+    pub(in crate::net) fn lost(&mut self, peer: &PeerId, now: Instant) {
         self.waiting.remove(peer);
         if let Some(b) = self.bootstrap.get_mut(peer)
             && b.next.is_none()
@@ -119,7 +119,7 @@ impl Liveness {
 
     /// Gridlease peers whose gossip has not started within the grace: no longer watched (the
     /// caller disconnects them).
-    pub(super) fn overdue(&mut self, now: Instant) -> Vec<PeerId> {
+    pub(in crate::net) fn overdue(&mut self, now: Instant) -> Vec<PeerId> {
         let grace = self.grace;
         let late: Vec<PeerId> = self
             .waiting
@@ -135,7 +135,7 @@ impl Liveness {
 
     /// Bootstrap addresses due for a dial now (each is then not due again until it is lost
     /// again).
-    pub(super) fn due(&mut self, now: Instant) -> Vec<Multiaddr> {
+    pub(in crate::net) fn due(&mut self, now: Instant) -> Vec<Multiaddr> {
         self.bootstrap
             .values_mut()
             .filter(|b| b.next.is_some_and(|t| t <= now))

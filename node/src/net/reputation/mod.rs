@@ -27,6 +27,10 @@ use gridlease_protocol::{LeaseId, NetworkId, PublicKey, Timestamp};
 
 use crate::store::COMPLETIONS_PER_PROVIDER;
 
+mod gossip;
+
+pub(super) use gossip::{Reputation, graylisted};
+
 /// Scores are recomputed at most this often.
 pub const RESCORE_PERIOD: Duration = Duration::from_secs(1);
 

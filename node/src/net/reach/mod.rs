@@ -11,6 +11,11 @@ use libp2p::Multiaddr;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::ConnectionId;
 
+pub(super) mod liveness;
+mod state;
+
+pub(super) use state::{Reach, on_dcutr};
+
 /// Most addresses remembered per AutoNAT verdict (oldest forgotten first).
 pub const MAX_PROBED_ADDRS: usize = 16;
 
