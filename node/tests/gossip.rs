@@ -268,12 +268,13 @@ async fn anti_entropy_between_books_in_step_lists_no_ids() {
     stop(g).await;
     let ac = ab[0].node.client.clone();
     let before = ac.sync_stats().await.unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Waits for two anti-entropy rounds (500 ms apart) instead of sleeping a fixed 3 s.
+    eventually("two more digest rounds", || {
+        let ac = ac.clone();
+        async move { ac.sync_stats().await.unwrap().digest_rounds >= before.digest_rounds + 2 }
+    })
+    .await;
     let after = ac.sync_stats().await.unwrap();
-    assert!(
-        after.digest_rounds >= before.digest_rounds + 2,
-        "{before:?} -> {after:?}"
-    );
     assert_eq!(
         after.buckets_differing, before.buckets_differing,
         "{after:?}"

@@ -17,7 +17,7 @@ pub enum NetError {
     /// A lease-stream request was not answered.
     #[error(transparent)]
     Request(#[from] libp2p::request_response::OutboundFailure),
-    /// The network loop has stopped.
-    #[error("the network loop has stopped")]
+    /// The network task has stopped (the text [`super::NegotiationError::Closed`] reads).
+    #[error("the network task has stopped")]
     Closed,
 }

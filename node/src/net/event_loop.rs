@@ -335,7 +335,14 @@ impl EventLoop {
                 let _ = reply.send(());
             }
             Command::Reachability(reply) => {
-                let _ = reply.send(self.reach.reachability(&self.swarm));
+                let observed = &self.reach.observed;
+                let _ = reply.send(super::client::Reachability {
+                    nat_status: observed.status(),
+                    reachable: observed.reachable(),
+                    unreachable: observed.unreachable(),
+                    external: self.swarm.external_addresses().cloned().collect(),
+                    relays: self.reach.reserved.clone(),
+                });
             }
             Command::Connections(peer, reply) => {
                 let _ = reply.send(self.reach.connections.of(&peer));

@@ -460,3 +460,42 @@ impl BookSyncs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn syncs() -> BookSyncs {
+        BookSyncs::new(Arc::new(AtomicU64::new(0)))
+    }
+
+    #[test]
+    fn syncs_wait_for_the_restore_a_running_sync_and_a_free_slot() {
+        let mut s = syncs();
+        let peer = PeerId::random();
+        assert!(s.must_wait_to_sync(&peer), "the restore runs");
+        s.restoring = false;
+        assert!(!s.must_wait_to_sync(&peer));
+        s.syncs.insert(peer, BookSync::default());
+        assert!(s.must_wait_to_sync(&peer), "a sync with the peer runs");
+        for _ in 1..MAX_SYNCS {
+            s.syncs.insert(PeerId::random(), BookSync::default());
+        }
+        assert!(s.must_wait_to_sync(&PeerId::random()), "every slot taken");
+    }
+
+    #[test]
+    fn asked_ids_still_wanted_are_released_and_counted() {
+        let mut s = syncs();
+        let id = |b: u8| OfferId(gridlease_protocol::Digest([b; 32]));
+        s.wanted.insert(id(1));
+        s.wanted.insert(id(2));
+        // id(3) was admitted meanwhile (no longer wanted): not counted.
+        s.release_asked(vec![id(1), id(3)]);
+        assert!(!s.wanted.contains(&id(1)));
+        assert!(s.wanted.contains(&id(2)));
+        assert_eq!(s.stats().asked_not_admitted, 1);
+        s.bytes.store(42, Ordering::Relaxed);
+        assert_eq!(s.stats().bytes_received, 42);
+    }
+}

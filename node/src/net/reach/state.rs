@@ -269,20 +269,6 @@ impl Reach {
         });
     }
 
-    /// How this node is reached, for [`crate::net::Client::reachability`].
-    pub(in crate::net) fn reachability(
-        &self,
-        swarm: &Swarm<Behaviour>,
-    ) -> crate::net::client::Reachability {
-        crate::net::client::Reachability {
-            nat_status: self.observed.status(),
-            reachable: self.observed.reachable(),
-            unreachable: self.observed.unreachable(),
-            external: swarm.external_addresses().cloned().collect(),
-            relays: self.reserved.clone(),
-        }
-    }
-
     /// Connection reversal (the DCUtR spec's unilateral upgrade, which libp2p-dcutr 0.15
     /// lacks): a peer reached only through a relay that announces public addresses may be
     /// dialed directly. Without it a hole punch towards a public peer fails: the public
