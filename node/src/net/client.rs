@@ -12,22 +12,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::error::NetError;
+use super::shared_book::ReplacedOffer;
 use super::provider::{OfferTemplate, OwnOffer};
 use crate::store::{StoreError, StoreHandle};
-
-/// An offer id a newer offer of the same provider replaced (providers re-sign before expiry,
-/// so ids from an earlier search age out), with the provider's current offer.
-#[derive(Clone, Debug)]
-pub struct ReplacedOffer {
-    /// The id asked about.
-    pub old: OfferId,
-    /// The provider's current offer.
-    pub current: BookEntry,
-    /// Same GPU models at the same or a lower price: what the old id meant.
-    pub equivalent: bool,
-    /// The old offer's price per GPU-hour, micro-units.
-    pub old_price_per_gpu_hour: u64,
-}
 
 /// Offer gossip handled since the node started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

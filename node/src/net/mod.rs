@@ -50,10 +50,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use behaviour::{Behaviour, BehaviourEvent};
 pub use client::{
-    Client, Followed, GossipStats, NegotiationError, RawTopic, Reachability, ReplacedOffer,
-    SyncStats,
+    Client, Followed, GossipStats, NegotiationError, RawTopic, Reachability, SyncStats,
 };
 pub use error::NetError;
+pub use shared_book::ReplacedOffer;
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
 pub use restore::RestoreProgress;

@@ -18,7 +18,20 @@ use gridlease_contracts::book::{BookEntry, Cursor, OfferBook};
 use gridlease_contracts::query::Query;
 use gridlease_protocol::{OfferId, Timestamp};
 
-use super::client::ReplacedOffer;
+
+/// An offer id a newer offer of the same provider replaced (providers re-sign before expiry,
+/// so ids from an earlier search age out), with the provider's current offer.
+#[derive(Clone, Debug)]
+pub struct ReplacedOffer {
+    /// The id asked about.
+    pub old: OfferId,
+    /// The provider's current offer.
+    pub current: BookEntry,
+    /// Same GPU models at the same or a lower price: what the old id meant.
+    pub equivalent: bool,
+    /// The old offer's price per GPU-hour, micro-units.
+    pub old_price_per_gpu_hour: u64,
+}
 
 /// The writer's handle: only the event loop holds it.
 #[derive(Debug)]
