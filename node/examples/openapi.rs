@@ -5,5 +5,5 @@
 use std::io::Write;
 
 fn main() -> std::io::Result<()> {
-    std::io::stdout().write_all(gridlease_node::api::openapi::document().as_bytes())
+    std::io::stdout().write_all(gridlease_node::api::document().as_bytes())
 }

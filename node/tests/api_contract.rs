@@ -10,7 +10,6 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use cli_support::{init, start_node};
-use gridlease_node::api::openapi;
 use serde_json::{Value, json};
 
 fn committed() -> String {
@@ -21,7 +20,7 @@ fn committed() -> String {
 #[test]
 fn the_committed_document_is_the_generated_one() {
     assert!(
-        committed() == openapi::document(),
+        committed() == gridlease_node::api::document(),
         "docs/openapi.json differs from the document the handlers generate; regenerate it with\n  \
          cargo run -p gridlease-node --example openapi > docs/openapi.json"
     );
@@ -99,7 +98,7 @@ fn a_daemon_serves_the_generated_document_and_answers_errors_as_documented_probl
     assert_eq!(status, 200);
     assert_eq!(content_type, "application/json");
     assert!(
-        body == openapi::document().as_bytes(),
+        body == gridlease_node::api::document().as_bytes(),
         "the served document differs from the generated one"
     );
     assert!(body == committed().as_bytes(), "and from docs/openapi.json");
@@ -221,7 +220,7 @@ fn the_api_doc_lists_every_problem_kind_and_operation() {
         let row = format!("| `{}` | {} |", k.slug(), k.status().as_u16());
         assert!(text.contains(&row), "docs/api.md lacks the row {row}");
     }
-    let doc: Value = serde_json::from_str(openapi::document()).unwrap();
+    let doc: Value = serde_json::from_str(gridlease_node::api::document()).unwrap();
     for item in doc["paths"].as_object().unwrap().values() {
         for op in item.as_object().unwrap().values() {
             let id = op["operationId"].as_str().unwrap();
@@ -235,7 +234,7 @@ fn the_api_doc_lists_every_problem_kind_and_operation() {
 /// reading it, its logs and stopping it.
 #[test]
 fn every_operation_documents_its_answers_and_links_a_new_lease_onward() {
-    let doc: Value = serde_json::from_str(openapi::document()).unwrap();
+    let doc: Value = serde_json::from_str(gridlease_node::api::document()).unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
     let mut ids = std::collections::BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {

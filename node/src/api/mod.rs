@@ -34,7 +34,7 @@ pub use offers::{
     NEXT_PAGE_HEADER, OffersParams, fetch_named_classes, offer_row,
 };
 pub use problem::{ApiError, Problem, ProblemType};
-pub use router::{ServeError, api_router, ensure_not_running, router, serve};
+pub use router::{ServeError, api_router, document, ensure_not_running, router, serve};
 use types::GpusView;
 
 /// Socket file name inside the home.

@@ -1,10 +1,11 @@
-//! The control API's OpenAPI 3.1 document, generated from the routes ([`super::api_router`]),
-//! their `#[utoipa::path]` annotations and the request/response types' `ToSchema` derives.
-//! The daemon serves it at `GET /v1/openapi.json`; `docs/openapi.json` is the same text
+//! The rules of the control API's OpenAPI 3.1 document that a derive cannot state. The document
+//! itself is generated from the routes by [`super::router::document`] (their
+//! `#[utoipa::path]` annotations and the request/response types' `ToSchema` derives); the
+//! daemon serves it at `GET /v1/openapi.json`; `docs/openapi.json` is the same text
 //! (`cargo run -p gridlease-node --example openapi > docs/openapi.json`; a test keeps them
-//! equal).
+//! equal). This module is a leaf: the handlers and the router use it, it uses neither.
 //!
-//! What a derive cannot state is added here, after generation, from the same constants the
+//! What a derive cannot state is added after generation, from the same constants the
 //! handlers check ([`constrain`]): the input patterns ([`Pattern`]), the bounds every integer
 //! has by its Rust width, enumerations of text fields, and "exactly one of" rules. So a
 //! request the document calls valid is one the handlers take (or answer with a documented
@@ -200,27 +201,9 @@ pub fn patterns() -> [&'static Pattern; 8] {
 /// Amounts must stay below 10^13 units ([`AMOUNT`]'s 13 integer digits).
 pub const MAX_AMOUNT_MICROS: u64 = 10_000_000_000_000 * 1_000_000 - 1;
 
-/// The document as served and committed (pretty JSON, a final newline).
-pub fn document() -> &'static str {
-    static DOC: OnceLock<String> = OnceLock::new();
-    DOC.get_or_init(|| {
-        let mut v = generate();
-        let _ = constrain(&mut v);
-        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
-        text.push('\n');
-        text
-    })
-}
-
-/// The document as utoipa generates it from the routes.
-fn generate() -> Value {
-    let (_, api) = super::api_router().split_for_parts();
-    serde_json::to_value(&api).unwrap_or_default()
-}
-
 /// Adds what the derives cannot state (see the module docs). Answers the rules whose target
 /// the generated document lacks (a renamed field or parameter): a test asserts there are none.
-fn constrain(doc: &mut Value) -> Vec<String> {
+pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
     let mut missing = Vec::new();
     integer_bounds(doc);
     let amount = json!({"pattern": AMOUNT.text});
@@ -494,7 +477,7 @@ mod tests {
 
     #[test]
     fn every_rule_finds_its_target() {
-        let mut v = generate();
+        let mut v = crate::api::router::generate();
         assert_eq!(constrain(&mut v), Vec::<String>::new());
     }
 
@@ -556,7 +539,7 @@ mod tests {
     /// The document lists exactly the zone names the handler takes.
     #[test]
     fn every_listed_zone_is_taken_and_others_are_not() {
-        let doc: Value = serde_json::from_str(document()).unwrap();
+        let doc: Value = serde_json::from_str(crate::api::router::document()).unwrap();
         let listed = doc
             .pointer("/components/schemas/ProvideBody/properties/tz/enum")
             .and_then(Value::as_array)

@@ -2,9 +2,11 @@
 //! on the home's Unix socket.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use axum::Router;
 use axum::response::{IntoResponse, Response};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
@@ -39,6 +41,24 @@ use super::{
     components(schemas(types::AccessUpgrade, types::ConnectionUpgrade))
 )]
 struct ApiDoc;
+
+/// The document as served and committed (pretty JSON, a final newline).
+pub fn document() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut v = generate();
+        let _ = openapi::constrain(&mut v);
+        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
+        text.push('\n');
+        text
+    })
+}
+
+/// The document as utoipa generates it from the routes.
+pub(super) fn generate() -> Value {
+    let (_, api) = api_router().split_for_parts();
+    serde_json::to_value(&api).unwrap_or_default()
+}
 
 /// Every route with its OpenAPI description (one list: a route cannot exist undocumented).
 pub fn api_router() -> OpenApiRouter<ApiState> {
@@ -88,7 +108,7 @@ pub fn router(state: ApiState) -> Router {
 async fn openapi_json() -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        openapi::document(),
+        document(),
     )
         .into_response()
 }

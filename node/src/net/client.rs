@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::codec::{LeaseRpc, LeaseRpcResponse};
 use super::error::NetError;
-use super::shared_book::ReplacedOffer;
 use super::provider::{OfferTemplate, OwnOffer};
+use super::shared_book::ReplacedOffer;
 use crate::store::{StoreError, StoreHandle};
 
 /// Offer gossip handled since the node started.

@@ -53,11 +53,11 @@ pub use client::{
     Client, Followed, GossipStats, NegotiationError, RawTopic, Reachability, SyncStats,
 };
 pub use error::NetError;
-pub use shared_book::ReplacedOffer;
 pub use provider::{OfferTemplate, OwnOffer, reject};
 pub use ratelimit::RateLimit;
 pub use restore::RestoreProgress;
 pub use shared_book::BookReader;
+pub use shared_book::ReplacedOffer;
 
 use crate::clock;
 use crate::store::{StoreError, StoreHandle};

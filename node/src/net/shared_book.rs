@@ -18,7 +18,6 @@ use gridlease_contracts::book::{BookEntry, Cursor, OfferBook};
 use gridlease_contracts::query::Query;
 use gridlease_protocol::{OfferId, Timestamp};
 
-
 /// An offer id a newer offer of the same provider replaced (providers re-sign before expiry,
 /// so ids from an earlier search age out), with the provider's current offer.
 #[derive(Clone, Debug)]
