@@ -39,6 +39,10 @@
    over 150 lines in `node/src/net/` or `node/src/lease/` (from the `fn` line to its closing
    brace, test functions included).
 
+3. The code map (only when every crate is checked): `docs/ARCHITECTURE.md` names every `.rs`
+   file under a member's `src/`, and every path it names in backticks under a member,
+   `scripts/` or `docs/` exists.
+
 Usage: scripts/arch-check.py [--crate NAME]...   (NAME: a member directory or package name;
 default: every workspace member). Exit 0 when clean, 1 with a list of findings otherwise.
 """
@@ -527,6 +531,40 @@ def check_sizes(repo: str) -> list[str]:
     return findings
 
 
+ARCH_DOC = "docs/ARCHITECTURE.md"
+DOC_PATH_RE = re.compile(r"`((?:[\w.-]+/)+[\w.-]*)`")
+
+
+def check_docs_map(repo: str, members: list[str]) -> list[str]:
+    """docs/ARCHITECTURE.md maps the code: every path it names in backticks (`a/b.rs`, `a/b/`)
+    under a workspace member or `scripts/`/`docs/` exists, and every `.rs` file under a member's
+    `src/` is named in it (its code map has one line per module)."""
+    path = os.path.join(repo, ARCH_DOC)
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        return [f"{ARCH_DOC}: cannot read it ({e})"]
+    findings = []
+    roots = tuple(m + "/" for m in members) + ("scripts/", "docs/")
+    named = set()
+    for m in DOC_PATH_RE.finditer(text):
+        p = m.group(1)
+        if not p.startswith(roots) or "<" in p:
+            continue
+        named.add(p.rstrip("/"))
+        if not os.path.exists(os.path.join(repo, p)):
+            findings.append(f"{ARCH_DOC}:{line_of(text, m.start())}: names `{p}`, which does not exist")
+    for member in members:
+        src = os.path.join(repo, member, "src")
+        for dirpath, _, files in os.walk(src):
+            for f in sorted(files):
+                if f.endswith(".rs"):
+                    rel = os.path.relpath(os.path.join(dirpath, f), repo)
+                    if rel not in named:
+                        findings.append(f"{ARCH_DOC}: the code map has no line for `{rel}`")
+    return findings
+
+
 def main() -> int:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -546,6 +584,8 @@ def main() -> int:
         findings += check_cycles(repo, member, args.strict, args.with_tests)
     if "node" in selected:
         findings += check_sizes(repo)
+    if not args.crate:
+        findings += check_docs_map(repo, members)
     if findings:
         print(f"arch-check: {len(findings)} finding(s) in {', '.join(selected)}:\n", file=sys.stderr)
         for f in findings:
@@ -553,7 +593,7 @@ def main() -> int:
         print("\nBreak each cycle (move the shared item to the module that owns it, or to a small module"
               " both use); split long files and functions. See scripts/arch-check.py's header.", file=sys.stderr)
         return 1
-    print(f"arch-check: no module cycles in {', '.join(selected)}" + ("; node file and function sizes within limits" if "node" in selected else ""))
+    print(f"arch-check: no module cycles in {', '.join(selected)}" + ("; node file and function sizes within limits" if "node" in selected else "") + ("; docs/ARCHITECTURE.md maps every module" if not args.crate else ""))
     return 0
 
 

@@ -49,7 +49,8 @@
 //! - [`LeaseService::ledger`]`() -> Ledger`.
 //! - [`LeaseService::provide`]`(ProvideSettings)`: what this node offers; republished at once.
 //! - [`LeaseService::wait_closed`]`(id) -> Result<LeaseView, LeaseError>`: resolves when the
-//!   lease is settled or failed (for `rent` without `--detach`).
+//!   lease is settled or failed (in-process callers and tests; the CLI's `rent` polls
+//!   `GET /v1/leases/{id}` instead).
 //!
 //! # Invariants
 //! - Persist before act: a transition whose store write fails does not happen (the session
