@@ -225,7 +225,8 @@ async fn main() {
         raw[..4].copy_from_slice(&std::process::id().to_le_bytes());
         raw[4..12].copy_from_slice(&(i as u64).to_le_bytes());
         let lease = gridlease_protocol::LeaseId(gridlease_protocol::Digest(raw));
-        let mut spec = SandboxSpec::small_on_host(lease, "bench-lease-start", &image, &["sleep", "3"]);
+        let mut spec =
+            SandboxSpec::small_on_host(lease, "bench-lease-start", &image, &["sleep", "3"]);
         spec.memory_mib = 256;
         spec.workspace_bytes = 1 << 30;
         let ws_dir = dir.path().join("like-for-like-workspaces");
