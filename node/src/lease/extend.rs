@@ -199,7 +199,7 @@ pub(crate) async fn send(
             state: "over at the provider".into(),
         }),
         Ok(other) => Answer::Failed(format!("the provider answered {other:?}")),
-        Err(e) => Answer::Failed(e),
+        Err(e) => Answer::Failed(e.to_string()),
     }
 }
 

@@ -94,13 +94,13 @@ pub use config::{
 };
 /// The sessions' shared context (re-exported for `logs`, which names it `super::Ctx`).
 pub(crate) use ctx::Ctx;
-pub use error::{LeaseError, RentError};
+pub use error::{LeaseError, RemoteError, RentError};
 pub use extend::{ExtendError, ExtendRequest, Extended};
 #[cfg(feature = "faults")]
 pub use faults::{BadReceipt, Faults};
 pub use negotiate::{NegotiateError, NegotiationOutcome, negotiate, negotiate_signed};
 pub use service::{LeaseService, start_for_daemon};
-pub use session::{InboundSession, SessionReply};
+pub use session::{InboundSession, SessionReply, SessionRpcError};
 pub use settings::{ProvideError, ProvideSettings};
 pub use view::{FailureView, LeaseStatement, LeaseView, Ledger, PullView, UsageView};
 pub use wire::{LogChunk, SessionRequest, SessionResponse};

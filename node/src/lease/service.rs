@@ -17,7 +17,7 @@ use super::config::{
     DaemonLeaseSettings, INBOUND_QUEUE, LeaseServiceConfig, SERVICE_QUEUE, SharedGpuSampler,
 };
 use super::ctx::Ctx;
-use super::error::{LeaseError, RentError};
+use super::error::{LeaseError, RemoteError, RentError};
 use super::extend::{self, ExtendError, ExtendRequest, Extended};
 use super::negotiate::{self, NegotiateError, NegotiationOutcome, fresh_nonce};
 use super::session::{SessionMsg, session_rpc, unexpected};
@@ -373,7 +373,7 @@ impl LeaseService {
                 .map(|p| Some(Some(p)))
                 .map_err(|e| LeaseError::Remote {
                     lease_id: id,
-                    detail: e.to_string(),
+                    cause: e.into(),
                 }),
         }
     }
@@ -432,7 +432,7 @@ impl LeaseService {
                         b.validate(usize::from(l.lease.terms.gpu_count))
                             .map_err(|e| LeaseError::Remote {
                                 lease_id: id,
-                                detail: format!("the provider's telemetry is refused: {e}"),
+                                cause: e.into(),
                             })?;
                         Ok(b)
                     }
@@ -474,7 +474,7 @@ impl LeaseService {
         if l.role != Role::Renter {
             return Err(LeaseError::Remote {
                 lease_id: id,
-                detail: "this node provides the lease; the renter begins it".into(),
+                cause: RemoteError::NotRenter,
             });
         }
         match self
@@ -493,17 +493,19 @@ impl LeaseService {
         l: &StoredLease,
         req: SessionRequest,
     ) -> Result<SessionResponse, LeaseError> {
-        let remote = |detail: String| LeaseError::Remote {
+        let remote = |cause: RemoteError| LeaseError::Remote {
             lease_id: l.lease.id,
-            detail,
+            cause,
         };
         let peer = l
             .lease
             .terms
             .provider
             .peer_id()
-            .map_err(|e| remote(e.to_string()))?;
-        session_rpc(&self.ctx, peer, req).await.map_err(remote)
+            .map_err(|e| remote(e.into()))?;
+        session_rpc(&self.ctx, peer, req)
+            .await
+            .map_err(|e| remote(e.into()))
     }
 
     /// Stops a lease: a renter closes it (signed `LeaseClose`), a provider stops the container.

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
 use super::logs::LogWriter;
-use super::session::{InboundSession, SessionMsg, SessionReply, sign};
+use super::session::{InboundSession, SessionMsg, SessionReply, SessionRpcError, sign};
 use super::view::{self, LeaseView};
 use super::watchdog::{self};
 use super::wire::{SessionRequest, SessionResponse};
@@ -363,7 +363,10 @@ impl Session {
     }
 
     /// Handles the renter's answer to a report. Returns a reason to stop, if any.
-    async fn on_answer(&mut self, answer: Result<SessionResponse, String>) -> Option<CloseReason> {
+    async fn on_answer(
+        &mut self,
+        answer: Result<SessionResponse, SessionRpcError>,
+    ) -> Option<CloseReason> {
         match answer {
             Ok(SessionResponse::Receipt(r)) => {
                 if self.book(r).await {
