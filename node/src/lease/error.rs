@@ -30,7 +30,7 @@ pub enum RentError {
     Negotiation(#[from] NegotiateError),
     /// The budget computation overflowed.
     #[error("the price of this lease overflows")]
-    Overflow,
+    Overflow(#[from] gridlease_contracts::MoneyError),
     /// More output retention asked than the offer gives.
     #[error(
         "the provider keeps a finished lease's outputs for at most {most} s; {asked} s were asked"

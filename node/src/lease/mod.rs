@@ -95,7 +95,7 @@ pub use config::{
 /// The sessions' shared context (re-exported for `logs`, which names it `super::Ctx`).
 pub(crate) use ctx::Ctx;
 pub use error::{LeaseError, RemoteError, RentError};
-pub use extend::{ExtendError, ExtendRequest, Extended};
+pub use extend::{ExtendError, ExtendFailure, ExtendRequest, Extended};
 #[cfg(feature = "faults")]
 pub use faults::{BadReceipt, Faults};
 pub use negotiate::{NegotiateError, NegotiationOutcome, negotiate, negotiate_signed};

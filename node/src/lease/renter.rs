@@ -15,7 +15,7 @@ use gridlease_protocol::{
 use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
-use super::extend::{self as ext, Answer, ExtendError, Extended};
+use super::extend::{self as ext, Answer, ExtendError, ExtendFailure, Extended};
 use super::session::{InboundSession, SessionMsg, apply_and_persist_at, session_rpc, sign};
 use super::view::{self, LeaseView};
 use super::wire::{SessionRequest, SessionResponse, detail};
@@ -253,7 +253,7 @@ impl Session {
         let Some(peer) = self.provider_peer else {
             return Err(ExtendError::Remote {
                 lease_id: self.lease.id,
-                detail: "the provider has no peer id".into(),
+                detail: ExtendFailure::NoPeer,
             });
         };
         match ext::send(&self.ctx, peer, &self.provider, &signed, &a).await {

@@ -215,8 +215,7 @@ impl LeaseService {
             grace_s,
             fresh_nonce(),
             now,
-        )
-        .map_err(|_| RentError::Overflow)?;
+        )?;
         let clock = &*self.ctx.config.clock;
         let outcome =
             negotiate::negotiate(client, clock, terms, now.plus_secs(30), offer_addrs(&entry))

@@ -10,6 +10,10 @@
 //! [`Tariff::cap`], so the final one never claims more than the lease (a tenant that ignores
 //! SIGTERM pays exactly the lease). A [`watchdog`] process enforces the same schedule if the
 //! node dies; the two share one SIGTERM claim.
+//!
+//! Files: this one holds the session's state and [`run`] (and [`serve_reports`]); `start`
+//! starts the container, `meter` meters the run up to its final report, `finish` closes,
+//! settles and removes the container.
 
 mod finish;
 mod meter;
