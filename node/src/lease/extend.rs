@@ -147,7 +147,7 @@ pub enum ExtendError {
         lease_id: LeaseId,
         /// Why.
         #[source]
-        detail: ExtendFailure,
+        detail: Box<ExtendFailure>,
     },
     /// This node could not store the amendment; nothing was sent or applied.
     #[error(transparent)]

@@ -253,7 +253,7 @@ impl Session {
         let Some(peer) = self.provider_peer else {
             return Err(ExtendError::Remote {
                 lease_id: self.lease.id,
-                detail: ExtendFailure::NoPeer,
+                detail: Box::new(ExtendFailure::NoPeer),
             });
         };
         match ext::send(&self.ctx, peer, &self.provider, &signed, &a).await {
@@ -276,7 +276,7 @@ impl Session {
             }
             Answer::Failed(detail) => Err(ExtendError::Remote {
                 lease_id: self.lease.id,
-                detail,
+                detail: Box::new(detail),
             }),
         }
     }
