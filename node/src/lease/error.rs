@@ -1,11 +1,11 @@
-//! The errors of the lease service's operations: [`RentError`] (renting) and [`LeaseError`]
-//! (every operation on a lease that exists).
+//! The errors of the lease service's operations: [`RentError`] (renting), [`LeaseError`]
+//! (every operation on a lease that exists) with its [`RemoteError`], and [`SessionRpcError`]
+//! (one session request to the other side).
 
 use gridlease_protocol::telemetry::TelemetryError;
 use gridlease_protocol::{IdentityError, LeaseId, OfferId, RejectReason};
 
 use super::negotiate::NegotiateError;
-use super::session::SessionRpcError;
 use super::wire::SessionResponse;
 use crate::net::NegotiationError;
 use crate::store::StoreError;
@@ -117,4 +117,21 @@ pub enum RemoteError {
     /// Only the renter may do this, and this node provides the lease.
     #[error("this node provides the lease; the renter begins it")]
     NotRenter,
+}
+
+/// Why a session request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionRpcError {
+    /// No answer within [`super::LeaseServiceConfig::rpc_timeout`].
+    #[error("timed out")]
+    TimedOut,
+    /// The request could not be delivered or answered.
+    #[error(transparent)]
+    Network(#[from] NegotiationError),
+    /// The peer answered with a negotiation message.
+    #[error("answered with a negotiation message")]
+    NotSession,
+    /// The task that waited for the answer failed.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
 }

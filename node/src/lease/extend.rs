@@ -36,7 +36,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::ctx::Ctx;
-use super::session::{SessionRpcError, session_rpc};
+use super::error::SessionRpcError;
+use super::rpc::session_rpc;
 use super::wire::{SessionRequest, SessionResponse};
 use crate::store::StoreError;
 

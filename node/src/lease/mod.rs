@@ -17,13 +17,14 @@
 //! # Files
 //! - [`config`]: [`LeaseServiceConfig`], [`SharedGpuSampler`], [`DaemonLeaseSettings`], the
 //!   queue bounds;
-//! - [`error`]: [`RentError`], [`LeaseError`] (and [`NegotiateError`] in [`negotiate`]);
+//! - [`error`]: [`RentError`], [`LeaseError`], [`RemoteError`], [`SessionRpcError`] (and
+//!   [`NegotiateError`] in [`negotiate`], [`ExtendError`] in [`extend`]);
 //! - `ctx`: the context shared by the service and its sessions;
 //! - [`service`]: the [`LeaseService`] handle, its start-up and operations;
 //! - `actor`: the actor behind the handle (commands, inbound requests, the desk, sessions);
 //! - [`negotiate`]: the renter's half of negotiation (the provider's: [`desk`]);
-//! - [`session`]: plumbing shared by sessions (inbound requests, RPCs, persisted
-//!   transitions, signing);
+//! - [`session`]: plumbing shared by sessions (inbound requests, persisted transitions,
+//!   signing); `rpc`: one session request to the other side;
 //! - [`provider`], [`renter`]: the two sessions; [`extend`], [`completion`], [`logs`],
 //!   [`telemetry`], [`images`], [`owner`], [`watchdog`], [`retention`]: what they use;
 //! - `faults` (feature `faults` only): test-only misbehaviour.
@@ -80,6 +81,7 @@ pub mod owner;
 pub mod provider;
 pub mod renter;
 pub mod retention;
+mod rpc;
 pub mod service;
 pub mod session;
 mod settings;
@@ -94,13 +96,13 @@ pub use config::{
 };
 /// The sessions' shared context (re-exported for `logs`, which names it `super::Ctx`).
 pub(crate) use ctx::Ctx;
-pub use error::{LeaseError, RemoteError, RentError};
+pub use error::{LeaseError, RemoteError, RentError, SessionRpcError};
 pub use extend::{ExtendError, ExtendFailure, ExtendRequest, Extended};
 #[cfg(feature = "faults")]
 pub use faults::{BadReceipt, Faults};
 pub use negotiate::{NegotiateError, NegotiationOutcome, negotiate, negotiate_signed};
 pub use service::{LeaseService, start_for_daemon};
-pub use session::{InboundSession, SessionReply, SessionRpcError};
+pub use session::{InboundSession, SessionReply};
 pub use settings::{ProvideError, ProvideSettings};
 pub use view::{FailureView, LeaseStatement, LeaseView, Ledger, PullView, UsageView};
 pub use wire::{LogChunk, SessionRequest, SessionResponse};

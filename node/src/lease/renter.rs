@@ -16,7 +16,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
 use super::extend::{self as ext, Answer, ExtendError, ExtendFailure, Extended};
-use super::session::{InboundSession, SessionMsg, apply_and_persist_at, session_rpc, sign};
+use super::rpc::session_rpc;
+use super::session::{InboundSession, SessionMsg, apply_and_persist_at, sign};
 use super::view::{self, LeaseView};
 use super::wire::{SessionRequest, SessionResponse, detail};
 use crate::store::lease::{SessionPatch, SessionRecord, UsageKept};

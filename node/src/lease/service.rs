@@ -20,7 +20,8 @@ use super::ctx::Ctx;
 use super::error::{LeaseError, RemoteError, RentError};
 use super::extend::{self, ExtendError, ExtendRequest, Extended};
 use super::negotiate::{self, NegotiateError, NegotiationOutcome, fresh_nonce};
-use super::session::{SessionMsg, session_rpc, unexpected};
+use super::rpc::session_rpc;
+use super::session::SessionMsg;
 use super::settings::{ProvideError, ProvideSettings};
 use super::view::{self, LeaseView, Ledger};
 use super::wire::{self, LogChunk, SessionRequest, SessionResponse};
@@ -702,4 +703,14 @@ pub async fn start_for_daemon(
         node.cancel.child_token(),
     )
     .await
+}
+
+/// A provider's answer that does not fit the request, as an error.
+pub(super) fn unexpected(lease_id: LeaseId, answer: &SessionResponse) -> LeaseError {
+    let cause = match answer {
+        // The provider's per-renter rate (logs::PEER_LOG_RATE) or its queues are full.
+        SessionResponse::Busy => RemoteError::Busy,
+        other => RemoteError::Unexpected(Box::new(other.clone())),
+    };
+    LeaseError::Remote { lease_id, cause }
 }

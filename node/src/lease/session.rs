@@ -1,17 +1,15 @@
 //! Session plumbing shared by the provider's and the renter's sessions: how inbound session
-//! requests reach a session ([`InboundSession`], [`SessionReply`], [`SessionMsg`]), one
-//! session request to the other side ([`session_rpc`]), persist-before-act transitions
-//! ([`apply_and_persist`], [`transition`]) and signing ([`sign`]).
+//! requests reach a session ([`InboundSession`], [`SessionReply`], [`SessionMsg`]),
+//! persist-before-act transitions ([`apply_and_persist`], [`transition`]) and signing
+//! ([`sign`]). One session request to the other side is [`super::rpc::session_rpc`].
 
 use gridlease_protocol::session::LeaseRpcResponse;
-use gridlease_protocol::{LeaseId, PeerId, PublicKey, Signed};
+use gridlease_protocol::{PeerId, PublicKey, Signed};
 use tokio::sync::oneshot;
 
 use super::ctx::Ctx;
-use super::error::{LeaseError, RemoteError};
 use super::extend;
 use super::wire::{SessionRequest, SessionResponse};
-use crate::net::NegotiationError;
 use crate::store::{Role, StoreError, StoredLease};
 
 /// Where a session answers an inbound request (the network loop sends it to the peer).
@@ -48,51 +46,6 @@ pub(crate) enum SessionMsg {
     Reclaim(oneshot::Sender<()>),
     /// Extend the lease (renter only; [`extend`]).
     Extend(Box<extend::ExtendAsk>),
-}
-
-/// A provider's answer that does not fit the request, as an error.
-pub(super) fn unexpected(lease_id: LeaseId, answer: &SessionResponse) -> LeaseError {
-    let cause = match answer {
-        // The provider's per-renter rate (logs::PEER_LOG_RATE) or its queues are full.
-        SessionResponse::Busy => RemoteError::Busy,
-        other => RemoteError::Unexpected(Box::new(other.clone())),
-    };
-    LeaseError::Remote { lease_id, cause }
-}
-
-/// Why a session request got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum SessionRpcError {
-    /// No answer within [`super::LeaseServiceConfig::rpc_timeout`].
-    #[error("timed out")]
-    TimedOut,
-    /// The request could not be delivered or answered.
-    #[error(transparent)]
-    Network(#[from] NegotiationError),
-    /// The peer answered with a negotiation message.
-    #[error("answered with a negotiation message")]
-    NotSession,
-    /// The task that waited for the answer failed.
-    #[error(transparent)]
-    Task(#[from] tokio::task::JoinError),
-}
-
-/// Sends one session request and returns the answer (or why there is none).
-pub(crate) async fn session_rpc(
-    ctx: &Ctx,
-    peer: PeerId,
-    req: SessionRequest,
-) -> Result<SessionResponse, SessionRpcError> {
-    use crate::net::codec::{LeaseRpc, LeaseRpcResponse};
-    let call = ctx
-        .client
-        .lease_rpc(peer, Vec::new(), LeaseRpc::Session(req));
-    match tokio::time::timeout(ctx.config.rpc_timeout, call).await {
-        Err(_) => Err(SessionRpcError::TimedOut),
-        Ok(Err(e)) => Err(e.into()),
-        Ok(Ok(LeaseRpcResponse::Session(r))) => Ok(r),
-        Ok(Ok(_)) => Err(SessionRpcError::NotSession),
-    }
 }
 
 /// Why a transition did not happen.

@@ -14,8 +14,10 @@ use tokio::task::JoinSet;
 
 use super::{Ended, Session, serve_reports};
 use crate::lease::config::MAX_LOG_BYTES;
+use crate::lease::error::SessionRpcError;
 use crate::lease::logs::{self, LogWriter};
-use crate::lease::session::{SessionMsg, SessionRpcError, session_rpc};
+use crate::lease::rpc::session_rpc;
+use crate::lease::session::SessionMsg;
 use crate::lease::watchdog::{self, Ensured};
 use crate::lease::wire::{SessionRequest, SessionResponse};
 

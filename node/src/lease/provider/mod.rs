@@ -32,8 +32,9 @@ use gridlease_sandbox::meter::{Usage, to_usage_report};
 use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
+use super::error::SessionRpcError;
 use super::logs::LogWriter;
-use super::session::{InboundSession, SessionMsg, SessionReply, SessionRpcError, sign};
+use super::session::{InboundSession, SessionMsg, SessionReply, sign};
 use super::view::{self, LeaseView};
 use super::watchdog::{self};
 use super::wire::{SessionRequest, SessionResponse};
