@@ -23,7 +23,8 @@ use gridlease_protocol::session::{SessionRequest, SessionResponse};
 use gridlease_protocol::{CloseReason, LeaseId, LeaseTerms, PeerId};
 
 use super::ctx::Ctx;
-use super::session::{session_rpc, sign};
+use super::rpc::session_rpc;
+use super::session::sign;
 use super::view;
 use crate::store::Role;
 

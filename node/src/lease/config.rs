@@ -10,7 +10,6 @@ use gridlease_sandbox::spec::ProviderLimits;
 
 #[cfg(feature = "faults")]
 use super::faults::Faults;
-use super::{outputs, owner, retention};
 use crate::clock::{self, SharedClock};
 use crate::net::OfferTemplate;
 
@@ -43,10 +42,10 @@ pub struct LeaseServiceConfig {
     /// Renter: seconds the provider may wait for a silent renter (`grace_s` of the terms).
     pub renter_grace_s: u32,
     /// Provider: how long an offered GPU its owner used must stay idle before it is offered
-    /// again ([`owner`]).
+    /// again ([`super::owner`]).
     pub owner_idle: Duration,
     /// Provider: utilisation of an unleased offered GPU that means its owner uses it, percent
-    /// (0: only compute processes count; [`owner`]).
+    /// (0: only compute processes count; [`super::owner`]).
     pub owner_util_percent: u32,
     /// Renter: how long the provider may take from accept to the first usage report (image
     /// pull and start) before the renter gives up on it.
@@ -64,17 +63,17 @@ pub struct LeaseServiceConfig {
     pub stop_grace: Duration,
     /// Provider: the executable that runs `__watchdog` (the `gridlease` binary: the daemon's
     /// own, `std::env::current_exe`), spawned per container so it stops at its deadline even
-    /// if this node is killed ([`watchdog`]). `None`: no watchdog; the node alone stops
+    /// if this node is killed ([`super::watchdog`]). `None`: no watchdog; the node alone stops
     /// containers, while it runs.
     pub watchdog: Option<PathBuf>,
     /// How long a session waits for an answer from the other side.
     pub rpc_timeout: Duration,
     /// Provider: how often finished leases' kept outputs are checked for removal
-    /// (`outputs::SWEEP`, 10 s, in a daemon).
+    /// ([`OUTPUTS_SWEEP`], 10 s, in a daemon).
     pub outputs_sweep: Duration,
-    /// How long, and how much of, finished leases' logs are kept ([`retention`]).
-    pub log_retention: retention::LogRetention,
-    /// How often finished leases' logs are swept ([`retention::SWEEP`] in a daemon).
+    /// How long, and how much of, finished leases' logs are kept ([`super::retention`]).
+    pub log_retention: LogRetention,
+    /// How often finished leases' logs are swept ([`super::retention::SWEEP`] in a daemon).
     pub logs_sweep: Duration,
     /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
     /// daemon; a [`clock::ManualClock`] in tests of grace periods and expiry).
@@ -117,7 +116,7 @@ impl LeaseServiceConfig {
             base_template: None,
             renter_grace_s: 30,
             owner_idle: Duration::from_secs(300),
-            owner_util_percent: owner::BUSY_UTIL_PERCENT,
+            owner_util_percent: BUSY_UTIL_PERCENT,
             start_allowance: Duration::from_secs(300),
             pull_stall: Duration::from_secs(120),
             pull_timeout: Duration::from_secs(1800),
@@ -125,9 +124,9 @@ impl LeaseServiceConfig {
             stop_grace: Duration::from_secs(2),
             watchdog: None,
             rpc_timeout: Duration::from_secs(10),
-            outputs_sweep: outputs::SWEEP,
-            log_retention: retention::LogRetention::default(),
-            logs_sweep: retention::SWEEP,
+            outputs_sweep: OUTPUTS_SWEEP,
+            log_retention: LogRetention::default(),
+            logs_sweep: LOGS_SWEEP,
             clock: clock::system(),
             #[cfg(feature = "faults")]
             faults: Faults::default(),
@@ -149,5 +148,34 @@ pub struct DaemonLeaseSettings {
     /// As a provider: utilisation that means the owner uses a GPU (0: processes only).
     pub owner_util_percent: u32,
     /// As a provider: how long, and how much of, finished leases' logs are kept.
-    pub log_retention: retention::LogRetention,
+    pub log_retention: LogRetention,
 }
+
+/// How often finished leases' logs are swept ([`super::retention`]).
+pub const LOGS_SWEEP: Duration = Duration::from_secs(600);
+
+/// How long finished leases' logs are kept, and how much of them at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogRetention {
+    /// A finished lease's logs go once they were last written this long ago.
+    pub keep_for: Duration,
+    /// Most bytes of all leases' logs; beyond it, finished leases' logs go, oldest first.
+    pub max_bytes: u64,
+}
+
+impl Default for LogRetention {
+    fn default() -> Self {
+        Self {
+            keep_for: Duration::from_secs(7 * 86_400),
+            max_bytes: 2 << 30,
+        }
+    }
+}
+
+/// How often kept outputs are checked for removal (their time is stated to the second; they
+/// may stay up to this much longer).
+pub(crate) const OUTPUTS_SWEEP: Duration = Duration::from_secs(10);
+
+/// Default utilisation at or above which a GPU no lease holds counts as in use by its owner,
+/// percent (node setting `owner_util_percent`; 0: only compute processes count).
+pub const BUSY_UTIL_PERCENT: u32 = 10;

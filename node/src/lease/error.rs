@@ -1,9 +1,12 @@
-//! The errors of the lease service's operations: [`RentError`] (renting) and [`LeaseError`]
-//! (every operation on a lease that exists).
+//! The errors of the lease service's operations: [`RentError`] (renting), [`LeaseError`]
+//! (every operation on a lease that exists) with its [`RemoteError`], and [`SessionRpcError`]
+//! (one session request to the other side).
 
-use gridlease_protocol::{LeaseId, OfferId, RejectReason};
+use gridlease_protocol::telemetry::TelemetryError;
+use gridlease_protocol::{IdentityError, LeaseId, OfferId, RejectReason};
 
 use super::negotiate::NegotiateError;
+use super::wire::SessionResponse;
 use crate::net::NegotiationError;
 use crate::store::StoreError;
 
@@ -27,7 +30,7 @@ pub enum RentError {
     Negotiation(#[from] NegotiateError),
     /// The budget computation overflowed.
     #[error("the price of this lease overflows")]
-    Overflow,
+    Overflow(#[from] gridlease_contracts::MoneyError),
     /// More output retention asked than the offer gives.
     #[error(
         "the provider keeps a finished lease's outputs for at most {most} s; {asked} s were asked"
@@ -74,12 +77,13 @@ pub enum LeaseError {
     #[error("lease {0} is not running")]
     NotRunning(LeaseId),
     /// The provider could not be reached or answered something unexpected.
-    #[error("lease {lease_id}: {detail}")]
+    #[error("lease {lease_id}: {cause}")]
     Remote {
         /// The lease.
         lease_id: LeaseId,
         /// Why.
-        detail: String,
+        #[source]
+        cause: RemoteError,
     },
     /// The store failed.
     #[error(transparent)]
@@ -90,4 +94,44 @@ pub enum LeaseError {
     /// The lease service has stopped.
     #[error("the lease service has stopped")]
     Closed,
+}
+
+/// Why the other side of a lease could not answer an operation ([`LeaseError::Remote`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The session request got no answer.
+    #[error(transparent)]
+    Rpc(#[from] SessionRpcError),
+    /// The provider's per-renter rate or its queues are full.
+    #[error("the provider is busy (this node asked it too often); retry in a second")]
+    Busy,
+    /// An answer that does not fit the request.
+    #[error("provider answered {0:?}")]
+    Unexpected(Box<SessionResponse>),
+    /// The provider's telemetry does not validate.
+    #[error("the provider's telemetry is refused: {0}")]
+    BadTelemetry(#[from] TelemetryError),
+    /// The provider's key in the terms is no peer id.
+    #[error(transparent)]
+    BadProviderKey(#[from] IdentityError),
+    /// Only the renter may do this, and this node provides the lease.
+    #[error("this node provides the lease; the renter begins it")]
+    NotRenter,
+}
+
+/// Why a session request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionRpcError {
+    /// No answer within [`super::LeaseServiceConfig::rpc_timeout`].
+    #[error("timed out")]
+    TimedOut,
+    /// The request could not be delivered or answered.
+    #[error(transparent)]
+    Network(#[from] NegotiationError),
+    /// The peer answered with a negotiation message.
+    #[error("answered with a negotiation message")]
+    NotSession,
+    /// The task that waited for the answer failed.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
 }

@@ -36,7 +36,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::ctx::Ctx;
-use super::session::session_rpc;
+use super::error::SessionRpcError;
+use super::rpc::session_rpc;
 use super::wire::{SessionRequest, SessionResponse};
 use crate::store::StoreError;
 
@@ -146,7 +147,8 @@ pub enum ExtendError {
         /// The lease.
         lease_id: LeaseId,
         /// Why.
-        detail: String,
+        #[source]
+        detail: Box<ExtendFailure>,
     },
     /// This node could not store the amendment; nothing was sent or applied.
     #[error(transparent)]
@@ -174,7 +176,27 @@ pub(crate) enum Answer {
     /// Refused, with the reason.
     Refused(AmendRefusal),
     /// No usable answer.
-    Failed(String),
+    Failed(ExtendFailure),
+}
+
+/// Why the provider's answer to an amendment is unusable ([`ExtendError::Remote`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ExtendFailure {
+    /// The provider's key in the terms is no peer id.
+    #[error("the provider has no peer id")]
+    NoPeer,
+    /// The request got no answer.
+    #[error(transparent)]
+    Rpc(#[from] SessionRpcError),
+    /// The acceptance does not verify.
+    #[error("its acceptance does not verify: {0}")]
+    Signature(#[from] gridlease_protocol::EnvelopeError),
+    /// The acceptance is not of this amendment, or not the provider's.
+    #[error(transparent)]
+    Acceptance(#[from] gridlease_contracts::amend::AmendAcceptError),
+    /// An answer that does not fit the request.
+    #[error("the provider answered {0:?}")]
+    Unexpected(Box<SessionResponse>),
 }
 
 /// Sends the signed amendment `signed` (of `proposed`) to the provider `provider` at `peer`
@@ -190,16 +212,16 @@ pub(crate) async fn send(
         Ok(SessionResponse::Extended(sa)) => match sa.verify(ctx.client.network()) {
             Ok(v) => match check_acceptance(proposed, &v.message, &v.signer, provider) {
                 Ok(()) => Answer::Accepted(sa, v.message),
-                Err(e) => Answer::Failed(e.to_string()),
+                Err(e) => Answer::Failed(e.into()),
             },
-            Err(e) => Answer::Failed(format!("its acceptance does not verify: {e}")),
+            Err(e) => Answer::Failed(e.into()),
         },
         Ok(SessionResponse::ExtendRefused(r)) => Answer::Refused(r),
         Ok(SessionResponse::UnknownLease) => Answer::Refused(AmendRefusal::NotRunning {
             state: "over at the provider".into(),
         }),
-        Ok(other) => Answer::Failed(format!("the provider answered {other:?}")),
-        Err(e) => Answer::Failed(e),
+        Ok(other) => Answer::Failed(ExtendFailure::Unexpected(Box::new(other))),
+        Err(e) => Answer::Failed(e.into()),
     }
 }
 

@@ -17,13 +17,14 @@
 //! # Files
 //! - [`config`]: [`LeaseServiceConfig`], [`SharedGpuSampler`], [`DaemonLeaseSettings`], the
 //!   queue bounds;
-//! - [`error`]: [`RentError`], [`LeaseError`] (and [`NegotiateError`] in [`negotiate`]);
+//! - [`error`]: [`RentError`], [`LeaseError`], [`RemoteError`], [`SessionRpcError`] (and
+//!   [`NegotiateError`] in [`negotiate`], [`ExtendError`] in [`extend`]);
 //! - `ctx`: the context shared by the service and its sessions;
 //! - [`service`]: the [`LeaseService`] handle, its start-up and operations;
 //! - `actor`: the actor behind the handle (commands, inbound requests, the desk, sessions);
 //! - [`negotiate`]: the renter's half of negotiation (the provider's: [`desk`]);
-//! - [`session`]: plumbing shared by sessions (inbound requests, RPCs, persisted
-//!   transitions, signing);
+//! - [`session`]: plumbing shared by sessions (inbound requests, persisted transitions,
+//!   signing); `rpc`: one session request to the other side;
 //! - [`provider`], [`renter`]: the two sessions; [`extend`], [`completion`], [`logs`],
 //!   [`telemetry`], [`images`], [`owner`], [`watchdog`], [`retention`]: what they use;
 //! - `faults` (feature `faults` only): test-only misbehaviour.
@@ -81,6 +82,7 @@ pub mod owner;
 pub mod provider;
 pub mod renter;
 pub mod retention;
+mod rpc;
 pub mod service;
 pub mod session;
 mod settings;
@@ -95,8 +97,8 @@ pub use config::{
 };
 /// The sessions' shared context (re-exported for `logs`, which names it `super::Ctx`).
 pub(crate) use ctx::Ctx;
-pub use error::{LeaseError, RentError};
-pub use extend::{ExtendError, ExtendRequest, Extended};
+pub use error::{LeaseError, RemoteError, RentError, SessionRpcError};
+pub use extend::{ExtendError, ExtendFailure, ExtendRequest, Extended};
 #[cfg(feature = "faults")]
 pub use faults::{BadReceipt, Faults};
 pub use negotiate::{NegotiateError, NegotiationOutcome, negotiate, negotiate_signed};

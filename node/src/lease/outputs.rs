@@ -3,8 +3,8 @@
 //! (the session stores `outputs_until` with the close; [`super::provider`]), so the renter can
 //! still download from `/workspace` (`gridlease cp`, `rent --download`; the access rules are
 //! `crate::access::authorize`). This sweep removes them once their time is up: every
-//! [`SWEEP`], and at start-up before containers are reconciled. It reads only the kept rows
-//! (a partial index), never every lease.
+//! [`super::config::OUTPUTS_SWEEP`], and at start-up before containers are reconciled. It
+//! reads only the kept rows (a partial index), never every lease.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -12,10 +12,6 @@ use std::time::Duration;
 use gridlease_protocol::LeaseId;
 
 use super::ctx::Ctx;
-
-/// How often kept outputs are checked for removal (their time is stated to the second; they
-/// may stay up to this much longer).
-pub(crate) const SWEEP: Duration = Duration::from_secs(10);
 
 /// Removes the kept outputs whose time is up; returns the leases whose outputs are still kept.
 pub(crate) async fn sweep(ctx: &Ctx) -> BTreeSet<LeaseId> {
@@ -57,7 +53,8 @@ pub(crate) async fn sweep(ctx: &Ctx) -> BTreeSet<LeaseId> {
     still
 }
 
-/// Runs [`sweep`] every `every` ([`SWEEP`] in a daemon) until the service stops.
+/// Runs [`sweep`] every `every` ([`super::config::OUTPUTS_SWEEP`] in a daemon) until the
+/// service stops.
 pub(crate) async fn run(ctx: std::sync::Arc<Ctx>, every: Duration) {
     let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

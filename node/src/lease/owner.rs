@@ -150,9 +150,7 @@ impl Hours {
 
 /// How often the unleased offered GPUs are sampled.
 pub const PERIOD: Duration = Duration::from_millis(500);
-/// Default utilisation at or above which a GPU no lease holds counts as in use by its owner,
-/// percent (node setting `owner_util_percent`; 0: only compute processes count).
-pub const BUSY_UTIL_PERCENT: u32 = 10;
+pub use super::config::BUSY_UTIL_PERCENT;
 
 /// Whether a sample of a GPU a lease holds shows its owner using it: a compute process outside
 /// any container (the tenant's run in its container).

@@ -15,8 +15,9 @@ use gridlease_protocol::{
 use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
-use super::extend::{self as ext, Answer, ExtendError, Extended};
-use super::session::{InboundSession, SessionMsg, apply_and_persist_at, session_rpc, sign};
+use super::extend::{self as ext, Answer, ExtendError, ExtendFailure, Extended};
+use super::rpc::session_rpc;
+use super::session::{InboundSession, SessionMsg, apply_and_persist_at, sign};
 use super::view::{self, LeaseView};
 use super::wire::{SessionRequest, SessionResponse, detail};
 use crate::store::lease::{SessionPatch, SessionRecord, UsageKept};
@@ -253,7 +254,7 @@ impl Session {
         let Some(peer) = self.provider_peer else {
             return Err(ExtendError::Remote {
                 lease_id: self.lease.id,
-                detail: "the provider has no peer id".into(),
+                detail: Box::new(ExtendFailure::NoPeer),
             });
         };
         match ext::send(&self.ctx, peer, &self.provider, &signed, &a).await {
@@ -276,7 +277,7 @@ impl Session {
             }
             Answer::Failed(detail) => Err(ExtendError::Remote {
                 lease_id: self.lease.id,
-                detail,
+                detail: Box::new(detail),
             }),
         }
     }

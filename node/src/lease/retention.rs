@@ -14,26 +14,7 @@ use gridlease_protocol::LeaseId;
 
 use super::ctx::Ctx;
 
-/// How often the sweep runs.
-pub const SWEEP: Duration = Duration::from_secs(600);
-
-/// How long finished leases' logs are kept, and how much of them at most.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogRetention {
-    /// A finished lease's logs go once they were last written this long ago.
-    pub keep_for: Duration,
-    /// Most bytes of all leases' logs; beyond it, finished leases' logs go, oldest first.
-    pub max_bytes: u64,
-}
-
-impl Default for LogRetention {
-    fn default() -> Self {
-        Self {
-            keep_for: Duration::from_secs(7 * 86_400),
-            max_bytes: 2 << 30,
-        }
-    }
-}
+pub use super::config::{LOGS_SWEEP as SWEEP, LogRetention};
 
 /// A lease's log file as found.
 #[derive(Clone, Debug, PartialEq, Eq)]

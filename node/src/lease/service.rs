@@ -17,10 +17,11 @@ use super::config::{
     DaemonLeaseSettings, INBOUND_QUEUE, LeaseServiceConfig, SERVICE_QUEUE, SharedGpuSampler,
 };
 use super::ctx::Ctx;
-use super::error::{LeaseError, RentError};
+use super::error::{LeaseError, RemoteError, RentError};
 use super::extend::{self, ExtendError, ExtendRequest, Extended};
 use super::negotiate::{self, NegotiateError, NegotiationOutcome, fresh_nonce};
-use super::session::{SessionMsg, session_rpc, unexpected};
+use super::rpc::session_rpc;
+use super::session::SessionMsg;
 use super::settings::{ProvideError, ProvideSettings};
 use super::view::{self, LeaseView, Ledger};
 use super::wire::{self, LogChunk, SessionRequest, SessionResponse};
@@ -215,8 +216,7 @@ impl LeaseService {
             grace_s,
             fresh_nonce(),
             now,
-        )
-        .map_err(|_| RentError::Overflow)?;
+        )?;
         let clock = &*self.ctx.config.clock;
         let outcome =
             negotiate::negotiate(client, clock, terms, now.plus_secs(30), offer_addrs(&entry))
@@ -373,7 +373,7 @@ impl LeaseService {
                 .map(|p| Some(Some(p)))
                 .map_err(|e| LeaseError::Remote {
                     lease_id: id,
-                    detail: e.to_string(),
+                    cause: e.into(),
                 }),
         }
     }
@@ -432,7 +432,7 @@ impl LeaseService {
                         b.validate(usize::from(l.lease.terms.gpu_count))
                             .map_err(|e| LeaseError::Remote {
                                 lease_id: id,
-                                detail: format!("the provider's telemetry is refused: {e}"),
+                                cause: e.into(),
                             })?;
                         Ok(b)
                     }
@@ -474,7 +474,7 @@ impl LeaseService {
         if l.role != Role::Renter {
             return Err(LeaseError::Remote {
                 lease_id: id,
-                detail: "this node provides the lease; the renter begins it".into(),
+                cause: RemoteError::NotRenter,
             });
         }
         match self
@@ -493,17 +493,19 @@ impl LeaseService {
         l: &StoredLease,
         req: SessionRequest,
     ) -> Result<SessionResponse, LeaseError> {
-        let remote = |detail: String| LeaseError::Remote {
+        let remote = |cause: RemoteError| LeaseError::Remote {
             lease_id: l.lease.id,
-            detail,
+            cause,
         };
         let peer = l
             .lease
             .terms
             .provider
             .peer_id()
-            .map_err(|e| remote(e.to_string()))?;
-        session_rpc(&self.ctx, peer, req).await.map_err(remote)
+            .map_err(|e| remote(e.into()))?;
+        session_rpc(&self.ctx, peer, req)
+            .await
+            .map_err(|e| remote(e.into()))
     }
 
     /// Stops a lease: a renter closes it (signed `LeaseClose`), a provider stops the container.
@@ -701,4 +703,14 @@ pub async fn start_for_daemon(
         node.cancel.child_token(),
     )
     .await
+}
+
+/// A provider's answer that does not fit the request, as an error.
+pub(super) fn unexpected(lease_id: LeaseId, answer: &SessionResponse) -> LeaseError {
+    let cause = match answer {
+        // The provider's per-renter rate (logs::PEER_LOG_RATE) or its queues are full.
+        SessionResponse::Busy => RemoteError::Busy,
+        other => RemoteError::Unexpected(Box::new(other.clone())),
+    };
+    LeaseError::Remote { lease_id, cause }
 }

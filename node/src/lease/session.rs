@@ -1,14 +1,13 @@
 //! Session plumbing shared by the provider's and the renter's sessions: how inbound session
-//! requests reach a session ([`InboundSession`], [`SessionReply`], [`SessionMsg`]), one
-//! session request to the other side ([`session_rpc`]), persist-before-act transitions
-//! ([`apply_and_persist`], [`transition`]) and signing ([`sign`]).
+//! requests reach a session ([`InboundSession`], [`SessionReply`], [`SessionMsg`]),
+//! persist-before-act transitions ([`apply_and_persist`], [`transition`]) and signing
+//! ([`sign`]). One session request to the other side is [`super::rpc::session_rpc`].
 
 use gridlease_protocol::session::LeaseRpcResponse;
-use gridlease_protocol::{LeaseId, PeerId, PublicKey, Signed};
+use gridlease_protocol::{PeerId, PublicKey, Signed};
 use tokio::sync::oneshot;
 
 use super::ctx::Ctx;
-use super::error::LeaseError;
 use super::extend;
 use super::wire::{SessionRequest, SessionResponse};
 use crate::store::{Role, StoreError, StoredLease};
@@ -47,36 +46,6 @@ pub(crate) enum SessionMsg {
     Reclaim(oneshot::Sender<()>),
     /// Extend the lease (renter only; [`extend`]).
     Extend(Box<extend::ExtendAsk>),
-}
-
-/// A provider's answer that does not fit the request, as an error.
-pub(super) fn unexpected(lease_id: LeaseId, answer: &SessionResponse) -> LeaseError {
-    let detail = match answer {
-        // The provider's per-renter rate (logs::PEER_LOG_RATE) or its queues are full.
-        SessionResponse::Busy => {
-            "the provider is busy (this node asked it too often); retry in a second".into()
-        }
-        other => format!("provider answered {other:?}"),
-    };
-    LeaseError::Remote { lease_id, detail }
-}
-
-/// Sends one session request and returns the answer (or why there is none).
-pub(crate) async fn session_rpc(
-    ctx: &Ctx,
-    peer: PeerId,
-    req: SessionRequest,
-) -> Result<SessionResponse, String> {
-    use crate::net::codec::{LeaseRpc, LeaseRpcResponse};
-    let call = ctx
-        .client
-        .lease_rpc(peer, Vec::new(), LeaseRpc::Session(req));
-    match tokio::time::timeout(ctx.config.rpc_timeout, call).await {
-        Err(_) => Err("timed out".into()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok(LeaseRpcResponse::Session(r))) => Ok(r),
-        Ok(Ok(_)) => Err("answered with a negotiation message".into()),
-    }
 }
 
 /// Why a transition did not happen.

@@ -14,8 +14,10 @@ use tokio::task::JoinSet;
 
 use super::{Ended, Session, serve_reports};
 use crate::lease::config::MAX_LOG_BYTES;
+use crate::lease::error::SessionRpcError;
 use crate::lease::logs::{self, LogWriter};
-use crate::lease::session::{SessionMsg, session_rpc};
+use crate::lease::rpc::session_rpc;
+use crate::lease::session::SessionMsg;
 use crate::lease::watchdog::{self, Ensured};
 use crate::lease::wire::{SessionRequest, SessionResponse};
 
@@ -74,7 +76,7 @@ struct Run {
     /// Closes the meter's intervals.
     cut_tx: mpsc::Sender<Cut>,
     /// At most one report in flight: a slow renter delays the next report, never the loop.
-    inflight: JoinSet<Result<SessionResponse, String>>,
+    inflight: JoinSet<Result<SessionResponse, SessionRpcError>>,
     /// Where the next report's interval starts.
     iv_start: Timestamp,
     /// The metering task's end, once the loop saw it.
@@ -233,7 +235,7 @@ impl Run {
                     }
                 },
                 Some(answer) = self.inflight.join_next(), if !self.inflight.is_empty() => {
-                    let answer = answer.unwrap_or_else(|e| Err(e.to_string()));
+                    let answer = answer.unwrap_or_else(|e| Err(e.into()));
                     if let Some(reason) = s.on_answer(answer).await {
                         break Ended::Stop(reason);
                     }

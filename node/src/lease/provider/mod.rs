@@ -10,6 +10,10 @@
 //! [`Tariff::cap`], so the final one never claims more than the lease (a tenant that ignores
 //! SIGTERM pays exactly the lease). A [`watchdog`] process enforces the same schedule if the
 //! node dies; the two share one SIGTERM claim.
+//!
+//! Files: this one holds the session's state and [`run`] (and [`serve_reports`]); `start`
+//! starts the container, `meter` meters the run up to its final report, `finish` closes,
+//! settles and removes the container.
 
 mod finish;
 mod meter;
@@ -28,6 +32,7 @@ use gridlease_sandbox::meter::{Usage, to_usage_report};
 use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
+use super::error::SessionRpcError;
 use super::logs::LogWriter;
 use super::session::{InboundSession, SessionMsg, SessionReply, sign};
 use super::view::{self, LeaseView};
@@ -363,7 +368,10 @@ impl Session {
     }
 
     /// Handles the renter's answer to a report. Returns a reason to stop, if any.
-    async fn on_answer(&mut self, answer: Result<SessionResponse, String>) -> Option<CloseReason> {
+    async fn on_answer(
+        &mut self,
+        answer: Result<SessionResponse, SessionRpcError>,
+    ) -> Option<CloseReason> {
         match answer {
             Ok(SessionResponse::Receipt(r)) => {
                 if self.book(r).await {

@@ -16,7 +16,8 @@ use super::{Halt, Session};
 use crate::lease::config::MAX_LOG_BYTES;
 use crate::lease::ctx::Ctx;
 use crate::lease::logs::{self, LogWriter};
-use crate::lease::session::{SessionMsg, session_rpc};
+use crate::lease::rpc::session_rpc;
+use crate::lease::session::SessionMsg;
 use crate::lease::wire::{SessionRequest, SessionResponse};
 use crate::store::lease::SessionPatch;
 
