@@ -212,7 +212,7 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
     let network = json!({"enum": ["none", "egress", null]});
     let mut zones = vec![json!("local")];
     zones.extend(
-        crate::lease::owner::zone_names()
+        crate::lease::hours::zone_names()
             .into_iter()
             .map(|z| json!(z)),
     );
@@ -547,7 +547,7 @@ mod tests {
         assert!(listed.len() > 500, "{}", listed.len());
         for z in listed {
             if let Some(z) = z.as_str() {
-                let taken = crate::lease::owner::zone(Some(z));
+                let taken = crate::lease::hours::zone(Some(z));
                 assert!(taken.is_ok(), "{z}: {:?}", taken.err());
             }
         }
@@ -559,7 +559,7 @@ mod tests {
             "",
             "posix/Europe/Berlin",
         ] {
-            assert!(crate::lease::owner::zone(Some(bad)).is_err(), "{bad:?}");
+            assert!(crate::lease::hours::zone(Some(bad)).is_err(), "{bad:?}");
             assert!(!listed.contains(&json!(bad)), "{bad:?}");
         }
     }

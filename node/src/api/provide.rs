@@ -184,7 +184,7 @@ pub(super) async fn provide(
         None => current.as_ref().and_then(|c| c.tz.clone()),
     };
     // An unknown zone is refused before anything changes.
-    crate::lease::owner::zone(tz.as_deref()).map_err(|e| ApiError::new(P::InvalidBody, e))?;
+    crate::lease::hours::zone(tz.as_deref()).map_err(|e| ApiError::new(P::InvalidBody, e))?;
     let settings = ProvideSettings {
         price_per_gpu_hour: price,
         gpus,

@@ -47,7 +47,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &ProvideArgs) -> anyhow::
             .map_err(|e| anyhow::anyhow!("--hours {h:?}: {e}"))?;
     }
     if let Some(z) = &args.tz {
-        crate::lease::owner::zone(Some(z)).map_err(|e| anyhow::anyhow!("--tz: {e}"))?;
+        crate::lease::hours::zone(Some(z)).map_err(|e| anyhow::anyhow!("--tz: {e}"))?;
     }
     // `--image-prefixes ''` is the empty list.
     let body = ProvideOptions {

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::LeaseServiceConfig;
 use super::error::LeaseError;
-use super::{owner, telemetry};
+use super::{hours, telemetry};
 use crate::net::Client;
 use crate::store::{StoreHandle, StoredLease};
 
@@ -28,14 +28,14 @@ pub(crate) struct Ctx {
     /// Provider: the GPUs (UUID digests) leases hold now, as the desk last published them;
     /// [`capacity::run`] turns each change into the offer's free count.
     pub(crate) holds: watch::Sender<std::collections::BTreeSet<Digest>>,
-    /// Provider: offered GPUs that are the owner's now ([`owner::run`]): in use by the owner
+    /// Provider: offered GPUs that are the owner's now ([`super::owner::run`]): in use by the owner
     /// (recently, or outside the offered hours: then all of them): not given to leases, not
     /// counted free.
     pub(crate) owner_busy: watch::Sender<std::collections::BTreeSet<Digest>>,
     /// Provider: the hours the GPUs are offered, as the last `provide` set them (or
-    /// `<home>/provide.json` at start); [`owner::run`] withdraws the GPUs outside them.
+    /// `<home>/provide.json` at start); [`super::owner::run`] withdraws the GPUs outside them.
     /// Written by [`LeaseService::provide`] only.
-    pub(crate) hours: watch::Sender<Option<owner::Hours>>,
+    pub(crate) hours: watch::Sender<Option<hours::Hours>>,
     /// Provider: a session whose GPUs are free says so here before it publishes its settled
     /// view, so that the desk has released them before anyone who saw the view can ask for
     /// them ([`Ctx::gpus_free`]). The session's end releases them too (idempotent).

