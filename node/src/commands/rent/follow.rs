@@ -11,6 +11,19 @@ use crate::output::Printer;
 /// How long after it starts following a lease's output asks for it often while none came.
 const EAGER_FOR: Duration = Duration::from_secs(3);
 
+/// What one log fetch gave: output, or the news that the lease ended while the provider
+/// could not answer.
+enum Fetched {
+    Logs((hyper::HeaderMap, bytes::Bytes)),
+    Ended(Option<i32>),
+}
+
+/// The waits between failed log fetches in a row: 200 ms more each time up to 2 s, 30 retries
+/// (about 50 s in all).
+fn log_retry_delays() -> impl backon::Backoff {
+    (1..=30u64).map(|n| Duration::from_millis(200 * n.min(10)))
+}
+
 /// Follows a lease's output from `from` until it ends; returns the exit code if known.
 /// Transient failures of the provider (busy, reconnecting) are retried for about a minute.
 pub async fn follow_logs(
@@ -21,31 +34,35 @@ pub async fn follow_logs(
     follow: bool,
 ) -> anyhow::Result<Option<i32>> {
     use crate::api::{EOF_HEADER, EXIT_CODE_HEADER, NEXT_OFFSET_HEADER};
-    let mut failures = 0u32;
+    use backon::Retryable;
     let mut ended_at: Option<tokio::time::Instant> = None;
     let started = tokio::time::Instant::now();
     loop {
-        let fetched = api
-            .get_raw(&format!("/v1/leases/{lease}/logs?from={from}"))
-            .await;
-        let (headers, body) = match fetched {
-            Ok(r) => {
-                failures = 0;
-                r
-            }
-            Err(e @ ClientError::Api { status: 500.., .. }) if follow && failures < 30 => {
-                failures += 1;
-                tracing::debug!(error = %e, "log fetch failed; retrying");
-                if let Ok(view) = api.lease(lease).await
-                    && view.is_terminal()
-                {
-                    return Ok(view.exit_code);
+        let url = format!("/v1/leases/{lease}/logs?from={from}");
+        // One fetch; a provider that fails it (busy, reconnecting) is asked again, unless the
+        // lease is over meanwhile: then its exit code is the answer.
+        let fetch = || async {
+            match api.get_raw(&url).await {
+                Ok(r) => Ok(Fetched::Logs(r)),
+                Err(e @ ClientError::Api { status: 500.., .. }) if follow => {
+                    if let Ok(view) = api.lease(lease).await
+                        && view.is_terminal()
+                    {
+                        return Ok(Fetched::Ended(view.exit_code));
+                    }
+                    Err(e)
                 }
-                let backoff = 200 * u64::from(failures.min(10));
-                tokio::time::sleep(Duration::from_millis(backoff)).await;
-                continue;
+                Err(e) => Err(e),
             }
-            Err(e) => return Err(e.into()),
+        };
+        let fetched = fetch
+            .retry(log_retry_delays())
+            .when(|e| follow && matches!(e, ClientError::Api { status: 500.., .. }))
+            .notify(|e, _| tracing::debug!(error = %e, "log fetch failed; retrying"))
+            .await?;
+        let (headers, body) = match fetched {
+            Fetched::Logs(r) => r,
+            Fetched::Ended(exit) => return Ok(exit),
         };
         if !out.quiet && !out.json {
             out.bytes(&body);
