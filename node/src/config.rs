@@ -218,10 +218,10 @@ impl Default for Config {
             usage_interval_secs: 10,
             lease_log_days: 7,
             lease_logs_gib: 2,
-            owner_idle_secs: 300,
-            owner_util_percent: 10,
+            owner_idle_secs: crate::lease::OWNER_IDLE_S,
+            owner_util_percent: crate::lease::BUSY_UTIL_PERCENT,
             pay_ahead_secs: 60,
-            renter_grace_secs: 30,
+            renter_grace_secs: crate::lease::RENTER_GRACE_S,
         }
     }
 }

@@ -316,11 +316,14 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     }
     let gpus = Arc::new(gpu_view(dev.as_ref()));
     let metrics_addr = config.metrics.clone();
-    let image_cache = config.image_cache();
-    let renter_grace_s = config.renter_grace_secs;
-    let owner_idle_s = config.owner_idle_secs;
-    let owner_util_percent = config.owner_util_percent;
-    let log_retention = config.log_retention();
+    // The lease service's settings: its defaults, with this daemon's configuration laid over.
+    let mut lease_config = crate::lease::LeaseServiceConfig::new(h.dir.join("leases"));
+    lease_config.renter_grace_s = config.renter_grace_secs;
+    lease_config.owner_idle = std::time::Duration::from_secs(config.owner_idle_secs);
+    lease_config.owner_util_percent = config.owner_util_percent;
+    lease_config.log_retention = config.log_retention();
+    lease_config.image_cache = config.image_cache();
+    (lease_config.limits.isolation, lease_config.limits.runtime) = runtime;
     let config = net;
     let network = h.network.clone();
 
@@ -334,17 +337,10 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let leases = crate::lease::start_for_daemon(
         &node,
         &h.dir,
+        lease_config,
         base_template,
         gpu_uuids,
         gpu_sampler,
-        crate::lease::DaemonLeaseSettings {
-            image_cache,
-            runtime,
-            renter_grace_s,
-            owner_idle_s,
-            owner_util_percent,
-            log_retention,
-        },
     )
     .await
     .context("cannot start the lease service")?;

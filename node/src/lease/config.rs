@@ -1,5 +1,5 @@
 //! The lease service's settings: [`LeaseServiceConfig`] (what tests and the daemon set),
-//! [`SharedGpuSampler`], the daemon's [`DaemonLeaseSettings`] and the service's queue bounds.
+//! [`SharedGpuSampler`] and the service's queue bounds.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -114,8 +114,8 @@ impl LeaseServiceConfig {
             provide_file: None,
             limits: ProviderLimits::from_host(),
             base_template: None,
-            renter_grace_s: 30,
-            owner_idle: Duration::from_secs(300),
+            renter_grace_s: RENTER_GRACE_S,
+            owner_idle: Duration::from_secs(OWNER_IDLE_S),
             owner_util_percent: BUSY_UTIL_PERCENT,
             start_allowance: Duration::from_secs(300),
             pull_stall: Duration::from_secs(120),
@@ -132,23 +132,6 @@ impl LeaseServiceConfig {
             faults: Faults::default(),
         }
     }
-}
-
-/// The daemon's settings of its lease service (from its configuration).
-#[derive(Clone, Debug)]
-pub struct DaemonLeaseSettings {
-    /// Bounds of the cache of pulled images.
-    pub image_cache: gridlease_contracts::image::CacheLimits,
-    /// The isolation tenants run under, and the Docker runtime that gives it.
-    pub runtime: (gridlease_protocol::Isolation, Option<String>),
-    /// As a renter: the grace the terms give a provider for this node's silence.
-    pub renter_grace_s: u32,
-    /// As a provider: seconds an owner-used GPU stays out of the offer after its last use.
-    pub owner_idle_s: u64,
-    /// As a provider: utilisation that means the owner uses a GPU (0: processes only).
-    pub owner_util_percent: u32,
-    /// As a provider: how long, and how much of, finished leases' logs are kept.
-    pub log_retention: LogRetention,
 }
 
 /// How often finished leases' logs are swept ([`super::retention`]).
@@ -179,3 +162,11 @@ pub(crate) const OUTPUTS_SWEEP: Duration = Duration::from_secs(10);
 /// Default utilisation at or above which a GPU no lease holds counts as in use by its owner,
 /// percent (node setting `owner_util_percent`; 0: only compute processes count).
 pub const BUSY_UTIL_PERCENT: u32 = 10;
+
+/// The default of [`LeaseServiceConfig::renter_grace_s`] (and of the daemon's
+/// `renter_grace_secs`): seconds a provider waits for a silent renter.
+pub const RENTER_GRACE_S: u32 = 30;
+
+/// The default of [`LeaseServiceConfig::owner_idle`], seconds (and of the daemon's
+/// `owner_idle_secs`).
+pub const OWNER_IDLE_S: u64 = 300;

@@ -15,7 +15,7 @@
 //!   waits for a busy session; a provider session's end (container gone) releases its holds.
 //!
 //! # Files
-//! - [`config`]: [`LeaseServiceConfig`], [`SharedGpuSampler`], [`DaemonLeaseSettings`], the
+//! - [`config`]: [`LeaseServiceConfig`], [`SharedGpuSampler`], the
 //!   queue bounds;
 //! - [`error`]: [`RentError`], [`LeaseError`], [`RemoteError`], [`SessionRpcError`] (and
 //!   [`NegotiateError`] in [`negotiate`], [`ExtendError`] in [`extend`]);
@@ -93,8 +93,8 @@ pub mod watchdog;
 pub mod wire;
 
 pub use config::{
-    DaemonLeaseSettings, INBOUND_QUEUE, LeaseServiceConfig, MAX_LOG_BYTES, SERVICE_QUEUE,
-    SESSION_QUEUE, SharedGpuSampler,
+    BUSY_UTIL_PERCENT, INBOUND_QUEUE, LeaseServiceConfig, MAX_LOG_BYTES, OWNER_IDLE_S,
+    RENTER_GRACE_S, SERVICE_QUEUE, SESSION_QUEUE, SharedGpuSampler,
 };
 /// The sessions' shared context (re-exported for `logs`, which names it `super::Ctx`).
 pub(crate) use ctx::Ctx;

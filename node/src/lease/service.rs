@@ -13,9 +13,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::actor::{Actor, Cmd};
-use super::config::{
-    DaemonLeaseSettings, INBOUND_QUEUE, LeaseServiceConfig, SERVICE_QUEUE, SharedGpuSampler,
-};
+use super::config::{INBOUND_QUEUE, LeaseServiceConfig, SERVICE_QUEUE, SharedGpuSampler};
 use super::ctx::Ctx;
 use super::error::{LeaseError, RemoteError, RentError};
 use super::extend::{self, ExtendError, ExtendRequest, Extended};
@@ -670,23 +668,17 @@ impl LeaseService {
     }
 }
 
-/// Starts the lease service of a daemon: output under `<home>/leases`, Docker if reachable
-/// (without it, leases this node provides fail to start with `StartFailed`; renting works).
+/// Starts the lease service of a daemon with `config` (the daemon's settings laid over
+/// [`LeaseServiceConfig::new`]`(<home>/leases)` by the caller): Docker if reachable (without
+/// it, leases this node provides fail to start with `StartFailed`; renting works).
 pub async fn start_for_daemon(
     node: &crate::net::Node,
     home: &std::path::Path,
+    mut config: LeaseServiceConfig,
     base_template: Option<OfferTemplate>,
     gpu_uuids: BTreeMap<Digest, String>,
     gpu_sampler: Option<SharedGpuSampler>,
-    settings: DaemonLeaseSettings,
 ) -> Result<LeaseService, LeaseError> {
-    let mut config = LeaseServiceConfig::new(home.join("leases"));
-    config.renter_grace_s = settings.renter_grace_s;
-    config.owner_idle = Duration::from_secs(settings.owner_idle_s);
-    config.owner_util_percent = settings.owner_util_percent;
-    config.log_retention = settings.log_retention;
-    config.image_cache = settings.image_cache;
-    (config.limits.isolation, config.limits.runtime) = settings.runtime;
     config.base_template = base_template;
     config.gpu_uuids = gpu_uuids;
     config.gpu_sampler = gpu_sampler;
