@@ -69,13 +69,12 @@ pub fn offer_addrs(entry: &BookEntry) -> Vec<libp2p::Multiaddr> {
         .collect()
 }
 
-/// What a renter asks for: the one rent request, built by the CLI, sent as the body of
-/// `POST /v1/leases`, and taken by [`crate::lease::LeaseService::rent`] (which fills in the
-/// rest of the terms from the offer: [`terms_for`]).
+/// What a renter asks for: the one rent request, built by the CLI and sent as the body of
+/// `POST /v1/leases`. The node fills in the rest of the terms from the offer (`terms_for`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct RentRequest {
     /// Offer id (64 hex digits), or a unique prefix of it as `gridlease search` shows: the
-    /// control API resolves a prefix; [`crate::lease::LeaseService::rent`] needs the whole id.
+    /// control API resolves a prefix; the lease service takes only the whole id.
     pub offer: String,
     /// GPUs wanted.
     pub gpus: u16,
@@ -106,8 +105,8 @@ pub struct RentRequest {
     pub keep_outputs_s: u32,
     /// Seconds the provider should hold the created container before starting the command,
     /// for the renter's uploads into `/workspace` (`rent --upload`); at most the offer's
-    /// `upload_hold_s`. The renter ends the hold sooner with
-    /// [`crate::lease::LeaseService::begin`]. 0 (default): started at once.
+    /// `upload_hold_s`. The renter ends the hold sooner with `POST /v1/leases/{id}/begin`.
+    /// 0 (default): started at once.
     #[serde(default)]
     pub upload_hold_s: u32,
     /// Seconds of use to pay ahead of the provider's reports, so the lease keeps running while
