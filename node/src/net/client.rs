@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use gridlease_contracts::book::{BookEntry, Cursor};
 use gridlease_contracts::query::Query;
-use gridlease_contracts::terms::AcceptError;
-use gridlease_protocol::{CodecError, EnvelopeError, NetworkId, NodeKey, OfferId, PeerId};
+use gridlease_protocol::{CodecError, NetworkId, NodeKey, OfferId, PeerId};
 use libp2p::Multiaddr;
 use tokio::sync::{mpsc, oneshot};
 
@@ -154,24 +153,12 @@ pub enum NegotiationError {
         /// Why.
         detail: String,
     },
-    /// The provider's answer does not verify.
-    #[error("provider's answer does not verify: {0}")]
-    BadSignature(#[from] EnvelopeError),
-    /// The acceptance does not match what was asked.
-    #[error("provider's acceptance is not valid: {0}")]
-    BadAccept(#[from] AcceptError),
-    /// A rejection for another request.
-    #[error("provider's rejection does not answer this request")]
-    BadReject,
     /// The terms could not be encoded or signed.
     #[error("cannot sign the request: {0}")]
     Codec(#[from] CodecError),
     /// The lease could not be stored.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The provider key does not map to a peer id.
-    #[error("provider key is not a valid peer id")]
-    BadProvider,
     /// The network task has stopped.
     #[error("the network task has stopped")]
     Closed,
