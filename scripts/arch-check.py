@@ -138,19 +138,25 @@ def blank_test_items(text: str) -> str:
                 break
             j += 1
         if j < len(text) and text[j] == "{":
-            depth = 0
-            while j < len(text):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
+            j = closing_brace(text, j)
         for k in range(m.start(), min(j + 1, len(text))):
             if out[k] != "\n":
                 out[k] = " "
     return "".join(out)
+
+
+def closing_brace(text: str, open_at: int) -> int:
+    """The offset of the `}` that closes the `{` at `open_at` (`len(text)` if none does)."""
+    depth, j = 0, open_at
+    while j < len(text):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+        j += 1
+    return j
 
 
 def line_of(text: str, offset: int) -> int:
@@ -257,15 +263,7 @@ class Crate:
         # Inline module scopes: (start, end, name path)
         scopes: list[tuple[int, int, tuple[str, ...]]] = []
         for m in INLINE_MOD_RE.finditer(text):
-            depth, j = 0, m.end() - 1
-            while j < len(text):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
+            j = closing_brace(text, m.end() - 1)
             scopes.append((m.start(), j, (m.group(1),)))
 
         def scope_at(off: int) -> tuple[str, ...]:
@@ -498,15 +496,7 @@ def function_spans(text: str):
             j += 1
         if j >= len(text) or text[j] != "{":
             continue
-        depth, k = 0, j
-        while k < len(text):
-            if text[k] == "{":
-                depth += 1
-            elif text[k] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            k += 1
+        k = closing_brace(text, j)
         first, last = line_of(text, m.start()), line_of(text, k)
         yield m.group(1), first, last - first + 1
 
