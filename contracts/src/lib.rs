@@ -21,6 +21,7 @@ pub mod image;
 pub mod ingest;
 pub mod lease;
 pub mod money;
+pub mod proof;
 pub mod query;
 pub mod schedule;
 pub mod statement;

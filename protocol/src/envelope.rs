@@ -53,6 +53,16 @@ pub enum MessageKind {
     Completion,
     /// The renter's signature over the same record.
     CompletionAck,
+    /// A renter's proof-of-GPU challenge (`crate::proof`).
+    ProofChallenge,
+    /// The provider's commitment to its answer.
+    ProofCommit,
+    /// The provider's openings of that commitment.
+    ProofOpening,
+    /// The renter's transcript and verdict.
+    ProofReport,
+    /// The provider's signature over a passed report.
+    ProofAck,
 }
 
 impl MessageKind {
@@ -71,6 +81,11 @@ impl MessageKind {
             Self::AmendAccept => "gridlease/v1/amend-accept",
             Self::Completion => "gridlease/v1/completion",
             Self::CompletionAck => "gridlease/v1/completion-ack",
+            Self::ProofChallenge => "gridlease/v1/proof-challenge",
+            Self::ProofCommit => "gridlease/v1/proof-commit",
+            Self::ProofOpening => "gridlease/v1/proof-opening",
+            Self::ProofReport => "gridlease/v1/proof-report",
+            Self::ProofAck => "gridlease/v1/proof-ack",
         }
     }
 }

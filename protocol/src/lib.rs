@@ -15,6 +15,7 @@ pub mod envelope;
 pub mod fixtures;
 pub mod identity;
 pub mod messages;
+pub mod proof;
 pub mod session;
 pub mod statement;
 pub mod sync;
