@@ -70,7 +70,9 @@ impl Outcome {
             | CloseReason::RenterUnreachable
             | CloseReason::ProviderUnreachable
             | CloseReason::BadReceipt
-            | CloseReason::StartFailed => Self::Failed,
+            | CloseReason::StartFailed
+            // The renter's GPU check failed: a provider fault (its proof is in the record).
+            | CloseReason::GpuCheckFailed => Self::Failed,
         }
     }
 }

@@ -83,6 +83,9 @@ pub struct Verdict {
     pub reported_due: Money,
     /// Reported but not paid: `reported_due - owed` (no renter signature backs it).
     pub unpaid: Money,
+    /// The GPU check at the lease's start, re-checked (`None`: none ran; the terms'
+    /// `verify_window_s` says whether one was asked).
+    pub gpu_check: Option<gridlease_protocol::proof::ProofVerdict>,
 }
 
 fn verified<T: WireMessage>(
@@ -288,6 +291,38 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
             Some(r)
         }
     };
+    // 6. The GPU check: every signature, every hash, the verdict recomputed; a failed check
+    // means nothing was billed (the command never started).
+    let gpu_check = match &s.proof {
+        None => None,
+        Some(record) => {
+            let v = match crate::proof::check_record(
+                record,
+                &network,
+                &terms.renter,
+                &terms.provider,
+            ) {
+                Ok(v) => v,
+                Err(e) => return fail("the GPU check", e),
+            };
+            let names_lease = record
+                .report
+                .verify(&network)
+                .is_ok_and(|r| r.message.lease_id == lease_id);
+            if !names_lease {
+                return fail("the GPU check", "it is of another lease");
+            }
+            if !v.passed()
+                && (!reports.is_empty() || receipt.as_ref().is_some_and(|r| r.total_paid > 0))
+            {
+                return fail(
+                    "the GPU check",
+                    "it failed, yet the statement bills usage: a failed check ends the lease before its command",
+                );
+            }
+            Some(v)
+        }
+    };
     let last_report = reports.last().cloned();
     let owed = receipt.as_ref().map_or(Money::ZERO, |r| {
         crate::channel::owed(Money::from_micros(r.total_paid), last_report.as_ref())
@@ -311,6 +346,7 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
         unpaid: reported_due.saturating_sub(owed),
         reported_due,
         terms: in_force,
+        gpu_check,
     })
 }
 
@@ -402,6 +438,7 @@ mod tests {
             Signed::sign(&p.renter, &p.net, &r).unwrap()
         });
         let s = Statement {
+            proof: Default::default(),
             offer: Some(signed_offer),
             request: Signed::sign(&p.renter, &p.net, &request).unwrap(),
             accept: Signed::sign(&p.provider, &p.net, &accept).unwrap(),

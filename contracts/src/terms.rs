@@ -253,6 +253,12 @@ pub fn check_request(
     if t.upload_hold_s > offer.sandbox.upload_hold_s {
         return Err(mismatch("upload_hold_s"));
     }
+    // A GPU check only where the offer has a window, and no longer.
+    if t.verify_window_s > offer.proof.window_s
+        || (t.verify_window_s > 0 && offer.proof.backend.is_none())
+    {
+        return Err(mismatch("verify_window_s"));
+    }
     if t.usage_interval_s != offer.usage_interval_s {
         return Err(mismatch("usage_interval_s"));
     }

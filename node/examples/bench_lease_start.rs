@@ -111,6 +111,7 @@ async fn main() {
         let t0 = Instant::now();
         let id = rl
             .rent(RentRequest {
+                verify: true,
                 offer: offer.to_string(),
                 gpus: 1,
                 duration_s: 10,

@@ -74,6 +74,7 @@ async fn main() {
                 .unwrap_or_else(|| own.clone());
             let now = clock::now();
             let terms = LeaseTerms {
+                verify_window_s: 0,
                 network: NetworkId::devnet(),
                 offer_id: own.id,
                 offer_seq: own.offer.seq,

@@ -127,6 +127,7 @@ async fn main() {
         };
         let id = leases
             .rent(RentRequest {
+                verify: true,
                 offer: offer.to_string(),
                 gpus: 1,
                 duration_s: args.rent_duration,

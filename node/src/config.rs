@@ -115,6 +115,11 @@ pub struct Config {
     /// GPUs are held meanwhile: one held container per renter at a time, and a renter that
     /// stops the lease before its command starts pays the minimum billed duration.
     pub upload_hold_secs: u32,
+    /// Seconds of unbilled verification window a provider grants each lease for the
+    /// renter's GPU check (proof of GPU, `docs/gpu.md`), between the container's creation
+    /// and its command; advertised in offers when the node's prover passes its self-test at
+    /// start. 0: no check offered. Default: 30.
+    pub verify_window_secs: u32,
     /// Seconds between a provider's usage reports (each answered by a payment receipt);
     /// advertised in offers. Default: 10.
     pub usage_interval_secs: u32,
@@ -215,6 +220,7 @@ impl Default for Config {
             gvisor_runtime: gridlease_sandbox::isolation::DEFAULT_GVISOR_RUNTIME.to_string(),
             output_retention_secs: 3600,
             upload_hold_secs: 300,
+            verify_window_secs: 30,
             usage_interval_secs: 10,
             lease_log_days: 7,
             lease_logs_gib: 2,
@@ -284,6 +290,10 @@ pub struct Overrides {
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_UPLOAD_HOLD_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upload_hold_secs: Option<u32>,
+    /// Seconds of unbilled verification window for renters' GPU checks (default 30; 0: none).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_VERIFY_WINDOW_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify_window_secs: Option<u32>,
     /// Seconds between this provider's usage reports (default 10; advertised).
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_USAGE_INTERVAL_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -72,6 +72,8 @@ pub const GRIDLEASE_ISOLATION: &str = "GRIDLEASE_ISOLATION";
 pub const GRIDLEASE_OUTPUT_RETENTION_SECS: &str = "GRIDLEASE_OUTPUT_RETENTION_SECS";
 /// Seconds (config key `upload_hold_secs`).
 pub const GRIDLEASE_UPLOAD_HOLD_SECS: &str = "GRIDLEASE_UPLOAD_HOLD_SECS";
+/// Seconds (config key `verify_window_secs`).
+pub const GRIDLEASE_VERIFY_WINDOW_SECS: &str = "GRIDLEASE_VERIFY_WINDOW_SECS";
 /// Docker runtime name of gVisor (config key `gvisor_runtime`).
 pub const GRIDLEASE_GVISOR_RUNTIME: &str = "GRIDLEASE_GVISOR_RUNTIME";
 /// Seconds (config key `usage_interval_secs`).

@@ -21,5 +21,6 @@ pub mod metrics;
 pub mod net;
 pub mod output;
 pub mod provider_gpus;
+pub mod provider_proof;
 pub mod renter;
 pub mod store;

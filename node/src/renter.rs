@@ -56,6 +56,11 @@ pub fn terms_for(
         output_retention_s: req.keep_outputs_s.min(o.sandbox.output_retention_s),
         upload_hold_s: req.upload_hold_s.min(o.sandbox.upload_hold_s),
         prepay_s: req.prepay_s,
+        verify_window_s: if req.verify && o.proof.backend.is_some() {
+            o.proof.window_s
+        } else {
+            0
+        },
     })
 }
 
@@ -116,6 +121,15 @@ pub struct RentRequest {
     /// the whole budget at the first report.
     #[serde(default)]
     pub prepay_s: u32,
+    /// Run the GPU check at the start, in the provider's unbilled verification window
+    /// (`docs/gpu.md`; default true; nothing to check with an offer that has no window).
+    /// `false` (`rent --no-verify`): no check; the statement says none was asked.
+    #[serde(default = "yes")]
+    pub verify: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn no_network() -> NetworkPolicy {

@@ -26,6 +26,7 @@ fn provider_config(gpus: u8, price: u64) -> NodeConfig {
 /// A rent request for `gpus` GPUs, with the nonce its terms will carry.
 fn ask(gpus: u16, nonce: u64) -> (RentRequest, u64) {
     let req = RentRequest {
+        verify: true,
         offer: String::new(),
         gpus,
         duration_s: 600,

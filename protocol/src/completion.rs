@@ -52,7 +52,9 @@ impl CompletionOutcome {
             | R::ContainerExited
             | R::BudgetExhausted
             | R::OwnerReclaimed => Self::Completed,
-            R::ProviderStop | R::ProviderUnreachable | R::StartFailed => Self::ProviderFailed,
+            R::ProviderStop | R::ProviderUnreachable | R::StartFailed | R::GpuCheckFailed => {
+                Self::ProviderFailed
+            }
             R::PaymentLagging | R::RenterUnreachable | R::BadReceipt => Self::RenterFailed,
             R::ImplausibleUsage => Self::Disputed,
         }

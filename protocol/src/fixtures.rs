@@ -43,6 +43,7 @@ pub fn gpu(i: u8) -> OfferedGpu {
 /// An offer of `gpus` GPUs at `price` micro-units per GPU-hour.
 pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
     Offer {
+        proof: Default::default(),
         provider,
         seq,
         created_at: T0,
@@ -86,6 +87,7 @@ pub fn terms(
     duration_s: u32,
 ) -> LeaseTerms {
     LeaseTerms {
+        verify_window_s: 0,
         network: NetworkId::devnet(),
         offer_id,
         offer_seq: offer.seq,

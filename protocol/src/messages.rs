@@ -379,6 +379,9 @@ pub struct Offer {
     /// or the provider's offered hours end). Such a lease closes with reason `OwnerReclaimed`
     /// and is billed to the second it stopped. `false`: a running lease runs to its end.
     pub interruptible: bool,
+    /// Proof of GPU: the unbilled verification window this provider grants, the backend that
+    /// answers, its claimed rate (`crate::proof`).
+    pub proof: crate::proof::ProofPolicy,
 }
 
 impl Shape for Offer {
@@ -489,6 +492,10 @@ pub struct LeaseTerms {
     /// renter silent past `grace_s`); [`PREPAY_ALL`] or any value of at least `duration_s`:
     /// the whole budget at the first report.
     pub prepay_s: u32,
+    /// Seconds of unbilled verification between the container's creation and its command,
+    /// in which the renter runs its GPU check (`crate::proof`); at most the offer's
+    /// `proof.window_s`. 0: no check (`rent --no-verify`, or a provider without one).
+    pub verify_window_s: u32,
 }
 
 /// [`LeaseTerms::prepay_s`] for "the whole lease": the first receipt pays `max_total`.
@@ -890,6 +897,9 @@ pub enum CloseReason {
     /// ended) and the offer said leases are interruptible (`Offer::interruptible`). Billed to
     /// the second it stopped, like any stop.
     OwnerReclaimed,
+    /// The renter's GPU check (`crate::proof`) failed in the unbilled verification window:
+    /// nothing is billed, and it is the provider's fault.
+    GpuCheckFailed,
 }
 
 /// Either side closing a lease. Idempotent: closing a closed lease changes nothing.

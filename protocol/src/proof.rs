@@ -102,9 +102,9 @@ pub struct ProofPolicy {
     pub window_s: u32,
     /// The backend that answers (`None` with `window_s` 0).
     pub backend: Option<ProofBackend>,
-    /// The challenge rate the provider claims for all its offered GPUs together, int8
-    /// multiply-accumulates per second (millions). A renter uses it only where it has no
-    /// published figure for the model (and always for `cpu-reference`).
+    /// The challenge rate the provider claims per offered GPU, int8 multiply-accumulates per
+    /// second (millions). A renter uses it only where it has no published figure for the
+    /// model (and always for `cpu-reference`).
     pub claimed_mmacs: u64,
 }
 

@@ -11,6 +11,9 @@
 //! | `Session(Extend)` (renter)     | `Extended` (stored before sent) or `ExtendRefused`      |
 //! | `Session(Telemetry)` (renter)  | `Telemetry` (at most [`MAX_TELEMETRY_SAMPLES`] samples) |
 //! | `Session(Reports)` (renter)    | `Reports` (at most [`MAX_REPORTS_PER_BATCH`] reports, then the close) |
+//! | `Session(ProofChallenge)` (renter) | `ProofCommit` or `Refused` ([`crate::proof`])       |
+//! | `Session(ProofOpen)` (renter)  | `ProofOpening` or `Refused`                             |
+//! | `Session(ProofReport)` (renter) | `ProofAck` (a pass) or `NothingDue`                    |
 //!
 //! Signed payloads inside are verified by their receiver, never by the codec.
 
@@ -45,6 +48,12 @@ pub const MAX_RESPONSE_FRAME: usize = {
     if accept > logs { accept } else { logs }
 };
 const _: () = assert!(MAX_RESPONSE_FRAME <= crate::codec::MAX_FRAME_BYTES);
+// The GPU check's openings fit a response frame.
+const _: () =
+    assert!(crate::proof::MAX_PROOF_OPENING_BYTES + ENVELOPE_OVERHEAD + 16 <= MAX_RESPONSE_FRAME);
+// Its report fits a request frame.
+const _: () =
+    assert!(crate::proof::MAX_PROOF_REPORT_BYTES + ENVELOPE_OVERHEAD + 16 <= MAX_REQUEST_FRAME);
 const _: () = assert!(crate::telemetry::MAX_TELEMETRY_BYTES + 16 <= MAX_RESPONSE_FRAME);
 // A full report batch (and its close) fits a response frame.
 const _: () = assert!(
@@ -156,6 +165,36 @@ pub enum SessionRequest {
         /// When its command started.
         started_at: Timestamp,
     },
+    /// Provider -> renter: the lease's container is created and its verification window
+    /// (`LeaseTerms::verify_window_s`, unbilled) is open until `until`; the renter runs its
+    /// GPU check ([`crate::proof`]) and then reports. Answered `NothingDue`.
+    Verifying {
+        /// The lease.
+        lease_id: LeaseId,
+        /// When the provider closes the window (and the lease, unless a check passed).
+        until: Timestamp,
+    },
+    /// Renter -> provider: an empty request, answered `NothingDue` at once: the round trip
+    /// the check subtracts from the commitment's time.
+    ProofPing {
+        /// The lease.
+        lease_id: LeaseId,
+    },
+    /// Renter -> provider: the GPU check's challenge; answered
+    /// [`SessionResponse::ProofCommit`] (or `Refused` with a reason).
+    ProofChallenge(Signed<crate::proof::ProofChallenge>),
+    /// Renter -> provider: the reveal that picks the openings; answered
+    /// [`SessionResponse::ProofOpening`].
+    ProofOpen {
+        /// The lease.
+        lease_id: LeaseId,
+        /// The secret whose hash the challenge carried.
+        reveal: [u8; 32],
+    },
+    /// Renter -> provider: the renter's signed report of the check; a pass is answered
+    /// [`SessionResponse::ProofAck`] (the provider's co-signature) and the command starts; a
+    /// failure is answered `NothingDue` and the renter closes the lease.
+    ProofReport(Signed<crate::proof::ProofReport>),
 }
 
 /// Most usage reports in one [`SessionResponse::Reports`].
@@ -202,7 +241,20 @@ impl SessionRequest {
             | Self::Started { lease_id, .. }
             | Self::Telemetry { lease_id, .. }
             | Self::Reports { lease_id, .. }
+            | Self::Verifying { lease_id, .. }
+            | Self::ProofPing { lease_id }
+            | Self::ProofOpen { lease_id, .. }
             | Self::Begin { lease_id } => Some(*lease_id),
+            Self::ProofChallenge(s) => {
+                crate::proof::ProofChallenge::decode_payload(&s.envelope().payload)
+                    .ok()
+                    .map(|c| c.lease_id)
+            }
+            Self::ProofReport(s) => {
+                crate::proof::ProofReport::decode_payload(&s.envelope().payload)
+                    .ok()
+                    .map(|r| r.lease_id)
+            }
             Self::Extend(s) => LeaseAmendment::decode_payload(&s.envelope().payload)
                 .ok()
                 .map(|a| a.lease_id),
@@ -266,6 +318,12 @@ pub enum SessionResponse {
     Reports(ReportBatch),
     /// The renter's signature over the completion record it agrees with.
     Completion(Signed<crate::completion::CompletionAck>),
+    /// The provider's commitment to the GPU check's answer.
+    ProofCommit(Signed<crate::proof::ProofCommit>),
+    /// The provider's openings of that commitment.
+    ProofOpening(Signed<crate::proof::ProofOpening>),
+    /// The provider's co-signature of a passed check.
+    ProofAck(Signed<crate::proof::ProofAck>),
 }
 
 /// Truncates a detail string to [`MAX_DETAIL`] bytes on a char boundary.

@@ -12,7 +12,9 @@
 //! every accepted amendment (the renter's proposal and the provider's acceptance), the usage
 //! reports the node kept (contiguous by sequence; the provider keeps all of its own, a renter
 //! the newest; each is cumulative, so the last carries the totals) and the last payment
-//! receipt (the renter's signature over the cumulative amount: the settlement).
+//! receipt (the renter's signature over the cumulative amount: the settlement), and the
+//! renter's GPU check at the start (`crate::proof::ProofRecord`: every signed message of it,
+//! co-signed by the provider when it passed). Layout 1 (no GPU check) is still read.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,8 +24,10 @@ use crate::messages::{
     AmendAccept, LeaseAccept, LeaseAmendment, LeaseRequest, Offer, PaymentReceipt, UsageReport,
 };
 
-/// First bytes of a statement file: "GLSTMT" and the layout version.
-pub const STATEMENT_MAGIC: [u8; 8] = *b"GLSTMT\x00\x01";
+/// First bytes of a statement file: "GLSTMT" and the layout version (2: with the GPU check).
+pub const STATEMENT_MAGIC: [u8; 8] = *b"GLSTMT\x00\x02";
+/// The first layout (no GPU check), still read.
+pub const STATEMENT_MAGIC_V1: [u8; 8] = *b"GLSTMT\x00\x01";
 
 /// Largest statement file accepted (magic included). A 30-day lease reporting every 10 s has
 /// about 260,000 reports of about 330 bytes: some 86 MB.
@@ -53,6 +57,20 @@ pub struct Statement {
     pub usage: Vec<Signed<UsageReport>>,
     /// The last payment receipt (`None`: nothing was paid).
     pub receipt: Option<Signed<PaymentReceipt>>,
+    /// The renter's GPU check at the lease's start (`None`: not run, `rent --no-verify` or a
+    /// provider without one; the terms' `verify_window_s` says which).
+    pub proof: Option<crate::proof::ProofRecord>,
+}
+
+/// The first layout, without [`Statement::proof`].
+#[derive(Deserialize)]
+struct StatementV1 {
+    offer: Option<Signed<Offer>>,
+    request: Signed<LeaseRequest>,
+    accept: Signed<LeaseAccept>,
+    amendments: Vec<SignedAmendment>,
+    usage: Vec<Signed<UsageReport>>,
+    receipt: Option<Signed<PaymentReceipt>>,
 }
 
 /// Why bytes are not a statement.
@@ -86,6 +104,18 @@ impl Statement {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, StatementFormatError> {
         if bytes.len() > MAX_STATEMENT_BYTES {
             return Err(StatementFormatError::TooLarge { len: bytes.len() });
+        }
+        if let Some(v1) = bytes.strip_prefix(&STATEMENT_MAGIC_V1[..]) {
+            let s = codec::decode::<StatementV1, { MAX_STATEMENT_BYTES - 8 }>(v1)?;
+            return Ok(Self {
+                offer: s.offer,
+                request: s.request,
+                accept: s.accept,
+                amendments: s.amendments,
+                usage: s.usage,
+                receipt: s.receipt,
+                proof: None,
+            });
         }
         let body = bytes
             .strip_prefix(&STATEMENT_MAGIC[..])

@@ -137,6 +137,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                 (per_gpu, price, d),
                 (network, image_prefixes, addrs, region),
             )| Offer {
+                proof: Default::default(),
                 provider,
                 seq,
                 created_at,
@@ -199,6 +200,7 @@ fn terms() -> impl Strategy<Value = LeaseTerms> {
                 (nonce, created_at),
             )| {
                 LeaseTerms {
+                    verify_window_s: 0,
                     network,
                     offer_id: OfferId(offer),
                     offer_seq,

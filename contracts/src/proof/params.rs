@@ -131,18 +131,18 @@ pub enum RateSource {
     Claimed,
 }
 
-/// The expected rate of the leased GPUs, multiply-accumulates per second: the published rate
-/// of each model times the expected efficiency, or, where the table lacks a model or the
-/// backend is the CPU reference, the offer's claim for `leased` of `offered` GPUs.
+/// The expected rate of the leased GPUs (one model name each), multiply-accumulates per
+/// second: the published rate of each model times the expected efficiency, or, where the
+/// table lacks a model or the backend is the CPU reference, the offer's claim per GPU
+/// (`claimed_mmacs`, millions) times the leased GPUs.
 pub fn expected_macs(
     backend: ProofBackend,
     models: &[&str],
     claimed_mmacs: u64,
-    offered: usize,
 ) -> (f64, RateSource) {
     let claimed = || {
-        let share = models.len() as f64 / offered.max(1) as f64;
-        (claimed_mmacs as f64 * 1e6 * share, RateSource::Claimed)
+        let gpus = models.len().max(1) as f64;
+        (claimed_mmacs as f64 * 1e6 * gpus, RateSource::Claimed)
     };
     if backend == ProofBackend::CpuReference || models.is_empty() {
         return claimed();

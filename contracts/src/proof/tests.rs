@@ -355,7 +355,7 @@ fn a_short_fill_is_caught_by_size_or_by_its_pages() {
 fn with_the_default_parameters_a_provider_that_computed_ninety_percent_is_caught_with_probability_one_minus_two_to_the_minus_twenty()
  {
     // The renter's parameters for a single RTX 4090 (24 GiB) and for the CPU reference.
-    let (rate, _) = params::expected_macs(ProofBackend::Cuda, &["NVIDIA GeForce RTX 4090"], 0, 1);
+    let (rate, _) = params::expected_macs(ProofBackend::Cuda, &["NVIDIA GeForce RTX 4090"], 0);
     for p in [
         params::choose(ProofBackend::Cuda, rate, 24 << 30),
         params::choose(ProofBackend::CpuReference, 4e9, 24 << 30),
@@ -432,7 +432,7 @@ fn the_renters_check_at_the_gpu_size_stays_under_a_core_second() {
     if cfg!(debug_assertions) {
         return;
     }
-    let (rate, _) = params::expected_macs(ProofBackend::Cuda, &["NVIDIA H100 80GB HBM3"], 0, 1);
+    let (rate, _) = params::expected_macs(ProofBackend::Cuda, &["NVIDIA H100 80GB HBM3"], 0);
     let p = params::choose(ProofBackend::Cuda, rate, 80 << 30);
     let start = cpu_time::ThreadTime::now();
     let b = data::b_matrix(&[1; 32], p.n);

@@ -256,6 +256,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     let provider = provider.context("cannot find the cheapest offer's provider")?;
     let burn = args.burn_secs.max(1);
     let body = RentRequest {
+        verify: true,
         offer: cheapest.id.clone(),
         gpus: 1,
         // Offers accept leases of 60 s or more; the container exits when the probe is done.

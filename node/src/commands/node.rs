@@ -232,6 +232,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let mut driver_template = None;
     let mut gpu_uuids = std::collections::BTreeMap::new();
     let mut gpu_sampler = None;
+    let mut prover = None;
     if dev.is_none() {
         match driver_gpus(home).await {
             Ok(Some((gpus, probe))) => {
@@ -287,6 +288,17 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             t.pay_ahead_s = config.pay_ahead_secs;
             t.sandbox.image_prefixes = t.images.prefixes.clone();
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
+            // Declared GPUs answer renters' GPU checks with the CPU reference, labelled so.
+            let window_s = config.verify_window_secs;
+            let ready =
+                tokio::task::spawn_blocking(move || crate::provider_proof::cpu_reference(window_s))
+                    .await
+                    .ok()
+                    .flatten();
+            if let Some(r) = ready {
+                t.proof = r.policy;
+                prover = Some(r.prover);
+            }
             if let Some(path) = &config.dev_gpu_samples {
                 gpu_sampler = Some(scripted_sampler(config.dev_gpus.as_deref(), path, &t.gpus)?);
             }
@@ -324,6 +336,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     lease_config.log_retention = config.log_retention();
     lease_config.image_cache = config.image_cache();
     (lease_config.limits.isolation, lease_config.limits.runtime) = runtime;
+    lease_config.prover = prover;
     let config = net;
     let network = h.network.clone();
 

@@ -68,6 +68,9 @@ pub struct LeaseServiceConfig {
     pub watchdog: Option<PathBuf>,
     /// How long a session waits for an answer from the other side.
     pub rpc_timeout: Duration,
+    /// Provider: what answers renters' GPU checks (`None`: the offer has no verification
+    /// window, and a lease with one fails its check).
+    pub prover: Option<super::provider::SharedProver>,
     /// Provider: how often finished leases' kept outputs are checked for removal
     /// ([`OUTPUTS_SWEEP`], 10 s, in a daemon).
     pub outputs_sweep: Duration,
@@ -124,6 +127,7 @@ impl LeaseServiceConfig {
             stop_grace: Duration::from_secs(2),
             watchdog: None,
             rpc_timeout: Duration::from_secs(10),
+            prover: None,
             outputs_sweep: OUTPUTS_SWEEP,
             log_retention: LogRetention::default(),
             logs_sweep: LOGS_SWEEP,

@@ -22,6 +22,47 @@ pub struct Faults {
     /// Provider: accept (and store, and act on) a lease's first extension but answer `Busy`,
     /// as if the answer were lost on the way.
     pub lose_first_extend_answer: bool,
+    /// Provider: cheat the renter's GPU check at the commitment (the computation cheats are
+    /// the prover's: `gridlease_sandbox::proof::Cheating`).
+    pub proof: Option<ProofCheat>,
+}
+
+/// How a faulty provider cheats the GPU check at its commitment.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProofCheat {
+    /// Answers each check with the commitment of this node's first check (another lease,
+    /// another seed).
+    Replay,
+    /// Answers as a GPU this many times slower than its work took would.
+    Slow(u32),
+}
+
+/// The replayed commitment ([`ProofCheat::Replay`]): the first one this process made.
+static FIRST_COMMIT: std::sync::Mutex<
+    Option<gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit>>,
+> = std::sync::Mutex::new(None);
+
+/// The commitment a faulty provider sends instead of `honest` (which took `work_ms`).
+pub(crate) async fn proof_commit(
+    ctx: &super::ctx::Ctx,
+    honest: gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit>,
+    work_ms: u64,
+) -> gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit> {
+    match ctx.config.faults.proof {
+        None => honest,
+        Some(ProofCheat::Slow(factor)) => {
+            let extra = work_ms.max(1) * u64::from(factor.saturating_sub(1));
+            tokio::time::sleep(Duration::from_millis(extra)).await;
+            honest
+        }
+        Some(ProofCheat::Replay) => {
+            let mut first = FIRST_COMMIT
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            first.get_or_insert(honest).clone()
+        }
+    }
 }
 
 /// Which bad receipt a faulty renter sends.

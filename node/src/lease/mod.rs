@@ -74,6 +74,7 @@ pub mod error;
 pub mod extend;
 #[cfg(feature = "faults")]
 mod faults;
+pub mod gpu_check;
 pub mod hours;
 pub mod images;
 pub mod logs;

@@ -59,6 +59,8 @@ struct Session {
     pending: Option<(LeaseAmendment, Signed<LeaseAmendment>)>,
     /// The lease's offer declared its GPUs: their usage is unknown.
     gpus_declared: bool,
+    /// The GPU check at the start (issue 44), as far as it went.
+    check: Option<super::gpu_check::GpuCheckView>,
     view: watch::Sender<LeaseView>,
 }
 
@@ -75,7 +77,8 @@ impl Session {
         let v = view::make(&self.lease, known, self.ctx.now())
             .with_failure(self.failure.as_ref())
             .with_pull(self.pull)
-            .with_hold(self.held_until);
+            .with_hold(self.held_until)
+            .with_check(self.check.clone());
         self.view.send_replace(v);
     }
 
@@ -400,6 +403,43 @@ impl Session {
                 SessionResponse::Busy
             }
         }
+    }
+
+    /// The GPU check in the provider's verification window (until `until`, its clock): run
+    /// here, before anything else; a pass lets the start go on, anything else closes the
+    /// lease unbilled ([`super::gpu_check`]).
+    async fn verify(&mut self, w: &mut Liveness, until: Timestamp) -> Flow {
+        let ctx = self.ctx.clone();
+        let (Some(peer), true) = (self.provider_peer, self.check.is_none() && !w.heard_any) else {
+            return Flow::Continue;
+        };
+        let window = std::time::Duration::from_millis(
+            until
+                .ms_since(ctx.now())
+                .min(u64::from(self.lease.terms.verify_window_s) * 1000),
+        );
+        self.check = Some(super::gpu_check::GpuCheckView::verifying());
+        self.publish();
+        let outcome = super::gpu_check::run(&ctx, peer, &self.lease.terms, window).await;
+        w.last_heard = ctx.now();
+        let (passed, reason) = match outcome {
+            Some(o) => {
+                self.check = Some(o.view);
+                (o.passed, CloseReason::GpuCheckFailed)
+            }
+            None => {
+                self.check = None;
+                (false, CloseReason::RenterStop)
+            }
+        };
+        self.publish();
+        if passed {
+            return Flow::Continue;
+        }
+        // Nothing was billed: the command never started.
+        self.send_close(reason);
+        self.settle(reason).await;
+        Flow::End
     }
 
     /// Pays for a container the provider held for our uploads and that we stopped before its
@@ -741,6 +781,10 @@ fn restore(
             .and_then(|a| ext::decode_proposal(&a.proposal))
             .map(|(s, m)| (m, s)),
         gpus_declared: rec.gpus_declared,
+        check: rec
+            .proof
+            .as_ref()
+            .and_then(super::gpu_check::GpuCheckView::of),
         view: view_tx,
     }
 }
@@ -830,8 +874,16 @@ async fn on_inbound(s: &mut Session, w: &mut Liveness, m: InboundSession) -> Flo
         | SessionRequest::Telemetry { .. }
         | SessionRequest::Reports { .. }
         | SessionRequest::Complete(_)
+        | SessionRequest::ProofPing { .. }
+        | SessionRequest::ProofChallenge(_)
+        | SessionRequest::ProofOpen { .. }
+        | SessionRequest::ProofReport(_)
         | SessionRequest::Begin { .. } => {
             let _ = reply.send(SessionResponse::UnknownLease);
+        }
+        SessionRequest::Verifying { until, .. } => {
+            let _ = reply.send(SessionResponse::NothingDue);
+            return s.verify(w, until).await;
         }
         SessionRequest::Held { until, .. } => {
             // Created and waiting for our uploads: the start allowance

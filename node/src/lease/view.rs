@@ -131,6 +131,9 @@ pub struct LeaseView {
     /// (unix ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_until: Option<u64>,
+    /// The renter's GPU check at the start (issue 44): running, passed or failed, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_check: Option<super::gpu_check::GpuCheckView>,
 }
 
 /// An image pull in progress, as the provider reported it.
@@ -203,6 +206,12 @@ impl LeaseView {
     pub fn with_hold(mut self, until: Option<Timestamp>) -> Self {
         let before_start = matches!(self.state, LeaseState::Accepted | LeaseState::Starting);
         self.upload_until = until.filter(|_| before_start).map(|t| t.0);
+        self
+    }
+
+    /// With the GPU check (if any) shown.
+    pub fn with_check(mut self, c: Option<super::gpu_check::GpuCheckView>) -> Self {
+        self.gpu_check = c;
         self
     }
 
@@ -312,6 +321,7 @@ pub(crate) fn make(lease: &Lease, k: Known<'_>, now: Timestamp) -> LeaseView {
         pull: None,
         outputs_until: outputs_until(lease),
         upload_until: None,
+        gpu_check: None,
     }
 }
 
@@ -374,6 +384,11 @@ pub(crate) fn from_store(l: &StoredLease, rec: &SessionRecord, now: Timestamp) -
         now,
     )
     .with_failure(rec.fields.failure.as_ref())
+    .with_check(
+        rec.proof
+            .as_ref()
+            .and_then(super::gpu_check::GpuCheckView::of),
+    )
 }
 
 /// One lease's statement.

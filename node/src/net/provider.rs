@@ -42,6 +42,9 @@ pub struct OfferTemplate {
     pub region: String,
     /// Whether a running lease may be stopped for the owner (`Offer::interruptible`).
     pub interruptible: bool,
+    /// Proof of GPU: the verification window, the backend and its claimed rate (none by
+    /// default; the daemon sets it when its prover passed its self-test).
+    pub proof: gridlease_protocol::proof::ProofPolicy,
 }
 
 impl OfferTemplate {
@@ -74,6 +77,7 @@ impl OfferTemplate {
             images: ImagePolicy::default(),
             region: String::new(),
             interruptible: false,
+            proof: gridlease_protocol::proof::ProofPolicy::default(),
         }
     }
 
@@ -90,6 +94,7 @@ impl OfferTemplate {
     ) -> Offer {
         let all = u16::try_from(self.gpus.len()).unwrap_or(u16::MAX);
         Offer {
+            proof: self.proof,
             provider,
             seq,
             created_at: now,

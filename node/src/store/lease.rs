@@ -72,6 +72,10 @@ pub struct SessionRecord {
     /// The offer the lease was made from (when this node kept it) declared its GPUs
     /// (`--dev-gpus`): no driver measures them, so their usage is unknown, not 0.
     pub gpus_declared: bool,
+    /// That offer (signed envelope bytes), when this node kept it.
+    pub offer: Option<Vec<u8>>,
+    /// The lease's GPU check, when one ran (issue 44).
+    pub proof: Option<gridlease_protocol::proof::ProofRecord>,
 }
 
 /// One ledger row.
@@ -108,6 +112,7 @@ pub fn reason_str(r: CloseReason) -> &'static str {
         CloseReason::BudgetExhausted => "budget_exhausted",
         CloseReason::StartFailed => "start_failed",
         CloseReason::OwnerReclaimed => "owner_reclaimed",
+        CloseReason::GpuCheckFailed => "gpu_check_failed",
     }
 }
 
@@ -126,6 +131,7 @@ pub fn parse_reason(s: &str) -> Option<CloseReason> {
         CloseReason::BudgetExhausted,
         CloseReason::StartFailed,
         CloseReason::OwnerReclaimed,
+        CloseReason::GpuCheckFailed,
     ]
     .into_iter()
     .find(|r| reason_str(*r) == s)
@@ -576,12 +582,15 @@ impl Store {
             )
             .optional()
             .map_err(&e)?;
+        let proof = self.proof(id)?;
         Ok(SessionRecord {
             fields,
             amendment,
             last_usage,
             last_receipt,
             gpus_declared: offer.as_deref().is_some_and(declares_gpus),
+            offer,
+            proof,
         })
     }
 
@@ -669,7 +678,9 @@ impl Store {
             lid,
             "receipt",
         )?;
+        let proof = self.proof(id)?;
         Ok(Some(Statement {
+            proof,
             offer,
             request: l.request,
             accept,

@@ -25,6 +25,7 @@ pub mod lease;
 mod leases;
 mod offers;
 mod peers;
+mod proofs;
 mod schema;
 mod sql;
 #[cfg(test)]

@@ -183,6 +183,21 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX completions_by_provider ON completions(provider, closed_at);
     "#,
+    // 10: the GPU check of a lease (issue 44, proof of GPU): the `ProofRecord` in the
+    // project's codec (every signed message of the check, the renter's report, the
+    // provider's co-signature of a pass), with its verdict and backend read off it. One per
+    // lease: the check at its start (a mid-lease re-check replaces it only when it passed).
+    r#"
+    CREATE TABLE lease_proofs (
+        lease_id BLOB PRIMARY KEY REFERENCES leases(lease_id),
+        provider BLOB NOT NULL,
+        passed   INTEGER NOT NULL CHECK (passed IN (0, 1)),
+        backend  TEXT NOT NULL,
+        at       INTEGER NOT NULL,
+        record   BLOB NOT NULL
+    ) STRICT;
+    CREATE INDEX lease_proofs_by_provider ON lease_proofs(provider);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -32,8 +32,14 @@ fn clean(mut c: Command) -> Command {
     // default 10 GiB reserve plus the 2 GiB log budget could leave a provider node no disk to
     // offer, and it would refuse to start. A test may set it back (`.env`, or a flag).
     c.env(DISK_RESERVE.0, DISK_RESERVE.1);
+    // Test providers offer no GPU check: its CPU-reference work, timed, would slow every
+    // rent and race the other tests for the CPU. `node/tests/gpu_check.rs` turns it on.
+    c.env(NO_GPU_CHECK.0, NO_GPU_CHECK.1);
     c
 }
+
+/// Test nodes' verification window ([`bin`]): none.
+pub const NO_GPU_CHECK: (&str, &str) = ("GRIDLEASE_VERIFY_WINDOW_SECS", "0");
 
 /// The disk reserve test nodes keep ([`bin`]), as an environment variable.
 pub const DISK_RESERVE: (&str, &str) = ("GRIDLEASE_RESERVE_DISK_GIB", "0");

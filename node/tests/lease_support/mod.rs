@@ -281,6 +281,7 @@ pub async fn closed(
 
 pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -> RentRequest {
     RentRequest {
+        verify: true,
         offer: offer.to_string(),
         gpus: 1,
         duration_s,

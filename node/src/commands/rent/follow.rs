@@ -166,6 +166,71 @@ pub(super) async fn show_pull(
     }
 }
 
+/// While the renter's GPU check runs (the provider's unbilled window): waits for its verdict
+/// and says it in one line. `Some(exit code)` when it failed: the lease was aborted before its
+/// command, nothing charged.
+pub(super) async fn show_check(
+    api: &ApiClient,
+    out: &Printer,
+    lease: &str,
+) -> anyhow::Result<Option<u8>> {
+    let limit = tokio::time::Instant::now() + Duration::from_secs(15 * 60);
+    let mut said_checking = false;
+    loop {
+        let view = api.lease(lease).await?;
+        let started = !matches!(
+            view.state,
+            gridlease_contracts::LeaseState::Accepted | gridlease_contracts::LeaseState::Starting
+        );
+        match &view.gpu_check {
+            Some(c) if c.state == "verifying" && !view.is_terminal() && !said_checking => {
+                out.note("checking the leased GPUs (unbilled)");
+                said_checking = true;
+            }
+            Some(c) if c.state == "verifying" && !view.is_terminal() => {}
+            Some(c) if c.state == "passed" => {
+                out.note(&format!(
+                    "{} in {:.2} s (limit {:.2} s); billing starts with the command",
+                    c.summary,
+                    c.took_ms.unwrap_or(0) as f64 / 1000.0,
+                    c.limit_ms.unwrap_or(0) as f64 / 1000.0
+                ));
+                return Ok(None);
+            }
+            Some(c) if c.state == "failed" => {
+                // The settled view follows the close; the charge is what it says (0).
+                let done =
+                    super::follow::wait_terminal(api, lease, Duration::from_secs(30)).await?;
+                out.status(&format!(
+                    "error: {}; the lease was aborted before its command: {} charged",
+                    c.summary,
+                    if done.paid == 0 {
+                        "nothing was".to_string()
+                    } else {
+                        format!("{} GLU", crate::output::money(done.paid))
+                    }
+                ));
+                out.emit(&done, |_| {});
+                return Ok(Some(super::EXIT_GPU_CHECK_FAILED));
+            }
+            _ if started || view.is_terminal() => return Ok(None),
+            // No check yet: the start goes on (a pull, or an offer without a check).
+            None if !said_checking => {
+                if view.state == gridlease_contracts::LeaseState::Starting && view.pull.is_none() {
+                    // The window opens right after the container is created: look again.
+                } else {
+                    return Ok(None);
+                }
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() > limit {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits (bounded) until the lease is settled, rejected or failed and returns its view (the
 /// last one seen when `limit` runs out first).
 pub async fn wait_terminal(

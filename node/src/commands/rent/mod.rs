@@ -9,7 +9,7 @@
 
 mod follow;
 
-use follow::{await_prepaid, show_pull};
+use follow::{await_prepaid, show_check, show_pull};
 pub use follow::{follow_logs, wait_terminal};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -32,6 +32,9 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 /// Exit status of a `rent` whose lease the provider accepted but could not start (the pull
 /// failed or stalled, the container could not be created): the reason is printed.
 pub const EXIT_START_FAILED: u8 = 5;
+/// Exit status of a `rent` whose GPU check failed at the start: the lease was aborted before
+/// billing; which part failed, by how much, is printed.
+pub const EXIT_GPU_CHECK_FAILED: u8 = 7;
 
 /// `rent --network`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -96,6 +99,13 @@ pub struct RentArgs {
     /// silent for the grace period.
     #[arg(long, value_name = "DURATION|all", value_parser = parse_prepay)]
     pub prepay: Option<u32>,
+    /// Skip the GPU check at the lease's start. By default the renter's node checks, in the
+    /// provider's unbilled verification window, that the leased GPUs compute what the offer
+    /// advertises (seeded int8 GEMMs, committed before the rows to check are revealed; its VRAM
+    /// filled and opened; timed): a failed check aborts the lease and nothing is charged
+    /// (`docs/gpu.md`). Skipped, the lease's statement says no check was asked.
+    #[arg(long)]
+    pub no_verify: bool,
     /// Forward a local port to a port in the container while the lease runs (repeatable):
     /// `REMOTE` or `LOCAL:REMOTE`, listening on --bind (e.g. `--forward 8888` for Jupyter).
     #[arg(long, value_name = "[LOCAL:]REMOTE", conflicts_with = "detach")]
@@ -414,6 +424,7 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         keep_outputs_s,
         upload_hold_s,
         prepay_s: args.prepay.unwrap_or(0),
+        verify: !args.no_verify,
     };
     if let (Some(prepay_s), Some(o)) = (args.prepay, &offer) {
         let price = o
@@ -491,6 +502,9 @@ async fn foreground(
     let uploads = !args.upload.is_empty();
     fg.drive(show_pull(api, out, &rented.lease_id, uploads))
         .await??;
+    if let Some(code) = fg.drive(show_check(api, out, &rented.lease_id)).await?? {
+        return Ok(code);
+    }
     if uploads {
         match fg
             .drive(upload_inputs(api, out, &rented.lease_id, &args.upload))

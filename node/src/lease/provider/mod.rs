@@ -12,12 +12,15 @@
 //! node dies; the two share one SIGTERM claim.
 //!
 //! Files: this one holds the session's state and [`run`] (and [`serve_reports`]); `start`
-//! starts the container, `meter` meters the run up to its final report, `finish` closes,
+//! starts the container (with `verify`, the renter's GPU check in the unbilled window), `meter` meters the run up to its final report, `finish` closes,
 //! settles and removes the container.
 
 mod finish;
 mod meter;
 mod start;
+mod verify;
+
+pub use verify::SharedProver;
 
 use std::sync::Arc;
 

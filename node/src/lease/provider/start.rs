@@ -239,7 +239,7 @@ async fn create_container(
     Ok(id)
 }
 
-/// The created container's upload hold, its start, its output's writer and `Running` stored
+/// The created container's verification window and upload hold, its start, its output's writer and `Running` stored
 /// (the lease clock's zero); the container is removed if any of it fails.
 async fn run_container(
     s: &mut Session,
@@ -249,6 +249,11 @@ async fn run_container(
 ) -> Result<(), Halt> {
     let ctx = s.ctx.clone();
     let terms = s.lease.terms.clone();
+    // The renter's GPU check (unbilled), then its uploads (unbilled), then the command.
+    if let Err(halt) = super::verify::window(s, inbox).await {
+        remove_container(s).await;
+        return Err(halt);
+    }
     if let Err(halt) = hold(s, inbox).await {
         remove_container(s).await;
         return Err(halt);
@@ -459,7 +464,7 @@ async fn create_workspace(
 }
 
 /// Real NVML UUIDs of the lease's GPUs (none for declared dev GPUs).
-fn leased_uuids(ctx: &Ctx, gpus: &[gridlease_protocol::Digest]) -> Vec<String> {
+pub(super) fn leased_uuids(ctx: &Ctx, gpus: &[gridlease_protocol::Digest]) -> Vec<String> {
     gpus.iter()
         .filter_map(|d| ctx.config.gpu_uuids.get(d).cloned())
         .collect()
