@@ -86,6 +86,8 @@ pub struct Verdict {
     /// The GPU check at the lease's start, re-checked (`None`: none ran; the terms'
     /// `verify_window_s` says whether one was asked).
     pub gpu_check: Option<gridlease_protocol::proof::ProofVerdict>,
+    /// The backend the check ran on (what its challenge named).
+    pub gpu_backend: Option<gridlease_protocol::proof::ProofBackend>,
 }
 
 fn verified<T: WireMessage>(
@@ -323,6 +325,10 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
             Some(v)
         }
     };
+    let gpu_backend = s
+        .proof
+        .as_ref()
+        .and_then(|r| r.challenge.verify(&network).ok().map(|c| c.message.backend));
     let last_report = reports.last().cloned();
     let owed = receipt.as_ref().map_or(Money::ZERO, |r| {
         crate::channel::owed(Money::from_micros(r.total_paid), last_report.as_ref())
@@ -347,6 +353,7 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
         reported_due,
         terms: in_force,
         gpu_check,
+        gpu_backend,
     })
 }
 

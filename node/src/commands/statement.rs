@@ -77,6 +77,12 @@ pub struct VerdictView {
     pub unpaid: String,
     /// The last receipt's sequence number.
     pub receipt_seq: Option<u64>,
+    /// The GPU check at the start, re-checked: `passed`, `failed` or `none`.
+    pub gpu_check: &'static str,
+    /// The check in one sentence (what passed, or which part failed).
+    pub gpu_check_summary: String,
+    /// Seconds of unbilled verification the terms asked for (0: the renter skipped the check).
+    pub verify_window_s: u32,
     /// The money unit.
     pub unit: &'static str,
 }
@@ -105,6 +111,19 @@ impl VerdictView {
             reported_due: v.reported_due.to_string(),
             unpaid: v.unpaid.to_string(),
             receipt_seq: v.receipt.as_ref().map(|r| r.seq),
+            gpu_check: match &v.gpu_check {
+                Some(c) if c.passed() => "passed",
+                Some(_) => "failed",
+                None => "none",
+            },
+            gpu_check_summary: match (&v.gpu_check, v.terms.verify_window_s) {
+                (Some(c), _) => gridlease_contracts::proof::explain(c, backend_of(v)),
+                (None, 0) => {
+                    "no GPU check: the renter skipped it (--no-verify) or the offer had none".into()
+                }
+                (None, _) => "no GPU check kept in this statement".into(),
+            },
+            verify_window_s: v.terms.verify_window_s,
             unit: UNIT,
         }
     }
@@ -146,7 +165,14 @@ impl VerdictView {
             self.reported_due,
             self.unpaid
         ));
+        p.line(&self.gpu_check_summary);
     }
+}
+
+/// The backend a verdict's check ran on, from the terms' offer when kept (for the sentence).
+fn backend_of(v: &Verdict) -> gridlease_protocol::proof::ProofBackend {
+    v.gpu_backend
+        .unwrap_or(gridlease_protocol::proof::ProofBackend::Cuda)
 }
 
 fn money_of(micros: u64) -> String {

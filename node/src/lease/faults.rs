@@ -34,7 +34,8 @@ pub enum ProofCheat {
     /// Answers each check with the commitment of this node's first check (another lease,
     /// another seed).
     Replay,
-    /// Answers as a GPU this many times slower than its work took would.
+    /// Answers as a GPU this many times slower than the offer's rate allows would: no sooner
+    /// than this many times the challenge's expected time at that rate.
     Slow(u32),
 }
 
@@ -43,17 +44,19 @@ static FIRST_COMMIT: std::sync::Mutex<
     Option<gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit>>,
 > = std::sync::Mutex::new(None);
 
-/// The commitment a faulty provider sends instead of `honest` (which took `work_ms`).
+/// The commitment a faulty provider sends instead of `honest` (whose work took `work_ms`,
+/// where the offer's rate allows `expected_ms`).
 pub(crate) async fn proof_commit(
     ctx: &super::ctx::Ctx,
     honest: gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit>,
     work_ms: u64,
+    expected_ms: u64,
 ) -> gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit> {
     match ctx.config.faults.proof {
         None => honest,
         Some(ProofCheat::Slow(factor)) => {
-            let extra = work_ms.max(1) * u64::from(factor.saturating_sub(1));
-            tokio::time::sleep(Duration::from_millis(extra)).await;
+            let total = expected_ms.saturating_mul(u64::from(factor));
+            tokio::time::sleep(Duration::from_millis(total.saturating_sub(work_ms))).await;
             honest
         }
         Some(ProofCheat::Replay) => {

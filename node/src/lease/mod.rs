@@ -102,7 +102,7 @@ pub(crate) use ctx::Ctx;
 pub use error::{LeaseError, RemoteError, RentError, SessionRpcError};
 pub use extend::{ExtendError, ExtendFailure, ExtendRequest, Extended};
 #[cfg(feature = "faults")]
-pub use faults::{BadReceipt, Faults};
+pub use faults::{BadReceipt, Faults, ProofCheat};
 pub use negotiate::{NegotiateError, NegotiationOutcome, negotiate, negotiate_signed};
 pub use service::{LeaseService, start_for_daemon};
 pub use session::{InboundSession, SessionReply};

@@ -594,6 +594,18 @@ impl LeaseService {
         completion::list(&self.ctx, limit).await
     }
 
+    /// The GPU checks of `provider`'s leases this node kept (issue 44): passed and failed.
+    pub async fn gpu_checks(
+        &self,
+        provider: gridlease_protocol::PublicKey,
+    ) -> Result<crate::store::CheckCounts, LeaseError> {
+        Ok(self
+            .ctx
+            .store
+            .call(move |s| s.proof_counts(&provider))
+            .await?)
+    }
+
     /// The ledger: statements per lease and counterparty, totals earned and spent.
     pub async fn ledger(&self) -> Result<Ledger, LeaseError> {
         let rows = self.ctx.store.call(|s| s.ledger_rows()).await?;

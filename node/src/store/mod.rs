@@ -26,6 +26,7 @@ mod leases;
 mod offers;
 mod peers;
 mod proofs;
+pub use proofs::CheckCounts;
 mod schema;
 mod sql;
 #[cfg(test)]

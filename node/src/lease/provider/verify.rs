@@ -196,7 +196,8 @@ async fn challenge(
     };
     #[cfg(feature = "faults")]
     {
-        sc = crate::lease::faults::proof_commit(&ctx, sc, computed.work_ms).await;
+        let expected_ms = (params::work_macs(&c.params) as f64 / own_rate * 1000.0) as u64;
+        sc = crate::lease::faults::proof_commit(&ctx, sc, computed.work_ms, expected_ms).await;
     }
     tracing::info!(work_ms = computed.work_ms, "GPU check committed");
     check.challenge = Some((signed, c));
