@@ -41,21 +41,26 @@ pub fn b_matrix(seed: &[u8; 32], n: u32) -> Vec<i8> {
     as_i8(out)
 }
 
-/// Row `row` of `A_gemm` into `out` (n entries).
+/// Row `row` of `A_gemm` into `out` (n entries). Allocates nothing: the prover calls it for
+/// every row.
 pub fn a_row(seed: &[u8; 32], n: u32, gemm: u32, row: u32, out: &mut [i8]) {
-    let mut bytes = vec![0u8; out.len()];
-    xof(
-        seed,
-        &[
-            b"gl-proof-v1/A",
-            &n.to_le_bytes(),
-            &gemm.to_le_bytes(),
-            &row.to_le_bytes(),
-        ],
-        &mut bytes,
-    );
-    for (o, b) in out.iter_mut().zip(bytes) {
-        *o = b as i8;
+    let mut h = blake3::Hasher::new_keyed(seed);
+    for p in [
+        &b"gl-proof-v1/A"[..],
+        &n.to_le_bytes(),
+        &gemm.to_le_bytes(),
+        &row.to_le_bytes(),
+    ] {
+        h.update(p);
+    }
+    let mut xof = h.finalize_xof();
+    let mut buf = [0u8; 256];
+    for run in out.chunks_mut(buf.len()) {
+        let bytes = &mut buf[..run.len()];
+        xof.fill(bytes);
+        for (o, &b) in run.iter_mut().zip(bytes.iter()) {
+            *o = b as i8;
+        }
     }
 }
 
@@ -213,6 +218,25 @@ mod tests {
                 c.iter()
                     .all(|&s| s == n as i32 * i32::from(x) * i32::from(y))
             );
+        }
+    }
+
+    #[test]
+    fn a_row_is_the_xof_stream() {
+        // a_row reads the XOF through a small buffer; the bytes are the stream's.
+        let seed = [4u8; 32];
+        for n in [64u32, 300, 4096] {
+            let mut want = vec![0u8; n as usize];
+            let parts: [&[u8]; 4] = [
+                b"gl-proof-v1/A",
+                &n.to_le_bytes(),
+                &7u32.to_le_bytes(),
+                &9u32.to_le_bytes(),
+            ];
+            xof(&seed, &parts, &mut want);
+            let mut got = vec![0i8; n as usize];
+            a_row(&seed, n, 7, 9, &mut got);
+            assert_eq!(as_i8(want), got, "n = {n}");
         }
     }
 
