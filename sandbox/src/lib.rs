@@ -27,6 +27,7 @@ pub mod images;
 pub mod isolation;
 pub mod meter;
 pub mod probe_image;
+pub mod proof;
 pub mod runtime;
 pub mod seccomp;
 pub mod spec;
