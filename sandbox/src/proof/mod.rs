@@ -12,6 +12,7 @@
 //! machine without CUDA, or touch GPUs other than the ones it is given.
 
 pub mod cpu;
+pub mod cuda;
 #[cfg(feature = "faults")]
 pub mod faults;
 
@@ -20,6 +21,7 @@ use gridlease_contracts::proof::params::{self, Inadmissible};
 use gridlease_protocol::proof::{ProofBackend, ProofChallenge, ProofParams};
 
 pub use cpu::CpuReference;
+pub use cuda::Cuda;
 
 /// Most leaves (GEMM rows of all GEMMs, and pages) a prover builds trees over: a bound of its
 /// own on top of `params::admit`'s, so the host memory of the leaves and trees (64 bytes a
