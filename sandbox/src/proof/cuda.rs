@@ -716,18 +716,30 @@ impl Device {
         let s = &self.stream;
         let count = pages.end - pages.start;
         let asked = count * u64::from(page_bytes);
+        // The hashing buffers first: the fill takes what is left.
+        let nchunks = chunks(PAGE_PREFIX + u64::from(page_bytes));
+        let batch = (BATCH_BYTES / (nchunks * 32 + 32)).clamp(1, count);
+        let mut cvs = s
+            .alloc_zeros::<u32>((batch * nchunks * 8) as usize)
+            .map_err(self.drv("alloc_cvs"))?;
+        let mut leaves = s
+            .alloc_zeros::<u32>((batch * 8) as usize)
+            .map_err(self.drv("alloc_leaves"))?;
+        // Freed buffers (the GEMMs') go back to the driver at a synchronisation.
+        s.synchronize().map_err(self.drv("synchronize"))?;
         let (free, _) = self.ctx.mem_get_info().map_err(self.drv("mem_get_info"))?;
-        let short = |free: u64| ProverError::VramAlloc {
+        let free = free as u64;
+        let short = || ProverError::VramAlloc {
             asked,
             free,
             device: self.label.clone(),
         };
-        if asked > free as u64 {
-            return Err(short(free as u64));
+        if asked > free {
+            return Err(short());
         }
         let mut fill = s.alloc_zeros::<u8>(asked as usize).map_err(|e| {
             if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                short(free as u64)
+                short()
             } else {
                 self.drv("alloc_fill")(e)
             }
@@ -746,14 +758,6 @@ impl Device {
                 .launch(launch_for(items))
         }
         .map_err(self.drv("gen_pages"))?;
-        let nchunks = chunks(PAGE_PREFIX + u64::from(page_bytes));
-        let batch = (BATCH_BYTES / (nchunks * 32 + 32)).clamp(1, count);
-        let mut cvs = s
-            .alloc_zeros::<u32>((batch * nchunks * 8) as usize)
-            .map_err(self.drv("alloc_cvs"))?;
-        let mut leaves = s
-            .alloc_zeros::<u32>((batch * 8) as usize)
-            .map_err(self.drv("alloc_leaves"))?;
         let mut words = vec![0u32; (batch * 8) as usize];
         let mut out = Vec::with_capacity(count as usize);
         let mut first = 0u64;
