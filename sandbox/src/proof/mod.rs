@@ -15,6 +15,7 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "faults")]
 pub mod faults;
+pub mod selfcheck;
 
 use gridlease_contracts::proof::merkle::Tree;
 use gridlease_contracts::proof::params::{self, Inadmissible};
@@ -152,6 +153,12 @@ pub enum ProverError {
         got: u64,
         /// Leaves asked.
         want: u64,
+    },
+    /// A message of the self-check could not be encoded (`selfcheck`).
+    #[error("the self-check's messages could not be encoded: {detail}")]
+    Encode {
+        /// The codec's error.
+        detail: String,
     },
     /// A worker panicked (caught).
     #[error("the prover panicked: {detail}")]
