@@ -59,7 +59,10 @@ impl Prover for CpuReference {
         })?;
         drop(b);
         let gemm_trees = gemm_trees(leaves, p.rows)?;
-        let vram_tree = Tree::new(fill_leaves(c, pages, threads, |_| true)?);
+        let (page_leaves, fill) = fill_leaves(c, pages, threads, |_| true)?;
+        let vram_tree = Tree::new(page_leaves);
+        drop(fill); // Held until the tree is built.
+
         Ok(Computed {
             gemm_trees,
             vram_tree,
@@ -152,13 +155,14 @@ pub(crate) fn row_leaves(
 }
 
 /// The VRAM fill in host memory: `pages` pages, each generated (`seeded(page)`) or left zero
-/// (a cheat's), then every page's leaf. The fill is held until the last leaf is hashed.
+/// (a cheat's), then every page's leaf. Returns the leaves and the fill, for the caller to hold
+/// until its tree is built.
 pub(crate) fn fill_leaves(
     c: &ProofChallenge,
     pages: u64,
     threads: usize,
     seeded: impl Fn(u64) -> bool + Sync,
-) -> Result<Vec<Digest>, ProverError> {
+) -> Result<(Vec<Digest>, Vec<u8>), ProverError> {
     let p = &c.params;
     let page_bytes = p.page_bytes as usize;
     let len = usize::try_from(p.vram_bytes).map_err(|_| ProverError::HostAlloc {
@@ -194,13 +198,13 @@ pub(crate) fn fill_leaves(
             .try_for_each(|w| w.join().map_err(|p| panic_detail(&*p)))
     })
     .map_err(|detail| ProverError::Panicked { detail })?;
-    let fill = &fill;
-    par_leaves(
+    let leaves = par_leaves(
         pages as usize,
         threads,
         || (),
         |_, i| data::page_leaf(i as u64, &fill[i * page_bytes..(i + 1) * page_bytes]),
-    )
+    )?;
+    Ok((leaves, fill))
 }
 
 /// `count` leaves, `leaf(scratch, i)` for each, in contiguous runs across `threads` threads,

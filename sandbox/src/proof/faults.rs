@@ -77,7 +77,7 @@ impl<P: Prover> Prover for Cheating<P> {
         let p = &c.params;
         // Sizes as any prover checks them (no cap of its own on the fill).
         let pages = check_sizes(p, u64::MAX)?;
-        let honest_fill = || fill_leaves(c, pages, THREADS, |_| true).map(Tree::new);
+        let honest_fill = || fill_leaves(c, pages, THREADS, |_| true).map(|(l, _)| Tree::new(l));
         let mut out = match self.cheat {
             Cheat::RandomOutput => {
                 let leaves = row_leaves(c, THREADS, |_, g, r| random_leaf(&c.seed, g, r))?;
@@ -127,7 +127,8 @@ impl<P: Prover> Prover for Cheating<P> {
             Cheat::FakeFill { permille } => {
                 let mut honest = self.inner.compute(c, devices)?;
                 let seeded = share(pages, permille);
-                honest.vram_tree = Tree::new(fill_leaves(c, pages, THREADS, |page| page < seeded)?);
+                honest.vram_tree =
+                    Tree::new(fill_leaves(c, pages, THREADS, |page| page < seeded)?.0);
                 honest.vram_bytes = p.vram_bytes;
                 honest
             }
