@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with an NVIDIA GPU, build and run gridlease's GPU inventory (NVML)
-# and benchmark (cudarc/cuBLAS), and - if PyTorch is importable - the same GEMMs in PyTorch
-# for comparison. Prints one JSON object on stdout:
+# GPU check: on a machine with an NVIDIA GPU, build and run gridlease's GPU inventory (NVML),
+# benchmark (cudarc/cuBLAS) and proof-of-GPU challenge (the CUDA prover, checked by the
+# contracts' rules on the CPU), and - if PyTorch is importable - the same GEMMs in PyTorch for
+# comparison. Prints one JSON object on stdout:
 #
-#   {"inventory": [...], "benchmark": {...}, "torch": {...} | null, "ratio": {...} | null}
+#   {"inventory": [...], "benchmark": {...}, "challenge": {...} | null, "torch": {...} | null,
+#    "ratio": {...} | null}
 #
 # Usage: scripts/gpu-check.sh [--device D] [--n N] [--repeats R]
-# Exit code: 0 on success, 2 when there is no GPU / no CUDA (the message is on stderr).
+# Exit code: 0 on success, 2 when there is no GPU / no CUDA (the message is on stderr), 1 when
+# the challenge did not pass (its JSON says why).
 # See docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,12 +26,22 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# CUDA numbers devices as NVML does (by PCI bus), so --device D is the inventory's entry D.
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
+
 echo "building gridlease-gpu-bench (release)..." >&2
 cargo build --release --locked -q -p gridlease-sandbox --bin gridlease-gpu-bench >&2
 bin=target/release/gridlease-gpu-bench
 
 inventory=$("$bin" inventory)
 benchmark=$("$bin" bench --device "$device" --n "$n" --repeats "$repeats")
+
+# The proof-of-GPU challenge on the same GPU, named by its UUID (sandbox/src/proof/cuda.rs).
+uuid=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])[int(sys.argv[2])]["uuid"])' "$inventory" "$device")
+echo "running the proof-of-GPU challenge on $uuid..." >&2
+challenge_rc=0
+challenge=$("$bin" challenge --gpus "$uuid") || challenge_rc=$?
+[ -n "$challenge" ] || challenge=null
 
 torch=null
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -75,11 +88,15 @@ else
   echo "PyTorch with CUDA not importable; skipping the comparison" >&2
 fi
 
-python3 - "$inventory" "$benchmark" "$torch" <<'PY' 2>/dev/null || printf '{"inventory": %s, "benchmark": %s, "torch": %s, "ratio": null}\n' "$inventory" "$benchmark" "$torch"
+python3 - "$inventory" "$benchmark" "$challenge" "$torch" <<'PY' 2>/dev/null || printf '{"inventory": %s, "benchmark": %s, "challenge": %s, "torch": %s, "ratio": null}\n' "$inventory" "$benchmark" "$challenge" "$torch"
 import json, sys
-inv, bench, torch = (json.loads(a) for a in sys.argv[1:4])
+inv, bench, challenge, torch = (json.loads(a) for a in sys.argv[1:5])
 ratio = None
 if torch:
     ratio = {k: round(bench[k] / torch[k], 3) for k in ("fp32_gflops", "fp16_gflops") if torch.get(k)}
-print(json.dumps({"inventory": inv, "benchmark": bench, "torch": torch, "ratio": ratio}, indent=2))
+print(json.dumps({"inventory": inv, "benchmark": bench, "challenge": challenge, "torch": torch, "ratio": ratio}, indent=2))
 PY
+if [ "$challenge_rc" -ne 0 ]; then
+  echo "the proof-of-GPU challenge did not pass (exit $challenge_rc)" >&2
+  exit 1
+fi

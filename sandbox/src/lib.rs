@@ -5,8 +5,9 @@
 //! ([`seccomp`]) and a disk-backed, size-limited `/workspace` ([`workspace`]), fencing `egress`
 //! tenants off the provider's LAN and host with host firewall rules ([`firewall`]), reading what
 //! the host has to give ([`host`]), metering what a container uses ([`meter`]), building the
-//! registry-free probe image used by tests ([`probe_image`]), and describing and benchmarking
-//! the provider's GPUs ([`gpu`], [`bench`](mod@bench)).
+//! registry-free probe image used by tests ([`probe_image`]), describing and benchmarking
+//! the provider's GPUs ([`gpu`], [`bench`](mod@bench)), and computing a renter's proof-of-GPU
+//! challenge on them ([`proof`]).
 //!
 //! What it must never do: give a tenant container privileges, host namespaces, host paths or
 //! the Docker socket (its only mounts are the lease's own volumes: `/tmp` and the workspace);

@@ -82,3 +82,24 @@ fn isolated_benchmark_binary_exits_non_zero_with_message() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("no NVIDIA GPU found"));
     }
 }
+
+#[test]
+fn the_challenge_subcommand_fails_with_one_line_without_cuda() {
+    // With CUDA it runs the whole proof of GPU; here, on a GPU machine, it must pass.
+    let bin = Path::new(env!("CARGO_BIN_EXE_gridlease-gpu-bench"));
+    let out = std::process::Command::new(bin)
+        .arg("challenge")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if gridlease_sandbox::proof::cuda::check_libraries().is_ok() {
+        assert!(out.status.success(), "{stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["passed"], true, "{report}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: CUDA unavailable: "), "{stderr}");
+}

@@ -1,88 +1,236 @@
-//! Proof of GPU, the provider's side: the provers that answer a renter's challenge
-//! (`gridlease_contracts::proof`). TEMPORARY minimal version (replaced by the full one).
+//! Proof of GPU (issue 44), the provider's side: the [`Prover`] that computes a renter's
+//! challenge (its K int8 GEMMs and its VRAM fill, every row and page hashed into the leaves of
+//! Merkle trees), on the leased GPUs ([`Cuda`]) or on the CPU ([`CpuReference`], for
+//! `--dev-gpus` providers; never presented as a GPU).
+//!
+//! The rules (the seeded data, the leaves, the trees, the sizes) are
+//! `gridlease_contracts::proof`; a prover must give exactly the leaves `proof::data` defines,
+//! and the tests here hold every backend to the contracts' own `check`.
+//!
+//! What a prover must never do: allocate beyond what the challenge's parameters ask once they
+//! passed `params::admit`'s bounds ([`check_sizes`] runs first), panic on a bad challenge or a
+//! machine without CUDA, or touch GPUs other than the ones it is given.
 
-use gridlease_contracts::proof::{data, merkle::Tree};
-use gridlease_protocol::proof::{ProofBackend, ProofChallenge};
+pub mod cpu;
+pub mod cuda;
+#[cfg(feature = "faults")]
+pub mod faults;
+pub mod selfcheck;
 
-/// What a prover computed: one tree per GEMM, the fill's tree.
+use gridlease_contracts::proof::merkle::Tree;
+use gridlease_contracts::proof::params::{self, Inadmissible};
+use gridlease_protocol::proof::{ProofBackend, ProofChallenge, ProofParams};
+
+pub use cpu::CpuReference;
+pub use cuda::Cuda;
+
+/// Most leaves (GEMM rows of all GEMMs, and pages) a prover builds trees over: a bound of its
+/// own on top of `params::admit`'s, so the host memory of the leaves and trees (64 bytes a
+/// leaf, about) stays under 2 GiB whatever a renter asks. The renter's own sizes
+/// (`params::choose`) stay far below it: about 60 000 rows and 130 000 pages for eight H200s.
+pub const MAX_LEAVES: u64 = 1 << 25;
+
+/// What a prover computed for one challenge: the trees the provider commits to and opens.
+#[derive(Clone, Debug)]
 pub struct Computed {
-    /// One tree per GEMM output, in order.
+    /// One tree per GEMM, in order, over the leaves of its output's rows.
     pub gemm_trees: Vec<Tree>,
-    /// The fill's tree.
+    /// The tree over the leaves of the VRAM fill's pages.
     pub vram_tree: Tree,
-    /// Bytes filled.
+    /// Bytes filled (what the commitment states).
     pub vram_bytes: u64,
-    /// Milliseconds of work.
+    /// The prover's own measurement of the work, milliseconds (the commitment's `work_ms`).
     pub work_ms: u64,
-    /// A note.
+    /// Free text for the commitment's note (at most `MAX_PROOF_TEXT` bytes).
     pub note: String,
 }
 
-/// Why a prover could not answer.
-#[derive(Debug, thiserror::Error)]
-pub enum ProverError {
-    /// Anything.
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// A prover.
+/// Computes challenges. Blocking calls: the node runs them in `spawn_blocking`.
 pub trait Prover: Send + Sync + 'static {
-    /// Its backend.
+    /// The backend this prover is, as commitments name it.
     fn backend(&self) -> ProofBackend;
-    /// Computes a challenge.
+
+    /// Runs the challenge's K GEMMs (`C_i = A_i B`, every row hashed into leaves, one Merkle
+    /// tree per GEMM) and the VRAM fill (`params.vram_bytes` in pages of `params.page_bytes`,
+    /// each page's leaf, one tree) on `devices` (NVML UUIDs of the leased GPUs; empty for the
+    /// CPU reference). Holds the fill allocated until the trees are built. Gives exactly the
+    /// leaves `gridlease_contracts::proof::data` defines.
     fn compute(&self, c: &ProofChallenge, devices: &[String]) -> Result<Computed, ProverError>;
-    /// Multiply-accumulates per second.
+
+    /// Multiply-accumulates per second this prover reaches on `devices` (a short measurement,
+    /// under a second), for the offer's claimed rate.
     fn measure(&self, devices: &[String]) -> Result<f64, ProverError>;
 }
 
-/// The CPU reference.
-pub struct CpuReference {
-    /// Threads.
-    pub threads: usize,
+/// Why a prover did not compute a challenge.
+#[derive(Debug, thiserror::Error)]
+pub enum ProverError {
+    /// The challenge's sizes are outside `params::admit`'s bounds.
+    #[error("the challenge's sizes are refused: {0}")]
+    Params(#[from] Inadmissible),
+    /// More leaves than [`MAX_LEAVES`].
+    #[error("the challenge has {leaves} leaves (rows and pages), this prover builds at most {max}")]
+    TooManyLeaves {
+        /// Rows of all GEMMs plus pages.
+        leaves: u64,
+        /// [`MAX_LEAVES`].
+        max: u64,
+    },
+    /// The fill does not fit in what the device (or the host) has free.
+    #[error(
+        "cannot allocate the VRAM fill: {:.1} GiB asked, {:.1} GiB free{}",
+        gib(*asked),
+        gib(*free),
+        on_device(device)
+    )]
+    VramAlloc {
+        /// Bytes asked (this device's share of the fill).
+        asked: u64,
+        /// Bytes free when asked.
+        free: u64,
+        /// The device (empty for the host).
+        device: String,
+    },
+    /// A host buffer could not be allocated.
+    #[error("cannot allocate {what} in host memory: {bytes} bytes")]
+    HostAlloc {
+        /// What it was for.
+        what: &'static str,
+        /// Its size.
+        bytes: u64,
+    },
+    /// No CUDA driver, library or device.
+    #[error("CUDA unavailable: {detail}")]
+    CudaUnavailable {
+        /// What is missing.
+        detail: String,
+    },
+    /// The CUDA prover was given no GPU.
+    #[error("no GPU named: the CUDA prover computes on the leased GPUs' UUIDs")]
+    NoDevices,
+    /// A UUID that no CUDA device has.
+    #[error("no CUDA device has UUID {uuid}")]
+    UnknownDevice {
+        /// The UUID asked for.
+        uuid: String,
+    },
+    /// A UUID named twice.
+    #[error("GPU {uuid} is named twice")]
+    DuplicateDevice {
+        /// The UUID.
+        uuid: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("cuda {op} failed on {device}: {detail}")]
+    Driver {
+        /// Which call.
+        op: &'static str,
+        /// The device.
+        device: String,
+        /// The driver's error.
+        detail: String,
+    },
+    /// A cuBLAS call failed.
+    #[error("cublas {op} failed on {device}: {detail}")]
+    Cublas {
+        /// Which call.
+        op: &'static str,
+        /// The device.
+        device: String,
+        /// The error.
+        detail: String,
+    },
+    /// NVRTC did not compile the kernels.
+    #[error("the proof kernels did not compile: {detail}")]
+    Compile {
+        /// NVRTC's log.
+        detail: String,
+    },
+    /// The device's results do not have the shape asked (a driver or kernel fault).
+    #[error("the device returned {got} leaves for {want}")]
+    ShortResult {
+        /// Leaves returned.
+        got: u64,
+        /// Leaves asked.
+        want: u64,
+    },
+    /// A message of the self-check could not be encoded (`selfcheck`).
+    #[error("the self-check's messages could not be encoded: {detail}")]
+    Encode {
+        /// The codec's error.
+        detail: String,
+    },
+    /// A worker panicked (caught).
+    #[error("the prover panicked: {detail}")]
+    Panicked {
+        /// The panic message.
+        detail: String,
+    },
 }
 
-impl Prover for CpuReference {
-    fn backend(&self) -> ProofBackend {
-        ProofBackend::CpuReference
-    }
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
+}
 
-    fn compute(&self, c: &ProofChallenge, _devices: &[String]) -> Result<Computed, ProverError> {
-        let start = std::time::Instant::now();
-        let p = &c.params;
-        let b = data::b_matrix(&c.seed, p.n);
-        let gemm_trees = (0..p.gemms)
-            .map(|g| {
-                Tree::new(
-                    (0..p.rows)
-                        .map(|r| data::true_row_leaf(&c.seed, p.n, &b, g, r))
-                        .collect(),
-                )
-            })
-            .collect();
-        let pages = p.vram_bytes / u64::from(p.page_bytes);
-        let vram_tree = Tree::new(
-            (0..pages)
-                .map(|pg| data::true_page_leaf(&c.seed, p.page_bytes, pg))
-                .collect(),
-        );
-        Ok(Computed {
-            gemm_trees,
-            vram_tree,
-            vram_bytes: p.vram_bytes,
-            work_ms: start.elapsed().as_millis() as u64,
-            note: "cpu-reference: not a GPU".into(),
-        })
-    }
-
-    fn measure(&self, _devices: &[String]) -> Result<f64, ProverError> {
-        let n = 1024u32;
-        let b = data::b_matrix(&[0; 32], n);
-        let start = std::time::Instant::now();
-        let rows = 32;
-        for r in 0..rows {
-            let _ = data::true_row_leaf(&[0; 32], n, &b, 0, r);
-        }
-        Ok(f64::from(rows) * f64::from(n) * f64::from(n) / start.elapsed().as_secs_f64().max(1e-6))
+fn on_device(device: &str) -> String {
+    if device.is_empty() {
+        String::new()
+    } else {
+        format!(" on {device}")
     }
 }
+
+/// Checks a challenge's sizes before anything is allocated: `params::admit`'s bounds (with no
+/// limit of rate or window: those are the node's to apply against its offer), a fill of at
+/// most `max_fill` bytes, and at most [`MAX_LEAVES`] leaves. Returns the number of pages.
+pub fn check_sizes(p: &ProofParams, max_fill: u64) -> Result<u64, ProverError> {
+    params::admit(p, f64::MAX, u32::MAX, max_fill)?;
+    let pages = p.vram_bytes / u64::from(p.page_bytes);
+    let leaves = u64::from(p.gemms) * u64::from(p.rows) + pages;
+    if leaves > MAX_LEAVES {
+        return Err(ProverError::TooManyLeaves {
+            leaves,
+            max: MAX_LEAVES,
+        });
+    }
+    Ok(pages)
+}
+
+/// The panic message of a caught panic.
+pub(crate) fn panic_detail(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Cuts `leaves` (every GEMM's rows in order, `rows` each) into one tree per GEMM.
+pub(crate) fn gemm_trees(
+    leaves: Vec<gridlease_protocol::Digest>,
+    rows: u32,
+) -> Result<Vec<Tree>, ProverError> {
+    let rows = rows as usize;
+    if rows == 0 || !leaves.len().is_multiple_of(rows) {
+        return Err(ProverError::ShortResult {
+            got: leaves.len() as u64,
+            want: rows as u64,
+        });
+    }
+    Ok(leaves.chunks(rows).map(|c| Tree::new(c.to_vec())).collect())
+}
+
+/// The note of a commitment, cut to `MAX_PROOF_TEXT` bytes on a character boundary.
+pub(crate) fn note(text: String) -> String {
+    let max = gridlease_protocol::proof::MAX_PROOF_TEXT;
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests;
