@@ -21,11 +21,28 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let cases = [
-        ("RTX 4090, 24 GiB", ProofBackend::Cuda, "NVIDIA GeForce RTX 4090", 24u64 << 30),
-        ("H100 SXM, 80 GiB", ProofBackend::Cuda, "NVIDIA H100 80GB HBM3", 80 << 30),
-        ("cpu-reference (4 GMAC/s claimed)", ProofBackend::CpuReference, "", 24 << 30),
+        (
+            "RTX 4090, 24 GiB",
+            ProofBackend::Cuda,
+            "NVIDIA GeForce RTX 4090",
+            24u64 << 30,
+        ),
+        (
+            "H100 SXM, 80 GiB",
+            ProofBackend::Cuda,
+            "NVIDIA H100 80GB HBM3",
+            80 << 30,
+        ),
+        (
+            "cpu-reference (4 GMAC/s claimed)",
+            ProofBackend::CpuReference,
+            "",
+            24 << 30,
+        ),
     ];
-    println!("| case | n | rows opened | pages opened | B bytes | renter CPU (median of {rounds}) |");
+    println!(
+        "| case | n | rows opened | pages opened | B bytes | renter CPU (median of {rounds}) |"
+    );
     println!("|---|---|---|---|---|---|");
     for (name, backend, model, vram) in cases {
         let rate = if backend == ProofBackend::Cuda {

@@ -40,6 +40,7 @@ fn honest() -> (CpuReference, f64) {
 /// A provider template and service settings whose offer has a verification window answered
 /// by `prover` (claiming the honest rate), with `faults` at the commitment.
 fn proving(
+    gpus: u8,
     prover: Arc<dyn Prover>,
     rate: f64,
     cheat: Option<ProofCheat>,
@@ -47,7 +48,7 @@ fn proving(
     gridlease_node::net::OfferTemplate,
     impl FnOnce(&mut LeaseServiceConfig),
 ) {
-    let mut t = lease_template(1, 1, 30);
+    let mut t = lease_template(gpus, 1, 30);
     t.proof = ProofPolicy {
         window_s: WINDOW_S,
         backend: Some(ProofBackend::CpuReference),
@@ -75,6 +76,7 @@ struct Market {
 
 async fn market_with(
     test: &str,
+    gpus: u8,
     prover: Arc<dyn Prover>,
     rate: f64,
     cheat: Option<ProofCheat>,
@@ -82,7 +84,7 @@ async fn market_with(
     let sb = docker_or_skip(test).await?;
     let image = sb.ensure_probe_image().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (t, tweak) = proving(prover, rate, cheat);
+    let (t, tweak) = proving(gpus, prover, rate, cheat);
     let provider = provider_with(dir.path(), &sb, t, 5, tweak).await;
     let (renter, offer) = renter_of(dir.path(), &provider, 5).await;
     Some(Market {
@@ -125,13 +127,18 @@ fn verify_cli(bytes: &[u8]) -> (i32, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_honest_provider_passes_billing_starts_after_the_pass_and_the_statement_proves_it() {
     let (p, rate) = honest();
-    let Some(m) = market_with("gpu_check_honest", Arc::new(p), rate, None).await else {
+    let Some(m) = market_with("gpu_check_honest", 1, Arc::new(p), rate, None).await else {
         return;
     };
     let id = m
         .renter
         .leases
-        .rent(probe_rent(m.offer, &m.image, 30, &["sentinel", "UP", "sleep", "2", "exit", "0"]))
+        .rent(probe_rent(
+            m.offer,
+            &m.image,
+            30,
+            &["sentinel", "UP", "sleep", "2", "exit", "0"],
+        ))
         .await
         .unwrap();
     let done = closed(&m.renter.leases, id, 90).await;
@@ -139,7 +146,11 @@ async fn an_honest_provider_passes_billing_starts_after_the_pass_and_the_stateme
     assert_eq!(check.state, "passed", "{check:?}");
     assert_eq!(check.backend, "cpu-reference: not a GPU", "{check:?}");
     assert!(check.cosigned, "{check:?}");
-    assert_eq!(done.close_reason.as_deref(), Some("container_exited"), "{done:?}");
+    assert_eq!(
+        done.close_reason.as_deref(),
+        Some("container_exited"),
+        "{done:?}"
+    );
     assert!(done.paid > 0, "the lease ran and was paid: {done:?}");
     let (s, bytes, report) = statement(&m.renter, id).await;
     assert_eq!(report.verdict, ProofVerdict::Passed);
@@ -166,13 +177,26 @@ async fn an_honest_provider_passes_billing_starts_after_the_pass_and_the_stateme
         let mut changed = bytes.clone();
         changed[at + offset] ^= 0x01;
         let (code, _, err) = verify_cli(&changed);
-        assert_ne!(code, 0, "a statement with byte {} of its GPU check changed was accepted", at + offset);
+        assert_ne!(
+            code,
+            0,
+            "a statement with byte {} of its GPU check changed was accepted",
+            at + offset
+        );
         assert!(!err.is_empty());
     }
     // The provider's statement carries the same co-signed check.
     let (_, _, provider_report) = statement(&m.provider, id).await;
     assert_eq!(provider_report, report);
-    assert_eq!(m.renter.leases.gpu_checks(m.provider.node.key_public).await.unwrap().passed, 1);
+    assert_eq!(
+        m.renter
+            .leases
+            .gpu_checks(m.provider.node.key_public)
+            .await
+            .unwrap()
+            .passed,
+        1
+    );
     drop(m.sb);
 }
 
@@ -185,19 +209,31 @@ async fn cheated(m: &Market, want: impl Fn(&ProofFailure) -> bool, what: &str) -
     let id = m
         .renter
         .leases
-        .rent(probe_rent(m.offer, &m.image, 30, &["sentinel", "RAN", "exit", "0"]))
+        .rent(probe_rent(
+            m.offer,
+            &m.image,
+            30,
+            &["sentinel", "RAN", "exit", "0"],
+        ))
         .await
         .unwrap();
     let done = closed(&m.renter.leases, id, 90).await;
     eprintln!("{what}: {:?}", done.gpu_check);
     // Aborted before billing: never started, closed for the check, nothing paid.
-    assert_eq!(done.close_reason.as_deref(), Some("gpu_check_failed"), "{what}: {done:?}");
+    assert_eq!(
+        done.close_reason.as_deref(),
+        Some("gpu_check_failed"),
+        "{what}: {done:?}"
+    );
     assert_eq!(done.started_at, None, "{what}: the command ran");
     assert_eq!(done.paid, 0, "{what}: {done:?}");
     assert_eq!(done.settled_total, Some(0), "{what}: {done:?}");
     let check = done.gpu_check.clone().expect("the view shows the check");
     assert_eq!(check.state, "failed", "{what}: {check:?}");
-    assert!(check.summary.starts_with("GPU check failed"), "{what}: {check:?}");
+    assert!(
+        check.summary.starts_with("GPU check failed"),
+        "{what}: {check:?}"
+    );
     // The renter's ledger shows 0 for it.
     let ledger = m.renter.leases.ledger().await.unwrap();
     let row = ledger.leases.iter().find(|l| l.lease_id == id);
@@ -212,11 +248,24 @@ async fn cheated(m: &Market, want: impl Fn(&ProofFailure) -> bool, what: &str) -
     assert_eq!(v.gpu_check, Some(report.verdict.clone()), "{what}");
     let (code, out, err) = verify_cli(&bytes);
     assert_eq!(code, 0, "{what}: {err}");
-    assert!(out.contains("\"gpu_check\":\"failed\""), "{what}: {out}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["gpu_check"], "failed", "{what}: {json}");
+    assert!(
+        json["gpu_check_summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("GPU check failed"),
+        "{what}: {json}"
+    );
     // The container never ran its command: no output.
     assert_eq!(s.usage.len(), 0, "{what}: usage was reported");
     // The renter's record of the provider counts the failed check.
-    let counts = m.renter.leases.gpu_checks(m.provider.node.key_public).await.unwrap();
+    let counts = m
+        .renter
+        .leases
+        .gpu_checks(m.provider.node.key_public)
+        .await
+        .unwrap();
     assert!(counts.failed >= 1, "{what}: {counts:?}");
     id
 }
@@ -224,7 +273,7 @@ async fn cheated(m: &Market, want: impl Fn(&ProofFailure) -> bool, what: &str) -
 async fn cheat_case(test: &str, cheat: Cheat, want: impl Fn(&ProofFailure) -> bool) {
     let (p, rate) = honest();
     let prover = Arc::new(Cheating { inner: p, cheat });
-    let Some(m) = market_with(test, prover, rate, None).await else {
+    let Some(m) = market_with(test, 1, prover, rate, None).await else {
         return;
     };
     cheated(&m, want, test).await;
@@ -232,9 +281,11 @@ async fn cheat_case(test: &str, cheat: Cheat, want: impl Fn(&ProofFailure) -> bo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn random_output_is_caught_before_billing() {
-    cheat_case("gpu_check_random", Cheat::RandomOutput, |f| {
-        matches!(f, ProofFailure::WrongRows { wrong, opened, .. } if wrong == opened)
-    })
+    cheat_case(
+        "gpu_check_random",
+        Cheat::RandomOutput,
+        |f| matches!(f, ProofFailure::WrongRows { wrong, opened, .. } if wrong == opened),
+    )
     .await;
 }
 
@@ -253,7 +304,10 @@ async fn b_replaced_by_zeros_in_one_gemm_is_caught_before_billing() {
     cheat_case("gpu_check_zero_b", Cheat::ZeroB { gemm: 3 }, |f| {
         matches!(
             f,
-            ProofFailure::WrongRows { first: gridlease_protocol::proof::ProofIndex::Row { gemm: 3, .. }, .. }
+            ProofFailure::WrongRows {
+                first: gridlease_protocol::proof::ProofIndex::Row { gemm: 3, .. },
+                ..
+            }
         )
     })
     .await;
@@ -261,18 +315,26 @@ async fn b_replaced_by_zeros_in_one_gemm_is_caught_before_billing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn less_vram_than_advertised_is_caught_before_billing() {
-    cheat_case(
-        "gpu_check_vram",
-        Cheat::FakeFill { permille: 500 },
-        |f| matches!(f, ProofFailure::WrongPages { .. } | ProofFailure::VramShort { .. }),
-    )
+    cheat_case("gpu_check_vram", Cheat::FakeFill { permille: 500 }, |f| {
+        matches!(
+            f,
+            ProofFailure::WrongPages { .. } | ProofFailure::VramShort { .. }
+        )
+    })
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_answer_three_times_slower_than_the_offer_allows_is_caught_before_billing() {
     let (p, rate) = honest();
-    let Some(m) = market_with("gpu_check_slow", Arc::new(p), rate, Some(ProofCheat::Slow(3))).await
+    let Some(m) = market_with(
+        "gpu_check_slow",
+        1,
+        Arc::new(p),
+        rate,
+        Some(ProofCheat::Slow(3)),
+    )
+    .await
     else {
         return;
     };
@@ -287,7 +349,14 @@ async fn an_answer_three_times_slower_than_the_offer_allows_is_caught_before_bil
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replayed_old_commitment_is_caught_before_billing() {
     let (p, rate) = honest();
-    let Some(m) = market_with("gpu_check_replay", Arc::new(p), rate, Some(ProofCheat::Replay)).await
+    let Some(m) = market_with(
+        "gpu_check_replay",
+        2,
+        Arc::new(p),
+        rate,
+        Some(ProofCheat::Replay),
+    )
+    .await
     else {
         return;
     };
@@ -303,7 +372,8 @@ async fn a_replayed_old_commitment_is_caught_before_billing() {
     // ...the next one gets that old commitment again.
     cheated(
         &m,
-        |f| matches!(f, ProofFailure::BadCommit { detail } if detail.contains("another challenge")),
+        // An old commitment names the lease and the challenge it answered: another lease's.
+        |f| matches!(f, ProofFailure::BadCommit { detail } if detail.contains("another")),
         "replay",
     )
     .await;

@@ -312,10 +312,33 @@ pub enum RecordError {
 }
 
 /// Re-checks a kept record with nothing but the record, the network and the lease's two
-/// keys: every signature, every hash the report names, and the verdict recomputed from the
-/// messages (with the renter's timing: the one part that is the renter's word). Returns the
-/// verdict.
+/// keys: every signature, every hash the report names, the verdict recomputed from the
+/// messages (with the renter's timing: the one part that is the renter's word), and a pass
+/// co-signed by the provider. Returns the verdict.
 pub fn check_record(
+    r: &ProofRecord,
+    net: &NetworkId,
+    renter: &PublicKey,
+    provider: &PublicKey,
+) -> Result<ProofVerdict, RecordError> {
+    let found = recheck(r, net, renter, provider)?;
+    if found.passed() {
+        let report = envelope_hash(&r.report);
+        let lease = r.report.verify(net).map(|v| v.message.lease_id).ok();
+        let ack = r.ack.as_ref().and_then(|a| a.verify(net).ok());
+        let ok = ack.is_some_and(|a| {
+            a.signer == *provider && Some(a.message.lease_id) == lease && a.message.report == report
+        });
+        if !ok {
+            return Err(RecordError::Ack);
+        }
+    }
+    Ok(found)
+}
+
+/// [`check_record`] without the provider's co-signature: what the provider runs on a report
+/// before it co-signs it.
+pub fn recheck(
     r: &ProofRecord,
     net: &NetworkId,
     renter: &PublicKey,
@@ -394,17 +417,6 @@ pub fn check_record(
             stated: report.verdict,
             found,
         });
-    }
-    if found.passed() {
-        let ack = r.ack.as_ref().and_then(|a| a.verify(net).ok());
-        let ok = ack.is_some_and(|a| {
-            a.signer == *provider
-                && a.message.lease_id == report.lease_id
-                && a.message.report == envelope_hash(&r.report)
-        });
-        if !ok {
-            return Err(RecordError::Ack);
-        }
     }
     Ok(found)
 }

@@ -71,8 +71,9 @@ pub fn params_for(
     vram_bytes: u64,
 ) -> ProofParams {
     let names: Vec<&str> = models.iter().map(String::as_str).collect();
-    let claimed_mmacs = (measured / 1e6) as u64;
-    let (rate, _) = params::expected_macs(backend, &names, claimed_mmacs, names.len());
+    // The measured rate is all the GPUs' together; an offer claims per GPU.
+    let claimed_mmacs = (measured / 1e6 / names.len().max(1) as f64) as u64;
+    let (rate, _) = params::expected_macs(backend, &names, claimed_mmacs);
     params::choose(backend, rate, vram_bytes)
 }
 

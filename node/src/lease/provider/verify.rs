@@ -256,7 +256,7 @@ async fn report(
         report: signed,
         ack: None,
     };
-    let verdict = proof::check_record(&record, &net, &s.renter, &ctx.client.key().public());
+    let verdict = proof::recheck(&record, &net, &s.renter, &ctx.client.key().public());
     let passed = matches!(verdict, Ok(ref v) if v.passed());
     if passed {
         let ack = ProofAck {
