@@ -82,6 +82,7 @@ fn main() -> ExitCode {
                         Command::Top(a) => commands::top::run(&api, &out, &a).await,
                         Command::Stop(a) => commands::stop::run(&api, &out, &a).await,
                         Command::Extend(a) => commands::extend::run(&api, &out, &a).await,
+                        Command::VerifyGpu(a) => commands::verify_gpu::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
                         Command::Dashboard(a) => commands::dashboard::run(&home, &out, &a).await,
                         Command::Statement(a) => {

@@ -378,3 +378,134 @@ async fn a_replayed_old_commitment_is_caught_before_billing() {
     )
     .await;
 }
+
+/// The daemons and the CLI, as a renter uses them: `rent` says the check passed before the
+/// output; `verify-gpu` re-checks the running lease; `rent --no-verify` runs no check and its
+/// statement says so.
+#[test]
+fn the_cli_checks_by_default_rechecks_on_demand_and_skips_with_no_verify() {
+    use cli_support::*;
+    let Some(image) = probe_image_or_skip("gpu_check_cli") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = market_env(
+        dir.path(),
+        &[],
+        None,
+        ["", ""],
+        &[("GRIDLEASE_VERIFY_WINDOW_SECS", "30")],
+    );
+    let rh = dir.path().join("renter");
+    // A foreground rent: the check, then the output.
+    let out = cli(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "60",
+            "--image",
+            &image,
+            "--",
+            "sentinel",
+            "RAN",
+            "exit",
+            "0",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let all = format!("{stdout}\n{stderr}");
+    assert!(
+        all.contains("GPU check passed (cpu-reference: not a GPU)"),
+        "{all}"
+    );
+    assert!(stdout.contains("SENTINEL RAN"), "{all}");
+
+    // A running lease, checked again on demand.
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "60",
+            "--detach",
+            "--image",
+            &image,
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(std::time::Duration::from_secs(60), "running", || {
+        lease_of(&rh, &id)["state"] == "running"
+    });
+    let again = cli(&rh, &["verify-gpu", &id[..12]]);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stdout).contains("GPU check passed"),
+        "{}",
+        text(&again.stdout)
+    );
+    let stop = cli(&rh, &["stop", &id[..12]]);
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+
+    // --no-verify: no check; the statement says none was asked. (The stopped lease frees
+    // the GPU once it settles and the provider re-signs its offer: retried until then.)
+    wait_for(
+        std::time::Duration::from_secs(60),
+        "the stopped lease settled",
+        || lease_of(&rh, &id)["state"] == "settled",
+    );
+    let mut out = None;
+    wait_for(
+        std::time::Duration::from_secs(60),
+        "a --no-verify rent",
+        || {
+            let o = cli(
+                &rh,
+                &[
+                    "--json",
+                    "rent",
+                    &m.offer,
+                    "--seconds",
+                    "60",
+                    "--no-verify",
+                    "--image",
+                    &image,
+                    "--",
+                    "exit",
+                    "0",
+                ],
+            );
+            let refused = o.status.code() == Some(4);
+            out = Some(o);
+            !refused
+        },
+    );
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let leases = json(&rh, &["leases", "--all"]);
+    let skipped = leases
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["gpu_check"].is_null() && l["state"] == "settled")
+        .expect("a settled lease without a check")["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let f = dir.path().join("skipped.statement");
+    let w = cli(
+        &rh,
+        &["statement", &skipped[..12], "--out", f.to_str().unwrap()],
+    );
+    assert!(w.status.success(), "{}", text(&w.stderr));
+    let v = json(&rh, &["verify", f.to_str().unwrap()]);
+    assert_eq!(v["gpu_check"], "none", "{v}");
+    assert_eq!(v["verify_window_s"], 0, "{v}");
+    drop(m);
+}

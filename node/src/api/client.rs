@@ -143,6 +143,18 @@ impl ApiClient {
             .await
     }
 
+    /// `POST /v1/leases/{lease}/verify-gpu`: re-checks a running lease's GPUs.
+    pub async fn verify_gpu(
+        &self,
+        lease: &str,
+    ) -> Result<crate::lease::gpu_check::GpuCheckView, ClientError> {
+        /// The route takes no body; `{}` keeps it valid JSON.
+        #[derive(Serialize)]
+        struct NoBody {}
+        self.post(&format!("/v1/leases/{lease}/verify-gpu"), &NoBody {})
+            .await
+    }
+
     /// `POST /v1/leases/{lease}/extend`: extends a running lease this node rents; answers once
     /// the provider accepted ([`ClientError::Api`] with status 409 when refused).
     pub async fn extend(&self, lease: &str, body: &ExtendRequest) -> Result<Extended, ClientError> {

@@ -327,6 +327,32 @@ pub(super) async fn begin(
     }))
 }
 
+/// `POST /v1/leases/{id}/verify-gpu` (renter): the GPU check again, mid-lease.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/verify-gpu",
+    operation_id = "verifyLeaseGpu",
+    tag = "leases",
+    summary = "Re-check a running lease's GPUs (renter)",
+    description = "Runs the renter's GPU check (`docs/gpu.md`) against the running lease's provider again and answers with its outcome (`state` `passed` or `failed`, and why). The lease is billed meanwhile as usual and runs on whatever the check finds; the record is kept (a failure is never replaced). A body, if any, is ignored.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix")),
+    responses(
+        (status = 200, description = "The check ran", body = crate::lease::gpu_check::GpuCheckView),
+        (status = 400, description = "Not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The lease is not running (`lease-not-running`), its provider offers no GPU check or this node provides it (`no-gpu-check`), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+pub(super) async fn verify_gpu(
+    State(s): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<crate::lease::gpu_check::GpuCheckView>, ApiError> {
+    let id = resolve_lease(&s, &id).await?;
+    let view = s.leases.verify_gpu(id).await.map_err(lease_err)?;
+    Ok(Json(view))
+}
+
 /// `POST /v1/leases/{id}/extend`.
 #[utoipa::path(
     post,

@@ -65,6 +65,8 @@ pub enum ProblemType {
     LeaseOver,
     /// The lease does not run (not started yet, or over): it has no live telemetry.
     LeaseNotRunning,
+    /// The lease's provider offers no GPU check (`verify-gpu`), or this node is not its renter.
+    NoGpuCheck,
     /// `PUT /v1/provide` without a price, and none was set before.
     PriceNeeded,
     /// `PUT /v1/provide` names no GPU this node has.
@@ -77,7 +79,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 24] = [
+    pub const ALL: [Self; 25] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -98,6 +100,7 @@ impl ProblemType {
         Self::NotRenter,
         Self::LeaseOver,
         Self::LeaseNotRunning,
+        Self::NoGpuCheck,
         Self::PriceNeeded,
         Self::NoGpus,
         Self::ProviderUnreachable,
@@ -127,6 +130,7 @@ impl ProblemType {
             Self::NotRenter => "not-renter",
             Self::LeaseOver => "lease-over",
             Self::LeaseNotRunning => "lease-not-running",
+            Self::NoGpuCheck => "no-gpu-check",
             Self::PriceNeeded => "price-needed",
             Self::NoGpus => "no-gpus",
             Self::ProviderUnreachable => "provider-unreachable",
@@ -157,6 +161,7 @@ impl ProblemType {
             Self::NotRenter => "only the lease's renter can do this",
             Self::LeaseOver => "the lease is over",
             Self::LeaseNotRunning => "the lease is not running",
+            Self::NoGpuCheck => "no GPU check for this lease",
             Self::PriceNeeded => "a price is needed",
             Self::NoGpus => "no GPU to offer",
             Self::ProviderUnreachable => "the provider is unreachable",
@@ -186,6 +191,7 @@ impl ProblemType {
             | Self::NotRenter
             | Self::LeaseOver
             | Self::LeaseNotRunning
+            | Self::NoGpuCheck
             | Self::PriceNeeded
             | Self::NoGpus => StatusCode::CONFLICT,
             Self::ProviderUnreachable => StatusCode::BAD_GATEWAY,

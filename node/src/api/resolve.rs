@@ -165,6 +165,7 @@ pub(super) fn lease_err(e: LeaseError) -> ApiError {
             ApiError::new(P::UnknownLease, format!("no lease {id} on this node"))
         }
         e @ LeaseError::NotRunning(_) => ApiError::new(P::LeaseNotRunning, e.to_string()),
+        e @ LeaseError::NoGpuCheck(..) => ApiError::new(P::NoGpuCheck, e.to_string()),
         e @ LeaseError::Remote { .. } => ApiError::new(P::ProviderUnreachable, e.to_string())
             .hint("check `gridlease peers`, then retry"),
         other => ApiError::internal(other),

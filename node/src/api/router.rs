@@ -76,6 +76,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(leases::telemetry))
         .routes(routes!(leases::stop))
         .routes(routes!(leases::begin))
+        .routes(routes!(leases::verify_gpu))
         .routes(routes!(leases::extend))
         .routes(routes!(access::exec))
         .routes(routes!(access::forward))

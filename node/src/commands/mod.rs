@@ -28,6 +28,7 @@ pub mod statement;
 pub mod status;
 pub mod stop;
 pub mod top;
+pub mod verify_gpu;
 pub mod watchdog;
 
 use std::path::PathBuf;
@@ -105,6 +106,11 @@ pub enum Command {
     ///
     /// Prints the new deadline and budget cap; a refusal exits 4 with the reason.
     Extend(extend::ExtendArgs),
+    /// Check a running lease's GPUs again (the check `rent` runs at the start; billed as usage).
+    ///
+    /// Exits 0 when it passed, 7 when it failed (the part and by how much are printed; the
+    /// lease runs on).
+    VerifyGpu(verify_gpu::VerifyGpuArgs),
     /// A running lease's GPUs and container, live (utilisation, VRAM, power, temperature,
     /// CPU, memory, cost, time left); `q` to quit.
     ///

@@ -91,6 +91,9 @@ pub enum LeaseError {
     /// The network failed.
     #[error(transparent)]
     Network(#[from] NegotiationError),
+    /// The lease's GPUs cannot be checked (`verify-gpu`): why.
+    #[error("lease {0}: no GPU check: {1}")]
+    NoGpuCheck(LeaseId, String),
     /// The lease service has stopped.
     #[error("the lease service has stopped")]
     Closed,

@@ -442,6 +442,29 @@ impl Session {
         Flow::End
     }
 
+    /// Re-checks the running lease's GPUs (`gridlease verify-gpu`): the same check as at the
+    /// start, billed as usage (the lease runs on either way; the record is kept, a failure
+    /// never replaced).
+    async fn recheck(&mut self) -> Result<super::gpu_check::GpuCheckView, String> {
+        if self.lease.state != gridlease_contracts::LeaseState::Running {
+            return Err(format!("the lease is {}", self.lease.state.as_str()));
+        }
+        let Some(peer) = self.provider_peer else {
+            return Err("the provider's peer id is unknown".into());
+        };
+        let window = std::time::Duration::from_secs(120);
+        match super::gpu_check::run(&self.ctx, peer, &self.lease.terms, window).await {
+            Some(o) => {
+                if self.check.as_ref().is_none_or(|c| c.state != "failed") {
+                    self.check = Some(o.view.clone());
+                    self.publish();
+                }
+                Ok(o.view)
+            }
+            None => Err("the lease's offer has no GPU check (or is not kept here)".into()),
+        }
+    }
+
     /// Pays for a container the provider held for our uploads and that we stopped before its
     /// command started (`RenterChannel::on_hold_abandoned`: the minimum billed duration).
     async fn pay_abandoned_hold(&mut self) {
@@ -812,6 +835,10 @@ async fn on_message(s: &mut Session, w: &mut Liveness, msg: SessionMsg) -> Flow 
         // Only a provider reclaims its GPUs.
         SessionMsg::Reclaim(done) => {
             let _ = done.send(());
+        }
+        SessionMsg::VerifyGpu(reply) => {
+            let _ = reply.send(s.recheck().await);
+            w.last_heard = ctx.now();
         }
         SessionMsg::Inbound(m) => return on_inbound(s, w, *m).await,
     }

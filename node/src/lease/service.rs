@@ -594,6 +594,26 @@ impl LeaseService {
         completion::list(&self.ctx, limit).await
     }
 
+    /// Re-checks the GPUs of running lease `id` (`gridlease verify-gpu`): the renter's GPU
+    /// check again, billed as usage. The lease runs on whatever it finds.
+    pub async fn verify_gpu(
+        &self,
+        id: LeaseId,
+    ) -> Result<super::gpu_check::GpuCheckView, LeaseError> {
+        let (reply, rx) = oneshot::channel();
+        let msg = Box::new(SessionMsg::VerifyGpu(reply));
+        let sent = self.ask(|r| Cmd::ToSession(id, msg, r)).await?;
+        if !sent {
+            return match self.ctx.store.call(move |s| s.lease(&id)).await? {
+                Some(_) => Err(LeaseError::NotRunning(id)),
+                None => Err(LeaseError::Unknown(id)),
+            };
+        }
+        rx.await
+            .map_err(|_| LeaseError::Closed)?
+            .map_err(|why| LeaseError::NoGpuCheck(id, why))
+    }
+
     /// The GPU checks of `provider`'s leases this node kept (issue 44): passed and failed.
     pub async fn gpu_checks(
         &self,

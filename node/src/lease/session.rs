@@ -46,6 +46,8 @@ pub(crate) enum SessionMsg {
     Reclaim(oneshot::Sender<()>),
     /// Extend the lease (renter only; [`extend`]).
     Extend(Box<extend::ExtendAsk>),
+    /// Re-check the running lease's GPUs (renter only; `gridlease verify-gpu`).
+    VerifyGpu(oneshot::Sender<Result<super::gpu_check::GpuCheckView, String>>),
 }
 
 /// Why a transition did not happen.

@@ -81,6 +81,8 @@ struct Run {
     iv_start: Timestamp,
     /// The metering task's end, once the loop saw it.
     finished: Option<Result<Metered, tokio::task::JoinError>>,
+    /// A re-check of the running lease's GPUs (`gridlease verify-gpu`), as far as it went.
+    recheck: super::verify::Check,
 }
 
 impl Run {
@@ -179,6 +181,7 @@ impl Run {
             inflight,
             iv_start: ctx.now().max(started),
             finished: None,
+            recheck: super::verify::Check::default(),
         };
         Some((run, log_writer))
     }
@@ -227,6 +230,14 @@ impl Run {
                                 Duration::from_millis(self.at_deadline.term_at.ms_since(ctx.now()));
                             expiry.as_mut().reset(tokio::time::Instant::now() + until);
                         }
+                    }
+                    // A re-check of the running lease (`gridlease verify-gpu`), billed as
+                    // usage: the renter's only.
+                    SessionMsg::Inbound(m)
+                        if super::verify::is_proof(&m.request) && Some(m.peer) == s.renter_peer =>
+                    {
+                        let window_s = super::verify::RECHECK_WINDOW_S;
+                        super::verify::on_proof(s, &mut self.recheck, *m, window_s).await;
                     }
                     msg => {
                         if let Some(reason) = on_msg(s, msg) {
@@ -432,6 +443,10 @@ pub(super) fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
                 .send(Err(crate::lease::extend::ExtendError::NotRenter(
                     s.lease.id,
                 )));
+            None
+        }
+        SessionMsg::VerifyGpu(reply) => {
+            let _ = reply.send(Err("this node provides the lease; its renter checks".into()));
             None
         }
         SessionMsg::Inbound(m) => {

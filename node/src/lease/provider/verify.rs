@@ -24,13 +24,19 @@ use crate::lease::rpc::session_rpc;
 use crate::lease::session::{InboundSession, SessionMsg, sign};
 use crate::lease::wire::{SessionRequest, SessionResponse};
 
-/// What the window holds as the check goes on.
+/// Most seconds of work a re-check of a running lease may ask (`gridlease verify-gpu`: the
+/// lease is billed meanwhile, so this bounds only the time the session spends on it).
+pub(super) const RECHECK_WINDOW_S: u32 = 60;
+
+/// What a check holds as it goes on (in the window, or a re-check of a running lease).
 #[derive(Default)]
-struct Check {
+pub(super) struct Check {
     challenge: Option<(Signed<ProofChallenge>, ProofChallenge)>,
     computed: Option<Computed>,
     commit: Option<Signed<ProofCommit>>,
     opening: Option<Signed<ProofOpening>>,
+    /// The renter reported on it: a new challenge starts a new check (a re-check).
+    reported: bool,
 }
 
 /// Runs the verification window when the terms have one; returns when a check passed (the
@@ -71,7 +77,7 @@ pub(super) async fn window(
                         let _ = m.reply.send(SessionResponse::UnknownLease);
                         continue;
                     }
-                    if on_proof(s, &mut check, *m).await {
+                    if on_proof(s, &mut check, *m, s.lease.terms.verify_window_s).await {
                         tracing::info!("the renter's GPU check passed; starting");
                         return Ok(());
                     }
@@ -94,7 +100,7 @@ pub(super) async fn window(
     }
 }
 
-fn is_proof(r: &SessionRequest) -> bool {
+pub(super) fn is_proof(r: &SessionRequest) -> bool {
     matches!(
         r,
         SessionRequest::ProofPing { .. }
@@ -112,13 +118,24 @@ fn refuse(detail: impl std::fmt::Display) -> SessionResponse {
     }
 }
 
-/// One step of the check; true when a passed report was co-signed.
-async fn on_proof(s: &mut Session, check: &mut Check, m: InboundSession) -> bool {
+/// One step of a check whose work may take up to half of `window_s`; true when a passed
+/// report was co-signed.
+pub(super) async fn on_proof(
+    s: &mut Session,
+    check: &mut Check,
+    m: InboundSession,
+    window_s: u32,
+) -> bool {
     let answer = match m.request {
         SessionRequest::ProofPing { .. } | SessionRequest::Begin { .. } => {
             SessionResponse::NothingDue
         }
-        SessionRequest::ProofChallenge(signed) => challenge(s, check, signed).await,
+        SessionRequest::ProofChallenge(signed) => {
+            if check.reported {
+                *check = Check::default();
+            }
+            challenge(s, check, signed, window_s).await
+        }
         SessionRequest::ProofOpen { reveal, .. } => open(s, check, &reveal),
         SessionRequest::ProofReport(signed) => {
             let (answer, passed) = report(s, check, signed).await;
@@ -137,6 +154,7 @@ async fn challenge(
     s: &mut Session,
     check: &mut Check,
     signed: Signed<ProofChallenge>,
+    window_s: u32,
 ) -> SessionResponse {
     let ctx = s.ctx.clone();
     let net = ctx.client.network().clone();
@@ -160,7 +178,7 @@ async fn challenge(
     let leased = s.gpus.len();
     let own_rate = prover.macs_per_gpu * leased.max(1) as f64;
     let vram = prover.vram_for(&ctx, &s.gpus);
-    if let Err(e) = params::admit(&c.params, own_rate, s.lease.terms.verify_window_s, vram) {
+    if let Err(e) = params::admit(&c.params, own_rate, window_s, vram) {
         tracing::warn!(error = %e, "GPU check refused");
         return refuse(e);
     }
@@ -249,6 +267,7 @@ async fn report(
     let Some((sc, _)) = &check.challenge else {
         return (refuse("no challenge was answered"), false);
     };
+    check.reported = true;
     let mut record = ProofRecord {
         challenge: sc.clone(),
         commit: check.commit.clone(),
