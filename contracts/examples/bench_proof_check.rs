@@ -69,7 +69,7 @@ fn main() {
             p.n,
             p.gemms * p.open_rows,
             p.open_pages,
-            u64::from(p.n) * u64::from(p.n) >> 20,
+            (u64::from(p.n) * u64::from(p.n)) >> 20,
             median(&mut times)
         );
     }
