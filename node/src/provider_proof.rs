@@ -33,6 +33,18 @@ pub fn cpu_reference(window_s: u32) -> Option<Ready> {
     ready(prover, window_s, params::CPU_REFERENCE_FILL_CAP, &[], 0.5)
 }
 
+/// The CUDA prover of a node with driver GPUs (`uuids`, each with `vram_per_gpu` bytes),
+/// self-tested on them and measured at start, claiming half the rate it measured (the claim
+/// counts only for a model the renter's table of published rates lacks); `None` (and a
+/// warning) when CUDA is missing or the self-test fails, so offers then advertise no check.
+pub fn cuda(window_s: u32, uuids: Vec<String>, vram_per_gpu: u64) -> Option<Ready> {
+    if window_s == 0 || uuids.is_empty() {
+        return None;
+    }
+    let prover: Arc<dyn Prover> = Arc::new(gridlease_sandbox::proof::Cuda::new());
+    ready(prover, window_s, vram_per_gpu, &uuids, 0.5)
+}
+
 /// Self-tests `prover` on `devices` and measures it; the ready prover and its offer policy.
 /// `vram_per_gpu`: what it may fill per leased GPU; `claim_share`: the share of the measured
 /// rate it claims.

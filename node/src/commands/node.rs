@@ -244,6 +244,20 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                 t.sandbox.upload_hold_s = config.upload_hold_secs;
                 t.usage_interval_s = config.usage_interval_secs;
                 t.pay_ahead_s = config.pay_ahead_secs;
+                // The GPU check: the CUDA prover, if it passes its self-test on these GPUs.
+                let window_s = config.verify_window_secs;
+                let uuids: Vec<String> = gpus.uuids.values().cloned().collect();
+                let vram = t.gpus.iter().map(|g| u64::from(g.spec.vram_mib) << 20).min();
+                let ready = tokio::task::spawn_blocking(move || {
+                    crate::provider_proof::cuda(window_s, uuids, vram.unwrap_or(0))
+                })
+                .await
+                .ok()
+                .flatten();
+                if let Some(r) = ready {
+                    t.proof = r.policy;
+                    prover = Some(r.prover);
+                }
                 match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
                     Ok(per) => {
                         t.per_gpu = per;
