@@ -10,7 +10,9 @@ use common::*;
 use gridlease_contracts::query::Query;
 use gridlease_contracts::reputation::{CompletionRecord, ScoreParams, provider_scores};
 use gridlease_node::home::Home;
-use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck, CompletionOutcome};
+use gridlease_protocol::completion::{
+    CoSigned, Completion, CompletionAck, CompletionOutcome, GpuCheck,
+};
 use gridlease_protocol::{Digest, LeaseId, NodeKey, PublicKey, Signed, Timestamp};
 
 /// A record of a lease between `p` and `r`, signed by both.
@@ -31,6 +33,7 @@ fn cosigned(
         paid,
         closed_at: Timestamp(1_700_000_000_000 + u64::from(lease)),
         outcome,
+        gpu_check: GpuCheck::NotRun,
     };
     CoSigned {
         provider: Signed::sign(p, &net(), &c).unwrap(),

@@ -280,7 +280,7 @@ impl Completions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gridlease_protocol::completion::{CompletionAck, CompletionOutcome};
+    use gridlease_protocol::completion::{CompletionAck, CompletionOutcome, GpuCheck};
     use gridlease_protocol::{Digest, NodeKey, Signed, Timestamp};
 
     fn pair(p: &NodeKey, r: &NodeKey, lease: u8, paid: u64) -> (Completion, CoSigned) {
@@ -293,6 +293,7 @@ mod tests {
             paid,
             closed_at: Timestamp(u64::from(lease)),
             outcome: CompletionOutcome::Completed,
+            gpu_check: GpuCheck::NotRun,
         };
         let both = CoSigned {
             provider: Signed::sign(p, &net, &c).unwrap(),
@@ -367,6 +368,7 @@ mod tests {
                 paid: 1,
                 closed_at: Timestamp(1_000 + u64::from(lease)),
                 outcome,
+                gpu_check: GpuCheck::NotRun,
             };
             CoSigned {
                 provider: Signed::sign(&p, &net, &rec).unwrap(),
