@@ -79,11 +79,11 @@ fn main() {
     let now = T0.plus_secs(1);
     for (q, limit) in [
         (
-            "gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=true gpus>=2",
+            "gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 measured=true gpus>=2",
             20,
         ),
         (
-            "gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=true gpus>=2 sort:price_per_tflop",
+            "gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 measured=true gpus>=2 sort:price_per_tflop",
             20,
         ),
         ("sort:-fp16_tflops", 20),

@@ -22,7 +22,7 @@ use gridlease_protocol::{
 };
 use hashbrown::HashTable;
 
-use crate::query::{Field, Numbers, OfferSummary, Query};
+use crate::query::{Field, Numbers, OfferSummary, ProviderNumbers, Query};
 
 /// Default capacity of a book.
 pub const DEFAULT_BOOK_CAPACITY: usize = 200_000;
@@ -286,7 +286,7 @@ impl ProviderIndex {
 /// The index of live offers.
 ///
 /// Memory is the constraint (issue 19: 100,000 offers in a home node's budget), so each offer
-/// is held once, compactly: a dense vector of [`Slot`]s (the 176 bytes a search scans, without
+/// is held once, compactly: a dense vector of [`Slot`]s (the 192 bytes a search scans, without
 /// pointer chasing) and, at the same index, its signed envelope in parts ([`Held`]). The
 /// indexes hold slot numbers, not keys: providers in a hash table of indexes
 /// ([`ProviderIndex`]), ids in an ordered map (book sync and prefix lookups walk it in order),
@@ -309,9 +309,9 @@ pub struct OfferBook {
     /// Ids replaced by a newer offer of the same provider (bounded, FIFO).
     replaced: BTreeMap<OfferId, Replaced>,
     replaced_order: VecDeque<OfferId>,
-    /// Providers' reputation (per mille) and completed leases, as last set
+    /// Providers' reputation, completed leases and passed GPU checks, as last set
     /// ([`OfferBook::set_reputation`]); applied to their offers' summaries.
-    reputation: HashMap<PublicKey, (u32, u32)>,
+    reputation: HashMap<PublicKey, ProviderNumbers>,
 }
 
 impl Default for OfferBook {
@@ -338,20 +338,18 @@ impl OfferBook {
         }
     }
 
-    /// Sets every provider's reputation (per mille) and completed-lease count at once (the
-    /// node recomputes them from completion records); the summaries of the offers held follow,
-    /// and so do those admitted later. A provider not in `scores` gets the prior.
-    pub fn set_reputation(&mut self, scores: HashMap<PublicKey, (u32, u32)>) {
+    /// Sets every provider's numbers (reputation per mille, completed leases, passed GPU
+    /// checks) at once (the node recomputes them from completion records); the summaries of
+    /// the offers held follow, and so do those admitted later. A provider not in `scores` gets
+    /// [`ProviderNumbers::PRIOR`].
+    pub fn set_reputation(&mut self, scores: HashMap<PublicKey, ProviderNumbers>) {
         self.reputation = scores;
-        let prior = (crate::query::REP_PRIOR_PERMILLE, 0);
         for slot in &mut self.slots {
-            let (rep, completed) = self
+            slot.numbers.provider = self
                 .reputation
                 .get(&slot.provider)
                 .copied()
-                .unwrap_or(prior);
-            slot.numbers.rep_permille = rep;
-            slot.numbers.completed = completed;
+                .unwrap_or(ProviderNumbers::PRIOR);
         }
     }
 
@@ -536,9 +534,8 @@ impl OfferBook {
         // which is put back from the provider.
         debug_assert_eq!(signed.signer(), provider, "admitted from its provider only");
         let mut summary = OfferSummary::of(&offer);
-        if let Some(&(rep, completed)) = self.reputation.get(&provider) {
-            summary.numbers.rep_permille = rep;
-            summary.numbers.completed = completed;
+        if let Some(&numbers) = self.reputation.get(&provider) {
+            summary.numbers.provider = numbers;
         }
         // At most `capacity` <= u32::MAX entries (`with_capacity`), so the index fits.
         let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
@@ -1632,10 +1629,16 @@ mod tests {
         // Nothing known: everyone has the prior.
         assert_eq!(ids("rep>=0.5", &book).len(), 4);
         assert!(ids("rep>0.5", &book).is_empty());
+        assert_eq!(ids("verified=0", &book).len(), 4);
         let mut scores = HashMap::new();
-        scores.insert(keys[0].public(), (950, 40));
-        scores.insert(keys[2].public(), (810, 12));
-        scores.insert(keys[3].public(), (200, 3));
+        let numbers = |rep_permille, completed, verified| ProviderNumbers {
+            rep_permille,
+            completed,
+            verified,
+        };
+        scores.insert(keys[0].public(), numbers(950, 40, 2));
+        scores.insert(keys[2].public(), numbers(810, 12, 7));
+        scores.insert(keys[3].public(), numbers(200, 3, 0));
         book.set_reputation(scores);
         assert_eq!(ids("rep>=0.8", &book), vec![10_000, 30_000]);
         assert_eq!(ids("completed>=10", &book), vec![10_000, 30_000]);
@@ -1643,6 +1646,13 @@ mod tests {
         assert_eq!(
             ids("sort:-rep", &book),
             vec![10_000, 30_000, 20_000, 40_000]
+        );
+        assert_eq!(ids("verified>=3", &book), vec![30_000]);
+        assert_eq!(ids("verified=true", &book), vec![10_000, 30_000]);
+        assert_eq!(ids("verified=false", &book), vec![20_000, 40_000]);
+        assert_eq!(
+            ids("sort:-verified", &book),
+            vec![30_000, 10_000, 20_000, 40_000]
         );
         // A provider's next offer keeps its reputation.
         admit(&mut book, &keys[3], 2, 5_000).unwrap();
@@ -1652,9 +1662,12 @@ mod tests {
                 .unwrap()
                 .summary
                 .numbers
-                .completed,
-            3
+                .provider,
+            numbers(200, 3, 0)
         );
+        // Forgotten providers go back to the prior.
+        book.set_reputation(HashMap::new());
+        assert_eq!(ids("rep=0.5 completed=0 verified=0", &book).len(), 4);
     }
 
     #[test]

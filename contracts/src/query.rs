@@ -1,4 +1,4 @@
-//! The offer search language: `gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=true`.
+//! The offer search language: `gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified>=3`.
 //!
 //! A query is a whitespace-separated list of conditions, all of which must hold (AND), plus at
 //! most one `sort:KEY` term. A condition is `FIELD OP VALUE` with no spaces inside. Parse errors
@@ -39,7 +39,7 @@ pub struct Numbers {
     /// Smallest device memory bandwidth, MB/s.
     pub mem_mbps: u32,
     /// True when every GPU's benchmark was measured, not declared.
-    pub verified: bool,
+    pub measured: bool,
     /// Egress allowed.
     pub egress: bool,
     /// A running lease may be stopped for the provider's owner (`Offer::interruptible`).
@@ -75,12 +75,40 @@ pub struct Numbers {
     pub driver: u32,
     /// Creation time of the offer (unix ms): sort key `age`.
     pub created_at: u64,
-    /// The provider's network reputation, per mille (`crate::reputation::provider_scores`;
-    /// the prior, 500, until its completions are known): what the node holding the offer
-    /// computed, not part of the signed offer.
+    /// What this node knows of the offer's provider from co-signed completion records: not
+    /// part of the signed offer ([`ProviderNumbers::PRIOR`] until its records are known).
+    pub provider: ProviderNumbers,
+}
+
+/// What a node computed about a provider from the co-signed completion records it holds
+/// (`crate::reputation::provider_scores`), as its offers' summaries carry it
+/// (`crate::book::OfferBook::set_reputation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderNumbers {
+    /// The provider's network reputation, per mille (the prior, 500, until its completions
+    /// are known).
     pub rep_permille: u32,
-    /// The provider's completed leases this node knows of (co-signed records).
+    /// The provider's completed leases (a plain count).
     pub completed: u32,
+    /// The provider's GPU checks that passed, co-signed (proof of GPU, issue 44; a plain
+    /// count, like `completed`).
+    pub verified: u32,
+}
+
+impl ProviderNumbers {
+    /// A provider no record is known of: the score's prior, no completed lease, no check.
+    pub const PRIOR: Self = Self {
+        rep_permille: REP_PRIOR_PERMILLE,
+        completed: 0,
+        verified: 0,
+    };
+}
+
+impl Default for ProviderNumbers {
+    /// [`ProviderNumbers::PRIOR`].
+    fn default() -> Self {
+        Self::PRIOR
+    }
 }
 
 impl OfferSummary {
@@ -110,7 +138,7 @@ impl OfferSummary {
                 fp16_gflops,
                 fp32_gflops: min(&|g| g.bench.fp32_gflops),
                 mem_mbps: min(&|g| g.bench.device_mem_mbps),
-                verified: !offer.gpus.is_empty()
+                measured: !offer.gpus.is_empty()
                     && offer
                         .gpus
                         .iter()
@@ -144,8 +172,7 @@ impl OfferSummary {
                 }),
                 driver: min(&|g| version(&g.spec.driver_version).map_or(0, |(major, _)| major)),
                 created_at: offer.created_at.0,
-                rep_permille: REP_PRIOR_PERMILLE,
-                completed: 0,
+                provider: ProviderNumbers::PRIOR,
             },
             models_lower,
             region_lower: offer.region.to_lowercase(),
@@ -238,8 +265,8 @@ pub enum Field {
     MemBw,
     /// Price per GPU-hour per fp16 TFLOPS, units.
     PricePerTflop,
-    /// Every GPU's benchmark measured (bool).
-    Verified,
+    /// Every GPU's benchmark measured, not declared (bool).
+    Measured,
     /// GPUs in the offer.
     Gpus,
     /// Free GPUs of the offer.
@@ -274,11 +301,14 @@ pub enum Field {
     Rep,
     /// The provider's completed leases (co-signed records this node knows of).
     Completed,
+    /// The provider's passed GPU checks (co-signed records this node knows of); `true` reads
+    /// as `>=1`, `false` as `=0`.
+    Verified,
 }
 
 impl Field {
     /// Every field with its query name.
-    pub const ALL: [(&'static str, Field); 25] = [
+    pub const ALL: [(&'static str, Field); 26] = [
         ("gpu", Field::Gpu),
         ("vram", Field::Vram),
         ("price", Field::Price),
@@ -286,7 +316,7 @@ impl Field {
         ("fp32_tflops", Field::Fp32Tflops),
         ("mem_bw", Field::MemBw),
         ("price_per_tflop", Field::PricePerTflop),
-        ("verified", Field::Verified),
+        ("measured", Field::Measured),
         ("gpus", Field::Gpus),
         ("free", Field::Free),
         ("cpu", Field::Cpu),
@@ -304,6 +334,7 @@ impl Field {
         ("driver", Field::Driver),
         ("rep", Field::Rep),
         ("completed", Field::Completed),
+        ("verified", Field::Verified),
     ];
 
     fn from_name(name: &str) -> Option<Self> {
@@ -336,7 +367,7 @@ impl Field {
                 "price per GPU-hour per fp16 TFLOPS",
                 "price_per_tflop<=0.01",
             ),
-            Self::Verified => ("bool", "every GPU's benchmark measured", "verified=true"),
+            Self::Measured => ("bool", "every GPU's benchmark measured", "measured=true"),
             Self::Gpus => ("number", "GPUs in the offer", "gpus>=2"),
             Self::Free => ("number", "GPUs free now (default free>=1)", "free>=2"),
             Self::Cpu => ("number", "CPU cores per GPU", "cpu>=4"),
@@ -362,6 +393,7 @@ impl Field {
                 "rep>=0.8",
             ),
             Self::Completed => ("number", "provider's completed leases", "completed>=10"),
+            Self::Verified => ("number", "passed GPU checks (true: >=1)", "verified>=3"),
         }
     }
 
@@ -375,10 +407,16 @@ impl Field {
         out
     }
 
+    /// True for a number field that also takes `true` and `false` with `=` and `!=`
+    /// (`verified`: `true` is `>=1`, `false` is `=0`).
+    pub fn takes_bool(self) -> bool {
+        self == Self::Verified
+    }
+
     fn kind(self) -> Kind {
         match self {
             Self::Gpu | Self::Region => Kind::Text,
-            Self::Verified | Self::Egress | Self::Gvisor | Self::Interruptible => Kind::Bool,
+            Self::Measured | Self::Egress | Self::Gvisor | Self::Interruptible => Kind::Bool,
             _ => Kind::Number,
         }
     }
@@ -396,12 +434,12 @@ impl Field {
             Self::MinMinutes => (60, 1),
             Self::MinBilled => (1, 0),
             Self::Cc | Self::Cuda => (10, 1),
-            Self::Driver | Self::Completed => (1, 0),
+            Self::Driver | Self::Completed | Self::Verified => (1, 0),
             Self::Rep => (1000, 3),
             Self::Vram | Self::Ram | Self::Gpus | Self::Free | Self::Disk => (1, 0),
             Self::Gpu
             | Self::Region
-            | Self::Verified
+            | Self::Measured
             | Self::Egress
             | Self::Gvisor
             | Self::Interruptible => (1, 0),
@@ -428,11 +466,12 @@ impl Field {
             Self::Cc => u64::from(s.compute_capability),
             Self::Cuda => u64::from(s.cuda),
             Self::Driver => u64::from(s.driver),
-            Self::Rep => u64::from(s.rep_permille),
-            Self::Completed => u64::from(s.completed),
+            Self::Rep => u64::from(s.provider.rep_permille),
+            Self::Completed => u64::from(s.provider.completed),
+            Self::Verified => u64::from(s.provider.verified),
             Self::Gpu
             | Self::Region
-            | Self::Verified
+            | Self::Measured
             | Self::Egress
             | Self::Gvisor
             | Self::Interruptible => 0,
@@ -476,7 +515,7 @@ impl Condition {
             Value::Number(v) => Some(self.op.holds(self.field.number(s).cmp(v))),
             Value::Bool(v) => {
                 let actual = match self.field {
-                    Field::Verified => s.verified,
+                    Field::Measured => s.measured,
                     Field::Egress => s.egress,
                     Field::Gvisor => s.gvisor,
                     Field::Interruptible => s.interruptible,
@@ -535,11 +574,13 @@ pub enum SortField {
     Age,
     /// Provider reputation (`-rep`: best first).
     Rep,
+    /// The provider's passed GPU checks (`-verified`: most first).
+    Verified,
 }
 
 impl SortField {
     /// Every sort key's name and field, in the order the docs list them.
-    pub const ALL: [(&'static str, Self); 7] = [
+    pub const ALL: [(&'static str, Self); 8] = [
         ("price", Self::Price),
         ("fp16_tflops", Self::Fp16Tflops),
         ("fp32_tflops", Self::Fp32Tflops),
@@ -547,6 +588,7 @@ impl SortField {
         ("vram", Self::Vram),
         ("age", Self::Age),
         ("rep", Self::Rep),
+        ("verified", Self::Verified),
     ];
 
     /// The names, comma-separated (for messages).
@@ -601,7 +643,8 @@ impl SortKey {
             SortField::Vram => n.vram_mib.into(),
             // Newest first when ascending by age.
             SortField::Age => !n.created_at,
-            SortField::Rep => n.rep_permille.into(),
+            SortField::Rep => n.provider.rep_permille.into(),
+            SortField::Verified => n.provider.verified.into(),
         };
         // `!v` is `u64::MAX - v`: the order reversed.
         if self.descending { !v } else { v }
@@ -929,6 +972,30 @@ fn parse_condition(start: usize, token: &str) -> Result<Condition, QueryError> {
             if op == Op::Contains {
                 return Err(op_err());
             }
+            // `verified` was a bool (every benchmark measured, now `measured`): `verified=true`
+            // still reads as "at least one passed GPU check", `verified=false` as "none".
+            if field.takes_bool()
+                && let Some(yes) = match raw.to_ascii_lowercase().as_str() {
+                    "true" | "yes" => Some(true),
+                    "false" | "no" => Some(false),
+                    _ => None,
+                }
+            {
+                let op = match (op, yes) {
+                    (Op::Eq, true) | (Op::Ne, false) => Op::Ge,
+                    (Op::Eq, false) | (Op::Ne, true) => Op::Eq,
+                    _ => {
+                        return Err(bad_value(
+                            "a whole number (true or false only with = or !=)",
+                        ));
+                    }
+                };
+                return Ok(Condition {
+                    field,
+                    op,
+                    value: Value::Number(u64::from(op == Op::Ge)),
+                });
+            }
             let (scale, decimals) = field.scale();
             let v = if field == Field::Price || field == Field::PricePerTflop {
                 raw.parse::<Money>().ok().map(Money::micros)
@@ -938,8 +1005,9 @@ fn parse_condition(start: usize, token: &str) -> Result<Condition, QueryError> {
             match v {
                 Some(v) => Value::Number(v),
                 None => {
-                    return Err(bad_value(match decimals {
-                        0 => "a whole number",
+                    return Err(bad_value(match (field.takes_bool(), decimals) {
+                        (true, _) => "a whole number, or true or false",
+                        (_, 0) => "a whole number",
                         _ => "a decimal number",
                     }));
                 }
@@ -963,13 +1031,87 @@ mod tests {
     #[test]
     fn the_issue_example_parses_and_matches() {
         let q =
-            Query::parse("gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=false gpus>=2")
+            Query::parse("gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 measured=false gpus>=2")
                 .unwrap();
         assert_eq!(q.conditions.len(), 6);
         assert!(q.matches(&summary(400_000)));
         assert!(!q.matches(&summary(450_001)));
-        let q = Query::parse("verified=true").unwrap();
-        assert!(!q.matches(&summary(1)), "declared GPUs are not verified");
+        let q = Query::parse("measured=true").unwrap();
+        assert!(!q.matches(&summary(1)), "declared GPUs are not measured");
+    }
+
+    #[test]
+    fn verified_counts_passed_gpu_checks_and_reads_true_and_false_as_before() {
+        let mut s = summary(1);
+        let holds = |q: &str, s: &OfferSummary| Query::parse(q).unwrap().matches(s);
+        // Nothing known of the provider: no check.
+        assert_eq!(s.numbers.provider, ProviderNumbers::PRIOR);
+        for (q, want) in [
+            ("verified=0", true),
+            ("verified>=1", false),
+            ("verified=false", true),
+            ("verified=no", true),
+            ("verified!=true", true),
+            ("verified=true", false),
+            ("verified!=false", false),
+        ] {
+            assert_eq!(holds(q, &s), want, "{q} with no check");
+        }
+        s.numbers.provider.verified = 3;
+        for (q, want) in [
+            ("verified>=3", true),
+            ("verified>3", false),
+            ("verified=3", true),
+            ("verified<=2", false),
+            ("verified=true", true),
+            ("verified=YES", true),
+            ("verified!=false", true),
+            ("verified=false", false),
+            ("verified!=true", false),
+            ("verified=0", false),
+        ] {
+            assert_eq!(holds(q, &s), want, "{q} with 3 passed checks");
+        }
+        // `true` is `>=1`, `false` is `=0`, as parsed.
+        assert_eq!(
+            Query::parse("verified=true").unwrap(),
+            Query::parse("verified>=1").unwrap()
+        );
+        assert_eq!(
+            Query::parse("verified=false").unwrap(),
+            Query::parse("verified=0").unwrap()
+        );
+        for bad in [
+            "verified>=true",
+            "verified<false",
+            "verified=maybe",
+            "verified>=1.5",
+        ] {
+            let e = Query::parse(bad).unwrap_err();
+            assert!(
+                matches!(
+                    e.kind,
+                    QueryErrorKind::BadValue {
+                        field: "verified",
+                        ..
+                    }
+                ),
+                "{bad}: {e}"
+            );
+        }
+        assert!(
+            Query::parse("verified=maybe")
+                .unwrap_err()
+                .to_string()
+                .contains("a whole number, or true or false")
+        );
+        // Most checks first.
+        let mut t = summary(1);
+        t.numbers.provider.verified = 12;
+        let most = SortKey::parse("-verified").unwrap();
+        assert_eq!(most.compare(&t.numbers, &s.numbers), Ordering::Less);
+        assert_eq!(Field::Verified.describe().0, "number");
+        assert_eq!(Field::Measured.describe().0, "bool");
     }
 
     #[test]
@@ -1059,6 +1201,9 @@ mod tests {
         let e = Query::parse(input).unwrap_err();
         assert_eq!(e.kind, QueryErrorKind::MissingValue);
 
+        let input = "measured=maybe";
+        let e = Query::parse(input).unwrap_err();
+        assert_eq!(&input[e.start..e.end], "maybe");
         let input = "verified=maybe";
         let e = Query::parse(input).unwrap_err();
         assert_eq!(&input[e.start..e.end], "maybe");

@@ -29,19 +29,27 @@
 //!    renter-failed is not the provider's doing and adds nothing.
 //! 6. Score = (good + prior_weight x prior_mean) / (good + bad + prior_weight): a provider with
 //!    no records scores the prior mean.
+//! 7. GPU checks (proof of GPU, issue 44; each record's [`GpuCheck`]): a failed check closed
+//!    the lease `GpuCheckFailed`, so its record is provider-failed and weighs in step 5 like
+//!    any other failure (disputed, half, when the renter disputed the provider's account);
+//!    nothing more. [`ProviderScore::checks_passed`] and [`ProviderScore::checks_failed`]
+//!    count the records' checks plainly, like `completed`: shown and searchable
+//!    (`verified>=N`), not weighed, so fresh keys inflate them as they inflate `completed`.
 //!
 //! Limits (stated, not solved): standing is one hop. Colluding providers who rent from each
 //! other with keys that paid real credit elsewhere are established; the cost of the attack is
 //! that credit, paid to other providers for real GPU time. A ring that only pays itself is
 //! bounded by the newcomer cap per provider. No seedless score is sybil-proof (Cheng and
 //! Friedman 2005); a node that wants more can weigh its own experience first (the local book).
-//! A provider can refuse to co-sign a failure; the renter keeps it in its local book.
+//! A provider can refuse to co-sign a failure; the renter keeps it in its local book (and a
+//! failed GPU check's transcript in its own `lease_proofs`), not network-wide.
 
 use std::collections::BTreeMap;
 
 use gridlease_protocol::CloseReason;
-use gridlease_protocol::completion::{Completion, CompletionOutcome};
-use gridlease_protocol::{LeaseId, LeaseTerms, Timestamp};
+use gridlease_protocol::completion::{Completion, CompletionOutcome, GpuCheck};
+use gridlease_protocol::proof::{ProofRecord, ProofReport};
+use gridlease_protocol::{LeaseId, LeaseTerms, Timestamp, WireMessage as _};
 
 /// How a lease ended, from the scoring node's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -176,7 +184,8 @@ impl<K: Ord> ReputationBook<K> {
 /// The record a settled lease leaves, as either side computes it from what both hold after the
 /// settlement: the terms, the settled amount (what the last receipt pays for the usage: with a
 /// prepay, less than the receipt's total) and the wall time of the provider's last usage
-/// report (the renter has checked every report by then), and its own close reason.
+/// report (the renter has checked every report by then), its own close reason, and the GPU
+/// check as its own record shows it ([`gpu_check_of`]).
 pub fn completion_of(
     lease_id: LeaseId,
     terms: &LeaseTerms,
@@ -184,6 +193,7 @@ pub fn completion_of(
     last_wall_ms: u64,
     reason: CloseReason,
     closed_at: Timestamp,
+    gpu_check: GpuCheck,
 ) -> Completion {
     Completion {
         lease_id,
@@ -193,14 +203,43 @@ pub fn completion_of(
         paid: settled,
         closed_at,
         outcome: CompletionOutcome::of_close(reason),
+        gpu_check,
+    }
+}
+
+/// The GPU check a lease records, as either side computes it from its own kept check record
+/// (`kept`: the node's `lease_proofs` row of the lease) and its close reason, by the same rule:
+///
+/// - a lease that closed `GpuCheckFailed` failed its check, whatever was kept (a pass whose
+///   co-signature never reached the renter closes it so, and both sides record the failure);
+/// - a kept record passed when the renter's report says so *and* the provider co-signed it
+///   (`ProofRecord::ack`); any other kept record failed;
+/// - nothing kept: no check ran (terms without a verification window, `verify_window_s` 0, or
+///   a lease that ended before its check did).
+pub fn gpu_check_of(kept: Option<&ProofRecord>, reason: CloseReason) -> GpuCheck {
+    if reason == CloseReason::GpuCheckFailed {
+        return GpuCheck::Failed;
+    }
+    match kept {
+        None => GpuCheck::NotRun,
+        Some(r) => {
+            let passed = r.ack.is_some()
+                && ProofReport::decode_payload(&r.report.envelope().payload)
+                    .is_ok_and(|rep| rep.verdict.passed());
+            if passed {
+                GpuCheck::Passed
+            } else {
+                GpuCheck::Failed
+            }
+        }
     }
 }
 
 /// What a renter signs when its provider proposes `proposed` and its own view of the lease is
-/// `mine` ([`completion_of`] on the renter's side): the proposal when they agree, the proposal
-/// marked `Disputed` when only the outcome differs (the closes disagree), and nothing, with the
-/// reason, when the lease, the keys or the amounts differ. The provider's close time is its
-/// own to state.
+/// `mine` ([`completion_of`] on the renter's side): the proposal when they agree; when the
+/// outcome or the GPU check differs (the closes or the check records disagree), the proposal
+/// with the renter's own GPU check, marked `Disputed`; and nothing, with the reason, when the
+/// lease, the keys or the amounts differ. The provider's close time is its own to state.
 pub fn renter_answer(proposed: &Completion, mine: &Completion) -> Result<Completion, String> {
     let same = |a: &Completion, b: &Completion| {
         a.lease_id == b.lease_id
@@ -216,10 +255,24 @@ pub fn renter_answer(proposed: &Completion, mine: &Completion) -> Result<Complet
         ));
     }
     let mut agreed = proposed.clone();
-    if proposed.outcome != mine.outcome {
+    if proposed.outcome != mine.outcome || proposed.gpu_check != mine.gpu_check {
         agreed.outcome = CompletionOutcome::Disputed;
+        agreed.gpu_check = mine.gpu_check;
     }
     Ok(agreed)
+}
+
+/// Whether `agreed`, what the renter signed, is a version of the provider's `proposed` the
+/// provider signs too: the same record, or the same marked `Disputed` with the renter's GPU
+/// check ([`renter_answer`]).
+pub fn acceptable_answer(proposed: &Completion, agreed: &Completion) -> bool {
+    agreed == proposed
+        || *agreed
+            == (Completion {
+                outcome: CompletionOutcome::Disputed,
+                gpu_check: agreed.gpu_check,
+                ..proposed.clone()
+            })
 }
 
 /// One co-signed completion, as the network score reads it (`K`: a node's key, `L`: a lease
@@ -236,6 +289,8 @@ pub struct CompletionRecord<K, L> {
     pub paid: u64,
     /// How it ended.
     pub outcome: CompletionOutcome,
+    /// The renter's GPU check of the lease.
+    pub gpu_check: GpuCheck,
 }
 
 impl From<&Completion> for CompletionRecord<gridlease_protocol::PublicKey, LeaseId> {
@@ -247,6 +302,7 @@ impl From<&Completion> for CompletionRecord<gridlease_protocol::PublicKey, Lease
             renter: c.renter,
             paid: c.paid,
             outcome: c.outcome,
+            gpu_check: c.gpu_check,
         }
     }
 }
@@ -297,6 +353,12 @@ pub struct ProviderScore {
     pub renter_failed: u32,
     /// Disputed records.
     pub disputed: u32,
+    /// Records whose GPU check passed, co-signed (a plain count, like `completed`: what
+    /// search's `verified` reads).
+    pub checks_passed: u32,
+    /// Records whose GPU check failed (each also a provider-failed or disputed record, weighed
+    /// in the score as such).
+    pub checks_failed: u32,
     /// Distinct renters.
     pub renters: u32,
     /// Total weight of the records (what the score rests on beside the prior).
@@ -363,6 +425,11 @@ pub fn provider_scores<K: Ord + Clone, L: Ord + Clone>(
             renters: std::collections::BTreeSet::new(),
         });
         a.renters.insert(&r.renter);
+        match r.gpu_check {
+            GpuCheck::Passed => a.counts.checks_passed += 1,
+            GpuCheck::Failed => a.counts.checks_failed += 1,
+            GpuCheck::NotRun => {}
+        }
         let (good, bad) = match r.outcome {
             CompletionOutcome::Completed => {
                 a.counts.completed += 1;
@@ -416,6 +483,21 @@ mod tests {
             renter,
             paid,
             outcome,
+            gpu_check: GpuCheck::NotRun,
+        }
+    }
+
+    /// A record with a GPU check.
+    fn checked(
+        lease: u32,
+        provider: u32,
+        renter: u32,
+        outcome: CompletionOutcome,
+        gpu_check: GpuCheck,
+    ) -> CompletionRecord<u32, u32> {
+        CompletionRecord {
+            gpu_check,
+            ..rec(lease, provider, renter, 100_000, outcome)
         }
     }
 
@@ -525,7 +607,7 @@ mod tests {
         /// 0..=1: what lets every node agree.
         #[test]
         fn scores_do_not_depend_on_order_or_duplicates(
-            raw in proptest::collection::vec((0u32..40, 0u32..6, 0u32..12, 0u64..2_000_000, 0u8..4), 0..80),
+            raw in proptest::collection::vec((0u32..40, 0u32..6, 0u32..12, 0u64..2_000_000, 0u8..4, 0u8..3), 0..80),
             seed in proptest::prelude::any::<u64>(),
         ) {
             let outcome = |o: u8| match o {
@@ -534,10 +616,18 @@ mod tests {
                 2 => CompletionOutcome::RenterFailed,
                 _ => CompletionOutcome::Disputed,
             };
+            let check = |c: u8| match c {
+                0 => GpuCheck::NotRun,
+                1 => GpuCheck::Passed,
+                _ => GpuCheck::Failed,
+            };
             // A lease has one record: its id decides the rest.
             let mut seen = BTreeMap::new();
-            for (lease, prov, renter, paid, o) in raw {
-                seen.entry(lease).or_insert(rec(lease, prov, 100 + renter, paid, outcome(o)));
+            for (lease, prov, renter, paid, o, c) in raw {
+                seen.entry(lease).or_insert(CompletionRecord {
+                    gpu_check: check(c),
+                    ..rec(lease, prov, 100 + renter, paid, outcome(o))
+                });
             }
             let records: Vec<_> = seen.into_values().collect();
             let p = ScoreParams::default();
@@ -556,6 +646,23 @@ mod tests {
             for (k, s) in &a {
                 proptest::prop_assert_eq!(s.score.to_bits(), b[k].score.to_bits());
                 proptest::prop_assert!((0.0..=1.0).contains(&s.score));
+                // The counts follow the (deduplicated) records, whatever their order.
+                let count = |o: Option<CompletionOutcome>, c: Option<GpuCheck>| {
+                    records
+                        .iter()
+                        .filter(|r| r.provider == *k)
+                        .filter(|r| o.is_none_or(|o| r.outcome == o))
+                        .filter(|r| c.is_none_or(|c| r.gpu_check == c))
+                        .count() as u32
+                };
+                proptest::prop_assert_eq!(s.checks_passed, count(None, Some(GpuCheck::Passed)));
+                proptest::prop_assert_eq!(s.checks_failed, count(None, Some(GpuCheck::Failed)));
+                proptest::prop_assert_eq!(s.completed, count(Some(CompletionOutcome::Completed), None));
+                proptest::prop_assert_eq!(s.failed, count(Some(CompletionOutcome::ProviderFailed), None));
+                proptest::prop_assert_eq!(
+                    (s.checks_passed, s.checks_failed, s.completed, s.failed, s.disputed, s.renters),
+                    (b[k].checks_passed, b[k].checks_failed, b[k].completed, b[k].failed, b[k].disputed, b[k].renters)
+                );
             }
         }
 
@@ -577,6 +684,157 @@ mod tests {
     }
 
     #[test]
+    fn gpu_checks_are_counted_and_a_failed_one_weighs_as_a_provider_failure() {
+        let p = ScoreParams::default();
+        let base = established();
+        let mut v = base.clone();
+        v.push(checked(
+            10,
+            1,
+            100,
+            CompletionOutcome::Completed,
+            GpuCheck::Passed,
+        ));
+        v.push(checked(
+            11,
+            1,
+            100,
+            CompletionOutcome::Completed,
+            GpuCheck::Passed,
+        ));
+        v.push(checked(
+            12,
+            1,
+            100,
+            CompletionOutcome::ProviderFailed,
+            GpuCheck::Failed,
+        ));
+        v.push(checked(
+            13,
+            1,
+            100,
+            CompletionOutcome::Disputed,
+            GpuCheck::Failed,
+        ));
+        let s = provider_scores(&v, &p)[&1];
+        assert_eq!((s.checks_passed, s.checks_failed), (2, 2));
+        assert_eq!((s.completed, s.failed, s.disputed), (3, 1, 1));
+        // The score reads the outcomes only: the same records without their checks score
+        // bit for bit the same (a failed check is its provider-failed record, nothing more).
+        let plain: Vec<_> = v
+            .iter()
+            .map(|r| CompletionRecord {
+                gpu_check: GpuCheck::NotRun,
+                ..r.clone()
+            })
+            .collect();
+        let without = provider_scores(&plain, &p)[&1];
+        assert_eq!(s.score.to_bits(), without.score.to_bits());
+        assert_eq!((without.checks_passed, without.checks_failed), (0, 0));
+        // A duplicate of a record (the same lease) counts once.
+        v.push(v[2].clone());
+        assert_eq!(provider_scores(&v, &p)[&1], s);
+        // Other providers' checks are theirs.
+        assert_eq!(provider_scores(&v, &p)[&2].checks_passed, 0);
+    }
+
+    #[test]
+    fn the_gpu_check_follows_the_kept_record_and_the_close() {
+        use gridlease_protocol::proof::{
+            ProofAck, ProofBackend, ProofChallenge, ProofFailure, ProofParams, ProofTiming,
+            ProofVerdict,
+        };
+        use gridlease_protocol::{Digest, NetworkId, NodeKey, Signed};
+        let (net, r, pk) = (
+            NetworkId::devnet(),
+            NodeKey::from_secret([1; 32]),
+            NodeKey::from_secret([2; 32]),
+        );
+        let lease_id = LeaseId(Digest([9; 32]));
+        let record = |verdict: ProofVerdict, acked: bool| {
+            let challenge = ProofChallenge {
+                lease_id,
+                params: ProofParams {
+                    n: 64,
+                    gemms: 1,
+                    rows: 4,
+                    open_rows: 1,
+                    vram_bytes: 4096,
+                    page_bytes: 4096,
+                    open_pages: 1,
+                    limit_ms: 1000,
+                },
+                backend: ProofBackend::CpuReference,
+                seed: [3; 32],
+                reveal_hash: Digest([4; 32]),
+                sent_at: Timestamp(1),
+            };
+            let report = ProofReport {
+                lease_id,
+                challenge: Digest([5; 32]),
+                commit: None,
+                reveal: [6; 32],
+                opening: None,
+                timing: ProofTiming {
+                    rtt_ms: 1,
+                    commit_ms: 2,
+                    open_ms: 3,
+                    check_cpu_ms: 4,
+                },
+                verdict,
+                decided_at: Timestamp(2),
+            };
+            let report = Signed::sign(&r, &net, &report).unwrap();
+            let ack = ProofAck {
+                lease_id,
+                report: gridlease_protocol::proof::envelope_hash(&report),
+            };
+            ProofRecord {
+                challenge: Signed::sign(&r, &net, &challenge).unwrap(),
+                commit: None,
+                opening: None,
+                report,
+                ack: acked.then(|| Signed::sign(&pk, &net, &ack).unwrap()),
+            }
+        };
+        let failed = ProofVerdict::Failed(ProofFailure::NoAnswer {
+            step: "commit".into(),
+        });
+        let passed = record(ProofVerdict::Passed, true);
+        assert_eq!(
+            gpu_check_of(Some(&passed), CloseReason::Expired),
+            GpuCheck::Passed
+        );
+        // A pass without the provider's co-signature is no pass.
+        assert_eq!(
+            gpu_check_of(
+                Some(&record(ProofVerdict::Passed, false)),
+                CloseReason::Expired
+            ),
+            GpuCheck::Failed
+        );
+        assert_eq!(
+            gpu_check_of(Some(&record(failed, false)), CloseReason::GpuCheckFailed),
+            GpuCheck::Failed
+        );
+        // The close decides over a kept pass (its co-signature never reached the renter).
+        assert_eq!(
+            gpu_check_of(Some(&passed), CloseReason::GpuCheckFailed),
+            GpuCheck::Failed
+        );
+        assert_eq!(
+            gpu_check_of(None, CloseReason::GpuCheckFailed),
+            GpuCheck::Failed
+        );
+        // Nothing kept: no check ran (no window, or the lease ended before one finished).
+        assert_eq!(gpu_check_of(None, CloseReason::Expired), GpuCheck::NotRun);
+        assert_eq!(
+            gpu_check_of(None, CloseReason::RenterUnreachable),
+            GpuCheck::NotRun
+        );
+    }
+
+    #[test]
     fn a_renter_signs_what_it_agrees_with_and_disputes_only_the_outcome() {
         let c = |paid, outcome| Completion {
             lease_id: LeaseId(gridlease_protocol::Digest([1; 32])),
@@ -586,6 +844,7 @@ mod tests {
             paid,
             closed_at: Timestamp(5),
             outcome,
+            gpu_check: GpuCheck::NotRun,
         };
         let done = c(10, CompletionOutcome::Completed);
         assert_eq!(renter_answer(&done, &done).unwrap(), done);
@@ -598,6 +857,29 @@ mod tests {
         let mut later = done.clone();
         later.closed_at = Timestamp(99);
         assert_eq!(renter_answer(&later, &done).unwrap(), later);
+        assert!(acceptable_answer(&done, &done));
+        assert!(acceptable_answer(
+            &done,
+            &renter_answer(&done, &mine).unwrap()
+        ));
+        // The GPU checks differ: the renter signs its own, disputed; the provider accepts
+        // that, and nothing else.
+        let passed = Completion {
+            gpu_check: GpuCheck::Passed,
+            ..done.clone()
+        };
+        let answer = renter_answer(&passed, &done).unwrap();
+        assert_eq!(
+            (answer.outcome, answer.gpu_check),
+            (CompletionOutcome::Disputed, GpuCheck::NotRun)
+        );
+        assert!(acceptable_answer(&passed, &answer));
+        assert!(!acceptable_answer(&passed, &done), "not marked disputed");
+        let other = Completion {
+            paid: 11,
+            ..answer.clone()
+        };
+        assert!(!acceptable_answer(&passed, &other));
     }
 
     #[test]

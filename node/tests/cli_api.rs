@@ -195,7 +195,11 @@ fn daemon_serves_status_search_and_gpus_on_a_private_socket() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 1);
-    assert_eq!(rows[0]["verified"], false, "declared GPUs are unverified");
+    assert_eq!(rows[0]["measured"], false, "declared GPUs are not measured");
+    // No GPU check: the test daemons offer none, and no check of theirs passed.
+    assert_eq!(rows[0]["verified"], 0);
+    assert_eq!(rows[0]["gpu_check"], "none");
+    assert_eq!(rows[0]["verify_window_s"], 0);
     assert_eq!(rows[0]["gpus"], 2);
 
     let out = run(&["search", "vram>>24"], &home);
@@ -335,6 +339,22 @@ fn search_takes_a_descending_sort_refuses_bad_limits_and_booleans_and_lists_its_
         table.contains("rep (done)") && table.contains("0.50 (0)"),
         "{table}"
     );
+    assert!(
+        table.contains("checks") && table.contains("bench") && table.contains("declared"),
+        "{table}"
+    );
+    // `verified` counts passed GPU checks: `verified>=1` leaves the daemon's offer out,
+    // `verified=false` is `verified=0`; `sort:-verified` is a sort key.
+    let out = cli(&home, &["--json", "search", "verified>=1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    let out = cli(
+        &home,
+        &["--json", "search", "verified=false", "sort:-verified"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
     // `search --help` lists every field with its type and an example.
     let help = text(&cli(&home, &["search", "--help"]).stdout);
     for (name, f) in gridlease_contracts::query::Field::ALL {

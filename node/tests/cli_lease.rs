@@ -23,7 +23,9 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
     let m = market(dir.path());
     let prefix = m.offer.clone();
-    assert_eq!(json(&rh, &["search", "gpu~4090"])[0]["verified"], false);
+    let row = &json(&rh, &["search", "gpu~4090"])[0];
+    assert_eq!(row["measured"], false, "declared GPUs: {row}");
+    assert_eq!(row["verified"], 0, "no GPU check passed yet: {row}");
 
     let rented = json(
         &rh,
@@ -135,12 +137,19 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
     let view = lease_of(&rh, &id);
     let cost =
         gridlease_contracts::Money::from_micros(view["cost_so_far"].as_u64().unwrap()).to_string();
-    for (args, must_show) in [
+    // Each command's rows at 80 columns, and the columns they must keep there (the search's
+    // `checks`: the provider's passed GPU checks and the check the offer grants).
+    for (args, must_show, columns) in [
         (
             &["leases", "--all"][..],
             vec![&id[..12], "settled", cost.as_str()],
+            vec!["state"],
         ),
-        (&["search"][..], vec!["RTX 4090", "24 GiB", "unverified"]),
+        (
+            &["search"][..],
+            vec!["RTX 4090", "24 GiB", "0.50 (0)"],
+            vec!["rep (done)", "checks"],
+        ),
     ] {
         let narrow = at("80", args);
         let mut shown = vec![("COLUMNS=80", narrow.clone())];
@@ -155,6 +164,13 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
             assert_eq!(data.len(), 1, "one line per row, {how}:\n{out}");
             for v in &must_show {
                 assert!(data[0].contains(v), "{v:?} whole on its row, {how}:\n{out}");
+            }
+            for c in &columns {
+                assert!(
+                    out.lines()
+                        .any(|l| l.contains(c) && !l.contains(must_show[0])),
+                    "the {c:?} column, {how}:\n{out}"
+                );
             }
         }
         let mut wide_args = args.to_vec();
@@ -547,7 +563,18 @@ fn an_image_the_offer_does_not_run_is_refused_before_asking_and_offer_lists_what
         .unwrap_or_else(|| panic!("no images line: {shown}"));
     assert!(line.contains("127.0.0.1:9"), "{line}");
     assert!(line.contains(&image), "the local image is listed: {line}");
+    // Test providers offer no GPU check (`cli_support::NO_GPU_CHECK`).
+    assert!(
+        shown.lines().any(|l| l == "gpu check    none offered"),
+        "{shown}"
+    );
     let o = json(&rh, &["offer", &m.offer]);
+    assert_eq!(o["gpu_check"], "none", "{o}");
+    assert_eq!(
+        (o["verify_window_s"].as_u64(), o["verified"].as_u64()),
+        (Some(0), Some(0)),
+        "{o}"
+    );
     assert_eq!(o["registries"], serde_json::json!(["127.0.0.1:9"]), "{o}");
     assert_eq!(o["local_images"][0], image.as_str(), "{o}");
 

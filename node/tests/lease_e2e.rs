@@ -156,6 +156,11 @@ async fn happy_path_logs_exit_code_and_agreeing_ledgers() {
         record.outcome,
         gridlease_protocol::completion::CompletionOutcome::Completed
     );
+    // The offer has no verification window: no GPU check ran.
+    assert_eq!(
+        record.gpu_check,
+        gridlease_protocol::completion::GpuCheck::NotRun
+    );
     assert_eq!(record.provider, provider.node.node.client.key().public());
     assert_ne!(record.provider, record.renter);
 

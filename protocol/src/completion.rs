@@ -2,7 +2,7 @@
 //! signed, which is what reputation is computed from.
 //!
 //! At settlement the provider signs a [`Completion`] (the lease, both keys, the GPU-seconds
-//! delivered, the amount paid, the outcome) and sends it to the renter; the renter checks every
+//! delivered, the amount paid, the outcome, the GPU check's result) and sends it to the renter; the renter checks every
 //! field against its own ledger and, when they agree, signs the identical body as a
 //! [`CompletionAck`]. The pair is a [`CoSigned`] completion: neither side can make one alone,
 //! and neither can change one afterwards. Providers gossip their recent ones
@@ -71,6 +71,32 @@ impl CompletionOutcome {
     }
 }
 
+/// What the renter's GPU check at the start of the lease (proof of GPU, issue 44:
+/// [`crate::proof`]) came to, as both sides agree to record it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GpuCheck {
+    /// No check ran: the terms had no verification window (`LeaseTerms::verify_window_s` 0),
+    /// or the lease ended before one finished.
+    #[default]
+    NotRun,
+    /// The check passed and the provider co-signed the pass (`ProofRecord::ack`).
+    Passed,
+    /// The check failed (or passed without the provider's co-signature): the lease closed
+    /// `GpuCheckFailed`, unbilled.
+    Failed,
+}
+
+impl GpuCheck {
+    /// The result in words (`none`, `passed`, `failed`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NotRun => "none",
+            Self::Passed => "passed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// One settled lease as its provider records it (signed by the provider).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Completion {
@@ -88,6 +114,8 @@ pub struct Completion {
     pub closed_at: Timestamp,
     /// How it ended.
     pub outcome: CompletionOutcome,
+    /// The renter's GPU check of the lease.
+    pub gpu_check: GpuCheck,
 }
 
 impl Shape for Completion {
@@ -253,6 +281,7 @@ mod tests {
             paid: 1_250_000,
             closed_at: Timestamp(1_700_000_000_000),
             outcome: CompletionOutcome::Completed,
+            gpu_check: GpuCheck::Passed,
         }
     }
 
@@ -343,6 +372,43 @@ mod tests {
             both.verify(&NetworkId::new("gridlease-other").unwrap())
                 .is_err()
         );
+    }
+
+    #[test]
+    fn the_largest_completion_fits_its_caps() {
+        use crate::envelope::WireMessage as _;
+        let (p, r) = (NodeKey::from_secret([1; 32]), NodeKey::from_secret([2; 32]));
+        let c = Completion {
+            gpu_seconds: u64::MAX,
+            paid: u64::MAX,
+            closed_at: Timestamp(u64::MAX),
+            outcome: CompletionOutcome::Disputed,
+            gpu_check: GpuCheck::Failed,
+            ..record(&p, &r)
+        };
+        let ack = CompletionAck {
+            completion: c.clone(),
+        };
+        let body = c.encode_payload().unwrap().len();
+        let acked = ack.encode_payload().unwrap().len();
+        assert!(
+            body <= MAX_COMPLETION_BYTES && acked <= MAX_COMPLETION_BYTES,
+            "{body} {acked}"
+        );
+        let pair = cosign(&p, &r, &c);
+        let bytes = pair.to_bytes().unwrap();
+        assert!(bytes.len() <= MAX_COSIGNED_BYTES, "{}", bytes.len());
+        assert_eq!(
+            CoSigned::from_bytes(&bytes)
+                .unwrap()
+                .verify(&net())
+                .unwrap(),
+            c
+        );
+        let names: Vec<_> = [GpuCheck::NotRun, GpuCheck::Passed, GpuCheck::Failed]
+            .map(GpuCheck::name)
+            .into();
+        assert_eq!(names, ["none", "passed", "failed"]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use gridlease_contracts::Money;
+use gridlease_contracts::query::ProviderNumbers;
 
 use super::ApiState;
 use super::problem::{ApiError, Problem};
@@ -42,6 +43,8 @@ pub(super) async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>
         c.reachability(),
     )
     .map_err(ApiError::internal)?;
+    // This node's own numbers, as its book carries them (the prior when it has no offer).
+    let own_numbers = own_numbers.map_or(ProviderNumbers::PRIOR, |n| n.provider);
     let (cache, limits) = s.leases.image_cache().await;
     let text = |v: &[libp2p::Multiaddr]| v.iter().map(ToString::to_string).collect();
     Ok(Json(StatusView {
@@ -83,12 +86,8 @@ pub(super) async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>
             ram_mib_per_gpu: o.offer.per_gpu.ram_mib,
             cpu_millicores_per_gpu: o.offer.per_gpu.cpu_millicores,
             disk_gib_per_gpu: o.offer.per_gpu.disk_gib,
-            rep: f64::from(
-                own_numbers.map_or(gridlease_contracts::query::REP_PRIOR_PERMILLE, |n| {
-                    n.rep_permille
-                }),
-            ) / 1000.0,
-            completed: own_numbers.map_or(0, |n| n.completed),
+            rep: f64::from(own_numbers.rep_permille) / 1000.0,
+            completed: own_numbers.completed,
             interruptible: o.offer.interruptible,
         }),
     }))

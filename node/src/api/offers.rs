@@ -24,7 +24,8 @@ pub struct OffersParams {
     #[serde(default)]
     pub q: String,
     /// Sort key: `price` (default), `fp16_tflops`, `fp32_tflops`, `price_per_tflop`, `vram`,
-    /// `age` or `rep`; a leading `-` sorts descending. Given, it wins over a `sort:KEY` term of `q`.
+    /// `age`, `rep` or `verified`; a leading `-` sorts descending. Given, it wins over a
+    /// `sort:KEY` term of `q`.
     pub sort: Option<String>,
     /// Most rows.
     #[param(minimum = 1, maximum = 10000, default = 20)]
@@ -243,7 +244,10 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         price_per_gpu_hour: Money::from_micros(n.price).to_string(),
         price_per_tflop: (n.price_per_tflop != u64::MAX)
             .then(|| Money::from_micros(n.price_per_tflop).to_string()),
-        verified: n.verified,
+        measured: n.measured,
+        verified: n.provider.verified,
+        gpu_check: types::GpuCheckPolicy::of(&e.offer.proof),
+        verify_window_s: e.offer.proof.window_s,
         age_s: now.ms_since(e.offer.created_at) / 1000,
         region: e.offer.region.clone(),
         min_billed_s: e.offer.min_billed_s,
@@ -252,8 +256,8 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         isolation: e.offer.sandbox.isolation,
         output_retention_s: e.offer.sandbox.output_retention_s,
         upload_hold_s: e.offer.sandbox.upload_hold_s,
-        rep: f64::from(n.rep_permille) / 1000.0,
-        completed: n.completed,
+        rep: f64::from(n.provider.rep_permille) / 1000.0,
+        completed: n.provider.completed,
         interruptible: e.offer.interruptible,
     }
 }
@@ -269,7 +273,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
     description = "An id or a unique prefix of at least 4 hex digits. An id its provider has replaced resolves to the provider's current offer when that has the same GPUs at the same or a lower price.",
     params(("id" = String, Path, description = "Offer id or unique hex prefix")),
     responses(
-        (status = 200, description = "The offer: GPUs with spec and benchmark, price, billing, durations, resources, sandbox, addresses", body = types::OfferDetail),
+        (status = 200, description = "The offer: GPUs with spec and benchmark, price, billing, durations, resources, sandbox, GPU check, addresses", body = types::OfferDetail),
         (status = 400, description = "Not an offer id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
         (status = 404, description = "Not in the book, nor a remembered replaced offer (`unknown-offer`)", content_type = "application/problem+json", body = Problem),
         (status = 409, description = "The prefix matches several offers (`ambiguous-id`), or the offer was replaced with other GPUs or a higher price (`offer-replaced`)", content_type = "application/problem+json", body = Problem),
@@ -348,6 +352,9 @@ pub(super) async fn offer(
         isolation: o.sandbox.isolation,
         output_retention_s: o.sandbox.output_retention_s,
         upload_hold_s: o.sandbox.upload_hold_s,
+        gpu_check: types::GpuCheckPolicy::of(&o.proof),
+        verify_window_s: o.proof.window_s,
+        verified: e.summary.numbers.provider.verified,
         addrs: o.addrs.clone(),
         region: o.region.clone(),
     }))

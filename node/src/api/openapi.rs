@@ -101,7 +101,7 @@ pub const MAX_LOCAL_IMAGE_LEN: usize = 247;
 
 /// A sort key of `GET /v1/offers` (`-` before it: descending).
 pub static SORT: Pattern =
-    Pattern::new("^[-+]?(?:price|fp16_tflops|fp32_tflops|price_per_tflop|vram|age|rep)$");
+    Pattern::new("^[-+]?(?:price|fp16_tflops|fp32_tflops|price_per_tflop|vram|age|rep|verified)$");
 
 /// A page cursor of `GET /v1/offers` (`gridlease_contracts::book::Cursor`: 16 hex digits of
 /// sort rank, 64 of offer id).
@@ -156,19 +156,15 @@ pub fn query_pattern() -> &'static str {
                 }
             };
             alternatives.push(format!("{}{op}{value}", ci(name)));
+            if field.takes_bool() {
+                let words = ["true", "false", "yes", "no"].map(ci).join("|");
+                alternatives.push(format!("{}(?:!=|==|=)(?:{words})", ci(name)));
+            }
         }
         let cond = format!("(?:{})", alternatives.join("|"));
-        let keys = [
-            "price",
-            "fp16_tflops",
-            "fp32_tflops",
-            "price_per_tflop",
-            "vram",
-            "age",
-            "rep",
-        ]
-        .map(ci)
-        .join("|");
+        let keys = gridlease_contracts::query::SortField::ALL
+            .map(|(name, _)| ci(name))
+            .join("|");
         let sort = format!("sort[:=][-+]?(?:{keys})");
         let most = gridlease_contracts::query::MAX_TERMS;
         format!(
@@ -433,6 +429,8 @@ mod tests {
         for ok in [
             "",
             "gpu~4090 vram>=24 price<=0.45 fp16_tflops>=100 verified=true gpus>=2 sort:price_per_tflop",
+            "measured=true verified>=3 sort:-verified",
+            "verified!=no VERIFIED=Yes verified=0",
             "GPU=\"nvidia geforce rtx 4090\" cc>=8.9 sort:-FP16_TFLOPS",
             "free>=0 hours>=24 egress=no region=eu-west",
             " cpu>=1.5 ",
@@ -447,6 +445,9 @@ mod tests {
             "sort:price gpus>=1",
             "gpu==",
             "x=1",
+            "verified>=true",
+            "verified=maybe",
+            "measured>=1",
         ] {
             assert!(!query_matches(bad), "{bad}");
         }

@@ -177,8 +177,21 @@ pub struct OfferRow {
     pub price_per_gpu_hour: String,
     /// Price per GPU-hour per fp16 TFLOPS, decimal (null without a benchmark).
     pub price_per_tflop: Option<String>,
-    /// True when every GPU's benchmark was measured; declared GPUs are unverified.
-    pub verified: bool,
+    /// True when every GPU's benchmark was measured by the provider's node; declared GPUs
+    /// (`--dev-gpus`) are not (search `measured=true`).
+    #[serde(default)]
+    pub measured: bool,
+    /// The provider's passed GPU checks (proof of GPU): co-signed completion records this node
+    /// holds whose check passed (a plain count, like `completed`; search `verified>=N`).
+    #[serde(default)]
+    pub verified: u32,
+    /// The GPU check the offer grants each lease at its start.
+    #[serde(default)]
+    pub gpu_check: GpuCheckPolicy,
+    /// Seconds of the unbilled verification window the offer grants each lease for the check
+    /// (0: none).
+    #[serde(default)]
+    pub verify_window_s: u32,
     /// Seconds since the offer was signed.
     pub age_s: u64,
     /// Region label.
@@ -213,6 +226,94 @@ pub struct OfferRow {
     /// reason `owner_reclaimed`, billed to the second it stopped).
     #[serde(default)]
     pub interruptible: bool,
+}
+
+impl OfferRow {
+    /// How the GPUs' benchmark figures were obtained, for tables: `measured` or `declared`.
+    pub fn bench(&self) -> &'static str {
+        if self.measured {
+            "measured"
+        } else {
+            "declared"
+        }
+    }
+
+    /// The provider's passed GPU checks and the check the offer grants, for tables
+    /// ([`GpuCheckPolicy::cell`]).
+    pub fn checks(&self) -> String {
+        self.gpu_check.cell(self.verified)
+    }
+}
+
+/// The GPU check an offer grants each lease at its start (proof of GPU: the offer's
+/// `ProofPolicy`), as the API and the CLI name it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum GpuCheckPolicy {
+    /// The leased NVIDIA GPUs answer the challenge (cuBLASLt int8 GEMMs).
+    #[serde(rename = "cuda")]
+    Cuda,
+    /// The provider's CPU answers it (a `--dev-gpus` provider): it proves the protocol, not a
+    /// GPU.
+    #[serde(rename = "cpu-reference: not a GPU")]
+    CpuReference,
+    /// No check is offered (no verification window).
+    #[default]
+    #[serde(rename = "none")]
+    None,
+}
+
+impl GpuCheckPolicy {
+    /// The check an offer with `policy` grants.
+    pub fn of(policy: &gridlease_protocol::proof::ProofPolicy) -> Self {
+        use gridlease_protocol::proof::ProofBackend as B;
+        match (policy.window_s, policy.backend) {
+            (0, _) | (_, None) => Self::None,
+            (_, Some(B::Cuda)) => Self::Cuda,
+            (_, Some(B::CpuReference)) => Self::CpuReference,
+        }
+    }
+
+    /// The name the JSON carries (`cuda`, `cpu-reference: not a GPU`, `none`).
+    pub fn label(self) -> &'static str {
+        use gridlease_protocol::proof::ProofBackend as B;
+        match self {
+            Self::Cuda => B::Cuda.label(),
+            Self::CpuReference => B::CpuReference.label(),
+            Self::None => "none",
+        }
+    }
+
+    /// The short name a table shows (`cuda`, `cpu`; `-` for none).
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::CpuReference => "cpu",
+            Self::None => "-",
+        }
+    }
+
+    /// A table cell: `passed` (the provider's passed checks) and this check: `3 cpu`,
+    /// `12 cuda`; `-` with no check offered and none passed, `2 none` with none offered now.
+    pub fn cell(self, passed: u32) -> String {
+        match (self, passed) {
+            (Self::None, 0) => "-".into(),
+            (Self::None, n) => format!("{n} none"),
+            (check, n) => format!("{n} {}", check.short()),
+        }
+    }
+
+    /// A sentence: this check, its window (`window_s`) and the provider's passed checks:
+    /// `cpu-reference: not a GPU, 30 s unbilled window, 3 passed`, or `none offered`.
+    pub fn line(self, window_s: u32, passed: u32) -> String {
+        match (self, passed) {
+            (Self::None, 0) => "none offered".into(),
+            (Self::None, n) => format!("none offered now ({n} passed before)"),
+            (check, n) => format!(
+                "{}, {window_s} s unbilled window, {n} passed",
+                check.label()
+            ),
+        }
+    }
 }
 
 /// `GET /v1/gpus`: one local GPU.
@@ -476,6 +577,17 @@ pub struct OfferDetail {
     /// A running lease may be stopped when the provider's owner takes the GPU back.
     #[serde(default)]
     pub interruptible: bool,
+    /// The GPU check the offer grants each lease at its start.
+    #[serde(default)]
+    pub gpu_check: GpuCheckPolicy,
+    /// Seconds of the unbilled verification window the offer grants each lease for the check
+    /// (0: none).
+    #[serde(default)]
+    pub verify_window_s: u32,
+    /// The provider's passed GPU checks among the co-signed completion records this node
+    /// holds (a plain count; search `verified>=N`).
+    #[serde(default)]
+    pub verified: u32,
     /// Where to reach the provider.
     pub addrs: Vec<String>,
     /// Region label.
@@ -582,5 +694,58 @@ impl TelemetryView {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GpuCheckPolicy;
+    use gridlease_protocol::proof::{ProofBackend, ProofPolicy};
+
+    #[test]
+    fn the_gpu_check_is_named_from_the_offers_policy() {
+        let policy = |window_s, backend| ProofPolicy {
+            window_s,
+            backend,
+            claimed_mmacs: 1,
+        };
+        for (p, want, json, short) in [
+            (
+                policy(30, Some(ProofBackend::Cuda)),
+                GpuCheckPolicy::Cuda,
+                "cuda",
+                "cuda",
+            ),
+            (
+                policy(30, Some(ProofBackend::CpuReference)),
+                GpuCheckPolicy::CpuReference,
+                "cpu-reference: not a GPU",
+                "cpu",
+            ),
+            (
+                policy(0, Some(ProofBackend::Cuda)),
+                GpuCheckPolicy::None,
+                "none",
+                "-",
+            ),
+            (policy(30, None), GpuCheckPolicy::None, "none", "-"),
+        ] {
+            let got = GpuCheckPolicy::of(&p);
+            assert_eq!(got, want, "{p:?}");
+            // The JSON name is the label the rest of the node shows.
+            assert_eq!(serde_json::to_value(got).unwrap(), json);
+            assert_eq!(got.label(), json);
+            assert_eq!(got.short(), short);
+        }
+        let cpu = GpuCheckPolicy::CpuReference;
+        assert_eq!(cpu.cell(3), "3 cpu");
+        assert_eq!(GpuCheckPolicy::Cuda.cell(12), "12 cuda");
+        assert_eq!(GpuCheckPolicy::None.cell(0), "-");
+        assert_eq!(GpuCheckPolicy::None.cell(2), "2 none");
+        assert_eq!(
+            cpu.line(30, 3),
+            "cpu-reference: not a GPU, 30 s unbilled window, 3 passed"
+        );
+        assert_eq!(GpuCheckPolicy::None.line(0, 0), "none offered");
     }
 }

@@ -222,7 +222,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     };
     out.line("\noffers seen by the renter (cheapest first):");
     out.table(
-        &["offer", "provider", "gpu", "vram", "price/h", "verified"],
+        &["offer", "provider", "gpu", "vram", "price/h", "bench"],
         offers
             .iter()
             .map(|o| {
@@ -232,11 +232,7 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
                     o.gpu.clone(),
                     format!("{:.0} GiB", o.vram_gib),
                     o.price_per_gpu_hour.clone(),
-                    if o.verified {
-                        "yes".into()
-                    } else {
-                        "unverified".into()
-                    },
+                    o.bench().into(),
                 ]
             })
             .collect(),

@@ -83,6 +83,10 @@ pub async fn run(api: &ApiClient, out: &Printer, a: &OfferArgs) -> anyhow::Resul
             }
         ));
         p.line(&format!(
+            "gpu check    {}",
+            o.gpu_check.line(o.verify_window_s, o.verified)
+        ));
+        p.line(&format!(
             "images       {}",
             gridlease_contracts::image::policy_text(&o.registries, &o.image_prefixes, &o.local_images)
         ));

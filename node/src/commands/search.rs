@@ -10,7 +10,7 @@ use crate::output::{Printer, short};
 #[derive(Debug, Args)]
 pub struct SearchArgs {
     /// Query: conditions on the fields listed below, all of which must hold, e.g.
-    /// 'gpu~4090 vram>=24 price<=0.45 verified=true'. Operators: = != < <= > >= and ~ (text
+    /// 'gpu~4090 vram>=24 price<=0.45 verified>=3'. Operators: = != < <= > >= and ~ (text
     /// contains); booleans are true/false (yes/no).
     #[arg(value_name = "QUERY", num_args = 0..)]
     pub query: Vec<String>,
@@ -129,11 +129,8 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                     r.price_per_gpu_hour.clone(),
                     r.price_per_tflop.clone().unwrap_or_else(|| "-".into()),
                     format!("{:.2} ({})", r.rep, r.completed),
-                    if r.verified {
-                        "yes".into()
-                    } else {
-                        "unverified".into()
-                    },
+                    r.checks(),
+                    r.bench().into(),
                     format!("{} s", r.age_s),
                     format!("{} s", r.min_billed_s),
                     r.access.describe(),
@@ -152,7 +149,8 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
                 "GLU/GPU-h",
                 "per TFLOP",
                 "rep (done)",
-                "verified",
+                "checks",
+                "bench",
                 "age",
                 "min bill",
                 "access",
@@ -164,9 +162,12 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &SearchArgs) -> anyhow::R
             // `access` (shell, exec, forward) and `isolation` (runc, gvisor) show in wide
             // terminals and with --wide.
             // `rep (done)`: reputation and completed leases (docs/reputation.md).
+            // `checks`: the provider's passed GPU checks and the check the offer grants
+            // (`3 cpu`, `12 cuda`, `-`), kept before `bench` (benchmark figures measured or
+            // declared: a `cpu` check already says the GPUs are declared ones).
             // `interruptible` (the owner may stop a lease: `search interruptible=false`)
             // likewise.
-            &[13, 12, 11, 10, 1, 6, 9, 4, 8, 7],
+            &[14, 13, 12, 11, 1, 6, 10, 9, 4, 8, 7],
             args.wide,
         );
     });

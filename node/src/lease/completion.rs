@@ -4,8 +4,10 @@
 //! reputation is computed from.
 //!
 //! - Provider ([`propose`]): spawned by the session once it settled (the GPUs are already
-//!   free); one round trip. The renter answers with its signature over the record it agrees
-//!   with: the same one, or the same marked `Disputed` when the two closes disagree, which the
+//!   free); one round trip. The record carries the lease's GPU check as the provider's own
+//!   kept check shows it (`lease_proofs`, `gpu_check_of`). The renter answers with its
+//!   signature over the record it agrees with: the same one, or the same marked `Disputed`
+//!   (with the renter's own GPU check) when the two closes or checks disagree, which the
 //!   provider then signs too. A renter away at that moment (an unattended lease) is asked
 //!   again when it comes back and catches up on the lease's reports ([`propose_stored`]);
 //!   one that never answers leaves no record (logged).
@@ -17,8 +19,10 @@
 
 use std::time::Duration;
 
-use gridlease_contracts::reputation::{completion_of, renter_answer};
-use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck};
+use gridlease_contracts::reputation::{
+    acceptable_answer, completion_of, gpu_check_of, renter_answer,
+};
+use gridlease_protocol::completion::{CoSigned, Completion, CompletionAck, GpuCheck};
 use gridlease_protocol::session::{SessionRequest, SessionResponse};
 use gridlease_protocol::{CloseReason, LeaseId, LeaseTerms, PeerId};
 
@@ -56,7 +60,18 @@ pub(crate) async fn propose(
     reason: CloseReason,
     closed_at: gridlease_protocol::Timestamp,
 ) {
-    let record = completion_of(id, &terms, settled, last_wall_ms, reason, closed_at);
+    let Some(gpu_check) = kept_check(&ctx, id, reason).await else {
+        return;
+    };
+    let record = completion_of(
+        id,
+        &terms,
+        settled,
+        last_wall_ms,
+        reason,
+        closed_at,
+        gpu_check,
+    );
     let Some(signed) = sign(&ctx, &record) else {
         return;
     };
@@ -78,19 +93,20 @@ pub(crate) async fn propose(
             return;
         }
     };
-    // The renter may only have marked the outcome disputed; anything else is not ours.
+    // The renter may only have marked the outcome disputed, with its own GPU check; anything
+    // else is not ours.
     let provider = if agreed == record {
         signed
-    } else if agreed
-        == (Completion {
-            outcome: gridlease_protocol::completion::CompletionOutcome::Disputed,
-            ..record.clone()
-        })
-    {
+    } else if acceptable_answer(&record, &agreed) {
         let Some(s) = sign(&ctx, &agreed) else {
             return;
         };
-        tracing::info!(lease = %id, "the renter disputes the lease's outcome; recorded as disputed");
+        tracing::info!(
+            lease = %id,
+            gpu_check = record.gpu_check.name(),
+            renter_gpu_check = agreed.gpu_check.name(),
+            "the renter disputes the lease's outcome; recorded as disputed"
+        );
         s
     } else {
         tracing::warn!(lease = %id, "the renter signed another record than proposed");
@@ -105,7 +121,20 @@ pub(crate) async fn propose(
     )
     .await
     {
-        tracing::info!(lease = %id, outcome = agreed.outcome.name(), paid = agreed.paid, "completion co-signed");
+        tracing::info!(lease = %id, outcome = agreed.outcome.name(), paid = agreed.paid, gpu_check = agreed.gpu_check.name(), "completion co-signed");
+    }
+}
+
+/// The GPU check of lease `id` (closed for `reason`) as this node's kept check record shows
+/// it (`gpu_check_of`); `None` when the store cannot be read (logged): no record is better
+/// than a wrong one.
+async fn kept_check(ctx: &Ctx, id: LeaseId, reason: CloseReason) -> Option<GpuCheck> {
+    match ctx.store.call(move |s| s.proof(&id)).await {
+        Ok(kept) => Some(gpu_check_of(kept.as_ref(), reason)),
+        Err(e) => {
+            tracing::warn!(lease = %id, error = %e, "cannot read the lease's GPU check; no completion record");
+            None
+        }
     }
 }
 
@@ -205,6 +234,9 @@ pub(crate) async fn answer(ctx: &Ctx, peer: PeerId, request: &SessionRequest) ->
     ) else {
         return SessionResponse::Busy;
     };
+    let Some(gpu_check) = kept_check(ctx, id, reason).await else {
+        return SessionResponse::Busy;
+    };
     let mine = completion_of(
         id,
         &l.lease.terms,
@@ -212,6 +244,7 @@ pub(crate) async fn answer(ctx: &Ctx, peer: PeerId, request: &SessionRequest) ->
         last_wall_ms(&rec),
         reason,
         rec.fields.closed_at.unwrap_or(proposed.closed_at),
+        gpu_check,
     );
     let agreed = match renter_answer(&proposed, &mine) {
         Ok(a) => a,

@@ -28,6 +28,7 @@ fn completions_keep_a_providers_failures_apart_from_its_newest_completed() {
             paid: 1,
             closed_at: Timestamp(1_000 + u64::from(lease)),
             outcome,
+            gpu_check: gridlease_protocol::completion::GpuCheck::NotRun,
         };
         let pair = CoSigned {
             provider: Signed::sign(&p, &net, &c).unwrap(),

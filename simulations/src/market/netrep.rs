@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use gridlease_contracts::reputation::{CompletionRecord, ScoreParams, provider_scores};
-use gridlease_protocol::completion::CompletionOutcome;
+use gridlease_protocol::completion::{CompletionOutcome, GpuCheck};
 
 use crate::scenario::Reputation;
 
@@ -91,6 +91,8 @@ impl NetRep {
             renter,
             paid,
             outcome,
+            // The simulated market runs no GPU check.
+            gpu_check: GpuCheck::NotRun,
         });
         self.len += 1;
         if self.per_provider > 0 && q.len() > self.per_provider {

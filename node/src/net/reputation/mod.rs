@@ -1,7 +1,7 @@
 //! Network reputation (issue 16): the co-signed completion records this node holds, the
 //! gossip that spreads them, and the scores computed from them
 //! ([`gridlease_contracts::reputation::provider_scores`]), which the offer book's summaries
-//! carry for search (`rep`, `completed`).
+//! carry for search (`rep`, `completed`, `verified`).
 //!
 //! Owned by the network loop, beside the book it scores: records arrive from gossip
 //! ([`Completions::ingest`]) and from this node's own leases ([`Completions::add`]), are kept
@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
+use gridlease_contracts::query::ProviderNumbers;
 use gridlease_contracts::reputation::{CompletionRecord, ScoreParams, provider_scores};
 use gridlease_protocol::completion::CompletionOutcome;
 use gridlease_protocol::completion::{
@@ -256,9 +257,9 @@ impl Completions {
         })
     }
 
-    /// When records changed since the last call: every provider's score (per mille) and
-    /// completed count, for the book.
-    pub fn rescore(&mut self, params: &ScoreParams) -> Option<HashMap<PublicKey, (u32, u32)>> {
+    /// When records changed since the last call: every provider's score (per mille),
+    /// completed count and passed GPU checks, for the book.
+    pub fn rescore(&mut self, params: &ScoreParams) -> Option<HashMap<PublicKey, ProviderNumbers>> {
         if !self.dirty {
             return None;
         }
@@ -269,8 +270,13 @@ impl Completions {
             provider_scores(&records, params)
                 .into_iter()
                 .map(|(k, s)| {
-                    let permille = (s.score * 1000.0).round().clamp(0.0, 1000.0) as u32;
-                    (k, (permille, s.completed))
+                    let rep_permille = (s.score * 1000.0).round().clamp(0.0, 1000.0) as u32;
+                    let numbers = ProviderNumbers {
+                        rep_permille,
+                        completed: s.completed,
+                        verified: s.checks_passed,
+                    };
+                    (k, numbers)
                 })
                 .collect(),
         )
@@ -280,7 +286,7 @@ impl Completions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gridlease_protocol::completion::{CompletionAck, CompletionOutcome};
+    use gridlease_protocol::completion::{CompletionAck, CompletionOutcome, GpuCheck};
     use gridlease_protocol::{Digest, NodeKey, Signed, Timestamp};
 
     fn pair(p: &NodeKey, r: &NodeKey, lease: u8, paid: u64) -> (Completion, CoSigned) {
@@ -293,6 +299,7 @@ mod tests {
             paid,
             closed_at: Timestamp(u64::from(lease)),
             outcome: CompletionOutcome::Completed,
+            gpu_check: GpuCheck::Passed,
         };
         let both = CoSigned {
             provider: Signed::sign(p, &net, &c).unwrap(),
@@ -333,7 +340,14 @@ mod tests {
         assert!(c.ingest(&bytes).unwrap().is_empty(), "taught nothing");
         let scores = c.rescore(&ScoreParams::default()).unwrap();
         // The one record weighs 0.5 (the renter's credit elsewhere) + 0.01: 1.51 / 2.51.
-        assert_eq!(scores[&me.public()], (602, 1));
+        assert_eq!(
+            scores[&me.public()],
+            ProviderNumbers {
+                rep_permille: 602,
+                completed: 1,
+                verified: 1
+            }
+        );
         assert!(c.rescore(&ScoreParams::default()).is_none(), "unchanged");
         // A batch with one forged record is refused whole.
         let mut forged = p2;
@@ -367,6 +381,7 @@ mod tests {
                 paid: 1,
                 closed_at: Timestamp(1_000 + u64::from(lease)),
                 outcome,
+                gpu_check: GpuCheck::NotRun,
             };
             CoSigned {
                 provider: Signed::sign(&p, &net, &rec).unwrap(),
