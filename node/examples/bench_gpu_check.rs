@@ -103,7 +103,8 @@ async fn main() {
             break id;
         }
     };
-    let (mut with, mut without, mut cpu, mut took) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut with, mut without, mut cpu, mut took) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // One warm-up round of each, then `rounds` of each, interleaved.
     for i in 0..(rounds + 1) * 2 {
         while let Ok(e) = ev.try_recv() {
@@ -157,10 +158,23 @@ async fn main() {
         let _ = tokio::time::timeout(Duration::from_secs(30), rl.wait_closed(id)).await;
     }
     let (w, wo) = (median(&mut with), median(&mut without));
-    println!("rounds: {rounds} of each (CPU reference claiming {:.1} GMAC/s)", rate / 1e9);
+    println!(
+        "rounds: {rounds} of each (CPU reference claiming {:.1} GMAC/s)",
+        rate / 1e9
+    );
     println!("rent -> running with the check:    {w:.0} ms (median)");
     println!("rent -> running without the check: {wo:.0} ms (median)");
-    println!("the check adds:                    {:.0} ms ({:.1}x)", w - wo, w / wo);
-    println!("  of which seed -> commitment:     {:.0} ms (median, less the round trip)", median(&mut took));
-    println!("renter CPU checking the openings:  {:.0} ms (median)", median(&mut cpu));
+    println!(
+        "the check adds:                    {:.0} ms ({:.1}x)",
+        w - wo,
+        w / wo
+    );
+    println!(
+        "  of which seed -> commitment:     {:.0} ms (median, less the round trip)",
+        median(&mut took)
+    );
+    println!(
+        "renter CPU checking the openings:  {:.0} ms (median)",
+        median(&mut cpu)
+    );
 }

@@ -381,7 +381,7 @@ pub struct Offer {
     pub interruptible: bool,
     /// Proof of GPU: the unbilled verification window this provider grants, the backend that
     /// answers, its claimed rate (`crate::proof`).
-    pub proof: crate::proof::ProofPolicy,
+    pub proof: crate::types::ProofPolicy,
 }
 
 impl Shape for Offer {

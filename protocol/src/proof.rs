@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::envelope::{ENVELOPE_OVERHEAD, MessageKind, Signed, wire_message};
 use crate::messages::{Shape, ShapeError};
 use crate::types::{Digest, LeaseId, Timestamp};
+pub use crate::types::{ProofBackend, ProofPolicy};
 
 /// Most GEMMs in one challenge.
 pub const MAX_PROOF_GEMMS: usize = 256;
@@ -55,58 +56,6 @@ const _: () =
     assert!(MAX_PROOF_OPENING_BYTES + ENVELOPE_OVERHEAD + 64 <= crate::codec::MAX_FRAME_BYTES);
 /// Cap on an encoded [`ProofAck`].
 pub const MAX_PROOF_ACK_BYTES: usize = 128;
-
-/// What computes the challenge on the provider's side.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum ProofBackend {
-    /// int8 GEMMs with int32 accumulation on the leased NVIDIA GPUs (cuBLASLt), rows hashed
-    /// on the GPU.
-    Cuda,
-    /// The same arithmetic on the provider's CPU: for `--dev-gpus` providers, which have no
-    /// GPU. Shown as "cpu-reference: not a GPU" wherever it appears; its rate never counts as
-    /// a GPU's.
-    CpuReference,
-}
-
-impl ProofBackend {
-    /// The name in tables, transcripts and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cuda => "cuda",
-            Self::CpuReference => "cpu-reference",
-        }
-    }
-
-    /// The label users see next to a result: what the backend proves.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Cuda => "cuda",
-            Self::CpuReference => "cpu-reference: not a GPU",
-        }
-    }
-}
-
-impl std::fmt::Display for ProofBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a provider's offer says about proof of GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct ProofPolicy {
-    /// Seconds of unbilled verification the provider grants each lease between creating its
-    /// container and starting its command; 0: this provider runs no challenge.
-    pub window_s: u32,
-    /// The backend that answers (`None` with `window_s` 0).
-    pub backend: Option<ProofBackend>,
-    /// The challenge rate the provider claims per offered GPU, int8 multiply-accumulates per
-    /// second (millions). A renter uses it only where it has no published figure for the
-    /// model (and always for `cpu-reference`).
-    pub claimed_mmacs: u64,
-}
 
 /// The sizes of one challenge, chosen by the renter (`gridlease_contracts::proof::params`)
 /// and checked by the provider against its offer before it computes anything.

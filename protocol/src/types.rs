@@ -123,3 +123,55 @@ impl fmt::Display for Timestamp {
         write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
     }
 }
+
+/// What computes the challenge on the provider's side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum ProofBackend {
+    /// int8 GEMMs with int32 accumulation on the leased NVIDIA GPUs (cuBLASLt), rows hashed
+    /// on the GPU.
+    Cuda,
+    /// The same arithmetic on the provider's CPU: for `--dev-gpus` providers, which have no
+    /// GPU. Shown as "cpu-reference: not a GPU" wherever it appears; its rate never counts as
+    /// a GPU's.
+    CpuReference,
+}
+
+impl ProofBackend {
+    /// The name in tables, transcripts and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::CpuReference => "cpu-reference",
+        }
+    }
+
+    /// The label users see next to a result: what the backend proves.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::CpuReference => "cpu-reference: not a GPU",
+        }
+    }
+}
+
+impl std::fmt::Display for ProofBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a provider's offer says about proof of GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ProofPolicy {
+    /// Seconds of unbilled verification the provider grants each lease between creating its
+    /// container and starting its command; 0: this provider runs no challenge.
+    pub window_s: u32,
+    /// The backend that answers (`None` with `window_s` 0).
+    pub backend: Option<ProofBackend>,
+    /// The challenge rate the provider claims per offered GPU, int8 multiply-accumulates per
+    /// second (millions). A renter uses it only where it has no published figure for the
+    /// model (and always for `cpu-reference`).
+    pub claimed_mmacs: u64,
+}

@@ -247,7 +247,11 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                 // The GPU check: the CUDA prover, if it passes its self-test on these GPUs.
                 let window_s = config.verify_window_secs;
                 let uuids: Vec<String> = gpus.uuids.values().cloned().collect();
-                let vram = t.gpus.iter().map(|g| u64::from(g.spec.vram_mib) << 20).min();
+                let vram = t
+                    .gpus
+                    .iter()
+                    .map(|g| u64::from(g.spec.vram_mib) << 20)
+                    .min();
                 let ready = tokio::task::spawn_blocking(move || {
                     crate::provider_proof::cuda(window_s, uuids, vram.unwrap_or(0))
                 })

@@ -70,7 +70,7 @@ pub struct LeaseServiceConfig {
     pub rpc_timeout: Duration,
     /// Provider: what answers renters' GPU checks (`None`: the offer has no verification
     /// window, and a lease with one fails its check).
-    pub prover: Option<super::provider::SharedProver>,
+    pub prover: Option<super::prover::SharedProver>,
     /// Provider: how often finished leases' kept outputs are checked for removal
     /// ([`OUTPUTS_SWEEP`], 10 s, in a daemon).
     pub outputs_sweep: Duration,

@@ -47,12 +47,12 @@ static FIRST_COMMIT: std::sync::Mutex<
 /// The commitment a faulty provider sends instead of `honest` (whose work took `work_ms`,
 /// where the offer's rate allows `expected_ms`).
 pub(crate) async fn proof_commit(
-    ctx: &super::ctx::Ctx,
+    cheat: Option<ProofCheat>,
     honest: gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit>,
     work_ms: u64,
     expected_ms: u64,
 ) -> gridlease_protocol::Signed<gridlease_protocol::proof::ProofCommit> {
-    match ctx.config.faults.proof {
+    match cheat {
         None => honest,
         Some(ProofCheat::Slow(factor)) => {
             let total = expected_ms.saturating_mul(u64::from(factor));

@@ -65,6 +65,7 @@
 
 mod actor;
 mod capacity;
+pub mod check_view;
 pub(crate) mod completion;
 pub mod config;
 mod ctx;
@@ -81,6 +82,7 @@ pub mod logs;
 pub mod negotiate;
 mod outputs;
 pub mod owner;
+pub mod prover;
 pub mod provider;
 pub mod renter;
 pub mod retention;

@@ -47,7 +47,7 @@ pub(crate) enum SessionMsg {
     /// Extend the lease (renter only; [`extend`]).
     Extend(Box<extend::ExtendAsk>),
     /// Re-check the running lease's GPUs (renter only; `gridlease verify-gpu`).
-    VerifyGpu(oneshot::Sender<Result<super::gpu_check::GpuCheckView, String>>),
+    VerifyGpu(oneshot::Sender<Result<super::check_view::GpuCheckView, String>>),
 }
 
 /// Why a transition did not happen.

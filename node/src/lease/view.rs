@@ -133,7 +133,7 @@ pub struct LeaseView {
     pub upload_until: Option<u64>,
     /// The renter's GPU check at the start (issue 44): running, passed or failed, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_check: Option<super::gpu_check::GpuCheckView>,
+    pub gpu_check: Option<super::check_view::GpuCheckView>,
 }
 
 /// An image pull in progress, as the provider reported it.
@@ -210,7 +210,7 @@ impl LeaseView {
     }
 
     /// With the GPU check (if any) shown.
-    pub fn with_check(mut self, c: Option<super::gpu_check::GpuCheckView>) -> Self {
+    pub fn with_check(mut self, c: Option<super::check_view::GpuCheckView>) -> Self {
         self.gpu_check = c;
         self
     }
@@ -387,7 +387,7 @@ pub(crate) fn from_store(l: &StoredLease, rec: &SessionRecord, now: Timestamp) -
     .with_check(
         rec.proof
             .as_ref()
-            .and_then(super::gpu_check::GpuCheckView::of),
+            .and_then(super::check_view::GpuCheckView::of),
     )
 }
 

@@ -12,7 +12,7 @@ use gridlease_sandbox::runtime::{ExitInfo, SandboxError, TermClaim};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::{Ended, Session, serve_reports};
+use super::{Ended, Session};
 use crate::lease::config::MAX_LOG_BYTES;
 use crate::lease::error::SessionRpcError;
 use crate::lease::logs::{self, LogWriter};
@@ -240,7 +240,7 @@ impl Run {
                         super::verify::on_proof(s, &mut self.recheck, *m, window_s).await;
                     }
                     msg => {
-                        if let Some(reason) = on_msg(s, msg) {
+                        if let Some(reason) = super::on_msg(s, msg) {
                             break Ended::Stop(reason);
                         }
                     }
@@ -421,73 +421,6 @@ impl Run {
         {
             let answer = session_rpc(&ctx, peer, SessionRequest::Usage(signed)).await;
             let _ = s.on_answer(answer).await;
-        }
-    }
-}
-
-/// A message for a running session (log requests never come here: see [`logs`]). Returns a
-/// reason to stop, if any.
-pub(super) fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
-    match msg {
-        SessionMsg::Stop(done) => {
-            let _ = done.send(());
-            Some(CloseReason::ProviderStop)
-        }
-        SessionMsg::Reclaim(done) => {
-            let _ = done.send(());
-            Some(CloseReason::OwnerReclaimed)
-        }
-        SessionMsg::Extend(ask) => {
-            let _ = ask
-                .reply
-                .send(Err(crate::lease::extend::ExtendError::NotRenter(
-                    s.lease.id,
-                )));
-            None
-        }
-        SessionMsg::VerifyGpu(reply) => {
-            let _ = reply.send(Err("this node provides the lease; its renter checks".into()));
-            None
-        }
-        SessionMsg::Inbound(m) => {
-            let from_renter = Some(m.peer) == s.renter_peer;
-            match m.request {
-                SessionRequest::Close(signed) if from_renter => {
-                    let net = s.ctx.client.network().clone();
-                    match signed.verify(&net) {
-                        Ok(v) if v.signer == s.renter && v.message.lease_id == s.lease.id => {
-                            s.channel.heard_from_renter(s.ctx.now());
-                            let _ = m.reply.send(SessionResponse::Closed { last_receipt: None });
-                            Some(v.message.reason)
-                        }
-                        _ => {
-                            let _ = m.reply.send(SessionResponse::UnknownLease);
-                            None
-                        }
-                    }
-                }
-                // A renter that was away catching up: heard from, answered from the store.
-                SessionRequest::Reports {
-                    lease_id,
-                    after_seq,
-                } if from_renter => {
-                    s.channel.heard_from_renter(s.ctx.now());
-                    let (ctx, peer, reply) = (s.ctx.clone(), m.peer, m.reply);
-                    tokio::spawn(async move {
-                        let _ = reply.send(serve_reports(&ctx, peer, lease_id, after_seq).await);
-                    });
-                    None
-                }
-                // Already started (the hold ran out, or a retried begin).
-                SessionRequest::Begin { .. } if from_renter => {
-                    let _ = m.reply.send(SessionResponse::NothingDue);
-                    None
-                }
-                _ => {
-                    let _ = m.reply.send(SessionResponse::UnknownLease);
-                    None
-                }
-            }
         }
     }
 }

@@ -20,7 +20,7 @@ mod meter;
 mod start;
 mod verify;
 
-pub use verify::SharedProver;
+pub use crate::lease::prover::SharedProver;
 
 use std::sync::Arc;
 
@@ -564,4 +564,78 @@ pub(crate) async fn serve_reports(
         more,
         close,
     })
+}
+
+/// A message for a running session (log requests never come here: see [`logs`]). Returns a
+/// reason to stop, if any.
+fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
+    match msg {
+        SessionMsg::Stop(done) => {
+            let _ = done.send(());
+            Some(CloseReason::ProviderStop)
+        }
+        SessionMsg::Reclaim(done) => {
+            let _ = done.send(());
+            Some(CloseReason::OwnerReclaimed)
+        }
+        SessionMsg::Extend(ask) => {
+            let _ = ask
+                .reply
+                .send(Err(crate::lease::extend::ExtendError::NotRenter(
+                    s.lease.id,
+                )));
+            None
+        }
+        SessionMsg::VerifyGpu(reply) => {
+            let _ = reply.send(Err("this node provides the lease; its renter checks".into()));
+            None
+        }
+        SessionMsg::Inbound(m) => {
+            let from_renter = Some(m.peer) == s.renter_peer;
+            match m.request {
+                SessionRequest::Close(signed) if from_renter => {
+                    let net = s.ctx.client.network().clone();
+                    match signed.verify(&net) {
+                        Ok(v) if v.signer == s.renter && v.message.lease_id == s.lease.id => {
+                            s.channel.heard_from_renter(s.ctx.now());
+                            let _ = m.reply.send(SessionResponse::Closed { last_receipt: None });
+                            Some(v.message.reason)
+                        }
+                        _ => {
+                            let _ = m.reply.send(SessionResponse::UnknownLease);
+                            None
+                        }
+                    }
+                }
+                // A renter that was away catching up: heard from, answered from the store.
+                SessionRequest::Reports {
+                    lease_id,
+                    after_seq,
+                } if from_renter => {
+                    s.channel.heard_from_renter(s.ctx.now());
+                    let (ctx, peer, reply) = (s.ctx.clone(), m.peer, m.reply);
+                    tokio::spawn(async move {
+                        let _ = reply.send(serve_reports(&ctx, peer, lease_id, after_seq).await);
+                    });
+                    None
+                }
+                // Already started (the hold ran out, or a retried begin).
+                SessionRequest::Begin { .. } if from_renter => {
+                    let _ = m.reply.send(SessionResponse::NothingDue);
+                    None
+                }
+                _ => {
+                    let _ = m.reply.send(SessionResponse::UnknownLease);
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Real NVML UUIDs of the lease's GPUs (none for declared dev GPUs).
+fn leased_uuids(ctx: &Ctx, gpus: &[gridlease_protocol::Digest]) -> Vec<String> {
+    gpus.iter()
+        .filter_map(|d| ctx.config.gpu_uuids.get(d).cloned())
+        .collect()
 }

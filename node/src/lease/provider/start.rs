@@ -11,7 +11,7 @@ use gridlease_sandbox::{Sandbox, SandboxSpec};
 use tokio::sync::{mpsc, watch};
 
 use super::finish::remove_container;
-use super::meter::on_msg;
+use super::on_msg;
 use super::{Halt, Session};
 use crate::lease::config::MAX_LOG_BYTES;
 use crate::lease::ctx::Ctx;
@@ -149,7 +149,7 @@ async fn pull_image(s: &Session, sb: &Sandbox, image: &str) -> Result<(), Halt> 
 /// the upload hold) at the latest, the CPU capped at the host's.
 fn container_spec(s: &Session, terms: &gridlease_protocol::LeaseTerms) -> SandboxSpec {
     let ctx = &s.ctx;
-    let uuids = leased_uuids(ctx, &s.gpus);
+    let uuids = super::leased_uuids(ctx, &s.gpus);
     // The deadline counts from now (after the upload hold) at the latest; the watcher uses
     // the real start below.
     let expires = ctx
@@ -461,11 +461,4 @@ async fn create_workspace(
             Err(e)
         }
     }
-}
-
-/// Real NVML UUIDs of the lease's GPUs (none for declared dev GPUs).
-pub(super) fn leased_uuids(ctx: &Ctx, gpus: &[gridlease_protocol::Digest]) -> Vec<String> {
-    gpus.iter()
-        .filter_map(|d| ctx.config.gpu_uuids.get(d).cloned())
-        .collect()
 }

@@ -7,7 +7,6 @@
 //! provider's fault); a window that runs out without a report ends the lease unbilled as the
 //! renter's (`RenterUnreachable`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use gridlease_contracts::proof::{self, params};
@@ -18,7 +17,7 @@ use gridlease_protocol::{CloseReason, Signed};
 use gridlease_sandbox::proof::Computed;
 use tokio::sync::mpsc;
 
-use super::meter::on_msg;
+use super::on_msg;
 use super::{Halt, Session};
 use crate::lease::rpc::session_rpc;
 use crate::lease::session::{InboundSession, SessionMsg, sign};
@@ -177,12 +176,12 @@ async fn challenge(
     }
     let leased = s.gpus.len();
     let own_rate = prover.macs_per_gpu * leased.max(1) as f64;
-    let vram = prover.vram_for(&ctx, &s.gpus);
+    let vram = prover.vram_for(&s.gpus);
     if let Err(e) = params::admit(&c.params, own_rate, window_s, vram) {
         tracing::warn!(error = %e, "GPU check refused");
         return refuse(e);
     }
-    let devices = super::start::leased_uuids(&ctx, &s.gpus);
+    let devices = super::leased_uuids(&ctx, &s.gpus);
     let work = {
         let (p, c) = (prover.clone(), c.clone());
         tokio::task::spawn_blocking(move || p.compute(&c, &devices))
@@ -215,7 +214,13 @@ async fn challenge(
     #[cfg(feature = "faults")]
     {
         let expected_ms = (params::work_macs(&c.params) as f64 / own_rate * 1000.0) as u64;
-        sc = crate::lease::faults::proof_commit(&ctx, sc, computed.work_ms, expected_ms).await;
+        sc = crate::lease::faults::proof_commit(
+            ctx.config.faults.proof,
+            sc,
+            computed.work_ms,
+            expected_ms,
+        )
+        .await;
     }
     tracing::info!(work_ms = computed.work_ms, "GPU check committed");
     check.challenge = Some((signed, c));
@@ -302,37 +307,5 @@ async fn report(
     match record.ack {
         Some(a) if passed => (SessionResponse::ProofAck(a), true),
         _ => (SessionResponse::NothingDue, false),
-    }
-}
-
-/// The provider's prover, shared by its sessions, with the rate it claims per offered GPU.
-#[derive(Clone)]
-pub struct SharedProver {
-    /// The prover.
-    pub prover: Arc<dyn gridlease_sandbox::proof::Prover>,
-    /// Multiply-accumulates per second per GPU it claims (the offer's `claimed_mmacs` over
-    /// its GPUs): what it admits challenges against.
-    pub macs_per_gpu: f64,
-    /// Bytes of memory per leased GPU it can fill (the GPUs' VRAM; the CPU reference's cap).
-    pub vram_per_gpu: u64,
-}
-
-impl SharedProver {
-    fn vram_for(&self, _ctx: &crate::lease::ctx::Ctx, gpus: &[gridlease_protocol::Digest]) -> u64 {
-        self.vram_per_gpu.saturating_mul(gpus.len().max(1) as u64)
-    }
-
-    fn compute(
-        &self,
-        c: &ProofChallenge,
-        devices: &[String],
-    ) -> Result<Computed, gridlease_sandbox::proof::ProverError> {
-        self.prover.compute(c, devices)
-    }
-}
-
-impl std::fmt::Debug for SharedProver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SharedProver({})", self.prover.backend())
     }
 }

@@ -27,6 +27,8 @@ use crate::store::{Role, StoredLease};
 const TICK: Duration = Duration::from_millis(250);
 /// Slack on top of two usage intervals before a silent provider is given up.
 const SILENCE_SLACK_MS: u64 = 2_000;
+mod check;
+
 /// How long the renter waits for the provider's close after its final report (the provider
 /// saves the container's whole output first); then it settles on that report itself.
 const FINAL_WAIT_MS: u64 = 60_000;
@@ -60,7 +62,7 @@ struct Session {
     /// The lease's offer declared its GPUs: their usage is unknown.
     gpus_declared: bool,
     /// The GPU check at the start (issue 44), as far as it went.
-    check: Option<super::gpu_check::GpuCheckView>,
+    check: Option<super::check_view::GpuCheckView>,
     view: watch::Sender<LeaseView>,
 }
 
@@ -402,66 +404,6 @@ impl Session {
                 self.channel = before;
                 SessionResponse::Busy
             }
-        }
-    }
-
-    /// The GPU check in the provider's verification window (until `until`, its clock): run
-    /// here, before anything else; a pass lets the start go on, anything else closes the
-    /// lease unbilled ([`super::gpu_check`]).
-    async fn verify(&mut self, w: &mut Liveness, until: Timestamp) -> Flow {
-        let ctx = self.ctx.clone();
-        let (Some(peer), true) = (self.provider_peer, self.check.is_none() && !w.heard_any) else {
-            return Flow::Continue;
-        };
-        let window = std::time::Duration::from_millis(
-            until
-                .ms_since(ctx.now())
-                .min(u64::from(self.lease.terms.verify_window_s) * 1000),
-        );
-        self.check = Some(super::gpu_check::GpuCheckView::verifying());
-        self.publish();
-        let outcome = super::gpu_check::run(&ctx, peer, &self.lease.terms, window).await;
-        w.last_heard = ctx.now();
-        let (passed, reason) = match outcome {
-            Some(o) => {
-                self.check = Some(o.view);
-                (o.passed, CloseReason::GpuCheckFailed)
-            }
-            None => {
-                self.check = None;
-                (false, CloseReason::RenterStop)
-            }
-        };
-        self.publish();
-        if passed {
-            return Flow::Continue;
-        }
-        // Nothing was billed: the command never started.
-        self.send_close(reason);
-        self.settle(reason).await;
-        Flow::End
-    }
-
-    /// Re-checks the running lease's GPUs (`gridlease verify-gpu`): the same check as at the
-    /// start, billed as usage (the lease runs on either way; the record is kept, a failure
-    /// never replaced).
-    async fn recheck(&mut self) -> Result<super::gpu_check::GpuCheckView, String> {
-        if self.lease.state != gridlease_contracts::LeaseState::Running {
-            return Err(format!("the lease is {}", self.lease.state.as_str()));
-        }
-        let Some(peer) = self.provider_peer else {
-            return Err("the provider's peer id is unknown".into());
-        };
-        let window = std::time::Duration::from_secs(120);
-        match super::gpu_check::run(&self.ctx, peer, &self.lease.terms, window).await {
-            Some(o) => {
-                if self.check.as_ref().is_none_or(|c| c.state != "failed") {
-                    self.check = Some(o.view.clone());
-                    self.publish();
-                }
-                Ok(o.view)
-            }
-            None => Err("the lease's offer has no GPU check (or is not kept here)".into()),
         }
     }
 
@@ -807,7 +749,7 @@ fn restore(
         check: rec
             .proof
             .as_ref()
-            .and_then(super::gpu_check::GpuCheckView::of),
+            .and_then(super::check_view::GpuCheckView::of),
         view: view_tx,
     }
 }
