@@ -6,11 +6,8 @@
 
 use std::sync::Arc;
 
-use gridlease_contracts::proof::{self, params};
-use gridlease_protocol::proof::{
-    ProofChallenge, ProofCommit, ProofOpening, ProofParams, ProofPolicy, ProofTiming, envelope_hash,
-};
-use gridlease_protocol::{Digest, LeaseId, NetworkId, NodeKey, Signed, Timestamp};
+use gridlease_contracts::proof::params;
+use gridlease_protocol::proof::{ProofParams, ProofPolicy};
 use gridlease_sandbox::proof::Prover;
 
 use crate::lease::provider::SharedProver;
@@ -21,6 +18,18 @@ pub struct Ready {
     pub prover: SharedProver,
     /// What the offer says.
     pub policy: ProofPolicy,
+}
+
+/// Readies a prover off the runtime's threads (`ready` self-tests and measures, which takes
+/// a second or more), and when it is ready, puts its policy in the offer `t`: the prover its
+/// lease sessions answer checks with.
+pub async fn advertise(
+    t: &mut crate::net::OfferTemplate,
+    ready: impl FnOnce() -> Option<Ready> + Send + 'static,
+) -> Option<SharedProver> {
+    let r = tokio::task::spawn_blocking(ready).await.ok().flatten()?;
+    t.proof = r.policy;
+    Some(r.prover)
 }
 
 /// The CPU reference prover of a `--dev-gpus` node (labelled "cpu-reference: not a GPU"
@@ -96,64 +105,26 @@ pub fn ready(
     })
 }
 
-/// A small challenge, computed and then checked by the renter's rules.
+/// A small challenge, computed and then checked by the renter's rules
+/// (`gridlease_sandbox::proof::selfcheck`, the check `gridlease-gpu-bench challenge` runs).
 fn self_test(prover: &dyn Prover, devices: &[String]) -> Result<(), String> {
-    let key = NodeKey::generate();
-    let net = NetworkId::devnet();
-    let reveal = [7u8; 32];
-    let c = ProofChallenge {
-        lease_id: LeaseId(Digest([0; 32])),
-        params: ProofParams {
-            n: 256,
-            gemms: 4,
-            rows: 16,
-            open_rows: 4,
-            vram_bytes: 8 * 4096,
-            page_bytes: 4096,
-            open_pages: 8,
-            limit_ms: u64::MAX,
-        },
-        backend: prover.backend(),
-        seed: [42; 32],
-        reveal_hash: proof::reveal_hash(&reveal),
-        sent_at: Timestamp(0),
+    let small = ProofParams {
+        n: 256,
+        gemms: 4,
+        rows: 16,
+        open_rows: 4,
+        vram_bytes: 8 * 4096,
+        page_bytes: 4096,
+        open_pages: 8,
+        // The rules, not the time: a cold start (NVRTC compiling the kernels) is slow.
+        limit_ms: u64::MAX,
     };
-    let sign_err = |e: gridlease_protocol::CodecError| e.to_string();
-    let sc = Signed::sign(&key, &net, &c).map_err(sign_err)?;
-    let done = prover.compute(&c, devices).map_err(|e| e.to_string())?;
-    let commit = ProofCommit {
-        lease_id: c.lease_id,
-        challenge: envelope_hash(&sc),
-        backend: c.backend,
-        gemm_roots: done.gemm_trees.iter().map(|t| t.root()).collect(),
-        vram_root: done.vram_tree.root(),
-        vram_bytes: done.vram_bytes,
-        work_ms: done.work_ms,
-        note: String::new(),
-    };
-    let sm = Signed::sign(&key, &net, &commit).map_err(sign_err)?;
-    let commit_hash = envelope_hash(&sm);
-    let leaves = proof::openings(&c, &commit_hash, &reveal)
-        .into_iter()
-        .filter_map(|i| proof::open_leaf(&done.gemm_trees, &done.vram_tree, i))
-        .collect();
-    let opening = ProofOpening {
-        lease_id: c.lease_id,
-        commit: commit_hash,
-        leaves,
-    };
-    let so = Signed::sign(&key, &net, &opening).map_err(sign_err)?;
-    let verdict = proof::check(&proof::Transcript {
-        challenge: &c,
-        challenge_hash: envelope_hash(&sc),
-        commit: Some((&commit, commit_hash)),
-        reveal: &reveal,
-        opening: Some((&opening, envelope_hash(&so))),
-        timing: ProofTiming::default(),
-    });
-    if verdict.passed() {
+    let found =
+        gridlease_sandbox::proof::selfcheck::self_check(prover, devices, &[], small, [42; 32])
+            .map_err(|e| e.to_string())?;
+    if found.passed {
         Ok(())
     } else {
-        Err(proof::explain(&verdict, prover.backend()))
+        Err(found.verdict)
     }
 }

@@ -252,16 +252,10 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                     .iter()
                     .map(|g| u64::from(g.spec.vram_mib) << 20)
                     .min();
-                let ready = tokio::task::spawn_blocking(move || {
+                prover = crate::provider_proof::advertise(&mut t, move || {
                     crate::provider_proof::cuda(window_s, uuids, vram.unwrap_or(0))
                 })
-                .await
-                .ok()
-                .flatten();
-                if let Some(r) = ready {
-                    t.proof = r.policy;
-                    prover = Some(r.prover);
-                }
+                .await;
                 match host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await {
                     Ok(per) => {
                         t.per_gpu = per;
@@ -308,15 +302,10 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             t.per_gpu = host_resources(&config, &h.dir.join("leases"), t.gpus.len()).await?;
             // Declared GPUs answer renters' GPU checks with the CPU reference, labelled so.
             let window_s = config.verify_window_secs;
-            let ready =
-                tokio::task::spawn_blocking(move || crate::provider_proof::cpu_reference(window_s))
-                    .await
-                    .ok()
-                    .flatten();
-            if let Some(r) = ready {
-                t.proof = r.policy;
-                prover = Some(r.prover);
-            }
+            prover = crate::provider_proof::advertise(&mut t, move || {
+                crate::provider_proof::cpu_reference(window_s)
+            })
+            .await;
             if let Some(path) = &config.dev_gpu_samples {
                 gpu_sampler = Some(scripted_sampler(config.dev_gpus.as_deref(), path, &t.gpus)?);
             }
