@@ -259,7 +259,7 @@ async fn cheated(m: &Market, want: impl Fn(&ProofFailure) -> bool, what: &str) -
     );
     // The container never ran its command: no output.
     assert_eq!(s.usage.len(), 0, "{what}: usage was reported");
-    // The renter's record of the provider counts the failed check.
+    // The renter's record of the provider counts the failed check...
     let counts = m
         .renter
         .leases
@@ -267,6 +267,36 @@ async fn cheated(m: &Market, want: impl Fn(&ProofFailure) -> bool, what: &str) -
         .await
         .unwrap();
     assert!(counts.failed >= 1, "{what}: {counts:?}");
+    // ...and so does the co-signed completion reputation is computed from: provider-failed,
+    // with a failed check.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let record = loop {
+        let found = m
+            .renter
+            .leases
+            .completions(64)
+            .await
+            .into_iter()
+            .find(|(c, _)| c.lease_id == id);
+        if let Some((c, _)) = found {
+            break c;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: no co-signed completion"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        record.outcome,
+        gridlease_protocol::completion::CompletionOutcome::ProviderFailed,
+        "{what}: {record:?}"
+    );
+    assert_eq!(
+        record.gpu_check,
+        gridlease_protocol::completion::GpuCheck::Failed,
+        "{what}: {record:?}"
+    );
     id
 }
 
