@@ -473,6 +473,14 @@ fn the_cli_checks_by_default_rechecks_on_demand_and_skips_with_no_verify() {
     wait_for(std::time::Duration::from_secs(60), "running", || {
         lease_of(&rh, &id)["state"] == "running"
     });
+    // `top` labels the check's backend.
+    let top = cli(&rh, &["top", &id[..12], "--once"]);
+    assert!(
+        text(&top.stdout).contains("GPU check passed (cpu-reference: not a GPU)"),
+        "{}{}",
+        text(&top.stdout),
+        text(&top.stderr)
+    );
     let again = cli(&rh, &["verify-gpu", &id[..12]]);
     assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
     assert!(

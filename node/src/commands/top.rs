@@ -315,6 +315,10 @@ fn headline(s: &Screen) -> String {
 /// The screen as text lines of at most `width` characters (80 columns hold everything).
 pub fn lines(s: &Screen, width: usize) -> Vec<String> {
     let mut out = vec![headline(s)];
+    // The GPU check: what answered it, labelled (`cpu-reference: not a GPU`), and how it went.
+    if let Some(c) = &s.lease.gpu_check {
+        out.push(format!("GPU check {} ({})", c.state, c.backend));
+    }
     out.push(match s.source {
         TelemetrySourceView::Driver => "GPUs sampled by the provider's NVIDIA driver".to_string(),
         TelemetrySourceView::Scripted => {
