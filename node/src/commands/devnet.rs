@@ -303,6 +303,22 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     };
     out.line("\nlease timeline:");
     out.line(&format!("  lease id      {}", rented.lease_id));
+    out.line(&format!(
+        "  GPU check     {}",
+        renter_view.gpu_check.as_ref().map_or_else(
+            || "none (the offer has none)".to_string(),
+            |c| match (c.took_ms, c.limit_ms) {
+                (Some(t), Some(l)) => format!(
+                    "{} ({}): {:.2} s, limit {:.2} s, before the start",
+                    c.state,
+                    c.backend,
+                    t as f64 / 1000.0,
+                    l as f64 / 1000.0
+                ),
+                _ => format!("{} ({})", c.state, c.backend),
+            }
+        )
+    ));
     out.line(&format!("  started at    {}", ts(provider_view.started_at)));
     out.line(&format!("  closed at     {}", ts(provider_view.closed_at)));
     out.line(&format!(
