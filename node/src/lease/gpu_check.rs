@@ -24,6 +24,8 @@ use super::wire::{SessionRequest, SessionResponse};
 
 /// Round trips measured before the challenge; the least counts.
 const PINGS: usize = 3;
+/// Most sends of one step of the check (a lossy link loses a request or its answer).
+const ATTEMPTS: u32 = 3;
 
 /// What a check ended with.
 pub(crate) struct Outcome {
@@ -164,11 +166,26 @@ impl Exchange<'_> {
             .max(Duration::from_secs(1))
     }
 
+    /// One request, sent again (the same bytes: every step is idempotent on the provider's
+    /// side) when the link lost it or the provider was busy, while the window lasts, at most
+    /// [`ATTEMPTS`] times. A refusal or any other answer is final.
     async fn ask(
         &self,
         req: SessionRequest,
     ) -> Result<SessionResponse, super::error::SessionRpcError> {
-        session_rpc_within(self.ctx, self.peer, req, self.left()).await
+        let mut attempt = 1;
+        loop {
+            let answer = session_rpc_within(self.ctx, self.peer, req.clone(), self.left()).await;
+            let again = matches!(answer, Err(_) | Ok(SessionResponse::Busy))
+                && attempt < ATTEMPTS
+                && self.window > self.started.elapsed() + Duration::from_secs(1);
+            if !again {
+                return answer;
+            }
+            tracing::debug!(attempt, answer = ?answer.as_ref().map(brief), "GPU check step sent again");
+            attempt += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The round trip, milliseconds: the least of a few empty requests.

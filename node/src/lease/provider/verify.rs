@@ -161,7 +161,12 @@ async fn challenge(
         Ok(v) if v.signer == s.renter && v.message.lease_id == s.lease.id => v.message,
         _ => return SessionResponse::UnknownLease,
     };
-    if check.commit.is_some() {
+    if let (Some((answered, _)), Some(commit)) = (&check.challenge, &check.commit) {
+        // The same challenge again (its answer was lost on the way): the same commitment;
+        // the renter times from its first send, so this gains a provider no time.
+        if envelope_hash(answered) == envelope_hash(&signed) {
+            return SessionResponse::ProofCommit(commit.clone());
+        }
         return refuse("a challenge was answered already in this window");
     }
     let Some(prover) = ctx.config.prover.clone() else {
@@ -269,6 +274,15 @@ async fn report(
         Ok(v) if v.signer == s.renter && v.message.lease_id == s.lease.id => v.message,
         _ => return (SessionResponse::UnknownLease, false),
     };
+    // The same report again (the co-signature was lost on the way, and the command may run
+    // by now): the kept co-signature.
+    let (id, again) = (s.lease.id, envelope_hash(&signed));
+    if let Ok(Some(kept)) = ctx.store.call(move |st| st.proof(&id)).await
+        && envelope_hash(&kept.report) == again
+        && let Some(ack) = kept.ack
+    {
+        return (SessionResponse::ProofAck(ack), false);
+    }
     let Some((sc, _)) = &check.challenge else {
         return (refuse("no challenge was answered"), false);
     };
