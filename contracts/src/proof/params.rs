@@ -49,6 +49,11 @@ pub const MAX_N: u32 = 16_384;
 const _: () = assert!(MAX_N <= super::data::MAX_EXACT_N);
 /// Most rows of one GEMM a provider computes.
 pub const MAX_ROWS: u32 = 1 << 24;
+/// Most leaves of one challenge, rows and pages together (a prover keeps every leaf and its
+/// tree until the openings: 2^25 leaves are 1 GiB of leaves, 2 GiB with the trees). The
+/// renter sizes its challenge under it: on the fastest GPUs the GEMMs then take less than the
+/// target time (an H100 SXM: about 1.1 s at half its published rate, still far above jitter).
+pub const MAX_LEAVES: u64 = 1 << 25;
 
 /// A published dense int8 tensor rate (no sparsity), tera-operations per second (an
 /// operation is a multiply or an add: 2 per multiply-accumulate). Sources in `docs/gpu.md`.
@@ -171,7 +176,6 @@ pub fn choose(backend: ProofBackend, macs_per_s: f64, vram_bytes: u64) -> ProofP
     };
     let per_row = f64::from(n) * f64::from(n);
     let rows_f = macs_per_s.max(1.0) * target_ms as f64 / 1000.0 / per_row / f64::from(GEMMS);
-    let rows = (rows_f.ceil() as u32).clamp(OPEN_ROWS, MAX_ROWS);
     let mut fill = vram_bytes.saturating_mul(VRAM_FILL_PERMILLE).div_ceil(1000);
     if backend == ProofBackend::CpuReference {
         fill = fill.min(CPU_REFERENCE_FILL_CAP);
@@ -179,6 +183,10 @@ pub fn choose(backend: ProofBackend, macs_per_s: f64, vram_bytes: u64) -> ProofP
     let pages = fill
         .div_ceil(u64::from(PAGE_BYTES))
         .max(u64::from(OPEN_PAGES));
+    // Rows and pages together within MAX_LEAVES.
+    let most_rows = (MAX_LEAVES.saturating_sub(pages) / u64::from(GEMMS)).min(u64::from(MAX_ROWS));
+    let most_rows = u32::try_from(most_rows).unwrap_or(MAX_ROWS).max(OPEN_ROWS);
+    let rows = (rows_f.ceil() as u32).clamp(OPEN_ROWS, most_rows);
     let mut p = ProofParams {
         n,
         gemms: GEMMS,
@@ -238,6 +246,11 @@ pub fn admit(
     }
     if p.gemms == 0 || p.gemms > 256 || p.rows == 0 || p.rows > MAX_ROWS {
         return size(format!("{} GEMMs of {} rows", p.gemms, p.rows));
+    }
+    let leaves =
+        u64::from(p.gemms) * u64::from(p.rows) + p.vram_bytes / u64::from(p.page_bytes.max(1));
+    if leaves > MAX_LEAVES {
+        return size(format!("{leaves} leaves, at most {MAX_LEAVES}"));
     }
     if p.open_rows == 0 || p.open_rows > p.rows || p.open_pages == 0 {
         return size("nothing or too much opened".into());

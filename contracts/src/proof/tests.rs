@@ -408,6 +408,31 @@ fn the_escape_rate_matches_a_simulation() {
 }
 
 #[test]
+fn a_renter_never_asks_more_leaves_than_a_prover_keeps() {
+    for model in [
+        "NVIDIA H200",
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA GeForce RTX 4090",
+        "Tesla T4",
+    ] {
+        let (rate, _) = params::expected_macs(
+            ProofBackend::Cuda,
+            &[model, model, model, model, model, model, model, model],
+            0,
+        );
+        let p = params::choose(ProofBackend::Cuda, rate, 8 * (141 << 30));
+        let leaves =
+            u64::from(p.gemms) * u64::from(p.rows) + p.vram_bytes / u64::from(p.page_bytes);
+        assert!(leaves <= params::MAX_LEAVES, "{model}: {leaves} leaves");
+        assert_eq!(
+            params::admit(&p, rate, 600, u64::MAX),
+            Ok(()),
+            "{model}: {p:?}"
+        );
+    }
+}
+
+#[test]
 fn a_provider_refuses_more_work_or_memory_than_its_window_and_gpus() {
     let p = params::choose(ProofBackend::CpuReference, 4e9, 1 << 30);
     assert_eq!(params::admit(&p, 4e9, 30, 1 << 30), Ok(()));

@@ -28,7 +28,7 @@ pub use cuda::Cuda;
 /// own on top of `params::admit`'s, so the host memory of the leaves and trees (64 bytes a
 /// leaf, about) stays under 2 GiB whatever a renter asks. The renter's own sizes
 /// (`params::choose`) stay far below it: about 60 000 rows and 130 000 pages for eight H200s.
-pub const MAX_LEAVES: u64 = 1 << 25;
+pub const MAX_LEAVES: u64 = gridlease_contracts::proof::params::MAX_LEAVES;
 
 /// What a prover computed for one challenge: the trees the provider commits to and opens.
 #[derive(Clone, Debug)]
