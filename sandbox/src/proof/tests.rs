@@ -173,7 +173,8 @@ fn sizes_outside_the_bounds_are_refused_before_anything_is_allocated() {
             "{p:?}"
         );
     }
-    // Within admit's bounds but more leaves than a prover builds.
+    // More leaves than a prover builds: refused by admit's bounds (the renter's rule, since
+    // it sizes challenges within `params::MAX_LEAVES`), before anything is allocated.
     let many = ProofParams {
         gemms: 256,
         rows: params::MAX_ROWS,
@@ -181,7 +182,7 @@ fn sizes_outside_the_bounds_are_refused_before_anything_is_allocated() {
     };
     assert!(matches!(
         check_sizes(&many, u64::MAX),
-        Err(ProverError::TooManyLeaves { .. })
+        Err(ProverError::Params(Inadmissible::Size(_)) | ProverError::TooManyLeaves { .. })
     ));
 }
 
