@@ -306,6 +306,9 @@ pub enum RecordError {
         /// What the rules give.
         found: ProofVerdict,
     },
+    /// The challenge's sizes are outside what any check uses.
+    #[error("the GPU check's challenge has sizes no check uses: {0}")]
+    Sizes(String),
     /// A pass without the provider's co-signature.
     #[error("the GPU check passed but the provider's co-signature is missing or wrong")]
     Ack,
@@ -360,6 +363,11 @@ pub fn recheck(
     let challenge = challenge
         .map(|v| v.message)
         .ok_or(RecordError::Mismatch("challenge"))?;
+    // Its sizes within what any check opens, before anything is derived from them (a record
+    // is anyone's input: `gridlease verify`).
+    if let Err(e) = params::admit(&challenge.params, f64::MAX, u32::MAX, u64::MAX) {
+        return Err(RecordError::Sizes(e.to_string()));
+    }
     let report = r.report.verify(net).ok();
     signed_by(
         report.as_ref().is_some_and(|v| v.signer == *renter),

@@ -45,7 +45,7 @@ pub const FILL_BYTES_PER_MS_GPU: u64 = 20_000_000;
 /// The same on the CPU reference (200 MB/s).
 pub const FILL_BYTES_PER_MS_CPU: u64 = 200_000;
 /// Largest matrix dimension a provider computes (within `data::MAX_EXACT_N`).
-pub const MAX_N: u32 = 16_384;
+pub const MAX_N: u32 = 8_192;
 const _: () = assert!(MAX_N <= super::data::MAX_EXACT_N);
 /// Most rows of one GEMM a provider computes.
 pub const MAX_ROWS: u32 = 1 << 24;
@@ -242,7 +242,7 @@ pub fn admit(
 ) -> Result<(), Inadmissible> {
     let size = |what: String| Err(Inadmissible::Size(what));
     if !(64..=MAX_N).contains(&p.n) || !p.n.is_multiple_of(64) {
-        return size(format!("n = {} (64..=16384, a multiple of 64)", p.n));
+        return size(format!("n = {} (64..={MAX_N}, a multiple of 64)", p.n));
     }
     if p.gemms == 0 || p.gemms > 256 || p.rows == 0 || p.rows > MAX_ROWS {
         return size(format!("{} GEMMs of {} rows", p.gemms, p.rows));
@@ -252,8 +252,16 @@ pub fn admit(
     if leaves > MAX_LEAVES {
         return size(format!("{leaves} leaves, at most {MAX_LEAVES}"));
     }
-    if p.open_rows == 0 || p.open_rows > p.rows || p.open_pages == 0 {
-        return size("nothing or too much opened".into());
+    let opened = u64::from(p.gemms) * u64::from(p.open_rows) + u64::from(p.open_pages);
+    if p.open_rows == 0
+        || p.open_rows > p.rows
+        || p.open_pages == 0
+        || opened > gridlease_protocol::proof::MAX_PROOF_OPENINGS as u64
+    {
+        return size(format!(
+            "{opened} openings (1..={} in all, at most the rows)",
+            gridlease_protocol::proof::MAX_PROOF_OPENINGS
+        ));
     }
     if !(4096..=(16 << 20)).contains(&p.page_bytes)
         || p.vram_bytes == 0

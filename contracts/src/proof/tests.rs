@@ -408,6 +408,26 @@ fn the_escape_rate_matches_a_simulation() {
 }
 
 #[test]
+fn a_record_whose_challenge_opens_everything_is_refused_before_anything_is_derived() {
+    // A hostile record (anyone's input to `gridlease verify`): a challenge opening all of 2^24
+    // rows of 256 GEMMs would make the verifier list 4 G indices. Refused on its sizes first.
+    let k = keys();
+    let mut r = record(&k, [1; 32], [2; 32]);
+    let mut c = r.challenge.verify(&k.net).unwrap().message;
+    c.params.gemms = 256;
+    c.params.rows = params::MAX_ROWS;
+    c.params.open_rows = params::MAX_ROWS;
+    r.challenge = Signed::sign(&k.renter, &k.net, &c).unwrap();
+    let got = check_record(&r, &k.net, &k.renter.public(), &k.provider.public());
+    assert!(matches!(got, Err(RecordError::Sizes(_))), "{got:?}");
+    // And a provider refuses it before computing.
+    assert!(matches!(
+        params::admit(&c.params, 1e18, 600, u64::MAX),
+        Err(params::Inadmissible::Size(_))
+    ));
+}
+
+#[test]
 fn a_renter_never_asks_more_leaves_than_a_prover_keeps() {
     for model in [
         "NVIDIA H200",
