@@ -206,46 +206,53 @@ impl Exchange<'_> {
         &self,
         sc: &Signed<ProofChallenge>,
     ) -> (Option<(Signed<ProofCommit>, ProofCommit)>, u64) {
-        let t = Instant::now();
-        let answer = self.ask(SessionRequest::ProofChallenge(sc.clone())).await;
-        let took = ms(t.elapsed());
-        let commit = match answer {
-            Ok(SessionResponse::ProofCommit(s)) => {
-                provider_signed(&s, &self.net, &self.terms.provider)
-            }
-            Ok(other) => {
-                tracing::warn!(answer = ?brief(&other), "the provider did not commit");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the provider did not commit");
-                None
-            }
-        };
-        (commit, took)
+        let req = SessionRequest::ProofChallenge(sc.clone());
+        self.signed_answer(req, "commit", |r| match r {
+            SessionResponse::ProofCommit(s) => Some(s.clone()),
+            _ => None,
+        })
+        .await
     }
 
     /// The reveal sent, the provider's openings (verified as its), and the time it took.
     async fn open(&self, reveal: [u8; 32]) -> (Option<(Signed<ProofOpening>, ProofOpening)>, u64) {
-        let t = Instant::now();
         let req = SessionRequest::ProofOpen {
             lease_id: self.id,
             reveal,
         };
-        let opening = match self.ask(req).await {
-            Ok(SessionResponse::ProofOpening(s)) => {
-                provider_signed(&s, &self.net, &self.terms.provider)
-            }
-            Ok(other) => {
-                tracing::warn!(answer = ?brief(&other), "the provider did not open");
-                None
-            }
+        self.signed_answer(req, "open", |r| match r {
+            SessionResponse::ProofOpening(s) => Some(s.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// `req` sent; the provider-signed message `pick` takes from the answer (verified as the
+    /// provider's), and the milliseconds from the first send to the answer. Anything else is
+    /// logged as the provider not doing `what`.
+    async fn signed_answer<T: WireMessage + Clone>(
+        &self,
+        req: SessionRequest,
+        what: &str,
+        pick: impl FnOnce(&SessionResponse) -> Option<Signed<T>>,
+    ) -> (Option<(Signed<T>, T)>, u64) {
+        let t = Instant::now();
+        let answer = self.ask(req).await;
+        let took = ms(t.elapsed());
+        let got = match answer {
+            Ok(r) => match pick(&r) {
+                Some(s) => provider_signed(&s, &self.net, &self.terms.provider),
+                None => {
+                    tracing::warn!(answer = ?brief(&r), "the provider did not {what}");
+                    None
+                }
+            },
             Err(e) => {
-                tracing::warn!(error = %e, "the provider did not open");
+                tracing::warn!(error = %e, "the provider did not {what}");
                 None
             }
         };
-        (opening, ms(t.elapsed()))
+        (got, took)
     }
 
     /// The report sent (a pass comes back co-signed), the record kept, the outcome.
