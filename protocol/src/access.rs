@@ -11,6 +11,7 @@
 //! |--------------------|---------------------------------|-------------------------------------|
 //! | `Exec` (shell too) | [`ExecInput`] frames            | [`ExecOutput`] frames, `Exit` last   |
 //! | `Forward`          | raw bytes (the TCP payload)     | raw bytes                            |
+//! | `Sftp`             | SFTP v3 requests                | SFTP v3 replies                      |
 //!
 //! A forwarded connection's half-close travels as the stream's half-close. The provider
 //! grants only the lease's renter (the peer whose key signed the lease), only while the
@@ -172,6 +173,13 @@ pub enum AccessRequest {
         /// What, inside `/workspace`.
         path: String,
     },
+    /// An SFTP version 3 session (draft-ietf-secsh-filexfer-02) on the lease's `/workspace`:
+    /// after `Granted` the stream carries SFTP packets both ways, the provider serving them
+    /// (`gridlease ssh-proxy` maps an SSH client's `sftp` subsystem onto it: sftp, scp).
+    Sftp {
+        /// The lease.
+        lease_id: LeaseId,
+    },
 }
 
 impl AccessRequest {
@@ -181,7 +189,8 @@ impl AccessRequest {
             Self::Exec { lease_id, .. }
             | Self::Forward { lease_id, .. }
             | Self::Upload { lease_id, .. }
-            | Self::Download { lease_id, .. } => *lease_id,
+            | Self::Download { lease_id, .. }
+            | Self::Sftp { lease_id } => *lease_id,
         }
     }
 
@@ -191,7 +200,7 @@ impl AccessRequest {
             Self::Exec { tty: Some(_), .. } => AccessKind::Shell,
             Self::Exec { tty: None, .. } => AccessKind::Exec,
             Self::Forward { .. } => AccessKind::Forward,
-            Self::Upload { .. } | Self::Download { .. } => AccessKind::Files,
+            Self::Upload { .. } | Self::Download { .. } | Self::Sftp { .. } => AccessKind::Files,
         }
     }
 
@@ -248,6 +257,7 @@ impl AccessRequest {
                 }
                 crate::transfer::workspace_relative(path).map(|_| ())
             }
+            Self::Sftp { .. } => Ok(()),
         }
     }
 }

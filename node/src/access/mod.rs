@@ -24,6 +24,7 @@
 mod files;
 pub mod frames;
 mod serve;
+mod sftp;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -151,7 +152,7 @@ pub fn authorize(
     // and out of its /workspace, nothing else.
     let held = matches!(
         req,
-        AccessRequest::Upload { .. } | AccessRequest::Download { .. }
+        AccessRequest::Upload { .. } | AccessRequest::Download { .. } | AccessRequest::Sftp { .. }
     ) && v.state == LeaseState::Starting
         && v.upload_until.is_some_and(|until| until > now.0);
     if v.state != LeaseState::Running && !kept_outputs && !held {

@@ -29,6 +29,8 @@ type Io = Compat<libp2p::Stream>;
 
 /// How long connecting inside a container may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a long-lived session checks that its lease still runs.
+const ENDED_POLL: Duration = Duration::from_secs(2);
 /// Copy buffer of a forwarded connection, each way.
 const FORWARD_BUFFER: usize = 256 * 1024;
 /// Streams of peers the gate does not know, vetted at once; more are dropped unread.
@@ -463,8 +465,34 @@ impl Server {
                     tracing::info!(%peer, lease = %lease, path, bytes = n, "download ended");
                 }
             }
+            AccessRequest::Sftp { .. } => {
+                if self.grant(&mut io, kind).await {
+                    let dir = self.leases.workspace_dir();
+                    let ended = self.lease_ended(lease);
+                    let t = super::sftp::serve(&dir, &lease, io, ended).await;
+                    tracing::info!(%peer, lease = %lease, requests = t.requests, bytes_read = t.bytes_read, bytes_written = t.bytes_written, end = %t.end, "sftp session ended");
+                }
+            }
         }
         drop(slot);
+    }
+
+    /// Resolves once `lease` no longer runs here (checked every [`ENDED_POLL`]): a long-lived
+    /// session (SFTP) ends with its lease instead of holding the workspace open.
+    fn lease_ended(&self, lease: LeaseId) -> impl Future<Output = ()> + Send + 'static {
+        let leases = self.leases.clone();
+        async move {
+            loop {
+                tokio::time::sleep(ENDED_POLL).await;
+                let running = matches!(
+                    leases.lease(lease).await,
+                    Ok(Some(v)) if !v.state.is_terminal()
+                );
+                if !running {
+                    return;
+                }
+            }
+        }
     }
 
     /// Answers `Granted` and counts it; false when the renter is already gone.
