@@ -94,6 +94,11 @@ fn main() -> ExitCode {
                         Command::Exec(a) => commands::access::run_exec(&api, &out, &a).await,
                         Command::Forward(a) => commands::access::run_forward(&api, &out, &a).await,
                         Command::Devnet(a) => commands::devnet::run(&out, &a).await,
+                        Command::SshConfig(a) => {
+                            commands::ssh::run_ssh_config(&api, &out, &a).await
+                        }
+                        Command::Ssh(a) => commands::ssh::run_ssh(&api, &out, &a).await,
+                        Command::SshProxy(a) => commands::ssh::run_ssh_proxy(&api, &a).await,
                         Command::Init(_)
                         | Command::Node(_)
                         | Command::Watchdog(_)

@@ -159,6 +159,34 @@ pub(super) async fn forward(
     splice(&s, request, upgrade).await
 }
 
+/// `POST /v1/leases/{id}/sftp` with `Upgrade: gridlease-access`: an SFTP v3 session on the
+/// lease's `/workspace`, served by its provider; once granted, answers 101 and carries the
+/// SFTP packets both ways (`gridlease ssh-proxy` maps an SSH client's `sftp` subsystem onto it).
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/sftp",
+    operation_id = "sftpInLease",
+    tag = "access",
+    summary = "An SFTP session on the lease's /workspace (HTTP upgrade)",
+    description = "No body. After 101 the connection carries SFTP version 3 packets both ways (the provider serves them; paths outside /workspace are refused).",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix"), AccessHeaders),
+    responses(
+        (status = 101, description = "Granted: the connection now carries the access protocol (docs/protocol.md section 4d)"),
+        AccessProblems,
+    )
+)]
+pub(super) async fn sftp(
+    State(s): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+    mut req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    require_upgrade(&req)?;
+    let upgrade = hyper::upgrade::on(&mut req);
+    let lease_id = resolve_lease(&s, &id).await?;
+    let request = gridlease_protocol::access::AccessRequest::Sftp { lease_id };
+    splice(&s, request, upgrade).await
+}
+
 /// The JSON body of an access route (at most [`MAX_EXEC_BODY`] bytes), read as every route
 /// reads one ([`problem::json_body`]).
 pub(super) async fn access_body<T: serde::de::DeserializeOwned>(
@@ -253,7 +281,14 @@ pub(super) async fn splice(
     upgrade: hyper::upgrade::OnUpgrade,
 ) -> Result<Response, ApiError> {
     use crate::access::OpenError;
+    use gridlease_protocol::access::AccessRequest;
     let kind = request.kind();
+    // A byte stream both ways (a TCP connection, an SFTP session), not frames that end with
+    // the provider's last one.
+    let raw = matches!(
+        request,
+        AccessRequest::Forward { .. } | AccessRequest::Sftp { .. }
+    );
     let stream = crate::access::open(&s.client, &s.leases, request)
         .await
         .map_err(|e| match e {
@@ -281,8 +316,8 @@ pub(super) async fn splice(
         };
         let mut up = hyper_util::rt::TokioIo::new(up);
         let mut stream = tokio_util::compat::FuturesAsyncReadCompatExt::compat(stream);
-        let r = if kind == gridlease_protocol::access::AccessKind::Forward {
-            // A forwarded TCP connection: each direction's half-close travels on its own.
+        let r = if raw {
+            // Each direction's half-close travels on its own.
             tokio::io::copy_bidirectional_with_sizes(
                 &mut up,
                 &mut stream,

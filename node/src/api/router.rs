@@ -82,6 +82,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(access::forward))
         .routes(routes!(access::upload))
         .routes(routes!(access::download))
+        .routes(routes!(access::sftp))
         .routes(routes!(leases::statement))
         .routes(routes!(leases::ledger))
 }

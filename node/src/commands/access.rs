@@ -327,7 +327,7 @@ pub async fn start_forward(
 
 /// Opens one forwarded connection; a lost or unreachable connection to the provider is tried
 /// again (3 attempts in all, 200 ms, then 400 ms apart), a refusal is not.
-async fn open_with_retry(
+pub(crate) async fn open_with_retry(
     api: &ApiClient,
     path: &str,
 ) -> Result<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>, ClientError> {

@@ -24,6 +24,7 @@ pub mod provide;
 pub mod rent;
 pub mod search;
 pub mod service;
+pub mod ssh;
 pub mod statement;
 pub mod status;
 pub mod stop;
@@ -128,6 +129,17 @@ pub enum Command {
     ///
     /// Listens on 127.0.0.1 (--bind to change) until Ctrl-C or the lease ends.
     Forward(access::ForwardArgs),
+    /// Write `Host gl-<lease>` entries so OpenSSH tools reach running leases: `ssh gl-<lease>`,
+    /// scp, sftp, `rsync -e ssh`, `ssh -L`, VS Code Remote-SSH.
+    ///
+    /// Entries go to <home>/ssh/config (with known hosts: no prompt), included from
+    /// ~/.ssh/config by one added line; no sshd in the image, no key upload, no open port.
+    SshConfig(ssh::SshConfigArgs),
+    /// Run the system `ssh` on a running lease: `ssh LEASE` (a shell) or `ssh LEASE -- CMD`.
+    Ssh(ssh::SshArgs),
+    /// The SSH server OpenSSH runs as a lease's ProxyCommand (written by `ssh-config`), on
+    /// stdin and stdout.
+    SshProxy(ssh::SshProxyArgs),
     /// Copy files and directories into or out of a running lease's /workspace.
     ///
     /// `cp ./data LEASE:/workspace/data` or `cp LEASE:/workspace/out ./out`: streamed,

@@ -1,0 +1,502 @@
+//! `gridlease ssh-proxy LEASE`: an SSH server speaking to the user's own OpenSSH client over
+//! this process's stdin and stdout (the client runs it as its `ProxyCommand`). Every SSH
+//! channel becomes one access stream of the lease, opened through the local daemon exactly as
+//! `gridlease shell`, `exec`, `forward` and `cp` open theirs (so the provider authorizes and
+//! counts it the same way: only the lease's renter, only while the lease runs):
+//!
+//! | SSH                                   | access stream (control API)                     |
+//! |---------------------------------------|-------------------------------------------------|
+//! | `pty-req` + `shell`                   | exec with a terminal: the container's shell     |
+//! | `shell` without a pty                 | exec with pipes: the container's shell          |
+//! | `exec CMD` (`pty-req` first: `ssh -t`)| exec of `/bin/sh -c CMD`, exit status, stdin EOF|
+//! | `window-change`                       | a resize of the remote terminal                 |
+//! | `subsystem sftp`                      | an SFTP session on `/workspace` (scp, sftp)     |
+//! | `direct-tcpip` to a loopback address  | a forward to that port of the container         |
+//!
+//! Refused: `direct-tcpip` to any other host (the container's own ports only, as `forward`),
+//! remote forwarding (`ssh -R`), agent and X11 forwarding, other subsystems. Ctrl-C and the
+//! other keys a terminal turns into signals travel as keys to the remote terminal; SSH
+//! `signal` requests (which OpenSSH's client does not send) are ignored.
+//!
+//! Authentication: the `none` method is accepted. The SSH connection lives on the pipes
+//! between `ssh` and this process; whoever can run this process can already use the node's
+//! control socket, which is what authorizes (see `config` for the host key).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gridlease_protocol::access::{
+    ExecInput, ExecOutput, MAX_ENV, MAX_EXEC_CHUNK, MAX_EXEC_FRAME, TermSize,
+};
+use russh::server::{Auth, ChannelOpenHandle, Handler, Msg, Session};
+use russh::{Channel, ChannelId, ChannelMsg, ChannelOpenFailure, ChannelWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
+
+use crate::access::frames;
+use crate::api::client::ApiClient;
+use crate::api::types::ExecBody;
+
+/// Most session channels (shells, commands, SFTP) open at once.
+pub const MAX_SESSIONS: usize = 64;
+/// Most forwarded connections (`direct-tcpip`) open at once.
+pub const MAX_FORWARDS: usize = 256;
+/// The server's channel window (how much a client may send ahead, per channel).
+const WINDOW: u32 = 8 << 20;
+/// The largest packet the client may send.
+const MAX_PACKET: u32 = 64 << 10;
+/// Exit status reported when the command's status is unknown (the connection to the provider
+/// was lost, or it refused): what OpenSSH's client itself uses for its own failures.
+const EXIT_UNKNOWN: u32 = 255;
+/// Addresses of a `direct-tcpip` request that mean the container itself.
+const LOOPBACK: [&str; 5] = ["localhost", "127.0.0.1", "::1", "0.0.0.0", "ip6-localhost"];
+
+/// The server's configuration with the lease's host key.
+pub fn server_config(key: russh::keys::PrivateKey) -> russh::server::Config {
+    russh::server::Config {
+        server_id: russh::SshId::Standard(
+            concat!("SSH-2.0-gridlease_", env!("CARGO_PKG_VERSION")).into(),
+        ),
+        methods: russh::MethodSet::from(&[russh::MethodKind::None][..]),
+        auth_rejection_time: Duration::ZERO,
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        keys: vec![key],
+        window_size: WINDOW,
+        maximum_packet_size: MAX_PACKET,
+        // The client keeps the connection as long as it wants: an idle shell is fine.
+        inactivity_timeout: None,
+        ..Default::default()
+    }
+}
+
+/// Runs the SSH server on `io` for `lease` (its full id) until the client disconnects.
+pub async fn serve<S>(
+    api: ApiClient,
+    lease: String,
+    key: russh::keys::PrivateKey,
+    io: S,
+) -> anyhow::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let handler = Proxy {
+        api,
+        lease: Arc::from(lease.as_str()),
+        pending: HashMap::new(),
+        sessions: Arc::new(Semaphore::new(MAX_SESSIONS)),
+        forwards: Arc::new(Semaphore::new(MAX_FORWARDS)),
+    };
+    let running = russh::server::run_stream(Arc::new(server_config(key)), io, handler)
+        .await
+        .map_err(|e| anyhow::anyhow!("ssh: {e}"))?;
+    match running.await {
+        Ok(()) => Ok(()),
+        // The client went away: its own message says why.
+        Err(russh::Error::Disconnect | russh::Error::HUP | russh::Error::IO(_)) => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("ssh: {e}")),
+    }
+}
+
+/// A session channel opened and not yet started (no shell, exec or subsystem yet).
+struct Pending {
+    channel: Channel<Msg>,
+    pty: Option<TermSize>,
+    env: Vec<String>,
+}
+
+/// What a session channel runs.
+enum Start {
+    Shell,
+    Exec(String),
+    Sftp,
+}
+
+struct Proxy {
+    api: ApiClient,
+    lease: Arc<str>,
+    pending: HashMap<ChannelId, Pending>,
+    sessions: Arc<Semaphore>,
+    forwards: Arc<Semaphore>,
+}
+
+/// A line for the user's terminal (ssh shows a ProxyCommand's stderr as it comes).
+fn say(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "gridlease ssh-proxy: {message}");
+}
+
+impl Proxy {
+    fn start(
+        &mut self,
+        id: ChannelId,
+        what: Start,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        let Some(p) = self.pending.remove(&id) else {
+            return session.channel_failure(id);
+        };
+        let Ok(permit) = self.sessions.clone().try_acquire_owned() else {
+            say(&format!(
+                "more than {MAX_SESSIONS} sessions at once; refused one"
+            ));
+            return session.channel_failure(id);
+        };
+        session.channel_success(id)?;
+        let api = self.api.clone();
+        let lease = self.lease.clone();
+        tokio::spawn(async move {
+            match what {
+                Start::Sftp => sftp(&api, &lease, p.channel).await,
+                Start::Shell => exec(&api, &lease, p.channel, Vec::new(), p.env, p.pty).await,
+                Start::Exec(cmd) => {
+                    let argv = vec!["/bin/sh".to_string(), "-c".to_string(), cmd];
+                    exec(&api, &lease, p.channel, argv, p.env, p.pty).await;
+                }
+            }
+            drop(permit);
+        });
+        Ok(())
+    }
+}
+
+impl Handler for Proxy {
+    type Error = russh::Error;
+
+    async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
+        Ok(Auth::Accept)
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if self.pending.len() >= MAX_SESSIONS {
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return Ok(());
+        }
+        reply.accept().await;
+        self.pending.insert(
+            channel.id(),
+            Pending {
+                channel,
+                pty: None,
+                env: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    async fn channel_close(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.pending.remove(&channel);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        term: &str,
+        col_width: u32,
+        row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(p) = self.pending.get_mut(&channel) else {
+            return session.channel_failure(channel);
+        };
+        p.pty = Some(term_size(col_width, row_height));
+        let term = if valid_value(term) {
+            term
+        } else {
+            "xterm-256color"
+        };
+        p.env.retain(|e| !e.starts_with("TERM="));
+        p.env.push(format!("TERM={term}"));
+        session.channel_success(channel)
+    }
+
+    async fn env_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        value: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let ok = valid_name(name) && valid_value(value);
+        match self.pending.get_mut(&channel) {
+            Some(p) if ok && p.env.len() < MAX_ENV - 1 => {
+                p.env
+                    .retain(|e| e.split_once('=').is_none_or(|(n, _)| n != name));
+                p.env.push(format!("{name}={value}"));
+                session.channel_success(channel)
+            }
+            _ => session.channel_failure(channel),
+        }
+    }
+
+    async fn shell_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.start(channel, Start::Shell, session)
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        match std::str::from_utf8(data) {
+            Ok(cmd) if !cmd.contains('\0') => {
+                self.start(channel, Start::Exec(cmd.to_string()), session)
+            }
+            _ => {
+                say("the command is not UTF-8 text; refused");
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if name == "sftp" {
+            self.start(channel, Start::Sftp, session)
+        } else {
+            say(&format!("subsystem {name:?} is not offered (only sftp)"));
+            session.channel_failure(channel)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host: &str,
+        port: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let port = match u16::try_from(port) {
+            Ok(p) if p != 0 && LOOPBACK.contains(&host) => p,
+            _ => {
+                say(&format!(
+                    "forwarding reaches only the container's own ports (localhost:PORT), not {host}:{port}"
+                ));
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+                return Ok(());
+            }
+        };
+        let Ok(permit) = self.forwards.clone().try_acquire_owned() else {
+            say(&format!(
+                "more than {MAX_FORWARDS} forwarded connections at once; refused one"
+            ));
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return Ok(());
+        };
+        let api = self.api.clone();
+        let path = format!("/v1/leases/{}/forward/{port}", self.lease);
+        tokio::spawn(async move {
+            match super::super::access::open_with_retry(&api, &path).await {
+                Ok(mut remote) => {
+                    reply.accept().await;
+                    let mut local = channel.into_stream();
+                    let _ = tokio::io::copy_bidirectional_with_sizes(
+                        &mut local,
+                        &mut remote,
+                        crate::access::SPLICE_BUFFER,
+                        crate::access::SPLICE_BUFFER,
+                    )
+                    .await;
+                }
+                Err(e) => {
+                    say(&format!("forward to port {port}: {e}"));
+                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+            drop(permit);
+        });
+        Ok(())
+    }
+}
+
+/// An SSH terminal size as the access protocol's (at least 1x1).
+fn term_size(cols: u32, rows: u32) -> TermSize {
+    let clamp = |v: u32| u16::try_from(v).unwrap_or(u16::MAX).max(1);
+    TermSize {
+        cols: clamp(cols),
+        rows: clamp(rows),
+    }
+}
+
+/// A name the access protocol takes for an environment variable.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn valid_value(value: &str) -> bool {
+    value.len() <= 4096 && !value.contains('\0')
+}
+
+/// Tells the client why its channel failed (on stderr, with exit status 255) and closes it.
+async fn fail(wr: &ChannelWriteHalf<Msg>, message: &str) {
+    say(message);
+    let _ = wr.exit_status(EXIT_UNKNOWN).await;
+    let _ = wr.eof().await;
+    let _ = wr.close().await;
+}
+
+/// A shell or a command: the channel's data, EOF and window changes go out as exec frames;
+/// the command's output comes back as channel data (stdout) and extended data 1 (stderr), its
+/// exit code as the channel's exit status.
+async fn exec(
+    api: &ApiClient,
+    lease: &str,
+    channel: Channel<Msg>,
+    argv: Vec<String>,
+    env: Vec<String>,
+    tty: Option<TermSize>,
+) {
+    let (mut rd, wr) = channel.split();
+    let body = ExecBody { argv, env, tty };
+    let io = match api
+        .upgrade(&format!("/v1/leases/{lease}/exec"), &body)
+        .await
+    {
+        Ok(io) => io,
+        Err(e) => return fail(&wr, &e.to_string()).await,
+    };
+    let (mut from, mut to) = tokio::io::split(io);
+    let input = async {
+        let mut eof = false;
+        while let Some(msg) = rd.wait().await {
+            let frames: Vec<ExecInput> = match msg {
+                ChannelMsg::Data { data } if !eof => data
+                    .chunks(MAX_EXEC_CHUNK)
+                    .map(|c| ExecInput::Stdin(c.to_vec()))
+                    .collect(),
+                ChannelMsg::Eof if !eof => {
+                    eof = true;
+                    vec![ExecInput::Eof]
+                }
+                ChannelMsg::WindowChange {
+                    col_width,
+                    row_height,
+                    ..
+                } => vec![ExecInput::Resize(term_size(col_width, row_height))],
+                ChannelMsg::Close => break,
+                _ => continue,
+            };
+            for f in frames {
+                if frames::send::<_, MAX_EXEC_FRAME, _>(&mut to, &f)
+                    .await
+                    .is_err()
+                {
+                    // The provider's side is gone; its end arrives on the output side.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    };
+    let output = async {
+        loop {
+            match frames::read::<ExecOutput, MAX_EXEC_FRAME, _>(&mut from).await {
+                Ok(Some(ExecOutput::Stdout(b))) => {
+                    if wr.data_bytes(b).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(ExecOutput::Stderr(b))) => {
+                    if wr.extended_data_bytes(1, b).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(ExecOutput::Exit(code))) => {
+                    let _ = wr
+                        .exit_status(u32::try_from(code).unwrap_or(EXIT_UNKNOWN))
+                        .await;
+                    let _ = wr.eof().await;
+                    let _ = wr.close().await;
+                    return;
+                }
+                Ok(Some(ExecOutput::Error(m))) => {
+                    return fail(&wr, &format!("remote command: {m}")).await;
+                }
+                Ok(None) | Err(_) => {
+                    return fail(
+                        &wr,
+                        "the connection to the provider was lost before the command ended",
+                    )
+                    .await;
+                }
+            }
+        }
+    };
+    // The client closing its channel ends the command's streams; the command's end closes
+    // the channel.
+    tokio::select! {
+        () = input => {}
+        () = output => {}
+    }
+}
+
+/// The `sftp` subsystem: the channel's bytes both ways on an SFTP access stream (the provider
+/// serves the SFTP protocol on the lease's `/workspace`).
+async fn sftp(api: &ApiClient, lease: &str, channel: Channel<Msg>) {
+    let path = format!("/v1/leases/{lease}/sftp");
+    let mut remote = match super::super::access::open_with_retry(api, &path).await {
+        Ok(io) => io,
+        Err(e) => {
+            let (_, wr) = channel.split();
+            return fail(&wr, &format!("sftp: {e}")).await;
+        }
+    };
+    let mut local = channel.into_stream();
+    let _ = tokio::io::copy_bidirectional_with_sizes(
+        &mut local,
+        &mut remote,
+        crate::access::SPLICE_BUFFER,
+        crate::access::SPLICE_BUFFER,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_names_are_checked_before_they_travel() {
+        assert_eq!(term_size(0, 0), TermSize { cols: 1, rows: 1 });
+        assert_eq!(
+            term_size(100_000, 40),
+            TermSize {
+                cols: u16::MAX,
+                rows: 40
+            }
+        );
+        assert!(valid_name("LANG") && valid_name("LC_ALL"));
+        assert!(!valid_name("A-B") && !valid_name("") && !valid_name("A=B"));
+        assert!(!valid_value("a\0b"));
+    }
+}
