@@ -533,3 +533,187 @@ echo never-listened; cat /tmp/server.log; exit 1
     drop(tunnel);
     drop(m);
 }
+
+/// `GET /metrics` of a node's metrics endpoint.
+fn scrape(port: u16) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The value of the metric line that starts with `series` (0 when absent).
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// What a stranger (an in-process node that holds no lease) is told when it asks `provider`
+/// for an SFTP session on `lease`.
+fn stranger_asks_sftp(provider_addr: &str, provider: &str, lease: &str) -> String {
+    use gridlease_node::access::{OpenError, open_to};
+    use gridlease_protocol::access::{AccessRefusal, AccessRequest};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let root = tempfile::tempdir().unwrap();
+        let n = common::start(root.path(), "stranger", common::config()).await;
+        n.node
+            .client
+            .dial(provider_addr.parse().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let req = AccessRequest::Sftp {
+            lease_id: lease.parse().unwrap(),
+        };
+        let told = match open_to(&n.node.client, provider.parse().unwrap(), req).await {
+            Err(OpenError::Refused(r @ AccessRefusal::NotRenter)) => r.to_string(),
+            Err(e) => panic!("a stranger got {e} instead of not-the-renter"),
+            Ok(_) => panic!("a stranger was granted an SFTP session"),
+        };
+        common::stop(n).await;
+        told
+    })
+}
+
+#[test]
+fn only_the_renter_gets_in_and_only_while_the_lease_runs() {
+    let test = "cli_ssh_refusals";
+    let Some(image) = ToolsImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("provider.log");
+    let metrics = common::free_port();
+    let m = busybox_market(
+        dir.path(),
+        &image.tag,
+        &log,
+        &["--metrics", &format!("127.0.0.1:{metrics}")],
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "300",
+            "--detach",
+            "--image",
+            &image.tag,
+            "--",
+            "sleep",
+            "600",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&ph, &id)["state"] == "running"
+    });
+    let s = Ssh::configure(&rh, &dir.path().join("user"), &id);
+    let out = s.ssh(&["true"], b"");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // The provider's own node: told it provides the lease, before any SSH byte.
+    let out = cli(&ph, &["ssh-proxy", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("this node provides lease"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = cli(&ph, &["ssh-config", &id]);
+    assert!(!out.status.success());
+
+    // A stranger's node, through ssh and ssh-proxy: the same entry, its own home.
+    let sh = dir.path().join("stranger");
+    let _stranger = cli_support::start(&sh, &[]);
+    let theirs = dir.path().join("stranger.config");
+    let ours = std::fs::read_to_string(rh.join("ssh").join("config")).unwrap();
+    std::fs::write(
+        &theirs,
+        ours.replace(
+            &format!("--home '{}'", rh.display()),
+            &format!("--home '{}'", sh.display()),
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = Command::new("ssh")
+        .arg("-F")
+        .arg(&theirs)
+        .args([&s.host, "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!("no lease {id} on this node")),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // A stranger asking the provider itself for an SFTP session is refused and logged.
+    let addr = json(&ph, &["status"])["listen_addrs"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let told = stranger_asks_sftp(&addr, &m.provider_peer, &id);
+    assert!(told.contains("not the lease's renter"), "{told}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains("access refused") && l.contains("kind=\"files\"")),
+        "{logged}"
+    );
+
+    // Every SSH channel was one access stream, counted by kind.
+    let counted = scrape(metrics);
+    assert!(
+        metric(
+            &counted,
+            "gridlease_access_streams_granted_total{kind=\"exec\"}"
+        ) >= 1,
+        "{counted}"
+    );
+    assert_eq!(
+        metric(
+            &counted,
+            "gridlease_access_streams_refused_total{kind=\"files\"}"
+        ),
+        1,
+        "{counted}"
+    );
+
+    // After the lease ends: ssh fails at once, saying why.
+    let out = cli(&rh, &["stop", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_for(Duration::from_secs(60), "the lease to settle", || {
+        lease_of(&ph, &id)["state"] == "settled"
+    });
+    let started = Instant::now();
+    let out = s.ssh(&["true"], b"");
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not running (it is settled)"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let out = cli(&rh, &["ssh", &id, "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not running"),
+        "{}",
+        text(&out.stderr)
+    );
+    drop(m);
+}
