@@ -14,11 +14,11 @@
 # Bounded: at most GRIDLEASE_FUZZ_EXAMPLES (default 100) cases per operation and phase, each
 # of the two runs (renter, provider) killed after GRIDLEASE_FUZZ_TIMEOUT seconds (default 120). The seed is fixed
 # (GRIDLEASE_FUZZ_SEED, default 20) so a CI failure reproduces; set another to explore.
-# The access routes (tag `access`: exec, forward, upload, download) switch protocols with an
+# The access routes (tag `access`: exec, forward, upload, download, sftp) switch protocols with an
 # HTTP upgrade once granted, which a request/response client cannot follow (it would reuse the
 # switched connection): they are fuzzed, all checks, on the provider only, where no request
 # can be granted (a provider does not open access to its own tenants: `not-renter`), and left
-# out on the renter; what happens after 101 is tested by node/tests/cli_access.rs, cli_cp.rs
+# out on the renter; what happens after 101 is tested by node/tests/cli_access.rs, cli_cp.rs, cli_ssh.rs
 # and hostile_transfers.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
