@@ -301,6 +301,13 @@ fn ssh_exec_exit_codes_stdin_and_a_terminal() {
     let user = dir.path().join("user");
     let s = Ssh::configure(&rh, &user, &id);
 
+    // The entry asks for AES-GCM (AES-NI), and ssh-proxy offers it.
+    let out = s.ssh(&["-v", "true"], b"");
+    assert!(
+        text(&out.stderr).contains("cipher: aes128-gcm@openssh.com"),
+        "{}",
+        text(&out.stderr)
+    );
     // The exit code comes back.
     let out = s.ssh(&["exit 7"], b"");
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));

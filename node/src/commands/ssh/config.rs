@@ -48,6 +48,11 @@ const SEED_FILE: &str = "host-key.seed";
 const SEED_LEN: usize = 32;
 /// Key-derivation context of the host keys (BLAKE3 `derive_key`).
 const KEY_CONTEXT: &str = "gridlease ssh-proxy host key v1";
+/// The ciphers an entry asks for, in order: the SSH connection runs between `ssh` and its
+/// own child, so the cheapest authenticated cipher wins (AES-GCM with AES-NI), ChaCha20 where
+/// the other is missing.
+pub const CIPHERS: &str =
+    "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com";
 /// The marker line before each entry.
 const MARK: &str = "# lease ";
 
@@ -144,6 +149,7 @@ pub fn entry(exe: &Path, home: &Path, lease: &LeaseId) -> anyhow::Result<String>
          \x20   ProxyCommand {} --home {} ssh-proxy {lease}\n\
          \x20   UserKnownHostsFile {known}\n\
          \x20   StrictHostKeyChecking yes\n\
+         \x20   Ciphers {CIPHERS}\n\
          \x20   CheckHostIP no\n\
          \x20   PubkeyAuthentication no\n\
          \x20   PasswordAuthentication no\n\
