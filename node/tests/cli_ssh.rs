@@ -724,3 +724,130 @@ fn only_the_renter_gets_in_and_only_while_the_lease_runs() {
     );
     drop(m);
 }
+
+/// `stat`-like mode bits and mtime (seconds) of a local file.
+fn mode_and_mtime(path: &Path) -> (u32, i64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.mode() & 0o7777, m.mtime())
+}
+
+#[test]
+fn scp_and_sftp_through_the_providers_sftp_server() {
+    let test = "cli_ssh_scp";
+    let Some(image) = ToolsImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("provider.log");
+    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let rh = dir.path().join("renter");
+    let s = Ssh::configure(&rh, &dir.path().join("user"), &id);
+
+    // 64 MiB of varied bytes, mode 640, an mtime in 2020.
+    let big = dir.path().join("big.bin");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let bytes: Vec<u8> = (0..64 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&big, &bytes).unwrap();
+    drop(bytes);
+    std::fs::set_permissions(&big, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    let touched = Command::new("touch")
+        .args(["-m", "-d", "@1577836800"])
+        .arg(&big)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    let want = sha256(&big);
+
+    // Up, with -p: the container sees the same bytes, mode and mtime.
+    let out = s
+        .tool("scp")
+        .args(["-q", "-p"])
+        .arg(&big)
+        .arg(format!("{}:/workspace/big.bin", s.host))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scp up: {}", text(&out.stderr));
+    let out = s.ssh(
+        &["sha256sum /workspace/big.bin; stat -c '%a %Y' /workspace/big.bin"],
+        b"",
+    );
+    let said = text(&out.stdout);
+    assert!(said.starts_with(&want), "{said}");
+    assert!(said.contains("\n640 1577836800\n"), "{said}");
+
+    // Down, with -p, into another name: the same bytes, mode and mtime here.
+    let back = dir.path().join("back.bin");
+    let out = s
+        .tool("scp")
+        .args(["-q", "-p"])
+        .arg(format!("{}:big.bin", s.host))
+        .arg(&back)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scp down: {}", text(&out.stderr));
+    assert_eq!(sha256(&back), want);
+    assert_eq!(mode_and_mtime(&back), (0o640, 1_577_836_800));
+
+    // sftp -b: put, get, ls, rename, rm, mkdir, rmdir.
+    std::fs::write(dir.path().join("note.txt"), b"a note\n").unwrap();
+    let batch = dir.path().join("batch");
+    std::fs::write(
+        &batch,
+        "cd /workspace\nput note.txt up.txt\nget up.txt got.txt\nls -l\nrename up.txt moved.txt\nls\nrm moved.txt\nmkdir d\nrmdir d\n",
+    )
+    .unwrap();
+    let out = s
+        .tool("sftp")
+        .arg("-b")
+        .arg(&batch)
+        .arg(&s.host)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "sftp: {said}{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read(dir.path().join("got.txt")).unwrap(),
+        b"a note\n"
+    );
+    assert!(
+        said.contains("up.txt") && said.contains("moved.txt"),
+        "{said}"
+    );
+    let out = s.ssh(&["ls -a /workspace"], b"");
+    let listed = text(&out.stdout);
+    assert!(
+        !listed.contains("moved.txt") && !listed.contains("up.txt"),
+        "{listed}"
+    );
+    assert!(listed.contains("big.bin"), "{listed}");
+
+    // Outside /workspace: refused, saying why; nothing written.
+    std::fs::write(&batch, "put note.txt /tmp/escape.txt\n").unwrap();
+    let out = s
+        .tool("sftp")
+        .arg("-b")
+        .arg(&batch)
+        .arg(&s.host)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(said.contains("only /workspace"), "{said}");
+    let out = s.ssh(
+        &["test -e /tmp/escape.txt && echo there || echo absent"],
+        b"",
+    );
+    assert_eq!(text(&out.stdout).trim(), "absent");
+    drop(m);
+}
