@@ -25,7 +25,7 @@ use super::tar_out::{self, OutKind};
 use super::{MAX_ENTRIES, TransferError};
 
 /// How every name is resolved.
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+pub(super) const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
@@ -43,12 +43,12 @@ const EXTENT_ALIGN: u64 = 4096;
 /// that files written into it get (the owner of that directory: the tenant's user).
 #[derive(Debug)]
 pub struct WorkspaceFs {
-    root: OwnedFd,
-    uid: Uid,
-    gid: Gid,
+    pub(super) root: OwnedFd,
+    pub(super) uid: Uid,
+    pub(super) gid: Gid,
 }
 
-fn errno_io(e: Errno) -> std::io::Error {
+pub(super) fn errno_io(e: Errno) -> std::io::Error {
     std::io::Error::from_raw_os_error(e.raw_os_error())
 }
 
@@ -74,7 +74,7 @@ fn fs_error(e: Errno, path: &Path) -> TransferError {
     }
 }
 
-fn display(p: &Path) -> &Path {
+pub(super) fn display(p: &Path) -> &Path {
     if p.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -100,7 +100,7 @@ impl WorkspaceFs {
     }
 
     /// Opens `rel` (workspace-relative) with `flags`, resolved beneath the root.
-    fn open_at(&self, rel: &Path, flags: OFlags) -> Result<OwnedFd, Errno> {
+    pub(super) fn open_at(&self, rel: &Path, flags: OFlags) -> Result<OwnedFd, Errno> {
         rustix::fs::openat2(
             &self.root,
             display(rel),

@@ -16,14 +16,22 @@
 //!   files with holes as sparse entries, so a sparse file costs neither side its size);
 //!   symlinks that would leave the copied tree, and anything that is not a file, directory or
 //!   symlink, are left out with a reason the renter is told.
+//! - Single operations ([`ops`]: stat, list, open, read and write at offsets, set attributes,
+//!   rename, make and remove, links) for a file protocol served by the node (SFTP), on the
+//!   same rules: resolved beneath the root, no link followed, new files the tenant's.
 
 mod host;
+mod ops;
 mod tar_in;
 mod tar_out;
 
 pub use host::{
     DownloadRules, DownloadSummary, MAX_DEPTH, MAX_EXTENTS, OUT_PIECE, Out, Upload, WorkspaceFs,
     download, link_stays_inside,
+};
+pub use ops::{
+    DirEntry, DirReader, FileStat, FsError, FsErrorKind, OpenFile, OpenHow, PERMISSION_BITS,
+    SetAttrs,
 };
 pub use tar_in::{Entry, EntryKind, Event, MAX_LONG_NAME, MAX_PAX, TarReader, entry_path};
 
