@@ -770,12 +770,22 @@ fn scp_and_sftp_through_the_providers_sftp_server() {
     // Up, with -p: the container sees the same bytes, mode and mtime.
     let out = s
         .tool("scp")
-        .args(["-q", "-p"])
+        .args(["-p"])
         .arg(&big)
         .arg(format!("{}:/workspace/big.bin", s.host))
         .output()
         .unwrap();
-    assert!(out.status.success(), "scp up: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "scp up: {}\n{}",
+        text(&out.stderr),
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("sftp"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let out = s.ssh(
         &["sha256sum /workspace/big.bin; stat -c '%a %Y' /workspace/big.bin"],
         b"",

@@ -476,24 +476,42 @@ async fn exec(
 }
 
 /// The `sftp` subsystem: the channel's bytes both ways on an SFTP access stream (the provider
-/// serves the SFTP protocol on the lease's `/workspace`).
+/// serves the SFTP protocol on the lease's `/workspace`); exit status 0 once the session ended
+/// (OpenSSH's `ssh`, and with it `scp` and `sftp`, count a channel closed without one as a
+/// failure).
 async fn sftp(api: &ApiClient, lease: &str, channel: Channel<Msg>) {
+    use tokio::io::AsyncWriteExt;
+    let (mut rd, wr) = channel.split();
     let path = format!("/v1/leases/{lease}/sftp");
-    let mut remote = match super::super::access::open_with_retry(api, &path).await {
+    let remote = match super::super::access::open_with_retry(api, &path).await {
         Ok(io) => io,
-        Err(e) => {
-            let (_, wr) = channel.split();
-            return fail(&wr, &format!("sftp: {e}")).await;
-        }
+        Err(e) => return fail(&wr, &format!("sftp: {e}")).await,
     };
-    let mut local = channel.into_stream();
-    let _ = tokio::io::copy_bidirectional_with_sizes(
-        &mut local,
-        &mut remote,
-        crate::access::SPLICE_BUFFER,
-        crate::access::SPLICE_BUFFER,
-    )
-    .await;
+    let (mut from, mut to) = tokio::io::split(remote);
+    let mut local_out = wr.make_writer();
+    let up = async {
+        let mut local_in = rd.make_reader();
+        let _ = tokio::io::copy(&mut local_in, &mut to).await;
+        let _ = to.shutdown().await;
+    };
+    let down = async {
+        let copied = tokio::io::copy(&mut from, &mut local_out).await;
+        let _ = local_out.flush().await;
+        copied.is_ok()
+    };
+    // The session ends when the provider's side does: after the client closed its side, or
+    // on its own (the lease ended), when whatever the client still sends is not carried.
+    tokio::pin!(up);
+    tokio::pin!(down);
+    let ended_cleanly = tokio::select! {
+        clean = &mut down => clean,
+        () = &mut up => (&mut down).await,
+    };
+    let _ = wr
+        .exit_status(if ended_cleanly { 0 } else { EXIT_UNKNOWN })
+        .await;
+    let _ = wr.eof().await;
+    let _ = wr.close().await;
 }
 
 #[cfg(test)]
