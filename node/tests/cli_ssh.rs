@@ -31,8 +31,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use cli_support::{
-    ContainersGuard, Market, Tmux, bin, busybox_market, cli, docker_required, json, lease_of, text,
-    tmux_available, wait_for,
+    ContainersGuard, Tmux, bin, busybox_market, cli, docker_required, http_get, json, lease_of,
+    metric, running_lease, scrape, text, tmux_available, wait_for,
 };
 use sha2::Digest as _;
 
@@ -196,32 +196,6 @@ impl Drop for ToolsImage {
     }
 }
 
-/// A market whose provider may run `image`, and a running lease of it (`sleep 600`, 5 minutes).
-fn running_lease(dir: &Path, image: &str, log: &Path) -> (Market, String) {
-    let m = busybox_market(dir, image, log, &[]);
-    let rh = dir.join("renter");
-    let rented = json(
-        &rh,
-        &[
-            "rent",
-            &m.offer,
-            "--seconds",
-            "300",
-            "--detach",
-            "--image",
-            image,
-            "--",
-            "sleep",
-            "600",
-        ],
-    );
-    let id = rented["lease_id"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(60), "the lease to run", || {
-        lease_of(&dir.join("provider"), &id)["state"] == "running"
-    });
-    (m, id)
-}
-
 /// The SSH side of a test: the renter's home, a user home whose `.ssh/config` includes the
 /// node's entries (`ssh-config` writes the Include there), and the host alias.
 struct Ssh {
@@ -295,7 +269,7 @@ fn ssh_exec_exit_codes_stdin_and_a_terminal() {
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("provider.log");
-    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let (m, id) = running_lease(dir.path(), &image.tag, &log, &[]);
     let _guard = ContainersGuard(m.provider_peer.clone());
     let rh = dir.path().join("renter");
     let user = dir.path().join("user");
@@ -418,26 +392,6 @@ fn rsync(s: &Ssh, src: &str, dst: &str) -> u64 {
         .unwrap_or_else(|| panic!("no transfer count in\n{stats}"))
 }
 
-/// A raw HTTP/1.0 GET of `path` on 127.0.0.1:`port`: the body.
-fn http_get(port: u16, path: &str) -> Vec<u8> {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut all = Vec::new();
-    s.read_to_end(&mut all).unwrap();
-    let at = all
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("an HTTP answer");
-    assert!(
-        all.starts_with(b"HTTP/1.0 200") || all.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        text(&all[..at])
-    );
-    all.split_off(at + 4)
-}
-
 /// `ssh -N -L 127.0.0.1:PORT:localhost:REMOTE HOST` in the background, once the port listens.
 struct Tunnel(std::process::Child, u16);
 
@@ -474,7 +428,7 @@ fn rsync_ssh_l_and_what_vscode_runs() {
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("provider.log");
-    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let (m, id) = running_lease(dir.path(), &image.tag, &log, &[]);
     let _guard = ContainersGuard(m.provider_peer.clone());
     let rh = dir.path().join("renter");
     let s = Ssh::configure(&rh, &dir.path().join("user"), &id);
@@ -539,24 +493,6 @@ echo never-listened; cat /tmp/server.log; exit 1
     assert_eq!(http_get(tunnel.1, "/index.html"), b"server-up\n");
     drop(tunnel);
     drop(m);
-}
-
-/// `GET /metrics` of a node's metrics endpoint.
-fn scrape(port: u16) -> String {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-/// The value of the metric line that starts with `series` (0 when absent).
-fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// What a stranger (an in-process node that holds no lease) is told when it asks `provider`
@@ -740,7 +676,7 @@ fn scp_and_sftp_through_the_providers_sftp_server() {
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("provider.log");
-    let (m, id) = running_lease(dir.path(), &image.tag, &log);
+    let (m, id) = running_lease(dir.path(), &image.tag, &log, &[]);
     let _guard = ContainersGuard(m.provider_peer.clone());
     let rh = dir.path().join("renter");
     let s = Ssh::configure(&rh, &dir.path().join("user"), &id);

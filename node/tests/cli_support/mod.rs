@@ -8,6 +8,7 @@
     clippy::print_stderr
 )]
 
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -603,4 +604,68 @@ impl Drop for BusyboxImage {
             }
         });
     }
+}
+
+/// A market whose provider may run `image` (and logs to `log`), and a running lease of it
+/// (`sleep 600`): the market and the lease id.
+pub fn running_lease(dir: &Path, image: &str, log: &Path, extra: &[&str]) -> (Market, String) {
+    let m = busybox_market(dir, image, log, extra);
+    let rh = dir.join("renter");
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "300",
+            "--detach",
+            "--image",
+            image,
+            "--",
+            "sleep",
+            "600",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the lease to run", || {
+        lease_of(&dir.join("provider"), &id)["state"] == "running"
+    });
+    (m, id)
+}
+
+/// `GET /metrics` of a node's metrics endpoint.
+pub fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The value of the metric line that starts with `series`.
+pub fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+/// A raw HTTP/1.0 GET on a new connection that half-closes after the request: the body.
+pub fn http_get(port: u16, path: &str) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let at = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    assert!(
+        all.starts_with(b"HTTP/1.1 200") || all.starts_with(b"HTTP/1.0 200"),
+        "{}",
+        text(&all[..at])
+    );
+    all.split_off(at + 4)
 }
