@@ -33,6 +33,7 @@ pub mod reputation;
 mod restore;
 mod shared_book;
 mod timers;
+pub mod tls;
 mod transport;
 
 use std::sync::Arc;

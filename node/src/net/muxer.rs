@@ -13,6 +13,14 @@
 //! A bulk stream keeps the TCP send buffer full anyway (hundreds of KiB by default on Linux),
 //! and every small frame waits behind all of it, so the frame size adds little to that wait.
 //!
+//! Under TLS, which the transport prefers to noise ([`super::tls`]), a record holds at most
+//! 16 KiB, so a 64 KiB frame is four records sealed separately and written together. Measured
+//! with TLS (`node/examples/bench_ssh.rs`, 2026-12-06, docs/benchmarks-history.md): 16 KiB
+//! frames changed nothing consistently (under load 4.5, a forward's download 1.03x, upload
+//! 0.66x of `ssh -L` in one run; 64 KiB frames in two runs beside it: 1.08-1.12x, 0.88-0.98x),
+//! so the split stays at 64 KiB, which noise peers need. Windows are yamux 0.14's: a stream's starts at 256 KiB and grows with the
+//! measured round trip, up to the connection's 1 GiB (not changed, not measured here).
+//!
 //! What this keeps of libp2p's muxer: inbound streams that arrive while the connection is
 //! polled for progress are buffered (at most [`MAX_BUFFERED_INBOUND`], then reset), the
 //! connection's defaults for windows and the stream limit.
