@@ -26,7 +26,7 @@
 //!   reaches the same servers on the same loopback; the client's ports are reached through the
 //!   namespace as well;
 //! - **ssh -L via gridlease ssh-proxy**: `gridlease ssh-config LEASE` writes an ssh config whose
-//!   host `gl-XXXXXXXX` has `gridlease ssh-proxy` as its ProxyCommand; `ssh -F CONFIG -N -L ...`
+//!   host `gl-<12 hex digits>` has `gridlease ssh-proxy` as its ProxyCommand; `ssh -F CONFIG -N -L ...`
 //!   on the host. Skipped, with a note, where `gridlease ssh-config` fails (not there yet).
 //!
 //! Each round measures every path in turn (the first path rotates from round to round): a GET
@@ -459,7 +459,7 @@ async fn main() {
     let ssh_config = Command::new(gridlease_bin())
         .arg("--home")
         .arg(&rh)
-        .args(["ssh-config", &id])
+        .args(["ssh-config", "--no-include", &id])
         .output()
         .unwrap();
     if ssh_config.status.success() {
@@ -472,7 +472,7 @@ async fn main() {
         };
         let ports = [free(), free(), free()];
         let config = rh.join("ssh").join("config").display().to_string();
-        let host = format!("gl-{}", &id[..8]);
+        let host = format!("gl-{}", &id[..12]);
         keep.push(ssh_forward(None, ports, &["-F", &config, &host]));
         for p in ports {
             wait_port(&connect, false, p);
