@@ -42,7 +42,7 @@ pub(super) fn require_upgrade(req: &axum::extract::Request) -> Result<(), ApiErr
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
 #[allow(dead_code)] // A documentation type: never built, only described.
-struct AccessHeaders {
+pub(super) struct AccessHeaders {
     /// The access protocol.
     upgrade: types::AccessUpgrade,
     /// The connection switches protocols.
@@ -52,7 +52,7 @@ struct AccessHeaders {
 /// The refusals every access route (exec, forward, upload, download) can give, documented once.
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // A documentation type: never built, only described.
-enum AccessProblems {
+pub(super) enum AccessProblems {
     #[response(
         status = 400,
         description = "Not a lease id (`invalid-parameter`), no `Connection: upgrade` and `Upgrade: gridlease-access` headers (`upgrade-required`), or a body that cannot be read (`malformed-body`)",

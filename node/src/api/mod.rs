@@ -14,6 +14,7 @@ pub mod types;
 
 mod access;
 mod leases;
+mod listen;
 mod node;
 mod offers;
 mod provide;

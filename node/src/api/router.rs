@@ -13,7 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    ApiState, access, leases, node, offers, openapi, problem, provide, socket_path, types,
+    ApiState, access, leases, listen, node, offers, openapi, problem, provide, socket_path, types,
 };
 
 /// The document's root: title, version, servers, tags. The paths and schemas come from the
@@ -83,6 +83,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(access::upload))
         .routes(routes!(access::download))
         .routes(routes!(access::sftp))
+        .routes(routes!(listen::listen))
         .routes(routes!(leases::statement))
         .routes(routes!(leases::ledger))
 }

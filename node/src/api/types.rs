@@ -483,6 +483,14 @@ pub struct ExecBody {
     pub tty: Option<gridlease_protocol::access::TermSize>,
 }
 
+/// Body of `POST /v1/leases/{id}/listen/{port}` (`gridlease forward`: the node listens).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ListenBody {
+    /// Local address and port to listen on (port 0: any free one), e.g. `127.0.0.1:8888`.
+    #[schema(value_type = String, example = "127.0.0.1:0")]
+    pub bind: std::net::SocketAddr,
+}
+
 /// Body of `POST /v1/leases/{id}/upload`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UploadBody {

@@ -9,13 +9,13 @@
 
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use gridlease_protocol::access::{ExecInput, ExecOutput, MAX_EXEC_CHUNK, MAX_EXEC_FRAME, TermSize};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use crate::access::frames;
@@ -253,10 +253,8 @@ fn exit_code(code: i64) -> u8 {
     u8::try_from(code.rem_euclid(256)).unwrap_or(1)
 }
 
-/// Most forwarded connections open at once per `forward` command.
-pub const MAX_FORWARDED: usize = 256;
-
-/// One listening forward.
+/// One listening forward: the node listens (`POST /v1/leases/{id}/listen/{port}`) while this
+/// holds the connection that asked; dropping it stops the listener.
 pub struct Forwarder {
     /// Where it listens.
     pub local: SocketAddr,
@@ -271,51 +269,35 @@ impl Drop for Forwarder {
     }
 }
 
-/// Binds `bind:spec.local` and forwards every connection to `spec.remote` in `lease` until
-/// dropped. Problems with single connections are printed to stderr, prefixed with the port.
+/// Asks the node to listen on `bind:spec.local` and forward every connection to
+/// `spec.remote` in `lease` until dropped. Problems with single connections, which the node
+/// reports, are printed to stderr, prefixed with the port.
 pub async fn start_forward(
     api: &ApiClient,
     lease: &str,
     bind: IpAddr,
     spec: PortSpec,
 ) -> anyhow::Result<Forwarder> {
-    let listener = tokio::net::TcpListener::bind((bind, spec.local))
+    use tokio::io::AsyncBufReadExt;
+    let path = format!("/v1/leases/{lease}/listen/{}", spec.remote);
+    let body = crate::api::types::ListenBody {
+        bind: SocketAddr::new(bind, spec.local),
+    };
+    let io = api.upgrade(&path, &body).await?;
+    let mut lines = tokio::io::BufReader::new(io).lines();
+    let first = lines
+        .next_line()
         .await
-        .with_context(|| format!("cannot listen on {bind}:{}", spec.local))?;
-    let local = listener.local_addr()?;
-    let api = api.clone();
-    let path = format!("/v1/leases/{lease}/forward/{}", spec.remote);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_FORWARDED));
+        .context("the node did not say where it listens")?
+        .unwrap_or_default();
+    let local: SocketAddr = first
+        .strip_prefix("listening ")
+        .and_then(|a| a.parse().ok())
+        .with_context(|| format!("the node answered {first:?} instead of where it listens"))?;
     let task = tokio::spawn(async move {
-        loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let Ok((mut tcp, _peer)) = listener.accept().await else {
-                continue;
-            };
-            let _ = tcp.set_nodelay(true);
-            let api = api.clone();
-            let path = path.clone();
-            tokio::spawn(async move {
-                match open_with_retry(&api, &path).await {
-                    Ok(mut remote) => {
-                        let _ = tokio::io::copy_bidirectional_with_sizes(
-                            &mut tcp,
-                            &mut remote,
-                            crate::access::SPLICE_BUFFER,
-                            crate::access::SPLICE_BUFFER,
-                        )
-                        .await;
-                    }
-                    Err(e) => {
-                        let _ =
-                            writeln!(std::io::stderr(), "forward {local} -> {}: {e}", spec.remote);
-                        let _ = tcp.shutdown().await;
-                    }
-                }
-                drop(permit);
-            });
+        // Held open (and read) for the listener's life: each line is a connection that failed.
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = writeln!(std::io::stderr(), "{line}");
         }
     });
     Ok(Forwarder {
