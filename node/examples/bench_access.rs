@@ -48,7 +48,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bench_support::{Kill, gridlease_bin};
+use bench_support::{Kill, cli, daemon, gridlease_bin, wait};
 use gridlease_sandbox::Sandbox;
 
 /// Writes every dirty page back before a timed copy, so that no copy pays for the writeback
@@ -56,67 +56,6 @@ use gridlease_sandbox::Sandbox;
 /// and its backing file, or the local destination).
 fn settle() {
     assert!(Command::new("sync").status().unwrap().success(), "sync");
-}
-
-fn cli(home: &Path, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(gridlease_bin())
-        .arg("--home")
-        .arg(home)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "gridlease {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
-}
-
-fn daemon(home: &Path, extra: &[&str]) -> Kill {
-    let init = Command::new(gridlease_bin())
-        .arg("--home")
-        .arg(home)
-        .arg("init")
-        .output()
-        .unwrap();
-    assert!(init.status.success());
-    let child = Command::new(gridlease_bin())
-        .arg("--home")
-        .arg(home)
-        .args([
-            "node",
-            "--no-mdns",
-            "--listen",
-            "/ip4/127.0.0.1/tcp/0",
-            "--announce-secs",
-            "1",
-        ])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let d = Kill(child);
-    wait(Duration::from_secs(30), || {
-        Command::new(gridlease_bin())
-            .arg("--home")
-            .arg(home)
-            .arg("status")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    d
-}
-
-fn wait(limit: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < end, "timed out");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {

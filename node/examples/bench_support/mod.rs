@@ -3,7 +3,8 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use gridlease_node::home::Home;
 use gridlease_node::net::{Node, NodeConfig};
@@ -277,4 +278,69 @@ pub fn cpu_s(pid: u32) -> f64 {
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
     let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
     ticks / 100.0 // USER_HZ, 100 on Linux
+}
+
+/// `gridlease --home HOME --json ARGS..` (it must succeed), parsed (null when not JSON).
+pub fn cli(home: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(gridlease_bin())
+        .arg("--home")
+        .arg(home)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gridlease {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// `gridlease init` then `gridlease node` on a loopback port (`extra` flags added), once its
+/// API answers.
+pub fn daemon(home: &Path, extra: &[&str]) -> Kill {
+    let init = Command::new(gridlease_bin())
+        .arg("--home")
+        .arg(home)
+        .arg("init")
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    let child = Command::new(gridlease_bin())
+        .arg("--home")
+        .arg(home)
+        .args([
+            "node",
+            "--no-mdns",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--announce-secs",
+            "1",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Kill(child);
+    wait(Duration::from_secs(30), || {
+        Command::new(gridlease_bin())
+            .arg("--home")
+            .arg(home)
+            .arg("status")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    d
+}
+
+/// Waits until `f` holds, at most `limit`.
+pub fn wait(limit: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < end, "timed out");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
