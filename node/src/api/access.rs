@@ -1,4 +1,4 @@
-//! The access routes (HTTP upgrades): exec, forward, upload, download, spliced onto the
+//! The access routes (HTTP upgrades): exec, forward, upload, download, sftp, spliced onto the
 //! lease's access stream.
 
 use axum::extract::State;
