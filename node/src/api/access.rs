@@ -73,7 +73,7 @@ pub(super) enum AccessProblems {
     Unknown(Problem),
     #[response(
         status = 409,
-        description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), or the prefix matches several leases (`ambiguous-id`)",
+        description = "The provider refused (`access-refused`: not running, not allowed by the offer, or not supported), this node provides the lease (`not-renter`), the prefix matches several leases (`ambiguous-id`), or the node cannot listen on the address asked (`listen-failed`, `listen` only)",
         content_type = "application/problem+json"
     )]
     Refused(Problem),

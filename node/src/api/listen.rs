@@ -32,8 +32,8 @@ pub(super) const MAX_CONNECTIONS: usize = 256;
 /// Failure lines queued for the CLI; more are dropped (the CLI is slow or gone).
 const REPORTS: usize = 64;
 
-/// `POST /v1/leases/{id}/listen/{port}` (`{"bind": "127.0.0.1:0"}`) with `Upgrade:
-/// gridlease-access`: the node listens on `bind` and forwards every connection to `port` in
+/// `POST /v1/leases/{id}/listen/{port}` (`{"address": "127.0.0.1", "port": 0}`) with `Upgrade:
+/// gridlease-access`: the node listens there and forwards every connection to `port` in
 /// the lease's container while the upgraded connection stays open.
 #[utoipa::path(
     post,
@@ -44,7 +44,7 @@ const REPORTS: usize = 64;
     description = "After 101 the node writes `listening ADDR\\n`, then one line per connection that failed; closing the connection stops the listener.",
     params(
         ("id" = String, Path, description = "Lease id or unique hex prefix"),
-        ("port" = u16, Path, description = "Port inside the container"),
+        ("port" = u16, Path, description = "Port inside the container (1-65535)"),
         AccessHeaders,
     ),
     request_body = types::ListenBody,
@@ -82,14 +82,10 @@ pub(super) async fn listen(
         }
         Some(Some(_)) => {}
     }
-    let listener = tokio::net::TcpListener::bind(body.bind)
+    let bind = SocketAddr::new(body.address, body.port);
+    let listener = tokio::net::TcpListener::bind(bind)
         .await
-        .map_err(|e| {
-            ApiError::new(
-                P::InvalidBody,
-                format!("cannot listen on {}: {e}", body.bind),
-            )
-        })?;
+        .map_err(|e| ApiError::new(P::ListenFailed, format!("cannot listen on {bind}: {e}")))?;
     let local = listener.local_addr().map_err(ApiError::internal)?;
     tokio::spawn(async move {
         let Ok(up) = upgrade.await else {

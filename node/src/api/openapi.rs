@@ -286,6 +286,23 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
         }
         None => missing.push("ExtendRequest".into()),
     }
+    // The address `listen` binds: an IP address, either family.
+    match doc.pointer_mut("/components/schemas/ListenBody/properties/address") {
+        Some(a) => merge(
+            a,
+            &json!({"anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]}),
+        ),
+        None => missing.push("ListenBody.address".into()),
+    }
+    // `listen`'s container port: 0 is no port (refused with 400 before anything else).
+    match doc.pointer_mut("/paths/~1v1~1leases~1{id}~1listen~1{port}/post/parameters") {
+        Some(ps) => for_each_in_array(ps, |p| {
+            if p["in"] == "path" && p["name"] == "port" {
+                merge(&mut p["schema"], &json!({"minimum": 1}));
+            }
+        }),
+        None => missing.push("POST /v1/leases/{id}/listen/{port} port".into()),
+    }
     let mut ids = 0;
     // Path parameters: lease and offer ids.
     if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {

@@ -71,6 +71,8 @@ pub enum ProblemType {
     PriceNeeded,
     /// `PUT /v1/provide` names no GPU this node has.
     NoGpus,
+    /// The node cannot listen on the address asked (`listen`: in use, or not this machine's).
+    ListenFailed,
     /// The provider could not be reached or gave no usable answer.
     ProviderUnreachable,
     /// A failure inside the node (see its log).
@@ -79,7 +81,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 25] = [
+    pub const ALL: [Self; 26] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -103,6 +105,7 @@ impl ProblemType {
         Self::NoGpuCheck,
         Self::PriceNeeded,
         Self::NoGpus,
+        Self::ListenFailed,
         Self::ProviderUnreachable,
         Self::Internal,
     ];
@@ -133,6 +136,7 @@ impl ProblemType {
             Self::NoGpuCheck => "no-gpu-check",
             Self::PriceNeeded => "price-needed",
             Self::NoGpus => "no-gpus",
+            Self::ListenFailed => "listen-failed",
             Self::ProviderUnreachable => "provider-unreachable",
             Self::Internal => "internal",
         }
@@ -164,6 +168,7 @@ impl ProblemType {
             Self::NoGpuCheck => "no GPU check for this lease",
             Self::PriceNeeded => "a price is needed",
             Self::NoGpus => "no GPU to offer",
+            Self::ListenFailed => "the node cannot listen on that address",
             Self::ProviderUnreachable => "the provider is unreachable",
             Self::Internal => "the node failed internally",
         }
@@ -193,7 +198,8 @@ impl ProblemType {
             | Self::LeaseNotRunning
             | Self::NoGpuCheck
             | Self::PriceNeeded
-            | Self::NoGpus => StatusCode::CONFLICT,
+            | Self::NoGpus
+            | Self::ListenFailed => StatusCode::CONFLICT,
             Self::ProviderUnreachable => StatusCode::BAD_GATEWAY,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

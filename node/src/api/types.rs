@@ -486,9 +486,11 @@ pub struct ExecBody {
 /// Body of `POST /v1/leases/{id}/listen/{port}` (`gridlease forward`: the node listens).
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ListenBody {
-    /// Local address and port to listen on (port 0: any free one), e.g. `127.0.0.1:8888`.
-    #[schema(value_type = String, example = "127.0.0.1:0")]
-    pub bind: std::net::SocketAddr,
+    /// Local address to listen on (IPv4 or IPv6), e.g. `127.0.0.1`.
+    #[schema(value_type = String, example = "127.0.0.1")]
+    pub address: std::net::IpAddr,
+    /// Local port (0: any free one; the node says which).
+    pub port: u16,
 }
 
 /// Body of `POST /v1/leases/{id}/upload`.

@@ -281,7 +281,8 @@ pub async fn start_forward(
     use tokio::io::AsyncBufReadExt;
     let path = format!("/v1/leases/{lease}/listen/{}", spec.remote);
     let body = crate::api::types::ListenBody {
-        bind: SocketAddr::new(bind, spec.local),
+        address: bind,
+        port: spec.local,
     };
     let io = api.upgrade(&path, &body).await?;
     let mut lines = tokio::io::BufReader::new(io).lines();
