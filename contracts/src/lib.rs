@@ -19,6 +19,7 @@ pub mod channel;
 pub mod deadline;
 pub mod image;
 pub mod ingest;
+pub mod jobs;
 pub mod lease;
 pub mod money;
 pub mod proof;

@@ -16,6 +16,7 @@ pub mod config;
 pub mod dashboard;
 pub mod env_vars;
 pub mod home;
+pub mod jobs;
 pub mod lease;
 pub mod metrics;
 pub mod net;

@@ -84,6 +84,7 @@ fn main() -> ExitCode {
                         Command::Extend(a) => commands::extend::run(&api, &out, &a).await,
                         Command::VerifyGpu(a) => commands::verify_gpu::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
+                        Command::Job(a) => commands::job::run(&api, &out, &a).await,
                         Command::Dashboard(a) => commands::dashboard::run(&home, &out, &a).await,
                         Command::Statement(a) => {
                             commands::statement::run_statement(&api, &out, &a).await

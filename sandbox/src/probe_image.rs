@@ -60,6 +60,12 @@ pub const BUSYBOX_APPLETS: &[&str] = &[
     "seq",
     "kill",
     "ps",
+    "mkdir",
+    "rm",
+    "mv",
+    "touch",
+    "tail",
+    "date",
 ];
 
 fn busybox_rootfs(busybox: &[u8]) -> std::io::Result<Vec<u8>> {

@@ -10,11 +10,18 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::problem::{Problem, ProblemType};
-use super::socket_path;
 use super::types::{
     BegunView, ExtendRequest, Extended, RentRequest, RentedView, StatusView, StoppingView,
 };
 use crate::lease::{LeaseView, Ledger};
+
+/// Socket file name inside the home.
+pub const SOCKET_FILE: &str = "api.sock";
+
+/// The socket path of a home.
+pub fn socket_path(home: &Path) -> PathBuf {
+    home.join(SOCKET_FILE)
+}
 
 /// Most bytes of one API answer the CLI accepts.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
@@ -311,7 +318,7 @@ impl ApiClient {
             .map_err(|e| transport(&e))?
             .to_bytes();
         driver.abort();
-        if status != StatusCode::OK {
+        if !status.is_success() {
             return Err(ClientError::from_answer(status, &body));
         }
         Ok((headers, body))

@@ -13,6 +13,7 @@ pub mod problem;
 pub mod types;
 
 mod access;
+mod jobs;
 mod leases;
 mod listen;
 mod node;
@@ -21,7 +22,6 @@ mod provide;
 mod resolve;
 mod router;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,13 +38,7 @@ pub use problem::{ApiError, Problem, ProblemType};
 pub use router::{ServeError, api_router, document, ensure_not_running, router, serve};
 use types::GpusView;
 
-/// Socket file name inside the home.
-pub const SOCKET_FILE: &str = "api.sock";
-
-/// The socket path of a home.
-pub fn socket_path(home: &Path) -> PathBuf {
-    home.join(SOCKET_FILE)
-}
+pub use client::{SOCKET_FILE, socket_path};
 
 /// What handlers can reach.
 #[derive(Clone)]
@@ -57,4 +51,6 @@ pub struct ApiState {
     pub gpus: Arc<GpusView>,
     /// Leases: renting, providing, logs, ledger.
     pub leases: LeaseService,
+    /// Jobs: batches of tasks over leases.
+    pub jobs: crate::jobs::JobService,
 }

@@ -199,6 +199,9 @@ pub const MAX_AMOUNT_MICROS: u64 = 10_000_000_000_000 * 1_000_000 - 1;
 
 /// Adds what the derives cannot state (see the module docs). Answers the rules whose target
 /// the generated document lacks (a renamed field or parameter): a test asserts there are none.
+/// A job id or prefix in a path: hex digits (`crate::jobs`, 16 of them whole).
+const JOB_ID: &str = "^[0-9a-fA-F]{1,16}$";
+
 pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
     let mut missing = Vec::new();
     integer_bounds(doc);
@@ -226,6 +229,17 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
                 ),
                 ("max_total", amount.clone()),
                 ("network", network.clone()),
+            ],
+        ),
+        (
+            "JobSubmit",
+            vec![
+                (
+                    "spec",
+                    json!({"minLength": 1, "maxLength": crate::jobs::spec::MAX_SPEC_BYTES}),
+                ),
+                ("dir", json!({"pattern": "^/"})),
+                ("out", json!({"pattern": "^/"})),
             ],
         ),
         (
@@ -311,6 +325,8 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
                 LEASE_ID.text
             } else if path.starts_with("/v1/offers/{id}") {
                 OFFER_ID.text
+            } else if path.starts_with("/v1/jobs/{id}") {
+                JOB_ID
             } else {
                 continue;
             };

@@ -75,13 +75,19 @@ pub enum ProblemType {
     ListenFailed,
     /// The provider could not be reached or gave no usable answer.
     ProviderUnreachable,
+    /// A job spec cannot run (`POST /v1/jobs`): `detail` names the field and line.
+    InvalidJobSpec,
+    /// No job of this node has this id (or prefix).
+    UnknownJob,
+    /// The job is over; it cannot be cancelled.
+    JobOver,
     /// A failure inside the node (see its log).
     Internal,
 }
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 26] = [
+    pub const ALL: [Self; 29] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -107,6 +113,9 @@ impl ProblemType {
         Self::NoGpus,
         Self::ListenFailed,
         Self::ProviderUnreachable,
+        Self::InvalidJobSpec,
+        Self::UnknownJob,
+        Self::JobOver,
         Self::Internal,
     ];
 
@@ -138,6 +147,9 @@ impl ProblemType {
             Self::NoGpus => "no-gpus",
             Self::ListenFailed => "listen-failed",
             Self::ProviderUnreachable => "provider-unreachable",
+            Self::InvalidJobSpec => "invalid-job-spec",
+            Self::UnknownJob => "unknown-job",
+            Self::JobOver => "job-over",
             Self::Internal => "internal",
         }
     }
@@ -170,6 +182,9 @@ impl ProblemType {
             Self::NoGpus => "no GPU to offer",
             Self::ListenFailed => "the node cannot listen on that address",
             Self::ProviderUnreachable => "the provider is unreachable",
+            Self::InvalidJobSpec => "the job spec cannot run",
+            Self::UnknownJob => "no such job",
+            Self::JobOver => "the job is over",
             Self::Internal => "the node failed internally",
         }
     }
@@ -180,9 +195,11 @@ impl ProblemType {
             Self::InvalidParameter | Self::InvalidQuery | Self::MalformedBody => {
                 StatusCode::BAD_REQUEST
             }
-            Self::InvalidBody => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InvalidBody | Self::InvalidJobSpec => StatusCode::UNPROCESSABLE_ENTITY,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::NotFound | Self::UnknownLease | Self::UnknownOffer => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::UnknownLease | Self::UnknownOffer | Self::UnknownJob => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             // A missing required header: a malformed request (the document requires both).
             Self::UpgradeRequired => StatusCode::BAD_REQUEST,
@@ -199,7 +216,8 @@ impl ProblemType {
             | Self::NoGpuCheck
             | Self::PriceNeeded
             | Self::NoGpus
-            | Self::ListenFailed => StatusCode::CONFLICT,
+            | Self::ListenFailed
+            | Self::JobOver => StatusCode::CONFLICT,
             Self::ProviderUnreachable => StatusCode::BAD_GATEWAY,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -13,7 +13,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    ApiState, access, leases, listen, node, offers, openapi, problem, provide, socket_path, types,
+    ApiState, access, jobs, leases, listen, node, offers, openapi, problem, provide, socket_path,
+    types,
 };
 
 /// The document's root: title, version, servers, tags. The paths and schemas come from the
@@ -36,6 +37,7 @@ use super::{
         (name = "offers", description = "The offer book, searched locally"),
         (name = "leases", description = "Leases this node rents or provides"),
         (name = "access", description = "Interactive access to a lease (HTTP upgrades)"),
+        (name = "jobs", description = "Jobs: batches of tasks over many leases (docs/jobs.md)"),
     ),
     // The access routes' header schemas (header parameters are not collected from routes).
     components(schemas(types::AccessUpgrade, types::ConnectionUpgrade))
@@ -78,6 +80,10 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(leases::begin))
         .routes(routes!(leases::verify_gpu))
         .routes(routes!(leases::extend))
+        .routes(routes!(jobs::list, jobs::submit))
+        .routes(routes!(jobs::get))
+        .routes(routes!(jobs::cancel))
+        .routes(routes!(jobs::task_logs))
         .routes(routes!(access::exec))
         .routes(routes!(access::forward))
         .routes(routes!(access::upload))

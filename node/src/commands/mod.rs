@@ -14,6 +14,7 @@ pub mod devnet;
 pub mod extend;
 pub mod gpus;
 pub mod init;
+pub mod job;
 pub mod leases;
 pub mod ledger;
 pub mod logs;
@@ -99,6 +100,12 @@ pub enum Command {
     Rent(rent::RentArgs),
     /// This node's leases with live usage, cost and time left.
     Leases(leases::LeasesArgs),
+    /// Jobs: one spec file fans a batch of tasks over many providers, retries elsewhere when
+    /// a provider fails, carries checkpoints, and never spends past its budget.
+    ///
+    /// `job run SPEC` (docs/jobs.md), `job status`, `job logs JOB TASK -f`, `job cancel`,
+    /// `job list`.
+    Job(job::JobArgs),
     /// A lease's container output (-f to follow).
     Logs(logs::LogsArgs),
     /// End a lease now.

@@ -377,11 +377,13 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    let jobs = crate::jobs::JobService::new(home, node.client.store().clone(), cancel.clone());
     let api_state = ApiState {
         client: node.client.clone(),
         started: Instant::now(),
         gpus,
         leases: leases.clone(),
+        jobs: jobs.clone(),
     };
     // Metrics first: once the control API answers, everything the node serves is listening
     // (a client that waits for the API may scrape at once).
@@ -400,6 +402,12 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     };
     let api_task = crate::api::serve(home, api_state, cancel.clone()).await?;
     tracing::info!(socket = %crate::api::socket_path(home).display(), "control API listening");
+    // Jobs drive leases through the control API: resumed once it answers.
+    match jobs.resume().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "resumed running jobs"),
+        Err(e) => tracing::error!(error = %e, "cannot resume jobs"),
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot install the SIGTERM handler")?;
     loop {

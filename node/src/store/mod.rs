@@ -21,6 +21,7 @@ use sql::classify;
 mod completions;
 mod handle;
 mod images;
+pub mod jobs;
 pub mod lease;
 mod leases;
 mod offers;

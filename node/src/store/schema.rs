@@ -198,6 +198,56 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX lease_proofs_by_provider ON lease_proofs(provider);
     "#,
+    // 11: jobs (issue 46): the renter's scheduler over leases. A job (its checked spec as
+    // JSON), its tasks, every attempt of each (one lease each, with its cap for the budget and
+    // why it ended), and the providers excluded for the job.
+    r#"
+    CREATE TABLE jobs (
+        job_id     TEXT PRIMARY KEY,
+        name       TEXT NOT NULL,
+        spec       TEXT NOT NULL,
+        out_dir    TEXT NOT NULL,
+        state      TEXT NOT NULL CHECK (state IN
+                       ('running', 'completed', 'failed', 'cancelled', 'budget_reached')),
+        created_at INTEGER NOT NULL,
+        ended_at   INTEGER,
+        message    TEXT
+    ) STRICT;
+    CREATE TABLE job_tasks (
+        job_id    TEXT NOT NULL REFERENCES jobs(job_id),
+        task      INTEGER NOT NULL,
+        state     TEXT NOT NULL CHECK (state IN
+                      ('pending', 'running', 'succeeded', 'failed', 'cancelled', 'not_started')),
+        attempts  INTEGER NOT NULL,
+        exit_code INTEGER,
+        message   TEXT,
+        PRIMARY KEY (job_id, task)
+    ) STRICT;
+    CREATE TABLE job_attempts (
+        job_id     TEXT NOT NULL REFERENCES jobs(job_id),
+        task       INTEGER NOT NULL,
+        attempt    INTEGER NOT NULL,
+        provider   TEXT NOT NULL,
+        offer      TEXT NOT NULL,
+        price      INTEGER NOT NULL,
+        cap        INTEGER NOT NULL,
+        lease_id   TEXT,
+        phase      TEXT NOT NULL CHECK (phase IN ('renting', 'starting', 'running', 'ended')),
+        started_at INTEGER NOT NULL,
+        ended_at   INTEGER,
+        verdict    TEXT,
+        reason     TEXT,
+        exit_code  INTEGER,
+        spent      INTEGER,
+        PRIMARY KEY (job_id, task, attempt)
+    ) STRICT;
+    CREATE TABLE job_excluded (
+        job_id   TEXT NOT NULL REFERENCES jobs(job_id),
+        provider TEXT NOT NULL,
+        reason   TEXT NOT NULL,
+        PRIMARY KEY (job_id, provider)
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
