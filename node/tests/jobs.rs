@@ -43,7 +43,9 @@ impl Drop for JobMarket {
     }
 }
 
-const PRICES: [&str; 4] = ["0.40", "0.50", "0.60", "0.70"];
+/// The providers' prices: the first (the others' bootstrap peer) is the dearest, so the tests
+/// that kill a provider never kill the one every node first connected to.
+const PRICES: [&str; 4] = ["0.70", "0.40", "0.50", "0.60"];
 
 impl JobMarket {
     fn start(dir: &Path, image: &str) -> Self {
@@ -57,6 +59,16 @@ impl JobMarket {
         for (i, price) in PRICES.iter().enumerate() {
             let home = dir.join(format!("p{i}"));
             init(&home);
+            // Reports every 2 s: a silent provider is given up in seconds, not half a minute.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(home.join("config.toml"))
+                .and_then(|mut f| {
+                    use std::io::Write;
+                    writeln!(f, "usage_interval_secs = 2")
+                })
+                .unwrap();
             let gpus = format!("RTX 4090:24GiB:{price}");
             let mut args = vec!["--dev-gpus", &gpus, "--local-image", &locals];
             if i > 0 {
@@ -267,4 +279,391 @@ timeout: 2m
     let spent: u64 = all.iter().map(|(_, a)| a["spent"].as_u64().unwrap()).sum();
     assert_eq!(full["spent"].as_u64().unwrap(), spent);
     assert!(spent > 0);
+}
+
+/// The running attempt of task `task` (its provider's peer id), once its local checkpoint
+/// copy says the task reached at least step `step`.
+fn wait_checkpoint(m: &JobMarket, job: &str, task: u64, step: u32) -> String {
+    let file = m
+        .renter_home()
+        .join(format!("jobs/{job}/tasks/{task}/checkpoint/step"));
+    wait_for(Duration::from_secs(90), "a checkpoint copied home", || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .is_some_and(|s| s >= step)
+    });
+    let st = m.status(job);
+    let running: Vec<(u64, Value)> = attempts(&st)
+        .into_iter()
+        .filter(|(t, a)| *t == task && a["phase"] == "running")
+        .collect();
+    assert_eq!(running.len(), 1, "{st:#}");
+    running[0].1["provider"].as_str().unwrap().to_string()
+}
+
+/// A task that counts to `steps`, one step a second, keeping its step in `ckpt/step`, and
+/// starting from the step a checkpoint carried in says.
+fn counting_spec(image: &str, tasks: u32, steps: u32) -> String {
+    format!(
+        r#"name: count
+image: {image}
+run: |
+  mkdir -p ckpt out
+  step=0
+  if [ -f ckpt/step ]; then step=$(cat ckpt/step); fi
+  start=$step
+  echo "task $TASK_INDEX attempt $GRIDLEASE_ATTEMPT starts at step $start"
+  while [ $step -lt {steps} ]; do
+    sleep 1
+    step=$((step + 1))
+    echo $step > ckpt/step.new && mv ckpt/step.new ckpt/step
+  done
+  echo "started at step $start, ended at step $step" > out/result.txt
+tasks: {tasks}
+outputs: [/workspace/out]
+checkpoint:
+  path: /workspace/ckpt
+  every: 2s
+retries:
+  max: 3
+concurrency: 1
+timeout: 3m
+"#
+    )
+}
+
+#[test]
+fn a_task_whose_provider_is_killed_resumes_elsewhere_from_its_checkpoint() {
+    let Some(image) = image_or_skip("jobs_provider_dies") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = JobMarket::start(dir.path(), &image.tag);
+    let spec = write_spec(dir.path(), "count", &counting_spec(&image.tag, 1, 14));
+    let out = dir.path().join("OUT");
+    let job = m.submit(&spec, &out);
+    let victim = wait_checkpoint(&m, &job, 0, 4);
+    assert_eq!(m.price_of(&victim), "0.40", "the cheapest went first");
+    // kill -9 the provider running the task.
+    let p = m.providers.iter_mut().find(|p| p.peer == victim).unwrap();
+    let mut d = p.daemon.take().unwrap();
+    d.0.kill().unwrap();
+    d.0.wait().unwrap();
+    let st = m.wait_over(&job, Duration::from_secs(180));
+    assert_eq!(st["state"], "completed", "{st:#}");
+    let tries = attempts(&st);
+    assert_eq!(tries.len(), 2, "{st:#}");
+    assert_eq!(tries[0].1["provider"], victim.as_str());
+    assert_eq!(tries[0].1["verdict"], "provider_fault", "{st:#}");
+    // The dead provider got nothing more, and is excluded for the job.
+    assert!(
+        tries[1..]
+            .iter()
+            .all(|(_, a)| a["provider"] != victim.as_str())
+    );
+    assert_eq!(st["excluded"][0]["provider"], victim.as_str(), "{st:#}");
+    // The task's own output says it resumed past the start.
+    let result = std::fs::read_to_string(out.join("0/out/result.txt")).unwrap();
+    let start: u32 = result
+        .strip_prefix("started at step ")
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{result:?}"));
+    assert!(start >= 4, "resumed at step {start}: {result}");
+    assert!(result.trim_end().ends_with("ended at step 14"), "{result}");
+    let log = m.job(&["logs", &job, "0"]);
+    assert!(
+        text(&log.stdout).contains(&format!("attempt 2 starts at step {start}")),
+        "{}",
+        text(&log.stdout)
+    );
+}
+
+#[test]
+fn a_failing_task_is_not_retried_unless_its_exit_code_is_listed() {
+    let Some(image) = image_or_skip("jobs_user_error") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = JobMarket::start(dir.path(), &image.tag);
+    let spec = write_spec(
+        dir.path(),
+        "fails",
+        &format!(
+            r#"name: fails
+image: {image}
+run: |
+  if [ "$TASK_INDEX" = 0 ]; then echo "cannot open the dataset" >&2; exit 1; fi
+  if [ "$GRIDLEASE_ATTEMPT" = 1 ]; then echo "transient failure"; exit 3; fi
+  echo "task $TASK_INDEX fine on attempt $GRIDLEASE_ATTEMPT"
+tasks: 2
+retries:
+  max: 2
+  on_exit_codes: [3]
+concurrency: 2
+timeout: 1m
+"#,
+            image = image.tag
+        ),
+    );
+    let out = dir.path().join("OUT");
+    let o = m.job(&[
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let shown = text(&o.stdout);
+    assert!(shown.contains("1 task(s) failed"), "{shown}");
+    assert!(
+        shown.contains("cannot open the dataset"),
+        "the log tail: {shown}"
+    );
+    let jobs = json(&m.renter_home(), &["job", "list"]);
+    let st = m.status(jobs[0]["job_id"].as_str().unwrap());
+    assert_eq!(st["state"], "failed");
+    let t0 = &st["tasks"][0];
+    assert_eq!(t0["state"], "failed", "{st:#}");
+    assert_eq!(t0["exit_code"], 1);
+    assert_eq!(
+        t0["attempts"].as_array().unwrap().len(),
+        1,
+        "not retried: {st:#}"
+    );
+    assert!(
+        t0["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited with code 1; last output:\ncannot open the dataset"),
+        "{st:#}"
+    );
+    let t1 = &st["tasks"][1];
+    assert_eq!(t1["state"], "succeeded", "{st:#}");
+    let a = t1["attempts"].as_array().unwrap();
+    assert_eq!(a.len(), 2, "retried once: {st:#}");
+    assert_eq!(
+        (a[0]["verdict"].as_str(), a[0]["exit_code"].as_i64()),
+        (Some("exited"), Some(3))
+    );
+    // A user error excludes no provider.
+    assert!(st["excluded"].as_array().unwrap().is_empty(), "{st:#}");
+}
+
+#[test]
+fn a_budget_below_the_jobs_need_stops_launches_and_lists_what_did_not_start() {
+    let Some(image) = image_or_skip("jobs_budget") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = JobMarket::start(dir.path(), &image.tag);
+    // Each lease can cost 120 s at its price (its cap) and costs at least the offers' 60 s
+    // minimum: at 0.40 a GPU-hour, 0.0133 capped and 0.00667 spent. 0.025 runs two, one at a
+    // time, then neither fits.
+    let spec = write_spec(
+        dir.path(),
+        "budget",
+        &format!(
+            r#"name: budget
+image: {image}
+run: echo "task $TASK_INDEX"
+tasks: 6
+concurrency: 3
+timeout: 2m
+budget:
+  max_total: 0.025
+"#,
+            image = image.tag
+        ),
+    );
+    let out = dir.path().join("OUT");
+    let o = m.job(&[
+        "--json",
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(8), "{}", text(&o.stderr));
+    let st: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["state"], "budget_reached", "{st:#}");
+    let budget = 25_000u64;
+    assert!(st["spent"].as_u64().unwrap() <= budget, "{st:#}");
+    assert!(st["exposure"].as_u64().unwrap() <= budget, "{st:#}");
+    let started = st["succeeded"].as_u64().unwrap();
+    assert!((1..6).contains(&started), "{st:#}");
+    assert_eq!(st["not_started"].as_u64().unwrap(), 6 - started);
+    let msg = st["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(&format!(
+            "budget reached: {} task(s) not started: ",
+            6 - started
+        )),
+        "{msg}"
+    );
+    // Never more than the budget in flight at once: one lease's cap fits, two do not.
+    let full = m.status(st["job_id"].as_str().unwrap());
+    let mut spans: Vec<(u64, u64)> = attempts(&full)
+        .iter()
+        .map(|(_, a)| {
+            (
+                a["started_at"].as_u64().unwrap(),
+                a["ended_at"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    spans.sort();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:?}");
+}
+
+#[test]
+fn a_bad_spec_is_refused_before_anything_is_rented() {
+    let Some(image) = image_or_skip("jobs_bad_spec") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = JobMarket::start(dir.path(), &image.tag);
+    let good = format!(
+        "name: ok\nimage: {}\ninputs:\n  /workspace/data: data\nrun: echo hi\ntasks: 2\ntimeout: 1m\n",
+        image.tag
+    );
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let cases = [
+        (
+            good.replace("tasks: 2", "tasks: 2\ncolour: blue"),
+            "line 7: colour: unknown field `colour`",
+        ),
+        (
+            good.replace("tasks: 2", "tasks: -1"),
+            "line 6: tasks: -1 is not a number of tasks",
+        ),
+        (
+            good.replace("data: data", "data: no-such-dir"),
+            "line 4: inputs./workspace/data: the local path",
+        ),
+    ];
+    for (body, says) in cases {
+        let spec = write_spec(dir.path(), "bad", &body);
+        let o = m.job(&["run", spec.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+        let err = text(&o.stderr);
+        assert!(err.contains(says), "{says:?} in {err}");
+    }
+    // Nothing was rented, and no job was stored.
+    assert_eq!(
+        json(&m.renter_home(), &["leases", "--all"])
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(
+        json(&m.renter_home(), &["job", "list"])
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    // The good one runs.
+    let spec = write_spec(dir.path(), "good", &good);
+    let o = m.job(&[
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        dir.path().join("o").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+}
+
+#[test]
+fn a_renter_killed_mid_job_resumes_it_with_no_task_run_twice_at_once_and_ledgers_agreeing() {
+    let Some(image) = image_or_skip("jobs_renter_restart") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = JobMarket::start(dir.path(), &image.tag);
+    let spec = write_spec(
+        dir.path(),
+        "restart",
+        &format!(
+            r#"name: restart
+image: {image}
+run: |
+  echo "task $TASK_INDEX"
+  sleep 5
+  mkdir -p out && echo "done $TASK_INDEX" > out/done.txt
+tasks: 6
+outputs: [/workspace/out]
+concurrency: 3
+timeout: 2m
+"#,
+            image = image.tag
+        ),
+    );
+    let out = dir.path().join("OUT");
+    let job = m.submit(&spec, &out);
+    wait_for(Duration::from_secs(60), "attempts running", || {
+        attempts(&m.status(&job))
+            .iter()
+            .filter(|(_, a)| a["phase"] == "running")
+            .count()
+            >= 2
+    });
+    m.kill_renter();
+    std::thread::sleep(Duration::from_secs(2));
+    m.start_renter();
+    let st = m.wait_over(&job, Duration::from_secs(180));
+    assert_eq!(st["state"], "completed", "{st:#}");
+    // The restarted node picked the attempts in flight up (it did not rent them again).
+    let log = std::fs::read_to_string(dir.path().join("renter-2.log")).unwrap();
+    assert!(log.contains("resuming attempt"), "{log}");
+    for t in 0..6 {
+        let done = std::fs::read_to_string(out.join(format!("{t}/out/done.txt"))).unwrap();
+        assert_eq!(done.trim(), format!("done {t}"));
+    }
+    // The providers' own records: each lease's task (its first output line) and when it ran.
+    // No two leases of one task overlap.
+    let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+    let mut provider_totals = std::collections::HashMap::new();
+    for p in m.providers.iter().filter(|p| p.daemon.is_some()) {
+        for l in json(&p.home, &["leases", "--all"]).as_array().unwrap() {
+            let id = l["lease_id"].as_str().unwrap();
+            let log = cli(&p.home, &["logs", id]);
+            let first = text(&log.stdout).lines().next().unwrap_or("").to_string();
+            let task: u64 = first
+                .strip_prefix("task ")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("lease {id}'s output: {first:?}"));
+            let started = l["started_at"].as_u64().unwrap();
+            let closed = l["closed_at"].as_u64().unwrap_or(u64::MAX);
+            runs.push((task, started, closed));
+        }
+        for s in json(&p.home, &["ledger"])["leases"].as_array().unwrap() {
+            provider_totals.insert(
+                s["lease_id"].as_str().unwrap().to_string(),
+                s["total"].clone(),
+            );
+        }
+    }
+    runs.sort();
+    for w in runs.windows(2) {
+        if w[0].0 == w[1].0 {
+            assert!(
+                w[0].2 <= w[1].1,
+                "task {} ran twice at once: {runs:?}",
+                w[0].0
+            );
+        }
+    }
+    let tasks: std::collections::BTreeSet<u64> = runs.iter().map(|r| r.0).collect();
+    assert_eq!(tasks.len(), 6, "{runs:?}");
+    // Both sides' ledgers agree, lease by lease.
+    let renter = json(&m.renter_home(), &["ledger"]);
+    let leases = renter["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), provider_totals.len(), "{renter:#}");
+    for s in leases {
+        let id = s["lease_id"].as_str().unwrap();
+        assert_eq!(Some(&s["total"]), provider_totals.get(id), "lease {id}");
+    }
 }

@@ -167,8 +167,12 @@ impl Runner {
                 exposure(self.attempts.iter().map(spend)).unwrap_or(Money::from_micros(u64::MAX));
             let budget = job.spec.budget.as_ref().map(|b| b.max_total.0);
             if !may_launch(budget, so_far, cap) {
-                tracing::info!(job = %self.id, exposure = %so_far, cap = %cap, "budget reached: no more launches");
-                self.budget_hit = true;
+                // A live lease that settles below its cap frees budget: wait for it. With none
+                // in flight, nothing will.
+                if self.live.is_empty() {
+                    tracing::info!(job = %self.id, exposure = %so_far, cap = %cap, "budget reached: no more launches");
+                    self.budget_hit = true;
+                }
                 return;
             }
             let t = &mut self.tasks[task];
