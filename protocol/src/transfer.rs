@@ -6,7 +6,7 @@
 //! | request    | renter -> provider                          | provider -> renter                  |
 //! |------------|---------------------------------------------|-------------------------------------|
 //! | `Upload`   | `Chunk`* (a tar stream), then `End`          | `Done` or `Error`                    |
-//! | `Download` | `Skip`* (paths already copied), then `Go`    | `Root`, then `Chunk`* (a tar stream) and `Skipped`* in any order, then `End` or `Error` |
+//! | `Download` | `Skip`* (paths already copied) and `SkipSame`* (files the renter has, by size and time), then `Go` | `Root`, then `Chunk`* (a tar stream) and `Skipped`* in any order, then `End` or `Error` |
 //!
 //! `End` carries the byte count and the BLAKE3 hash of the tar bytes sent; the receiver compares
 //! both with what it received before it reports success. Tar entries are relative to the
@@ -71,7 +71,27 @@ pub enum TransferFrame {
         /// Why, in words.
         reason: String,
     },
+    /// Download, before `Go` like `Skip`: regular files the renter has, with their size and
+    /// modification time; the provider leaves out each one whose size and modification time
+    /// (whole seconds) are still the same, so only what changed travels (a job's checkpoints,
+    /// copied home again and again). A provider older than this frame closes the stream.
+    SkipSame(Vec<SameFile>),
 }
+
+/// A file the renter has ([`TransferFrame::SkipSame`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SameFile {
+    /// Its path, relative to the requested path.
+    pub path: String,
+    /// Its size, bytes.
+    pub size: u64,
+    /// Its modification time, unix seconds.
+    pub mtime: i64,
+}
+
+/// What one path costs in a `SkipSame` frame beyond its bytes (the length prefix, size and
+/// time, rounded up).
+pub const SAME_ENTRY_OVERHEAD: usize = SKIP_ENTRY_OVERHEAD + 18;
 
 /// The codec's variant index of [`TransferFrame::Chunk`]: the first byte of a chunk frame's
 /// body.

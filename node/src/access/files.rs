@@ -7,7 +7,6 @@
 //! Every wait on the renter is bounded ([`IDLE`]): a renter that stops sending or reading
 //! frees its stream, and with it the workspace's files, instead of holding them.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -160,10 +159,7 @@ where
             return 0;
         }
     };
-    let mut rules = DownloadRules {
-        skip: HashSet::new(),
-        max_bytes: None,
-    };
+    let mut rules = DownloadRules::default();
     let mut skip_bytes = 0usize;
     loop {
         match within(frames::read::<TransferFrame, MAX_TRANSFER_FRAME, _>(
@@ -182,6 +178,22 @@ where
                     return 0;
                 }
                 rules.skip.extend(paths);
+            }
+            Ok(Some(TransferFrame::SkipSame(files))) => {
+                skip_bytes += files.iter().map(|f| f.path.len() + 16).sum::<usize>();
+                if skip_bytes > MAX_SKIP_TOTAL
+                    || (rules.skip.len() + rules.same.len()) as u64 > MAX_ENTRIES
+                {
+                    let _ = send(
+                        &mut wr,
+                        &TransferFrame::Error("the skip list is too long".into()),
+                    )
+                    .await;
+                    return 0;
+                }
+                rules
+                    .same
+                    .extend(files.into_iter().map(|f| (f.path, (f.size, f.mtime))));
             }
             Ok(Some(TransferFrame::Go { max_bytes })) => {
                 rules.max_bytes = max_bytes;
@@ -248,4 +260,60 @@ async fn send_tree<W: AsyncWrite + Unpin>(
     let end = within(chunks.finish(wr)).await.map_err(err)?;
     send(wr, &end).await.map_err(err)?;
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use gridlease_protocol::access::frame;
+    use gridlease_protocol::transfer::{MAX_SKIP_BYTES, SameFile};
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// A renter that names more unchanged files than any download takes, in raw frames, gets
+    /// an error frame and a closed stream, with the list's memory bounded.
+    #[tokio::test]
+    async fn an_endless_list_of_unchanged_files_is_refused() {
+        let (mut renter, provider) = tokio::io::duplex(1 << 20);
+        let dir = tempfile::tempdir().unwrap();
+        let serve = tokio::spawn({
+            let dir = dir.path().to_path_buf();
+            async move {
+                download(
+                    &dir,
+                    &LeaseId(gridlease_protocol::Digest([3; 32])),
+                    "/workspace/ckpt",
+                    provider,
+                )
+                .await
+            }
+        });
+        let path = "x".repeat(200);
+        let per_frame = MAX_SKIP_BYTES / (path.len() + 24);
+        let files: Vec<SameFile> = (0..per_frame)
+            .map(|i| SameFile {
+                path: format!("{path}{i}"),
+                size: 1,
+                mtime: 0,
+            })
+            .collect();
+        let raw = frame::<_, MAX_TRANSFER_FRAME>(&TransferFrame::SkipSame(files)).unwrap();
+        let mut sent = 0usize;
+        // Past the total the provider takes; it stops reading long before this.
+        while sent <= 2 * MAX_SKIP_TOTAL {
+            if renter.write_all(&raw).await.is_err() {
+                break;
+            }
+            sent += raw.len();
+        }
+        assert!(sent <= MAX_SKIP_TOTAL + 2 * raw.len(), "{sent} bytes taken");
+        let mut answer = Vec::new();
+        let _ = renter.read_to_end(&mut answer).await;
+        let err = frame::<_, MAX_TRANSFER_FRAME>(&TransferFrame::Error(
+            "the skip list is too long".into(),
+        ))
+        .unwrap();
+        assert_eq!(answer, err);
+        assert_eq!(serve.await.unwrap(), 0);
+    }
 }

@@ -611,15 +611,14 @@ async fn pull_log(sh: &Shared, lease: &str, log: &Path, offset: u64) -> u64 {
 async fn pull_checkpoint(sh: &Shared, task: u32, lease: &str, rel: &str) -> anyhow::Result<()> {
     let local = checkpoint_dir(&sh.ctx.home, &sh.job_id, task);
     tokio::fs::create_dir_all(&local).await?;
-    crate::commands::cp::download(
-        &sh.ctx.api,
-        &quiet(),
-        lease,
-        &format!("/workspace/{rel}"),
-        &local,
-        None,
-    )
-    .await?;
+    let path = format!("/workspace/{rel}");
+    let api = &sh.ctx.api;
+    if let Err(e) = crate::commands::cp::download_changed(api, &quiet(), lease, &path, &local).await
+    {
+        // A provider older than the by-size-and-time skip closes the stream: copy it whole.
+        tracing::debug!(error = %format!("{e:#}"), "checkpoint copy of what changed failed; copying it whole");
+        crate::commands::cp::download(api, &quiet(), lease, &path, &local, None).await?;
+    }
     Ok(())
 }
 

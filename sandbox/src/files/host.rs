@@ -482,6 +482,9 @@ pub enum Out {
 pub struct DownloadRules {
     /// Files (paths relative to the copied path) the renter already has.
     pub skip: HashSet<String>,
+    /// Files the renter has with this size and modification time (unix seconds): left out
+    /// while both are still the same.
+    pub same: std::collections::HashMap<String, (u64, i64)>,
     /// Most bytes of file data to send; a file that would pass it is left out (`None`: no
     /// limit).
     pub max_bytes: Option<u64>,
@@ -681,7 +684,20 @@ impl TarWriter<'_> {
                         Mode::empty(),
                         RESOLVE,
                     ) {
-                        Ok(file) => self.file(&path, file)?,
+                        Ok(file) => {
+                            if let Some(&(size, time)) =
+                                self.rules.same.get(&path.display().to_string())
+                            {
+                                let st =
+                                    rustix::fs::fstat(&file).map_err(|e| fs_error(e, &path))?;
+                                if u64::try_from(st.st_size).ok() == Some(size)
+                                    && st.st_mtime == time
+                                {
+                                    continue;
+                                }
+                            }
+                            self.file(&path, file)?
+                        }
                         Err(Errno::NOENT) => continue,
                         Err(e) => {
                             self.skipped(&path, format!("cannot open it: {}", errno_io(e)))?
@@ -1007,6 +1023,52 @@ mod tests {
         })
         .unwrap();
         (outs, tar)
+    }
+
+    /// The names of the files a tar stream carries.
+    fn names_in(tar: &[u8]) -> Vec<String> {
+        let mut a = tar::Archive::new(tar);
+        let mut names: Vec<String> = a
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .filter(|n| !n.ends_with('/'))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_download_leaves_out_the_files_the_renter_has_unchanged_and_only_those() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::create_dir_all(root.join("ckpt/sub")).unwrap();
+        for (f, body) in [("ckpt/a", "1"), ("ckpt/b", "22"), ("ckpt/sub/c", "333")] {
+            std::fs::write(root.join(f), body).unwrap();
+        }
+        let meta = |f: &str| std::fs::metadata(root.join(f)).unwrap();
+        let mut rules = DownloadRules::default();
+        // `a` as the renter has it; `b` with another size; `sub/c` with another time.
+        rules
+            .same
+            .insert("a".into(), (meta("ckpt/a").len(), meta("ckpt/a").mtime()));
+        rules.same.insert("b".into(), (5, meta("ckpt/b").mtime()));
+        rules
+            .same
+            .insert("sub/c".into(), (3, meta("ckpt/sub/c").mtime() - 1));
+        let (_, tar) = download_all(root, "ckpt", &rules);
+        assert_eq!(names_in(&tar), ["b", "sub/c"]);
+        // Once `a` changes (same size, a later time), it travels again.
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(root.join("ckpt/a"))
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let (_, tar) = download_all(root, "ckpt", &rules);
+        assert_eq!(names_in(&tar), ["a", "b", "sub/c"]);
     }
 
     #[test]

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use gridlease_protocol::transfer::{
-    MAX_SKIP_BYTES, MAX_TRANSFER_FRAME, SKIP_ENTRY_OVERHEAD, TransferFrame, workspace_relative,
+    MAX_SKIP_BYTES, MAX_TRANSFER_FRAME, SAME_ENTRY_OVERHEAD, SKIP_ENTRY_OVERHEAD, SameFile,
+    TransferFrame, workspace_relative,
 };
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -68,6 +69,72 @@ pub(crate) async fn download(
     dst: &Path,
     max_size: Option<u64>,
 ) -> anyhow::Result<CopyReport> {
+    download_with(api, out, lease, path, dst, max_size, &[]).await
+}
+
+/// [`download`] of a directory into a local copy of it made by an earlier download: files
+/// the copy has with the same size and modification time are not sent again (only what
+/// changed travels; files gone on the provider stay here). For a job's checkpoints.
+pub(crate) async fn download_changed(
+    api: &ApiClient,
+    out: &Printer,
+    lease: &str,
+    path: &str,
+    dst: &Path,
+) -> anyhow::Result<CopyReport> {
+    let dir = dst.to_path_buf();
+    let same = tokio::task::spawn_blocking(move || local_files(&dir))
+        .await
+        .map_err(anyhow::Error::msg)??;
+    download_with(api, out, lease, path, dst, None, &same).await
+}
+
+/// The regular files under `dir` (none when it does not exist), relative to it, with their
+/// size and modification time; at most [`super::MAX_ENTRIES`].
+fn local_files(dir: &Path) -> anyhow::Result<Vec<SameFile>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", d.display())),
+        };
+        for e in entries {
+            let e = e?;
+            let meta = e.path().symlink_metadata()?;
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if meta.is_file() {
+                let rel = e.path().strip_prefix(dir)?.to_string_lossy().into_owned();
+                out.push(SameFile {
+                    path: rel,
+                    size: meta.len(),
+                    mtime: meta.mtime(),
+                });
+                anyhow::ensure!(
+                    out.len() <= super::MAX_ENTRIES,
+                    "{} holds more than {} files",
+                    dir.display(),
+                    super::MAX_ENTRIES
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// [`download`], leaving out the files of `same` that did not change.
+async fn download_with(
+    api: &ApiClient,
+    out: &Printer,
+    lease: &str,
+    path: &str,
+    dst: &Path,
+    max_size: Option<u64>,
+    same: &[SameFile],
+) -> anyhow::Result<CopyReport> {
     let started = Instant::now();
     let rel = workspace_relative(path).map_err(anyhow::Error::msg)?;
     let view = api.lease(lease).await?;
@@ -93,7 +160,7 @@ pub(crate) async fn download(
             id_ref,
             rel_ref,
             target_ref,
-            left,
+            (left, same),
             &mut journal,
             progress_ref,
             &mut done,
@@ -266,6 +333,7 @@ async fn ask<W: tokio::io::AsyncWrite + Unpin>(
     wr: &mut W,
     journal: &Journal,
     max_bytes: Option<u64>,
+    same: &[SameFile],
 ) -> std::io::Result<()> {
     let mut batch = Vec::new();
     let mut size = 0;
@@ -284,6 +352,23 @@ async fn ask<W: tokio::io::AsyncWrite + Unpin>(
     if !batch.is_empty() {
         frames::write::<_, MAX_TRANSFER_FRAME, _>(wr, &TransferFrame::Skip(batch)).await?;
     }
+    let mut batch = Vec::new();
+    let mut size = 0;
+    for f in same.iter().filter(|f| !journal.done.contains(&f.path)) {
+        if size + f.path.len() + SAME_ENTRY_OVERHEAD > MAX_SKIP_BYTES {
+            frames::write::<_, MAX_TRANSFER_FRAME, _>(
+                wr,
+                &TransferFrame::SkipSame(std::mem::take(&mut batch)),
+            )
+            .await?;
+            size = 0;
+        }
+        size += f.path.len() + SAME_ENTRY_OVERHEAD;
+        batch.push(f.clone());
+    }
+    if !batch.is_empty() {
+        frames::write::<_, MAX_TRANSFER_FRAME, _>(wr, &TransferFrame::SkipSame(batch)).await?;
+    }
     frames::send::<_, MAX_TRANSFER_FRAME, _>(wr, &TransferFrame::Go { max_bytes }).await
 }
 
@@ -295,7 +380,7 @@ async fn download_once(
     id: &str,
     rel: &str,
     target: &Path,
-    max_bytes: Option<u64>,
+    (max_bytes, same): (Option<u64>, &[SameFile]),
     journal: &mut Journal,
     progress: &indicatif::ProgressBar,
     done: &mut Progress,
@@ -309,7 +394,7 @@ async fn download_once(
         .await?;
     let (mut rd, mut wr) = tokio::io::split(io);
     let lost = |e: std::io::Error| anyhow::Error::from(Lost(e.to_string()));
-    ask(&mut wr, journal, max_bytes).await.map_err(lost)?;
+    ask(&mut wr, journal, max_bytes, same).await.map_err(lost)?;
     let directory = match frames::read::<TransferFrame, MAX_TRANSFER_FRAME, _>(&mut rd).await {
         Ok(Some(TransferFrame::Root { directory })) => directory,
         Ok(Some(TransferFrame::Error(e))) => anyhow::bail!("the provider: {e}"),

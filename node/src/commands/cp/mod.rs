@@ -16,7 +16,7 @@
 mod download;
 mod upload;
 
-pub(crate) use download::download;
+pub(crate) use download::{download, download_changed};
 pub(crate) use upload::upload;
 
 use std::collections::HashSet;
