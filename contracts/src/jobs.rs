@@ -149,22 +149,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const ALL: [CloseReason; 14] = [
-        CloseReason::Expired,
-        CloseReason::RenterStop,
-        CloseReason::ProviderStop,
-        CloseReason::ContainerExited,
-        CloseReason::PaymentLagging,
-        CloseReason::RenterUnreachable,
-        CloseReason::ProviderUnreachable,
-        CloseReason::ImplausibleUsage,
-        CloseReason::BadReceipt,
-        CloseReason::BudgetExhausted,
-        CloseReason::StartFailed,
-        CloseReason::OwnerReclaimed,
-        CloseReason::GpuCheckFailed,
-        CloseReason::ContainerExited,
-    ];
+    const ALL: [CloseReason; 13] = CloseReason::ALL;
 
     #[test]
     fn exits_are_the_users_and_retried_only_when_listed() {

@@ -4,6 +4,8 @@
 //! elsewhere from its checkpoint, user errors are not retried unless listed, a renter restart
 //! loses nothing and runs nothing twice, and a budget stops launches before it is passed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
 mod cli_support;
 
 use std::path::{Path, PathBuf};
@@ -209,28 +211,17 @@ fn a_twelve_task_job_runs_over_four_providers_cheapest_first_with_its_outputs_ho
     };
     let dir = tempfile::tempdir().unwrap();
     let m = JobMarket::start(dir.path(), &image.tag);
+    // The worked example of docs/jobs.md, its image this run's.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/sweep");
+    for f in ["train.sh", "lrs.txt"] {
+        std::fs::copy(example.join(f), dir.path().join(f)).unwrap();
+    }
+    let yaml = std::fs::read_to_string(example.join("sweep.yaml")).unwrap();
+    assert!(yaml.contains("image: gridlease-demo-busybox:1"));
     let spec = write_spec(
         dir.path(),
         "sweep",
-        &format!(
-            r#"name: sweep
-resources:
-  gpu: "4090"
-  max_price: 1.00
-image: {image}
-run: |
-  mkdir -p out
-  echo "task $TASK_INDEX of $TASK_COUNT" > out/data.txt
-  head -c 65536 /dev/urandom >> out/data.txt
-  sha256sum out/data.txt > out/sum.txt
-  echo "task $TASK_INDEX wrote its output"
-tasks: 12
-outputs: [/workspace/out]
-concurrency: 3
-timeout: 2m
-"#,
-            image = image.tag
-        ),
+        &yaml.replace("gridlease-demo-busybox:1", &image.tag),
     );
     let out = dir.path().join("OUT");
     // In the foreground: the command follows the job and exits 0 once every task succeeded.
@@ -250,18 +241,28 @@ timeout: 2m
     assert_eq!(o.status.code(), Some(0), "{status:#}\n{}", text(&o.stderr));
     assert_eq!(status["state"], "completed", "{status:#}");
     assert_eq!(status["succeeded"], 12);
+    assert_eq!(status["name"], "lr-sweep");
     let job = status["job_id"].as_str().unwrap();
     let full = m.status(job);
-    for t in 0..12 {
-        let data = std::fs::read(out.join(format!("{t}/out/data.txt")))
+    let lrs: Vec<String> = std::fs::read_to_string(example.join("lrs.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lrs.len(), 12);
+    for (t, lr) in lrs.iter().enumerate() {
+        let data = std::fs::read(out.join(format!("{t}/out/metrics.json")))
             .unwrap_or_else(|e| panic!("task {t}'s output: {e}"));
-        assert!(data.starts_with(format!("task {t} of 12\n").as_bytes()));
-        let sum = std::fs::read_to_string(out.join(format!("{t}/out/sum.txt"))).unwrap();
+        let metrics: Value = serde_json::from_slice(&data).unwrap();
+        assert_eq!(metrics["task"], t);
+        assert_eq!(metrics["lr"], lr.as_str(), "task {t} got its own line");
+        assert_eq!(metrics["steps"], 3);
+        let sum = std::fs::read_to_string(out.join(format!("{t}/out/metrics.sha256"))).unwrap();
         let want = sum.split_whitespace().next().unwrap();
         assert_eq!(hex::encode(sha2::Sha256::digest(&data)), want, "task {t}");
         let log = m.job(&["logs", job, &t.to_string()]);
         assert!(
-            text(&log.stdout).contains(&format!("task {t} wrote its output")),
+            text(&log.stdout).contains(&format!("task {t} done")),
             "task {t}'s log: {}",
             text(&log.stdout)
         );
@@ -666,4 +667,55 @@ timeout: 2m
         let id = s["lease_id"].as_str().unwrap();
         assert_eq!(Some(&s["total"]), provider_totals.get(id), "lease {id}");
     }
+}
+
+#[test]
+fn a_cancelled_job_stops_and_settles_every_lease() {
+    let Some(image) = image_or_skip("jobs_cancel") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = JobMarket::start(dir.path(), &image.tag);
+    let spec = write_spec(
+        dir.path(),
+        "long",
+        &format!(
+            "name: long\nimage: {}\nrun: echo started; sleep 600\ntasks: 5\nconcurrency: 2\ntimeout: 15m\n",
+            image.tag
+        ),
+    );
+    let job = m.submit(&spec, &dir.path().join("OUT"));
+    wait_for(Duration::from_secs(60), "two attempts running", || {
+        attempts(&m.status(&job))
+            .iter()
+            .filter(|(_, a)| a["phase"] == "running")
+            .count()
+            == 2
+    });
+    let o = m.job(&["cancel", &job]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let st = m.wait_over(&job, Duration::from_secs(120));
+    assert_eq!(st["state"], "cancelled", "{st:#}");
+    assert_eq!(st["cancelled"], 5, "{st:#}");
+    for (_, a) in attempts(&st) {
+        assert_eq!(a["verdict"], "cancelled", "{st:#}");
+        let lease = a["lease_id"].as_str().unwrap();
+        let v = json(&m.renter_home(), &["leases", "--all"]);
+        let l = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lease_id"] == lease)
+            .unwrap();
+        assert_eq!(l["state"], "settled", "{l:#}");
+        assert_eq!(l["close_reason"], "renter_stop");
+    }
+    // Cancelling again says it is over.
+    let o = m.job(&["cancel", &job]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("is over already"),
+        "{}",
+        text(&o.stderr)
+    );
 }

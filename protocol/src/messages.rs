@@ -902,6 +902,25 @@ pub enum CloseReason {
     GpuCheckFailed,
 }
 
+impl CloseReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Self; 13] = [
+        Self::Expired,
+        Self::RenterStop,
+        Self::ProviderStop,
+        Self::ContainerExited,
+        Self::PaymentLagging,
+        Self::RenterUnreachable,
+        Self::ProviderUnreachable,
+        Self::ImplausibleUsage,
+        Self::BadReceipt,
+        Self::BudgetExhausted,
+        Self::StartFailed,
+        Self::OwnerReclaimed,
+        Self::GpuCheckFailed,
+    ];
+}
+
 /// Either side closing a lease. Idempotent: closing a closed lease changes nothing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseClose {
@@ -1088,5 +1107,38 @@ impl LeaseTerms {
             "gridlease/v1/lease-terms",
             &self.canonical_bytes()?,
         )))
+    }
+}
+
+#[cfg(test)]
+mod close_reason_tests {
+    use super::CloseReason;
+
+    /// Each reason's place in [`CloseReason::ALL`]; a new variant fails to compile here until
+    /// it is placed, and the test below then fails until `ALL` lists it.
+    fn place(r: CloseReason) -> usize {
+        use CloseReason as R;
+        match r {
+            R::Expired => 0,
+            R::RenterStop => 1,
+            R::ProviderStop => 2,
+            R::ContainerExited => 3,
+            R::PaymentLagging => 4,
+            R::RenterUnreachable => 5,
+            R::ProviderUnreachable => 6,
+            R::ImplausibleUsage => 7,
+            R::BadReceipt => 8,
+            R::BudgetExhausted => 9,
+            R::StartFailed => 10,
+            R::OwnerReclaimed => 11,
+            R::GpuCheckFailed => 12,
+        }
+    }
+
+    #[test]
+    fn all_lists_every_reason_once_in_order() {
+        for (i, r) in CloseReason::ALL.into_iter().enumerate() {
+            assert_eq!(place(r), i, "{r:?}");
+        }
     }
 }

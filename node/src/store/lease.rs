@@ -118,23 +118,7 @@ pub fn reason_str(r: CloseReason) -> &'static str {
 
 /// Inverse of [`reason_str`].
 pub fn parse_reason(s: &str) -> Option<CloseReason> {
-    [
-        CloseReason::Expired,
-        CloseReason::RenterStop,
-        CloseReason::ProviderStop,
-        CloseReason::ContainerExited,
-        CloseReason::PaymentLagging,
-        CloseReason::RenterUnreachable,
-        CloseReason::ProviderUnreachable,
-        CloseReason::ImplausibleUsage,
-        CloseReason::BadReceipt,
-        CloseReason::BudgetExhausted,
-        CloseReason::StartFailed,
-        CloseReason::OwnerReclaimed,
-        CloseReason::GpuCheckFailed,
-    ]
-    .into_iter()
-    .find(|r| reason_str(*r) == s)
+    CloseReason::ALL.into_iter().find(|r| reason_str(*r) == s)
 }
 
 /// Whether a stored offer (signed envelope bytes, verified before it was stored) declares any
