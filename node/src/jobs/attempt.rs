@@ -36,6 +36,8 @@ pub(super) const PREPAY_S: u32 = 300;
 const KEEP_OUTPUTS_S: u32 = 600;
 /// Most seconds a created container is asked to be held for the uploads.
 const HOLD_S: u32 = 600;
+/// Most bytes of one attempt's output kept in its local log.
+const MAX_LOCAL_LOG: u64 = 16 << 20;
 /// Bytes of a failed task's output kept in its message.
 const TAIL_BYTES: usize = 1500;
 /// Longest a stopped lease is waited for to settle.
@@ -589,22 +591,39 @@ async fn pull_log(sh: &Shared, lease: &str, log: &Path, offset: u64) -> u64 {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(offset + body.len() as u64);
-    if !body.is_empty() {
-        let file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .await;
-        match file {
-            Ok(mut f) => {
-                if f.write_all(&body).await.is_err() {
-                    return offset;
-                }
-            }
-            Err(_) => return offset,
-        }
+    if body.is_empty() {
+        return next;
     }
-    next
+    let kept = tokio::fs::metadata(log).await.map_or(0, |m| m.len());
+    if kept >= MAX_LOCAL_LOG {
+        // The rest stays with the provider (`gridlease logs LEASE`); the job's disk does not
+        // grow with a task's output.
+        return next;
+    }
+    let room = usize::try_from(MAX_LOCAL_LOG - kept).unwrap_or(usize::MAX);
+    let mut data = body.to_vec();
+    if data.len() >= room {
+        data.truncate(room);
+        data.extend_from_slice(
+            format!(
+                "\n[gridlease: this attempt's output past {} MiB is not kept here; `gridlease logs {lease}` has the provider's copy]\n",
+                MAX_LOCAL_LOG >> 20
+            )
+            .as_bytes(),
+        );
+    }
+    let file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .await;
+    match file {
+        Ok(mut f) => match f.write_all(&data).await {
+            Ok(()) => next,
+            Err(_) => offset,
+        },
+        Err(_) => offset,
+    }
 }
 
 /// Copies the task's checkpoint directory home (into its local copy).
