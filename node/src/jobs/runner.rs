@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use gridlease_contracts::Money;
-use gridlease_contracts::jobs::{Next, Spend, Verdict, exposure, may_launch, next};
+use gridlease_contracts::jobs::{Next, Verdict, exposure, may_launch, next};
 use tokio::sync::mpsc;
 
 use super::attempt::{self, Ctx, Done, Shared};
 use super::spec::Job;
+use super::view::spend;
 use crate::api::types::OfferRow;
 use crate::store::jobs::{StoredAttempt, StoredTask};
 
@@ -376,19 +377,6 @@ impl Runner {
             .await?;
         tracing::info!(job = %self.id, state, message, "job over");
         Ok(true)
-    }
-}
-
-/// What an attempt may cost, for the budget: an ended one what it settled at (the cap when
-/// that is unknown), a live one its cap.
-fn spend(a: &StoredAttempt) -> Spend {
-    match (a.phase.as_str(), a.spent) {
-        ("ended", Some(total)) => Spend::Settled {
-            total: Money::from_micros(total),
-        },
-        _ => Spend::Open {
-            cap: Money::from_micros(a.cap),
-        },
     }
 }
 

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use gridlease_contracts::Money;
+use gridlease_contracts::jobs::Spend;
 use serde::{Deserialize, Serialize};
 
 use crate::store::jobs::{StoredAttempt, StoredJob, StoredTask};
@@ -167,14 +169,8 @@ pub fn build(
     let count = |s: &str| tasks.iter().filter(|t| t.state == s).count() as u32;
     let spent_of = |a: &StoredAttempt| a.spent.or_else(|| live.get(a.task, a.attempt)).unwrap_or(0);
     let spent = attempts.iter().map(spent_of).sum();
-    let exposure = attempts
-        .iter()
-        .map(|a| match (a.phase.as_str(), a.spent) {
-            ("ended", Some(s)) => s,
-            ("ended", None) if a.lease_id.is_none() => 0,
-            _ => a.cap,
-        })
-        .sum();
+    let exposure = gridlease_contracts::jobs::exposure(attempts.iter().map(spend))
+        .map_or(u64::MAX, |m| m.micros());
     let parsed: Option<super::spec::Job> = serde_json::from_str(&j.spec).ok();
     let budget = parsed
         .as_ref()
@@ -249,6 +245,19 @@ pub fn build(
                 .collect()
         } else {
             Vec::new()
+        },
+    }
+}
+
+/// What an attempt may cost, for the budget: an ended one what it settled at (the cap when
+/// that is unknown), a live one its cap.
+pub(super) fn spend(a: &StoredAttempt) -> Spend {
+    match (a.phase.as_str(), a.spent) {
+        ("ended", Some(total)) => Spend::Settled {
+            total: Money::from_micros(total),
+        },
+        _ => Spend::Open {
+            cap: Money::from_micros(a.cap),
         },
     }
 }
