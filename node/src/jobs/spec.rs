@@ -653,13 +653,22 @@ fn check(spec: &JobSpec, dir: &Path) -> Result<Job, (String, String)> {
         Tasks::Count(n) => vec![String::new(); *n as usize],
         Tasks::File(file) => read_tasks(&dir.join(file)).map_err(|m| f("tasks", m))?,
     };
-    Ok(Job {
+    let job = Job {
         spec: spec.clone(),
         task_args,
         inputs,
         outputs,
         checkpoint,
-    })
+    };
+    // The search the runner will make must parse (a reputation with more decimals than the
+    // language takes, say).
+    gridlease_contracts::query::Query::parse(&job.query()).map_err(|e| {
+        f(
+            "resources",
+            format!("the offer search {:?}: {e}", job.query()),
+        )
+    })?;
+    Ok(job)
 }
 
 /// The argument lines of a tasks file.
