@@ -204,7 +204,7 @@ pub(super) async fn run(
         }
     };
     if a.phase == "starting" {
-        match start(&sh, &lease).await {
+        match start(&sh, &lease, a.task).await {
             Ok(()) => {
                 a.phase = "running".into();
                 sh.save(&a).await;
@@ -434,7 +434,7 @@ enum Start {
 
 /// Waits for the container (held, or already running), copies the inputs and the task's
 /// checkpoint in, and begins the command.
-async fn start(sh: &Shared, lease: &str) -> Result<(), Start> {
+async fn start(sh: &Shared, lease: &str, task: u32) -> Result<(), Start> {
     let api = &sh.ctx.api;
     let held = loop {
         if sh.ctx.shutdown.is_cancelled() {
@@ -458,13 +458,12 @@ async fn start(sh: &Shared, lease: &str) -> Result<(), Start> {
             "the provider started the command before the uploads (its hold ran out)".into(),
         ));
     }
-    let task = lease_task(sh, lease).await;
     for (src, dest) in &sh.job.inputs {
         crate::commands::cp::upload(api, &quiet(), src, lease, dest)
             .await
             .map_err(|e| Start::Failed(format!("input {} not copied in: {e:#}", src.display())))?;
     }
-    if let (Some(rel), Some(task)) = (&sh.job.checkpoint, task) {
+    if let Some(rel) = &sh.job.checkpoint {
         let local = checkpoint_dir(&sh.ctx.home, &sh.job_id, task);
         let has_any = std::fs::read_dir(&local).is_ok_and(|mut d| d.next().is_some());
         if has_any {
@@ -486,16 +485,6 @@ async fn start(sh: &Shared, lease: &str) -> Result<(), Start> {
         }
     }
     Ok(())
-}
-
-/// The task a lease of this job runs (from the attempt rows).
-async fn lease_task(sh: &Shared, lease: &str) -> Option<u32> {
-    let id = sh.job_id.clone();
-    let attempts = sh.ctx.store.call(move |s| s.job_attempts(&id)).await.ok()?;
-    attempts
-        .iter()
-        .find(|a| a.lease_id.as_deref() == Some(lease))
-        .map(|a| a.task)
 }
 
 /// How following a lease ended.
