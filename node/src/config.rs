@@ -511,10 +511,15 @@ impl Config {
 
     /// Reads `<home>/config.toml` if present, the process environment and `flags`.
     pub fn load(home: &Path, flags: &Overrides) -> Result<Self, ConfigError> {
-        let path = home.join(CONFIG_FILE);
-        let text = match std::fs::read_to_string(&path) {
+        Self::load_file(&home.join(CONFIG_FILE), false, flags)
+    }
+
+    /// Reads the configuration file `path` (an absent one is an error when `required`, the
+    /// defaults otherwise), the process environment and `flags`.
+    pub fn load_file(path: &Path, required: bool, flags: &Overrides) -> Result<Self, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
             Ok(t) => Some(t),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => None,
             Err(source) => {
                 return Err(ConfigError::Read {
                     path: path.display().to_string(),
@@ -671,6 +676,30 @@ impl Config {
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
+
+    /// The Debian package's `/etc/gridlease/config.toml`: every default, commented out
+    /// (`packaging/deb/config.toml`, held to this by a test; `cargo run -p gridlease-node
+    /// --example default_config` writes it).
+    pub fn commented_defaults() -> String {
+        let mut out = String::from(
+            "# gridlease node configuration (read by `gridlease node --config /etc/gridlease/config.toml`).\n\
+             # Every `gridlease node` flag has a key here (docs/cli.md, \"Configuration\"); a line\n\
+             # left commented keeps its default, shown. Keys whose default depends on the host\n\
+             # (reserve_ram_mib, per_gpu_*) are described in docs/cli.md.\n\
+             # After a change: `systemctl restart gridlease`; check with `gridlease doctor --config\n\
+             # /etc/gridlease/config.toml`.\n\n",
+        );
+        for line in Self::default().to_toml().lines() {
+            if line.is_empty() {
+                out.push('\n');
+            } else {
+                out.push_str("# ");
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -823,5 +852,27 @@ mod tests {
         };
         let again = Config::resolve(Some(("x", &c.to_toml())), &Overrides::default()).unwrap();
         assert_eq!(again, c);
+    }
+
+    #[test]
+    fn the_packaged_config_is_every_default_commented() {
+        let shipped = include_str!("../../packaging/deb/config.toml");
+        assert_eq!(
+            shipped,
+            Config::commented_defaults(),
+            "regenerate: cargo run -p gridlease-node --example default_config > packaging/deb/config.toml"
+        );
+        // Read as it ships, it is the defaults.
+        let c = Config::resolve(Some(("shipped", shipped)), &Overrides::default()).unwrap();
+        assert_eq!(c, Config::resolve(None, &Overrides::default()).unwrap());
+        // Uncommented (the header is everything before the first blank line), it is the same
+        // configuration.
+        let (_, body) = shipped.split_once("\n\n").unwrap();
+        let open: String = body
+            .lines()
+            .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or(l)))
+            .collect();
+        let c2 = Config::resolve(Some(("open", &open)), &Overrides::default()).unwrap();
+        assert_eq!(c2, c);
     }
 }

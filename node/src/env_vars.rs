@@ -2,6 +2,8 @@
 
 /// The node's home directory (same as `--home`).
 pub const GRIDLEASE_HOME: &str = "GRIDLEASE_HOME";
+/// The node's configuration file (same as `node --config`; default `<home>/config.toml`).
+pub const GRIDLEASE_CONFIG: &str = "GRIDLEASE_CONFIG";
 /// `tracing` filter directives, e.g. `info,gridlease_node=debug`.
 pub const RUST_LOG: &str = "RUST_LOG";
 /// The user's home; the default node home is `$HOME/.gridlease`.

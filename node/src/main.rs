@@ -43,7 +43,10 @@ fn main() -> ExitCode {
                 0
             })
         }
-        Command::Node(args) => match Config::load(&home, &args.settings) {
+        Command::Node(args) => match match &args.config {
+            Some(file) => Config::load_file(file, true, &args.settings),
+            None => Config::load(&home, &args.settings),
+        } {
             Err(e) => Err(e.into()),
             Ok(config) if args.dump_config => {
                 let _ = write!(std::io::stdout(), "{}", config.to_toml());
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
                         Command::VerifyGpu(a) => commands::verify_gpu::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
                         Command::Job(a) => commands::job::run(&api, &out, &a).await,
+                        Command::Doctor(a) => commands::doctor::run(&home, &api, &out, &a).await,
                         Command::Dashboard(a) => commands::dashboard::run(&home, &out, &a).await,
                         Command::Statement(a) => {
                             commands::statement::run_statement(&api, &out, &a).await

@@ -134,6 +134,19 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
         let done = lines.iter().rposition(|l| l.trim() == "EXIT=0").unwrap();
         lines[typed + 1..done].join("\n")
     };
+    // The settled lease's co-signed record reaches the renter's book (rescored each second):
+    // its search then shows the provider with one completed lease, the figure the table must
+    // keep whole.
+    let mut offer = Value::Null;
+    wait_for(
+        Duration::from_secs(30),
+        "the completed lease in search",
+        || {
+            offer = json(&rh, &["search"])[0].clone();
+            offer["completed"] == 1
+        },
+    );
+    let rep = format!("{:.2} (1)", offer["rep"].as_f64().unwrap());
     let view = lease_of(&rh, &id);
     let cost =
         gridlease_contracts::Money::from_micros(view["cost_so_far"].as_u64().unwrap()).to_string();
@@ -147,7 +160,7 @@ fn two_nodes_rent_follow_stop_and_agree_through_the_cli() {
         ),
         (
             &["search"][..],
-            vec!["RTX 4090", "24 GiB", "0.50 (0)"],
+            vec!["RTX 4090", "24 GiB", rep.as_str()],
             vec!["rep (done)", "checks"],
         ),
     ] {

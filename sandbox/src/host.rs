@@ -114,6 +114,24 @@ pub fn cpu_millicores() -> u64 {
         .saturating_mul(1000)
 }
 
+/// Whether the kernel's clock is synchronised (NTP, chrony, systemd-timesyncd: whichever
+/// disciplines it), from `ntp_adjtime(2)` asked to change nothing: `Some(false)` when the
+/// kernel says it is unsynchronised (`TIME_ERROR` or `STA_UNSYNC`), `None` when it cannot be
+/// asked. The answer is the host's kernel's, also inside a container.
+#[allow(unsafe_code)]
+pub fn kernel_clock_synced() -> Option<bool> {
+    // SAFETY: `tx` is a valid, zeroed `timex`; with `modes == 0` the call only reads the
+    // kernel's state into it.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    tx.modes = 0;
+    // SAFETY: as above; `tx` outlives the call.
+    let state = unsafe { libc::ntp_adjtime(&mut tx) };
+    if state < 0 {
+        return None;
+    }
+    Some(state != libc::TIME_ERROR && tx.status & libc::STA_UNSYNC == 0)
+}
+
 /// Size and available space of the filesystem holding `path`.
 pub fn disk_space(path: &Path) -> Result<DiskSpace, HostError> {
     let st = rustix::fs::statvfs(path).map_err(|e| HostError::Disk {

@@ -493,6 +493,43 @@ async fn make_image(image: &Path, quota: u64, owner: &str) -> Result<Ext4Stats, 
     Err(WorkspaceError::Overhead { quota, max })
 }
 
+/// Checks that this host can make workspaces in `dir` (`gridlease doctor`): a 4 MiB image
+/// formatted as a workspace would be, attached to a loop device and detached again; nothing
+/// is left behind. Needs no Docker. `Err` says which step failed.
+pub async fn probe_quota(dir: &Path) -> Result<(), WorkspaceError> {
+    let dir = ensure_dir(dir)?;
+    let image = dir.join(format!("probe-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&image);
+    let tried = async {
+        make_image(&image, 4 * MIB, NOBODY).await?;
+        let out = run_tool(
+            "losetup",
+            &["--find".into(), "--show".into(), image.clone().into()],
+            &image,
+        )
+        .await?;
+        let device = PathBuf::from(out.trim());
+        if device.as_os_str().is_empty() {
+            return Err(WorkspaceError::NoDevice {
+                path: image.clone(),
+            });
+        }
+        run_tool("losetup", &["-d".into(), device.into()], &image)
+            .await
+            .map(|_| ())
+    }
+    .await;
+    // Whatever the outcome, no loop device and no file stay.
+    for (device, _) in attached_loops()
+        .into_iter()
+        .filter(|(_, backing)| backing == &image)
+    {
+        let _ = run_tool("losetup", &["-d".into(), device.into()], &image).await;
+    }
+    let _ = std::fs::remove_file(&image);
+    tried
+}
+
 impl Sandbox {
     /// Creates the workspace of `spec`'s lease in `dir` (see the module docs): a fresh image
     /// of `spec.workspace_bytes` usable bytes whose root belongs to the tenant's user, a loop

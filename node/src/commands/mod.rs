@@ -11,6 +11,7 @@ pub mod bench;
 pub mod cp;
 pub mod dashboard;
 pub mod devnet;
+pub mod doctor;
 pub mod extend;
 pub mod gpus;
 pub mod init;
@@ -169,6 +170,12 @@ pub enum Command {
     Verify(statement::VerifyArgs),
     /// A whole local market in one command: bootstrap, providers, renter, one real lease.
     Devnet(devnet::DevnetArgs),
+    /// Check this machine for providing: Docker, disk quotas, cgroups, the NVIDIA driver and
+    /// container toolkit, gVisor, free disk, the clock, ports, reachability, the home.
+    ///
+    /// Prints ok / warn / fail per item with one line on how to fix it; exits 0 when all is
+    /// ok, 1 with warnings, 2 with failures.
+    Doctor(doctor::DoctorArgs),
     /// Run the node as a systemd service: `service install` (a user unit; --system for a
     /// system one), `service uninstall`, `service status`.
     Service(service::ServiceArgs),

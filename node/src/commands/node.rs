@@ -32,6 +32,10 @@ pub struct NodeArgs {
     /// The settings (each also read from its `GRIDLEASE_*` environment variable).
     #[command(flatten)]
     pub settings: Overrides,
+    /// The configuration file to read instead of `<home>/config.toml` (the Debian package's
+    /// unit passes `/etc/gridlease/config.toml`). It must exist when given.
+    #[arg(long, value_name = "FILE", env = crate::env_vars::GRIDLEASE_CONFIG)]
+    pub config: Option<std::path::PathBuf>,
     /// Print the merged configuration (defaults < config.toml < environment < flags) and exit.
     #[arg(long)]
     pub dump_config: bool,
@@ -204,6 +208,23 @@ async fn check_isolation(config: &Config) -> anyhow::Result<Option<String>> {
 pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
     crate::api::ensure_not_running(home).await?;
+    // `gridlease doctor`'s checks, in the background: what is not ok is logged with its fix.
+    {
+        let (home, config) = (home.to_path_buf(), config.clone());
+        tokio::spawn(async move {
+            for c in super::doctor::local_checks(&home, &config, false).await {
+                match c.level {
+                    super::doctor::Level::Fail => {
+                        tracing::error!(check = c.item, fix = %c.fix, "{}", c.detail);
+                    }
+                    super::doctor::Level::Warn => {
+                        tracing::warn!(check = c.item, fix = %c.fix, "{}", c.detail);
+                    }
+                    super::doctor::Level::Ok | super::doctor::Level::Skip => {}
+                }
+            }
+        });
+    }
     let store = h.open_store()?;
     let mut net = NodeConfig::new(h.network.clone());
     // Peer connections may take what descriptors leave after the node's own needs.

@@ -13,8 +13,12 @@ use serde::Serialize;
 
 use crate::output::Printer;
 
-/// The unit's file name.
+/// The unit name of the default home (`~/.gridlease`) and of any home named `gridlease`.
 pub const UNIT_NAME: &str = "gridlease.service";
+
+/// The unit's first lines name the home it runs (`# gridlease home: PATH`), so a second home
+/// never takes over another's unit.
+const HOME_MARK: &str = "# gridlease home: ";
 
 /// Arguments of `gridlease service`.
 #[derive(Debug, Args)]
@@ -27,12 +31,28 @@ pub struct ServiceArgs {
 /// `gridlease service` actions.
 #[derive(Debug, Subcommand)]
 pub enum ServiceAction {
-    /// Write the unit (and, where systemd runs, enable and start it).
-    Install(UnitArgs),
+    /// Write the unit and the home's config.toml with the node settings given (and, where
+    /// systemd runs, enable and start it).
+    ///
+    /// Every `gridlease node` flag is accepted here and kept in <home>/config.toml, so the
+    /// service runs with exactly what was given; the unit only names the binary and the home.
+    Install(Box<InstallArgs>),
     /// Stop, disable and remove the unit.
     Uninstall(UnitArgs),
     /// Whether the unit is installed (and, where systemd runs, active).
     Status(UnitArgs),
+}
+
+/// Arguments of `service install`.
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// Where the unit goes.
+    #[command(flatten)]
+    pub unit: UnitArgs,
+    /// The node's settings, as `gridlease node` takes them: written into the home's
+    /// config.toml (over what it already holds, key by key).
+    #[command(flatten)]
+    pub settings: crate::config::Overrides,
 }
 
 /// Where the unit lives and how systemd is told.
@@ -48,6 +68,10 @@ pub struct UnitArgs {
     /// Write or remove the unit only: do not run systemctl.
     #[arg(long)]
     pub no_systemctl: bool,
+    /// The unit's name (without `.service`). Default: `gridlease` for a home named
+    /// `gridlease` or `.gridlease`, else `gridlease-<the home's directory name>`.
+    #[arg(long, value_name = "NAME", value_parser = unit_stem)]
+    pub name: Option<String>,
 }
 
 /// What `service` did or found.
@@ -59,25 +83,79 @@ pub struct ServiceView {
     pub installed: bool,
     /// `systemctl is-active` where systemd was asked (`None`: not asked).
     pub active: Option<String>,
+    /// The configuration file the service reads (install: written).
+    pub config: Option<String>,
     /// What was done, in words.
     pub done: String,
+    /// What the user still has to do, in words (install of a user unit: lingering).
+    pub next: Vec<String>,
 }
 
-/// The unit's text: `exe --home HOME node`, restarted on failure (at most 5 times in 5
-/// minutes), stopped with SIGTERM (the node leaves running containers for its restart and
-/// waits for its lease service), its open files raised for many peers and leases.
-pub fn unit_text(exe: &Path, home: &Path, system: bool) -> String {
-    let (after, wanted_by) = if system {
-        ("network-online.target docker.service", "multi-user.target")
+/// A unit name's stem: letters, digits, `-`, `_`, `.`, `@`-free, at most 200 bytes.
+fn unit_stem(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 200
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(s.strip_suffix(".service").unwrap_or(s).to_string())
     } else {
-        ("network-online.target", "default.target")
+        Err(format!(
+            "{s:?} is not a unit name (letters, digits, '-', '_' and '.', not first)"
+        ))
+    }
+}
+
+/// The unit file name for `home` (canonical): `gridlease.service` for a home named
+/// `gridlease` or `.gridlease`, else `gridlease-<name>.service` with the name's other
+/// characters as `-`.
+pub fn unit_name_for(home: &Path) -> String {
+    let base = home
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_start_matches('.').to_string())
+        .unwrap_or_default();
+    if base.is_empty() || base == "gridlease" {
+        return UNIT_NAME.to_string();
+    }
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("gridlease-{clean}.service")
+}
+
+/// The home a unit file written by `service install` runs (its `# gridlease home:` line).
+pub fn home_of_unit(text: &str) -> Option<PathBuf> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(HOME_MARK))
+        .map(PathBuf::from)
+}
+
+/// The unit's text: `exe --home HOME node` (the node reads `HOME/config.toml`), after Docker
+/// (and wanting it), restarted on failure (at most 5 times in 5 minutes), stopped with
+/// SIGTERM (the node leaves running containers for its restart and waits for its lease
+/// service), its open files raised for many peers and leases.
+pub fn unit_text(exe: &Path, home: &Path, system: bool) -> String {
+    let wanted_by = if system {
+        "multi-user.target"
+    } else {
+        "default.target"
     };
     format!(
         "# Written by `gridlease service install`; `gridlease service uninstall` removes it.\n\
+         # The node's settings are in the home's config.toml, not here.\n\
+         {HOME_MARK}{home_line}\n\
          [Unit]\n\
-         Description=gridlease node (peer-to-peer GPU market)\n\
-         Wants=network-online.target\n\
-         After={after}\n\
+         Description=gridlease node (peer-to-peer GPU market) for {home_line}\n\
+         Wants=network-online.target docker.service\n\
+         After=network-online.target docker.service\n\
          StartLimitIntervalSec=300\n\
          StartLimitBurst=5\n\
          \n\
@@ -93,6 +171,7 @@ pub fn unit_text(exe: &Path, home: &Path, system: bool) -> String {
          \n\
          [Install]\n\
          WantedBy={wanted_by}\n",
+        home_line = home.display(),
         exe = quote(exe),
         home = quote(home),
     )
@@ -146,18 +225,85 @@ fn systemctl(a: &UnitArgs, args: &[&str]) -> anyhow::Result<String> {
     Ok(text)
 }
 
+/// The home as the unit names it (canonical when it exists).
+fn canonical_home(home: &Path) -> PathBuf {
+    home.canonicalize().unwrap_or_else(|_| home.to_path_buf())
+}
+
+/// Writes `settings` into the configuration file `path` key by key over what it holds
+/// (comments and other keys kept), after checking that the node would accept the result.
+/// Returns the keys written.
+pub fn write_settings(
+    path: &Path,
+    settings: &crate::config::Overrides,
+) -> anyhow::Result<Vec<String>> {
+    let old = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut doc: toml_edit::DocumentMut = old
+        .parse()
+        .with_context(|| format!("{} is not valid TOML", path.display()))?;
+    let mut flags = settings.clone();
+    if flags.no_mdns {
+        flags.mdns = Some(false);
+        flags.no_mdns = false;
+    }
+    let given: toml_edit::DocumentMut = toml::to_string(&flags)
+        .context("cannot render the settings")?
+        .parse()
+        .context("cannot render the settings")?;
+    let mut keys = Vec::new();
+    for (k, item) in given.iter() {
+        doc[k] = item.clone();
+        keys.push(k.to_string());
+    }
+    let text = doc.to_string();
+    crate::config::Config::resolve(
+        Some((&path.display().to_string(), &text)),
+        &crate::config::Overrides::default(),
+    )
+    .with_context(|| format!("the settings given would make {} invalid", path.display()))?;
+    if text != old {
+        write_atomic(path, text.as_bytes())?;
+    }
+    Ok(keys)
+}
+
 /// Runs `gridlease service ...` for the node home `home`.
 pub fn run(out: &Printer, home: &Path, args: &ServiceArgs) -> anyhow::Result<u8> {
-    let (a, action) = match &args.action {
-        ServiceAction::Install(a) => (a, "install"),
-        ServiceAction::Uninstall(a) => (a, "uninstall"),
-        ServiceAction::Status(a) => (a, "status"),
+    let a = match &args.action {
+        ServiceAction::Install(i) => &i.unit,
+        ServiceAction::Uninstall(a) | ServiceAction::Status(a) => a,
     };
     let dir = unit_dir(a)?;
-    let path = dir.join(UNIT_NAME);
+    let home_abs = canonical_home(home);
+    let name = match &a.name {
+        Some(n) => format!("{n}.service"),
+        None => unit_name_for(&home_abs),
+    };
+    let path = dir.join(&name);
     let systemd = use_systemctl(a);
-    let done = match action {
-        "install" => {
+    // Another home's unit of this name is never touched.
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        let theirs = home_of_unit(&existing);
+        if theirs.as_deref() != Some(home_abs.as_path()) {
+            let whose = theirs.map_or_else(
+                || "a unit gridlease did not write".to_string(),
+                |h| format!("the unit of the home {}", h.display()),
+            );
+            anyhow::bail!(
+                "{} is {whose}, not of {}: pick another name for this home's unit with --name",
+                path.display(),
+                home_abs.display()
+            );
+        }
+    }
+    let mut config = None;
+    let mut next = Vec::new();
+    let done = match &args.action {
+        ServiceAction::Install(i) => {
             let exe = std::env::current_exe()
                 .and_then(|e| e.canonicalize())
                 .context("cannot find this program's path")?;
@@ -166,24 +312,38 @@ pub fn run(out: &Printer, home: &Path, args: &ServiceArgs) -> anyhow::Result<u8>
             let home = home
                 .canonicalize()
                 .with_context(|| format!("cannot resolve {}", home.display()))?;
+            let config_path = home.join(crate::config::CONFIG_FILE);
+            let keys = write_settings(&config_path, &i.settings)?;
+            config = Some(config_path.display().to_string());
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             write_atomic(&path, unit_text(&exe, &home, a.system).as_bytes())?;
+            let settings = if keys.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} set in {})", keys.join(", "), config_path.display())
+            };
+            if !a.system {
+                next.extend(linger_advice());
+            }
             if systemd {
                 systemctl(a, &["daemon-reload"])?;
-                systemctl(a, &["enable", "--now", UNIT_NAME])?;
-                format!("installed, enabled and started {}", path.display())
+                systemctl(a, &["enable", "--now", &name])?;
+                format!(
+                    "installed, enabled and started {}{settings}",
+                    path.display()
+                )
             } else {
                 let user = if a.system { "" } else { "--user " };
                 format!(
-                    "wrote {}; start it with `systemctl {user}daemon-reload && systemctl {user}enable --now {UNIT_NAME}`",
+                    "wrote {}{settings}; start it with `systemctl {user}daemon-reload && systemctl {user}enable --now {name}`",
                     path.display()
                 )
             }
         }
-        "uninstall" => {
+        ServiceAction::Uninstall(_) => {
             if systemd && path.exists() {
-                systemctl(a, &["disable", "--now", UNIT_NAME])?;
+                systemctl(a, &["disable", "--now", &name])?;
             }
             let existed = match std::fs::remove_file(&path) {
                 Ok(()) => true,
@@ -201,7 +361,7 @@ pub fn run(out: &Printer, home: &Path, args: &ServiceArgs) -> anyhow::Result<u8>
                 format!("{} was not installed", path.display())
             }
         }
-        _ => {
+        ServiceAction::Status(_) => {
             if path.exists() {
                 format!("installed: {}", path.display())
             } else {
@@ -210,7 +370,7 @@ pub fn run(out: &Printer, home: &Path, args: &ServiceArgs) -> anyhow::Result<u8>
         }
     };
     let active = if systemd && path.exists() {
-        systemctl(a, &["is-active", UNIT_NAME]).ok()
+        systemctl(a, &["is-active", &name]).ok()
     } else {
         None
     };
@@ -218,19 +378,40 @@ pub fn run(out: &Printer, home: &Path, args: &ServiceArgs) -> anyhow::Result<u8>
         unit: path.display().to_string(),
         installed: path.exists(),
         active,
+        config,
         done,
+        next,
     };
     out.emit(&view, |p| {
         p.line(&view.done);
         if let Some(a) = &view.active {
             p.line(&format!("systemd says: {a}"));
         }
+        for n in &view.next {
+            p.line(n);
+        }
     });
     Ok(0)
 }
 
+/// A user unit runs only while its user is logged in, unless lingering is on: the command
+/// that turns it on, when it is off (`/var/lib/systemd/linger/<user>` absent).
+fn linger_advice() -> Option<String> {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "$USER".into());
+    if Path::new("/var/lib/systemd/linger").join(&user).exists() {
+        return None;
+    }
+    Some(format!(
+        "a user unit stops when {user} logs out: keep it running with `sudo loginctl enable-linger {user}` (or install a system unit with --system)"
+    ))
+}
+
 fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("service.tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let mut f =
         std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
     f.write_all(bytes)
@@ -336,10 +517,34 @@ mod tests {
             assert!(u.contains(line), "{line}: {u}");
         }
         let s = unit_text(Path::new("/g"), Path::new("/var/lib/gridlease"), true);
-        assert!(
-            s.contains("After=network-online.target docker.service\n"),
-            "{s}"
+        for line in [
+            "After=network-online.target docker.service\n",
+            "Wants=network-online.target docker.service\n",
+            "WantedBy=multi-user.target\n",
+        ] {
+            assert!(s.contains(line), "{line}: {s}");
+        }
+        assert_eq!(
+            home_of_unit(&s).as_deref(),
+            Some(Path::new("/var/lib/gridlease"))
         );
-        assert!(s.contains("WantedBy=multi-user.target\n"), "{s}");
+    }
+
+    #[test]
+    fn one_unit_name_per_home() {
+        for (home, name) in [
+            ("/home/a/.gridlease", "gridlease.service"),
+            ("/var/lib/gridlease", "gridlease.service"),
+            ("/srv/p1", "gridlease-p1.service"),
+            ("/srv/my farm", "gridlease-my-farm.service"),
+            ("/srv/.lab", "gridlease-lab.service"),
+        ] {
+            assert_eq!(unit_name_for(Path::new(home)), name, "{home}");
+        }
+        assert!(unit_stem("farm-2").is_ok());
+        assert_eq!(unit_stem("farm.service").unwrap(), "farm");
+        for bad in ["", ".x", "a/b", "a b", "x@y"] {
+            assert!(unit_stem(bad).is_err(), "{bad:?}");
+        }
     }
 }
