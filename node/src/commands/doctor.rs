@@ -159,14 +159,16 @@ async fn disk_quota(home: &Path, info: Option<&bollard::models::SystemInfo>) -> 
     let driver = info
         .and_then(|i| i.driver.clone())
         .unwrap_or_else(|| "unknown".into());
-    let dir = home.join("leases").join("doctor");
+    // A directory of its own in the home (the filesystem the node's workspaces use), removed
+    // after: nothing the node makes later is created here by another user (`sudo doctor`).
+    let dir = home.join(format!(".doctor-{}", std::process::id()));
     let tried = gridlease_sandbox::workspace::probe_quota(&dir).await;
-    let _ = std::fs::remove_dir(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
     match tried {
         Ok(()) => Check::ok(
             "disk-quota",
             format!(
-                "storage driver {driver}; each lease's /workspace is a quota'd ext4 image on a loop device (a 4 MiB test image was made, attached and removed)"
+                "storage driver {driver}; each lease's /workspace is a quota'd ext4 image on a loop device (a 4 MiB test image was made in the home, attached and removed)"
             ),
         ),
         Err(e) => Check::bad(
