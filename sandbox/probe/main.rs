@@ -727,6 +727,20 @@ fn main() {
                 }
                 let _ = out.flush();
             }
+            "nvdev" => {
+                // The NVIDIA device nodes the container was given (`gridlease doctor`'s GPU
+                // container: the toolkit adds them for a `--gpus` request).
+                let mut names: Vec<String> = std::fs::read_dir("/dev")
+                    .map(|d| {
+                        d.flatten()
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .filter(|n| n.starts_with("nvidia"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                names.sort();
+                say(&format!("NVDEV devices={}", names.join(",")));
+            }
             "kernel" => {
                 // The kernel the tenant sees (uname(2)): the host's under runc, gVisor's own
                 // under runsc.

@@ -167,8 +167,62 @@ async fn probe_kernel(
     runtime: Option<&str>,
 ) -> Result<String, RuntimeError> {
     let name = runtime.unwrap_or("default").to_string();
+    let logs = run_probe(sb, &name, &["kernel"], |spec| {
+        spec.runtime = runtime.map(str::to_string);
+        // The seccomp variant follows the claim; a "gVisor" without a name is refused below.
+        if runtime.is_some() {
+            spec.isolation = isolation;
+        }
+    })
+    .await?;
+    logs.lines()
+        .find_map(|l| l.trim().strip_prefix("KERNEL release="))
+        .map(str::to_string)
+        .ok_or_else(|| RuntimeError::ProbeFailed {
+            name,
+            message: format!("no kernel release in its output: {}", logs.trim()),
+        })
+}
+
+/// Runs a hardened probe container given the GPUs `gpu_uuids` (as a lease's: the NVIDIA
+/// container toolkit's `--gpus` request) and returns the NVIDIA device nodes it saw
+/// (`nvidia0`, `nvidiactl`, ...). Empty: the request was granted without devices. An error:
+/// the daemon refused the request or the container failed (no toolkit, a driver mismatch).
+/// `gridlease doctor` runs it where the driver lists GPUs; nothing runs it on a machine
+/// without one.
+pub async fn check_gpu_container(
+    sb: &Sandbox,
+    gpu_uuids: &[String],
+) -> Result<Vec<String>, RuntimeError> {
+    let name = "default".to_string();
+    let logs = run_probe(sb, &name, &["nvdev"], |spec| {
+        spec.gpu_uuids = gpu_uuids.to_vec();
+    })
+    .await?;
+    logs.lines()
+        .find_map(|l| l.trim().strip_prefix("NVDEV devices="))
+        .map(|d| {
+            d.split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .ok_or_else(|| RuntimeError::ProbeFailed {
+            name,
+            message: format!("no device list in its output: {}", logs.trim()),
+        })
+}
+
+/// Runs the probe image with `args` in a small hardened container (`tweak` sets the runtime,
+/// GPUs, ...), waits at most 60 s for it to exit 0, removes it, and returns its output.
+async fn run_probe(
+    sb: &Sandbox,
+    name: &str,
+    args: &[&str],
+    tweak: impl FnOnce(&mut SandboxSpec),
+) -> Result<String, RuntimeError> {
     let failed = |message: String| RuntimeError::ProbeFailed {
-        name: name.clone(),
+        name: name.to_string(),
         message,
     };
     let image = sb.ensure_probe_image().await?;
@@ -182,15 +236,11 @@ async fn probe_kernel(
         )),
         "gridlease-runtime-check",
         &image,
-        &["kernel"],
+        args,
     );
     spec.expires_at = Timestamp(crate::runtime::now_ms().0.saturating_add(60_000));
     spec.shm_mib = 16;
-    spec.runtime = runtime.map(str::to_string);
-    // The seccomp variant follows the claim; a "gVisor" without a name is refused below.
-    if runtime.is_some() {
-        spec.isolation = isolation;
-    }
+    tweak(&mut spec);
     let id = sb.create(&spec).await?;
     let result = async {
         sb.start(&id).await.map_err(|e| failed(format!("{e}")))?;
@@ -205,14 +255,11 @@ async fn probe_kernel(
                 logs.trim()
             )));
         }
-        logs.lines()
-            .find_map(|l| l.trim().strip_prefix("KERNEL release="))
-            .map(str::to_string)
-            .ok_or_else(|| failed(format!("no kernel release in its output: {}", logs.trim())))
+        Ok(logs)
     }
     .await;
     if let Err(e) = sb.remove(&id).await {
-        tracing::warn!(container = %id, error = %e, "runtime probe container not removed");
+        tracing::warn!(container = %id, error = %e, "probe container not removed");
     }
     result
 }

@@ -62,3 +62,31 @@ async fn a_missing_runtime_and_a_gvisor_that_is_really_runc_are_refused() {
     );
     assert!(err.to_string().contains("host's kernel"), "{err}");
 }
+
+/// `gridlease doctor`'s GPU container, on this machine without GPUs or the NVIDIA toolkit:
+/// asking Docker for GPUs the way a lease does is refused, and the refusal names why (what a
+/// provider with GPUs but no working toolkit sees); the probe's device listing itself runs.
+#[tokio::test]
+async fn the_gpu_container_check_names_a_daemon_that_cannot_give_gpus() {
+    let test = "isolation_gpu_container";
+    let Some(sb) = common::sandbox_or_skip(test).await else {
+        return;
+    };
+    if gridlease_sandbox::gpu::NvmlProbe::new().is_ok() {
+        eprintln!("{test}: this machine has an NVIDIA driver; the no-toolkit case is not this one");
+        return;
+    }
+    let err = gridlease_sandbox::isolation::check_gpu_container(
+        &sb,
+        &["GPU-00000000-0000-0000-0000-000000000000".to_string()],
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("nvidia"), "{err}");
+    // No GPU asked for: the container runs and lists no NVIDIA device.
+    let none = gridlease_sandbox::isolation::check_gpu_container(&sb, &[])
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "{none:?}");
+}

@@ -110,6 +110,7 @@ const DOCKER_FIX: &str = "install Docker (`apt install docker.io`), start it (`s
 /// `ports` is true: not while the node itself holds them) and the home's permissions.
 pub async fn local_checks(home: &Path, config: &Config, ports: bool) -> Vec<Check> {
     let mut out = Vec::new();
+    let mut daemon = None;
     let info = match gridlease_sandbox::docker::connect().await {
         Err(e) => {
             out.push(Check::bad(
@@ -134,6 +135,7 @@ pub async fn local_checks(home: &Path, config: &Config, ports: bool) -> Vec<Chec
                         v.api_version.unwrap_or_default()
                     ),
                 ));
+                daemon = Some(docker);
                 Some(info)
             }
             (Err(e), _) | (_, Err(e)) => {
@@ -144,7 +146,7 @@ pub async fn local_checks(home: &Path, config: &Config, ports: bool) -> Vec<Chec
     };
     out.push(disk_quota(home, info.as_ref()).await);
     out.push(cgroups(info.as_ref()));
-    out.extend(nvidia(info.as_ref()));
+    out.extend(nvidia(info.as_ref(), daemon).await);
     out.push(runtime(config, info.as_ref()));
     out.push(free_disk(home, config));
     out.push(clock());
@@ -226,7 +228,10 @@ fn cgroups(info: Option<&bollard::models::SystemInfo>) -> Check {
     }
 }
 
-fn nvidia(info: Option<&bollard::models::SystemInfo>) -> Vec<Check> {
+async fn nvidia(
+    info: Option<&bollard::models::SystemInfo>,
+    daemon: Option<bollard::Docker>,
+) -> Vec<Check> {
     let gpus = gridlease_sandbox::gpu::NvmlProbe::new()
         .and_then(|p| gridlease_sandbox::gpu::GpuProbe::list(&p));
     let driver = match &gpus {
@@ -279,7 +284,54 @@ fn nvidia(info: Option<&bollard::models::SystemInfo>) -> Vec<Check> {
             "install nvidia-container-toolkit (NVIDIA's apt repository), then `nvidia-ctk runtime configure --runtime=docker && systemctl restart docker`",
         ),
     };
-    vec![driver, toolkit]
+    let mut checks = vec![driver];
+    // With GPUs and the toolkit, a container given them the way a lease is (the probe image,
+    // made locally, never pulled) must see their device nodes.
+    match (&gpus, toolkit.level, daemon) {
+        (Ok(g), Level::Ok, Some(docker)) if !g.is_empty() => {
+            let uuids: Vec<String> = g.iter().map(|x| x.uuid.clone()).collect();
+            checks.push(gpu_container(docker, &uuids).await);
+        }
+        _ => checks.push(toolkit),
+    }
+    checks
+}
+
+/// A probe container given `uuids` as a lease is: it must see an `nvidiaN` device.
+async fn gpu_container(docker: bollard::Docker, uuids: &[String]) -> Check {
+    let sb = gridlease_sandbox::runtime::Sandbox::new(docker);
+    let is_gpu = |d: &String| {
+        d.strip_prefix("nvidia")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    match gridlease_sandbox::isolation::check_gpu_container(&sb, uuids).await {
+        Ok(devices) if devices.iter().any(is_gpu) => Check::ok(
+            "nvidia-toolkit",
+            format!(
+                "a test container given the GPUs sees {}",
+                devices.join(", ")
+            ),
+        ),
+        Ok(devices) => Check::bad(
+            "nvidia-toolkit",
+            Level::Fail,
+            format!(
+                "a test container given the GPUs sees no GPU device ({})",
+                if devices.is_empty() {
+                    "none".to_string()
+                } else {
+                    devices.join(", ")
+                }
+            ),
+            "check the toolkit's Docker configuration: `nvidia-ctk runtime configure --runtime=docker`, then `systemctl restart docker`",
+        ),
+        Err(e) => Check::bad(
+            "nvidia-toolkit",
+            Level::Fail,
+            format!("a test container given the GPUs failed: {e}"),
+            "check that `docker run --rm --gpus all debian nvidia-smi -L` works; reinstall or reconfigure nvidia-container-toolkit",
+        ),
+    }
 }
 
 fn on_path(name: &str) -> bool {
