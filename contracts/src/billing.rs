@@ -95,9 +95,9 @@ pub const fn billable_seconds(wall_ms: u64) -> u64 {
 /// The price schedule of one lease, taken from its terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tariff {
-    /// Price per GPU-hour.
+    /// Price per GPU-hour (a volume lease's: per GiB-hour).
     pub price_per_gpu_hour: Money,
-    /// GPUs leased.
+    /// GPUs leased (a volume lease's: its GiB).
     pub gpus: u16,
     /// Minimum billed seconds, applied at settlement.
     pub min_billed_s: u32,
@@ -121,9 +121,14 @@ pub struct BilledTime {
 impl Tariff {
     /// The tariff of a lease.
     pub fn of(terms: &LeaseTerms) -> Self {
+        // A volume lease counts its GiB where a lease counts GPUs (`crate::volume`).
+        let (price, units) = match &terms.volume {
+            Some(v) => (v.price_per_gib_hour, crate::volume::gib_units(v)),
+            None => (terms.price_per_gpu_hour, terms.gpu_count),
+        };
         Self {
-            price_per_gpu_hour: Money::from_micros(terms.price_per_gpu_hour),
-            gpus: terms.gpu_count,
+            price_per_gpu_hour: Money::from_micros(price),
+            gpus: units,
             min_billed_s: terms.min_billed_s,
             max_total: Money::from_micros(terms.max_total),
             max_wall_ms: u64::from(terms.duration_s).saturating_mul(1000),

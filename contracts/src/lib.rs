@@ -27,6 +27,7 @@ pub mod query;
 pub mod schedule;
 pub mod statement;
 pub mod terms;
+pub mod volume;
 
 pub use billing::{BilledTime, Tariff, cost, default_budget, interval_charge};
 pub use channel::{

@@ -222,6 +222,15 @@ pub fn check_request(
     if offer.expires_at <= view.now {
         return Err(RejectReason::OfferExpired);
     }
+    if let Some(v) = &t.volume {
+        if !same_offer && !equivalent {
+            return Err(RejectReason::TermsMismatch {
+                field: "offer_seq".into(),
+            });
+        }
+        crate::volume::check_volume_terms(offer, t, v)?;
+        return Ok(lease_id);
+    }
     if t.price_per_gpu_hour < offer.price_per_gpu_hour {
         return Err(RejectReason::PriceBelowAsk {
             ask: offer.price_per_gpu_hour,

@@ -74,6 +74,8 @@ async fn main() {
                 .unwrap_or_else(|| own.clone());
             let now = clock::now();
             let terms = LeaseTerms {
+                volume: None,
+                mounts: Vec::new(),
                 verify_window_s: 0,
                 network: NetworkId::devnet(),
                 offer_id: own.id,

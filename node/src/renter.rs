@@ -33,6 +33,8 @@ pub fn terms_for(
         )?,
     };
     Ok(LeaseTerms {
+        volume: None,
+        mounts: Vec::new(),
         network: network.clone(),
         offer_id: entry.id,
         offer_seq: o.seq,

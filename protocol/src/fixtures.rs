@@ -62,6 +62,7 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
         usage_interval_s: 10,
         pay_ahead_s: 60,
         sandbox: SandboxPolicy {
+            volumes: crate::VolumePolicy::default(),
             network: NetworkPolicy::None,
             image_prefixes: vec![],
             access: crate::access::AccessPolicy::ALL,
@@ -87,6 +88,8 @@ pub fn terms(
     duration_s: u32,
 ) -> LeaseTerms {
     LeaseTerms {
+        volume: None,
+        mounts: Vec::new(),
         verify_window_s: 0,
         network: NetworkId::devnet(),
         offer_id,

@@ -71,6 +71,14 @@ pub const MAX_ENV: usize = 64;
 pub const MAX_ENV_BYTES: usize = 16 * 1024;
 /// Most GPU digests in an accept.
 pub const MAX_ASSIGNED_GPUS: usize = MAX_GPUS_PER_OFFER;
+/// Longest volume name.
+pub const MAX_VOLUME_NAME_LEN: usize = 64;
+/// Largest volume, GiB (the largest workspace a node makes: 64 TiB).
+pub const MAX_VOLUME_GIB: u32 = 65_535;
+/// Most volumes mounted into one lease.
+pub const MAX_MOUNTS: usize = 4;
+/// Longest mount path.
+pub const MAX_MOUNT_PATH_LEN: usize = 128;
 
 /// A message whose counts or string lengths are out of bounds.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -324,6 +332,99 @@ pub struct SandboxPolicy {
     /// Images on the provider's machine (built or imported there, never pulled) tenants may
     /// run, as references.
     pub local_images: Vec<String>,
+    /// Volumes this provider keeps for renters beyond any one lease ([`VolumeTerms`]).
+    pub volumes: VolumePolicy,
+}
+
+/// What a provider offers in volumes: storage kept for a renter beyond any one lease, billed
+/// per GiB-hour (issue 47).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumePolicy {
+    /// Price per GiB-hour of a kept volume, micro-units; 0: this provider keeps no volumes.
+    pub price_per_gib_hour: u64,
+    /// Largest volume, GiB.
+    pub max_gib: u32,
+    /// Longest keep period of one volume lease (extensions included), seconds.
+    pub max_keep_s: u32,
+}
+
+impl VolumePolicy {
+    /// Whether the provider keeps volumes at all.
+    pub fn offered(&self) -> bool {
+        self.price_per_gib_hour > 0 && self.max_gib > 0 && self.max_keep_s > 0
+    }
+}
+
+/// The volume a *volume lease* keeps (issue 47): storage on the provider that outlives any
+/// one lease, billed per GiB-hour. A volume lease's terms have `volume: Some(..)`, no GPUs,
+/// no image, command or environment; `duration_s` is the keep period (the volume is deleted
+/// at its end, or when the renter stops paying), and the tariff counts `size_gib` where a
+/// lease counts GPUs (`gridlease_contracts::billing::Tariff`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeTerms {
+    /// The renter's name for it: 1-64 of `a-z`, `0-9`, `-`, `_`, `.`, not starting with a
+    /// `-` or `.`; unique among the renter's live volumes on this provider.
+    pub name: String,
+    /// Size, GiB (1..=[`MAX_VOLUME_GIB`], at most the offer's `max_gib`).
+    pub size_gib: u32,
+    /// Price per GiB-hour, micro-units (at least the offer's).
+    pub price_per_gib_hour: u64,
+}
+
+/// A volume mounted into a lease's container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// The volume lease (the same renter's, on the same provider, running).
+    pub volume: LeaseId,
+    /// Where the container sees it: an absolute, normalised path; `/workspace` puts it in
+    /// place of the lease's own workspace (a lease resumed on its kept disk).
+    pub path: String,
+}
+
+/// Whether `name` is a valid volume name (see [`VolumeTerms::name`]).
+pub fn valid_volume_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_VOLUME_NAME_LEN
+        && !name.starts_with(['-', '.'])
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+        })
+}
+
+/// Why a mount path is refused, if it is: it must be absolute and normalised (no `.`, `..`,
+/// empty or trailing components), at most [`MAX_MOUNT_PATH_LEN`] bytes, of `[A-Za-z0-9._-]`
+/// components, and not `/` or beneath the system's own directories (`/proc`, `/sys`, `/dev`,
+/// `/etc`, `/usr`, `/bin`, `/sbin`, `/lib*`, `/tmp`, `/run`, `/var`, `/boot`, `/root`).
+pub fn mount_path_problem(path: &str) -> Option<String> {
+    const RESERVED: [&str; 15] = [
+        "proc", "sys", "dev", "etc", "usr", "bin", "sbin", "lib", "lib32", "lib64", "tmp", "run",
+        "var", "boot", "root",
+    ];
+    if path.len() > MAX_MOUNT_PATH_LEN {
+        return Some(format!("longer than {MAX_MOUNT_PATH_LEN} bytes"));
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return Some("not an absolute path".into());
+    };
+    if rest.is_empty() {
+        return Some("the container's root cannot be a volume".into());
+    }
+    let parts: Vec<&str> = rest.split('/').collect();
+    for c in &parts {
+        if c.is_empty() || *c == "." || *c == ".." {
+            return Some("not a normalised path (empty, `.` or `..` components)".into());
+        }
+        if !c
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Some(format!("{c:?}: only letters, digits, '.', '_' and '-'"));
+        }
+    }
+    if RESERVED.contains(&parts[0]) {
+        return Some(format!("/{} is the system's own", parts[0]));
+    }
+    None
 }
 
 impl SandboxPolicy {
@@ -496,6 +597,12 @@ pub struct LeaseTerms {
     /// in which the renter runs its GPU check (`crate::proof`); at most the offer's
     /// `proof.window_s`. 0: no check (`rent --no-verify`, or a provider without one).
     pub verify_window_s: u32,
+    /// `Some`: this is a volume lease (issue 47): it keeps this volume for `duration_s`, runs
+    /// no container and holds no GPU (see [`VolumeTerms`]).
+    pub volume: Option<VolumeTerms>,
+    /// The renter's volumes on this provider mounted into this lease's container (at most
+    /// [`MAX_MOUNTS`], distinct volumes and paths; none in a volume lease).
+    pub mounts: Vec<VolumeMount>,
 }
 
 /// [`LeaseTerms::prepay_s`] for "the whole lease": the first receipt pays `max_total`.
@@ -503,8 +610,31 @@ pub const PREPAY_ALL: u32 = u32::MAX;
 
 impl Shape for LeaseTerms {
     fn check_shape(&self) -> Result<(), ShapeError> {
+        non_zero("duration_s", u64::from(self.duration_s))?;
+        non_zero("usage_interval_s", u64::from(self.usage_interval_s))?;
+        if let Some(v) = &self.volume {
+            return self.check_volume_shape(v);
+        }
         non_zero("gpu_count", u64::from(self.gpu_count))?;
         max_count("gpu_count", usize::from(self.gpu_count), MAX_GPUS_PER_OFFER)?;
+        max_count("mounts", self.mounts.len(), MAX_MOUNTS)?;
+        for (i, m) in self.mounts.iter().enumerate() {
+            if let Some(problem) = mount_path_problem(&m.path) {
+                return Err(ShapeError {
+                    field: "mounts",
+                    problem: format!("{:?}: {problem}", m.path),
+                });
+            }
+            if self.mounts[..i]
+                .iter()
+                .any(|o| o.volume == m.volume || o.path == m.path)
+            {
+                return Err(ShapeError {
+                    field: "mounts",
+                    problem: "a volume or a path is named twice".into(),
+                });
+            }
+        }
         non_empty("image", &self.image)?;
         max_len("image", &self.image, MAX_IMAGE_LEN)?;
         max_count("command", self.command.len(), MAX_ARGS)?;
@@ -534,8 +664,53 @@ impl Shape for LeaseTerms {
                 });
             }
         }
-        non_zero("duration_s", u64::from(self.duration_s))?;
-        non_zero("usage_interval_s", u64::from(self.usage_interval_s))
+        Ok(())
+    }
+}
+
+impl LeaseTerms {
+    /// A volume lease's shape: its volume valid, and nothing of a container.
+    fn check_volume_shape(&self, v: &VolumeTerms) -> Result<(), ShapeError> {
+        if !valid_volume_name(&v.name) {
+            return Err(ShapeError {
+                field: "volume.name",
+                problem: format!(
+                    "{:?}: 1-{MAX_VOLUME_NAME_LEN} of a-z, 0-9, '-', '_', '.', not starting with '-' or '.'",
+                    v.name
+                        .chars()
+                        .take(MAX_VOLUME_NAME_LEN + 1)
+                        .collect::<String>()
+                ),
+            });
+        }
+        if v.size_gib == 0 || v.size_gib > MAX_VOLUME_GIB {
+            return Err(ShapeError {
+                field: "volume.size_gib",
+                problem: format!("{} GiB; 1 to {MAX_VOLUME_GIB}", v.size_gib),
+            });
+        }
+        non_zero("volume.price_per_gib_hour", v.price_per_gib_hour)?;
+        let container_free = self.gpu_count == 0
+            && self.image.is_empty()
+            && self.command.is_empty()
+            && self.env.is_empty()
+            && self.mounts.is_empty()
+            && self.price_per_gpu_hour == 0
+            && self.verify_window_s == 0
+            && self.upload_hold_s == 0
+            && self.output_retention_s == 0;
+        if !container_free {
+            return Err(ShapeError {
+                field: "volume",
+                problem: "a volume lease has no GPUs, image, command, environment, mounts, GPU check, upload hold or kept outputs".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether this is a volume lease.
+    pub fn is_volume(&self) -> bool {
+        self.volume.is_some()
     }
 }
 
@@ -763,6 +938,56 @@ pub enum RejectReason {
     /// The renter already has a container held for its uploads here (`upload_hold_s`) whose
     /// command has not started: one at a time per renter.
     HoldBusy,
+    /// A volume lease, or a lease's volume mounts, refused (issue 47).
+    VolumeRefused {
+        /// Why.
+        refusal: VolumeRefusal,
+    },
+}
+
+/// Why a provider refuses a volume lease or a lease's volume mounts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumeRefusal {
+    /// This provider keeps no volumes (its offer's volume price is 0).
+    NotOffered,
+    /// Larger than the offer's largest volume.
+    TooLarge {
+        /// The largest, GiB.
+        max_gib: u32,
+    },
+    /// A keep period longer than the offer allows.
+    KeepTooLong {
+        /// The longest, seconds.
+        max_s: u32,
+    },
+    /// Not enough free disk for it now.
+    NoSpace {
+        /// GiB free for volumes now.
+        free_gib: u64,
+    },
+    /// The provider keeps as many volumes as it will.
+    TooMany {
+        /// Its most.
+        max: u32,
+    },
+    /// The renter has a live volume of this name here already.
+    NameTaken,
+    /// A mounted volume is not a running volume lease of this renter on this provider (or
+    /// it is ending): the same answer whoever asks, so a stranger learns nothing.
+    NotYours {
+        /// The volume asked for.
+        volume: LeaseId,
+    },
+    /// A mounted volume is mounted in another lease now.
+    InUse {
+        /// The volume.
+        volume: LeaseId,
+    },
+    /// A mounted volume's keep period ends before this lease would.
+    EndsTooSoon {
+        /// The volume.
+        volume: LeaseId,
+    },
 }
 
 /// The provider's refusal.
@@ -1089,8 +1314,11 @@ wire_message!(
 
 impl LeaseTerms {
     /// The lease's disk (its `/workspace`), bytes: the per-GPU disk times the GPUs (one unit
-    /// for a CPU-only lease).
+    /// for a CPU-only lease); a volume lease's: the volume's size.
     pub fn workspace_bytes(&self) -> u64 {
+        if let Some(v) = &self.volume {
+            return u64::from(v.size_gib).saturating_mul(1 << 30);
+        }
         u64::from(self.per_gpu.disk_gib)
             .saturating_mul(u64::from(self.gpu_count.max(1)))
             .saturating_mul(1 << 30)
@@ -1140,5 +1368,61 @@ mod close_reason_tests {
         for (i, r) in CloseReason::ALL.into_iter().enumerate() {
             assert_eq!(place(r), i, "{r:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod volume_tests {
+    use super::*;
+
+    #[test]
+    fn volume_names_are_plain_lowercase_words() {
+        for ok in ["data", "ckpt-2", "a.b_c", "0"] {
+            assert!(valid_volume_name(ok), "{ok}");
+        }
+        let long = "a".repeat(MAX_VOLUME_NAME_LEN + 1);
+        for bad in ["", "Data", "-x", ".x", "a/b", "a b", long.as_str()] {
+            assert!(!valid_volume_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mount_paths_are_absolute_normalised_and_not_the_systems() {
+        for ok in ["/data", "/workspace", "/mnt/ckpt", "/home/user/x-1.d"] {
+            assert_eq!(mount_path_problem(ok), None, "{ok}");
+        }
+        for bad in [
+            "", "data", "/", "/data/", "/a//b", "/a/../b", "/./a", "/proc", "/proc/x", "/etc",
+            "/dev/shm", "/usr/lib", "/tmp", "/a b", "/a\0b", "/lib64/x",
+        ] {
+            assert!(mount_path_problem(bad).is_some(), "{bad:?}");
+        }
+        let long = format!("/{}", "a".repeat(MAX_MOUNT_PATH_LEN));
+        assert!(mount_path_problem(&long).is_some());
+    }
+
+    #[test]
+    fn a_lease_mounts_each_volume_once_at_distinct_paths() {
+        let key = crate::NodeKey::from_secret([3; 32]);
+        let offer = crate::fixtures::offer(key.public(), 1, 1, 1);
+        let mut t =
+            crate::fixtures::terms(crate::OfferId(Digest([0; 32])), &offer, key.public(), 1, 60);
+        let (a, b) = (LeaseId(Digest([1; 32])), LeaseId(Digest([2; 32])));
+        let m = |volume, path: &str| VolumeMount {
+            volume,
+            path: path.into(),
+        };
+        t.mounts = vec![m(a, "/data"), m(b, "/workspace")];
+        assert!(t.check_shape().is_ok());
+        t.mounts = vec![m(a, "/data"), m(a, "/other")];
+        assert!(t.check_shape().is_err());
+        t.mounts = vec![m(a, "/data"), m(b, "/data")];
+        assert!(t.check_shape().is_err());
+        t.mounts = vec![m(a, "/etc/x")];
+        assert!(t.check_shape().is_err());
+        t.mounts = (0..=MAX_MOUNTS as u8)
+            .map(|i| m(LeaseId(Digest([i; 32])), &format!("/v{i}")))
+            .collect();
+        assert!(t.check_shape().is_err());
     }
 }

@@ -151,6 +151,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                 usage_interval_s: d.3,
                 pay_ahead_s: d.4,
                 sandbox: SandboxPolicy {
+                    volumes: gridlease_protocol::VolumePolicy::default(),
                     network,
                     image_prefixes,
                     access: gridlease_protocol::access::AccessPolicy::ALL,
@@ -200,6 +201,8 @@ fn terms() -> impl Strategy<Value = LeaseTerms> {
                 (nonce, created_at),
             )| {
                 LeaseTerms {
+                    volume: None,
+                    mounts: Vec::new(),
                     verify_window_s: 0,
                     network,
                     offer_id: OfferId(offer),
@@ -235,6 +238,14 @@ fn reject_reason() -> impl Strategy<Value = RejectReason> {
         any::<u64>().prop_map(|current_seq| RejectReason::StaleOffer { current_seq }),
         Just(RejectReason::OfferExpired),
         Just(RejectReason::HoldBusy),
+        any::<u64>().prop_map(|free_gib| RejectReason::VolumeRefused {
+            refusal: gridlease_protocol::VolumeRefusal::NoSpace { free_gib }
+        }),
+        any::<[u8; 32]>().prop_map(|d| RejectReason::VolumeRefused {
+            refusal: gridlease_protocol::VolumeRefusal::NotYours {
+                volume: gridlease_protocol::LeaseId(gridlease_protocol::Digest(d))
+            }
+        }),
         Just(RejectReason::RequestExpired),
         Just(RejectReason::WrongProvider),
         any::<u64>().prop_map(|ask| RejectReason::PriceBelowAsk { ask }),

@@ -1461,6 +1461,8 @@ impl<'s> Market<'s> {
             None => (self.network.clone(), SIM_IMAGE.to_string()),
         };
         let terms = LeaseTerms {
+            volume: None,
+            mounts: Vec::new(),
             verify_window_s: 0,
             network,
             offer_id: offer_id_of(vis.identity, vis.seq),

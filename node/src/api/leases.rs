@@ -241,6 +241,7 @@ pub(super) fn reject_text(r: &RejectReason) -> String {
         RejectReason::DuplicateNonce => "a request with this nonce had other terms".into(),
         RejectReason::Malformed { detail } => format!("the request is malformed: {detail}"),
         RejectReason::Internal => "the provider failed internally; try another offer".into(),
+        RejectReason::VolumeRefused { refusal } => gridlease_contracts::volume::refusal_text(refusal),
         RejectReason::HoldBusy => "this provider already holds a container for your uploads (rent --upload) whose command has not started: begin or stop that lease first (one held container per renter)".into(),
     }
 }

@@ -65,6 +65,7 @@ impl OfferTemplate {
             usage_interval_s: 10,
             pay_ahead_s: 60,
             sandbox: SandboxPolicy {
+                volumes: gridlease_protocol::VolumePolicy::default(),
                 network: NetworkPolicy::None,
                 image_prefixes: Vec::new(),
                 access: gridlease_protocol::access::AccessPolicy::ALL,
