@@ -123,7 +123,10 @@ impl Tariff {
     pub fn of(terms: &LeaseTerms) -> Self {
         // A volume lease counts its GiB where a lease counts GPUs (`crate::volume`).
         let (price, units) = match &terms.volume {
-            Some(v) => (v.price_per_gib_hour, crate::volume::gib_units(v)),
+            Some(v) => (
+                v.price_per_gib_hour,
+                u16::try_from(v.size_gib).unwrap_or(u16::MAX),
+            ),
             None => (terms.price_per_gpu_hour, terms.gpu_count),
         };
         Self {

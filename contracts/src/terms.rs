@@ -228,6 +228,7 @@ pub fn check_request(
                 field: "offer_seq".into(),
             });
         }
+        check_channel_terms(offer, t)?;
         crate::volume::check_volume_terms(offer, t, v)?;
         return Ok(lease_id);
     }
@@ -268,15 +269,7 @@ pub fn check_request(
     {
         return Err(mismatch("verify_window_s"));
     }
-    if t.usage_interval_s != offer.usage_interval_s {
-        return Err(mismatch("usage_interval_s"));
-    }
-    if t.pay_ahead_s > offer.pay_ahead_s || t.pay_ahead_s < t.usage_interval_s {
-        return Err(mismatch("pay_ahead_s"));
-    }
-    if t.grace_s > MAX_GRACE_S || t.grace_s < t.usage_interval_s {
-        return Err(mismatch("grace_s"));
-    }
+    check_channel_terms(offer, t)?;
     if !t.per_gpu.fits_within(&offer.per_gpu) {
         return Err(mismatch("per_gpu"));
     }
@@ -313,6 +306,25 @@ pub fn check_request(
         });
     }
     Ok(lease_id)
+}
+
+/// The payment channel's terms every lease (a volume lease too) takes from the offer: its
+/// report interval, at most its pay-ahead window (at least one interval), and a grace the
+/// provider accepts.
+fn check_channel_terms(offer: &Offer, t: &LeaseTerms) -> Result<(), RejectReason> {
+    let mismatch = |f: &str| RejectReason::TermsMismatch {
+        field: f.to_string(),
+    };
+    if t.usage_interval_s != offer.usage_interval_s {
+        return Err(mismatch("usage_interval_s"));
+    }
+    if t.pay_ahead_s > offer.pay_ahead_s || t.pay_ahead_s < t.usage_interval_s {
+        return Err(mismatch("pay_ahead_s"));
+    }
+    if t.grace_s > MAX_GRACE_S || t.grace_s < t.usage_interval_s {
+        return Err(mismatch("grace_s"));
+    }
+    Ok(())
 }
 
 /// Why a renter refuses an acceptance.

@@ -15,10 +15,9 @@
 
 use gridlease_protocol::{LeaseTerms, Offer, RejectReason, VolumeRefusal, VolumeTerms};
 
-use crate::terms::MAX_GRACE_S;
-
 /// The provider's decision on a volume lease's terms against its offer (after the checks
-/// every request gets: shape, signer, network, expiry, provider, offer).
+/// every request gets: shape, signer, network, expiry, provider, offer, and the payment
+/// channel's interval, pay-ahead window and grace).
 pub fn check_volume_terms(
     offer: &Offer,
     t: &LeaseTerms,
@@ -47,18 +46,10 @@ pub fn check_volume_terms(
     let mismatch = |f: &str| RejectReason::TermsMismatch {
         field: f.to_string(),
     };
-    // Kept storage is billed to the second it is kept: no minimum.
+    // Kept storage is billed to the second it is kept: no minimum. (The channel's terms,
+    // interval, pay-ahead window and grace, are checked as any lease's: `crate::terms`.)
     if t.min_billed_s != 0 {
         return Err(mismatch("min_billed_s"));
-    }
-    if t.usage_interval_s != offer.usage_interval_s {
-        return Err(mismatch("usage_interval_s"));
-    }
-    if t.pay_ahead_s > offer.pay_ahead_s || t.pay_ahead_s < t.usage_interval_s {
-        return Err(mismatch("pay_ahead_s"));
-    }
-    if t.grace_s > MAX_GRACE_S || t.grace_s < t.usage_interval_s {
-        return Err(mismatch("grace_s"));
     }
     if !t
         .per_gpu

@@ -111,6 +111,9 @@ async fn main() {
         let t0 = Instant::now();
         let id = rl
             .rent(RentRequest {
+                volumes: Vec::new(),
+                mounts: Vec::new(),
+                volume: None,
                 verify: true,
                 offer: offer.to_string(),
                 gpus: 1,

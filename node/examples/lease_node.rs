@@ -127,6 +127,9 @@ async fn main() {
         };
         let id = leases
             .rent(RentRequest {
+                volumes: Vec::new(),
+                mounts: Vec::new(),
+                volume: None,
                 verify: true,
                 offer: offer.to_string(),
                 gpus: 1,

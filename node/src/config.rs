@@ -143,6 +143,16 @@ pub struct Config {
     /// from this renter (`grace_s` of the terms; at least the offer's usage interval).
     /// Default: 30.
     pub renter_grace_secs: u32,
+    /// Price per GiB-hour of the volumes this provider keeps for renters beyond their leases
+    /// (`volume create`, issue 47), in GLU with at most 6 decimals, advertised in offers; "0":
+    /// no volumes. Default: "0".
+    pub volume_price: String,
+    /// Largest volume, GiB (advertised). Default: 500.
+    pub max_volume_gib: u32,
+    /// Most volumes kept at once, every renter's together. Default: 16.
+    pub max_volumes: u32,
+    /// Longest keep period of a volume, days (advertised). Default: 30.
+    pub max_volume_keep_days: u32,
 }
 
 impl Config {
@@ -228,6 +238,10 @@ impl Default for Config {
             owner_util_percent: crate::lease::BUSY_UTIL_PERCENT,
             pay_ahead_secs: 60,
             renter_grace_secs: crate::lease::RENTER_GRACE_S,
+            volume_price: "0".into(),
+            max_volume_gib: 500,
+            max_volumes: 16,
+            max_volume_keep_days: 30,
         }
     }
 }
@@ -324,6 +338,22 @@ pub struct Overrides {
     #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_RENTER_GRACE_SECS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub renter_grace_secs: Option<u32>,
+    /// Price per GiB-hour of kept volumes, GLU (default 0: no volumes; advertised).
+    #[arg(long, value_name = "AMOUNT", env = env_vars::GRIDLEASE_VOLUME_PRICE)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_price: Option<String>,
+    /// Largest volume, GiB (default 500).
+    #[arg(long, value_name = "GIB", env = env_vars::GRIDLEASE_MAX_VOLUME_GIB)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_volume_gib: Option<u32>,
+    /// Most volumes kept at once (default 16).
+    #[arg(long, value_name = "N", env = env_vars::GRIDLEASE_MAX_VOLUMES)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_volumes: Option<u32>,
+    /// Longest keep period of a volume, days (default 30).
+    #[arg(long, value_name = "DAYS", env = env_vars::GRIDLEASE_MAX_VOLUME_KEEP_DAYS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_volume_keep_days: Option<u32>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]
@@ -531,7 +561,27 @@ impl Config {
         Self::resolve(text.as_deref().map(|t| (name.as_str(), t)), flags)
     }
 
+    /// The volumes this provider offers (`volume_price` and its bounds; checked by
+    /// [`Config::resolve`], so the price parses).
+    pub fn volume_policy(&self) -> gridlease_protocol::VolumePolicy {
+        let price = self
+            .volume_price
+            .parse::<gridlease_contracts::Money>()
+            .map_or(0, |m| m.micros());
+        gridlease_protocol::VolumePolicy {
+            price_per_gib_hour: price,
+            max_gib: self.max_volume_gib.min(gridlease_protocol::MAX_VOLUME_GIB),
+            max_keep_s: self.max_volume_keep_days.saturating_mul(86_400),
+        }
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Err(e) = self.volume_price.parse::<gridlease_contracts::Money>() {
+            return Err(ConfigError::Invalid {
+                field: "volume_price",
+                problem: format!("{:?}: {e}", self.volume_price),
+            });
+        }
         for (field, addrs) in [
             ("listen", &self.listen),
             ("bootstrap", &self.bootstrap),

@@ -38,6 +38,14 @@ pub const GRIDLEASE_OWNER_UTIL_PERCENT: &str = "GRIDLEASE_OWNER_UTIL_PERCENT";
 pub const GRIDLEASE_DEV_GPU_SAMPLES: &str = "GRIDLEASE_DEV_GPU_SAMPLES";
 /// Prometheus endpoint address (config key `metrics`).
 pub const GRIDLEASE_METRICS: &str = "GRIDLEASE_METRICS";
+/// GLU per GiB-hour of kept volumes (config key `volume_price`).
+pub const GRIDLEASE_VOLUME_PRICE: &str = "GRIDLEASE_VOLUME_PRICE";
+/// Largest volume, GiB (config key `max_volume_gib`).
+pub const GRIDLEASE_MAX_VOLUME_GIB: &str = "GRIDLEASE_MAX_VOLUME_GIB";
+/// Most volumes kept at once (config key `max_volumes`).
+pub const GRIDLEASE_MAX_VOLUMES: &str = "GRIDLEASE_MAX_VOLUMES";
+/// Longest keep period of a volume, days (config key `max_volume_keep_days`).
+pub const GRIDLEASE_MAX_VOLUME_KEEP_DAYS: &str = "GRIDLEASE_MAX_VOLUME_KEEP_DAYS";
 /// `text` or `json` (config key `log_format`).
 pub const GRIDLEASE_LOG_FORMAT: &str = "GRIDLEASE_LOG_FORMAT";
 /// Terminal width in columns (set by shells and test harnesses); tables fit it.

@@ -89,6 +89,7 @@ fn main() -> ExitCode {
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
                         Command::Job(a) => commands::job::run(&api, &out, &a).await,
                         Command::Doctor(a) => commands::doctor::run(&home, &api, &out, &a).await,
+                        Command::Volume(a) => commands::volume::run(&api, &out, &a).await,
                         Command::Dashboard(a) => commands::dashboard::run(&home, &out, &a).await,
                         Command::Statement(a) => {
                             commands::statement::run_statement(&api, &out, &a).await

@@ -23,6 +23,9 @@ pub fn terms_for(
     now: Timestamp,
 ) -> Result<LeaseTerms, MoneyError> {
     let o = &entry.offer;
+    if let Some(v) = &req.volume {
+        return volume_terms_for(network, entry, renter, req, v, grace_s, nonce, now);
+    }
     let max_total = match req.max_total {
         Some(m) => m,
         None => gridlease_contracts::default_budget(
@@ -34,7 +37,14 @@ pub fn terms_for(
     };
     Ok(LeaseTerms {
         volume: None,
-        mounts: Vec::new(),
+        mounts: req
+            .mounts
+            .iter()
+            .map(|m| gridlease_protocol::VolumeMount {
+                volume: m.volume,
+                path: m.path.clone(),
+            })
+            .collect(),
         network: network.clone(),
         offer_id: entry.id,
         offer_seq: o.seq,
@@ -64,6 +74,90 @@ pub fn terms_for(
             0
         },
     })
+}
+
+/// The terms of a volume lease (issue 47) for `req` on the offer in `entry`: the offer's
+/// volume price, `req.duration_s` as the keep period, no minimum billing, and by default a
+/// budget of the whole keep period.
+#[allow(clippy::too_many_arguments)]
+fn volume_terms_for(
+    network: &NetworkId,
+    entry: &BookEntry,
+    renter: PublicKey,
+    req: &RentRequest,
+    v: &VolumeRequest,
+    grace_s: u32,
+    nonce: u64,
+    now: Timestamp,
+) -> Result<LeaseTerms, MoneyError> {
+    let o = &entry.offer;
+    let price = o.sandbox.volumes.price_per_gib_hour;
+    let max_total = match req.max_total {
+        Some(m) => m,
+        None => gridlease_contracts::volume::keep_cost(v.size_gib, req.duration_s, price)?,
+    };
+    Ok(LeaseTerms {
+        volume: Some(gridlease_protocol::VolumeTerms {
+            name: v.name.clone(),
+            size_gib: v.size_gib,
+            price_per_gib_hour: price,
+        }),
+        mounts: Vec::new(),
+        network: network.clone(),
+        offer_id: entry.id,
+        offer_seq: o.seq,
+        provider: o.provider,
+        renter,
+        gpu_count: 0,
+        per_gpu: gridlease_protocol::ResourcesPerGpu::default(),
+        price_per_gpu_hour: 0,
+        duration_s: req.duration_s,
+        min_billed_s: 0,
+        usage_interval_s: o.usage_interval_s,
+        pay_ahead_s: o.pay_ahead_s,
+        grace_s: grace_s.max(o.usage_interval_s),
+        max_total: max_total.micros(),
+        network_policy: NetworkPolicy::None,
+        image: String::new(),
+        command: Vec::new(),
+        env: BTreeMap::new(),
+        nonce,
+        created_at: now,
+        output_retention_s: 0,
+        upload_hold_s: 0,
+        prepay_s: req.prepay_s,
+        verify_window_s: 0,
+    })
+}
+
+/// A volume to make (issue 47): `POST /v1/volumes` turns its body into a [`RentRequest`]
+/// with this set, the keep period as `duration_s`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct VolumeRequest {
+    /// The renter's name for it (1-64 of a-z, 0-9, `-`, `_`, `.`).
+    pub name: String,
+    /// Size, GiB.
+    pub size_gib: u32,
+}
+
+/// A volume to mount, as a renter names it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct VolumeMountRequest {
+    /// The volume's name, or its volume lease's id (or a unique prefix of it).
+    pub volume: String,
+    /// Where the container sees it (absolute, e.g. `/data`; `/workspace` replaces the lease's
+    /// own workspace).
+    pub path: String,
+}
+
+/// A volume to mount into the lease, as the lease service takes it: the volume lease's
+/// whole id (the control API resolves names).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    /// The volume lease.
+    pub volume: gridlease_protocol::LeaseId,
+    /// Where the container sees it.
+    pub path: String,
 }
 
 /// The offer's dialable addresses that parse.
@@ -128,6 +222,18 @@ pub struct RentRequest {
     /// `false` (`rent --no-verify`): no check; the statement says none was asked.
     #[serde(default = "yes")]
     pub verify: bool,
+    /// The renter's volumes on the offer's provider to mount (issue 47; `rent --volume
+    /// NAME:/PATH`): each by name or volume lease id (or a unique prefix of one), and the path
+    /// the container sees it at; `/workspace` puts it in place of the lease's own.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMountRequest>,
+    /// `volumes`, resolved by the control API to the volume leases' ids.
+    #[serde(skip)]
+    pub mounts: Vec<Mount>,
+    /// Make a volume lease instead (set by `POST /v1/volumes`; `duration_s` is its keep
+    /// period, and `gpus`, `image` and the container's settings are unused).
+    #[serde(skip)]
+    pub volume: Option<VolumeRequest>,
 }
 
 fn yes() -> bool {

@@ -26,6 +26,9 @@ fn provider_config(gpus: u8, price: u64) -> NodeConfig {
 /// A rent request for `gpus` GPUs, with the nonce its terms will carry.
 fn ask(gpus: u16, nonce: u64) -> (RentRequest, u64) {
     let req = RentRequest {
+        volumes: Vec::new(),
+        mounts: Vec::new(),
+        volume: None,
         verify: true,
         offer: String::new(),
         gpus,

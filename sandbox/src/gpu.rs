@@ -577,6 +577,7 @@ mod tests {
         let body = crate::spec::build_create_body(&crate::spec::SandboxSpec {
             lease_id: gridlease_protocol::LeaseId(Digest::of("t", b"x")),
             node_id: "n".into(),
+            volumes: Vec::new(),
             expires_at: Timestamp(1),
             image: "i".into(),
             command: vec![],

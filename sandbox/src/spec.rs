@@ -112,6 +112,9 @@ pub struct SandboxSpec {
     /// [`crate::workspace::volume_name`]); `None` mounts nothing there (tests and the GPU
     /// benchmark container; the node always sets one for a lease).
     pub workspace: Option<String>,
+    /// More named volumes the node created (the renter's kept volumes, issue 47), each with
+    /// the path the container sees it at: (volume name, absolute path).
+    pub volumes: Vec<(String, String)>,
     /// Open-file limit (`nofile`, soft = hard).
     pub nofile: u32,
     /// Network policy.
@@ -186,6 +189,7 @@ impl SandboxSpec {
             shm_mib: 64,
             workspace_bytes: 0,
             workspace: None,
+            volumes: Vec::new(),
             nofile: DEFAULT_NOFILE,
             network: NetworkPolicy::None,
             egress_network: String::new(),
@@ -229,6 +233,7 @@ impl SandboxSpec {
             shm_mib,
             workspace_bytes,
             workspace: None,
+            volumes: Vec::new(),
             nofile: limits.nofile,
             network: terms.network_policy,
             egress_network: limits.egress_network.clone(),
@@ -513,6 +518,20 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
         });
     }
 
+    for (volume, path) in &spec.volumes {
+        mounts.push(Mount {
+            target: Some(path.clone()),
+            source: Some(volume.clone()),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(false),
+            volume_options: Some(MountVolumeOptions {
+                no_copy: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+
     let host_config = HostConfig {
         privileged: Some(false),
         cap_drop: Some(vec!["ALL".to_string()]),
@@ -607,6 +626,7 @@ mod tests {
         SandboxSpec {
             lease_id: LeaseId(Digest::of("test", b"lease")),
             node_id: "node-1".into(),
+            volumes: Vec::new(),
             expires_at: Timestamp(1_700_000_000_000),
             image: "gridlease-probe:0.1.0".into(),
             command: vec!["sleep".into(), "1".into()],

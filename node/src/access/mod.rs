@@ -142,6 +142,16 @@ pub fn authorize(
     if v.counterparty != peer.to_string() {
         return Err(AccessRefusal::NotRenter);
     }
+    let copy = matches!(
+        req,
+        AccessRequest::Upload { .. } | AccessRequest::Download { .. } | AccessRequest::Sftp { .. }
+    );
+    // A volume (issue 47) has no container: its files are reached by copies only.
+    if v.volume.is_some() && !copy {
+        return Err(AccessRefusal::BadRequest {
+            message: "a volume has no container: copy its files (volume cp), or mount it into a lease (rent --volume)".into(),
+        });
+    }
     if !policy.allows(req.kind()) {
         return Err(AccessRefusal::NotOffered { kind: req.kind() });
     }

@@ -298,6 +298,9 @@ pub fn serve(
 struct Slot {
     open: Arc<Mutex<HashMap<LeaseId, usize>>>,
     lease: LeaseId,
+    /// The lease whose workspace image file copies go to: a volume mounted at `/workspace`,
+    /// else the lease's own (a volume lease's own image is the volume).
+    workspace: LeaseId,
 }
 
 impl Drop for Slot {
@@ -454,14 +457,14 @@ impl Server {
             AccessRequest::Upload { dest, .. } => {
                 if self.grant(&mut io, kind).await {
                     let dir = self.leases.workspace_dir();
-                    let n = super::files::upload(&dir, &lease, &dest, io).await;
+                    let n = super::files::upload(&dir, &slot.workspace, &dest, io).await;
                     tracing::info!(%peer, lease = %lease, dest, bytes = n, "upload ended");
                 }
             }
             AccessRequest::Download { path, .. } => {
                 if self.grant(&mut io, kind).await {
                     let dir = self.leases.workspace_dir();
-                    let n = super::files::download(&dir, &lease, &path, io).await;
+                    let n = super::files::download(&dir, &slot.workspace, &path, io).await;
                     tracing::info!(%peer, lease = %lease, path, bytes = n, "download ended");
                 }
             }
@@ -469,7 +472,7 @@ impl Server {
                 if self.grant(&mut io, kind).await {
                     let dir = self.leases.workspace_dir();
                     let ended = self.lease_ended(lease);
-                    let t = super::sftp::serve(&dir, &lease, io, ended).await;
+                    let t = super::sftp::serve(&dir, &slot.workspace, io, ended).await;
                     tracing::info!(%peer, lease = %lease, requests = t.requests, bytes_read = t.bytes_read, bytes_written = t.bytes_written, end = %t.end, "sftp session ended");
                 }
             }
@@ -536,6 +539,9 @@ impl Server {
         Ok(Slot {
             open: self.open.clone(),
             lease,
+            workspace: view
+                .as_ref()
+                .map_or(lease, crate::lease::LeaseView::workspace_lease),
         })
     }
 

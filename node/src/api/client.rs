@@ -240,6 +240,11 @@ impl ApiClient {
         self.call(Method::PUT, path, Some(body)).await
     }
 
+    /// `DELETE path`.
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.call(Method::DELETE, path, None::<&()>).await
+    }
+
     /// `GET path`, answering the raw body and headers (log bytes).
     pub async fn get_raw(&self, path: &str) -> Result<(hyper::HeaderMap, Bytes), ClientError> {
         let (headers, body) = self.request(Method::GET, path, None::<&()>).await?;

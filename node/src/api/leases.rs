@@ -4,17 +4,13 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use gridlease_contracts::Money;
-use gridlease_protocol::RejectReason;
 use serde::Deserialize;
 
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemType as P};
 use super::resolve::{lease_err, resolve_lease, resolve_offer};
 use super::types::{self, BegunView, RentedView, StoppingView};
 use super::{ApiState, openapi};
-use crate::lease::{
-    ExtendError, ExtendRequest, Extended, LeaseView, Ledger, RentError, RentRequest,
-};
+use crate::lease::{ExtendError, ExtendRequest, Extended, LeaseView, Ledger, RentRequest};
 /// `GET /v1/leases`.
 #[utoipa::path(
     get,
@@ -145,6 +141,19 @@ pub(super) async fn rent(
     check_rent(&req)?;
     let (offer, mut note) = resolve_offer(&s, &req.offer).await?;
     req.offer = offer.to_string();
+    // The renter's volumes on this offer's provider (issue 47), by name or id.
+    if !req.volumes.is_empty() {
+        let provider = match s.client.offer(offer).await {
+            Ok(Some(e)) => e.offer.provider,
+            _ => {
+                return Err(ApiError::new(
+                    P::UnknownOffer,
+                    format!("offer {offer} is not in the book"),
+                ));
+            }
+        };
+        req.mounts = super::volumes::resolve_mounts(&s, &provider, &req.volumes).await?;
+    }
     // Renters learn before the container starts that the owner may take the GPU back.
     if let Ok(Some(e)) = s.client.offer(offer).await
         && e.offer.interruptible
@@ -164,85 +173,7 @@ pub(super) async fn rent(
                 _ => 0,
             },
         })),
-        Err(RentError::Rejected(reason)) => Err(ApiError::new(
-            P::LeaseRejected,
-            format!("the provider rejected the lease: {}", reject_text(&reason)),
-        )
-        .hint("pick another offer with `gridlease search`")),
-        Err(e @ RentError::UnknownOffer(_)) => Err(ApiError::new(P::UnknownOffer, e.to_string())),
-        Err(e @ RentError::OwnOffer(_)) => Err(ApiError::new(P::OwnOffer, e.to_string())
-            .hint("rent from another provider: `gridlease search` lists their offers")),
-        Err(e @ RentError::ImageNotOffered { .. }) => Err(ApiError::new(
-            P::BeyondOfferTerms,
-            e.to_string(),
-        )
-        .hint("`gridlease offer OFFER` shows the images it runs")),
-        Err(e @ RentError::KeepOutputs { .. }) => Err(ApiError::new(
-            P::BeyondOfferTerms,
-            e.to_string(),
-        )
-        .hint("ask for less with --keep-outputs, or copy results out while it runs")),
-        Err(e @ RentError::UploadHold { .. }) => Err(ApiError::new(
-            P::BeyondOfferTerms,
-            e.to_string(),
-        )
-        .hint("upload with `gridlease cp` once the lease runs, or pick an offer that holds containers for uploads")),
-        Err(e @ RentError::Negotiation(_)) => Err(ApiError::new(
-            P::ProviderUnreachable,
-            e.to_string(),
-        )
-        .hint("check `gridlease peers`, then retry")),
-        Err(e) => Err(ApiError::internal(e)),
-    }
-}
-
-/// Why the renter may not set the environment variable `name`, in words.
-pub fn env_text(name: &str) -> String {
-    let upper = name.to_ascii_uppercase();
-    if upper.starts_with("CUDA_VISIBLE_DEVICES") || upper.starts_with("NVIDIA_") {
-        format!("env {name} is set by the provider to the leased GPUs")
-    } else {
-        format!("env {name} may not be set by the renter (it changes how every program is loaded)")
-    }
-}
-
-/// A provider's refusal in words (the error message of a rejected `POST /v1/leases`).
-pub(super) fn reject_text(r: &RejectReason) -> String {
-    match r {
-        RejectReason::UnknownOffer => "the provider does not hold this offer any more".into(),
-        RejectReason::StaleOffer { current_seq } => {
-            format!("the offer was replaced (now at sequence {current_seq}); search again")
-        }
-        RejectReason::OfferExpired => "the offer expired".into(),
-        RejectReason::RequestExpired => "the request expired before the provider handled it".into(),
-        RejectReason::WrongProvider => "the terms name another provider".into(),
-        RejectReason::PriceBelowAsk { ask } => {
-            format!(
-                "the price is below the ask of {}/GPU-hour",
-                Money::from_micros(*ask)
-            )
-        }
-        RejectReason::NoCapacity { free } => format!("only {free} GPU(s) are free"),
-        RejectReason::DurationOutOfBounds { min_s, max_s } => {
-            format!("the duration must be between {min_s} s and {max_s} s")
-        }
-        RejectReason::TermsMismatch { field } => {
-            format!("the terms differ from the offer in `{field}`")
-        }
-        RejectReason::ImageRefused { refusal } => gridlease_contracts::image::refusal_text(refusal),
-        RejectReason::EnvNotAllowed { name } => env_text(name),
-        RejectReason::NetworkNotAllowed => {
-            "the provider's policy does not allow network access".into()
-        }
-        RejectReason::BudgetTooSmall { needed } => format!(
-            "the budget cannot pay the minimum billed time ({} needed)",
-            Money::from_micros(*needed)
-        ),
-        RejectReason::DuplicateNonce => "a request with this nonce had other terms".into(),
-        RejectReason::Malformed { detail } => format!("the request is malformed: {detail}"),
-        RejectReason::Internal => "the provider failed internally; try another offer".into(),
-        RejectReason::VolumeRefused { refusal } => gridlease_contracts::volume::refusal_text(refusal),
-        RejectReason::HoldBusy => "this provider already holds a container for your uploads (rent --upload) whose command has not started: begin or stop that lease first (one held container per renter)".into(),
+        Err(e) => Err(super::refusals::rent_error(e)),
     }
 }
 

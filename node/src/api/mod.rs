@@ -19,22 +19,23 @@ mod listen;
 mod node;
 mod offers;
 mod provide;
+mod refusals;
 mod resolve;
 mod router;
+mod volumes;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::lease::LeaseService;
 use crate::net::Client;
-pub use leases::{
-    EOF_HEADER, EXIT_CODE_HEADER, LogsParams, NEXT_OFFSET_HEADER, TelemetryParams, env_text,
-};
+pub use leases::{EOF_HEADER, EXIT_CODE_HEADER, LogsParams, NEXT_OFFSET_HEADER, TelemetryParams};
 pub use offers::{
     CLASS_FETCH_WAIT, FETCHING_CLASSES_HEADER, FOLLOWED_CLASSES_HEADER, MAX_SEARCH_LIMIT,
     NEXT_PAGE_HEADER, OffersParams, fetch_named_classes, offer_row,
 };
 pub use problem::{ApiError, Problem, ProblemType};
+pub use refusals::env_text;
 pub use router::{ServeError, api_router, document, ensure_not_running, router, serve};
 use types::GpusView;
 

@@ -354,6 +354,12 @@ pub(super) async fn offer(
         upload_hold_s: o.sandbox.upload_hold_s,
         gpu_check: types::GpuCheckPolicy::of(&o.proof),
         verify_window_s: o.proof.window_s,
+        volumes: types::VolumeTermsView {
+            price_per_gib_hour: Money::from_micros(o.sandbox.volumes.price_per_gib_hour)
+                .to_string(),
+            max_gib: o.sandbox.volumes.max_gib,
+            max_keep_s: o.sandbox.volumes.max_keep_s,
+        },
         verified: e.summary.numbers.provider.verified,
         addrs: o.addrs.clone(),
         region: o.region.clone(),

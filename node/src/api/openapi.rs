@@ -106,6 +106,13 @@ pub static SORT: Pattern =
 /// A page cursor of `GET /v1/offers` (`gridlease_contracts::book::Cursor`: 16 hex digits of
 /// sort rank, 64 of offer id).
 pub static CURSOR: Pattern = Pattern::new("^[0-9a-fA-F]{80}$");
+/// A volume's name (`gridlease_protocol::valid_volume_name`).
+pub static VOLUME_NAME: Pattern = Pattern::new("^[a-z0-9_][a-z0-9._-]{0,63}$");
+/// A volume named by its name or its lease id's hex digits.
+pub static VOLUME_REF: Pattern = Pattern::new("^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$");
+/// A provider: its peer id, or its key's hex digits (as an offer handle has them).
+pub static PROVIDER: Pattern =
+    Pattern::new("^(?:12D3KooW[1-9A-HJ-NP-Za-km-z]{44}|[0-9a-fA-F]{4,64})$");
 
 /// The search language of `GET /v1/offers?q=` (`docs/search.md`) as a regular expression,
 /// built from the query fields ([`gridlease_contracts::query::Field::ALL`]: each field's
@@ -243,6 +250,20 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
             ],
         ),
         (
+            "VolumeCreate",
+            vec![
+                ("name", json!({"pattern": VOLUME_NAME.text})),
+                (
+                    "size_gib",
+                    json!({"minimum": 1, "maximum": gridlease_protocol::MAX_VOLUME_GIB}),
+                ),
+                ("keep_s", json!({"minimum": 1})),
+                ("offer", json!({"pattern": OFFER_ID.text})),
+                ("provider", json!({"pattern": PROVIDER.text})),
+                ("max_total", amount.clone()),
+            ],
+        ),
+        (
             "ExtendRequest",
             vec![
                 ("minutes", json!({"minimum": 1, "maximum": u32::MAX / 60})),
@@ -299,6 +320,28 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
             merge(s, &json!({"oneOf": [given("minutes"), given("seconds")]}));
         }
         None => missing.push("ExtendRequest".into()),
+    }
+    // A volume is made on one provider: named by an offer, or by the provider.
+    match doc.pointer_mut("/components/schemas/VolumeCreate") {
+        Some(s) => {
+            let given = |f: &str, other: &str| {
+                json!({"required": [f], "properties": {f: {"type": "string"}}, "not": {"required": [other]}})
+            };
+            merge(
+                s,
+                &json!({"oneOf": [given("offer", "provider"), given("provider", "offer")]}),
+            );
+        }
+        None => missing.push("VolumeCreate".into()),
+    }
+    // `removeVolume`'s volume: a name, or a lease id's hex digits.
+    match doc.pointer_mut("/paths/~1v1~1volumes~1{volume}/delete/parameters") {
+        Some(ps) => for_each_in_array(ps, |p| {
+            if p["in"] == "path" && p["name"] == "volume" {
+                merge(&mut p["schema"], &json!({"pattern": VOLUME_REF.text}));
+            }
+        }),
+        None => missing.push("DELETE /v1/volumes/{volume} volume".into()),
     }
     // The address `listen` binds: an IP address, either family.
     match doc.pointer_mut("/components/schemas/ListenBody/properties/address") {

@@ -81,13 +81,15 @@ pub enum ProblemType {
     UnknownJob,
     /// The job is over; it cannot be cancelled.
     JobOver,
+    /// No live volume of this node's has this name or id (issue 47).
+    UnknownVolume,
     /// A failure inside the node (see its log).
     Internal,
 }
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 29] = [
+    pub const ALL: [Self; 30] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -116,6 +118,7 @@ impl ProblemType {
         Self::InvalidJobSpec,
         Self::UnknownJob,
         Self::JobOver,
+        Self::UnknownVolume,
         Self::Internal,
     ];
 
@@ -150,6 +153,7 @@ impl ProblemType {
             Self::InvalidJobSpec => "invalid-job-spec",
             Self::UnknownJob => "unknown-job",
             Self::JobOver => "job-over",
+            Self::UnknownVolume => "unknown-volume",
             Self::Internal => "internal",
         }
     }
@@ -185,6 +189,7 @@ impl ProblemType {
             Self::InvalidJobSpec => "the job spec cannot run",
             Self::UnknownJob => "no such job",
             Self::JobOver => "the job is over",
+            Self::UnknownVolume => "no such volume",
             Self::Internal => "the node failed internally",
         }
     }
@@ -197,9 +202,11 @@ impl ProblemType {
             }
             Self::InvalidBody | Self::InvalidJobSpec => StatusCode::UNPROCESSABLE_ENTITY,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::NotFound | Self::UnknownLease | Self::UnknownOffer | Self::UnknownJob => {
-                StatusCode::NOT_FOUND
-            }
+            Self::NotFound
+            | Self::UnknownLease
+            | Self::UnknownOffer
+            | Self::UnknownJob
+            | Self::UnknownVolume => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             // A missing required header: a malformed request (the document requires both).
             Self::UpgradeRequired => StatusCode::BAD_REQUEST,

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 
 use super::{
     ApiState, access, jobs, leases, listen, node, offers, openapi, problem, provide, socket_path,
-    types,
+    types, volumes,
 };
 
 /// The document's root: title, version, servers, tags. The paths and schemas come from the
@@ -38,6 +38,7 @@ use super::{
         (name = "leases", description = "Leases this node rents or provides"),
         (name = "access", description = "Interactive access to a lease (HTTP upgrades)"),
         (name = "jobs", description = "Jobs: batches of tasks over many leases (docs/jobs.md)"),
+        (name = "volumes", description = "Volumes: storage kept on a provider beyond any lease (docs/volumes.md)"),
     ),
     // The access routes' header schemas (header parameters are not collected from routes).
     components(schemas(types::AccessUpgrade, types::ConnectionUpgrade))
@@ -80,6 +81,8 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(leases::begin))
         .routes(routes!(leases::verify_gpu))
         .routes(routes!(leases::extend))
+        .routes(routes!(volumes::list, volumes::create))
+        .routes(routes!(volumes::remove))
         .routes(routes!(jobs::list, jobs::submit))
         .routes(routes!(jobs::get))
         .routes(routes!(jobs::cancel))

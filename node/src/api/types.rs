@@ -356,6 +356,17 @@ pub struct RentedView {
     pub min_billed_s: u32,
 }
 
+/// An offer's volumes (issue 47).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct VolumeTermsView {
+    /// Price per GiB-hour (a decimal amount); "0": the provider keeps no volumes.
+    pub price_per_gib_hour: String,
+    /// Largest volume, GiB.
+    pub max_gib: u32,
+    /// Longest keep period, seconds.
+    pub max_keep_s: u32,
+}
+
 /// Body of `POST /v1/leases/{id}/extend` (see [`crate::lease::ExtendRequest`]).
 pub use crate::lease::ExtendRequest;
 
@@ -594,6 +605,9 @@ pub struct OfferDetail {
     /// (0: none).
     #[serde(default)]
     pub verify_window_s: u32,
+    /// Volumes the provider keeps for renters beyond any lease (issue 47; `volume create`).
+    #[serde(default)]
+    pub volumes: VolumeTermsView,
     /// The provider's passed GPU checks among the co-signed completion records this node
     /// holds (a plain count; search `verified>=N`).
     #[serde(default)]

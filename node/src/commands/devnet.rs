@@ -252,6 +252,9 @@ pub async fn run(out: &Printer, args: &DevnetArgs) -> anyhow::Result<u8> {
     let provider = provider.context("cannot find the cheapest offer's provider")?;
     let burn = args.burn_secs.max(1);
     let body = RentRequest {
+        volumes: Vec::new(),
+        mounts: Vec::new(),
+        volume: None,
         verify: true,
         offer: cheapest.id.clone(),
         gpus: 1,

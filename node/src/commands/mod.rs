@@ -32,6 +32,7 @@ pub mod status;
 pub mod stop;
 pub mod top;
 pub mod verify_gpu;
+pub mod volume;
 pub mod watchdog;
 
 use std::path::PathBuf;
@@ -107,6 +108,12 @@ pub enum Command {
     /// `job run SPEC` (docs/jobs.md), `job status`, `job logs JOB TASK -f`, `job cancel`,
     /// `job list`.
     Job(job::JobArgs),
+    /// Volumes: storage kept on a provider beyond any lease, paid per GiB-hour.
+    ///
+    /// `volume create NAME --offer OFFER --size 50GiB --keep 7d`, `volume ls`, `volume cp`,
+    /// `volume extend`, `volume rm`; mount one with `rent --volume NAME:/data`
+    /// (docs/volumes.md).
+    Volume(volume::VolumeArgs),
     /// A lease's container output (-f to follow).
     Logs(logs::LogsArgs),
     /// End a lease now.

@@ -263,6 +263,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
                 t.sandbox.isolation = config.isolation;
                 t.sandbox.output_retention_s = config.output_retention_secs;
                 t.sandbox.upload_hold_s = config.upload_hold_secs;
+                t.sandbox.volumes = config.volume_policy();
                 t.usage_interval_s = config.usage_interval_secs;
                 t.pay_ahead_s = config.pay_ahead_secs;
                 // The GPU check: the CUDA prover, if it passes its self-test on these GPUs.
@@ -317,6 +318,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
             t.sandbox.isolation = config.isolation;
             t.sandbox.output_retention_s = config.output_retention_secs;
             t.sandbox.upload_hold_s = config.upload_hold_secs;
+            t.sandbox.volumes = config.volume_policy();
             t.usage_interval_s = config.usage_interval_secs;
             t.pay_ahead_s = config.pay_ahead_secs;
             t.sandbox.image_prefixes = t.images.prefixes.clone();
@@ -363,6 +365,10 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     lease_config.owner_util_percent = config.owner_util_percent;
     lease_config.log_retention = config.log_retention();
     lease_config.image_cache = config.image_cache();
+    lease_config.volumes = crate::lease::config::VolumeLimits {
+        max_volumes: config.max_volumes,
+        reserve_disk_gib: config.host_reserve().disk_gib.unwrap_or(0),
+    };
     (lease_config.limits.isolation, lease_config.limits.runtime) = runtime;
     lease_config.prover = prover;
     let config = net;

@@ -392,6 +392,9 @@ async fn rent(sh: &Shared, a: &StoredAttempt, offer: &OfferRow) -> Result<String
     );
     env.insert("GRIDLEASE_RUN".into(), job.spec.run.clone());
     let body = RentRequest {
+        volumes: Vec::new(),
+        mounts: Vec::new(),
+        volume: None,
         offer: offer.id.clone(),
         gpus: job.gpus(),
         duration_s: job.spec.timeout.0,

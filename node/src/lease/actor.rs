@@ -356,9 +356,30 @@ impl Actor {
         }
         self.desk
             .set_owner_busy(self.ctx.owner_busy.borrow().clone());
+        let room = desk::VolumeRoom {
+            max_volumes: self.ctx.config.volumes.max_volumes,
+            free_gib: if terms.volume.is_some() {
+                self.volume_free_gib()
+            } else {
+                0
+            },
+        };
+        let sessions = &self.sessions;
+        let live = |id: &LeaseId| {
+            let v = sessions.get(id)?.view.borrow().clone();
+            (v.role == crate::store::Role::Provider
+                && v.state == gridlease_contracts::LeaseState::Running)
+                .then(|| {
+                    v.started_at
+                        .map(|s| s.saturating_add(u64::from(v.duration_s) * 1000))
+                })
+                .flatten()
+                .map(gridlease_protocol::Timestamp)
+        };
+        let volumes = desk::VolumeContext { room, live: &live };
         match self
             .desk
-            .decide(key, network, offer, signed, verified, image, now)
+            .decide(key, network, offer, signed, verified, image, volumes, now)
         {
             desk::Decision::Respond(r) => {
                 let _ = reply.send(r);
@@ -398,6 +419,33 @@ impl Actor {
                 });
             }
         }
+    }
+
+    /// Provider: GiB of disk a new volume may take now: the workspaces' filesystem's free
+    /// space less the reserve, the kept volumes and every live lease's workspace (each counted
+    /// whole, though sparse until written: a promise is kept, never overbooked).
+    fn volume_free_gib(&self) -> u64 {
+        let dir = self.ctx.workspace_dir();
+        let at = dir.ancestors().find(|p| p.is_dir()).unwrap_or(&dir);
+        let Ok(space) = gridlease_sandbox::host::disk_space(at) else {
+            return 0;
+        };
+        let mut promised: u64 = 0;
+        for e in self.sessions.values() {
+            let v = e.view.borrow();
+            if v.role == crate::store::Role::Provider && !v.state.is_terminal() {
+                promised = promised.saturating_add(v.disk_bytes);
+            }
+        }
+        for (id, k) in self.desk.volumes() {
+            if !self.sessions.contains_key(id) {
+                promised = promised.saturating_add(u64::from(k.size_gib) << 30);
+            }
+        }
+        let gib = 1u64 << 30;
+        (space.free_bytes / gib)
+            .saturating_sub(self.ctx.config.volumes.reserve_disk_gib)
+            .saturating_sub(promised.div_ceil(gib))
     }
 
     fn on_persisted(&mut self, p: Persisted) {

@@ -78,6 +78,8 @@ pub struct LeaseServiceConfig {
     pub log_retention: LogRetention,
     /// How often finished leases' logs are swept ([`super::retention::SWEEP`] in a daemon).
     pub logs_sweep: Duration,
+    /// Provider: what volumes (issue 47) may take of this host.
+    pub volumes: VolumeLimits,
     /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
     /// daemon; a [`clock::ManualClock`] in tests of grace periods and expiry).
     pub clock: SharedClock,
@@ -131,9 +133,29 @@ impl LeaseServiceConfig {
             outputs_sweep: OUTPUTS_SWEEP,
             log_retention: LogRetention::default(),
             logs_sweep: LOGS_SWEEP,
+            volumes: VolumeLimits::default(),
             clock: clock::system(),
             #[cfg(feature = "faults")]
             faults: Faults::default(),
+        }
+    }
+}
+
+/// What volumes may take of a provider's host (daemon settings `max_volumes`,
+/// `reserve_disk_gib`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeLimits {
+    /// Most volume leases at once.
+    pub max_volumes: u32,
+    /// GiB of disk never promised to volumes (the host's reserve and the lease logs').
+    pub reserve_disk_gib: u64,
+}
+
+impl Default for VolumeLimits {
+    fn default() -> Self {
+        Self {
+            max_volumes: 16,
+            reserve_disk_gib: 10,
         }
     }
 }

@@ -19,7 +19,7 @@ use gridlease_contracts::{Actor, Lease, LeaseEvent};
 use gridlease_protocol::session::LeaseRpcResponse;
 use gridlease_protocol::{
     Digest, ImageRefusal, LeaseAccept, LeaseId, LeaseRequest, NetworkId, NodeKey, PublicKey,
-    RejectReason, Signed, Timestamp, Verified,
+    RejectReason, Signed, Timestamp, Verified, VolumeRefusal,
 };
 
 use crate::net::OwnOffer;
@@ -61,10 +61,36 @@ pub enum Decision {
     },
 }
 
+/// A live volume lease this provider keeps (issue 47): whose, its name and size, and the
+/// lease that mounts it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptVolume {
+    /// Its renter.
+    pub renter: PublicKey,
+    /// The renter's name for it.
+    pub name: String,
+    /// Size, GiB.
+    pub size_gib: u32,
+    /// The lease whose container mounts it now (until that container is gone).
+    pub mounted_by: Option<LeaseId>,
+}
+
+/// What volumes may take now, measured by the actor before the desk decides.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeRoom {
+    /// Most volumes at once (`max_volumes`).
+    pub max_volumes: u32,
+    /// GiB of disk free for new volumes (free disk less the reserve, the kept volumes and
+    /// the live leases' workspaces).
+    pub free_gib: u64,
+}
+
 /// GPU holds and the nonce index of a provider.
 #[derive(Debug, Default)]
 pub struct Desk {
     holds: BTreeMap<LeaseId, Vec<Digest>>,
+    /// Live volume leases (issue 47), from the accept until their session ended.
+    volumes: BTreeMap<LeaseId, KeptVolume>,
     /// Offered GPUs their owner uses now: never given to a lease ([`super::owner`]).
     owner_busy: std::collections::BTreeSet<Digest>,
     nonces: BTreeMap<(PublicKey, u64), NonceState>,
@@ -82,6 +108,15 @@ impl Desk {
             return;
         }
         self.holds.insert(l.lease.id, l.gpus.clone());
+        if let Some(v) = &l.lease.terms.volume {
+            self.volumes
+                .insert(l.lease.id, kept(&l.lease.terms.renter, v));
+        }
+        for m in &l.lease.terms.mounts {
+            if let Some(v) = self.volumes.get_mut(&m.volume) {
+                v.mounted_by = Some(l.lease.id);
+            }
+        }
         if let Some(accept) = &l.accept {
             let t = &l.lease.terms;
             self.nonces.insert(
@@ -94,9 +129,83 @@ impl Desk {
         }
     }
 
-    /// Releases the GPUs of a lease whose container is gone (or that never got one).
+    /// Releases the GPUs of a lease whose container is gone (or that never got one), the
+    /// volumes it mounted, and, for a volume lease, the volume.
     pub fn release(&mut self, lease_id: &LeaseId) {
         self.holds.remove(lease_id);
+        self.volumes.remove(lease_id);
+        for v in self.volumes.values_mut() {
+            if v.mounted_by == Some(*lease_id) {
+                v.mounted_by = None;
+            }
+        }
+    }
+
+    /// The live volume leases.
+    pub fn volumes(&self) -> &BTreeMap<LeaseId, KeptVolume> {
+        &self.volumes
+    }
+
+    /// A new volume of `renter` within `room`: not one too many, its name not taken by the
+    /// renter's other live volumes, and disk free for it.
+    fn admit_volume(
+        &self,
+        renter: &PublicKey,
+        v: &gridlease_protocol::VolumeTerms,
+        room: VolumeRoom,
+    ) -> Result<(), VolumeRefusal> {
+        if u32::try_from(self.volumes.len()).unwrap_or(u32::MAX) >= room.max_volumes {
+            return Err(VolumeRefusal::TooMany {
+                max: room.max_volumes,
+            });
+        }
+        if self
+            .volumes
+            .values()
+            .any(|k| k.renter == *renter && k.name == v.name)
+        {
+            return Err(VolumeRefusal::NameTaken);
+        }
+        if u64::from(v.size_gib) > room.free_gib {
+            return Err(VolumeRefusal::NoSpace {
+                free_gib: room.free_gib,
+            });
+        }
+        Ok(())
+    }
+
+    /// A lease's mounts: each a live volume of the same renter (`live` gives a running
+    /// volume lease's deadline), mounted by no other lease, kept at least as long as this
+    /// lease could run.
+    fn check_mounts(
+        &self,
+        renter: &PublicKey,
+        terms: &gridlease_protocol::LeaseTerms,
+        live: &dyn Fn(&LeaseId) -> Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<(), VolumeRefusal> {
+        // The latest this lease could end: held for uploads and checked first, then its run.
+        let latest = now.plus_secs(
+            u64::from(terms.duration_s)
+                + u64::from(terms.upload_hold_s)
+                + u64::from(terms.verify_window_s),
+        );
+        for m in &terms.mounts {
+            let volume = m.volume;
+            let Some(k) = self.volumes.get(&volume).filter(|k| k.renter == *renter) else {
+                return Err(VolumeRefusal::NotYours { volume });
+            };
+            let Some(deadline) = live(&volume) else {
+                return Err(VolumeRefusal::NotYours { volume });
+            };
+            if k.mounted_by.is_some() {
+                return Err(VolumeRefusal::InUse { volume });
+            }
+            if deadline < latest {
+                return Err(VolumeRefusal::EndsTooSoon { volume });
+            }
+        }
+        Ok(())
     }
 
     /// Leases holding GPUs now.
@@ -136,6 +245,9 @@ impl Desk {
     /// the admission of the terms' image from what the registry or the daemon said about it
     /// (`gridlease_contracts::image::admit`, checked by the actor before it asks); it refuses
     /// the request only once every rule of the terms themselves passed.
+    /// A volume lease (`terms.volume`) is decided within `volumes.room`; a lease's mounts
+    /// against the desk's live volumes and `volumes.live` (a running volume lease's
+    /// deadline).
     #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &mut self,
@@ -145,6 +257,7 @@ impl Desk {
         request: &Signed<LeaseRequest>,
         verified: &Verified<LeaseRequest>,
         image: Result<(), ImageRefusal>,
+        volumes: VolumeContext<'_>,
         now: Timestamp,
     ) -> Decision {
         let terms = &verified.message.terms;
@@ -189,7 +302,18 @@ impl Desk {
             Ok(id) => id,
             Err(reason) => return reject(reason),
         };
-        if let Err(refusal) = image {
+        let volume_refusal = match &terms.volume {
+            Some(v) => self.admit_volume(&verified.signer, v, volumes.room).err(),
+            None => self
+                .check_mounts(&verified.signer, terms, volumes.live, now)
+                .err(),
+        };
+        if let Some(refusal) = volume_refusal {
+            return reject(RejectReason::VolumeRefused { refusal });
+        }
+        if let Err(refusal) = image
+            && terms.volume.is_none()
+        {
             return reject(RejectReason::ImageRefused { refusal });
         }
         let gpus: Vec<Digest> = free
@@ -220,6 +344,14 @@ impl Desk {
             NonceState::Persisting { lease_id },
         );
         self.holds.insert(lease_id, gpus.clone());
+        if let Some(v) = &terms.volume {
+            self.volumes.insert(lease_id, kept(&verified.signer, v));
+        }
+        for m in &terms.mounts {
+            if let Some(v) = self.volumes.get_mut(&m.volume) {
+                v.mounted_by = Some(lease_id);
+            }
+        }
         Decision::Persist {
             stored: Box::new(StoredLease {
                 role: Role::Provider,
@@ -256,10 +388,36 @@ impl Desk {
         );
     }
 
-    /// Persisting failed: release the GPUs and the nonce.
+    /// Persisting failed: release the GPUs, volumes and the nonce.
     pub fn persist_failed(&mut self, l: &StoredLease) {
         let t = &l.lease.terms;
-        self.holds.remove(&l.lease.id);
+        self.release(&l.lease.id);
         self.nonces.remove(&(t.renter, t.nonce));
+    }
+}
+
+/// What the desk needs to decide on volumes (issue 47).
+#[derive(Clone, Copy)]
+pub struct VolumeContext<'a> {
+    /// Room for a new volume.
+    pub room: VolumeRoom,
+    /// A running volume lease's deadline (`None`: not running here).
+    pub live: &'a dyn Fn(&LeaseId) -> Option<Timestamp>,
+}
+
+impl std::fmt::Debug for VolumeContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeContext")
+            .field("room", &self.room)
+            .finish_non_exhaustive()
+    }
+}
+
+fn kept(renter: &PublicKey, v: &gridlease_protocol::VolumeTerms) -> KeptVolume {
+    KeptVolume {
+        renter: *renter,
+        name: v.name.clone(),
+        size_gib: v.size_gib,
+        mounted_by: None,
     }
 }

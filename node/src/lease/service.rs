@@ -175,6 +175,17 @@ impl LeaseService {
         if entry.offer.provider == client.key().public() {
             return Err(RentError::OwnOffer(id));
         }
+        // A volume lease (issue 47) runs no container: only the offer's volume terms apply.
+        if req.volume.is_some() {
+            if !entry.offer.sandbox.volumes.offered() {
+                return Err(RentError::Rejected(
+                    gridlease_protocol::RejectReason::VolumeRefused {
+                        refusal: gridlease_protocol::VolumeRefusal::NotOffered,
+                    },
+                ));
+            }
+            return self.negotiate_and_register(req, entry).await;
+        }
         // The offer states the provider's image rules: a name they refuse is said here, before
         // anything is signed, in the provider's own words.
         let sb = &entry.offer.sandbox;
@@ -209,6 +220,17 @@ impl LeaseService {
                 most,
             });
         }
+        self.negotiate_and_register(req, entry).await
+    }
+
+    /// The terms for `req` on `entry`, negotiated with its provider; an accepted lease is
+    /// stored and its renter session started.
+    async fn negotiate_and_register(
+        &self,
+        req: RentRequest,
+        entry: gridlease_contracts::book::BookEntry,
+    ) -> Result<LeaseId, RentError> {
+        let client = &self.ctx.client;
         let grace_s = self.ctx.config.renter_grace_s;
         let now = self.ctx.now();
         let terms = terms_for(

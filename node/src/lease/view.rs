@@ -134,6 +134,46 @@ pub struct LeaseView {
     /// The renter's GPU check at the start (issue 44): running, passed or failed, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_check: Option<super::check_view::GpuCheckView>,
+    /// A volume lease (issue 47): the volume it keeps (`disk_bytes` is its size,
+    /// `duration_s` its keep period, `time_left_s` the time until it is deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeView>,
+    /// The renter's volumes mounted into this lease's container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountView>,
+}
+
+/// The volume a volume lease keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct VolumeView {
+    /// The renter's name for it.
+    pub name: String,
+    /// Size, GiB.
+    pub size_gib: u32,
+    /// Price per GiB-hour, micro-units.
+    pub price_per_gib_hour: u64,
+}
+
+/// A volume mounted into a lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MountView {
+    /// The volume lease (64 hex digits).
+    #[serde(serialize_with = "ser_display", deserialize_with = "de_from_str")]
+    #[schema(value_type = String)]
+    pub volume: LeaseId,
+    /// Where the container sees it.
+    pub path: String,
+}
+
+impl LeaseView {
+    /// The lease whose workspace image is this lease's `/workspace`: a volume mounted there,
+    /// else the lease's own.
+    pub fn workspace_lease(&self) -> LeaseId {
+        self.mounts
+            .iter()
+            .find(|m| m.path == gridlease_sandbox::spec::WORKSPACE_PATH)
+            .map_or(self.lease_id, |m| m.volume)
+    }
 }
 
 /// An image pull in progress, as the provider reported it.
@@ -322,6 +362,19 @@ pub(crate) fn make(lease: &Lease, k: Known<'_>, now: Timestamp) -> LeaseView {
         outputs_until: outputs_until(lease),
         upload_until: None,
         gpu_check: None,
+        volume: t.volume.as_ref().map(|v| VolumeView {
+            name: v.name.clone(),
+            size_gib: v.size_gib,
+            price_per_gib_hour: v.price_per_gib_hour,
+        }),
+        mounts: t
+            .mounts
+            .iter()
+            .map(|m| MountView {
+                volume: m.volume,
+                path: m.path.clone(),
+            })
+            .collect(),
     }
 }
 

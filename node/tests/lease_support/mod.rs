@@ -281,6 +281,9 @@ pub async fn closed(
 
 pub fn probe_rent(offer: OfferId, image: &str, duration_s: u32, args: &[&str]) -> RentRequest {
     RentRequest {
+        volumes: Vec::new(),
+        mounts: Vec::new(),
+        volume: None,
         verify: true,
         offer: offer.to_string(),
         gpus: 1,

@@ -106,6 +106,10 @@ pub struct RentArgs {
     /// (`docs/gpu.md`). Skipped, the lease's statement says no check was asked.
     #[arg(long)]
     pub no_verify: bool,
+    /// Mount a volume of yours kept by this offer's provider (`NAME:/PATH`, repeatable; see
+    /// `gridlease volume`); at `/workspace` it is the lease's workspace (resume on kept disk).
+    #[arg(long = "volume", value_name = "NAME:/PATH", value_parser = parse_mount)]
+    pub volumes: Vec<crate::renter::VolumeMountRequest>,
     /// Forward a local port to a port in the container while the lease runs (repeatable):
     /// `REMOTE` or `LOCAL:REMOTE`, listening on --bind (e.g. `--forward 8888` for Jupyter).
     #[arg(long, value_name = "[LOCAL:]REMOTE", conflicts_with = "detach")]
@@ -228,6 +232,23 @@ pub fn duration_s(a: &RentArgs) -> anyhow::Result<u32> {
         anyhow::bail!("the lease duration must be at least one second");
     }
     u32::try_from(secs).map_err(|_| anyhow::anyhow!("the lease duration is too long"))
+}
+
+/// `--volume NAME:/PATH`.
+fn parse_mount(s: &str) -> Result<crate::renter::VolumeMountRequest, String> {
+    let Some((volume, path)) = s.split_once(':') else {
+        return Err(format!("{s:?}: write NAME:/PATH, e.g. data:/data"));
+    };
+    if volume.is_empty() {
+        return Err(format!("{s:?}: no volume name before the ':'"));
+    }
+    if let Some(problem) = gridlease_protocol::mount_path_problem(path) {
+        return Err(format!("{path:?}: {problem}"));
+    }
+    Ok(crate::renter::VolumeMountRequest {
+        volume: volume.to_string(),
+        path: path.to_string(),
+    })
 }
 
 /// `--prepay`: `all` (the whole lease) or a duration (`2h`, `90m`, `45s`, `1h30m`), in seconds.
@@ -413,6 +434,9 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &RentArgs) -> anyhow::Res
         None => (0, 0),
     };
     let body = RentRequest {
+        volumes: args.volumes.clone(),
+        mounts: Vec::new(),
+        volume: None,
         offer: args.offer.clone(),
         gpus: args.gpus,
         duration_s: duration_s(args)?,

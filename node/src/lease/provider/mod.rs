@@ -18,6 +18,7 @@
 mod finish;
 mod meter;
 mod start;
+mod storage;
 mod verify;
 
 pub use crate::lease::prover::SharedProver;
@@ -462,6 +463,9 @@ pub(crate) async fn run(
     };
     s.publish();
 
+    if s.lease.terms.is_volume() {
+        return run_volume(s, inbox).await;
+    }
     let ended = match s.lease.state {
         LeaseState::Accepted | LeaseState::Starting => match start::start(&mut s, &mut inbox).await
         {
@@ -503,6 +507,45 @@ pub(crate) async fn run(
         finish::wrap_up(&mut s, ended, &mut inbox).await;
     }
     !ctx.cancel.is_cancelled() && (s.container.is_none() || s.kept_outputs)
+}
+
+/// [`run`] for a volume lease ([`storage`]): the volume made, kept and billed, then deleted.
+/// Returns whether the session is over (false: the node shuts down, the volume stays).
+async fn run_volume(mut s: Session, mut inbox: mpsc::Receiver<SessionMsg>) -> bool {
+    let ended = match s.lease.state {
+        LeaseState::Accepted | LeaseState::Starting => match storage::start(&mut s).await {
+            Ok(()) => storage::keep(&mut s, &mut inbox).await,
+            Err(Halt::Failed(failure)) => {
+                tracing::warn!(kind = ?failure.kind, "volume not made: {}", failure.message);
+                s.failure = Some(failure);
+                finish::finish(&mut s, CloseReason::StartFailed, &mut inbox).await;
+                None
+            }
+            Err(_) => return false,
+        },
+        LeaseState::Running if storage::present(&s) => {
+            tracing::info!("resuming a kept volume after restart");
+            storage::keep(&mut s, &mut inbox).await
+        }
+        LeaseState::Running => {
+            tracing::warn!("a kept volume's image is gone after restart; settling");
+            Some(Ended::Stop(CloseReason::ProviderStop))
+        }
+        LeaseState::Closing => {
+            let reason = s.lease.close_reason.unwrap_or(CloseReason::ProviderStop);
+            finish::finish(&mut s, reason, &mut inbox).await;
+            None
+        }
+        _ => None,
+    };
+    if s.ctx.cancel.is_cancelled() {
+        return false;
+    }
+    if let Some(ended) = ended {
+        finish::wrap_up(&mut s, ended, &mut inbox).await;
+    }
+    storage::remove_when_free(&s);
+    true
 }
 
 /// Answers a renter's [`SessionRequest::Reports`] from the store: its signed usage reports

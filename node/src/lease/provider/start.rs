@@ -198,14 +198,26 @@ async fn create_container(
         let name = gridlease_sandbox::spec::container_name(&spec);
         let _ = sb.remove(&name).await;
     }
+    // The renter's volumes (issue 47; the desk checked they are its own, running and free):
+    // one mounted at /workspace takes the place of the lease's own workspace.
+    for m in &s.lease.terms.mounts {
+        let name = gridlease_sandbox::workspace::volume_name(&m.volume);
+        if m.path == gridlease_sandbox::spec::WORKSPACE_PATH {
+            spec.workspace = Some(name);
+        } else {
+            spec.volumes.push((name, m.path.clone()));
+        }
+    }
     // The lease's /workspace, before the container that mounts it (removed in `finish`).
-    let workspace = create_workspace(&ctx, sb, &spec).await;
-    spec.workspace = Some(workspace.map_err(|e| {
-        StartFailure::new(
-            StartFailureKind::Create,
-            format!("the lease's /workspace could not be created: {e}"),
-        )
-    })?);
+    if spec.workspace.is_none() {
+        let workspace = create_workspace(&ctx, sb, &spec).await;
+        spec.workspace = Some(workspace.map_err(|e| {
+            StartFailure::new(
+                StartFailureKind::Create,
+                format!("the lease's /workspace could not be created: {e}"),
+            )
+        })?);
+    }
     let id = sb.create(&spec).await.map_err(|e| {
         tracing::warn!(error = %e, "cannot create the container");
         StartFailure::new(

