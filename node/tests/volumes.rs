@@ -257,3 +257,138 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
         },
     );
 }
+
+/// The ledger row of lease `id` in `ledger --json`.
+fn ledger_total(home: &Path, id: &str) -> Value {
+    let l = json(home, &["ledger"]);
+    assert_eq!(l["balanced"], true, "{l}");
+    l["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["lease_id"] == id)
+        .map_or(Value::Null, |r| r["total"].clone())
+}
+
+/// A provider killed with `kill -9` and restarted still keeps the volume and bills it: at the
+/// end of its keep period it is deleted (loop device and image gone) and both ledgers hold the
+/// same total, every second of its GiB at the agreed price. A volume whose renter stops paying
+/// (its node gone, a short prepaid window used up) is deleted too.
+#[test]
+fn a_volume_survives_kill_9_then_expires_and_an_unpaid_one_is_deleted() {
+    let test = "volumes_expiry";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("provider.log");
+    let flags = ["--volume-price", "0.01", "--usage-interval-secs", "1"];
+    let mut m = cli_support::market_configured(
+        dir.path(),
+        &[&["--local-image", &image.tag][..], &flags[..]].concat(),
+        Some(&log),
+        ["", "renter_grace_secs = 2"],
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let create = |name: &str, keep: &str, prepay: Option<&str>| {
+        let mut args = vec![
+            "volume", "create", name, "--offer", &m.offer, "--size", "1GiB", "--keep", keep,
+        ];
+        if let Some(p) = prepay {
+            args.extend(["--prepay", p]);
+        }
+        let out = run(&rh, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let mut id = String::new();
+        wait_for(Duration::from_secs(30), "the volume to be kept", || {
+            let v = volume(&ph, name);
+            id = v["lease_id"].as_str().unwrap_or_default().to_string();
+            v["state"] == "running"
+        });
+        id
+    };
+    let kept = create("kept", "25s", None);
+
+    // kill -9 and a restart with the same flags: the volume is still there, still billed.
+    let before = lease_of(&ph, &kept)["cost_so_far"].as_u64().unwrap();
+    let _ = m.provider.0.kill();
+    let _ = m.provider.0.wait();
+    assert!(loop_backed_by(&kept), "the kernel keeps the loop device");
+    let restart: Vec<&str> = [
+        &[
+            "--dev-gpus",
+            "RTX 4090:24GiB:3.60",
+            "--local-image",
+            &image.tag,
+        ][..],
+        &flags[..],
+    ]
+    .concat();
+    m.provider =
+        cli_support::start_node_logged(&ph, &restart, Some(&dir.path().join("provider-2.log")));
+    wait_for(
+        Duration::from_secs(30),
+        "billing to go on after the restart",
+        || {
+            let v = lease_of(&ph, &kept);
+            v["state"] == "running" && v["cost_so_far"].as_u64().unwrap_or(0) > before
+        },
+    );
+
+    // Its keep period ends: deleted, and settled alike on both sides at the price of every
+    // second kept (10,000 micro-units per GiB-hour: 25 s of 1 GiB is 69).
+    wait_for(
+        Duration::from_secs(60),
+        "the volume to expire and settle",
+        || lease_of(&rh, &kept)["state"] == "settled" && lease_of(&ph, &kept)["state"] == "settled",
+    );
+    let (r, p) = (lease_of(&rh, &kept), lease_of(&ph, &kept));
+    assert_eq!(p["close_reason"], "expired", "{p}");
+    assert_eq!(r["settled_total"], p["settled_total"], "{r}\n{p}");
+    assert_eq!(p["settled_total"], 69, "{p}");
+    assert_eq!(ledger_total(&rh, &kept), ledger_total(&ph, &kept));
+    assert_eq!(ledger_total(&ph, &kept), 69);
+    wait_for(
+        Duration::from_secs(30),
+        "the expired volume to be deleted",
+        || {
+            !loop_backed_by(&kept)
+                && !ph
+                    .join("leases/workspaces")
+                    .join(format!("{kept}.img"))
+                    .exists()
+        },
+    );
+
+    // Paid per window (1 s ahead), then the renter goes away for good: the provider stops
+    // being paid and deletes the volume.
+    let unpaid = create("unpaid", "10m", Some("1s"));
+    let _ = m.renter.0.kill();
+    let _ = m.renter.0.wait();
+    wait_for(Duration::from_secs(90), "the unpaid volume to end", || {
+        lease_of(&ph, &unpaid)["state"] == "settled"
+    });
+    let p = lease_of(&ph, &unpaid);
+    assert!(
+        ["renter_unreachable", "payment_lagging"].contains(&p["close_reason"].as_str().unwrap()),
+        "{p}"
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "the unpaid volume to be deleted",
+        || {
+            !loop_backed_by(&unpaid)
+                && !ph
+                    .join("leases/workspaces")
+                    .join(format!("{unpaid}.img"))
+                    .exists()
+        },
+    );
+    let said = std::fs::read_to_string(&log).unwrap_or_default()
+        + &std::fs::read_to_string(dir.path().join("provider-2.log")).unwrap_or_default();
+    assert!(
+        said.contains("volume ends: deleting it"),
+        "the provider's log says nothing"
+    );
+}

@@ -324,9 +324,7 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
     // A volume is made on one provider: named by an offer, or by the provider.
     match doc.pointer_mut("/components/schemas/VolumeCreate") {
         Some(s) => {
-            let given = |f: &str, other: &str| {
-                json!({"required": [f], "properties": {f: {"type": "string"}}, "not": {"required": [other]}})
-            };
+            let given = |f: &str, other: &str| json!({"required": [f], "properties": {f: {"type": "string"}}, "not": {"required": [other]}});
             merge(
                 s,
                 &json!({"oneOf": [given("offer", "provider"), given("provider", "offer")]}),
