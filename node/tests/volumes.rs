@@ -92,6 +92,19 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
     assert_eq!(offer["volumes"]["price_per_gib_hour"], "0.01", "{offer}");
     assert_eq!(offer["volumes"]["max_gib"], 500, "{offer}");
 
+    // The disk the offer promises per GPU, before: it drops by the volume's size while the
+    // volume is kept (one GPU here).
+    let handle = json(&rh, &["search"])[0]["handle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let disk = || {
+        json(&rh, &["offer", &handle])["per_gpu"]["disk_gib"]
+            .as_u64()
+            .unwrap()
+    };
+    let disk_before = disk();
+
     let made = run(
         &rh,
         &[
@@ -105,6 +118,11 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
     });
     let v = volume(&rh, "data");
     let vid = v["lease_id"].as_str().unwrap().to_string();
+    wait_for(
+        Duration::from_secs(30),
+        "the offer's disk to drop by 1 GiB",
+        || disk() == disk_before - 1,
+    );
     assert_eq!(v["volume"]["size_gib"], 1, "{v}");
     assert_eq!(v["disk_bytes"], 1u64 << 30, "{v}");
     assert_eq!(v["volume"]["price_per_gib_hour"], 10_000, "{v}");
@@ -245,6 +263,11 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
     });
     let (r, p) = (lease_of(&rh, &vid), lease_of(&ph, &vid));
     assert_eq!(r["settled_total"], p["settled_total"], "{r}\n{p}");
+    wait_for(
+        Duration::from_secs(30),
+        "the offer's disk to come back",
+        || disk() == disk_before,
+    );
     wait_for(
         Duration::from_secs(30),
         "the volume's image and loop device to go",

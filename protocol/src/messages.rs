@@ -381,6 +381,21 @@ pub struct VolumeMount {
     pub path: String,
 }
 
+/// The system's own top directories: no volume is mounted at or beneath them.
+pub const RESERVED_MOUNT_ROOTS: [&str; 15] = [
+    "proc", "sys", "dev", "etc", "usr", "bin", "sbin", "lib", "lib32", "lib64", "tmp", "run",
+    "var", "boot", "root",
+];
+
+/// [`mount_path_problem`]'s rule as an ECMA-262 pattern (for the control API's document:
+/// it has a lookahead, which Rust's `regex` lacks), without the length bound.
+pub fn mount_path_pattern() -> String {
+    format!(
+        "^/(?!(?:{})(?:/|$))[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$",
+        RESERVED_MOUNT_ROOTS.join("|")
+    )
+}
+
 /// Whether `name` is a valid volume name (see [`VolumeTerms::name`]).
 pub fn valid_volume_name(name: &str) -> bool {
     !name.is_empty()
@@ -391,15 +406,12 @@ pub fn valid_volume_name(name: &str) -> bool {
         })
 }
 
-/// Why a mount path is refused, if it is: it must be absolute and normalised (no `.`, `..`,
-/// empty or trailing components), at most [`MAX_MOUNT_PATH_LEN`] bytes, of `[A-Za-z0-9._-]`
-/// components, and not `/` or beneath the system's own directories (`/proc`, `/sys`, `/dev`,
+/// Why a mount path is refused, if it is: it must be absolute and normalised (no empty or
+/// trailing components, none starting with `.`: so no `.` or `..`), at most
+/// [`MAX_MOUNT_PATH_LEN`] bytes, of `[A-Za-z0-9._-]` components, and not `/` or beneath the
+/// system's own directories (`/proc`, `/sys`, `/dev`,
 /// `/etc`, `/usr`, `/bin`, `/sbin`, `/lib*`, `/tmp`, `/run`, `/var`, `/boot`, `/root`).
 pub fn mount_path_problem(path: &str) -> Option<String> {
-    const RESERVED: [&str; 15] = [
-        "proc", "sys", "dev", "etc", "usr", "bin", "sbin", "lib", "lib32", "lib64", "tmp", "run",
-        "var", "boot", "root",
-    ];
     if path.len() > MAX_MOUNT_PATH_LEN {
         return Some(format!("longer than {MAX_MOUNT_PATH_LEN} bytes"));
     }
@@ -411,8 +423,10 @@ pub fn mount_path_problem(path: &str) -> Option<String> {
     }
     let parts: Vec<&str> = rest.split('/').collect();
     for c in &parts {
-        if c.is_empty() || *c == "." || *c == ".." {
-            return Some("not a normalised path (empty, `.` or `..` components)".into());
+        if c.is_empty() || c.starts_with('.') {
+            return Some(
+                "not a normalised path (empty components, or ones starting with `.`)".into(),
+            );
         }
         if !c
             .bytes()
@@ -421,7 +435,7 @@ pub fn mount_path_problem(path: &str) -> Option<String> {
             return Some(format!("{c:?}: only letters, digits, '.', '_' and '-'"));
         }
     }
-    if RESERVED.contains(&parts[0]) {
+    if RESERVED_MOUNT_ROOTS.contains(&parts[0]) {
         return Some(format!("/{} is the system's own", parts[0]));
     }
     None
@@ -1392,8 +1406,8 @@ mod volume_tests {
             assert_eq!(mount_path_problem(ok), None, "{ok}");
         }
         for bad in [
-            "", "data", "/", "/data/", "/a//b", "/a/../b", "/./a", "/proc", "/proc/x", "/etc",
-            "/dev/shm", "/usr/lib", "/tmp", "/a b", "/a\0b", "/lib64/x",
+            "", "data", "/", "/data/", "/a//b", "/a/../b", "/./a", "/.cache", "/proc", "/proc/x",
+            "/etc", "/dev/shm", "/usr/lib", "/tmp", "/a b", "/a\0b", "/lib64/x",
         ] {
             assert!(mount_path_problem(bad).is_some(), "{bad:?}");
         }
@@ -1424,5 +1438,68 @@ mod volume_tests {
             .map(|i| m(LeaseId(Digest([i; 32])), &format!("/v{i}")))
             .collect();
         assert!(t.check_shape().is_err());
+    }
+}
+
+#[cfg(test)]
+mod mount_pattern_tests {
+    use super::*;
+
+    /// The pattern without its lookahead, and the lookahead's names: together the rule.
+    #[test]
+    fn the_mount_path_pattern_states_the_rule() {
+        let p = mount_path_pattern();
+        let look = format!("(?!(?:{})(?:/|$))", RESERVED_MOUNT_ROOTS.join("|"));
+        assert!(p.contains(&look), "{p}");
+        let rest = p.replace(&look, "");
+        let plain = regex_lite_free(&rest);
+        for path in [
+            "/data",
+            "/workspace",
+            "/mnt/x",
+            "/a_b/c-d.e",
+            "/",
+            "",
+            "data",
+            "/data/",
+            "/a//b",
+            "/.x",
+            "/a/..",
+            "/a b",
+            "/etc",
+            "/etc/x",
+            "/etcetera",
+            "/proc",
+            "/x/proc",
+        ] {
+            let reserved = path
+                .strip_prefix('/')
+                .and_then(|r| r.split('/').next())
+                .is_some_and(|c| RESERVED_MOUNT_ROOTS.contains(&c));
+            assert_eq!(
+                mount_path_problem(path).is_none(),
+                plain(path) && !reserved,
+                "{path:?}"
+            );
+        }
+    }
+
+    /// A matcher of `^/C(?:/C)*$` with `C = [A-Za-z0-9_-][A-Za-z0-9._-]*`, the pattern's shape
+    /// (checked to be exactly that), written out (the protocol crate has no regex engine).
+    fn regex_lite_free(p: &str) -> impl Fn(&str) -> bool {
+        assert_eq!(
+            p,
+            "^/[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
+        );
+        |s: &str| {
+            let Some(rest) = s.strip_prefix('/') else {
+                return false;
+            };
+            rest.split('/').all(|c| {
+                let mut b = c.bytes();
+                matches!(b.next(), Some(f) if f.is_ascii_alphanumeric() || f == b'_' || f == b'-')
+                    && b.all(|x| x.is_ascii_alphanumeric() || matches!(x, b'.' | b'_' | b'-'))
+            })
+        }
     }
 }

@@ -250,6 +250,26 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
             ],
         ),
         (
+            "VolumeMountRequest",
+            vec![
+                ("volume", json!({"pattern": VOLUME_REF.text})),
+                (
+                    "path",
+                    json!({
+                        "pattern": gridlease_protocol::mount_path_pattern(),
+                        "maxLength": gridlease_protocol::MAX_MOUNT_PATH_LEN,
+                    }),
+                ),
+            ],
+        ),
+        (
+            "RentRequest",
+            vec![(
+                "volumes",
+                json!({"maxItems": gridlease_protocol::MAX_MOUNTS}),
+            )],
+        ),
+        (
             "VolumeCreate",
             vec![
                 ("name", json!({"pattern": VOLUME_NAME.text})),

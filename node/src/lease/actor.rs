@@ -170,6 +170,17 @@ impl Actor {
             *cur = held;
             changed
         });
+        let gib: u64 = self
+            .desk
+            .volumes()
+            .values()
+            .map(|v| u64::from(v.size_gib))
+            .sum();
+        self.ctx.volume_gib.send_if_modified(|cur| {
+            let changed = *cur != gib;
+            *cur = gib;
+            changed
+        });
     }
 
     fn on_session_end(&mut self, end: SessionEnd) {

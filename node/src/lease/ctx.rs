@@ -28,6 +28,9 @@ pub(crate) struct Ctx {
     /// Provider: the GPUs (UUID digests) leases hold now, as the desk last published them;
     /// [`capacity::run`] turns each change into the offer's free count.
     pub(crate) holds: watch::Sender<std::collections::BTreeSet<Digest>>,
+    /// Provider: GiB the kept volumes (issue 47) take, as the desk last published it;
+    /// [`capacity::run`] takes it out of the offer's disk.
+    pub(crate) volume_gib: watch::Sender<u64>,
     /// Provider: offered GPUs that are the owner's now ([`super::owner::run`]): in use by the owner
     /// (recently, or outside the offered hours: then all of them): not given to leases, not
     /// counted free.

@@ -67,6 +67,7 @@ impl LeaseService {
             cancel: cancel.clone(),
             log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
             holds: watch::Sender::new(std::collections::BTreeSet::new()),
+            volume_gib: watch::Sender::new(0),
             owner_busy: watch::Sender::new(std::collections::BTreeSet::new()),
             hours: watch::Sender::new(None),
             released: released_tx,

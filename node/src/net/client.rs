@@ -95,7 +95,7 @@ pub(crate) enum Command {
     RestoreDone,
     SyncStats(oneshot::Sender<SyncStats>),
     SetOffer(Option<OfferTemplate>, oneshot::Sender<Option<OwnOffer>>),
-    SetFree(u16, oneshot::Sender<()>),
+    SetFree(u16, u64, oneshot::Sender<()>),
     OwnOffer(oneshot::Sender<Option<OwnOffer>>),
     /// A search names a GPU class: follow it for a while if it is not followed, and answer
     /// once its offers are fetched (`docs/protocol.md` 3c step 4).
@@ -429,7 +429,13 @@ impl Client {
     /// How many of the offer's GPUs are free now (the lease side's count): when it changes the
     /// offer is re-signed with it and announced at once, so renters do not see taken GPUs.
     pub async fn set_free_gpus(&self, free: u16) -> Result<(), NegotiationError> {
-        self.ask(|r| Command::SetFree(free, r)).await
+        self.set_capacity(free, 0).await
+    }
+
+    /// [`Client::set_free_gpus`], and the GiB kept volumes take (issue 47): the offer's disk
+    /// per GPU is the template's less its share of them.
+    pub async fn set_capacity(&self, free: u16, volume_gib: u64) -> Result<(), NegotiationError> {
+        self.ask(|r| Command::SetFree(free, volume_gib, r)).await
     }
 
     /// The current own offer.

@@ -368,9 +368,9 @@ impl EventLoop {
                 }
                 let _ = reply.send(self.own.provider.current.clone());
             }
-            Command::SetFree(free, reply) => {
+            Command::SetFree(free, volume_gib, reply) => {
                 // Re-signed and announced at once when the count changes.
-                if self.own.set_free(free) {
+                if self.own.set_free(free, volume_gib) {
                     self.announce();
                 }
                 let _ = reply.send(());

@@ -92,8 +92,14 @@ impl OfferTemplate {
         ttl_ms: u64,
         addrs: Vec<String>,
         free: Option<u16>,
+        volume_gib: u64,
     ) -> Offer {
         let all = u16::try_from(self.gpus.len()).unwrap_or(u16::MAX);
+        // The kept volumes' GiB come out of the disk the GPUs share (issue 47).
+        let mut per_gpu = self.per_gpu;
+        let share = volume_gib.div_ceil(u64::from(all.max(1)));
+        per_gpu.disk_gib =
+            u32::try_from(u64::from(per_gpu.disk_gib).saturating_sub(share)).unwrap_or(0);
         Offer {
             proof: self.proof,
             provider,
@@ -101,7 +107,7 @@ impl OfferTemplate {
             created_at: now,
             expires_at: now.plus_ms(ttl_ms),
             gpus: self.gpus.clone(),
-            per_gpu: self.per_gpu,
+            per_gpu,
             price_per_gpu_hour: self.price_per_gpu_hour,
             min_duration_s: self.min_duration_s,
             max_duration_s: self.max_duration_s,
@@ -158,6 +164,8 @@ pub struct ProviderState {
     /// carries it. The count is the lease side's business (its desk holds the GPUs); the
     /// network loop only signs what it is told.
     pub free_gpus: Option<u16>,
+    /// GiB the kept volumes take (issue 47): out of the offer's disk.
+    pub volume_gib: u64,
 }
 
 impl ProviderState {
