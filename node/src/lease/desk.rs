@@ -421,3 +421,6 @@ fn kept(renter: &PublicKey, v: &gridlease_protocol::VolumeTerms) -> KeptVolume {
         mounted_by: None,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -84,6 +84,7 @@ impl OfferTemplate {
 
     /// The offer with sequence `seq`, created at `now`, living `ttl_ms`.
     /// `free`: how many of the GPUs the lease side says are free (`None`: all of them).
+    #[allow(clippy::too_many_arguments)]
     pub fn offer(
         &self,
         provider: PublicKey,
