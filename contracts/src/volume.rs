@@ -152,26 +152,16 @@ mod tests {
             max_gib: 100_000,
             max_keep_s: 30 * 86_400,
         };
-        let mut t = fixtures::terms(
+        let mut t = fixtures::volume_terms(
             OfferId(gridlease_protocol::Digest([1; 32])),
             &offer,
             r.public(),
-            1,
+            "data",
+            size_gib,
+            price,
             keep_s,
         );
-        t.gpu_count = 0;
-        t.image = String::new();
-        t.command.clear();
-        t.env.clear();
-        t.price_per_gpu_hour = 0;
-        t.min_billed_s = 0;
-        t.per_gpu = gridlease_protocol::ResourcesPerGpu::default();
         t.prepay_s = prepay_s;
-        t.volume = Some(VolumeTerms {
-            name: "data".into(),
-            size_gib,
-            price_per_gib_hour: price,
-        });
         t.max_total = keep_cost(size_gib, keep_s, price).unwrap().micros().max(1);
         (offer, t)
     }

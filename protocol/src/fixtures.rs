@@ -117,6 +117,33 @@ pub fn terms(
     }
 }
 
+/// The terms of a volume lease (issue 47) named `name`, `size_gib` at `price` per GiB-hour,
+/// kept `keep_s` on `offer`: no GPUs, image or command.
+pub fn volume_terms(
+    offer_id: OfferId,
+    offer: &Offer,
+    renter: PublicKey,
+    name: &str,
+    size_gib: u32,
+    price: u64,
+    keep_s: u32,
+) -> LeaseTerms {
+    let mut t = terms(offer_id, offer, renter, 1, keep_s);
+    t.gpu_count = 0;
+    t.image = String::new();
+    t.command.clear();
+    t.env.clear();
+    t.price_per_gpu_hour = 0;
+    t.min_billed_s = 0;
+    t.per_gpu = crate::ResourcesPerGpu::default();
+    t.volume = Some(crate::VolumeTerms {
+        name: name.into(),
+        size_gib,
+        price_per_gib_hour: price,
+    });
+    t
+}
+
 /// A usage report after `wall_ms` of running.
 pub fn usage(lease_id: LeaseId, seq: u64, wall_ms: u64, gpus: u64) -> UsageReport {
     UsageReport {

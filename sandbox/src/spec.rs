@@ -504,32 +504,23 @@ pub fn build_create_body(spec: &SandboxSpec) -> Result<ContainerCreateBody, Spec
     }];
     // The workspace: a named volume the node created (an ext4 image on a loop device, see
     // crate::workspace), never a host path.
+    // The renter's kept volumes (issue 47) the same way, at their paths.
+    let named = |volume: &String, target: &str| Mount {
+        target: Some(target.to_string()),
+        source: Some(volume.clone()),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(false),
+        volume_options: Some(MountVolumeOptions {
+            no_copy: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     if let Some(volume) = &spec.workspace {
-        mounts.push(Mount {
-            target: Some(WORKSPACE_PATH.to_string()),
-            source: Some(volume.clone()),
-            typ: Some(MountType::VOLUME),
-            read_only: Some(false),
-            volume_options: Some(MountVolumeOptions {
-                no_copy: Some(true),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        mounts.push(named(volume, WORKSPACE_PATH));
     }
-
     for (volume, path) in &spec.volumes {
-        mounts.push(Mount {
-            target: Some(path.clone()),
-            source: Some(volume.clone()),
-            typ: Some(MountType::VOLUME),
-            read_only: Some(false),
-            volume_options: Some(MountVolumeOptions {
-                no_copy: Some(true),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        mounts.push(named(volume, path));
     }
 
     let host_config = HostConfig {

@@ -493,6 +493,23 @@ async fn make_image(image: &Path, quota: u64, owner: &str) -> Result<Ext4Stats, 
     Err(WorkspaceError::Overhead { quota, max })
 }
 
+/// Attaches `image` to a free loop device; returns the device.
+async fn attach(image: &Path) -> Result<PathBuf, WorkspaceError> {
+    let out = run_tool(
+        "losetup",
+        &["--find".into(), "--show".into(), image.into()],
+        image,
+    )
+    .await?;
+    let device = PathBuf::from(out.trim());
+    if device.as_os_str().is_empty() {
+        return Err(WorkspaceError::NoDevice {
+            path: image.to_path_buf(),
+        });
+    }
+    Ok(device)
+}
+
 /// Checks that this host can make workspaces in `dir` (`gridlease doctor`): a 4 MiB image
 /// formatted as a workspace would be, attached to a loop device and detached again; nothing
 /// is left behind. Needs no Docker. `Err` says which step failed.
@@ -502,18 +519,7 @@ pub async fn probe_quota(dir: &Path) -> Result<(), WorkspaceError> {
     let _ = std::fs::remove_file(&image);
     let tried = async {
         make_image(&image, 4 * MIB, NOBODY).await?;
-        let out = run_tool(
-            "losetup",
-            &["--find".into(), "--show".into(), image.clone().into()],
-            &image,
-        )
-        .await?;
-        let device = PathBuf::from(out.trim());
-        if device.as_os_str().is_empty() {
-            return Err(WorkspaceError::NoDevice {
-                path: image.clone(),
-            });
-        }
+        let device = attach(&image).await?;
         run_tool("losetup", &["-d".into(), device.into()], &image)
             .await
             .map(|_| ())
@@ -554,18 +560,7 @@ impl Sandbox {
         let owner = if spec.run_as_root { "0:0" } else { NOBODY };
         let made = async {
             let stats = make_image(&image, quota, owner).await?;
-            let out = run_tool(
-                "losetup",
-                &["--find".into(), "--show".into(), image.clone().into()],
-                &image,
-            )
-            .await?;
-            let device = PathBuf::from(out.trim());
-            if device.as_os_str().is_empty() {
-                return Err(WorkspaceError::NoDevice {
-                    path: image.clone(),
-                });
-            }
+            let device = attach(&image).await?;
             let volume = volume_name(&lease_id);
             let req = VolumeCreateRequest {
                 name: Some(volume.clone()),

@@ -8,7 +8,7 @@ use gridlease_protocol::fixtures::{self, T0};
 use gridlease_protocol::session::LeaseRpcResponse;
 use gridlease_protocol::{
     LeaseId, LeaseRequest, NetworkId, NodeKey, OfferId, RejectReason, Signed, Timestamp,
-    VolumeMount, VolumePolicy, VolumeRefusal, VolumeTerms,
+    VolumeMount, VolumePolicy, VolumeRefusal,
 };
 
 use super::{Decision, Desk, VolumeContext, VolumeRoom};
@@ -47,21 +47,17 @@ fn fx() -> Fx {
 
 /// A volume lease `name` of `size` GiB by `renter`.
 fn volume_request(f: &Fx, renter: &NodeKey, name: &str, size: u32, nonce: u64) -> LeaseRequest {
-    let mut t = fixtures::terms(f.offer.id, &f.offer.offer, renter.public(), 1, 3_600);
+    let mut t = fixtures::volume_terms(
+        f.offer.id,
+        &f.offer.offer,
+        renter.public(),
+        name,
+        size,
+        1_000,
+        3_600,
+    );
     t.network = f.net.clone();
-    t.gpu_count = 0;
-    t.image = String::new();
-    t.command.clear();
-    t.env.clear();
-    t.price_per_gpu_hour = 0;
-    t.min_billed_s = 0;
-    t.per_gpu = Default::default();
     t.nonce = nonce;
-    t.volume = Some(VolumeTerms {
-        name: name.into(),
-        size_gib: size,
-        price_per_gib_hour: 1_000,
-    });
     LeaseRequest {
         terms: t,
         expires_at: T0.plus_secs(60),

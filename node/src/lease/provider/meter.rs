@@ -155,20 +155,7 @@ impl Run {
         }
         let mut inflight = JoinSet::new();
         // The renter learns at once that the command runs (and pays ahead a prepaid lease then).
-        if let Some(peer) = s.renter_peer {
-            let (ctx2, lease_id) = (ctx.clone(), s.lease.id);
-            inflight.spawn(async move {
-                session_rpc(
-                    &ctx2,
-                    peer,
-                    SessionRequest::Started {
-                        lease_id,
-                        started_at: started,
-                    },
-                )
-                .await
-            });
-        }
+        super::tell_started(s, started, &mut inflight);
         let run = Self {
             sb,
             cid,

@@ -676,6 +676,30 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
     }
 }
 
+/// Tells the renter, in `inflight`, that the lease runs from `started` (a prepaid lease pays
+/// ahead then).
+fn tell_started(
+    s: &Session,
+    started: Timestamp,
+    inflight: &mut tokio::task::JoinSet<Result<SessionResponse, SessionRpcError>>,
+) {
+    let Some(peer) = s.renter_peer else {
+        return;
+    };
+    let (ctx, lease_id) = (s.ctx.clone(), s.lease.id);
+    inflight.spawn(async move {
+        crate::lease::rpc::session_rpc(
+            &ctx,
+            peer,
+            SessionRequest::Started {
+                lease_id,
+                started_at: started,
+            },
+        )
+        .await
+    });
+}
+
 /// Real NVML UUIDs of the lease's GPUs (none for declared dev GPUs).
 fn leased_uuids(ctx: &Ctx, gpus: &[gridlease_protocol::Digest]) -> Vec<String> {
     gpus.iter()

@@ -115,20 +115,7 @@ pub(super) async fn keep(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>
     let started = s.lease.started_at?;
     let grace_ms = u64::try_from(ctx.config.stop_grace.as_millis()).unwrap_or(u64::MAX);
     let mut inflight: JoinSet<Result<SessionResponse, SessionRpcError>> = JoinSet::new();
-    if let Some(peer) = s.renter_peer {
-        let (ctx2, lease_id) = (ctx.clone(), s.lease.id);
-        inflight.spawn(async move {
-            session_rpc(
-                &ctx2,
-                peer,
-                SessionRequest::Started {
-                    lease_id,
-                    started_at: started,
-                },
-            )
-            .await
-        });
-    }
+    super::tell_started(s, started, &mut inflight);
     let period = Duration::from_secs(u64::from(s.lease.terms.usage_interval_s.max(1)));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
