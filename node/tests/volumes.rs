@@ -123,6 +123,19 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
         "the offer's disk to drop by 1 GiB",
         || disk() == disk_before - 1,
     );
+    // The provider's status lists it with its renter, size, payment and time left.
+    let kept = json(&ph, &["status"])["kept_volumes"].clone();
+    assert_eq!(kept[0]["lease_id"], vid.as_str(), "{kept}");
+    assert_eq!(kept[0]["name"], "data", "{kept}");
+    assert_eq!(kept[0]["size_gib"], 1, "{kept}");
+    assert_eq!(
+        kept[0]["renter"],
+        json(&rh, &["status"])["peer_id"],
+        "{kept}"
+    );
+    assert!(kept[0]["time_left_s"].as_u64().unwrap() > 500, "{kept}");
+    let said = text(&run(&ph, &["status"]).stdout);
+    assert!(said.contains("volume       data (1 GiB)"), "{said}");
     assert_eq!(v["volume"]["size_gib"], 1, "{v}");
     assert_eq!(v["disk_bytes"], 1u64 << 30, "{v}");
     assert_eq!(v["volume"]["price_per_gib_hour"], 10_000, "{v}");

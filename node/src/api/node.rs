@@ -8,7 +8,8 @@ use gridlease_contracts::query::ProviderNumbers;
 use super::ApiState;
 use super::problem::{ApiError, Problem};
 use super::types::{
-    ConnectionView, GpusView, ImageCacheView, OwnOfferView, PeerView, ScheduleView, StatusView,
+    ConnectionView, GpusView, ImageCacheView, KeptVolumeView, OwnOfferView, PeerView, ScheduleView,
+    StatusView,
 };
 /// `GET /v1/status`.
 #[utoipa::path(
@@ -46,8 +47,31 @@ pub(super) async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>
     // This node's own numbers, as its book carries them (the prior when it has no offer).
     let own_numbers = own_numbers.map_or(ProviderNumbers::PRIOR, |n| n.provider);
     let (cache, limits) = s.leases.image_cache().await;
+    let mut kept_volumes: Vec<KeptVolumeView> = s
+        .leases
+        .live_leases()
+        .await
+        .map_err(ApiError::internal)?
+        .into_iter()
+        .filter(|v| v.role == crate::store::Role::Provider)
+        .filter_map(|v| {
+            let vol = v.volume.as_ref()?;
+            Some(KeptVolumeView {
+                lease_id: v.lease_id.to_string(),
+                name: vol.name.clone(),
+                renter: v.counterparty.clone(),
+                size_gib: vol.size_gib,
+                state: v.state.as_str().to_string(),
+                paid: v.paid,
+                authorised: v.authorised,
+                time_left_s: v.time_left_s,
+            })
+        })
+        .collect();
+    kept_volumes.sort_by_key(|k| k.time_left_s.unwrap_or(u64::MAX));
     let text = |v: &[libp2p::Multiaddr]| v.iter().map(ToString::to_string).collect();
     Ok(Json(StatusView {
+        kept_volumes,
         image_cache: ImageCacheView {
             images: cache.images,
             bytes: cache.bytes,

@@ -57,6 +57,30 @@ pub struct StatusView {
     /// before the first `provide`.
     #[serde(default)]
     pub schedule: Option<ScheduleView>,
+    /// The volumes this node keeps for renters now (issue 47), soonest deleted first.
+    #[serde(default)]
+    pub kept_volumes: Vec<KeptVolumeView>,
+}
+
+/// A volume a provider keeps for a renter.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct KeptVolumeView {
+    /// Its volume lease (64 hex digits).
+    pub lease_id: String,
+    /// The renter's name for it.
+    pub name: String,
+    /// The renter's peer id.
+    pub renter: String,
+    /// Size, GiB.
+    pub size_gib: u32,
+    /// Its state (`running`: kept).
+    pub state: String,
+    /// What the renter's receipts cover of the time kept, micro-units.
+    pub paid: u64,
+    /// What the renter has signed for, micro-units (ahead of the time kept when prepaid).
+    pub authorised: u64,
+    /// Seconds until its keep period ends and it is deleted.
+    pub time_left_s: Option<u64>,
 }
 
 /// The provider's availability schedule now.

@@ -78,6 +78,24 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
             c.max_images,
             c.max_bytes as f64 / f64::from(1u32 << 30)
         ));
+        for v in &s.kept_volumes {
+            p.line(&format!(
+                "volume       {} ({} GiB) of {}, {}, paid {} (signed for {}), deleted {}",
+                v.name,
+                v.size_gib,
+                crate::output::short(&v.renter),
+                v.state,
+                crate::output::money(v.paid),
+                crate::output::money(v.authorised),
+                v.time_left_s.map_or_else(
+                    || "when it ends".to_string(),
+                    |t| format!(
+                        "in {}",
+                        humantime::format_duration(std::time::Duration::from_secs(t))
+                    )
+                )
+            ));
+        }
     });
     Ok(0)
 }
