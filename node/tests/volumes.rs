@@ -292,6 +292,34 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
                     .exists()
         },
     );
+
+    // Named by its provider (peer id) rather than an offer: the provider's current offer.
+    let out = run(
+        &rh,
+        &[
+            "volume",
+            "create",
+            "other",
+            "--provider",
+            &m.provider_peer,
+            "--size",
+            "1GiB",
+            "--keep",
+            "1m",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("volume other (1 GiB) agreed with"),
+        "{}",
+        text(&out.stdout)
+    );
+    let listed = text(&run(&rh, &["volume", "ls"]).stdout);
+    assert!(
+        listed.contains("other") && listed.contains("1 GiB"),
+        "{listed}"
+    );
+    assert!(run(&rh, &["volume", "rm", "other"]).status.success());
 }
 
 /// The ledger row of lease `id` in `ledger --json`.
