@@ -269,6 +269,22 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
     assert!(!dir.path().join("x").exists());
 
     // Removed: settled on both sides at the same total, and deleted on the provider.
+    // Kept longer: beyond the offer's longest lease (one day here), within its longest keep.
+    let out = run(&rh, &["volume", "extend", "data", "--keep", "2d"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("volume data kept until"),
+        "{}",
+        text(&out.stdout)
+    );
+    let left = lease_of(&ph, &vid)["time_left_s"].as_u64().unwrap();
+    assert!(left > 2 * 86_400, "{left}");
+    let out = run(&rh, &["volume", "extend", "data", "--keep", "40d"]);
+    assert!(
+        !out.status.success(),
+        "past the longest keep: {}",
+        text(&out.stdout)
+    );
     let out = run(&rh, &["volume", "rm", "data"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     wait_for(Duration::from_secs(30), "both sides to settle", || {

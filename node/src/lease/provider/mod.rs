@@ -294,7 +294,12 @@ impl Session {
         }
         let limits = match ctx.client.own_offer().await {
             Ok(Some(own)) => Some(gridlease_contracts::amend::OfferLimits {
-                max_duration_s: own.offer.max_duration_s,
+                // A volume's keep period is bounded by the offer's longest keep.
+                max_duration_s: if self.lease.terms.is_volume() {
+                    own.offer.sandbox.volumes.max_keep_s
+                } else {
+                    own.offer.max_duration_s
+                },
                 gpus_offered: self
                     .gpus
                     .iter()
