@@ -164,6 +164,20 @@ async fn a_lease_extended_mid_run_runs_past_its_first_deadline_and_pays_every_se
     .await;
     assert_eq!((before.duration_s, before.extensions), (D, 0));
     assert_eq!(before.max_total, u64::from(D) * PER_S, "the default cap");
+    // The watchdog holds the first deadline before the extension moves it: its process starts
+    // with the container, and on a loaded machine it may take longer than the extension.
+    let wlog_path = leases_dir.join(format!("{id}.watchdog.log"));
+    let waiting = std::time::Instant::now();
+    while !std::fs::read_to_string(&wlog_path)
+        .unwrap_or_default()
+        .contains("watchdog started")
+    {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(30),
+            "the watchdog did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let x = renter.leases.extend(id, seconds(E)).await.unwrap();
     eprintln!("extended: {x:?}");
     assert_eq!(x.extensions, 1);
