@@ -147,8 +147,23 @@ fn cp_killed_part_way(rh: &Path, src: &str, dst: &str, kill_at: usize) -> bool {
     }
 }
 
-/// `gridlease --json cp SRC DST`, with the RSS of the renter's node and of `cp` sampled.
+/// The resident set of `pid`, KiB (0 when it cannot be read).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// `gridlease --json cp SRC DST`, with the RSS of the renter's node and of `cp` sampled: the
+/// most either reached, less the node's own before the copy (what the copy itself holds: a
+/// debug build's node is about 75 MiB idle, and its size is not what the bound is about).
 fn cp_measured(rh: &Path, renter_pid: u32, src: &str, dst: &str) -> (serde_json::Value, u64) {
+    let idle = rss_kib(renter_pid);
     let child = bin()
         .arg("--home")
         .arg(rh)
@@ -167,9 +182,11 @@ fn cp_measured(rh: &Path, renter_pid: u32, src: &str, dst: &str) -> (serde_json:
         "cp {src} {dst}: {}",
         text(&out.stderr)
     );
+    let max = max.load(Ordering::Relaxed);
+    eprintln!("RSS: node {idle} KiB before the copy, most of node or cp during it {max} KiB");
     (
         serde_json::from_slice(&out.stdout).unwrap(),
-        max.load(Ordering::Relaxed),
+        max.saturating_sub(idle),
     )
 }
 
@@ -219,7 +236,7 @@ fn a_1_gib_tree_goes_in_and_out_resumed_after_interruptions_with_checksums_match
         "the upload finished before it could be interrupted"
     );
     let (up, rss) = cp_measured(&rh, renter_pid, &src, &remote("/workspace/data"));
-    eprintln!("upload resumed: {up}, max RSS {rss} KiB");
+    eprintln!("upload resumed: {up}, {rss} KiB above the idle node");
     let skipped = up["skipped"].as_u64().unwrap();
     assert!(skipped >= 4, "completed files were sent again: {up}");
     assert_eq!(
@@ -231,7 +248,10 @@ fn a_1_gib_tree_goes_in_and_out_resumed_after_interruptions_with_checksums_match
         up["bytes"].as_u64().unwrap() < (FILES * FILE_BYTES) as u64,
         "{up}"
     );
-    assert!(rss < 100 * 1024, "RSS reached {rss} KiB during the upload");
+    assert!(
+        rss < 64 * 1024,
+        "the upload took {rss} KiB more than the idle node"
+    );
 
     // Transformed in the container: a copy of the tree plus its checksums, as the tenant.
     let exec = bin()
@@ -257,11 +277,11 @@ fn a_1_gib_tree_goes_in_and_out_resumed_after_interruptions_with_checksums_match
         "the download finished before it could be interrupted"
     );
     let (down, rss) = cp_measured(&rh, renter_pid, &remote("/workspace/out"), &back_s);
-    eprintln!("download resumed: {down}, max RSS {rss} KiB");
+    eprintln!("download resumed: {down}, {rss} KiB above the idle node");
     assert!(down["skipped"].as_u64().unwrap() >= 8, "{down}");
     assert!(
-        rss < 100 * 1024,
-        "RSS reached {rss} KiB during the download"
+        rss < 64 * 1024,
+        "the download took {rss} KiB more than the idle node"
     );
 
     // Every file came back as it went in, and the container saw the same bytes.
@@ -414,6 +434,7 @@ fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_out
         offer.contains("held up to 300 s (rent --upload), one per renter at a time"),
         "the offer says how long it holds: {offer}"
     );
+    let idle = rss_kib(m.renter.0.id());
     let child = bin()
         .current_dir(&here)
         .arg("--home")
@@ -455,10 +476,12 @@ fn rent_upload_runs_the_command_on_the_uploaded_tree_and_download_brings_its_out
         stdout.contains("downloaded out -> out: 1 file(s)"),
         "{stdout}"
     );
-    let max_rss = max_rss.load(Ordering::Relaxed);
+    // What the copies held: the most the node or `rent` reached, less the idle node (a debug
+    // build's node alone is 75-90 MiB).
+    let max_rss = max_rss.load(Ordering::Relaxed).saturating_sub(idle);
     assert!(
-        max_rss < 100 * 1024,
-        "renter node or rent above 100 MiB RSS: {max_rss} KiB"
+        max_rss < 64 * 1024,
+        "renter node or rent took {max_rss} KiB more than the idle node"
     );
 
     // The command saw every uploaded byte: its checksums are the local files'.
