@@ -44,20 +44,16 @@ pub(super) async fn start(
     run_container(s, &sb, id, inbox).await
 }
 
-/// The start's first step: the sandbox (none: the start fails), `Starting` stored (unless it
-/// was already: `resumed`, this node stopped during an earlier start of the lease).
-async fn begin(s: &mut Session) -> Result<(Sandbox, bool), Halt> {
-    let ctx = s.ctx.clone();
-    let Some(sb) = ctx.sandbox.clone() else {
+/// The sandbox (none: the start fails) and `Starting` stored, unless it was already (a lease's
+/// and a volume's start share it).
+pub(super) async fn sandbox_and_starting(s: &mut Session) -> Result<Sandbox, StartFailure> {
+    let Some(sb) = s.ctx.sandbox.clone() else {
         tracing::error!("no Docker: cannot start the container");
         return Err(StartFailure::new(
             StartFailureKind::NoSandbox,
             "the provider's node has no container runtime (Docker is unreachable)",
-        )
-        .into());
+        ));
     };
-    // Stored as `Starting` already: this node stopped during an earlier start of the lease.
-    let resumed = s.lease.state == LeaseState::Starting;
     if s.lease.state == LeaseState::Accepted
         && !s
             .transition(
@@ -67,8 +63,18 @@ async fn begin(s: &mut Session) -> Result<(Sandbox, bool), Halt> {
             )
             .await
     {
-        return Err(internal("cannot record the start").into());
+        return Err(internal("cannot record the start"));
     }
+    Ok(sb)
+}
+
+/// The start's first step: the sandbox and `Starting` stored ([`sandbox_and_starting`]);
+/// `resumed` when it was stored already (this node stopped during an earlier start).
+async fn begin(s: &mut Session) -> Result<(Sandbox, bool), Halt> {
+    let ctx = s.ctx.clone();
+    // Stored as `Starting` already: this node stopped during an earlier start of the lease.
+    let resumed = s.lease.state == LeaseState::Starting;
+    let sb = sandbox_and_starting(s).await?;
     #[cfg(feature = "faults")]
     if let Some(d) = ctx.config.faults.slow_start {
         tokio::time::sleep(d).await;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use gridlease_contracts::{Actor, BilledTime, Decision, LeaseEvent, LeaseState, ProviderChannel};
+use gridlease_contracts::{Actor, BilledTime, Decision, LeaseEvent, ProviderChannel};
 use gridlease_protocol::{CloseReason, StartFailure, StartFailureKind, Timestamp};
 use gridlease_sandbox::meter::Usage;
 use tokio::sync::mpsc;
@@ -26,24 +26,7 @@ use crate::store::lease::SessionPatch;
 /// made; a volume whose `Running` cannot be stored is removed again).
 pub(super) async fn start(s: &mut Session) -> Result<(), Halt> {
     let ctx = s.ctx.clone();
-    let Some(sb) = ctx.sandbox.clone() else {
-        return Err(StartFailure::new(
-            StartFailureKind::NoSandbox,
-            "the provider's node has no container runtime (Docker is unreachable)",
-        )
-        .into());
-    };
-    if s.lease.state == LeaseState::Accepted
-        && !s
-            .transition(
-                LeaseEvent::BeginStart,
-                Actor::Provider,
-                SessionPatch::default(),
-            )
-            .await
-    {
-        return Err(StartFailure::new(StartFailureKind::Create, "cannot record the start").into());
-    }
+    let sb = super::start::sandbox_and_starting(s).await?;
     let mut spec = gridlease_sandbox::SandboxSpec::small_on_host(s.lease.id, &ctx.node_id, "", &[]);
     spec.workspace_bytes = s.lease.terms.workspace_bytes();
     if let Err(e) = sb.create_workspace(&ctx.workspace_dir(), &spec).await {
