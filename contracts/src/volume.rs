@@ -126,6 +126,10 @@ pub fn refusal_text(r: &VolumeRefusal) -> String {
             "volume {}'s keep period ends before this lease would: extend it first (volume extend)",
             short(volume)
         ),
+        VolumeRefusal::NotAdoptable { lease } => format!(
+            "lease {} is not a running lease of yours on this provider with a /workspace of its own, or its disk is being kept already",
+            short(lease)
+        ),
     }
 }
 

@@ -101,6 +101,7 @@ fn volume_terms_for(
             name: v.name.clone(),
             size_gib: v.size_gib,
             price_per_gib_hour: price,
+            adopts: v.adopts,
         }),
         mounts: Vec::new(),
         network: network.clone(),
@@ -130,14 +131,17 @@ fn volume_terms_for(
     })
 }
 
-/// A volume to make (issue 47): `POST /v1/volumes` turns its body into a [`RentRequest`]
-/// with this set, the keep period as `duration_s`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+/// A volume to make (issue 47): `POST /v1/volumes` (and `POST /v1/leases/{id}/keep-disk`)
+/// turn their body into a [`RentRequest`] with this set, the keep period as `duration_s`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeRequest {
     /// The renter's name for it (1-64 of a-z, 0-9, `-`, `_`, `.`).
     pub name: String,
     /// Size, GiB.
     pub size_gib: u32,
+    /// The renter's running lease on the same provider whose `/workspace` becomes the volume
+    /// (`stop --keep-disk`); `None`: a new, empty one.
+    pub adopts: Option<gridlease_protocol::LeaseId>,
 }
 
 /// A volume to mount, as a renter names it.

@@ -479,9 +479,26 @@ fn dashboard_shows_na_for_declared_gpus_and_stops_offering() {
     };
     let dir = tempfile::tempdir().unwrap();
     // Declared GPUs, nothing samples them: every GPU value is unknown.
-    let m = market_with(dir.path(), &["--usage-interval-secs", "2"], None);
+    let m = market_with(
+        dir.path(),
+        &["--usage-interval-secs", "2", "--volume-price", "0.01"],
+        None,
+    );
     let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
     let id = rent_running(&rh, &m.offer, &image);
+    // A volume the provider keeps for the renter: both pages list it.
+    let made = cli_support::cli(
+        &rh,
+        &[
+            "--json", "volume", "create", "notes", "--offer", &m.offer, "--size", "1GiB", "--keep",
+            "10m",
+        ],
+    );
+    assert!(made.status.success(), "{}", cli_support::text(&made.stderr));
+    let vid = serde_json::from_slice::<Value>(&made.stdout).unwrap()["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // The renter's dashboard: the lease it rents, the provider's GPUs as n/a, its spending.
     let renter = Dashboard::start(&rh);
     let provider = Dashboard::start(&ph);
@@ -499,6 +516,19 @@ fn dashboard_shows_na_for_declared_gpus_and_stops_offering() {
         assert!(lease.contains("renter"), "{lease}");
         // The usage report's GPU figures cannot tell unmeasured from 0: not shown there.
         assert!(!lease.contains('%'), "{lease}");
+        // Its volume, in the volumes' table (not among the leases).
+        let vrow = format!("#volumes tr[data-volume='{vid}']");
+        let vol = wait_text(c, &vrow, limit, |t| t.contains("running")).await;
+        assert!(
+            vol.contains("notes") && vol.contains("rented") && vol.contains("1 GiB"),
+            "{vol}"
+        );
+        assert!(
+            c.find(Locator::Css(&format!("#leases tr[data-lease='{vid}']")))
+                .await
+                .is_err(),
+            "a volume is not listed as a lease"
+        );
         // The container's own numbers are measured; every GPU value is n/a, none is 0.
         let live = wait_text(c, "#live", limit, |t| t.contains("cores")).await;
         assert!(live.contains("declared: not measured"), "{live}");
@@ -530,8 +560,20 @@ fn dashboard_shows_na_for_declared_gpus_and_stops_offering() {
         )
         .unwrap();
 
-        // The provider's dashboard: "stop offering" withdraws the offer (PUT /v1/provide).
+        // The provider's dashboard lists the volume it keeps: whose, how large, when it goes.
         c.goto(&provider.url).await.unwrap();
+        let kept = wait_text(c, &vrow, limit, |t| t.contains("running")).await;
+        assert!(
+            kept.contains("kept here") && kept.contains("1 GiB"),
+            "{kept}"
+        );
+        assert!(kept.contains(&vid[..12]) && kept.contains("min"), "{kept}");
+        let renter_peer = json(&rh, &["status"])["peer_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(kept.contains(&renter_peer[..12]), "{kept}");
+        // "stop offering" withdraws the offer (PUT /v1/provide).
         wait_text(c, "#offer", limit, |t| t.contains("GPU(s) at")).await;
         c.find(Locator::Id("set-off"))
             .await

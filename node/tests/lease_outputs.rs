@@ -2,7 +2,8 @@
 //! finished lease that asked for it leaves its container stopped and its workspace in place,
 //! both sides' views say until when, the lease's GPU is free at once for the next renter, and
 //! once the time is up (the provider's injected clock advanced past it) the sweep removes the
-//! container and the workspace.
+//! container and the workspace. While they are kept, the disk they take comes out of the
+//! offer's.
 // Test helpers unwrap: a failed step is a test failure with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -25,6 +26,7 @@ async fn kept_outputs_free_the_gpu_and_go_when_their_time_is_up() {
     let root = dir.path();
     let mut template = lease_template(1, 1, 10);
     template.sandbox.output_retention_s = 120;
+    template.per_gpu.disk_gib = 2;
     let clock = clock::ManualClock::new();
     let pclock = clock.clone();
     let provider = provider_with(root, &sb, template, 10, |svc| {
@@ -33,6 +35,19 @@ async fn kept_outputs_free_the_gpu_and_go_when_their_time_is_up() {
     })
     .await;
     let (renter, offer) = renter_of(root, &provider, 10).await;
+    let client = provider.node.node.client.clone();
+    let disk = || {
+        let c = client.clone();
+        async move { c.own_offer().await.unwrap().unwrap().offer.per_gpu.disk_gib }
+    };
+    let wait_disk = |want: u32, what: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while disk().await != want {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert_eq!(disk().await, 2);
 
     // More than the offer keeps is refused before anything is signed.
     let mut req = probe_rent(
@@ -69,6 +84,8 @@ async fn kept_outputs_free_the_gpu_and_go_when_their_time_is_up() {
         sb.docker().inspect_volume(&volume).await.is_ok(),
         "workspace kept"
     );
+    // What it takes on disk (a few MiB, counted in whole GiB) is out of the offer's disk.
+    wait_disk(1, "the offer's disk does not drop while outputs are kept").await;
 
     // The lease's one GPU is free again at once: the next lease is accepted.
     let next = renter
@@ -88,6 +105,11 @@ async fn kept_outputs_free_the_gpu_and_go_when_their_time_is_up() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    wait_disk(
+        2,
+        "the offer's disk does not come back once the outputs are gone",
+    )
+    .await;
     for p in [&provider, &renter] {
         p.cancel.cancel();
     }

@@ -389,12 +389,54 @@ fn a_volume_survives_kill_9_then_expires_and_an_unpaid_one_is_deleted() {
         id
     };
     let kept = create("kept", "25s", None);
+    let note = dir.path().join("note.txt");
+    std::fs::write(&note, "before the reboot\n").unwrap();
+    let out = run(
+        &rh,
+        &["volume", "cp", note.to_str().unwrap(), "kept:/note.txt"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
 
     // kill -9 and a restart with the same flags: the volume is still there, still billed.
     let before = lease_of(&ph, &kept)["cost_so_far"].as_u64().unwrap();
     let _ = m.provider.0.kill();
     let _ = m.provider.0.wait();
     assert!(loop_backed_by(&kept), "the kernel keeps the loop device");
+    // And as after a reboot of the machine: its loop device and Docker volume gone, only
+    // the image file left (the node's own mount for copies goes with the device).
+    let image_file = ph.join("leases/workspaces").join(format!("{kept}.img"));
+    let image_file = std::fs::canonicalize(&image_file).unwrap();
+    let mount = image_file.with_extension("mnt");
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(&mount)
+        .status();
+    for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        let backing =
+            std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
+        if backing.trim_end() == image_file.to_str().unwrap() {
+            let dev = format!("/dev/{}", e.file_name().to_str().unwrap());
+            assert!(
+                std::process::Command::new("losetup")
+                    .args(["-d", &dev])
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
+    }
+    let docker_volume = format!("gridlease-ws-{kept}");
+    assert!(
+        std::process::Command::new("docker")
+            .args(["volume", "rm", &docker_volume])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    );
+    wait_for(Duration::from_secs(10), "the loop device to go", || {
+        !loop_backed_by(&kept)
+    });
     let restart: Vec<&str> = [
         &[
             "--dev-gpus",
@@ -414,6 +456,18 @@ fn a_volume_survives_kill_9_then_expires_and_an_unpaid_one_is_deleted() {
             let v = lease_of(&ph, &kept);
             v["state"] == "running" && v["cost_so_far"].as_u64().unwrap_or(0) > before
         },
+    );
+    // Attached again, with its files.
+    assert!(loop_backed_by(&kept));
+    let back = dir.path().join("back.txt");
+    let out = run(
+        &rh,
+        &["volume", "cp", "kept:/note.txt", back.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&back).unwrap(),
+        "before the reboot\n"
     );
 
     // Its keep period ends: deleted, and settled alike on both sides at the price of every
@@ -471,4 +525,166 @@ fn a_volume_survives_kill_9_then_expires_and_an_unpaid_one_is_deleted() {
         said.contains("volume ends: deleting it"),
         "the provider's log says nothing"
     );
+}
+
+/// `stop --keep-disk` then `rent --volume NAME:/workspace`: the running lease ends and settles
+/// (the renter's stop), its `/workspace` becomes a volume of the same size whose billing starts
+/// only once the lease's ended, a later lease on the same provider finds the files intact, and
+/// the volume's storage is billed per second alike in both ledgers.
+#[test]
+fn a_stopped_lease_keeps_its_disk_as_a_volume_and_a_new_lease_resumes_on_it() {
+    let test = "volumes_keep_disk";
+    let Some(image) = BusyboxImage::build_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = busybox_market(
+        dir.path(),
+        &image.tag,
+        &dir.path().join("provider.log"),
+        &[
+            "--volume-price",
+            "0.01",
+            "--usage-interval-secs",
+            "1",
+            "--per-gpu-disk-gib",
+            "2",
+        ],
+    );
+    let _guard = ContainersGuard(m.provider_peer.clone());
+    let (ph, rh) = (dir.path().join("provider"), dir.path().join("renter"));
+    let rented = json(
+        &rh,
+        &[
+            "rent",
+            &m.offer,
+            "--seconds",
+            "600",
+            "--detach",
+            "--no-verify",
+            "--image",
+            &image.tag,
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /workspace/run && dd if=/dev/urandom of=/workspace/run/ckpt bs=1M count=20 2>/dev/null && sha256sum /workspace/run/ckpt > /workspace/run/ckpt.sum && sleep 600",
+        ],
+    );
+    let id = rented["lease_id"].as_str().unwrap().to_string();
+    wait_for(
+        Duration::from_secs(60),
+        "the checkpoint to be written",
+        || {
+            let out = run(&rh, &["exec", &id, "--", "cat", "/workspace/run/ckpt.sum"]);
+            out.status.success() && text(&out.stdout).contains("/workspace/run/ckpt")
+        },
+    );
+
+    // The keep period is the renter's to agree: none given, nothing happens.
+    let out = run(&rh, &["stop", &id, "--keep-disk"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(lease_of(&ph, &id)["state"], "running");
+
+    let out = run(
+        &rh,
+        &[
+            "--json",
+            "stop",
+            &id,
+            "--keep-disk",
+            "--keep",
+            "10m",
+            "--name",
+            "ckpt",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let kept: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vid = kept["volume"]["lease_id"].as_str().unwrap().to_string();
+    assert_eq!(kept["lease"]["state"], "settled", "{kept}");
+    assert_eq!(kept["lease"]["close_reason"], "renter_stop", "{kept}");
+    assert_eq!(kept["volume"]["state"], "running", "{kept}");
+    assert_eq!(kept["volume"]["volume"]["name"], "ckpt", "{kept}");
+    assert_eq!(kept["volume"]["volume"]["size_gib"], 2, "{kept}");
+    assert_eq!(
+        kept["volume"]["volume"]["from_lease"],
+        id.as_str(),
+        "{kept}"
+    );
+
+    // The lease settled alike on both sides; the volume's billing started once it had ended.
+    wait_for(Duration::from_secs(30), "the provider to settle", || {
+        lease_of(&ph, &id)["state"] == "settled"
+    });
+    let (lr, lp) = (lease_of(&rh, &id), lease_of(&ph, &id));
+    assert_eq!(lr["settled_total"], lp["settled_total"], "{lr}\n{lp}");
+    let vp = lease_of(&ph, &vid);
+    let (closed, started) = (
+        lp["closed_at"].as_u64().unwrap(),
+        vp["started_at"].as_u64().unwrap(),
+    );
+    assert!(
+        closed <= started,
+        "billing overlapped: lease closed {closed}, volume started {started}"
+    );
+    let ran = closed - lp["started_at"].as_u64().unwrap();
+    assert!(
+        lp["usage"]["wall_ms"].as_u64().unwrap() <= ran,
+        "the lease billed past its stop: {lp}"
+    );
+    // The image moved to the volume: no copy, nothing left under the lease's name.
+    let workspaces = ph.join("leases/workspaces");
+    assert!(!workspaces.join(format!("{id}.img")).exists());
+    assert!(workspaces.join(format!("{vid}.img")).exists());
+    assert!(!loop_backed_by(&id) && loop_backed_by(&vid));
+    // Only storage is billed meanwhile.
+    wait_for(Duration::from_secs(30), "storage to be billed", || {
+        lease_of(&rh, &vid)["cost_so_far"].as_u64().unwrap_or(0) > 0
+    });
+
+    // Resumed on the same provider: the files are intact.
+    let handle = json(&rh, &["search"])[0]["handle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = rent_with(
+        &rh,
+        &handle,
+        &image.tag,
+        "ckpt:/workspace",
+        "sha256sum /workspace/run/ckpt; cat /workspace/run/ckpt.sum",
+    );
+    let sums: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("/workspace/run/ckpt"))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(sums.len(), 2, "{out}");
+    assert_eq!(
+        sums[0], sums[1],
+        "the resumed lease read other bytes: {out}"
+    );
+
+    // Removed: storage billed per second of its 2 GiB, alike in both ledgers.
+    let out = run(&rh, &["volume", "rm", "ckpt"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_for(
+        Duration::from_secs(30),
+        "both sides to settle the volume",
+        || lease_of(&rh, &vid)["state"] == "settled" && lease_of(&ph, &vid)["state"] == "settled",
+    );
+    let (r, p) = (lease_of(&rh, &vid), lease_of(&ph, &vid));
+    assert_eq!(r["settled_total"], p["settled_total"], "{r}\n{p}");
+    let secs = p["usage"]["wall_ms"].as_u64().unwrap() / 1000;
+    assert!(secs > 0, "{p}");
+    assert_eq!(
+        p["settled_total"].as_u64().unwrap(),
+        10_000 * 2 * secs / 3600,
+        "{p}"
+    );
+    assert_eq!(ledger_total(&rh, &vid), ledger_total(&ph, &vid));
+    assert_eq!(ledger_total(&rh, &id), ledger_total(&ph, &id));
+    wait_for(Duration::from_secs(30), "the volume to be deleted", || {
+        !loop_backed_by(&vid) && !workspaces.join(format!("{vid}.img")).exists()
+    });
 }

@@ -140,6 +140,7 @@ pub fn volume_terms(
         name: name.into(),
         size_gib,
         price_per_gib_hour: price,
+        adopts: None,
     });
     t
 }

@@ -369,6 +369,11 @@ pub struct VolumeTerms {
     pub size_gib: u32,
     /// Price per GiB-hour, micro-units (at least the offer's).
     pub price_per_gib_hour: u64,
+    /// A running lease of the same renter on this provider whose own `/workspace` becomes
+    /// this volume (`gridlease stop LEASE --keep-disk`): that lease ends (the renter's stop,
+    /// settled) and its workspace image is handed over before the volume's billing starts;
+    /// `size_gib` is that workspace's size. `None`: a new, empty volume.
+    pub adopts: Option<LeaseId>,
 }
 
 /// A volume mounted into a lease's container.
@@ -1001,6 +1006,13 @@ pub enum VolumeRefusal {
     EndsTooSoon {
         /// The volume.
         volume: LeaseId,
+    },
+    /// The lease whose `/workspace` should become the volume (`VolumeTerms::adopts`) is not
+    /// a running lease of this renter here with a workspace of its own (or another volume
+    /// takes it already): the same answer whoever asks.
+    NotAdoptable {
+        /// The lease named.
+        lease: LeaseId,
     },
 }
 

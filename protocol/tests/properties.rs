@@ -246,6 +246,11 @@ fn reject_reason() -> impl Strategy<Value = RejectReason> {
                 volume: gridlease_protocol::LeaseId(gridlease_protocol::Digest(d))
             }
         }),
+        any::<[u8; 32]>().prop_map(|d| RejectReason::VolumeRefused {
+            refusal: gridlease_protocol::VolumeRefusal::NotAdoptable {
+                lease: gridlease_protocol::LeaseId(gridlease_protocol::Digest(d))
+            }
+        }),
         Just(RejectReason::RequestExpired),
         Just(RejectReason::WrongProvider),
         any::<u64>().prop_map(|ask| RejectReason::PriceBelowAsk { ask }),

@@ -561,34 +561,9 @@ impl Sandbox {
         let made = async {
             let stats = make_image(&image, quota, owner).await?;
             let device = attach(&image).await?;
-            let volume = volume_name(&lease_id);
-            let req = VolumeCreateRequest {
-                name: Some(volume.clone()),
-                driver: Some("local".to_string()),
-                driver_opts: Some(HashMap::from([
-                    ("type".to_string(), "ext4".to_string()),
-                    ("device".to_string(), device.display().to_string()),
-                    ("o".to_string(), MOUNT_OPTIONS.to_string()),
-                ])),
-                labels: Some(HashMap::from([
-                    (LABEL_LEASE.to_string(), lease_id.to_string()),
-                    (LABEL_NODE.to_string(), spec.node_id.clone()),
-                    (LABEL_WORKSPACE.to_string(), "true".to_string()),
-                    (
-                        LABEL_WORKSPACE_IMAGE.to_string(),
-                        image.display().to_string(),
-                    ),
-                ])),
-                ..Default::default()
-            };
-            self.docker()
-                .create_volume(req)
-                .await
-                .map_err(|source| WorkspaceError::Docker {
-                    op: "create_volume",
-                    volume: volume.clone(),
-                    source,
-                })?;
+            let volume = self
+                .create_workspace_volume(&lease_id, &spec.node_id, &image, &device)
+                .await?;
             Ok(Workspace {
                 lease_id,
                 volume,
@@ -620,6 +595,143 @@ impl Sandbox {
                 Err(e)
             }
         }
+    }
+
+    /// The Docker volume of `lease`'s workspace: `device`, the loop device backed by `image`.
+    async fn create_workspace_volume(
+        &self,
+        lease: &LeaseId,
+        node_id: &str,
+        image: &Path,
+        device: &Path,
+    ) -> Result<String, WorkspaceError> {
+        let volume = volume_name(lease);
+        let req = VolumeCreateRequest {
+            name: Some(volume.clone()),
+            driver: Some("local".to_string()),
+            driver_opts: Some(HashMap::from([
+                ("type".to_string(), "ext4".to_string()),
+                ("device".to_string(), device.display().to_string()),
+                ("o".to_string(), MOUNT_OPTIONS.to_string()),
+            ])),
+            labels: Some(HashMap::from([
+                (LABEL_LEASE.to_string(), lease.to_string()),
+                (LABEL_NODE.to_string(), node_id.to_string()),
+                (LABEL_WORKSPACE.to_string(), "true".to_string()),
+                (
+                    LABEL_WORKSPACE_IMAGE.to_string(),
+                    image.display().to_string(),
+                ),
+            ])),
+            ..Default::default()
+        };
+        self.docker()
+            .create_volume(req)
+            .await
+            .map_err(|source| WorkspaceError::Docker {
+                op: "create_volume",
+                volume: volume.clone(),
+                source,
+            })?;
+        Ok(volume)
+    }
+
+    /// Opens the existing workspace of `spec`'s lease in `dir` again, keeping its files: its
+    /// image attached to a loop device unless one backs it already, and its Docker volume
+    /// made unless one names that device (after a host reboot both are gone and only the
+    /// image stays; a volume naming another device is replaced). Fails with
+    /// [`WorkspaceError::Gone`] when the image file is not there.
+    pub async fn reattach_workspace(
+        &self,
+        dir: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<Workspace, WorkspaceError> {
+        let lease_id = spec.lease_id;
+        let dir = canonical_or_same(dir);
+        let image = image_path(&dir, &lease_id);
+        let stats = match read_stats(&image) {
+            Ok(s) => s,
+            Err(WorkspaceError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Err(WorkspaceError::Gone { lease_id });
+            }
+            Err(e) => return Err(e),
+        };
+        // No removal detaches (and no copy mounts) the device meanwhile.
+        let _mounts = MOUNTS.lock().await;
+        let attached = loops_backed_by(&attached_loops(), &image).next().cloned();
+        let changed = attached.is_none();
+        let device = match attached {
+            Some(d) => d,
+            None => attach(&image).await?,
+        };
+        let volume = volume_name(&lease_id);
+        let named = match self.docker().inspect_volume(&volume).await {
+            Ok(v) => Some(v.options.get("device").map(PathBuf::from)),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => None,
+            Err(source) => {
+                return Err(WorkspaceError::Docker {
+                    op: "inspect_volume",
+                    volume,
+                    source,
+                });
+            }
+        };
+        let changed = match named {
+            Some(Some(d)) if d == device => changed,
+            found => {
+                if found.is_some() {
+                    self.remove_volume(&volume).await?;
+                }
+                self.create_workspace_volume(&lease_id, &spec.node_id, &image, &device)
+                    .await?;
+                true
+            }
+        };
+        if changed {
+            tracing::info!(lease = %lease_id, volume = %volume, device = %device.display(), "workspace attached again");
+        }
+        Ok(Workspace {
+            lease_id,
+            volume,
+            image,
+            device,
+            quota_bytes: spec.workspace_bytes,
+            image_bytes: stats.size_bytes(),
+            usable_bytes: stats.usable_bytes(),
+        })
+    }
+
+    /// Hands the workspace of lease `from` in `dir`, with its files, to `spec`'s lease (a
+    /// lease's `/workspace` kept as a volume): `from`'s Docker volume removed (its container
+    /// must be gone: an error otherwise, and nothing changes), the node's own mount of it and
+    /// its loop devices detached, its image renamed to the new lease's, which is then attached
+    /// ([`Sandbox::reattach_workspace`]). Safe to repeat after an interruption at any step:
+    /// once `from`'s image is renamed only the last step is left.
+    pub async fn adopt_workspace(
+        &self,
+        dir: &Path,
+        from: &LeaseId,
+        spec: &SandboxSpec,
+    ) -> Result<Workspace, WorkspaceError> {
+        let dir = canonical_or_same(dir);
+        let (old, new) = (image_path(&dir, from), image_path(&dir, &spec.lease_id));
+        if old.exists() {
+            self.remove_volume(&volume_name(from)).await?;
+            {
+                let _mounts = MOUNTS.lock().await;
+                unmount_own(&mount_path(&dir, from));
+                for device in loops_backed_by(&attached_loops(), &old) {
+                    run_tool("losetup", &["-d".into(), device.clone().into()], device).await?;
+                }
+            }
+            std::fs::rename(&old, &new).map_err(io_err(&old))?;
+            tracing::info!(from = %from, to = %spec.lease_id, "workspace handed over");
+        }
+        self.reattach_workspace(&dir, spec).await
     }
 
     /// Removes a lease's workspace from `dir`: its volume (which must not be in use: remove

@@ -284,6 +284,14 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
             ],
         ),
         (
+            "KeepDisk",
+            vec![
+                ("name", json!({"pattern": VOLUME_NAME.text})),
+                ("keep_s", json!({"minimum": 1})),
+                ("max_total", amount.clone()),
+            ],
+        ),
+        (
             "ExtendRequest",
             vec![
                 ("minutes", json!({"minimum": 1, "maximum": u32::MAX / 60})),

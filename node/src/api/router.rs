@@ -83,6 +83,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(leases::extend))
         .routes(routes!(volumes::list, volumes::create))
         .routes(routes!(volumes::remove))
+        .routes(routes!(volumes::keep_disk))
         .routes(routes!(jobs::list, jobs::submit))
         .routes(routes!(jobs::get))
         .routes(routes!(jobs::cancel))

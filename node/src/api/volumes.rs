@@ -76,12 +76,7 @@ pub(super) async fn create(
     ApiJson(body): ApiJson<VolumeCreate>,
 ) -> Result<(StatusCode, Json<RentedView>), ApiError> {
     let bad = |m: String| Err(ApiError::new(P::InvalidBody, m));
-    if !gridlease_protocol::valid_volume_name(&body.name) {
-        return bad(format!(
-            "name {:?}: 1-64 of a-z, 0-9, '-', '_', '.', not starting with '-' or '.'",
-            body.name.chars().take(80).collect::<String>()
-        ));
-    }
+    check_name(&body.name)?;
     if body.size_gib == 0 || body.size_gib > gridlease_protocol::MAX_VOLUME_GIB {
         return bad(format!(
             "size_gib {}: 1 to {}",
@@ -89,39 +84,78 @@ pub(super) async fn create(
             gridlease_protocol::MAX_VOLUME_GIB
         ));
     }
-    if body.keep_s == 0 {
-        return bad("keep_s: at least 1 second".into());
-    }
-    if body
-        .max_total
-        .is_some_and(|m| m.micros() > openapi::MAX_AMOUNT_MICROS)
-    {
-        return bad("max_total is too large".into());
-    }
+    check_keep(body.keep_s, body.max_total)?;
     let offer = match (&body.offer, &body.provider) {
         (Some(o), None) => resolve_offer(&s, o).await?.0,
         (None, Some(p)) => provider_offer(&s, p).await?,
         _ => return bad("give one of offer and provider".into()),
     };
+    let volume = VolumeRequest {
+        name: body.name.clone(),
+        size_gib: body.size_gib,
+        adopts: None,
+    };
+    agree(
+        &s,
+        offer,
+        body.keep_s,
+        body.prepay_s,
+        body.max_total,
+        volume,
+    )
+    .await
+}
+
+/// A volume's name, checked as the provider will.
+fn check_name(name: &str) -> Result<(), ApiError> {
+    if gridlease_protocol::valid_volume_name(name) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        P::InvalidBody,
+        format!(
+            "name {:?}: 1-64 of a-z, 0-9, '-', '_', '.', not starting with '-' or '.'",
+            name.chars().take(80).collect::<String>()
+        ),
+    ))
+}
+
+/// A volume's keep period and budget cap, checked.
+fn check_keep(keep_s: u32, max_total: Option<Money>) -> Result<(), ApiError> {
+    if keep_s == 0 {
+        return Err(ApiError::new(P::InvalidBody, "keep_s: at least 1 second"));
+    }
+    if max_total.is_some_and(|m| m.micros() > openapi::MAX_AMOUNT_MICROS) {
+        return Err(ApiError::new(P::InvalidBody, "max_total is too large"));
+    }
+    Ok(())
+}
+
+/// Agrees the volume lease of `volume` on `offer`'s provider: 201 with its id.
+async fn agree(
+    s: &ApiState,
+    offer: gridlease_protocol::OfferId,
+    keep_s: u32,
+    prepay_s: u32,
+    max_total: Option<Money>,
+    volume: VolumeRequest,
+) -> Result<(StatusCode, Json<RentedView>), ApiError> {
     let req = RentRequest {
         offer: offer.to_string(),
         gpus: 0,
-        duration_s: body.keep_s,
+        duration_s: keep_s,
         image: String::new(),
         command: Vec::new(),
         env: Default::default(),
-        max_total: body.max_total,
+        max_total,
         network: gridlease_protocol::NetworkPolicy::None,
         keep_outputs_s: 0,
         upload_hold_s: 0,
-        prepay_s: body.prepay_s,
+        prepay_s,
         verify: false,
         volumes: Vec::new(),
         mounts: Vec::new(),
-        volume: Some(VolumeRequest {
-            name: body.name.clone(),
-            size_gib: body.size_gib,
-        }),
+        volume: Some(volume),
     };
     match s.leases.rent(req).await {
         Ok(id) => Ok((
@@ -134,6 +168,111 @@ pub(super) async fn create(
         )),
         Err(e) => Err(super::refusals::rent_error(e)),
     }
+}
+
+/// Body of `POST /v1/leases/{id}/keep-disk`.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KeepDisk {
+    /// The volume's name (1-64 of a-z, 0-9, `-`, `_`, `.`; not starting with `-` or `.`);
+    /// default: `lease-` and the lease id's first 8 hex digits.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Keep period, seconds: the volume is deleted at its end (extend it with extendLease).
+    pub keep_s: u32,
+    /// Seconds of storage paid ahead, as in createVolume (default: the whole keep period).
+    #[serde(default = "prepay_all")]
+    pub prepay_s: u32,
+    /// Budget cap (a decimal amount); default: the cost of the whole keep period.
+    #[serde(default, with = "crate::renter::decimal")]
+    #[schema(value_type = Option<String>)]
+    pub max_total: Option<Money>,
+}
+
+/// `POST /v1/leases/{id}/keep-disk`.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{id}/keep-disk",
+    operation_id = "keepLeaseDisk",
+    tag = "volumes",
+    summary = "Stop a running lease and keep its /workspace as a volume on its provider (renter)",
+    description = "Agrees a volume lease of the lease's workspace size at the provider's volume price for `keep_s`; the provider then ends the lease (the renter's stop: settled as any) and hands its workspace, files and all, to the volume, whose billing starts once the lease's has ended. Answers once the volume lease is agreed, with its id; getLease on it shows `running` once the workspace is kept. Mount it again with `volumes: [{volume, path: \"/workspace\"}]` in rentOffer.",
+    params(("id" = String, Path, description = "Lease id or unique hex prefix")),
+    request_body = KeepDisk,
+    responses(
+        (status = 201, description = "The volume lease was agreed; the lease is being stopped", body = RentedView),
+        (status = 400, description = "Not a lease id (`invalid-parameter`), or the body is not JSON (`malformed-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 404, description = "No such lease (`unknown-lease`), or its provider has no offer in the book (`unknown-offer`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "This node provides the lease (`not-renter`), it is not running (`lease-not-running`), its /workspace is a volume already or the provider refused (`lease-rejected`: keeps no volumes, too large, keep too long, ...), or the prefix matches several leases (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", content_type = "application/problem+json", body = Problem),
+        (status = 422, description = "Not a valid name or keep period (`invalid-body`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The provider could not be reached (`provider-unreachable`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+pub(super) async fn keep_disk(
+    State(s): State<ApiState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<KeepDisk>,
+) -> Result<(StatusCode, Json<RentedView>), ApiError> {
+    let id = super::resolve::resolve_lease(&s, &id).await?;
+    let name = body
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("lease-{}", &id.to_string()[..8]));
+    check_name(&name)?;
+    check_keep(body.keep_s, body.max_total)?;
+    let view = s
+        .leases
+        .lease(id)
+        .await
+        .map_err(lease_err)?
+        .ok_or_else(|| ApiError::new(P::UnknownLease, format!("no lease {id} on this node")))?;
+    if view.role != Role::Renter {
+        return Err(ApiError::new(
+            P::NotRenter,
+            format!("this node provides lease {id}; its renter keeps its disk"),
+        ));
+    }
+    if view.volume.is_some() {
+        return Err(ApiError::new(
+            P::LeaseRejected,
+            format!("{id} is a volume already"),
+        ));
+    }
+    if view.state != gridlease_contracts::LeaseState::Running {
+        return Err(ApiError::new(
+            P::LeaseNotRunning,
+            format!(
+                "lease {id} is {:?}: only a running lease's disk is kept",
+                view.state
+            ),
+        ));
+    }
+    if view.workspace_lease() != id {
+        return Err(ApiError::new(
+            P::LeaseRejected,
+            format!(
+                "lease {id}'s /workspace is volume {} already: it stays when the lease stops",
+                view.workspace_lease()
+            ),
+        ));
+    }
+    let offer = provider_offer(&s, &view.counterparty).await?;
+    let volume = VolumeRequest {
+        name,
+        size_gib: u32::try_from(view.disk_bytes >> 30).unwrap_or(u32::MAX),
+        adopts: Some(id),
+    };
+    agree(
+        &s,
+        offer,
+        body.keep_s,
+        body.prepay_s,
+        body.max_total,
+        volume,
+    )
+    .await
 }
 
 /// The current offer of the provider `who`: a peer id, or its key's hex (or first digits, as

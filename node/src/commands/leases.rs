@@ -42,7 +42,10 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &LeasesArgs) -> anyhow::R
                     v.role.as_str().to_string(),
                     v.state.as_str().to_string(),
                     short(&v.counterparty),
-                    v.gpus.to_string(),
+                    // A volume lease keeps disk, not GPUs (`volume ls` lists them).
+                    v.volume
+                        .as_ref()
+                        .map_or_else(|| v.gpus.to_string(), |x| format!("vol {}G", x.size_gib)),
                     u.map_or("-".into(), |u| {
                         gpu(u
                             .gpu_util_permille

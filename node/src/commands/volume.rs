@@ -116,7 +116,7 @@ fn parse_gib(s: &str) -> Result<u32, String> {
 }
 
 /// A keep period in seconds.
-fn parse_keep(s: &str) -> Result<u32, String> {
+pub(super) fn parse_keep(s: &str) -> Result<u32, String> {
     let d = humantime::parse_duration(s)
         .map_err(|e| format!("{e}: give a duration such as 7d, 12h or 90m"))?;
     match u32::try_from(d.as_secs()) {

@@ -76,6 +76,8 @@ pub(super) struct Actor {
     inbound: mpsc::Receiver<InboundLease>,
     /// Provider: sessions whose GPUs are free ([`Ctx::gpus_free`]).
     released: mpsc::Receiver<LeaseId>,
+    /// Provider: leases whose workspace a volume adopts ([`Ctx::hand_over`]).
+    handovers: mpsc::Receiver<LeaseId>,
     sessions: HashMap<LeaseId, Entry>,
     tasks: JoinSet<SessionEnd>,
     /// Provider: decisions, GPU holds, nonces.
@@ -101,12 +103,14 @@ impl Actor {
         cmds: mpsc::Receiver<Cmd>,
         inbound: mpsc::Receiver<InboundLease>,
         released: mpsc::Receiver<LeaseId>,
+        handovers: mpsc::Receiver<LeaseId>,
     ) -> Self {
         Self {
             ctx,
             cmds,
             inbound,
             released,
+            handovers,
             sessions: HashMap::new(),
             tasks: JoinSet::new(),
             desk: desk::Desk::new(),
@@ -128,6 +132,12 @@ impl Actor {
                 Some(id) = self.released.recv() => {
                     self.desk.release(&id);
                     self.publish_holds();
+                }
+                Some(id) = self.handovers.recv() => {
+                    // Never waits on a session: a full inbox is asked again.
+                    if let Some(e) = self.sessions.get(&id) {
+                        let _ = e.inbox.try_send(SessionMsg::HandOver);
+                    }
                 }
                 Some(done) = self.vets.join_next(), if !self.vets.is_empty() => match done {
                     Ok(v) => self.on_vetted(v),
@@ -651,8 +661,16 @@ impl Actor {
             }
             // After the containers: a workspace still mounted by one cannot be removed.
             let dir = self.ctx.workspace_dir();
+            // A live volume made of a lease's workspace keeps that workspace until it is
+            // handed over, though its lease is over.
+            let mut workspaces = keep.clone();
+            workspaces.extend(
+                live.iter()
+                    .filter(|(l, _)| l.role == Role::Provider)
+                    .filter_map(|(l, _)| l.lease.terms.volume.as_ref()?.adopts),
+            );
             match sb
-                .reconcile_workspaces(&dir, &self.ctx.node_id, &keep)
+                .reconcile_workspaces(&dir, &self.ctx.node_id, &workspaces)
                 .await
             {
                 Ok(r) => tracing::info!(

@@ -4,8 +4,9 @@
 //! network loop, which re-signs and announces the offer at once when it differs. So a fully
 //! rented offer says `0` within a round trip on loopback, and renters' searches leave it out;
 //! a release puts it back. A `watch` keeps only the latest holds: quick changes coalesce, and
-//! an older count never overwrites a newer one. The kept volumes' GiB (issue 47) go the same
-//! way: the offer's disk per GPU is what is left of the host's after them.
+//! an older count never overwrites a newer one. The kept volumes' GiB (issue 47) and the kept
+//! outputs' ([`super::outputs`]) go the same way: the offer's disk per GPU is what is left of
+//! the host's after them.
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>) {
     let mut holds = ctx.holds.subscribe();
     let mut owner = ctx.owner_busy.subscribe();
     let mut volumes = ctx.volume_gib.subscribe();
+    let mut outputs = ctx.kept_outputs_gib.subscribe();
     holds.mark_changed();
     // Set when there was no offer to count against: the node signs its first one after it
     // starts (and has none while providing is off). Without looking again, holds restored at
@@ -44,8 +46,15 @@ pub(crate) async fn run(ctx: Arc<Ctx>) {
                     return;
                 }
             }
+            changed = outputs.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
         }
-        let volume_gib = *volumes.borrow_and_update();
+        let kept_gib = volumes
+            .borrow_and_update()
+            .saturating_add(*outputs.borrow_and_update());
         // GPUs the owner uses (`super::owner`) are not free either.
         let mut held = holds.borrow_and_update().clone();
         held.extend(owner.borrow_and_update().iter().copied());
@@ -68,7 +77,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>) {
         if own.offer.free_gpus != free {
             tracing::debug!(free, "offer re-signed with its free GPUs");
         }
-        if ctx.client.set_capacity(free, volume_gib).await.is_err() {
+        if ctx.client.set_capacity(free, kept_gib).await.is_err() {
             return;
         }
     }

@@ -31,6 +31,9 @@ pub(crate) struct Ctx {
     /// Provider: GiB the kept volumes (issue 47) take, as the desk last published it;
     /// [`capacity::run`] takes it out of the offer's disk.
     pub(crate) volume_gib: watch::Sender<u64>,
+    /// Provider: GiB the finished leases' kept outputs take on disk (their workspace images'
+    /// allocated blocks, which no longer grow), as [`super::outputs::sweep`] last measured.
+    pub(crate) kept_outputs_gib: watch::Sender<u64>,
     /// Provider: offered GPUs that are the owner's now ([`super::owner::run`]): in use by the owner
     /// (recently, or outside the offered hours: then all of them): not given to leases, not
     /// counted free.
@@ -43,6 +46,9 @@ pub(crate) struct Ctx {
     /// view, so that the desk has released them before anyone who saw the view can ask for
     /// them ([`Ctx::gpus_free`]). The session's end releases them too (idempotent).
     pub(super) released: mpsc::Sender<LeaseId>,
+    /// Provider: a volume made of a lease's `/workspace` asks that lease's session to end
+    /// ([`Ctx::hand_over`]).
+    pub(super) handovers: mpsc::Sender<LeaseId>,
     /// A lease ended: [`retention::run`] sweeps finished leases' logs now, not only on its
     /// period.
     pub(crate) log_sweep: tokio::sync::Notify,
@@ -104,5 +110,12 @@ impl Ctx {
     /// waits: a full queue leaves the release to the session's end.
     pub(crate) fn gpus_free(&self, id: LeaseId) {
         let _ = self.released.try_send(id);
+    }
+
+    /// Provider: asks the session of lease `id` to end, its workspace kept for the volume
+    /// that adopts it ([`SessionMsg::HandOver`]). Never waits: the volume's start asks again
+    /// until the lease is over.
+    pub(crate) fn hand_over(&self, id: LeaseId) {
+        let _ = self.handovers.try_send(id);
     }
 }

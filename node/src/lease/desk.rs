@@ -73,6 +73,35 @@ pub struct KeptVolume {
     pub size_gib: u32,
     /// The lease whose container mounts it now (until that container is gone).
     pub mounted_by: Option<LeaseId>,
+    /// The lease whose `/workspace` it is made from (`stop --keep-disk`).
+    pub adopts: Option<LeaseId>,
+}
+
+/// What the desk keeps of an accepted lease until its container is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Held {
+    /// Its GPUs (none for a volume lease).
+    gpus: Vec<Digest>,
+    /// Its renter.
+    renter: PublicKey,
+    /// GiB of its own `/workspace` (none for a volume lease, or a lease whose `/workspace`
+    /// is one of the renter's volumes): what a volume adopting it must measure.
+    own_workspace_gib: Option<u32>,
+}
+
+impl Held {
+    fn of(l: &gridlease_protocol::LeaseTerms, gpus: Vec<Digest>) -> Self {
+        let on_volume = l
+            .mounts
+            .iter()
+            .any(|m| m.path == gridlease_sandbox::spec::WORKSPACE_PATH);
+        Self {
+            gpus,
+            renter: l.renter,
+            own_workspace_gib: (l.volume.is_none() && !on_volume)
+                .then(|| u32::try_from(l.workspace_bytes() >> 30).unwrap_or(u32::MAX)),
+        }
+    }
 }
 
 /// What volumes may take now, measured by the actor before the desk decides.
@@ -88,7 +117,7 @@ pub struct VolumeRoom {
 /// GPU holds and the nonce index of a provider.
 #[derive(Debug, Default)]
 pub struct Desk {
-    holds: BTreeMap<LeaseId, Vec<Digest>>,
+    holds: BTreeMap<LeaseId, Held>,
     /// Live volume leases (issue 47), from the accept until their session ended.
     volumes: BTreeMap<LeaseId, KeptVolume>,
     /// Offered GPUs their owner uses now: never given to a lease ([`super::owner`]).
@@ -107,7 +136,8 @@ impl Desk {
         if l.role != Role::Provider || l.lease.state.is_terminal() {
             return;
         }
-        self.holds.insert(l.lease.id, l.gpus.clone());
+        self.holds
+            .insert(l.lease.id, Held::of(&l.lease.terms, l.gpus.clone()));
         if let Some(v) = &l.lease.terms.volume {
             self.volumes
                 .insert(l.lease.id, kept(&l.lease.terms.renter, v));
@@ -147,7 +177,8 @@ impl Desk {
     }
 
     /// A new volume of `renter` within `room`: not one too many, its name not taken by the
-    /// renter's other live volumes, and disk free for it.
+    /// renter's other live volumes, and disk free for it (a volume made of a lease's
+    /// workspace takes no more: [`Desk::check_adoption`]).
     fn admit_volume(
         &self,
         renter: &PublicKey,
@@ -166,9 +197,41 @@ impl Desk {
         {
             return Err(VolumeRefusal::NameTaken);
         }
-        if u64::from(v.size_gib) > room.free_gib {
+        if v.adopts.is_none() && u64::from(v.size_gib) > room.free_gib {
             return Err(VolumeRefusal::NoSpace {
                 free_gib: room.free_gib,
+            });
+        }
+        Ok(())
+    }
+
+    /// A volume made of lease `lease`'s `/workspace`: a running lease of `renter` here (`live`
+    /// gives a running lease's deadline), with a workspace of its own of the volume's size,
+    /// that no other volume takes already.
+    fn check_adoption(
+        &self,
+        renter: &PublicKey,
+        v: &gridlease_protocol::VolumeTerms,
+        lease: LeaseId,
+        live: &dyn Fn(&LeaseId) -> Option<Timestamp>,
+    ) -> Result<(), RejectReason> {
+        let refused = Err(RejectReason::VolumeRefused {
+            refusal: VolumeRefusal::NotAdoptable { lease },
+        });
+        let Some(gib) = self
+            .holds
+            .get(&lease)
+            .filter(|h| h.renter == *renter)
+            .and_then(|h| h.own_workspace_gib)
+        else {
+            return refused;
+        };
+        if live(&lease).is_none() || self.volumes.values().any(|k| k.adopts == Some(lease)) {
+            return refused;
+        }
+        if gib != v.size_gib {
+            return Err(RejectReason::TermsMismatch {
+                field: format!("volume.size_gib (the lease's workspace is {gib} GiB)"),
             });
         }
         Ok(())
@@ -220,7 +283,11 @@ impl Desk {
 
     /// Every GPU a lease holds now.
     pub fn held_gpus(&self) -> std::collections::BTreeSet<Digest> {
-        self.holds.values().flatten().copied().collect()
+        self.holds
+            .values()
+            .flat_map(|h| h.gpus.iter())
+            .copied()
+            .collect()
     }
 
     /// The GPUs the owner uses now (they are not free).
@@ -235,7 +302,7 @@ impl Desk {
             .gpus
             .iter()
             .map(|g| g.spec.uuid_digest)
-            .filter(|d| !self.holds.values().any(|h| h.contains(d)))
+            .filter(|d| !self.holds.values().any(|h| h.gpus.contains(d)))
             .filter(|d| !self.owner_busy.contains(d))
             .collect()
     }
@@ -311,6 +378,12 @@ impl Desk {
         if let Some(refusal) = volume_refusal {
             return reject(RejectReason::VolumeRefused { refusal });
         }
+        if let Some(v) = &terms.volume
+            && let Some(from) = v.adopts
+            && let Err(reason) = self.check_adoption(&verified.signer, v, from, volumes.live)
+        {
+            return reject(reason);
+        }
         if let Err(refusal) = image
             && terms.volume.is_none()
         {
@@ -343,7 +416,7 @@ impl Desk {
             (verified.signer, terms.nonce),
             NonceState::Persisting { lease_id },
         );
-        self.holds.insert(lease_id, gpus.clone());
+        self.holds.insert(lease_id, Held::of(terms, gpus.clone()));
         if let Some(v) = &terms.volume {
             self.volumes.insert(lease_id, kept(&verified.signer, v));
         }
@@ -419,6 +492,7 @@ fn kept(renter: &PublicKey, v: &gridlease_protocol::VolumeTerms) -> KeptVolume {
         name: v.name.clone(),
         size_gib: v.size_gib,
         mounted_by: None,
+        adopts: v.adopts,
     }
 }
 

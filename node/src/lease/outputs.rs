@@ -50,6 +50,23 @@ pub(crate) async fn sweep(ctx: &Ctx) -> BTreeSet<LeaseId> {
             }
         }
     }
+    // What the kept ones take: their images' allocated blocks (a stopped container's
+    // workspace no longer grows), out of the offer's disk until they go.
+    let dir = ctx.workspace_dir();
+    let bytes: u64 = still
+        .iter()
+        .filter_map(|id| {
+            let image = gridlease_sandbox::workspace::image_path(&dir, id);
+            std::fs::metadata(image).ok()
+        })
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m).saturating_mul(512))
+        .sum();
+    let gib = bytes.div_ceil(1 << 30);
+    ctx.kept_outputs_gib.send_if_modified(|cur| {
+        let changed = *cur != gib;
+        *cur = gib;
+        changed
+    });
     still
 }
 

@@ -58,6 +58,7 @@ impl LeaseService {
         let store = client.store().clone();
         let node_id = client.peer_id().to_string();
         let (released_tx, released) = mpsc::channel(SERVICE_QUEUE);
+        let (handovers_tx, handovers) = mpsc::channel(SERVICE_QUEUE);
         let ctx = Arc::new(Ctx {
             client: client.clone(),
             store,
@@ -68,9 +69,11 @@ impl LeaseService {
             log_reads: Arc::new(tokio::sync::Semaphore::new(logs::LOG_READERS)),
             holds: watch::Sender::new(std::collections::BTreeSet::new()),
             volume_gib: watch::Sender::new(0),
+            kept_outputs_gib: watch::Sender::new(0),
             owner_busy: watch::Sender::new(std::collections::BTreeSet::new()),
             hours: watch::Sender::new(None),
             released: released_tx,
+            handovers: handovers_tx,
             log_sweep: tokio::sync::Notify::new(),
         });
         // The hours a restarted provider offers in are those it last saved.
@@ -90,7 +93,7 @@ impl LeaseService {
         }
         let (tx, rx) = mpsc::channel(SERVICE_QUEUE);
         let (in_tx, in_rx) = mpsc::channel(INBOUND_QUEUE);
-        let mut actor = Actor::new(ctx.clone(), rx, in_rx, released);
+        let mut actor = Actor::new(ctx.clone(), rx, in_rx, released, handovers);
         actor.resume_all().await?;
         actor.publish_holds();
         tokio::spawn(capacity::run(ctx.clone()));

@@ -44,6 +44,9 @@ pub(crate) enum SessionMsg {
     /// Provider: stop the lease because the owner takes its GPU back (an interruptible offer:
     /// [`owner`]); the same stop as [`SessionMsg::Stop`], closed `OwnerReclaimed`.
     Reclaim(oneshot::Sender<()>),
+    /// Provider: end the lease as its renter's stop, its `/workspace` kept for the volume
+    /// that adopts it (`stop --keep-disk`; [`Ctx::hand_over`](super::ctx::Ctx::hand_over)).
+    HandOver,
     /// Extend the lease (renter only; [`extend`]).
     Extend(Box<extend::ExtendAsk>),
     /// Re-check the running lease's GPUs (renter only; `gridlease verify-gpu`).

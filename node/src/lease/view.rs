@@ -152,6 +152,8 @@ pub struct VolumeView {
     pub size_gib: u32,
     /// Price per GiB-hour, micro-units.
     pub price_per_gib_hour: u64,
+    /// The lease (64 hex digits) whose `/workspace` it was made of (`stop --keep-disk`).
+    pub from_lease: Option<String>,
 }
 
 /// A volume mounted into a lease.
@@ -366,6 +368,7 @@ pub(crate) fn make(lease: &Lease, k: Known<'_>, now: Timestamp) -> LeaseView {
             name: v.name.clone(),
             size_gib: v.size_gib,
             price_per_gib_hour: v.price_per_gib_hour,
+            from_lease: v.adopts.map(|l| l.to_string()),
         }),
         mounts: t
             .mounts

@@ -432,10 +432,10 @@ impl Client {
         self.set_capacity(free, 0).await
     }
 
-    /// [`Client::set_free_gpus`], and the GiB kept volumes take (issue 47): the offer's disk
+    /// [`Client::set_free_gpus`], and the GiB kept beyond leases (volumes, kept outputs: issue 47): the offer's disk
     /// per GPU is the template's less its share of them.
-    pub async fn set_capacity(&self, free: u16, volume_gib: u64) -> Result<(), NegotiationError> {
-        self.ask(|r| Command::SetFree(free, volume_gib, r)).await
+    pub async fn set_capacity(&self, free: u16, kept_gib: u64) -> Result<(), NegotiationError> {
+        self.ask(|r| Command::SetFree(free, kept_gib, r)).await
     }
 
     /// The current own offer.

@@ -368,9 +368,9 @@ impl EventLoop {
                 }
                 let _ = reply.send(self.own.provider.current.clone());
             }
-            Command::SetFree(free, volume_gib, reply) => {
+            Command::SetFree(free, kept_gib, reply) => {
                 // Re-signed and announced at once when the count changes.
-                if self.own.set_free(free, volume_gib) {
+                if self.own.set_free(free, kept_gib) {
                     self.announce();
                 }
                 let _ = reply.send(());

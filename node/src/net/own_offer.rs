@@ -120,7 +120,7 @@ impl Publisher {
             ttl_ms,
             addrs,
             self.provider.free_gpus,
-            self.provider.volume_gib,
+            self.provider.kept_gib,
         );
         let Some((signed, id)) = sign(ctx, &offer, false) else {
             return false;
@@ -236,9 +236,9 @@ impl Publisher {
 
     /// A new free GPU count: whether the offer must be re-signed and announced now (the
     /// count changed and the current offer carries another).
-    pub(super) fn set_free(&mut self, free: u16, volume_gib: u64) -> bool {
-        if self.provider.volume_gib != volume_gib {
-            self.provider.volume_gib = volume_gib;
+    pub(super) fn set_free(&mut self, free: u16, kept_gib: u64) -> bool {
+        if self.provider.kept_gib != kept_gib {
+            self.provider.kept_gib = kept_gib;
             if self.provider.current.is_some() {
                 self.provider.free_gpus = Some(free);
                 self.provider.resign = true;

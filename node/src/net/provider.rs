@@ -93,12 +93,13 @@ impl OfferTemplate {
         ttl_ms: u64,
         addrs: Vec<String>,
         free: Option<u16>,
-        volume_gib: u64,
+        kept_gib: u64,
     ) -> Offer {
         let all = u16::try_from(self.gpus.len()).unwrap_or(u16::MAX);
-        // The kept volumes' GiB come out of the disk the GPUs share (issue 47).
+        // The GiB kept beyond leases (volumes, kept outputs: issue 47) come out of the disk
+        // the GPUs share.
         let mut per_gpu = self.per_gpu;
-        let share = volume_gib.div_ceil(u64::from(all.max(1)));
+        let share = kept_gib.div_ceil(u64::from(all.max(1)));
         per_gpu.disk_gib =
             u32::try_from(u64::from(per_gpu.disk_gib).saturating_sub(share)).unwrap_or(0);
         Offer {
@@ -165,8 +166,9 @@ pub struct ProviderState {
     /// carries it. The count is the lease side's business (its desk holds the GPUs); the
     /// network loop only signs what it is told.
     pub free_gpus: Option<u16>,
-    /// GiB the kept volumes take (issue 47): out of the offer's disk.
-    pub volume_gib: u64,
+    /// GiB kept beyond leases, the volumes' and the kept outputs' (issue 47): out of the
+    /// offer's disk.
+    pub kept_gib: u64,
 }
 
 impl ProviderState {

@@ -84,10 +84,10 @@ async function api(path, opts) {
 const live = new Map();
 
 async function refresh() {
-  const [status, gpus, leases, ledger] = await Promise.all([
-    api("/v1/status"), api("/v1/gpus"), api("/v1/leases"), api("/v1/ledger"),
+  const [status, gpus, leases, ledger, volumes] = await Promise.all([
+    api("/v1/status"), api("/v1/gpus"), api("/v1/leases"), api("/v1/ledger"), api("/v1/volumes"),
   ]);
-  const running = leases.filter((l) => l.state === "running");
+  const running = leases.filter((l) => l.state === "running" && !l.volume);
   for (const id of [...live.keys()]) {
     if (!running.some((l) => l.lease_id === id)) live.delete(id);
   }
@@ -106,7 +106,8 @@ async function refresh() {
   drawGpus(gpus);
   drawLive();
   drawOffer(status.own_offer, status.schedule);
-  drawLeases(leases);
+  drawLeases(leases.filter((l) => !l.volume));
+  drawVolumes(volumes);
   drawChart(ledger, leases);
   $("updated").textContent = "updated " + new Date().toLocaleTimeString();
 }
@@ -232,6 +233,45 @@ function drawLeases(leases) {
       el("td", { class: "usage", text: usage }),
       el("td", { class: "num cost", text: money(l.cost_so_far) }),
       el("td", { class: "num paid", text: money(l.paid) })));
+  }
+}
+
+// A duration in seconds, as a person reads it (`6 d 23 h`, `12 min`).
+function span(s) {
+  if (s >= 86400) return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+  if (s >= 3600) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  if (s >= 60) return `${Math.floor(s / 60)} min`;
+  return `${s} s`;
+}
+
+// Volumes, live ones first, each with its renter or provider, what it costs and when it goes.
+function drawVolumes(volumes) {
+  const body = $("volumes").tBodies[0];
+  body.replaceChildren();
+  $("no-volumes").hidden = volumes.length > 0;
+  const live = (v) => !["settled", "failed", "rejected"].includes(v.state);
+  for (const v of [...volumes].sort((a, b) => live(b) - live(a))) {
+    const vol = v.volume;
+    const deleted = live(v)
+      ? (v.time_left_s != null ? "in " + span(v.time_left_s) : "—")
+      : "deleted";
+    // What the renter has signed for, as time kept at this price.
+    const rate = (vol.price_per_gib_hour * vol.size_gib) / 3600;
+    const ahead = rate > 0 && v.started_at && live(v)
+      ? when(v.started_at + Math.floor(v.authorised / rate) * 1000)
+      : "—";
+    const from = vol.from_lease ? ` (disk of lease ${short(vol.from_lease)})` : "";
+    body.append(el("tr", { "data-volume": v.lease_id },
+      el("td", { class: "name", text: vol.name + from }),
+      el("td", { title: v.lease_id, text: short(v.lease_id) }),
+      el("td", { text: v.role === "provider" ? "kept here" : "rented" }),
+      el("td", { title: v.counterparty, text: short(v.counterparty) }),
+      el("td", { class: "num", text: `${vol.size_gib} GiB` }),
+      el("td", { class: "state state-" + v.state, text: v.state }),
+      el("td", { class: "num", text: (vol.price_per_gib_hour / 1e6).toFixed(4) }),
+      el("td", { class: "num cost", text: money(v.cost_so_far) }),
+      el("td", { class: "paid-until", text: ahead }),
+      el("td", { class: "deleted", text: deleted })));
   }
 }
 

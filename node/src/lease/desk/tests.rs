@@ -295,3 +295,128 @@ fn only_its_renter_mounts_a_running_volume_one_lease_at_a_time_within_its_keep()
         .is_ok()
     );
 }
+
+/// A volume lease adopting lease `from`'s workspace (`stop --keep-disk`).
+fn adopt_request(
+    f: &Fx,
+    renter: &NodeKey,
+    name: &str,
+    size: u32,
+    from: LeaseId,
+    nonce: u64,
+) -> LeaseRequest {
+    let mut req = volume_request(f, renter, name, size, nonce);
+    if let Some(v) = req.terms.volume.as_mut() {
+        v.adopts = Some(from);
+    }
+    req
+}
+
+#[test]
+fn a_lease_disk_is_kept_only_by_its_renter_while_it_runs_at_its_size_and_once() {
+    let f = fx();
+    let (alice, mallory) = (NodeKey::from_secret([2; 32]), NodeKey::from_secret([4; 32]));
+    let mut desk = Desk::new();
+    let none = |_: &LeaseId| None;
+    let mut req = mount_request(&f, &alice, &[], 1);
+    req.terms.per_gpu.disk_gib = 8;
+    let gib = u32::try_from(req.terms.workspace_bytes() >> 30).unwrap();
+    assert!(gib > 0);
+    let lease = decide(&mut desk, &f, &alice, req, ROOM, &none).unwrap();
+    let running = move |id: &LeaseId| (*id == lease).then_some(T0.plus_secs(600));
+    let not_adoptable = refused(VolumeRefusal::NotAdoptable { lease });
+    // Not running (being started, or ending): refused.
+    assert_eq!(
+        decide(
+            &mut desk,
+            &f,
+            &alice,
+            adopt_request(&f, &alice, "kept", gib, lease, 2),
+            ROOM,
+            &none
+        ),
+        not_adoptable
+    );
+    // Another renter's lease: the answer any unknown lease gets.
+    assert_eq!(
+        decide(
+            &mut desk,
+            &f,
+            &mallory,
+            adopt_request(&f, &mallory, "kept", gib, lease, 3),
+            ROOM,
+            &running
+        ),
+        not_adoptable
+    );
+    // Another size than the workspace's: refused, saying which.
+    let other = decide(
+        &mut desk,
+        &f,
+        &alice,
+        adopt_request(&f, &alice, "kept", gib + 1, lease, 4),
+        ROOM,
+        &running,
+    );
+    assert!(
+        matches!(&other, Err(RejectReason::TermsMismatch { field }) if field.starts_with("volume.size_gib")),
+        "{other:?}"
+    );
+    // Its renter keeps it, needing no free disk (the workspace is there already).
+    let no_disk = VolumeRoom {
+        max_volumes: 2,
+        free_gib: 0,
+    };
+    let kept = decide(
+        &mut desk,
+        &f,
+        &alice,
+        adopt_request(&f, &alice, "kept", gib, lease, 5),
+        no_disk,
+        &running,
+    );
+    assert!(kept.is_ok(), "{kept:?}");
+    assert_eq!(desk.volumes()[&kept.unwrap()].adopts, Some(lease));
+    // Once: a second volume of the same workspace is refused.
+    assert_eq!(
+        decide(
+            &mut desk,
+            &f,
+            &alice,
+            adopt_request(&f, &alice, "again", gib, lease, 6),
+            ROOM,
+            &running
+        ),
+        not_adoptable
+    );
+    // A lease whose /workspace is a volume already has no workspace of its own to keep.
+    let vol = decide(
+        &mut desk,
+        &f,
+        &alice,
+        volume_request(&f, &alice, "data", gib, 7),
+        ROOM,
+        &none,
+    );
+    let vol = vol.unwrap();
+    let vol_running = move |id: &LeaseId| (*id == vol).then_some(T0.plus_secs(3_600));
+    let mut on_volume = mount_request(&f, &alice, &[vol], 8);
+    on_volume.terms.per_gpu.disk_gib = 8;
+    on_volume.terms.mounts[0].path = "/workspace".into();
+    let resumed = decide(&mut desk, &f, &alice, on_volume, ROOM, &vol_running).unwrap();
+    let both = move |id: &LeaseId| (*id == resumed || *id == vol).then_some(T0.plus_secs(600));
+    assert_eq!(
+        decide(
+            &mut desk,
+            &f,
+            &alice,
+            adopt_request(&f, &alice, "third", gib, resumed, 9),
+            VolumeRoom {
+                max_volumes: 5,
+                free_gib: 50
+            },
+            &both
+        ),
+        refused(VolumeRefusal::NotAdoptable { lease: resumed })
+    );
+}

@@ -30,6 +30,26 @@ async fn remove_workspace(s: &Session) {
     }
 }
 
+/// Whether a live volume adopts this lease's workspace (`stop --keep-disk`), as the store
+/// says (so a node restarted in between still keeps it). When the store cannot answer, the
+/// workspace is kept too: the next start's reconciliation removes it if nothing adopts it.
+async fn handed_over(s: &Session) -> bool {
+    if s.lease.terms.is_volume() {
+        return false;
+    }
+    let id = s.lease.id;
+    match s.ctx.store.call(|st| st.live_leases()).await {
+        Ok(live) => live.iter().any(|(l, _)| {
+            l.role == crate::store::Role::Provider
+                && l.lease.terms.volume.as_ref().and_then(|v| v.adopts) == Some(id)
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether a volume adopts the workspace: keeping it");
+            true
+        }
+    }
+}
+
 /// Whether the lease's container exists and has stopped.
 async fn stopped(s: &Session) -> bool {
     let (Some(sb), Some(cid)) = (&s.ctx.sandbox, &s.container) else {
@@ -84,7 +104,10 @@ pub(super) async fn finish(
     // Outputs the terms keep: the stopped container and its workspace stay for the renter's
     // downloads (stored with the close, before anything is removed or kept).
     let retention = u64::from(s.lease.terms.output_retention_s);
+    // A workspace the renter keeps as a volume goes to it, not to kept outputs.
+    let handed = handed_over(s).await;
     let keep = retention > 0
+        && !handed
         && s.container.is_some()
         && s.lease.started_at.is_some()
         && reason != CloseReason::StartFailed;
@@ -142,7 +165,11 @@ pub(super) async fn finish(
         remove_container(s).await;
         if s.container.is_none() {
             watchdog::forget(&ctx.config.data_dir, &s.lease.id);
-            remove_workspace(s).await;
+            if handed {
+                tracing::info!("the workspace stays: it becomes the renter's volume");
+            } else {
+                remove_workspace(s).await;
+            }
         }
     }
     s.kept_outputs = kept;

@@ -528,7 +528,7 @@ async fn run_volume(mut s: Session, mut inbox: mpsc::Receiver<SessionMsg>) -> bo
             }
             Err(_) => return false,
         },
-        LeaseState::Running if storage::present(&s) => {
+        LeaseState::Running if storage::reattach(&s).await => {
             tracing::info!("resuming a kept volume after restart");
             storage::keep(&mut s, &mut inbox).await
         }
@@ -625,6 +625,12 @@ fn on_msg(s: &mut Session, msg: SessionMsg) -> Option<CloseReason> {
         SessionMsg::Reclaim(done) => {
             let _ = done.send(());
             Some(CloseReason::OwnerReclaimed)
+        }
+        // The renter keeps the disk (`stop --keep-disk`): its stop, the workspace kept
+        // ([`finish`] finds the volume that adopts it).
+        SessionMsg::HandOver => {
+            tracing::info!("the renter keeps this lease's disk as a volume: stopping");
+            Some(CloseReason::RenterStop)
         }
         SessionMsg::Extend(ask) => {
             let _ = ask

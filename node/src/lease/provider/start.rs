@@ -71,12 +71,11 @@ pub(super) async fn sandbox_and_starting(s: &mut Session) -> Result<Sandbox, Sta
 /// The start's first step: the sandbox and `Starting` stored ([`sandbox_and_starting`]);
 /// `resumed` when it was stored already (this node stopped during an earlier start).
 async fn begin(s: &mut Session) -> Result<(Sandbox, bool), Halt> {
-    let ctx = s.ctx.clone();
     // Stored as `Starting` already: this node stopped during an earlier start of the lease.
     let resumed = s.lease.state == LeaseState::Starting;
     let sb = sandbox_and_starting(s).await?;
     #[cfg(feature = "faults")]
-    if let Some(d) = ctx.config.faults.slow_start {
+    if let Some(d) = s.ctx.config.faults.slow_start {
         tokio::time::sleep(d).await;
     }
     if s.lease.terms.upload_hold_s > 0 && s.container.is_some() {

@@ -1,6 +1,7 @@
 //! A volume lease's session (issue 47): the volume made (a quota'd ext4 image on a loop
-//! device, exactly as a lease's workspace, keyed by the volume lease's id) and `Running`
-//! stored; then a usage report every `usage_interval_s` for the seconds kept so far (the
+//! device, exactly as a lease's workspace, keyed by the volume lease's id) or, for a lease's
+//! disk kept (`VolumeTerms::adopts`), that lease ended and its workspace handed over; and
+//! `Running` stored; then a usage report every `usage_interval_s` for the seconds kept so far (the
 //! tariff counts the volume's GiB), answered by receipts, until the keep period ends, the
 //! renter removes it, or the channel says stop (an unpaid volume); then the final report, and
 //! [`super::finish`] closes, settles and deletes the volume (its Docker volume, loop device
@@ -22,20 +23,31 @@ use crate::lease::session::SessionMsg;
 use crate::lease::wire::{SessionRequest, SessionResponse};
 use crate::store::lease::SessionPatch;
 
-/// Makes the volume and stores `Running` (persist before act: `Starting` before the image is
-/// made; a volume whose `Running` cannot be stored is removed again).
+/// The volume's sandbox spec: its id and size.
+fn spec(s: &Session) -> gridlease_sandbox::SandboxSpec {
+    let mut spec =
+        gridlease_sandbox::SandboxSpec::small_on_host(s.lease.id, &s.ctx.node_id, "", &[]);
+    spec.workspace_bytes = s.lease.terms.workspace_bytes();
+    spec
+}
+
+/// Makes the volume (or takes over the workspace it adopts) and stores `Running` (persist
+/// before act: `Starting` before the image is made; a volume whose `Running` cannot be
+/// stored is removed again). Billing starts at `Running`, after an adopted lease's ended.
 pub(super) async fn start(s: &mut Session) -> Result<(), Halt> {
     let ctx = s.ctx.clone();
     let sb = super::start::sandbox_and_starting(s).await?;
-    let mut spec = gridlease_sandbox::SandboxSpec::small_on_host(s.lease.id, &ctx.node_id, "", &[]);
-    spec.workspace_bytes = s.lease.terms.workspace_bytes();
-    if let Err(e) = sb.create_workspace(&ctx.workspace_dir(), &spec).await {
-        tracing::warn!(error = %e, "cannot create the volume");
-        return Err(StartFailure::new(
-            StartFailureKind::Create,
-            format!("the volume could not be created: {e}"),
-        )
-        .into());
+    let spec = spec(s);
+    let made = match s.lease.terms.volume.as_ref().and_then(|v| v.adopts) {
+        Some(from) => adopt(s, &sb, from, &spec).await?,
+        None => sb
+            .create_workspace(&ctx.workspace_dir(), &spec)
+            .await
+            .map_err(|e| format!("the volume could not be created: {e}")),
+    };
+    if let Err(message) = made {
+        tracing::warn!("{message}");
+        return Err(StartFailure::new(StartFailureKind::Create, message).into());
     }
     let now = ctx.now();
     s.channel = ProviderChannel::new(s.lease.id, &s.lease.terms, now);
@@ -64,6 +76,73 @@ pub(super) async fn start(s: &mut Session) -> Result<(), Halt> {
         );
     }
     Ok(())
+}
+
+/// Longest wait for an adopted lease to end, beyond its stop grace.
+const HANDOVER_WAIT: Duration = Duration::from_secs(60);
+
+/// Ends lease `from` (asked of its session until it is over: the renter's stop, settled as
+/// any, its container removed and its workspace kept, since [`super::finish`] finds this
+/// volume adopting it) and takes its workspace over. The outer error is a shutdown.
+async fn adopt(
+    s: &Session,
+    sb: &gridlease_sandbox::Sandbox,
+    from: gridlease_protocol::LeaseId,
+    spec: &gridlease_sandbox::SandboxSpec,
+) -> Result<Result<gridlease_sandbox::workspace::Workspace, String>, Halt> {
+    let ctx = &s.ctx;
+    let limit = tokio::time::Instant::now() + ctx.config.stop_grace + HANDOVER_WAIT;
+    let mut asked = None;
+    loop {
+        match ctx.store.call(move |st| st.lease(&from)).await {
+            Ok(Some(l)) if l.lease.state.is_terminal() => break,
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(Err(format!("lease {} is not here", from.short()))),
+            Err(e) => tracing::warn!(error = %e, "cannot read the adopted lease"),
+        }
+        if tokio::time::Instant::now() >= limit {
+            return Ok(Err(format!(
+                "lease {} did not end in time; its workspace stays with it",
+                from.short()
+            )));
+        }
+        // Asked again every 5 s (a message lost to a full inbox, or a restart in between).
+        if asked.is_none_or(|t: tokio::time::Instant| t.elapsed() >= Duration::from_secs(5)) {
+            ctx.hand_over(from);
+            asked = Some(tokio::time::Instant::now());
+        }
+        tokio::select! {
+            () = ctx.cancel.cancelled() => return Err(Halt::Shutdown),
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+    Ok(sb
+        .adopt_workspace(&ctx.workspace_dir(), &from, spec)
+        .await
+        .map_err(|e| {
+            format!(
+                "the workspace of lease {} could not be kept: {e}",
+                from.short()
+            )
+        }))
+}
+
+/// A restarted node's volume, its loop device and Docker volume made again if they are gone
+/// (the host rebooted; the image stays). Whether the volume is there now.
+pub(super) async fn reattach(s: &Session) -> bool {
+    let Some(sb) = &s.ctx.sandbox else {
+        return false;
+    };
+    match sb
+        .reattach_workspace(&s.ctx.workspace_dir(), &spec(s))
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot attach the kept volume again");
+            false
+        }
+    }
 }
 
 /// Whether a restarted node still has the volume: its image attached to a loop device.

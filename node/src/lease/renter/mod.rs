@@ -774,10 +774,11 @@ async fn on_message(s: &mut Session, w: &mut Liveness, msg: SessionMsg) -> Flow 
         SessionMsg::Extend(ask) => {
             let _ = ask.reply.send(s.extend(ask.add_s, ask.max_total).await);
         }
-        // Only a provider reclaims its GPUs.
+        // Only a provider reclaims its GPUs, or hands a workspace over.
         SessionMsg::Reclaim(done) => {
             let _ = done.send(());
         }
+        SessionMsg::HandOver => {}
         SessionMsg::VerifyGpu(reply) => {
             let _ = reply.send(s.recheck().await);
             w.last_heard = ctx.now();
