@@ -207,6 +207,23 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
     );
     assert!(full.contains("kept"), "{full}");
     assert!(full.contains("No space left on device"), "{full}");
+    // The lease's own /workspace took none of it (df: used KiB, third column).
+    let used: u64 = full
+        .lines()
+        .find(|l| l.ends_with("/workspace"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(used < 10 * 1024, "{full}");
+    // Nor the provider's disk beyond the volume: its image holds at most the volume and
+    // ext4's own overhead.
+    let image_file = ph.join("leases/workspaces").join(format!("{vid}.img"));
+    let on_disk =
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image_file).unwrap()) * 512;
+    assert!(
+        on_disk <= gridlease_sandbox::workspace::max_image_bytes(1 << 30),
+        "{on_disk} bytes on the host"
+    );
 
     // Another renter cannot name it: not to mount, not to copy.
     let stranger = dir.path().join("stranger");
@@ -525,6 +542,10 @@ fn a_volume_survives_kill_9_then_expires_and_an_unpaid_one_is_deleted() {
         said.contains("volume ends: deleting it"),
         "the provider's log says nothing"
     );
+    assert!(
+        said.contains("volume will be deleted at the end of its keep period"),
+        "the provider's log did not announce the expiry"
+    );
 }
 
 /// `stop --keep-disk` then `rent --volume NAME:/workspace`: the running lease ends and settles
@@ -664,6 +685,24 @@ fn a_stopped_lease_keeps_its_disk_as_a_volume_and_a_new_lease_resumes_on_it() {
         sums[0], sums[1],
         "the resumed lease read other bytes: {out}"
     );
+
+    // The provider stops offering GPUs: the volume's files still come home.
+    let off = run(&ph, &["provide", "--off"]);
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    assert!(json(&ph, &["status"])["own_offer"].is_null());
+    let home_sum = dir.path().join("ckpt.sum");
+    let out = run(
+        &rh,
+        &[
+            "volume",
+            "cp",
+            "ckpt:/run/ckpt.sum",
+            home_sum.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let got = std::fs::read_to_string(&home_sum).unwrap();
+    assert!(got.starts_with(sums[0]), "{got}");
 
     // Removed: storage billed per second of its 2 GiB, alike in both ledgers.
     let out = run(&rh, &["volume", "rm", "ckpt"]);

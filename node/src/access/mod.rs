@@ -357,4 +357,56 @@ mod tests {
             Err(AccessRefusal::NotRenter)
         );
     }
+
+    #[test]
+    fn a_volume_takes_only_its_renters_copies_and_only_while_kept() {
+        let renter = PeerId::random();
+        let stranger = PeerId::random();
+        let id = LeaseId(Digest([3; 32]));
+        let mut volume = view(Role::Provider, LeaseState::Running, &renter.to_string());
+        volume.volume = Some(crate::lease::view::VolumeView {
+            name: "data".into(),
+            size_gib: 1,
+            price_per_gib_hour: 1,
+            from_lease: None,
+        });
+        let all = AccessPolicy::ALL;
+        let upload = AccessRequest::Upload {
+            lease_id: id,
+            dest: "/workspace/x".into(),
+        };
+        let sftp = AccessRequest::Sftp { lease_id: id };
+        assert_eq!(authorize(&renter, &upload, Some(&volume), all, T), Ok(()));
+        assert_eq!(authorize(&renter, &sftp, Some(&volume), all, T), Ok(()));
+        // A stranger's copy in or out: refused, whatever it asks.
+        for req in [&upload, &sftp] {
+            assert_eq!(
+                authorize(&stranger, req, Some(&volume), all, T),
+                Err(AccessRefusal::NotRenter)
+            );
+        }
+        // No container: exec and forward are refused, also to its renter.
+        let exec = AccessRequest::Exec {
+            lease_id: id,
+            argv: vec!["sh".into()],
+            env: vec![],
+            tty: None,
+        };
+        let fwd = AccessRequest::Forward {
+            lease_id: id,
+            port: 22,
+        };
+        for req in [&exec, &fwd] {
+            assert!(matches!(
+                authorize(&renter, req, Some(&volume), all, T),
+                Err(AccessRefusal::BadRequest { .. })
+            ));
+        }
+        // Deleted (its lease over): nothing.
+        volume.state = LeaseState::Settled;
+        assert!(matches!(
+            authorize(&renter, &upload, Some(&volume), all, T),
+            Err(AccessRefusal::NotRunning { .. })
+        ));
+    }
 }

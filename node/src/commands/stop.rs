@@ -136,6 +136,9 @@ async fn keep_disk(
             money(price),
             humantime::format_duration(Duration::from_secs(volume.time_left_s.unwrap_or(0))),
         ));
+        if volume.prepay_s == gridlease_protocol::PREPAY_ALL {
+            p.line(super::volume::PREPAY_NOTE);
+        }
         p.line(&format!(
             "resume: gridlease rent OFFER --volume {name}:/workspace ... (an offer of the same provider)"
         ));

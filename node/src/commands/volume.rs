@@ -126,6 +126,9 @@ pub(super) fn parse_keep(s: &str) -> Result<u32, String> {
     }
 }
 
+/// What prepaying a whole keep period risks, said when a volume is made that way.
+pub(super) const PREPAY_NOTE: &str = "note: prepaid in full, your receipts authorise the whole keep period at once: a provider that deletes the volume early could claim what they authorise (docs/billing.md); --prepay 1h pays an hour at a time instead, and needs this node online";
+
 /// Body of `POST /v1/volumes`.
 #[derive(Debug, Serialize)]
 struct CreateBody<'a> {
@@ -204,6 +207,9 @@ pub async fn run(api: &ApiClient, out: &Printer, args: &VolumeArgs) -> anyhow::R
                         ""
                     }
                 ));
+                if v.prepay_s == gridlease_protocol::PREPAY_ALL {
+                    p.line(PREPAY_NOTE);
+                }
                 p.line(&format!(
                     "mount it: gridlease rent {} --volume {}:/data ...",
                     a.offer.as_deref().unwrap_or("OFFER"),

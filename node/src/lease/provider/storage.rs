@@ -170,6 +170,12 @@ fn kept(s: &Session, now: Timestamp) -> Usage {
     }
 }
 
+/// How long before its deletion a volume's end is announced in the provider's log: a tenth
+/// of its keep period, at most an hour.
+fn announce_before_ms(s: &Session) -> u64 {
+    (u64::from(s.lease.terms.duration_s) * 100).min(3_600_000)
+}
+
 /// Reports and receipts until the volume's end: `None` when the node shuts down (the volume
 /// stays for the restart).
 pub(super) async fn keep(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>) -> Option<Ended> {
@@ -186,6 +192,7 @@ pub(super) async fn keep(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>
     let expiry = tokio::time::sleep(until(s));
     tokio::pin!(expiry);
     let mut iv_start = ctx.now().max(started);
+    let mut announced = false;
     let ended = loop {
         tokio::select! {
             biased;
@@ -196,6 +203,7 @@ pub(super) async fn keep(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>
                 SessionMsg::Inbound(m) if matches!(m.request, SessionRequest::Extend(_)) => {
                     if s.on_extend(*m, grace_ms).await {
                         expiry.as_mut().reset(tokio::time::Instant::now() + until(s));
+                        announced = false;
                     }
                 }
                 msg => {
@@ -214,6 +222,16 @@ pub(super) async fn keep(s: &mut Session, inbox: &mut mpsc::Receiver<SessionMsg>
                 let now = ctx.now();
                 if now >= deadline(s) {
                     break Ended::Stop(CloseReason::Expired);
+                }
+                let left_ms = deadline(s).ms_since(now);
+                if !announced && left_ms <= announce_before_ms(s) {
+                    announced = true;
+                    tracing::warn!(
+                        name = s.lease.terms.volume.as_ref().map_or("", |v| v.name.as_str()),
+                        left_s = left_ms / 1000,
+                        until = %deadline(s),
+                        "volume will be deleted at the end of its keep period unless its renter extends it"
+                    );
                 }
                 let totals = kept(s, now);
                 if inflight.is_empty() {
