@@ -29,6 +29,10 @@ pub struct Manifest {
     pub runs: usize,
     /// Files written.
     pub files: Vec<String>,
+    /// BLAKE3 (hex) of every table written (`.csv` and `.parquet`), by file name: `merge`
+    /// refuses a shard whose tables do not match, are missing, or are not listed.
+    #[serde(default)]
+    pub tables: std::collections::BTreeMap<String, String>,
     /// Events processed (all runs).
     pub events: u64,
     /// Wall-clock seconds (not reproducible, informational only).
@@ -44,6 +48,30 @@ pub struct Manifest {
     /// `--trace` only: what `trace.csv` holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceInfo>,
+}
+
+/// Whether `name` is a table (what [`Manifest::tables`] covers): a `.csv` or `.parquet` file.
+pub fn is_table(name: &str) -> bool {
+    name.ends_with(".csv") || name.ends_with(".parquet")
+}
+
+/// BLAKE3 (hex) of a file.
+pub fn blake3_of(path: &std::path::Path) -> std::io::Result<String> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(path)?)?;
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// The BLAKE3 of each table among `files` (names in `dir`), for [`Manifest::tables`].
+pub fn table_checksums(
+    dir: &std::path::Path,
+    files: &[String],
+) -> std::io::Result<std::collections::BTreeMap<String, String>> {
+    files
+        .iter()
+        .filter(|f| is_table(f))
+        .map(|f| Ok((f.clone(), blake3_of(&dir.join(f))?)))
+        .collect()
 }
 
 /// What `trace.csv` holds (`manifest.json`, `--trace` only).

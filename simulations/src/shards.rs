@@ -93,6 +93,16 @@ pub enum MergeError {
         /// First difference.
         detail: String,
     },
+    /// A table of a shard is damaged, missing, or not in its manifest.
+    #[error("{dir}: {table} {problem}; this shard cannot be merged (run it again)")]
+    Table {
+        /// The shard directory.
+        dir: PathBuf,
+        /// The table's file name.
+        table: String,
+        /// What is wrong, in words.
+        problem: String,
+    },
     /// Shards are missing and no partial merge was asked for.
     #[error(
         "incomplete shard set: missing shard(s) {missing:?} of {of} ({tasks} of {total} replications); pass --allow-partial to merge anyway with the gaps listed in the manifest"
@@ -209,6 +219,7 @@ pub fn check(dirs: &[&Path], allow_partial: bool) -> Result<ShardSet, MergeError
             });
         }
         check_contents(dir, m, shard)?;
+        check_tables(dir, m)?;
     }
     let n = split.map_or(1, |s| s.1);
     let missing_shards: Vec<u64> = (0..n).filter(|i| !seen.contains_key(i)).collect();
@@ -273,6 +284,45 @@ fn check_contents(dir: &Path, m: &Manifest, shard: (u64, u64)) -> Result<(), Mer
     }
     if m.runs != want.len() {
         return Err(bad(m.runs, format!("its manifest says runs = {}", m.runs)));
+    }
+    Ok(())
+}
+
+/// Every table the manifest lists must be there with its BLAKE3, and every table in the
+/// directory must be listed (one left by another run would be merged with this one's).
+fn check_tables(dir: &Path, m: &Manifest) -> Result<(), MergeError> {
+    let bad = |table: &str, problem: String| MergeError::Table {
+        dir: dir.to_path_buf(),
+        table: table.to_string(),
+        problem,
+    };
+    if m.tables.is_empty() {
+        return Err(bad(
+            "manifest.json",
+            "lists no table checksums (written by an older gridlease-sim?)".into(),
+        ));
+    }
+    for (table, want) in &m.tables {
+        match crate::manifest::blake3_of(&dir.join(table)) {
+            Ok(got) if &got == want => {}
+            Ok(got) => {
+                return Err(bad(
+                    table,
+                    format!("is damaged: its BLAKE3 is {got}, the manifest says {want}"),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(bad(table, "is missing (the manifest lists it)".into()));
+            }
+            Err(e) => return Err(bad(table, format!("cannot be read: {e}"))),
+        }
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| bad(".", format!("cannot be listed: {e}")))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if crate::manifest::is_table(&name) && !m.tables.contains_key(&name) {
+            return Err(bad(&name, "is not in the manifest (an extra table)".into()));
+        }
     }
     Ok(())
 }

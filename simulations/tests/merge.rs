@@ -1,7 +1,9 @@
 //! `gridlease-sim merge` through the real binary: a complete shard set merges; incomplete,
 //! duplicated, mixed-split, other-scenario, other-binary and truncated shard sets are refused
 //! with a non-zero exit and one clear error line; `--allow-partial` merges and lists exactly
-//! what is missing. Also: `--reps 0` and empty sweeps are refused.
+//! what is missing. A shard whose table is truncated, has a flipped byte, is missing, or is
+//! not in its manifest (each table's BLAKE3 is there) is refused too. Also: `--reps 0` and
+//! empty sweeps are refused.
 
 // Helpers outside #[test] fns: a panic here is still a test failure with a location.
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
@@ -192,6 +194,96 @@ fn truncated_shard_is_refused() {
         &merged,
         "runs.csv holds 2 of the 3 replications shard 1/2",
     );
+}
+
+/// Shard 1 of a complete 2-shard set, damaged by `damage`, is refused with `needle`.
+fn damaged_shard_is_refused(damage: impl FnOnce(&Path), needle: &str) {
+    let s = Study::new();
+    let a = s.shard("s0", "0/2", &s.scenario);
+    let b = s.shard("s1", "1/2", &s.scenario);
+    damage(&b);
+    let (out, merged) = s.merge(&[&a, &b], &[]);
+    assert_refused(&out, &merged, needle);
+}
+
+#[test]
+fn a_truncated_table_is_refused() {
+    // The case (`head -20 s1/buckets.csv > x/buckets.csv` merged with exit 0): the
+    // head of a table, here its first half.
+    damaged_shard_is_refused(
+        |d| {
+            let t = std::fs::read_to_string(d.join("buckets.csv")).unwrap();
+            let n = t.lines().count();
+            assert!(n > 2, "{t}");
+            let head: Vec<&str> = t.lines().take(n / 2).collect();
+            std::fs::write(d.join("buckets.csv"), head.join("\n") + "\n").unwrap();
+        },
+        "buckets.csv is damaged",
+    );
+}
+
+#[test]
+fn a_flipped_byte_is_refused() {
+    damaged_shard_is_refused(
+        |d| {
+            let path = d.join("waits.csv");
+            let mut b = std::fs::read(&path).unwrap();
+            let i = b.len() / 2;
+            b[i] ^= 0x01;
+            std::fs::write(&path, b).unwrap();
+        },
+        "waits.csv is damaged",
+    );
+}
+
+#[test]
+fn a_missing_table_is_refused() {
+    damaged_shard_is_refused(
+        |d| std::fs::remove_file(d.join("renters.csv")).unwrap(),
+        "renters.csv is missing",
+    );
+}
+
+#[test]
+fn an_extra_table_is_refused() {
+    damaged_shard_is_refused(
+        |d| std::fs::write(d.join("other.csv"), "point,x\n0,1\n").unwrap(),
+        "other.csv is not in the manifest",
+    );
+}
+
+#[test]
+fn every_table_is_checksummed_and_the_merged_ones_too() {
+    let s = Study::new();
+    let a = s.shard("s0", "0/2", &s.scenario);
+    let b = s.shard("s1", "1/2", &s.scenario);
+    let tables = manifest(&a)["tables"].clone();
+    for t in [
+        "runs.csv",
+        "buckets.csv",
+        "waits.csv",
+        "providers.csv",
+        "renters.csv",
+        "summary.csv",
+    ] {
+        let want = tables[t].as_str().unwrap_or_default().to_string();
+        assert_eq!(want.len(), 64, "{t}: {tables}");
+        let got = blake3::hash(&std::fs::read(a.join(t)).unwrap())
+            .to_hex()
+            .to_string();
+        assert_eq!(got, want, "{t}");
+    }
+    let (out, merged) = s.merge(&[&a, &b], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = manifest(&merged);
+    let got = blake3::hash(&std::fs::read(merged.join("buckets.csv")).unwrap())
+        .to_hex()
+        .to_string();
+    assert_eq!(m["tables"]["buckets.csv"], got.as_str(), "{m}");
 }
 
 #[test]

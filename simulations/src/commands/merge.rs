@@ -47,6 +47,8 @@ pub(crate) fn merge(shards: &[PathBuf], out: &Path, o: Options, p: &Printer) -> 
     m.coverage = Some(set.coverage.clone());
     // Traces are not merged (each shard's trace.csv stays in its directory).
     m.trace = None;
+    m.tables = gridlease_sim::manifest::table_checksums(out, &files)
+        .context("checksum the merged tables")?;
     m.files = files.clone();
     let text = serde_json::to_string_pretty(&m)? + "\n";
     std::fs::write(out.join("manifest.json"), text).context("write manifest.json")?;

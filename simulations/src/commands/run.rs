@@ -195,6 +195,8 @@ fn execute(
         points: points.len(),
         shard: a.shard.clone(),
         runs: records.len(),
+        tables: gridlease_sim::manifest::table_checksums(&a.out, &files)
+            .context("checksum the tables")?,
         files: files.clone(),
         events,
         wall_seconds: wall,
