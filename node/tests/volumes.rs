@@ -71,6 +71,19 @@ fn rent_with(rh: &Path, offer: &str, image: &str, mount: &str, script: &str) -> 
     text(&out.stdout)
 }
 
+/// The two sha256 sums of `file` in `out` (the file's now, and the one written with it),
+/// asserted equal: the lease read the bytes that were written.
+fn same_sums<'a>(out: &'a str, file: &str) -> Vec<&'a str> {
+    let sums: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(file))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(sums.len(), 2, "{out}");
+    assert_eq!(sums[0], sums[1], "the lease read other bytes: {out}");
+    sums
+}
+
 #[test]
 fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_its_renter() {
     let test = "volumes";
@@ -168,16 +181,7 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
         "data:/data",
         "sha256sum /data/blob; cat /data/blob.sum",
     );
-    let sums: Vec<&str> = second
-        .lines()
-        .filter(|l| l.contains("/data/blob"))
-        .map(|l| l.split_whitespace().next().unwrap())
-        .collect();
-    assert_eq!(sums.len(), 2, "{second}");
-    assert_eq!(
-        sums[0], sums[1],
-        "the second lease read other bytes: {second}"
-    );
+    let sums = same_sums(&second, "/data/blob");
 
     // Home with no lease running.
     let home_copy = dir.path().join("home");
@@ -675,16 +679,7 @@ fn a_stopped_lease_keeps_its_disk_as_a_volume_and_a_new_lease_resumes_on_it() {
         "ckpt:/workspace",
         "sha256sum /workspace/run/ckpt; cat /workspace/run/ckpt.sum",
     );
-    let sums: Vec<&str> = out
-        .lines()
-        .filter(|l| l.contains("/workspace/run/ckpt"))
-        .map(|l| l.split_whitespace().next().unwrap())
-        .collect();
-    assert_eq!(sums.len(), 2, "{out}");
-    assert_eq!(
-        sums[0], sums[1],
-        "the resumed lease read other bytes: {out}"
-    );
+    let sums = same_sums(&out, "/workspace/run/ckpt");
 
     // The provider stops offering GPUs: the volume's files still come home.
     let off = run(&ph, &["provide", "--off"]);
