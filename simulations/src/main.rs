@@ -43,7 +43,7 @@ enum Command {
         /// Skip plots.
         #[arg(long)]
         no_plots: bool,
-        /// Also write each merged table as Parquet; needs a build with `--features parquet`.
+        /// Also write each merged table as Parquet; needs the `parquet` feature (the default).
         #[arg(long)]
         parquet: bool,
         /// Merge even if shards are missing; the manifest lists the missing shards and

@@ -52,6 +52,27 @@ fn sum(t: &Table, col: &str) -> f64 {
     t.rows.iter().map(|r| r[c].parse::<f64>().unwrap()).sum()
 }
 
+/// Runs the example on `out` with `extra` arguments; its stdout (asserted to succeed).
+fn analyse(py: &Path, out: &Path, extra: &[&str]) -> String {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let plot = out.join("check.png");
+    let o = Command::new(py)
+        .arg(manifest_dir.join("analysis/example.py"))
+        .arg(out)
+        .arg("--plot")
+        .arg(&plot)
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "example.py {extra:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn the_analysis_example_reads_a_small_output_and_writes_a_plot_and_a_table() {
     let required = std::env::var("GRIDLEASE_REQUIRE_PY_ANALYSIS").is_ok_and(|v| v == "1");
@@ -83,10 +104,20 @@ fn the_analysis_example_reads_a_small_output_and_writes_a_plot_and_a_table() {
         "1",
         "--no-plots",
         "--trace",
+        "--parquet",
         "--out",
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success());
+    // The same analysis from the Parquet copies (pyarrow) prints the same tables.
+    let from_csv = analyse(&py, &out, &[]);
+    let from_parquet = analyse(&py, &out, &["--parquet"]);
+    assert!(
+        from_parquet.contains("read Parquet (pyarrow) tables"),
+        "{from_parquet}"
+    );
+    let tables = |s: &str| s.lines().skip(1).collect::<Vec<_>>().join("\n");
+    assert_eq!(tables(&from_csv), tables(&from_parquet));
     let plot = out.join("figure.png");
     let o = Command::new(&py)
         .arg(manifest_dir.join("analysis/example.py"))

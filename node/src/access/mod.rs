@@ -44,6 +44,16 @@ use crate::store::Role;
 
 pub use serve::serve;
 
+/// How the opening of an access stream is tried again when the provider could not be
+/// reached (a fresh libp2p stream sometimes fails with `connection is closed`): twice more,
+/// after 200 ms and 400 ms. The CLI's opening through the control API and the node's own (a
+/// `listen`ed connection) follow it alike.
+pub fn open_retries() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(200))
+        .with_max_times(2)
+}
+
 /// Most access streams a provider serves at once (all leases).
 pub const MAX_STREAMS: usize = 512;
 /// Most access streams open at once for one lease.

@@ -331,6 +331,11 @@ pub(super) async fn splice(
         };
         tracing::debug!(kind = kind.name(), result = ?r, "access stream closed");
     });
+    switching_protocols()
+}
+
+/// The 101 that hands the CLI's connection over to an access stream or a listener's report.
+pub(super) fn switching_protocols() -> Result<Response, ApiError> {
     Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(axum::http::header::CONNECTION, "upgrade")

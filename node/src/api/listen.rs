@@ -12,10 +12,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::Response;
 use gridlease_protocol::access::AccessRequest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -94,12 +92,7 @@ pub(super) async fn listen(
         let cli = hyper_util::rt::TokioIo::new(up);
         serve(s, lease_id, port, listener, local, cli).await;
     });
-    Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(axum::http::header::CONNECTION, "upgrade")
-        .header(axum::http::header::UPGRADE, types::ACCESS_UPGRADE)
-        .body(axum::body::Body::empty())
-        .map_err(ApiError::internal)
+    super::access::switching_protocols()
 }
 
 /// Accepts and forwards until the CLI's connection closes.
@@ -173,7 +166,7 @@ async fn carry(
     port: u16,
     mut tcp: tokio::net::TcpStream,
 ) -> Result<(), OpenError> {
-    use backon::{ExponentialBuilder, Retryable};
+    use backon::Retryable;
     let stream = (|| async {
         crate::access::open(
             &s.client,
@@ -182,11 +175,7 @@ async fn carry(
         )
         .await
     })
-    .retry(
-        ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(200))
-            .with_max_times(2),
-    )
+    .retry(crate::access::open_retries())
     .when(|e| matches!(e, OpenError::Unreachable(_)))
     .await;
     let stream = match stream {

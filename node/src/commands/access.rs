@@ -314,13 +314,9 @@ pub(crate) async fn open_with_retry(
     api: &ApiClient,
     path: &str,
 ) -> Result<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>, ClientError> {
-    use backon::{ExponentialBuilder, Retryable};
+    use backon::Retryable;
     (|| async { api.upgrade(path, &()).await })
-        .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(200))
-                .with_max_times(2),
-        )
+        .retry(crate::access::open_retries())
         .when(|e| {
             matches!(
                 e,

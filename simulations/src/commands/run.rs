@@ -33,7 +33,7 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     no_plots: bool,
     /// Also write each table as Parquet (`runs.parquet` beside `runs.csv`, ...); needs a build
-    /// with `--features parquet`.
+    /// with the `parquet` feature (the default).
     #[arg(long)]
     parquet: bool,
     /// Rayon worker threads (default: all cores).
