@@ -689,7 +689,12 @@ pub fn summary(runs: &Table) -> Table {
             if xs.is_empty() {
                 continue;
             }
-            let s = Summary::of(&xs, seed, stats::key(&format!("{point}/{name}")));
+            let s = Summary::of(
+                &xs,
+                seed,
+                stats::key(&format!("{point}/{name}")),
+                stats::Bounds::of(name),
+            );
             let mut row: Vec<String> = rows[0][..=params].to_vec();
             row.push(name.clone());
             row.extend(s.cells());

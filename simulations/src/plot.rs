@@ -84,7 +84,9 @@ fn font_ready() -> bool {
     })
 }
 
-/// One x position of a series: the mean over replications and its 95 % t interval.
+/// One x position of a series: the mean over replications and its 95 % percentile-bootstrap
+/// interval (the summary's recommended one; none, low = high = mean, below
+/// [`stats::MIN_N_FOR_INTERVAL`] values). The band is clipped to the chart's metric bounds.
 #[derive(Clone, Copy, Debug)]
 struct Stat {
     x: f64,
@@ -97,7 +99,19 @@ struct Stat {
 impl Stat {
     fn of(x: f64, values: &[f64]) -> Self {
         let (mean, _) = stats::mean_sd(values);
-        let ci = stats::t_interval(values, 0.95);
+        let ci = if values.len() < stats::MIN_N_FOR_INTERVAL {
+            stats::Interval {
+                low: mean,
+                high: mean,
+            }
+        } else {
+            // Seeded by the values themselves: the same data draw the same band.
+            let key = values.iter().fold(stats::key(&format!("{x}")), |h, v| {
+                crate::rng::mix64(h ^ v.to_bits())
+            });
+            let mut rng = crate::rng::stream(0, key, crate::rng::StreamKind::Statistics, 0);
+            stats::bootstrap_interval(values, 0.95, 1000, &mut rng)
+        };
         Self {
             x,
             mean,
@@ -441,8 +455,13 @@ fn replications(t: &Table) -> usize {
 }
 
 fn band_note(reps: usize) -> String {
-    if reps >= 2 {
-        format!("mean of {reps} replications, band: 95 % t interval")
+    if reps >= stats::MIN_N_FOR_INTERVAL {
+        format!("mean of {reps} replications, band: 95 % bootstrap interval")
+    } else if reps >= 2 {
+        format!(
+            "mean of {reps} replications (no band: fewer than {})",
+            stats::MIN_N_FOR_INTERVAL
+        )
     } else {
         "1 replication".to_string()
     }

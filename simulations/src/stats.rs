@@ -13,6 +13,13 @@
 //!
 //! Quantiles (medians, quartiles, bootstrap percentiles) use linear interpolation between
 //! order statistics (Hyndman & Fan type 7, the default of R and NumPy).
+//!
+//! Every metric has [`Bounds`] (a share in [0, 1], a count or amount >= 0, a surplus on the
+//! whole line, an efficiency <= 1): every interval a [`Summary`] gives is clipped to them, so
+//! none is ever printed or plotted outside the values the metric can take (clipping does not
+//! fix a t interval's coverage: read the bootstrap's, the first columns). Below
+//! [`MIN_N_FOR_INTERVAL`] observations there is no interval at all (its cells are empty and
+//! [`Summary::note`] says why) rather than a zero-width or meaningless one.
 
 use rand::RngCore;
 use statrs::distribution::{Continuous, ContinuousCDF, StudentsT};
@@ -21,6 +28,93 @@ use crate::rng::{StreamKind, stream};
 
 /// Bootstrap resamples per interval.
 pub const BOOTSTRAP_RESAMPLES: usize = 4000;
+
+/// Fewest observations a [`Summary`] gives intervals for; with fewer, none (and a note).
+pub const MIN_N_FOR_INTERVAL: usize = 5;
+
+/// The values a metric can take: what its intervals are clipped to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounds {
+    /// Lowest value (may be `-inf`).
+    pub low: f64,
+    /// Highest value (may be `inf`).
+    pub high: f64,
+}
+
+impl Bounds {
+    /// A share or rate: [0, 1].
+    pub const UNIT: Self = Self {
+        low: 0.0,
+        high: 1.0,
+    };
+    /// A count, an amount, a time: [0, inf).
+    pub const NON_NEGATIVE: Self = Self {
+        low: 0.0,
+        high: f64::INFINITY,
+    };
+    /// Anything (a surplus, a profit).
+    pub const ANY: Self = Self {
+        low: f64::NEG_INFINITY,
+        high: f64::INFINITY,
+    };
+    /// An efficiency (realised over the greatest surplus): at most 1, below 0 when trades
+    /// lose surplus (zero-intelligence traders without a budget constraint).
+    pub const AT_MOST_ONE: Self = Self {
+        low: f64::NEG_INFINITY,
+        high: 1.0,
+    };
+
+    /// The bounds of a metric of the simulator's tables, by its name: shares and rates
+    /// (`utilization`, `*_utilization`, `*_rate`, `*_gini`) in [0, 1]; efficiencies at most 1;
+    /// surpluses and profits anything; everything else (counts, prices, waits, revenues,
+    /// amounts) at least 0.
+    pub fn of(metric: &str) -> Self {
+        if metric == "utilization"
+            || metric.ends_with("_utilization")
+            || metric.ends_with("_rate")
+            || metric.ends_with("gini")
+        {
+            Self::UNIT
+        } else if metric.contains("efficiency") {
+            Self::AT_MOST_ONE
+        } else if metric.contains("surplus") || metric.contains("profit") {
+            Self::ANY
+        } else {
+            Self::NON_NEGATIVE
+        }
+    }
+
+    /// `i` within the bounds (NaN stays NaN).
+    pub fn clip(self, i: Interval) -> Interval {
+        let c = |x: f64| {
+            if x.is_nan() {
+                x
+            } else {
+                x.clamp(self.low, self.high)
+            }
+        };
+        Interval {
+            low: c(i.low),
+            high: c(i.high),
+        }
+    }
+
+    /// Whether `x` is a value the metric can take.
+    pub fn contains(self, x: f64) -> bool {
+        self.low <= x && x <= self.high
+    }
+
+    /// As the summary's `bounds` column writes them (no comma: a CSV cell): `0..1`, `>=0`,
+    /// `<=1`, `any`.
+    pub fn text(self) -> String {
+        match (self.low.is_finite(), self.high.is_finite()) {
+            (false, false) => "any".into(),
+            (true, true) => format!("{}..{}", self.low, self.high),
+            (true, false) => format!(">={}", self.low),
+            (false, true) => format!("<={}", self.high),
+        }
+    }
+}
 
 /// The `p` quantile of Student's t with `df` degrees of freedom (NaN for df = 0 or p outside
 /// (0, 1)).
@@ -178,19 +272,35 @@ pub struct Summary {
     pub boot95: Interval,
     /// Percentile-bootstrap 99 % interval of the mean.
     pub boot99: Interval,
+    /// The metric's bounds (every interval is clipped to them).
+    pub bounds: Bounds,
+    /// Why there is no interval, when there is none (`n < 5`).
+    pub note: &'static str,
 }
 
 impl Summary {
-    /// Summarises `xs` (NaN entries are dropped); the bootstrap draws from a stream derived
-    /// from `seed` and `key` (e.g. a hash of the metric's name and group), so the result is a
-    /// function of the data, the seed and the key only.
-    pub fn of(xs: &[f64], seed: u64, key: u64) -> Self {
+    /// Summarises `xs` (NaN entries are dropped) of a metric within `bounds`; the bootstrap
+    /// draws from a stream derived from `seed` and `key` (e.g. a hash of the metric's name and
+    /// group), so the result is a function of the data, the seed and the key only. Intervals
+    /// are clipped to `bounds`; with fewer than [`MIN_N_FOR_INTERVAL`] values they are NaN
+    /// (no interval) and `note` says so.
+    pub fn of(xs: &[f64], seed: u64, key: u64, bounds: Bounds) -> Self {
         let xs: Vec<f64> = xs.iter().copied().filter(|x| !x.is_nan()).collect();
         let mut sorted = xs.clone();
         sorted.sort_by(f64::total_cmp);
         let (mean, sd) = mean_sd(&xs);
-        let mut rng = stream(seed, key, StreamKind::Statistics, 0);
-        let means = bootstrap_means(&xs, BOOTSTRAP_RESAMPLES, &mut rng);
+        let few = xs.len() < MIN_N_FOR_INTERVAL;
+        let means = if few {
+            Vec::new()
+        } else {
+            let mut rng = stream(seed, key, StreamKind::Statistics, 0);
+            bootstrap_means(&xs, BOOTSTRAP_RESAMPLES, &mut rng)
+        };
+        let none = Interval {
+            low: f64::NAN,
+            high: f64::NAN,
+        };
+        let ci = |i: Interval| if few { none } else { bounds.clip(i) };
         Self {
             n: xs.len(),
             mean,
@@ -200,15 +310,26 @@ impl Summary {
             median: quantile_sorted(&sorted, 0.5),
             q3: quantile_sorted(&sorted, 0.75),
             max: sorted.last().copied().unwrap_or(f64::NAN),
-            t95: t_interval(&xs, 0.95),
-            t99: t_interval(&xs, 0.99),
-            boot95: percentile_interval(&means, 0.95),
-            boot99: percentile_interval(&means, 0.99),
+            t95: ci(t_interval(&xs, 0.95)),
+            t99: ci(t_interval(&xs, 0.99)),
+            boot95: ci(percentile_interval(&means, 0.95)),
+            boot99: ci(percentile_interval(&means, 0.99)),
+            bounds,
+            note: if few {
+                "fewer than 5 replications: no interval"
+            } else {
+                ""
+            },
         }
     }
 
-    /// Column names of [`Summary::cells`].
-    pub const COLUMNS: [&'static str; 16] = [
+    /// Whether it has intervals (at least [`MIN_N_FOR_INTERVAL`] values).
+    pub fn has_interval(&self) -> bool {
+        self.note.is_empty()
+    }
+
+    /// Column names of [`Summary::cells`]: the recommended interval (the bootstrap's) first.
+    pub const COLUMNS: [&'static str; 18] = [
         "n",
         "mean",
         "sd",
@@ -217,14 +338,16 @@ impl Summary {
         "median",
         "q3",
         "max",
-        "t95_low",
-        "t95_high",
-        "t99_low",
-        "t99_high",
         "boot95_low",
         "boot95_high",
         "boot99_low",
         "boot99_high",
+        "t95_low",
+        "t95_high",
+        "t99_low",
+        "t99_high",
+        "bounds",
+        "note",
     ];
 
     /// The values in [`Summary::COLUMNS`] order, as text with 6 decimals (empty for NaN).
@@ -245,17 +368,19 @@ impl Summary {
             self.median,
             self.q3,
             self.max,
-            self.t95.low,
-            self.t95.high,
-            self.t99.low,
-            self.t99.high,
             self.boot95.low,
             self.boot95.high,
             self.boot99.low,
             self.boot99.high,
+            self.t95.low,
+            self.t95.high,
+            self.t99.low,
+            self.t99.high,
         ] {
             v.push(f(x));
         }
+        v.push(self.bounds.text());
+        v.push(self.note.to_string());
         v
     }
 }
@@ -309,11 +434,17 @@ mod tests {
         assert_eq!(quantile_sorted(&s, 0.75), 3.25);
         assert_eq!(quantile_sorted(&s, 0.0), 1.0);
         assert_eq!(quantile_sorted(&s, 1.0), 4.0);
-        let m = Summary::of(&[3.0, 1.0, 2.0], 1, 0);
+        let m = Summary::of(&[3.0, 1.0, 2.0], 1, 0, Bounds::ANY);
         assert_eq!((m.min, m.median, m.max), (1.0, 2.0, 3.0));
-        assert_eq!(m.t95, t_interval(&[1.0, 2.0, 3.0], 0.95));
         // mean 2, sd 1, n 3: half width t_{0.975,2} / sqrt(3)
-        assert!(close(m.t95.high - 2.0, 4.302653 / 3f64.sqrt(), 1e-5));
+        let t = t_interval(&[1.0, 2.0, 3.0], 0.95);
+        assert!(close(t.high - 2.0, 4.302653 / 3f64.sqrt(), 1e-5));
+        // Three values: no interval in the summary, and a note saying why.
+        assert!(m.t95.low.is_nan() && m.boot95.high.is_nan() && !m.has_interval());
+        assert!(m.note.contains("fewer than 5"), "{}", m.note);
+        let cells = m.cells();
+        assert_eq!(cells.len(), Summary::COLUMNS.len());
+        assert_eq!(cells[8], "", "boot95_low empty");
     }
 
     /// Coverage of the bootstrap 95 % interval on a known distribution: Uniform(0, 1)^4
@@ -337,8 +468,9 @@ mod tests {
 
         // Near the bound 1: the t interval leaves [0, 1], the bootstrap interval does not.
         let xs = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.6];
-        let s = Summary::of(&xs, 1, 7);
-        assert!(s.t99.high > 1.0, "t99 {:?}", s.t99);
+        assert!(t_interval(&xs, 0.99).high > 1.0);
+        let s = Summary::of(&xs, 1, 7, Bounds::UNIT);
+        assert!(s.t99.high <= 1.0, "clipped t99 {:?}", s.t99);
         assert!(
             s.boot99.high <= 1.0 && s.boot99.low >= 0.6,
             "boot99 {:?}",
@@ -350,10 +482,82 @@ mod tests {
     #[test]
     fn summary_is_a_function_of_data_seed_and_key() {
         let xs: Vec<f64> = (0..20).map(|i| f64::from(i % 7)).collect();
-        assert_eq!(Summary::of(&xs, 3, key("a")), Summary::of(&xs, 3, key("a")));
-        assert_ne!(
-            Summary::of(&xs, 3, key("a")).boot95,
-            Summary::of(&xs, 3, key("b")).boot95
+        let any = Bounds::ANY;
+        assert_eq!(
+            Summary::of(&xs, 3, key("a"), any),
+            Summary::of(&xs, 3, key("a"), any)
         );
+        assert_ne!(
+            Summary::of(&xs, 3, key("a"), any).boot95,
+            Summary::of(&xs, 3, key("b"), any).boot95
+        );
+    }
+
+    #[test]
+    fn metrics_have_the_bounds_their_names_say() {
+        for m in [
+            "utilization",
+            "honest_utilization",
+            "abandonment_rate",
+            "revenue_gini",
+        ] {
+            assert_eq!(Bounds::of(m), Bounds::UNIT, "{m}");
+        }
+        for m in [
+            "jobs",
+            "leases",
+            "mean_wait_s",
+            "honest_revenue",
+            "volume",
+            "mean_price",
+        ] {
+            assert_eq!(Bounds::of(m), Bounds::NON_NEGATIVE, "{m}");
+        }
+        for m in ["renter_surplus", "honest_renter_surplus", "attacker_profit"] {
+            assert_eq!(Bounds::of(m), Bounds::ANY, "{m}");
+        }
+        assert_eq!(Bounds::of("efficiency"), Bounds::AT_MOST_ONE);
+        assert_eq!(Bounds::UNIT.text(), "0..1");
+        assert_eq!(Bounds::NON_NEGATIVE.text(), ">=0");
+        assert_eq!(Bounds::AT_MOST_ONE.text(), "<=1");
+        assert_eq!(Bounds::ANY.text(), "any");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Whatever the sample (any size, values anywhere in the metric's range, piled up at
+        /// a bound or spread), no interval a summary gives crosses the metric's bounds, and
+        /// below 5 values there is none.
+        #[test]
+        fn no_interval_crosses_its_metrics_bounds(
+            kind in 0usize..4,
+            raw in proptest::collection::vec((0u8..4, 0.0f64..1.0), 0..40),
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let bounds = [Bounds::UNIT, Bounds::NON_NEGATIVE, Bounds::AT_MOST_ONE, Bounds::ANY][kind];
+            // Values at the bounds, near them, and far inside.
+            let xs: Vec<f64> = raw
+                .iter()
+                .map(|&(how, u)| {
+                    let (lo, hi) = (bounds.low.max(-1e6), bounds.high.min(1e6));
+                    match how {
+                        0 => lo,
+                        1 => hi,
+                        2 => lo + (hi - lo) * u * 1e-3,
+                        _ => lo + (hi - lo) * u,
+                    }
+                })
+                .collect();
+            let s = Summary::of(&xs, seed, 1, bounds);
+            for i in [s.t95, s.t99, s.boot95, s.boot99] {
+                if xs.len() < MIN_N_FOR_INTERVAL {
+                    proptest::prop_assert!(i.low.is_nan() && i.high.is_nan());
+                } else {
+                    proptest::prop_assert!(bounds.contains(i.low) && bounds.contains(i.high), "{i:?} outside {bounds:?} for {xs:?}");
+                    proptest::prop_assert!(i.low <= i.high);
+                }
+            }
+            proptest::prop_assert_eq!(s.has_interval(), xs.len() >= MIN_N_FOR_INTERVAL);
+        }
     }
 }

@@ -93,7 +93,7 @@ fn sweep_plots_have_units_series_per_parameter_value_and_bands() {
         "--param",
         "days=0.25",
         "--reps",
-        "2",
+        "5",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -111,7 +111,7 @@ fn sweep_plots_have_units_series_per_parameter_value_and_bands() {
     );
     assert_eq!(count(&t, "price (GLU per GPU-hour)"), 2);
     assert_eq!(count(&t, "time since start (h)"), 2);
-    assert!(t[0].contains("band: 95 % t interval"), "{}", t[0]);
+    assert!(t[0].contains("band: 95 % bootstrap interval"), "{}", t[0]);
     // Okabe-Ito blue and orange for the two points; bands are filled polygons.
     assert!(svg.contains("#0072B2") && svg.contains("#E69F00"));
     assert!(svg.contains("<polygon"), "no confidence band drawn");

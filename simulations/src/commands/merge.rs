@@ -30,6 +30,14 @@ pub(crate) fn merge(shards: &[PathBuf], out: &Path, o: Options, p: &Printer) -> 
     if o.parquet {
         files.extend(columnar::convert(out, &gridlease_sim::output::TABLES)?);
     }
+    if set.manifests[0].replications < gridlease_sim::stats::MIN_N_FOR_INTERVAL as u64 {
+        p.warn(&format!(
+            "{} replications per point: fewer than {}, so summary.csv and the plots have no \
+             intervals",
+            set.manifests[0].replications,
+            gridlease_sim::stats::MIN_N_FOR_INTERVAL
+        ));
+    }
     files.push("manifest.json".into());
     // The first shard's manifest, with runs, events and wall seconds summed over the shards,
     // `shard` null, the directories merged and the coverage (what is missing, if anything).

@@ -183,6 +183,14 @@ fn execute(
     } else {
         None
     };
+    if a.reps < gridlease_sim::stats::MIN_N_FOR_INTERVAL as u64 {
+        p.warn(&format!(
+            "--reps {}: fewer than {} replications per point, so summary.csv and the plots have              no intervals; run at least {} for them",
+            a.reps,
+            gridlease_sim::stats::MIN_N_FOR_INTERVAL,
+            gridlease_sim::stats::MIN_N_FOR_INTERVAL
+        ));
+    }
     files.push("manifest.json".into());
     let manifest = Manifest {
         version: env!("CARGO_PKG_VERSION").into(),

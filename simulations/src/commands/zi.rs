@@ -72,6 +72,14 @@ pub(crate) fn zi(a: ZiArgs, p: &Printer) -> Result<()> {
         &serde_json::json!({ "experiment": e.name, "equilibrium": eq,
             "replications": e.replications, "periods": e.periods, "seed": a.seed }),
     );
+    if (e.replications as usize) < gridlease_sim::stats::MIN_N_FOR_INTERVAL {
+        p.warn(&format!(
+            "{} replications: fewer than {}, so no intervals are given; run at least {}",
+            e.replications,
+            gridlease_sim::stats::MIN_N_FOR_INTERVAL,
+            gridlease_sim::stats::MIN_N_FOR_INTERVAL
+        ));
+    }
     let reps = experiment::run(&e, a.seed);
     let cells = experiment::summaries(&e, &reps, a.seed);
     for t in &e.treatments {
@@ -86,23 +94,31 @@ pub(crate) fn zi(a: ZiArgs, p: &Printer) -> Result<()> {
                 .reported_efficiency
                 .get(&t.name)
                 .map_or(String::new(), |r| format!(" (source reports {r:.1} %)"));
+            // The recommended interval first: the bootstrap's, within the metric's bounds.
+            let intervals = if eff.has_interval() {
+                format!(
+                    "99 % bootstrap [{:.2}, {:.2}], t [{:.2}, {:.2}]",
+                    100.0 * eff.boot99.low,
+                    100.0 * eff.boot99.high,
+                    100.0 * eff.t99.low,
+                    100.0 * eff.t99.high,
+                )
+            } else {
+                eff.note.to_string()
+            };
             p.result(
                 &format!(
-                    "{} {} shouts {shouts}: efficiency {:.2} % (99 % t [{:.2}, {:.2}], bootstrap [{:.2}, {:.2}]){reported}, volume {:.2}, mean price {:.2}",
+                    "{} {} shouts {shouts}: efficiency {:.2} % ({intervals}){reported}, volume {:.2}, mean price {:.2}",
                     e.name,
                     t.name,
                     100.0 * eff.mean,
-                    100.0 * eff.t99.low,
-                    100.0 * eff.t99.high,
-                    100.0 * eff.boot99.low,
-                    100.0 * eff.boot99.high,
                     vol.mean,
                     price.mean
                 ),
                 &serde_json::json!({ "experiment": e.name, "treatment": t.name, "shouts": shouts,
                     "n": eff.n, "efficiency": eff.mean,
-                    "efficiency_t99": [eff.t99.low, eff.t99.high],
                     "efficiency_boot99": [eff.boot99.low, eff.boot99.high],
+                    "efficiency_t99": [eff.t99.low, eff.t99.high],
                     "reported_efficiency_percent": e.reported_efficiency.get(&t.name),
                     "volume": vol.mean, "mean_price": price.mean }),
             );

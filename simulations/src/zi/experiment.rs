@@ -428,7 +428,7 @@ pub fn summaries(e: &Experiment, reps: &[Replication], seed: u64) -> Vec<CellSum
                     shouts,
                     period,
                     metric,
-                    summary: Summary::of(&xs, seed, key),
+                    summary: Summary::of(&xs, seed, key, stats::Bounds::of(metric)),
                 });
             };
             push(
