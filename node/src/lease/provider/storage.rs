@@ -116,15 +116,20 @@ async fn adopt(
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
-    Ok(sb
-        .adopt_workspace(&ctx.workspace_dir(), &from, spec)
-        .await
-        .map_err(|e| {
-            format!(
+    match sb.adopt_workspace(&ctx.workspace_dir(), &from, spec).await {
+        Ok(ws) => Ok(Ok(ws)),
+        Err(e) => {
+            // The lease is over and nothing else takes its workspace: it goes now rather
+            // than at the next start's reconciliation (a volume still in use stays).
+            if let Err(e) = sb.remove_workspace(&ctx.workspace_dir(), &from).await {
+                tracing::warn!(error = %e, "cannot remove the workspace that was not kept");
+            }
+            Ok(Err(format!(
                 "the workspace of lease {} could not be kept: {e}",
                 from.short()
-            )
-        }))
+            )))
+        }
+    }
 }
 
 /// A restarted node's volume, its loop device and Docker volume made again if they are gone
