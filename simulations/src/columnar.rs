@@ -1,11 +1,14 @@
 //! Parquet copies of the output tables (`<name>.parquet` beside each `<name>.csv`), for
 //! analysis tools that read columnar files (pandas, polars, DuckDB, R arrow).
 //!
-//! Built only with the crate feature `parquet` (arrow and parquet crates; off by default
-//! because they add build time). Each file holds one row group with the CSV's columns in the
-//! same order and the same rows; a column whose every cell is an integer is `Int64`, one whose
-//! every cell is a number (`inf` included) is `Float64` (money in GLU as well: exact to the
-//! micro-unit below 2^53 micro-units), anything else `Utf8`. Snappy-compressed.
+//! Built with the crate feature `parquet` (arrow and parquet crates; on by default). Each file
+//! holds one row group with the CSV's columns in the same order and the same rows. An empty
+//! cell (a value the CSV leaves out: NaN, or an interval a summary does not give) is null; a
+//! column whose every other cell is an integer is `Int64`, one whose every other cell is a
+//! number (`inf` included) is `Float64` (money in GLU as well: exact to the micro-unit below
+//! 2^53 micro-units), anything else `Utf8`. A column with no value at all is `Float64`, all
+//! null (the summary's intervals below 5 replications), except the text columns of
+//! [`TEXT_COLUMNS`]. Snappy-compressed.
 
 use std::path::Path;
 
@@ -15,6 +18,9 @@ use crate::output::Table;
 
 /// Whether this build can write Parquet.
 pub const AVAILABLE: bool = cfg!(feature = "parquet");
+
+/// Columns that hold text even when every cell is empty (the summary's `note`).
+pub const TEXT_COLUMNS: [&str; 1] = ["note"];
 
 /// Writes `<stem>.parquet` for each `<stem>.csv` in `csvs` (files in `dir`); returns the names
 /// written.
@@ -44,19 +50,37 @@ fn write(t: &Table, path: &Path) -> Result<()> {
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(t.header.len());
     for (c, name) in t.header.iter().enumerate() {
         let cells = || t.rows.iter().map(move |r| r[c].as_str());
-        let ints: Option<Vec<i64>> = cells().map(|s| s.parse().ok()).collect();
-        let floats: Option<Vec<f64>> = cells().map(|s| s.parse().ok()).collect();
-        let (dt, col): (DataType, ArrayRef) = match (ints, floats) {
-            (Some(v), _) if !t.rows.is_empty() => (DataType::Int64, Arc::new(Int64Array::from(v))),
-            (_, Some(v)) if !t.rows.is_empty() => {
-                (DataType::Float64, Arc::new(Float64Array::from(v)))
+        // Empty cells are nulls; the others decide the type.
+        let parsed = |s: &str| -> Option<Option<i64>> {
+            if s.is_empty() {
+                Some(None)
+            } else {
+                s.parse().ok().map(Some)
             }
+        };
+        let ints: Option<Vec<Option<i64>>> = cells().map(parsed).collect();
+        let floats: Option<Vec<Option<f64>>> = cells()
+            .map(|s| {
+                if s.is_empty() {
+                    Some(None)
+                } else {
+                    s.parse().ok().map(Some)
+                }
+            })
+            .collect();
+        let any_value = cells().any(|s| !s.is_empty());
+        let text = TEXT_COLUMNS.contains(&name.as_str()) || t.rows.is_empty();
+        let (dt, col): (DataType, ArrayRef) = match (ints, floats) {
+            (Some(v), _) if !text && any_value => (DataType::Int64, Arc::new(Int64Array::from(v))),
+            (_, Some(v)) if !text => (DataType::Float64, Arc::new(Float64Array::from(v))),
             _ => (
                 DataType::Utf8,
                 Arc::new(StringArray::from_iter_values(cells())),
             ),
         };
-        fields.push(Field::new(name, dt, false));
+        // Numbers may be null (one schema whatever the data); text never is.
+        let nullable = dt != DataType::Utf8;
+        fields.push(Field::new(name, dt, nullable));
         columns.push(col);
     }
     let schema = Arc::new(Schema::new(fields));

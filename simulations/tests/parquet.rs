@@ -80,6 +80,10 @@ mod with_feature {
                 for i in 0..b.num_rows() {
                     let cell = &rows[row0 + i][c];
                     match field.data_type() {
+                        // An empty cell is null in a number column.
+                        DataType::Int64 | DataType::Float64 if cell.is_empty() => {
+                            assert!(col.is_null(i), "{stem}.{}: empty, not null", field.name());
+                        }
                         DataType::Int64 => {
                             let a = col.as_any().downcast_ref::<Int64Array>().unwrap();
                             assert_eq!(
@@ -168,6 +172,11 @@ mod with_feature {
         assert_eq!(type_of(&merged, "runs", "money_at_risk"), DataType::Float64);
         assert_eq!(type_of(&merged, "providers", "group"), DataType::Utf8);
         assert_eq!(type_of(&merged, "waits", "bin_upper_s"), DataType::Float64);
+        // Two replications: the summary gives no intervals, their columns are numbers, all
+        // null (not text), and the note is text.
+        assert_eq!(type_of(&merged, "summary", "boot95_low"), DataType::Float64);
+        assert_eq!(type_of(&merged, "summary", "note"), DataType::Utf8);
+        assert_eq!(type_of(&merged, "summary", "bounds"), DataType::Utf8);
         let m: serde_json::Value =
             serde_json::from_slice(&std::fs::read(merged.join("manifest.json")).unwrap()).unwrap();
         assert!(
