@@ -356,7 +356,28 @@ fn a_volume_outlives_its_lease_is_mounted_again_copied_home_and_named_only_by_it
         listed.contains("other") && listed.contains("1 GiB"),
         "{listed}"
     );
+    wait_for(
+        Duration::from_secs(30),
+        "the other volume to be kept",
+        || volume(&ph, "other")["state"] == "running",
+    );
+    let other = volume(&rh, "other")["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(run(&rh, &["volume", "rm", "other"]).status.success());
+    // Gone before the test ends (a node killed mid-removal would leave its loop device).
+    wait_for(
+        Duration::from_secs(30),
+        "the other volume to be deleted",
+        || {
+            !loop_backed_by(&other)
+                && !ph
+                    .join("leases/workspaces")
+                    .join(format!("{other}.img"))
+                    .exists()
+        },
+    );
 }
 
 /// The ledger row of lease `id` in `ledger --json`.
