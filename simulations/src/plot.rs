@@ -303,7 +303,17 @@ where
     mesh.draw().map_err(e)?;
     for (i, line) in series.iter().enumerate() {
         let (color, dash) = style_of(i);
-        if line.pts.iter().any(|p| p.n >= 2) {
+        if markers_only {
+            // Categories, not a line: each mean's interval as a whisker.
+            chart
+                .draw_series(line.pts.iter().filter(|p| p.high > p.low).map(|p| {
+                    PathElement::new(
+                        vec![(p.x, clip(p.low)), (p.x, clip(p.high))],
+                        color.stroke_width(2),
+                    )
+                }))
+                .map_err(e)?;
+        } else if line.pts.iter().any(|p| p.n >= 2) {
             let mut poly: Vec<(f64, f64)> = line.pts.iter().map(|p| (p.x, clip(p.high))).collect();
             poly.extend(line.pts.iter().rev().map(|p| (p.x, clip(p.low))));
             chart
@@ -814,8 +824,10 @@ fn wait_plot(dir: &Path, waits: &Table, labels: &BTreeMap<u64, String>) -> Resul
 
 /// Honest providers' revenue Gini. When the first swept key is numeric with several values:
 /// against that value, the mean over replications with its 95 % band, one series per setting
-/// of the other swept keys. Otherwise (a run, or a first key that is not a number): every
-/// replication as a dot against its index, one series per sweep point.
+/// of the other swept keys. Otherwise (a run, or a first key that is not a number): each sweep
+/// point's mean over replications as a dot at its number (1, 2, ...), its 95 % bootstrap
+/// interval as a whisker, one series per point (no plot against the replication index: its
+/// order means nothing).
 fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result<Vec<String>> {
     let (Some(pi), Some(ri), Some(gi)) = (
         runs.col("point"),
@@ -868,27 +880,29 @@ fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result
         }
         (format!("{key} (swept value)"), false)
     } else {
-        let mut by_point: BTreeMap<u64, Vec<Stat>> = BTreeMap::new();
+        let mut by_point: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
         for r in &runs.rows {
             let p: u64 = r[pi].parse().unwrap_or(0);
-            let rep: f64 = r[ri].parse().unwrap_or(0.0);
-            by_point
-                .entry(p)
-                .or_default()
-                .push(Stat::of(rep, &[gini(r)]));
+            by_point.entry(p).or_default().push(gini(r));
         }
-        for (p, pts) in by_point {
+        let points = by_point.len();
+        for (k, (p, gs)) in by_point.into_iter().enumerate() {
             let label = labels.get(&p).cloned().unwrap_or_default();
             series.push(Line {
                 label: if label.is_empty() {
-                    "per replication".into()
+                    "mean over replications".into()
                 } else {
                     label
                 },
-                pts,
+                pts: vec![Stat::of((k + 1) as f64, &gs)],
             });
         }
-        ("replication (index)".to_string(), true)
+        let x = if points > 1 {
+            "sweep point (mean over replications)"
+        } else {
+            "the run (mean over replications)"
+        };
+        (x.to_string(), true)
     };
     let title = "Revenue Gini across honest providers (0 = equal, 1 = one takes all)";
     let panels = [Panel {
