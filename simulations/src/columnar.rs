@@ -51,23 +51,8 @@ fn write(t: &Table, path: &Path) -> Result<()> {
     for (c, name) in t.header.iter().enumerate() {
         let cells = || t.rows.iter().map(move |r| r[c].as_str());
         // Empty cells are nulls; the others decide the type.
-        let parsed = |s: &str| -> Option<Option<i64>> {
-            if s.is_empty() {
-                Some(None)
-            } else {
-                s.parse().ok().map(Some)
-            }
-        };
-        let ints: Option<Vec<Option<i64>>> = cells().map(parsed).collect();
-        let floats: Option<Vec<Option<f64>>> = cells()
-            .map(|s| {
-                if s.is_empty() {
-                    Some(None)
-                } else {
-                    s.parse().ok().map(Some)
-                }
-            })
-            .collect();
+        let ints: Option<Vec<Option<i64>>> = cells().map(nullable).collect();
+        let floats: Option<Vec<Option<f64>>> = cells().map(nullable).collect();
         let any_value = cells().any(|s| !s.is_empty());
         let text = TEXT_COLUMNS.contains(&name.as_str()) || t.rows.is_empty();
         let (dt, col): (DataType, ArrayRef) = match (ints, floats) {
@@ -93,6 +78,16 @@ fn write(t: &Table, path: &Path) -> Result<()> {
     w.write(&batch)?;
     w.close()?;
     Ok(())
+}
+
+/// A cell as a number of type `T`: `Some(None)` when empty (a null), `None` when it is not one.
+#[cfg(feature = "parquet")]
+fn nullable<T: std::str::FromStr>(s: &str) -> Option<Option<T>> {
+    if s.is_empty() {
+        Some(None)
+    } else {
+        s.parse().ok().map(Some)
+    }
 }
 
 #[cfg(not(feature = "parquet"))]

@@ -33,8 +33,9 @@ async fn remove_workspace(s: &Session) {
 /// Whether a live volume adopts this lease's workspace (`stop --keep-disk`), as the store
 /// says (so a node restarted in between still keeps it). When the store cannot answer, the
 /// workspace is kept too: the next start's reconciliation removes it if nothing adopts it.
-async fn handed_over(s: &Session) -> bool {
-    if s.lease.terms.is_volume() {
+/// Only a renter's stop hands a workspace over: other endings never read the store here.
+async fn handed_over(s: &Session, reason: CloseReason) -> bool {
+    if s.lease.terms.is_volume() || reason != CloseReason::RenterStop {
         return false;
     }
     let id = s.lease.id;
@@ -105,7 +106,7 @@ pub(super) async fn finish(
     // downloads (stored with the close, before anything is removed or kept).
     let retention = u64::from(s.lease.terms.output_retention_s);
     // A workspace the renter keeps as a volume goes to it, not to kept outputs.
-    let handed = handed_over(s).await;
+    let handed = handed_over(s, reason).await;
     let keep = retention > 0
         && !handed
         && s.container.is_some()
