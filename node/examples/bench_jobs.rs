@@ -71,12 +71,19 @@ fn job_over(home: &Path, id: &str, limit: Duration) -> Value {
     v
 }
 
-fn spec(dir: &Path, name: &str, image: &str, tasks: u32, concurrency: u32) -> std::path::PathBuf {
+fn spec(
+    dir: &Path,
+    name: &str,
+    image: &str,
+    tasks: u32,
+    concurrency: u32,
+    per_lease: u32,
+) -> std::path::PathBuf {
     let p = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &p,
         format!(
-            "name: {name}\nimage: {image}\nrun: \"true\"\ntasks: {tasks}\nconcurrency: {concurrency}\ntimeout: 2m\n"
+            "name: {name}\nimage: {image}\nrun: \"true\"\ntasks: {tasks}\nconcurrency: {concurrency}\ntasks_per_lease: {per_lease}\ntimeout: 2m\n"
         ),
     )
     .unwrap();
@@ -146,7 +153,7 @@ async fn main() {
     });
 
     // Overhead: one rent against one one-task job, alternated.
-    let one = spec(dir.path(), "one", &tag, 1, 1);
+    let one = spec(dir.path(), "one", &tag, 1, 1, 1);
     let (mut rent_ms, mut job_ms) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         for which in [round % 2, 1 - round % 2] {
@@ -190,18 +197,38 @@ async fn main() {
         j / r
     );
 
-    // A job of `tasks` short tasks over the four providers.
-    let many = spec(dir.path(), "many", &tag, tasks, 4);
-    let started = Instant::now();
-    let (_, id) = submit(&rh, &many, &dir.path().join("out-many"));
-    let st = job_over(&rh, &id, Duration::from_secs(1800));
-    let wall = started.elapsed().as_secs_f64();
-    assert_eq!(st["state"], "completed", "{st:#}");
-    assert_eq!(st["succeeded"].as_u64(), Some(u64::from(tasks)));
+    // A job of `tasks` short tasks over the four providers: a lease per task, then a quarter
+    // of the tasks to a lease.
+    let mut walls = Vec::new();
+    for per_lease in [1, tasks.div_ceil(4)] {
+        let name = format!("many-{per_lease}");
+        let many = spec(dir.path(), &name, &tag, tasks, 4, per_lease);
+        let started = Instant::now();
+        let (_, id) = submit(&rh, &many, &dir.path().join(format!("out-{name}")));
+        let st = job_over(&rh, &id, Duration::from_secs(1800));
+        let wall = started.elapsed().as_secs_f64();
+        assert_eq!(st["state"], "completed", "{st:#}");
+        assert_eq!(st["succeeded"].as_u64(), Some(u64::from(tasks)));
+        let leases: std::collections::BTreeSet<String> = st["tasks"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .flat_map(|t| t["attempts"].as_array().cloned().unwrap_or_default())
+                    .filter_map(|a| a["lease_id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "{tasks}-task job, concurrency 4, tasks_per_lease {per_lease}, 4 providers: {wall:.1} s wall ({:.2} tasks/s, {} attempts, {} leases)",
+            f64::from(tasks) / wall,
+            st["attempts"],
+            leases.len()
+        );
+        walls.push(wall);
+    }
     println!(
-        "{tasks}-task job, concurrency 4, 4 providers: {wall:.1} s wall ({:.2} tasks/s, {} attempts)",
-        f64::from(tasks) / wall,
-        st["attempts"]
+        "shared leases / a lease per task, wall time: {:.2}x",
+        walls[1] / walls[0]
     );
     drop(nodes);
     for p in &peers {

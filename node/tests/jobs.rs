@@ -719,3 +719,245 @@ fn a_cancelled_job_stops_and_settles_every_lease() {
         text(&o.stderr)
     );
 }
+
+/// `tasks_per_lease: 3`: six tasks over two leases at a time, each lease running its tasks one
+/// after another in one workspace (its setup and inputs once), each task starting without the
+/// last one's outputs and checkpoint. The renter is killed and restarted mid-job: the job
+/// completes, no task ran twice (the providers' own logs), no lease ran two tasks at once, and
+/// both sides' ledgers agree lease by lease.
+#[test]
+fn a_lease_runs_several_tasks_one_after_another_and_a_renter_restart_loses_none() {
+    let Some(image) = image_or_skip("jobs_shared_leases") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = JobMarket::start(dir.path(), &image.tag);
+    std::fs::write(dir.path().join("data.txt"), "hello\n").unwrap();
+    let args: Vec<String> = (0..6).map(|i| format!("it's line {i}")).collect();
+    std::fs::write(dir.path().join("tasks.txt"), args.join("\n")).unwrap();
+    let spec = write_spec(
+        dir.path(),
+        "shared",
+        &format!(
+            r#"name: shared
+image: {image}
+inputs:
+  /workspace/in/data.txt: data.txt
+setup: echo "setup" >> /workspace/setups.txt
+run: |
+  [ ! -e busy ] || {{ echo "another task is running here"; exit 7; }}
+  [ ! -e out ] && [ ! -e ckpt ] || {{ echo "the last task's files are still here"; exit 8; }}
+  touch busy
+  echo "begin $TASK_INDEX $(date +%s)"
+  n=$(cat runs 2>/dev/null || echo 0); n=$((n + 1)); echo $n > runs
+  mkdir -p out ckpt && echo 1 > ckpt/step
+  sleep 3
+  echo "task $TASK_INDEX run $n args [$TASK_ARGS] input $(cat in/data.txt) setups $(grep -c . setups.txt)" > out/result.txt
+  rm busy
+  echo "end $TASK_INDEX $(date +%s)"
+tasks: tasks.txt
+outputs: [/workspace/out]
+checkpoint:
+  path: /workspace/ckpt
+  every: 2s
+tasks_per_lease: 3
+concurrency: 2
+timeout: 1m
+"#,
+            image = image.tag
+        ),
+    );
+    let out = dir.path().join("OUT");
+    let job = m.submit(&spec, &out);
+    wait_for(
+        Duration::from_secs(120),
+        "a task handed to a lease that ran one",
+        || {
+            let st = m.status(&job);
+            st["succeeded"].as_u64().unwrap_or(0) >= 2
+                && attempts(&st).iter().any(|(_, a)| a["phase"] == "running")
+        },
+    );
+    m.kill_renter();
+    std::thread::sleep(Duration::from_secs(2));
+    m.start_renter();
+    let st = m.wait_over(&job, Duration::from_secs(240));
+    assert_eq!(st["state"], "completed", "{st:#}");
+    assert_eq!(st["succeeded"], 6, "{st:#}");
+    let log = std::fs::read_to_string(dir.path().join("renter-2.log")).unwrap();
+    assert!(log.contains("resuming attempt"), "{log}");
+    // Each task's output, home: its own arguments, the lease's input and one setup per lease.
+    let mut runs: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+    let tries = attempts(&st);
+    for (t, arg) in args.iter().enumerate() {
+        let r = std::fs::read_to_string(out.join(format!("{t}/out/result.txt")))
+            .unwrap_or_else(|e| panic!("task {t}'s output: {e}"));
+        let rest = r
+            .strip_prefix(&format!("task {t} run "))
+            .unwrap_or_else(|| panic!("{r:?}"));
+        let (n, rest) = rest.split_once(' ').unwrap();
+        assert_eq!(
+            rest.trim_end(),
+            format!("args [{arg}] input hello setups 1"),
+            "task {t}"
+        );
+        let won: Vec<&Value> = tries
+            .iter()
+            .filter(|(task, a)| *task == t as u64 && a["verdict"] == "succeeded")
+            .map(|(_, a)| a)
+            .collect();
+        assert_eq!(won.len(), 1, "{st:#}");
+        runs.entry(won[0]["lease_id"].as_str().unwrap().to_string())
+            .or_default()
+            .push(n.parse().unwrap());
+    }
+    // Fewer leases than tasks; on each, its tasks ran as its 1st, 2nd, 3rd... in one workspace.
+    assert!(runs.len() <= 3, "{runs:?}");
+    assert!(runs.values().any(|r| r.len() >= 2), "{runs:?}");
+    for (lease, r) in &runs {
+        let mut r = r.clone();
+        r.sort();
+        assert_eq!(
+            r,
+            (1..=r.len() as u32).collect::<Vec<_>>(),
+            "{lease}: {runs:?}"
+        );
+    }
+    // The providers' own records: every task began once, and a lease's tasks never overlapped.
+    let mut began = std::collections::BTreeMap::new();
+    let mut provider_totals = std::collections::HashMap::new();
+    for p in &m.providers {
+        for l in json(&p.home, &["leases", "--all"]).as_array().unwrap() {
+            let id = l["lease_id"].as_str().unwrap();
+            let out = text(&cli(&p.home, &["logs", id]).stdout);
+            let mut open: Option<u64> = None;
+            for line in out.lines() {
+                let w: Vec<&str> = line.split_whitespace().collect();
+                match w.as_slice() {
+                    ["begin", t, _] => {
+                        assert!(open.is_none(), "two tasks at once on {id}:\n{out}");
+                        open = Some(t.parse().unwrap());
+                        *began.entry(t.parse::<u64>().unwrap()).or_insert(0) += 1;
+                    }
+                    ["end", t, _] => {
+                        assert_eq!(open, Some(t.parse().unwrap()), "{id}:\n{out}");
+                        open = None;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for s in json(&p.home, &["ledger"])["leases"].as_array().unwrap() {
+            provider_totals.insert(
+                s["lease_id"].as_str().unwrap().to_string(),
+                s["total"].clone(),
+            );
+        }
+    }
+    assert_eq!(began.len(), 6, "{began:?}");
+    assert!(
+        began.values().all(|n| *n == 1),
+        "a task ran twice: {began:?}"
+    );
+    let renter = json(&m.renter_home(), &["ledger"]);
+    let leases = renter["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), provider_totals.len(), "{renter:#}");
+    for s in leases {
+        let id = s["lease_id"].as_str().unwrap();
+        assert_eq!(Some(&s["total"]), provider_totals.get(id), "lease {id}");
+    }
+    // What the job says it spent is what its leases settled at.
+    let settled: u64 = leases.iter().map(|s| s["total"].as_u64().unwrap()).sum();
+    assert_eq!(st["spent"].as_u64().unwrap(), settled, "{st:#}\n{renter:#}");
+}
+
+/// On a shared lease a user error fails its task alone (the lease is handed the next one), and
+/// a task past its timeout has its lease stopped by the renter and is retried elsewhere.
+#[test]
+fn on_a_shared_lease_an_exit_fails_one_task_and_a_timeout_moves_it_elsewhere() {
+    let Some(image) = image_or_skip("jobs_shared_faults") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = JobMarket::start(dir.path(), &image.tag);
+    let spec = write_spec(
+        dir.path(),
+        "faults",
+        &format!(
+            r#"name: faults
+image: {image}
+run: |
+  if [ "$TASK_INDEX" = 1 ]; then echo "bad input" >&2; exit 1; fi
+  if [ "$TASK_INDEX" = 2 ] && [ "$GRIDLEASE_ATTEMPT" = 1 ]; then echo "hangs"; sleep 600; fi
+  echo "task $TASK_INDEX fine"
+tasks: 4
+tasks_per_lease: 4
+concurrency: 1
+timeout: 20s
+"#,
+            image = image.tag
+        ),
+    );
+    let o = m.job(&[
+        "--json",
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        dir.path().join("OUT").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let st: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let st = m.status(st["job_id"].as_str().unwrap());
+    assert_eq!(st["state"], "failed", "{st:#}");
+    let task = |t: usize| st["tasks"][t].clone();
+    let lease = |t: usize, a: usize| {
+        task(t)["attempts"][a]["lease_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // Tasks 0, 1 and 2 went to one lease in turn; the exit failed task 1 alone.
+    assert_eq!(task(0)["state"], "succeeded", "{st:#}");
+    assert_eq!(task(1)["state"], "failed", "{st:#}");
+    assert_eq!(task(1)["exit_code"], 1, "{st:#}");
+    assert_eq!(task(1)["attempts"].as_array().unwrap().len(), 1, "{st:#}");
+    assert!(
+        task(1)["message"].as_str().unwrap().contains("bad input"),
+        "{st:#}"
+    );
+    assert_eq!(lease(1, 0), lease(0, 0), "{st:#}");
+    assert_eq!(lease(2, 0), lease(0, 0), "{st:#}");
+    // Task 2 hung past its timeout: a provider fault, its lease stopped, retried on another.
+    let t2 = task(2)["attempts"].as_array().unwrap().clone();
+    assert_eq!(t2.len(), 2, "{st:#}");
+    assert_eq!(t2[0]["verdict"], "provider_fault", "{st:#}");
+    assert!(
+        t2[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("ran past its timeout of 20 s"),
+        "{st:#}"
+    );
+    assert_eq!(t2[1]["verdict"], "succeeded", "{st:#}");
+    assert_ne!(t2[1]["provider"], t2[0]["provider"], "{st:#}");
+    assert_eq!(st["excluded"][0]["provider"], t2[0]["provider"], "{st:#}");
+    assert_eq!(task(3)["state"], "succeeded", "{st:#}");
+    // The first lease was stopped and settled; the job's spend is its leases' settlements.
+    let renter = json(&m.renter_home(), &["leases", "--all"]);
+    let first = renter
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lease_id"] == lease(0, 0).as_str())
+        .unwrap();
+    assert_eq!(first["state"], "settled", "{first:#}");
+    assert_eq!(first["close_reason"], "renter_stop", "{first:#}");
+    let ledger = json(&m.renter_home(), &["ledger"]);
+    let settled: u64 = ledger["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["total"].as_u64().unwrap())
+        .sum();
+    assert_eq!(st["spent"].as_u64().unwrap(), settled, "{st:#}\n{ledger:#}");
+}

@@ -251,6 +251,7 @@ pub fn offer_row(e: &BookEntry, now: gridlease_protocol::Timestamp) -> OfferRow 
         age_s: now.ms_since(e.offer.created_at) / 1000,
         region: e.offer.region.clone(),
         min_billed_s: e.offer.min_billed_s,
+        min_duration_s: e.offer.min_duration_s,
         max_duration_s: e.offer.max_duration_s,
         access: e.offer.sandbox.access,
         isolation: e.offer.sandbox.isolation,

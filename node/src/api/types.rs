@@ -224,6 +224,9 @@ pub struct OfferRow {
     /// long).
     #[serde(default)]
     pub min_billed_s: u32,
+    /// Shortest lease, seconds.
+    #[serde(default)]
+    pub min_duration_s: u32,
     /// Longest lease, seconds (also the most an extension may reach).
     #[serde(default)]
     pub max_duration_s: u32,

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::spec::Job;
 use super::view::LiveCost;
+use super::worker::{self, LeaseAfter};
 use crate::api::client::ApiClient;
 use crate::api::client::ClientError;
 use crate::api::types::OfferRow;
@@ -76,6 +77,9 @@ pub(super) struct Done {
     pub attempt: StoredAttempt,
     pub verdict: Verdict,
     pub tail: String,
+    /// A lease that runs several tasks: what it does next (`None`: the attempt's own lease,
+    /// its cost in the attempt's row).
+    pub lease: Option<LeaseAfter>,
 }
 
 /// The local log of an attempt: `<home>/jobs/<job>/tasks/<task>/attempt-<n>.log`.
@@ -83,7 +87,7 @@ pub(super) fn log_path(home: &Path, job: &str, task: u32, attempt: u32) -> PathB
     task_dir(home, job, task).join(format!("attempt-{attempt}.log"))
 }
 
-fn task_dir(home: &Path, job: &str, task: u32) -> PathBuf {
+pub(super) fn task_dir(home: &Path, job: &str, task: u32) -> PathBuf {
     home.join("jobs")
         .join(job)
         .join("tasks")
@@ -96,7 +100,7 @@ pub(super) fn checkpoint_dir(home: &Path, job: &str, task: u32) -> PathBuf {
 }
 
 /// The quiet printer the copies run with (their progress is the job's, not a terminal's).
-fn quiet() -> Printer {
+pub(super) fn quiet() -> Printer {
     Printer {
         json: false,
         quiet: true,
@@ -104,17 +108,25 @@ fn quiet() -> Printer {
 }
 
 impl Shared {
+    /// Whether the container is held for uploads before its command starts: the inputs,
+    /// and with a lease per task the checkpoint (a shared lease is handed each task's).
     fn needs_upload(&self) -> bool {
-        !self.job.inputs.is_empty() || self.job.checkpoint.is_some()
+        !self.job.inputs.is_empty() || (self.job.checkpoint.is_some() && !self.job.shares_leases())
     }
 
+    /// Whether the outputs are copied from a finished lease (a shared lease's are copied
+    /// while it runs, after each task).
     fn needs_kept_outputs(&self) -> bool {
-        !self.job.outputs.is_empty() || self.job.checkpoint.is_some()
+        !self.job.shares_leases() && (!self.job.outputs.is_empty() || self.job.checkpoint.is_some())
     }
 
     /// Whether `o` can run this job's tasks at all (besides the search's conditions).
     pub(super) fn eligible(&self, o: &OfferRow) -> bool {
-        o.max_duration_s >= self.job.spec.timeout.0
+        // A lease per task lasts exactly the timeout; a shared lease at least the offer's
+        // shortest (this node keeps each task's timeout).
+        let timeout = self.job.spec.timeout.0;
+        o.max_duration_s >= timeout
+            && (self.job.shares_leases() || o.min_duration_s <= timeout)
             && (!self.needs_upload() || o.upload_hold_s > 0)
             && (!self.needs_kept_outputs() || o.output_retention_s > 0)
             && (!self.job.spec.resources.verified || o.verify_window_s > 0)
@@ -158,19 +170,24 @@ impl Drop for Hold<'_> {
 }
 
 /// Runs (or, after a restart, resumes) attempt `a`; `offer` is the offer to rent for a new
-/// one. `None` when the node is shutting down: the row stays as it is, for the next start.
+/// one, with the lease's duration. `owner` is the first attempt of `a`'s lease (`a` itself but
+/// for a later task on a shared lease). `None` when the node is shutting down: the row stays
+/// as it is, for the next start.
 pub(super) async fn run(
     sh: Arc<Shared>,
     mut a: StoredAttempt,
-    offer: Option<OfferRow>,
+    offer: Option<(OfferRow, u32)>,
+    owner: (u32, u32),
 ) -> Option<Done> {
-    let hold = sh.needs_upload().then(|| {
+    let owns = owner == (a.task, a.attempt);
+    let shares = sh.job.shares_leases();
+    let hold = (sh.needs_upload() && owns).then(|| {
         sh.holds().insert(a.provider.clone());
         Hold(&sh, a.provider.clone())
     });
     let lease = match (a.lease_id.clone(), offer) {
         (Some(l), _) => l,
-        (None, Some(offer)) => match rent(&sh, &a, &offer).await {
+        (None, Some((offer, lease_s))) => match rent(&sh, &a, &offer, lease_s).await {
             Ok(l) => {
                 a.lease_id = Some(l.clone());
                 a.phase = "starting".into();
@@ -204,9 +221,23 @@ pub(super) async fn run(
         }
     };
     if a.phase == "starting" {
-        match start(&sh, &lease, a.task).await {
+        let started = if owns {
+            start(&sh, &lease, a.task).await
+        } else {
+            Ok(())
+        };
+        let started = match started {
+            Ok(()) if shares => match worker::hand_over(&sh, &a, &lease).await {
+                Ok(()) => Ok(()),
+                Err(_) if sh.ctx.shutdown.is_cancelled() => Err(Start::Shutdown),
+                Err(e) => Err(Start::Failed(e)),
+            },
+            other => other,
+        };
+        match started {
             Ok(()) => {
                 a.phase = "running".into();
+                a.run_at = Some(super::now_ms());
                 sh.save(&a).await;
             }
             Err(Start::Shutdown) => return None,
@@ -216,24 +247,23 @@ pub(super) async fn run(
                 let _ = sh.ctx.api.stop(&lease).await;
                 let v = settled(&sh, &lease).await;
                 let spent = v.as_ref().map(spent_of);
-                return Some(
-                    end(
-                        &sh,
-                        a,
-                        AttemptEnd::Closed {
-                            reason: CloseReason::StartFailed,
-                            exit_code: None,
-                        },
-                        why,
-                        v.as_ref(),
-                        spent,
-                    )
-                    .await,
-                );
+                let failed = AttemptEnd::Closed {
+                    reason: CloseReason::StartFailed,
+                    exit_code: None,
+                };
+                if shares {
+                    let mut done = end(&sh, a, failed, why, None, None).await;
+                    done.lease = Some(LeaseAfter::Over { spent });
+                    return Some(done);
+                }
+                return Some(end(&sh, a, failed, why, v.as_ref(), spent).await);
             }
         }
     }
     drop(hold);
+    if shares {
+        return worker::follow(&sh, a, &lease, owner).await;
+    }
     let view = match follow(&sh, &a, &lease).await? {
         Followed::Over(v) => *v,
         Followed::Lost(why) => {
@@ -248,22 +278,11 @@ pub(super) async fn run(
             return Some(end(&sh, a, end_of, why, None, None).await);
         }
     };
-    let cancelled = sh.stopping();
     let reason = view
         .close_reason
         .as_deref()
         .and_then(crate::store::lease::parse_reason);
-    let end_of = match (cancelled, reason) {
-        (true, _) | (_, Some(CloseReason::RenterStop)) => AttemptEnd::Cancelled,
-        (false, Some(reason)) => AttemptEnd::Closed {
-            reason,
-            exit_code: view.exit_code,
-        },
-        (false, None) => AttemptEnd::Closed {
-            reason: CloseReason::ProviderUnreachable,
-            exit_code: None,
-        },
-    };
+    let end_of = end_of_lease(&sh, &view);
     let mut why = describe(&view);
     let mut end_of = end_of;
     if view.outputs_until.is_some() && matches!(reason, Some(CloseReason::ContainerExited)) {
@@ -295,13 +314,32 @@ pub(super) async fn run(
     Some(end(&sh, a, end_of, why, Some(&view), spent).await)
 }
 
+/// The end of an attempt whose lease is over, by its close reason.
+pub(super) fn end_of_lease(sh: &Shared, view: &LeaseView) -> AttemptEnd {
+    let reason = view
+        .close_reason
+        .as_deref()
+        .and_then(crate::store::lease::parse_reason);
+    match (sh.stopping(), reason) {
+        (true, _) | (_, Some(CloseReason::RenterStop)) => AttemptEnd::Cancelled,
+        (false, Some(reason)) => AttemptEnd::Closed {
+            reason,
+            exit_code: view.exit_code,
+        },
+        (false, None) => AttemptEnd::Closed {
+            reason: CloseReason::ProviderUnreachable,
+            exit_code: None,
+        },
+    }
+}
+
 /// What a settled lease cost.
-fn spent_of(v: &LeaseView) -> u64 {
+pub(super) fn spent_of(v: &LeaseView) -> u64 {
     v.settled_total.unwrap_or(v.paid)
 }
 
 /// The end of an attempt, in words: the close reason, and the provider's sentence.
-fn describe(v: &LeaseView) -> String {
+pub(super) fn describe(v: &LeaseView) -> String {
     let mut s = v
         .close_reason
         .clone()
@@ -321,7 +359,7 @@ fn describe(v: &LeaseView) -> String {
 }
 
 /// Marks `a` ended and judges it.
-async fn end(
+pub(super) async fn end(
     sh: &Shared,
     mut a: StoredAttempt,
     end_of: AttemptEnd,
@@ -343,15 +381,24 @@ async fn end(
         .into(),
     );
     a.reason = Some(why);
-    a.exit_code = view.and_then(|v| v.exit_code);
+    a.exit_code = match end_of {
+        AttemptEnd::Closed {
+            exit_code: Some(c), ..
+        } => Some(c),
+        _ => view.and_then(|v| v.exit_code),
+    };
     a.spent = spent;
-    sh.ctx.live.remove(a.task, a.attempt);
+    if !sh.job.shares_leases() {
+        // A shared lease's cost so far stays on its first attempt until the lease settles.
+        sh.ctx.live.remove(a.task, a.attempt);
+    }
     let tail = tail_of(&log_path(&sh.ctx.home, &sh.job_id, a.task, a.attempt));
     tracing::info!(job = %sh.job_id, task = a.task, attempt = a.attempt, verdict = ?verdict, reason = a.reason.as_deref().unwrap_or(""), "attempt ended");
     Done {
         attempt: a,
         verdict,
         tail,
+        lease: None,
     }
 }
 
@@ -371,21 +418,35 @@ enum Rent {
     Refused(String),
 }
 
-/// Rents `offer` for attempt `a`: the command held back for the uploads when there are any.
-async fn rent(sh: &Shared, a: &StoredAttempt, offer: &OfferRow) -> Result<String, Rent> {
+/// Rents `offer` for `lease_s` for attempt `a`: the command held back for the uploads when
+/// there are any. A shared lease runs the worker, which is handed each task's variables.
+async fn rent(
+    sh: &Shared,
+    a: &StoredAttempt,
+    offer: &OfferRow,
+    lease_s: u32,
+) -> Result<String, Rent> {
     let job = &sh.job;
+    let shares = job.shares_leases();
     let mut env = job.spec.envs.clone();
-    env.insert("TASK_INDEX".into(), a.task.to_string());
     env.insert("TASK_COUNT".into(), job.task_count().to_string());
-    env.insert(
-        "TASK_ARGS".into(),
-        job.task_args
-            .get(a.task as usize)
-            .cloned()
-            .unwrap_or_default(),
-    );
     env.insert("GRIDLEASE_JOB".into(), sh.job_id.clone());
-    env.insert("GRIDLEASE_ATTEMPT".into(), a.attempt.to_string());
+    if shares {
+        env.insert(
+            "GRIDLEASE_CHECKPOINT".into(),
+            job.checkpoint.clone().unwrap_or_default(),
+        );
+    } else {
+        env.insert("TASK_INDEX".into(), a.task.to_string());
+        env.insert(
+            "TASK_ARGS".into(),
+            job.task_args
+                .get(a.task as usize)
+                .cloned()
+                .unwrap_or_default(),
+        );
+        env.insert("GRIDLEASE_ATTEMPT".into(), a.attempt.to_string());
+    }
     env.insert(
         "GRIDLEASE_SETUP".into(),
         job.spec.setup.clone().unwrap_or_default(),
@@ -397,9 +458,13 @@ async fn rent(sh: &Shared, a: &StoredAttempt, offer: &OfferRow) -> Result<String
         volume: None,
         offer: offer.id.clone(),
         gpus: job.gpus(),
-        duration_s: job.spec.timeout.0,
+        duration_s: lease_s,
         image: job.spec.image.clone(),
-        command: vec!["/bin/sh".into(), "-c".into(), SCRIPT.into()],
+        command: if shares {
+            worker::command(job)
+        } else {
+            vec!["/bin/sh".into(), "-c".into(), SCRIPT.into()]
+        },
         env,
         max_total: Some(gridlease_contracts::Money::from_micros(a.cap)),
         network: gridlease_protocol::NetworkPolicy::None,
@@ -466,7 +531,9 @@ async fn start(sh: &Shared, lease: &str, task: u32) -> Result<(), Start> {
             .await
             .map_err(|e| Start::Failed(format!("input {} not copied in: {e:#}", src.display())))?;
     }
-    if let Some(rel) = &sh.job.checkpoint {
+    if let Some(rel) = &sh.job.checkpoint
+        && !sh.job.shares_leases()
+    {
         let local = checkpoint_dir(&sh.ctx.home, &sh.job_id, task);
         let has_any = std::fs::read_dir(&local).is_ok_and(|mut d| d.next().is_some());
         if has_any {
@@ -573,7 +640,7 @@ async fn follow(sh: &Shared, a: &StoredAttempt, lease: &str) -> Option<Followed>
 }
 
 /// Appends the lease's output from `offset` to the local log; the next offset.
-async fn pull_log(sh: &Shared, lease: &str, log: &Path, offset: u64) -> u64 {
+pub(super) async fn pull_log(sh: &Shared, lease: &str, log: &Path, offset: u64) -> u64 {
     let path = format!("/v1/leases/{lease}/logs?from={offset}");
     let Ok((headers, body)) = sh.ctx.api.get_raw(&path).await else {
         return offset;
@@ -619,7 +686,12 @@ async fn pull_log(sh: &Shared, lease: &str, log: &Path, offset: u64) -> u64 {
 }
 
 /// Copies the task's checkpoint directory home (into its local copy).
-async fn pull_checkpoint(sh: &Shared, task: u32, lease: &str, rel: &str) -> anyhow::Result<()> {
+pub(super) async fn pull_checkpoint(
+    sh: &Shared,
+    task: u32,
+    lease: &str,
+    rel: &str,
+) -> anyhow::Result<()> {
     let local = checkpoint_dir(&sh.ctx.home, &sh.job_id, task);
     tokio::fs::create_dir_all(&local).await?;
     let path = format!("/workspace/{rel}");
@@ -634,7 +706,7 @@ async fn pull_checkpoint(sh: &Shared, task: u32, lease: &str, rel: &str) -> anyh
 }
 
 /// Copies the job's outputs of a finished lease into `OUT/<task>/`.
-async fn pull_outputs(sh: &Shared, task: u32, lease: &str) -> anyhow::Result<()> {
+pub(super) async fn pull_outputs(sh: &Shared, task: u32, lease: &str) -> anyhow::Result<()> {
     let dir = sh.out.join(task.to_string());
     for rel in &sh.job.outputs {
         let dst = dir.join(rel);
@@ -656,7 +728,7 @@ async fn pull_outputs(sh: &Shared, task: u32, lease: &str) -> anyhow::Result<()>
 }
 
 /// Waits (bounded) for a stopped lease to settle.
-async fn settled(sh: &Shared, lease: &str) -> Option<LeaseView> {
+pub(super) async fn settled(sh: &Shared, lease: &str) -> Option<LeaseView> {
     let until = Instant::now() + SETTLE_WAIT;
     while Instant::now() < until {
         match sh.ctx.api.lease(lease).await {

@@ -14,6 +14,7 @@ mod attempt;
 mod runner;
 pub mod spec;
 pub mod view;
+mod worker;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use super::attempt::{self, Ctx, Done, Shared};
 use super::spec::Job;
 use super::view::spend;
+use super::worker::{self, LeaseAfter};
 use crate::api::types::OfferRow;
 use crate::store::jobs::{StoredAttempt, StoredTask};
 
@@ -26,6 +27,29 @@ pub(super) const OFFER_WAIT: Duration = Duration::from_secs(300);
 const TICK: Duration = Duration::from_secs(1);
 /// Most offers one search reads.
 const SEARCH_LIMIT: u32 = 200;
+/// Seconds a shared lease must have left beyond a task's timeout to be handed it.
+const HANDOVER_MARGIN_S: u64 = 30;
+
+/// A shared lease (`tasks_per_lease` above 1) between two tasks.
+enum Between {
+    /// Ready for another task: its provider, price, time left and where its log ends.
+    Idle {
+        provider: String,
+        price: u64,
+        time_left_s: u64,
+        log_end: u64,
+    },
+    /// Being stopped and settled.
+    Stopping { provider: String },
+}
+
+impl Between {
+    fn provider(&self) -> &str {
+        match self {
+            Self::Idle { provider, .. } | Self::Stopping { provider } => provider,
+        }
+    }
+}
 
 struct Runner {
     id: String,
@@ -36,6 +60,10 @@ struct Runner {
     /// Task -> its attempt in flight.
     live: HashMap<u32, StoredAttempt>,
     done_tx: mpsc::Sender<Done>,
+    /// Shared leases with no task in flight, by lease id.
+    between: HashMap<String, Between>,
+    /// Stopped shared leases settle here: the lease and what it cost, when known.
+    released_tx: mpsc::Sender<(String, Option<u64>)>,
     budget_hit: bool,
     no_offer_since: Option<Instant>,
 }
@@ -66,6 +94,8 @@ pub(super) async fn run(ctx: Ctx, id: &str) -> anyhow::Result<()> {
     });
     // At most `concurrency` attempts are live, each sends one `Done`.
     let (done_tx, mut done_rx) = mpsc::channel(concurrency + 1);
+    // Each stopping shared lease sends one result (senders wait while it is full).
+    let (released_tx, mut released_rx) = mpsc::channel(concurrency + 1);
     let mut r = Runner {
         id: id.to_string(),
         shared,
@@ -74,6 +104,8 @@ pub(super) async fn run(ctx: Ctx, id: &str) -> anyhow::Result<()> {
         excluded: excluded.into_iter().map(|(p, _)| p).collect(),
         live: HashMap::new(),
         done_tx,
+        between: HashMap::new(),
+        released_tx,
         budget_hit: false,
         no_offer_since: None,
     };
@@ -86,7 +118,30 @@ pub(super) async fn run(ctx: Ctx, id: &str) -> anyhow::Result<()> {
         .collect();
     for a in open {
         tracing::info!(job = %r.id, task = a.task, attempt = a.attempt, phase = %a.phase, "resuming attempt");
-        r.spawn(a, None);
+        let owner = r.owner_of(&a);
+        r.spawn(a, None, owner);
+    }
+    // Shared leases between tasks when the node stopped, not settled: stopped (the tasks
+    // waiting go to leases this run sees start).
+    let unsettled: Vec<(String, String)> = r
+        .attempts
+        .iter()
+        .filter(|a| a.phase == "ended" && a.spent.is_none())
+        .filter_map(|a| Some((a.lease_id.clone()?, a.provider.clone())))
+        .filter(|(l, _)| {
+            !r.live
+                .values()
+                .any(|x| x.lease_id.as_deref() == Some(l.as_str()))
+        })
+        .collect();
+    if r.shared.job.shares_leases() {
+        for (lease, provider) in unsettled {
+            if !r.between.contains_key(&lease)
+                && r.owner_of_lease(&lease).is_some_and(|o| o.spent.is_none())
+            {
+                r.release(lease, provider);
+            }
+        }
     }
     // A task left `running` with no attempt in flight (cannot happen with the transactional
     // writes, but never leave one stuck) waits again.
@@ -106,11 +161,13 @@ pub(super) async fn run(ctx: Ctx, id: &str) -> anyhow::Result<()> {
         if !cancelling {
             r.launch(concurrency).await;
         }
-        if r.live.is_empty() && r.finish(cancelling).await? {
+        r.release_idle();
+        if r.live.is_empty() && r.between.is_empty() && r.finish(cancelling).await? {
             return Ok(());
         }
         tokio::select! {
             Some(done) = done_rx.recv() => r.settle(done).await?,
+            Some((lease, spent)) = released_rx.recv() => r.lease_settled(&lease, spent).await,
             _ = tokio::time::sleep(TICK) => {}
             _ = ctx.cancel.cancelled(), if !cancelling => {}
         }
@@ -118,18 +175,215 @@ pub(super) async fn run(ctx: Ctx, id: &str) -> anyhow::Result<()> {
 }
 
 impl Runner {
-    fn spawn(&mut self, a: StoredAttempt, offer: Option<OfferRow>) {
+    fn spawn(&mut self, a: StoredAttempt, offer: Option<(OfferRow, u32)>, owner: (u32, u32)) {
         self.live.insert(a.task, a.clone());
         let (sh, tx) = (self.shared.clone(), self.done_tx.clone());
         tokio::task::spawn_local(async move {
-            if let Some(done) = attempt::run(sh, a, offer).await {
+            if let Some(done) = attempt::run(sh, a, offer, owner).await {
                 let _ = tx.send(done).await;
             }
         });
     }
 
+    /// The first attempt of lease `lease` (which carries its cap and cost).
+    fn owner_of_lease(&self, lease: &str) -> Option<&StoredAttempt> {
+        self.attempts
+            .iter()
+            .filter(|a| a.lease_id.as_deref() == Some(lease))
+            .min_by_key(|a| (a.started_at, a.task, a.attempt))
+    }
+
+    /// The first attempt of `a`'s lease: `a` itself but for a later task on a shared lease.
+    fn owner_of(&self, a: &StoredAttempt) -> (u32, u32) {
+        a.lease_id
+            .as_deref()
+            .and_then(|l| self.owner_of_lease(l))
+            .map_or((a.task, a.attempt), |o| (o.task, o.attempt))
+    }
+
+    /// Stops a shared lease between tasks; it settles into `lease_settled`.
+    fn release(&mut self, lease: String, provider: String) {
+        tracing::info!(job = %self.id, lease = %lease, "releasing a shared lease");
+        self.between
+            .insert(lease.clone(), Between::Stopping { provider });
+        let (sh, tx) = (self.shared.clone(), self.released_tx.clone());
+        tokio::task::spawn_local(async move {
+            let spent = worker::release(&sh, &lease).await;
+            let _ = tx.send((lease, spent)).await;
+        });
+    }
+
+    /// Releases every idle shared lease (after `launch` handed out what it could).
+    fn release_idle(&mut self) {
+        let idle: Vec<(String, String)> = self
+            .between
+            .iter()
+            .filter(|(_, b)| matches!(b, Between::Idle { .. }))
+            .map(|(l, b)| (l.clone(), b.provider().to_string()))
+            .collect();
+        for (lease, provider) in idle {
+            self.release(lease, provider);
+        }
+    }
+
+    /// A shared lease is over: its cost goes on its first attempt, and it is forgotten.
+    async fn lease_settled(&mut self, lease: &str, spent: Option<u64>) {
+        self.between.remove(lease);
+        let Some(owner) = self.owner_of_lease(lease).map(|o| (o.task, o.attempt)) else {
+            return;
+        };
+        self.shared.ctx.live.remove(owner.0, owner.1);
+        let Some(spent) = spent else {
+            // Never known: its cap stays counted against the budget.
+            return;
+        };
+        let Some(row) = self
+            .attempts
+            .iter_mut()
+            .find(|a| (a.task, a.attempt) == owner)
+        else {
+            return;
+        };
+        row.spent = Some(spent);
+        if row.phase != "ended" {
+            // Written with its end.
+            return;
+        }
+        let (id, row) = (self.id.clone(), row.clone());
+        if let Err(e) = self
+            .shared
+            .ctx
+            .store
+            .call(move |s| s.put_attempt(&id, &row, None))
+            .await
+        {
+            tracing::error!(job = %self.id, error = %e, "cannot store what a lease cost");
+        }
+    }
+
+    /// Hands pending tasks to idle shared leases (cheapest first) that have tasks and time
+    /// left for one more and whose provider is not excluded.
+    async fn hand_over(&mut self, concurrency: usize) {
+        let job = self.shared.job.clone();
+        let mut idle: Vec<(u64, String)> = self
+            .between
+            .iter()
+            .filter_map(|(l, b)| match b {
+                Between::Idle { price, .. } => Some((*price, l.clone())),
+                Between::Stopping { .. } => None,
+            })
+            .collect();
+        idle.sort();
+        for (_, lease) in idle {
+            if self.live.len() >= concurrency {
+                return;
+            }
+            let Some(Between::Idle {
+                provider,
+                price,
+                time_left_s,
+                log_end,
+            }) = self.between.get(&lease)
+            else {
+                continue;
+            };
+            let ran = self
+                .attempts
+                .iter()
+                .filter(|a| a.lease_id.as_deref() == Some(lease.as_str()))
+                .count() as u32;
+            let usable = ran < job.spec.tasks_per_lease
+                && *time_left_s >= u64::from(job.spec.timeout.0) + HANDOVER_MARGIN_S
+                && !self.excluded.contains(provider);
+            if !usable {
+                continue;
+            }
+            let Some(task) = self
+                .tasks
+                .iter()
+                .position(|t| t.state == "pending" && !self.live.contains_key(&t.task))
+            else {
+                return;
+            };
+            let Some(owner) = self.owner_of_lease(&lease).cloned() else {
+                continue;
+            };
+            let t = &mut self.tasks[task];
+            t.state = "running".into();
+            t.attempts += 1;
+            let a = StoredAttempt {
+                task: t.task,
+                attempt: t.attempts,
+                provider: provider.clone(),
+                offer: owner.offer.clone(),
+                price: *price,
+                // The lease's cap is its first attempt's.
+                cap: 0,
+                lease_id: Some(lease.clone()),
+                phase: "starting".into(),
+                started_at: super::now_ms(),
+                ended_at: None,
+                verdict: None,
+                reason: None,
+                exit_code: None,
+                spent: None,
+                log_from: *log_end,
+                run_at: None,
+            };
+            let (id, row, trow) = (self.id.clone(), a.clone(), t.clone());
+            if let Err(e) = self
+                .shared
+                .ctx
+                .store
+                .call(move |s| s.put_attempt(&id, &row, Some(&trow)))
+                .await
+            {
+                tracing::error!(job = %self.id, error = %e, "cannot store an attempt; not handing it over");
+                let t = &mut self.tasks[task];
+                t.state = "pending".into();
+                t.attempts -= 1;
+                return;
+            }
+            tracing::info!(job = %self.id, task = a.task, attempt = a.attempt, lease = %lease, "handing a task to a shared lease");
+            self.between.remove(&lease);
+            self.attempts.push(a.clone());
+            self.spawn(a, None, (owner.task, owner.attempt));
+        }
+    }
+
+    /// The longest lease (seconds) worth renting for this job from `offer` whose cap fits the
+    /// budget with `so_far` spent or committed, and that cap; `None` if not even one task's
+    /// lease fits.
+    fn lease_terms(&self, offer: &OfferRow, price: Money, so_far: Money) -> Option<(u32, Money)> {
+        let job = &self.shared.job;
+        let budget = job.spec.budget.as_ref().map(|b| b.max_total.0);
+        let timeout = job.spec.timeout.0;
+        let most = if job.shares_leases() {
+            let pending = self.tasks.iter().filter(|t| t.state == "pending").count() as u32;
+            job.spec.tasks_per_lease.min(pending.max(1))
+        } else {
+            1
+        };
+        (1..=most).rev().find_map(|n| {
+            let want = timeout.saturating_mul(n);
+            let lease_s = if job.shares_leases() {
+                want.max(offer.min_duration_s).min(offer.max_duration_s)
+            } else {
+                want
+            };
+            if lease_s < want {
+                return None;
+            }
+            let cap =
+                gridlease_contracts::default_budget(lease_s, offer.min_billed_s, job.gpus(), price)
+                    .ok()?;
+            may_launch(budget, so_far, cap).then_some((lease_s, cap))
+        })
+    }
+
     /// Starts attempts while there is room, a pending task, an eligible offer and budget.
     async fn launch(&mut self, concurrency: usize) {
+        self.hand_over(concurrency).await;
         while self.live.len() < concurrency && !self.budget_hit {
             let Some(task) = self
                 .tasks
@@ -150,32 +404,21 @@ impl Runner {
                 return;
             };
             self.no_offer_since = None;
-            let job = &self.shared.job;
             let price: Money = match offer.price_per_gpu_hour.parse() {
                 Ok(p) => p,
                 Err(_) => return,
             };
-            let cap = match gridlease_contracts::default_budget(
-                job.spec.timeout.0,
-                offer.min_billed_s,
-                job.gpus(),
-                price,
-            ) {
-                Ok(c) => c,
-                Err(_) => return,
-            };
             let so_far =
                 exposure(self.attempts.iter().map(spend)).unwrap_or(Money::from_micros(u64::MAX));
-            let budget = job.spec.budget.as_ref().map(|b| b.max_total.0);
-            if !may_launch(budget, so_far, cap) {
+            let Some((lease_s, cap)) = self.lease_terms(&offer, price, so_far) else {
                 // A live lease that settles below its cap frees budget: wait for it. With none
-                // in flight, nothing will.
-                if self.live.is_empty() {
-                    tracing::info!(job = %self.id, exposure = %so_far, cap = %cap, "budget reached: no more launches");
+                // in flight or settling, nothing will.
+                if self.live.is_empty() && self.between.is_empty() {
+                    tracing::info!(job = %self.id, exposure = %so_far, "budget reached: no more launches");
                     self.budget_hit = true;
                 }
                 return;
-            }
+            };
             let t = &mut self.tasks[task];
             t.state = "running".into();
             t.attempts += 1;
@@ -194,6 +437,8 @@ impl Runner {
                 reason: None,
                 exit_code: None,
                 spent: None,
+                log_from: 0,
+                run_at: None,
             };
             let (id, row, trow) = (self.id.clone(), a.clone(), t.clone());
             if let Err(e) = self
@@ -210,9 +455,10 @@ impl Runner {
                 t.attempts -= 1;
                 return;
             }
-            tracing::info!(job = %self.id, task = a.task, attempt = a.attempt, provider = %a.provider, price = %price, "launching attempt");
+            tracing::info!(job = %self.id, task = a.task, attempt = a.attempt, provider = %a.provider, price = %price, lease_s, "launching attempt");
             self.attempts.push(a.clone());
-            self.spawn(a, Some(offer));
+            let owner = (a.task, a.attempt);
+            self.spawn(a, Some((offer, lease_s)), owner);
         }
     }
 
@@ -233,11 +479,16 @@ impl Runner {
             .filter(|o| self.shared.eligible(o))
             .filter(|o| !self.shared.is_holding(&o.provider))
             .find(|o| {
-                let mine = self
+                let mine = (self
                     .live
                     .values()
                     .filter(|a| a.provider == o.provider)
-                    .count() as u32;
+                    .count()
+                    + self
+                        .between
+                        .values()
+                        .filter(|b| b.provider() == o.provider)
+                        .count()) as u32;
                 o.free_gpus >= g && (mine + 1) * g <= o.gpus
             })
             .cloned()
@@ -247,6 +498,7 @@ impl Runner {
     async fn settle(&mut self, done: Done) -> anyhow::Result<()> {
         let a = done.attempt;
         self.live.remove(&a.task);
+        let lease = a.lease_id.clone();
         if let Some(slot) = self
             .attempts
             .iter_mut()
@@ -307,6 +559,26 @@ impl Runner {
             })
             .await?;
         tracing::info!(job = %self.id, task = a.task, next = ?step, "task decided");
+        if let (Some(after), Some(lease)) = (done.lease, lease) {
+            match after {
+                LeaseAfter::Reusable {
+                    time_left_s,
+                    log_end,
+                } => {
+                    self.between.insert(
+                        lease,
+                        Between::Idle {
+                            provider: a.provider.clone(),
+                            price: a.price,
+                            time_left_s,
+                            log_end,
+                        },
+                    );
+                }
+                LeaseAfter::Stop => self.release(lease, a.provider.clone()),
+                LeaseAfter::Over { spent } => self.lease_settled(&lease, spent).await,
+            }
+        }
         Ok(())
     }
 

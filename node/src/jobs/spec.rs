@@ -15,6 +15,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const MAX_TASKS: u32 = 100_000;
 /// Most leases a job holds at once.
 pub const MAX_CONCURRENCY: u32 = 64;
+/// Most tasks one lease runs one after another.
+pub const MAX_TASKS_PER_LEASE: u32 = 1000;
+/// Where a lease that runs several tasks is handed each one, in `/workspace`.
+pub const WORKER_DIR: &str = ".gridlease";
 /// Most attempts after the first, per task.
 pub const MAX_RETRIES: u32 = 100;
 /// Shortest task timeout, seconds (a lease needs time to start).
@@ -78,7 +82,18 @@ pub struct JobSpec {
     /// Most tasks running at once (each on its own lease).
     #[serde(default = "one")]
     pub concurrency: u32,
-    /// Longest one attempt of a task runs (its lease's duration): `30m`, `2h`, or seconds.
+    /// Most tasks one lease runs, one after another (default 1: a lease per task). Above 1, a
+    /// lease whose task ended (succeeded, or exited non-zero) is handed the next task waiting:
+    /// the lease's start, its inputs' upload and `setup` are paid once for all its tasks. Each
+    /// task starts with the last one's `outputs` and `checkpoint` removed (what else a task
+    /// leaves in `/workspace` the next one sees). The lease is rented for `tasks_per_lease`
+    /// times `timeout` (at most the offer's longest lease); each task's `timeout` is kept by
+    /// this node. The image needs `sleep`, `mv`, `rm` and `mkdir` (busybox or coreutils).
+    #[serde(default = "one")]
+    pub tasks_per_lease: u32,
+    /// Longest one attempt of a task runs: `30m`, `2h`, or seconds. With a lease per task it
+    /// is the lease's duration (offers whose shortest lease is longer are not used); with
+    /// `tasks_per_lease` above 1 this node stops a task's lease when the task runs past it.
     pub timeout: Duration,
     /// The job's spending cap.
     #[serde(default)]
@@ -408,6 +423,11 @@ impl Job {
         self.spec.resources.gpus.unwrap_or(1)
     }
 
+    /// Whether a lease runs several tasks one after another.
+    pub fn shares_leases(&self) -> bool {
+        self.spec.tasks_per_lease > 1
+    }
+
     /// Tasks in the job.
     pub fn task_count(&self) -> u32 {
         self.task_args.len() as u32
@@ -634,6 +654,16 @@ fn check(spec: &JobSpec, dir: &Path) -> Result<Job, (String, String)> {
             format!("{}: 1 to {MAX_CONCURRENCY}", spec.concurrency),
         ));
     }
+    if !(1..=MAX_TASKS_PER_LEASE).contains(&spec.tasks_per_lease) {
+        return Err(f(
+            "tasks_per_lease",
+            format!("{}: 1 to {MAX_TASKS_PER_LEASE}", spec.tasks_per_lease),
+        ));
+    }
+    if spec.tasks_per_lease > 1 {
+        check_shared_workspace(&inputs, &outputs, checkpoint.as_deref())
+            .map_err(|(field, m)| f(&field, m))?;
+    }
     if !(MIN_TIMEOUT_S..=MAX_TIMEOUT_S).contains(&spec.timeout.0) {
         return Err(f(
             "timeout",
@@ -669,6 +699,46 @@ fn check(spec: &JobSpec, dir: &Path) -> Result<Job, (String, String)> {
         )
     })?;
     Ok(job)
+}
+
+/// With several tasks to a lease, each task's outputs and checkpoint are removed before it
+/// starts: none may be, hold or sit inside an input (nor the runner's own directory).
+fn check_shared_workspace(
+    inputs: &[(PathBuf, String)],
+    outputs: &[String],
+    checkpoint: Option<&str>,
+) -> Result<(), (String, String)> {
+    let within = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+    let overlap = |a: &str, b: &str| within(a, b) || within(b, a);
+    let cleared = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("outputs[{i}]"), p.as_str()))
+        .chain(checkpoint.map(|c| ("checkpoint.path".to_string(), c)));
+    for (field, p) in cleared {
+        if overlap(p, WORKER_DIR) {
+            return Err((
+                field,
+                format!("{p}: /workspace/{WORKER_DIR} is the runner's"),
+            ));
+        }
+        if let Some((_, dest)) = inputs.iter().find(|(_, d)| overlap(p, d)) {
+            return Err((
+                field,
+                format!(
+                    "{p} overlaps the input /workspace/{dest}: with tasks_per_lease above 1 it is \
+                     removed before each task"
+                ),
+            ));
+        }
+    }
+    if let Some((_, dest)) = inputs.iter().find(|(_, d)| overlap(d, WORKER_DIR)) {
+        return Err((
+            format!("inputs./workspace/{dest}"),
+            format!("/workspace/{WORKER_DIR} is the runner's"),
+        ));
+    }
+    Ok(())
 }
 
 /// The argument lines of a tasks file.

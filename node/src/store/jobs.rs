@@ -72,8 +72,13 @@ pub struct StoredAttempt {
     pub reason: Option<String>,
     /// The command's exit code, when it exited.
     pub exit_code: Option<i32>,
-    /// What the lease cost once settled, micro-units.
+    /// What the lease cost once settled, micro-units. A lease that runs several tasks has its
+    /// cost (and its cap) on its first attempt; the others' caps are 0.
     pub spent: Option<u64>,
+    /// Where this attempt's output starts in its lease's log (0 but for a lease's later tasks).
+    pub log_from: u64,
+    /// Unix ms when its task was handed to a lease that runs several tasks.
+    pub run_at: Option<u64>,
 }
 
 fn job_of(r: &Row<'_>) -> rusqlite::Result<StoredJob> {
@@ -115,12 +120,14 @@ fn attempt_of(r: &Row<'_>) -> rusqlite::Result<StoredAttempt> {
         reason: r.get(11)?,
         exit_code: r.get(12)?,
         spent: r.get::<_, Option<i64>>(13)?.map(u64_of),
+        log_from: u64_of(r.get(14)?),
+        run_at: r.get::<_, Option<i64>>(15)?.map(u64_of),
     })
 }
 
 const JOB_COLS: &str = "job_id, name, spec, out_dir, state, created_at, ended_at, message";
 const ATTEMPT_COLS: &str = "task, attempt, provider, offer, price, cap, lease_id, phase, \
-     started_at, ended_at, verdict, reason, exit_code, spent";
+     started_at, ended_at, verdict, reason, exit_code, spent, log_from, run_at";
 
 impl Store {
     /// Stores a new job and its `tasks` pending tasks, in one transaction.
@@ -253,12 +260,14 @@ impl Store {
         tx.execute(
             &format!(
                 "INSERT INTO job_attempts(job_id, {ATTEMPT_COLS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                         ?17)
                  ON CONFLICT(job_id, task, attempt) DO UPDATE SET
                     lease_id = excluded.lease_id, phase = excluded.phase,
                     ended_at = excluded.ended_at, verdict = excluded.verdict,
                     reason = excluded.reason, exit_code = excluded.exit_code,
-                    spent = excluded.spent"
+                    spent = excluded.spent, log_from = excluded.log_from,
+                    run_at = excluded.run_at"
             ),
             params![
                 id,
@@ -275,7 +284,9 @@ impl Store {
                 a.verdict,
                 a.reason,
                 a.exit_code,
-                a.spent.map(i64_of)
+                a.spent.map(i64_of),
+                i64_of(a.log_from),
+                a.run_at.map(i64_of)
             ],
         )
         .map_err(e)?;
@@ -372,11 +383,15 @@ mod tests {
                 reason: None,
                 exit_code: None,
                 spent: None,
+                log_from: 0,
+                run_at: None,
             };
             s.put_attempt("a1", &a, Some(&t[1])).unwrap();
             let ended = StoredAttempt {
                 lease_id: Some("ff".into()),
                 phase: "ended".into(),
+                log_from: 4096,
+                run_at: Some(7),
                 verdict: Some("provider_fault".into()),
                 spent: Some(700),
                 ended_at: Some(9),

@@ -248,6 +248,13 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job_id, provider)
     ) STRICT;
     "#,
+    // 12: a lease that runs several of a job's tasks one after another (`tasks_per_lease`):
+    // where each attempt's output starts in its lease's log, and when its task was handed to
+    // the lease (its timeout counts from then).
+    r#"
+    ALTER TABLE job_attempts ADD COLUMN log_from INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE job_attempts ADD COLUMN run_at INTEGER;
+    "#,
 ];
 
 /// The schema version this build writes.

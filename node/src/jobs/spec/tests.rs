@@ -172,6 +172,59 @@ fn values_out_of_range_are_refused_with_their_field() {
 }
 
 #[test]
+fn several_tasks_per_lease_need_outputs_and_checkpoint_apart_from_the_inputs() {
+    let d = dir();
+    let shared = GOOD.replace("concurrency: 3", "concurrency: 3\ntasks_per_lease: 4");
+    let job = load(&shared, d.path()).unwrap();
+    assert!(job.shares_leases());
+    assert_eq!(job.spec.tasks_per_lease, 4);
+    assert!(!load(GOOD, d.path()).unwrap().shares_leases());
+    let cases = [
+        (
+            "tasks_per_lease: 4",
+            "tasks_per_lease: 0",
+            "tasks_per_lease",
+            27,
+            "1 to 1000",
+        ),
+        (
+            "  - /workspace/out",
+            "  - /workspace/data/out",
+            "outputs[0]",
+            19,
+            "overlaps the input /workspace/data",
+        ),
+        (
+            "  path: /workspace/ckpt",
+            "  path: /workspace",
+            "checkpoint.path",
+            21,
+            "not /workspace itself",
+        ),
+        (
+            "  path: /workspace/ckpt",
+            "  path: .gridlease/ckpt",
+            "checkpoint.path",
+            21,
+            "/workspace/.gridlease is the runner's",
+        ),
+    ];
+    for (from, to, field, line, says) in cases {
+        assert!(shared.contains(from), "{from}");
+        let e = refused(&shared.replace(from, to));
+        assert_eq!(e.field, field, "{to}: {e}");
+        assert_eq!(e.line, Some(line), "{to}: {e}");
+        assert!(e.message.contains(says), "{to}: {e}");
+    }
+    // With a lease per task the same paths are fine: nothing is removed between tasks.
+    load(
+        &GOOD.replace("  - /workspace/out", "  - /workspace/data/out"),
+        d.path(),
+    )
+    .unwrap();
+}
+
+#[test]
 fn a_missing_required_field_and_garbage_are_refused() {
     let e = refused(&GOOD.replace("run: |\n  echo task $TASK_INDEX of $TASK_COUNT\n", ""));
     assert!(e.message.contains("missing field `run`"), "{e}");
