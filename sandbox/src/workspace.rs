@@ -514,6 +514,9 @@ async fn attach(image: &Path) -> Result<PathBuf, WorkspaceError> {
 /// formatted as a workspace would be, attached to a loop device and detached again; nothing
 /// is left behind. Needs no Docker. `Err` says which step failed.
 pub async fn probe_quota(dir: &Path) -> Result<(), WorkspaceError> {
+    if let Some(home) = dir.parent() {
+        sweep_stale_probes(home).await;
+    }
     let dir = ensure_dir(dir)?;
     let image = dir.join(format!("probe-{}.img", std::process::id()));
     let _ = std::fs::remove_file(&image);
@@ -534,6 +537,52 @@ pub async fn probe_quota(dir: &Path) -> Result<(), WorkspaceError> {
     }
     let _ = std::fs::remove_file(&image);
     tried
+}
+
+/// What a [`probe_quota`] in `home/.doctor-<pid>/` left when its process was killed mid-probe
+/// (a node killed during its start-up checks): for every such pid no longer running, the loop
+/// devices backed by its `probe-<pid>.img` are detached and the directory removed. The number
+/// of loop devices detached.
+pub async fn sweep_stale_probes(home: &Path) -> usize {
+    let home = home.canonicalize().unwrap_or_else(|_| home.to_path_buf());
+    let stale = |name: &str| {
+        name.strip_prefix(".doctor-")
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| {
+                pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+            })
+    };
+    let mut detached = 0;
+    for (device, backing) in attached_loops() {
+        let Some(dir) = backing.parent() else {
+            continue;
+        };
+        let dir_name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let file = backing.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if dir.parent() != Some(home.as_path())
+            || !stale(dir_name)
+            || !(file.starts_with("probe-") && file.ends_with(".img"))
+        {
+            continue;
+        }
+        match run_tool("losetup", &["-d".into(), device.clone().into()], &backing).await {
+            Ok(_) => {
+                tracing::warn!(device = %device.display(), image = %backing.display(), "detached a loop device a killed disk-quota probe left");
+                detached += 1;
+            }
+            Err(e) => {
+                tracing::warn!(device = %device.display(), error = %e, "cannot detach a loop device a killed disk-quota probe left")
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(&home) {
+        for e in entries.flatten() {
+            if e.file_name().to_str().is_some_and(stale) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    detached
 }
 
 impl Sandbox {

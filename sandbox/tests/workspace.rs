@@ -411,6 +411,70 @@ async fn reconciliation_removes_orphan_workspaces_of_this_node_only() {
     assert_gone(&sb, &theirs, &foreign.lease_id).await;
 }
 
+/// A node killed in the middle of its disk-quota probe (`gridlease doctor`, also run at its
+/// start) leaves the probe's image attached to a loop device. The next probe in that home
+/// detaches it and removes the dead probe's directory; a live process's probe is left alone.
+#[tokio::test]
+async fn a_probe_killed_mid_way_leaves_nothing_after_the_next_one() {
+    let _sb = docker_or_skip!("a_probe_killed_mid_way_leaves_nothing_after_the_next_one");
+    let mut cleanup = Cleanup::default();
+    let home = std::fs::canonicalize(test_dir(&mut cleanup, "gridlease-ws-probe")).unwrap();
+    /// Detaches every loop device backed by a file under the home, even when the test fails.
+    struct Loops(PathBuf);
+    impl Drop for Loops {
+        fn drop(&mut self) {
+            for (dev, b) in attached_loops() {
+                if b.starts_with(&self.0) {
+                    let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+                }
+            }
+        }
+    }
+    let _loops = Loops(home.clone());
+    // A pid that no longer runs, and one that does (a sleeping child).
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let mut alive = Command::new("sleep").arg("60").spawn().unwrap();
+    let attach = |pid: u32| {
+        let dir = home.join(format!(".doctor-{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = dir.join(format!("probe-{pid}.img"));
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(4 * MIB).unwrap();
+        let st = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        img
+    };
+    let (dead_img, live_img) = (attach(dead), attach(alive.id()));
+    // The killed probe's file may be gone already (it removes it last): the device stays.
+    std::fs::remove_file(&dead_img).unwrap();
+    assert!(attached_loops().iter().any(|(_, b)| *b == dead_img));
+    let mine = home.join(format!(".doctor-{}", std::process::id()));
+    workspace::probe_quota(&mine).await.unwrap();
+    let _ = std::fs::remove_dir_all(&mine);
+    let left = attached_loops();
+    assert!(
+        !left.iter().any(|(_, b)| *b == dead_img),
+        "the dead probe's loop device is still attached"
+    );
+    assert!(!dead_img.parent().unwrap().exists());
+    assert!(
+        left.iter().any(|(_, b)| *b == live_img),
+        "a live process's probe was detached"
+    );
+    let _ = alive.kill();
+    let _ = alive.wait();
+}
+
 #[tokio::test]
 async fn tmp_and_shm_count_against_the_memory_limit() {
     let sb = docker_or_skip!("tmp_and_shm_count_against_the_memory_limit");
