@@ -10,6 +10,7 @@
 //! `contracts` owns. Same scenario + seed => byte-identical outputs.
 
 pub mod columnar;
+pub mod design;
 pub mod engine;
 pub mod manifest;
 pub mod market;

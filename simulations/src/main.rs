@@ -33,8 +33,12 @@ struct Cli {
 enum Command {
     /// Run a scenario for several replications.
     Run(commands::run::RunArgs),
-    /// Run a scenario over the cartesian product of parameter values.
+    /// Run a scenario over the cartesian product of parameter values, or over the points of
+    /// a points file (`--points`).
     Sweep(commands::run::SweepArgs),
+    /// Write a points file for sensitivity analysis (Latin hypercube, Sobol/Saltelli, Morris)
+    /// that `sweep --points` runs.
+    Design(commands::design::DesignArgs),
     /// Merge shard output directories into one (tables, summary, plots).
     Merge {
         /// Output directory.
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
     let res = match cli.command {
         Command::Run(a) => commands::run::run(a, &printer),
         Command::Sweep(a) => commands::run::sweep(a, &printer),
+        Command::Design(a) => commands::design::design(a, &printer),
         Command::Merge {
             out,
             no_plots,

@@ -166,6 +166,25 @@ pub fn points(base: &Scenario, axes: &[Axis]) -> Result<Vec<Point>, SweepError> 
     Ok(out)
 }
 
+/// The points of a points file (`crate::design`), in its order: each row's values for
+/// `keys` applied to `base`.
+pub fn points_from_rows(
+    base: &Scenario,
+    keys: &[String],
+    rows: &[Vec<String>],
+) -> Result<Vec<Point>, SweepError> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let params: Vec<(String, String)> = keys.iter().cloned().zip(row.iter().cloned()).collect();
+        let mut scenario = base.clone();
+        for (k, v) in &params {
+            scenario.set_param(k, v)?;
+        }
+        out.push(Point { params, scenario });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

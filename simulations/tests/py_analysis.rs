@@ -149,3 +149,114 @@ fn the_analysis_example_reads_a_small_output_and_writes_a_plot_and_a_table() {
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
     assert!(png.len() > 20_000, "{} bytes", png.len());
 }
+
+/// A Sobol design (`gridlease-sim design sobol`) swept in two shards and merged is
+/// byte-identical to the unsharded sweep, and `analysis/sensitivity.py` computes SALib's Sobol
+/// indices from it: the renter arrival rate, which drives utilization, carries most of its
+/// variance. A Morris design of the same keys ranks them the same way.
+#[test]
+fn a_sobol_design_swept_in_shards_gives_salib_indices() {
+    let required = std::env::var("GRIDLEASE_REQUIRE_PY_ANALYSIS").is_ok_and(|v| v == "1");
+    let py = match interpreter() {
+        Ok(py) => py,
+        Err(why) if required => {
+            panic!("GRIDLEASE_REQUIRE_PY_ANALYSIS=1 but no usable interpreter: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipped (set GRIDLEASE_REQUIRE_PY_ANALYSIS=1 to fail instead): {why}");
+            return;
+        }
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scenario = manifest_dir.join("scenarios/baseline.toml");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let mut indices = Vec::new();
+    for (method, n) in [("sobol", "16"), ("morris", "10")] {
+        let points = dir.join(format!("{method}.csv"));
+        let o = common::run(&[
+            "-q",
+            "design",
+            method,
+            "--param",
+            "renter_rate=0.3..3.0",
+            "--param",
+            "providers.home-4090.count=5..60",
+            "--n",
+            n,
+            "--out",
+            &s(&points),
+        ]);
+        assert!(o.status.success());
+        let sweep = |out: &Path, shard: Option<&str>| {
+            let mut args = vec![
+                "-q".to_string(),
+                "sweep".into(),
+                s(&scenario),
+                "--points".into(),
+                s(&points),
+                "--reps".into(),
+                "1".into(),
+                "--no-plots".into(),
+                "--out".into(),
+                s(out),
+            ];
+            if let Some(sh) = shard {
+                args.extend(["--shard".into(), sh.into()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            assert!(common::run(&args).status.success());
+        };
+        let whole = dir.join(format!("{method}-whole"));
+        sweep(&whole, None);
+        if method == "sobol" {
+            // Sharded and merged like a grid: the same tables, byte for byte.
+            let (s0, s1, merged) = (dir.join("s0"), dir.join("s1"), dir.join("merged"));
+            sweep(&s0, Some("0/2"));
+            sweep(&s1, Some("1/2"));
+            let o = common::run(&[
+                "-q",
+                "merge",
+                "--no-plots",
+                "--out",
+                &s(&merged),
+                &s(&s0),
+                &s(&s1),
+            ]);
+            assert!(o.status.success());
+            for t in ["runs.csv", "summary.csv", "buckets.csv"] {
+                assert_eq!(
+                    std::fs::read(whole.join(t)).unwrap(),
+                    std::fs::read(merged.join(t)).unwrap(),
+                    "{t}"
+                );
+            }
+        }
+        let o = Command::new(&py)
+            .arg(manifest_dir.join("analysis/sensitivity.py"))
+            .arg(&points)
+            .arg(&whole)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        println!("{stdout}{}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "sensitivity.py {method} failed");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["method"], method);
+        indices.push(v);
+    }
+    let (sob, mor) = (&indices[0]["indices"], &indices[1]["indices"]);
+    let st = |k: &str| sob[k]["ST"].as_f64().unwrap();
+    assert_eq!(indices[0]["points"], 16 * 4);
+    assert!(st("renter_rate") > 0.5, "{sob}");
+    assert!(st("renter_rate") > st("providers.home-4090.count"), "{sob}");
+    assert!(
+        sob["renter_rate"]["S1"].as_f64().unwrap().is_finite(),
+        "{sob}"
+    );
+    let mu = |k: &str| mor[k]["mu_star"].as_f64().unwrap();
+    assert!(mu("renter_rate") > mu("providers.home-4090.count"), "{mor}");
+    assert!(mu("providers.home-4090.count") >= 0.0, "{mor}");
+}

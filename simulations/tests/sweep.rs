@@ -278,3 +278,63 @@ fn network_reputation_outputs_are_byte_identical_across_thread_counts() {
         assert_eq!(a, b, "{f} differs between --threads 1 and 2");
     }
 }
+
+/// `sweep --points FILE` runs a points file's rows in order, each row's values applied like a
+/// grid point's (the same runs as the matching `--param` sweep), and refuses a file with a key
+/// that addresses nothing, a row without a value, or `--param` beside it.
+#[test]
+fn a_points_file_runs_its_rows_in_order_and_a_bad_one_is_refused() {
+    let d = Dir::new();
+    let sc = d.file("two.toml", TWO_GROUPS);
+    let pts = d.file(
+        "points.csv",
+        "providers.honest.count,renter_rate\n6,1.5\n2,0.5\n",
+    );
+    let out = d.path("pts");
+    let r = sweep(&sc, &[], &out, &["--points", &pts]);
+    assert_eq!(cell(&r, 0, "point"), "0");
+    assert_eq!(cell(&r, 0, "providers.honest.count"), "6");
+    assert_eq!(cell(&r, 2, "providers.honest.count"), "2");
+    assert_eq!(cell(&r, 2, "renter_rate"), "0.5");
+    // The same point as a one-value grid gives the same runs.
+    let grid = sweep(
+        &sc,
+        &["providers.honest.count=2", "renter_rate=0.5"],
+        &d.path("grid"),
+        &[],
+    );
+    assert_eq!(metrics(&r, 2), metrics(&grid, 0));
+    assert_eq!(metrics(&r, 3), metrics(&grid, 1));
+    for (text, says) in [
+        ("providers.nobody.count\n3\n", "nobody"),
+        (
+            "providers.honest.count,renter_rate\n6,\n",
+            "line 2: no value for renter_rate",
+        ),
+        ("providers.honest.count\n", "no points"),
+    ] {
+        let bad = d.file("bad.csv", text);
+        let o = run(&[
+            "-q",
+            "sweep",
+            &sc,
+            "--points",
+            &bad,
+            "--out",
+            d.path("bad").to_str().unwrap(),
+        ]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{says:?} in {err}");
+    }
+    let o = run(&[
+        "-q",
+        "sweep",
+        &sc,
+        "--points",
+        &pts,
+        "--param",
+        "renter_rate=1",
+    ]);
+    assert!(!o.status.success());
+}

@@ -60,8 +60,16 @@ pub(crate) struct SweepArgs {
     /// `providers.home-4090.count` (group by name), `provider.0.pricing.price` (a field of an
     /// inline table), `provider.count` (every group); shorthands `providers`, `renters`,
     /// `renter_rate`. Values are TOML; commas inside quotes, `{}` and `[]` do not split.
-    #[arg(long = "param", required = true)]
+    #[arg(
+        long = "param",
+        required_unless_present = "points",
+        conflicts_with = "points"
+    )]
     params: Vec<String>,
+    /// A points file (`gridlease-sim design`, or CSV written by hand: a header of keys, one
+    /// row of values per point) run in its order instead of a grid.
+    #[arg(long, value_name = "FILE")]
+    points: Option<PathBuf>,
 }
 
 fn parse_shard(s: &str) -> Result<(u64, u64)> {
@@ -84,6 +92,18 @@ pub(crate) fn run(a: RunArgs, p: &Printer) -> Result<()> {
 
 pub(crate) fn sweep(a: SweepArgs, p: &Printer) -> Result<()> {
     let base = Scenario::load(&a.run.scenario)?;
+    if let Some(file) = &a.points {
+        let (keys, rows) = gridlease_sim::design::read_points(file)?;
+        let points = sweep::points_from_rows(&base, &keys, &rows)
+            .with_context(|| format!("points file {}", file.display()))?;
+        // The manifest's `sweep`: each key with its value at every point, in point order.
+        let columns = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.clone(), rows.iter().map(|r| r[i].clone()).collect()))
+            .collect();
+        return execute(&a.run, &base, points, columns, p);
+    }
     let axes = sweep::parse_params(&a.params)?;
     let points = sweep::points(&base, &axes)?;
     let axes = axes.into_iter().map(|ax| (ax.key, ax.values)).collect();
