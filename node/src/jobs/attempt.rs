@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::spec::Job;
 use super::view::LiveCost;
-use super::worker::{self, LeaseAfter};
 use crate::api::client::ApiClient;
 use crate::api::client::ClientError;
 use crate::api::types::OfferRow;
@@ -70,6 +69,17 @@ pub(super) struct Shared {
     /// Providers holding a created container of this job for its uploads: a provider holds
     /// one per renter at a time, so no second attempt is rented there meanwhile.
     pub holding: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// What the shared lease of an ended task does next (`tasks_per_lease` above 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LeaseAfter {
+    /// It runs on, ready for another task: its time left and where its log ends.
+    Reusable { time_left_s: u64, log_end: u64 },
+    /// It runs on but should not be handed more (its outputs could not be copied home).
+    Stop,
+    /// It is over: what it cost, when known.
+    Over { spent: Option<u64> },
 }
 
 /// An attempt that ended: its row (`ended`), the verdict, and the end of its output.
@@ -132,7 +142,7 @@ impl Shared {
             && (!self.job.spec.resources.verified || o.verify_window_s > 0)
     }
 
-    async fn save(&self, a: &StoredAttempt) {
+    pub(super) async fn save(&self, a: &StoredAttempt) {
         let (id, a) = (self.job_id.clone(), a.clone());
         if let Err(e) = self
             .ctx
@@ -161,7 +171,7 @@ impl Shared {
 }
 
 /// While alive, the provider counts as holding one of the job's containers.
-struct Hold<'a>(&'a Shared, String);
+pub(super) struct Hold<'a>(&'a Shared, String);
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
@@ -169,101 +179,96 @@ impl Drop for Hold<'_> {
     }
 }
 
-/// Runs (or, after a restart, resumes) attempt `a`; `offer` is the offer to rent for a new
-/// one, with the lease's duration. `owner` is the first attempt of `a`'s lease (`a` itself but
-/// for a later task on a shared lease). `None` when the node is shutting down: the row stays
-/// as it is, for the next start.
-pub(super) async fn run(
-    sh: Arc<Shared>,
+/// While alive, `provider` counts as holding a created container of this job for its uploads
+/// (`None` when the job uploads nothing before its command).
+pub(super) fn hold<'a>(sh: &'a Shared, provider: &str) -> Option<Hold<'a>> {
+    sh.needs_upload().then(|| {
+        sh.holds().insert(provider.to_string());
+        Hold(sh, provider.to_string())
+    })
+}
+
+/// Rents attempt `a`'s lease from `offer` (with the lease's duration) and container command,
+/// or picks up the lease its row names: the attempt (`starting` once rented) and its lease.
+/// `Err` when the attempt is over before it has a lease (`None`: the node is shutting down).
+pub(super) async fn open(
+    sh: &Shared,
     mut a: StoredAttempt,
     offer: Option<(OfferRow, u32)>,
-    owner: (u32, u32),
-) -> Option<Done> {
-    let owns = owner == (a.task, a.attempt);
-    let shares = sh.job.shares_leases();
-    let hold = (sh.needs_upload() && owns).then(|| {
-        sh.holds().insert(a.provider.clone());
-        Hold(&sh, a.provider.clone())
-    });
-    let lease = match (a.lease_id.clone(), offer) {
-        (Some(l), _) => l,
-        (None, Some((offer, lease_s))) => match rent(&sh, &a, &offer, lease_s).await {
+    command: Vec<String>,
+) -> Result<(StoredAttempt, String), Option<Done>> {
+    match (a.lease_id.clone(), offer) {
+        (Some(l), _) => Ok((a, l)),
+        (None, Some((offer, lease_s))) => match rent(sh, &a, &offer, lease_s, command).await {
             Ok(l) => {
                 a.lease_id = Some(l.clone());
                 a.phase = "starting".into();
                 sh.save(&a).await;
-                l
+                Ok((a, l))
             }
-            Err(Rent::Shutdown) => return None,
-            Err(Rent::Refused(why)) => {
-                return Some(end(&sh, a, AttemptEnd::NotRented, why, None, Some(0)).await);
-            }
+            Err(Rent::Shutdown) => Err(None),
+            Err(Rent::Refused(why)) => Err(Some(
+                end(sh, a, AttemptEnd::NotRented, why, None, Some(0)).await,
+            )),
         },
         (None, None) => {
             // The node stopped between choosing an offer and storing the lease it got: stop
             // any lease that may have come of it, so the task never runs twice at once.
-            stop_orphans(&sh, &a).await;
+            stop_orphans(sh, &a).await;
             let why = "this node stopped while renting; rented again".to_string();
-            return Some(
-                end(
-                    &sh,
-                    a,
-                    AttemptEnd::Closed {
-                        reason: CloseReason::RenterUnreachable,
-                        exit_code: None,
-                    },
-                    why,
-                    None,
-                    None,
-                )
-                .await,
-            );
+            let end_of = AttemptEnd::Closed {
+                reason: CloseReason::RenterUnreachable,
+                exit_code: None,
+            };
+            Err(Some(end(sh, a, end_of, why, None, None).await))
         }
+    }
+}
+
+/// The end of an attempt whose start failed: its lease stopped and (bounded) settled. A
+/// shared lease's cost goes to its first attempt.
+pub(super) async fn start_failed(sh: &Shared, a: StoredAttempt, lease: &str, why: String) -> Done {
+    tracing::warn!(job = %sh.job_id, task = a.task, lease = %lease, why, "attempt start failed");
+    let _ = sh.ctx.api.stop(lease).await;
+    let v = settled(sh, lease).await;
+    let spent = v.as_ref().map(spent_of);
+    let failed = AttemptEnd::Closed {
+        reason: CloseReason::StartFailed,
+        exit_code: None,
+    };
+    if sh.job.shares_leases() {
+        let mut done = end(sh, a, failed, why, None, None).await;
+        done.lease = Some(LeaseAfter::Over { spent });
+        return done;
+    }
+    end(sh, a, failed, why, v.as_ref(), spent).await
+}
+
+/// Runs (or, after a restart, resumes) attempt `a` on a lease of its own; `offer` is the offer
+/// to rent for a new one, with the lease's duration. `None` when the node is shutting down:
+/// the row stays as it is, for the next start.
+pub(super) async fn run(
+    sh: Arc<Shared>,
+    a: StoredAttempt,
+    offer: Option<(OfferRow, u32)>,
+) -> Option<Done> {
+    let hold = hold(&sh, &a.provider);
+    let command = vec!["/bin/sh".into(), "-c".into(), SCRIPT.into()];
+    let (mut a, lease) = match open(&sh, a, offer, command).await {
+        Ok(x) => x,
+        Err(done) => return done,
     };
     if a.phase == "starting" {
-        let started = if owns {
-            start(&sh, &lease, a.task).await
-        } else {
-            Ok(())
-        };
-        let started = match started {
-            Ok(()) if shares => match worker::hand_over(&sh, &a, &lease).await {
-                Ok(()) => Ok(()),
-                Err(_) if sh.ctx.shutdown.is_cancelled() => Err(Start::Shutdown),
-                Err(e) => Err(Start::Failed(e)),
-            },
-            other => other,
-        };
-        match started {
+        match start(&sh, &lease, a.task).await {
             Ok(()) => {
                 a.phase = "running".into();
-                a.run_at = Some(super::now_ms());
                 sh.save(&a).await;
             }
             Err(Start::Shutdown) => return None,
-            Err(Start::Failed(why)) => {
-                // The lease is stopped (or over): its end below says whose fault.
-                tracing::warn!(job = %sh.job_id, task = a.task, lease = %lease, why, "attempt start failed");
-                let _ = sh.ctx.api.stop(&lease).await;
-                let v = settled(&sh, &lease).await;
-                let spent = v.as_ref().map(spent_of);
-                let failed = AttemptEnd::Closed {
-                    reason: CloseReason::StartFailed,
-                    exit_code: None,
-                };
-                if shares {
-                    let mut done = end(&sh, a, failed, why, None, None).await;
-                    done.lease = Some(LeaseAfter::Over { spent });
-                    return Some(done);
-                }
-                return Some(end(&sh, a, failed, why, v.as_ref(), spent).await);
-            }
+            Err(Start::Failed(why)) => return Some(start_failed(&sh, a, &lease, why).await),
         }
     }
     drop(hold);
-    if shares {
-        return worker::follow(&sh, a, &lease, owner).await;
-    }
     let view = match follow(&sh, &a, &lease).await? {
         Followed::Over(v) => *v,
         Followed::Lost(why) => {
@@ -418,13 +423,14 @@ enum Rent {
     Refused(String),
 }
 
-/// Rents `offer` for `lease_s` for attempt `a`: the command held back for the uploads when
-/// there are any. A shared lease runs the worker, which is handed each task's variables.
+/// Rents `offer` for `lease_s` for attempt `a`, running `command`: held back for the uploads
+/// when there are any. A shared lease runs the worker, which is handed each task's variables.
 async fn rent(
     sh: &Shared,
     a: &StoredAttempt,
     offer: &OfferRow,
     lease_s: u32,
+    command: Vec<String>,
 ) -> Result<String, Rent> {
     let job = &sh.job;
     let shares = job.shares_leases();
@@ -460,11 +466,7 @@ async fn rent(
         gpus: job.gpus(),
         duration_s: lease_s,
         image: job.spec.image.clone(),
-        command: if shares {
-            worker::command(job)
-        } else {
-            vec!["/bin/sh".into(), "-c".into(), SCRIPT.into()]
-        },
+        command,
         env,
         max_total: Some(gridlease_contracts::Money::from_micros(a.cap)),
         network: gridlease_protocol::NetworkPolicy::None,
@@ -495,14 +497,14 @@ const SCRIPT: &str = "cd /workspace || exit 1\n\
     /bin/sh -ec \"$GRIDLEASE_SETUP\" || exit $?\n\
     exec /bin/sh -c \"$GRIDLEASE_RUN\"\n";
 
-enum Start {
+pub(super) enum Start {
     Shutdown,
     Failed(String),
 }
 
 /// Waits for the container (held, or already running), copies the inputs and the task's
 /// checkpoint in, and begins the command.
-async fn start(sh: &Shared, lease: &str, task: u32) -> Result<(), Start> {
+pub(super) async fn start(sh: &Shared, lease: &str, task: u32) -> Result<(), Start> {
     let api = &sh.ctx.api;
     let held = loop {
         if sh.ctx.shutdown.is_cancelled() {

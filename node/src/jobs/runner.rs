@@ -13,10 +13,10 @@ use gridlease_contracts::Money;
 use gridlease_contracts::jobs::{Next, Verdict, exposure, may_launch, next};
 use tokio::sync::mpsc;
 
-use super::attempt::{self, Ctx, Done, Shared};
+use super::attempt::{self, Ctx, Done, LeaseAfter, Shared};
 use super::spec::Job;
 use super::view::spend;
-use super::worker::{self, LeaseAfter};
+use super::worker;
 use crate::api::types::OfferRow;
 use crate::store::jobs::{StoredAttempt, StoredTask};
 
@@ -179,7 +179,12 @@ impl Runner {
         self.live.insert(a.task, a.clone());
         let (sh, tx) = (self.shared.clone(), self.done_tx.clone());
         tokio::task::spawn_local(async move {
-            if let Some(done) = attempt::run(sh, a, offer, owner).await {
+            let done = if sh.job.shares_leases() {
+                worker::run(sh, a, offer, owner).await
+            } else {
+                attempt::run(sh, a, offer).await
+            };
+            if let Some(done) = done {
                 let _ = tx.send(done).await;
             }
         });

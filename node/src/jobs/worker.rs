@@ -16,11 +16,12 @@ use gridlease_contracts::jobs::AttemptEnd;
 use gridlease_protocol::CloseReason;
 
 use super::attempt::{
-    Done, Shared, checkpoint_dir, end, end_of_lease, log_path, pull_checkpoint, pull_log,
-    pull_outputs, quiet, settled, spent_of, task_dir,
+    self, Done, LeaseAfter, Shared, Start, checkpoint_dir, end, end_of_lease, log_path,
+    pull_checkpoint, pull_log, pull_outputs, quiet, settled, spent_of, task_dir,
 };
 use super::spec::{Job, WORKER_DIR};
 use crate::api::client::ClientError;
+use crate::api::types::OfferRow;
 use crate::store::jobs::StoredAttempt;
 
 /// How often a running task's lease and output are read.
@@ -58,8 +59,57 @@ while :; do
 done
 "#;
 
+/// Runs (or, after a restart, resumes) attempt `a` of a job whose leases run several tasks:
+/// on a new lease from `offer` (with its duration), or handed to the lease its row names, whose
+/// first attempt is `owner`. `None` when the node is shutting down.
+pub(super) async fn run(
+    sh: std::sync::Arc<Shared>,
+    a: StoredAttempt,
+    offer: Option<(OfferRow, u32)>,
+    owner: (u32, u32),
+) -> Option<Done> {
+    let owns = owner == (a.task, a.attempt);
+    let hold = if owns {
+        attempt::hold(&sh, &a.provider)
+    } else {
+        None
+    };
+    let (mut a, lease) = match attempt::open(&sh, a, offer, command(&sh.job)).await {
+        Ok(x) => x,
+        Err(done) => return done,
+    };
+    if a.phase == "starting" {
+        let started = if owns {
+            attempt::start(&sh, &lease, a.task).await
+        } else {
+            Ok(())
+        };
+        let started = match started {
+            Ok(()) => match hand_over(&sh, &a, &lease).await {
+                Ok(()) => Ok(()),
+                Err(_) if sh.ctx.shutdown.is_cancelled() => Err(Start::Shutdown),
+                Err(e) => Err(Start::Failed(e)),
+            },
+            other => other,
+        };
+        match started {
+            Ok(()) => {
+                a.phase = "running".into();
+                a.run_at = Some(super::now_ms());
+                sh.save(&a).await;
+            }
+            Err(Start::Shutdown) => return None,
+            Err(Start::Failed(why)) => {
+                return Some(attempt::start_failed(&sh, a, &lease, why).await);
+            }
+        }
+    }
+    drop(hold);
+    follow(&sh, a, &lease, owner).await
+}
+
 /// The container command of a lease of `job` that runs several tasks.
-pub(super) fn command(job: &Job) -> Vec<String> {
+fn command(job: &Job) -> Vec<String> {
     let mut c = vec![
         "/bin/sh".to_string(),
         "-c".into(),
@@ -74,17 +124,6 @@ pub(super) fn command(job: &Job) -> Vec<String> {
 /// An attempt's directory in the lease's workspace, relative to `/workspace`.
 fn run_dir(a: &StoredAttempt) -> String {
     format!("{WORKER_DIR}/run/{}-{}", a.task, a.attempt)
-}
-
-/// What the lease of an ended task does next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum LeaseAfter {
-    /// It runs on, ready for another task: its time left and where its log ends.
-    Reusable { time_left_s: u64, log_end: u64 },
-    /// It runs on but should not be handed more (its outputs could not be copied home).
-    Stop,
-    /// It is over: what it cost, when known.
-    Over { spent: Option<u64> },
 }
 
 /// `'text'` for `/bin/sh`, whatever the text holds.
@@ -108,7 +147,7 @@ fn env_file(job: &Job, a: &StoredAttempt) -> String {
 
 /// Hands task `a` to the lease: its variables and checkpoint, then `go`. Done again after a
 /// restart it changes nothing (the worker runs a task once, and skips one with an `exit`).
-pub(super) async fn hand_over(sh: &Shared, a: &StoredAttempt, lease: &str) -> Result<(), String> {
+async fn hand_over(sh: &Shared, a: &StoredAttempt, lease: &str) -> Result<(), String> {
     let api = &sh.ctx.api;
     // A lease just begun is `starting` a moment: files go in once it runs.
     let until = Instant::now() + RUNNING_WAIT;
@@ -210,12 +249,7 @@ fn log_says(log: &Path, needle: &str) -> bool {
 
 /// Follows task `a`, handed to `lease` (whose first attempt `owner` carries its cost), until
 /// it exits, times out, or the lease ends. `None` on shutdown.
-pub(super) async fn follow(
-    sh: &Shared,
-    a: StoredAttempt,
-    lease: &str,
-    owner: (u32, u32),
-) -> Option<Done> {
+async fn follow(sh: &Shared, a: StoredAttempt, lease: &str, owner: (u32, u32)) -> Option<Done> {
     let api = &sh.ctx.api;
     let log = log_path(&sh.ctx.home, &sh.job_id, a.task, a.attempt);
     if let Some(p) = log.parent() {
