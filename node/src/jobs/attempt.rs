@@ -158,6 +158,15 @@ impl Shared {
         self.ctx.cancel.is_cancelled()
     }
 
+    /// How often the task's checkpoint is copied home while it runs.
+    pub(super) fn checkpoint_every(&self) -> Option<Duration> {
+        self.job
+            .spec
+            .checkpoint
+            .as_ref()
+            .map(|c| Duration::from_secs(u64::from(c.every.0)))
+    }
+
     /// Whether `provider` holds a container of this job for uploads now.
     pub(super) fn is_holding(&self, provider: &str) -> bool {
         self.holds().contains(provider)
@@ -577,12 +586,7 @@ async fn follow(sh: &Shared, a: &StoredAttempt, lease: &str) -> Option<Followed>
         let _ = tokio::fs::create_dir_all(p).await;
     }
     let mut offset = tokio::fs::metadata(&log).await.map_or(0, |m| m.len());
-    let every = sh
-        .job
-        .spec
-        .checkpoint
-        .as_ref()
-        .map(|c| Duration::from_secs(u64::from(c.every.0)));
+    let every = sh.checkpoint_every();
     let mut last_ckpt = Instant::now();
     let mut stop_sent = false;
     let mut stop_at: Option<Instant> = None;

@@ -266,6 +266,52 @@ impl Runner {
         }
     }
 
+    /// Marks task `task` (its index) running with a new attempt, `make` filling in the lease
+    /// fields of a blank one, and stores both before anything is rented or handed over. `None`
+    /// (the task pending again) when the store fails.
+    async fn new_attempt(
+        &mut self,
+        task: usize,
+        make: impl FnOnce(StoredAttempt) -> StoredAttempt,
+    ) -> Option<StoredAttempt> {
+        let t = &mut self.tasks[task];
+        t.state = "running".into();
+        t.attempts += 1;
+        let a = make(StoredAttempt {
+            task: t.task,
+            attempt: t.attempts,
+            provider: String::new(),
+            offer: String::new(),
+            price: 0,
+            cap: 0,
+            lease_id: None,
+            phase: "renting".into(),
+            started_at: super::now_ms(),
+            ended_at: None,
+            verdict: None,
+            reason: None,
+            exit_code: None,
+            spent: None,
+            log_from: 0,
+            run_at: None,
+        });
+        let (id, row, trow) = (self.id.clone(), a.clone(), t.clone());
+        if let Err(e) = self
+            .shared
+            .ctx
+            .store
+            .call(move |s| s.put_attempt(&id, &row, Some(&trow)))
+            .await
+        {
+            tracing::error!(job = %self.id, error = %e, "cannot store an attempt; not starting it");
+            let t = &mut self.tasks[task];
+            t.state = "pending".into();
+            t.attempts -= 1;
+            return None;
+        }
+        Some(a)
+    }
+
     /// Hands pending tasks to idle shared leases (cheapest first) that have tasks and time
     /// left for one more and whose provider is not excluded.
     async fn hand_over(&mut self, concurrency: usize) {
@@ -313,42 +359,23 @@ impl Runner {
             let Some(owner) = self.owner_of_lease(&lease).cloned() else {
                 continue;
             };
-            let t = &mut self.tasks[task];
-            t.state = "running".into();
-            t.attempts += 1;
-            let a = StoredAttempt {
-                task: t.task,
-                attempt: t.attempts,
-                provider: provider.clone(),
-                offer: owner.offer.clone(),
-                price: *price,
-                // The lease's cap is its first attempt's.
-                cap: 0,
-                lease_id: Some(lease.clone()),
-                phase: "starting".into(),
-                started_at: super::now_ms(),
-                ended_at: None,
-                verdict: None,
-                reason: None,
-                exit_code: None,
-                spent: None,
-                log_from: *log_end,
-                run_at: None,
-            };
-            let (id, row, trow) = (self.id.clone(), a.clone(), t.clone());
-            if let Err(e) = self
-                .shared
-                .ctx
-                .store
-                .call(move |s| s.put_attempt(&id, &row, Some(&trow)))
+            let (provider, price, log_end) = (provider.clone(), *price, *log_end);
+            let Some(a) = self
+                .new_attempt(task, |t| StoredAttempt {
+                    provider,
+                    offer: owner.offer.clone(),
+                    price,
+                    // The lease's cap is its first attempt's.
+                    cap: 0,
+                    lease_id: Some(lease.clone()),
+                    phase: "starting".into(),
+                    log_from: log_end,
+                    ..t
+                })
                 .await
-            {
-                tracing::error!(job = %self.id, error = %e, "cannot store an attempt; not handing it over");
-                let t = &mut self.tasks[task];
-                t.state = "pending".into();
-                t.attempts -= 1;
+            else {
                 return;
-            }
+            };
             tracing::info!(job = %self.id, task = a.task, attempt = a.attempt, lease = %lease, "handing a task to a shared lease");
             self.between.remove(&lease);
             self.attempts.push(a.clone());
@@ -424,42 +451,22 @@ impl Runner {
                 }
                 return;
             };
-            let t = &mut self.tasks[task];
-            t.state = "running".into();
-            t.attempts += 1;
-            let a = StoredAttempt {
-                task: t.task,
-                attempt: t.attempts,
-                provider: offer.provider.clone(),
-                offer: offer.id.clone(),
-                price: price.micros(),
-                cap: cap.micros(),
-                lease_id: None,
-                phase: "renting".into(),
-                started_at: super::now_ms(),
-                ended_at: None,
-                verdict: None,
-                reason: None,
-                exit_code: None,
-                spent: None,
-                log_from: 0,
-                run_at: None,
-            };
-            let (id, row, trow) = (self.id.clone(), a.clone(), t.clone());
-            if let Err(e) = self
-                .shared
-                .ctx
-                .store
-                .call(move |s| s.put_attempt(&id, &row, Some(&trow)))
+            // Nothing is rented that is not stored first.
+            let Some(a) = self
+                .new_attempt(task, |t| StoredAttempt {
+                    provider: offer.provider.clone(),
+                    offer: offer.id.clone(),
+                    price: price.micros(),
+                    cap: cap.micros(),
+                    lease_id: None,
+                    phase: "renting".into(),
+                    log_from: 0,
+                    ..t
+                })
                 .await
-            {
-                // Nothing is rented that is not stored first.
-                tracing::error!(job = %self.id, error = %e, "cannot store an attempt; not launching");
-                let t = &mut self.tasks[task];
-                t.state = "pending".into();
-                t.attempts -= 1;
+            else {
                 return;
-            }
+            };
             tracing::info!(job = %self.id, task = a.task, attempt = a.attempt, provider = %a.provider, price = %price, lease_s, "launching attempt");
             self.attempts.push(a.clone());
             let owner = (a.task, a.attempt);

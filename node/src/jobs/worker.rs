@@ -262,12 +262,7 @@ async fn follow(sh: &Shared, a: StoredAttempt, lease: &str, owner: (u32, u32)) -
     );
     let timeout_ms = u64::from(sh.job.spec.timeout.0) * 1000;
     let run_at = a.run_at.unwrap_or(a.started_at);
-    let every = sh
-        .job
-        .spec
-        .checkpoint
-        .as_ref()
-        .map(|c| Duration::from_secs(u64::from(c.every.0)));
+    let every = sh.checkpoint_every();
     let mut last_ckpt = Instant::now();
     let mut last_exit_poll: Option<Instant> = None;
     loop {
