@@ -669,6 +669,8 @@ timeout: 2m
     }
 }
 
+/// `job cancel` stops every lease of the job (a lease per task, and shared leases) and each
+/// settles as the renter's stop.
 #[test]
 fn a_cancelled_job_stops_and_settles_every_lease() {
     let Some(image) = image_or_skip("jobs_cancel") else {
@@ -676,48 +678,51 @@ fn a_cancelled_job_stops_and_settles_every_lease() {
     };
     let dir = tempfile::tempdir().unwrap();
     let m = JobMarket::start(dir.path(), &image.tag);
-    let spec = write_spec(
-        dir.path(),
-        "long",
-        &format!(
-            "name: long\nimage: {}\nrun: echo started; sleep 600\ntasks: 5\nconcurrency: 2\ntimeout: 15m\n",
-            image.tag
-        ),
-    );
-    let job = m.submit(&spec, &dir.path().join("OUT"));
-    wait_for(Duration::from_secs(60), "two attempts running", || {
-        attempts(&m.status(&job))
-            .iter()
-            .filter(|(_, a)| a["phase"] == "running")
-            .count()
-            == 2
-    });
-    let o = m.job(&["cancel", &job]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let st = m.wait_over(&job, Duration::from_secs(120));
-    assert_eq!(st["state"], "cancelled", "{st:#}");
-    assert_eq!(st["cancelled"], 5, "{st:#}");
-    for (_, a) in attempts(&st) {
-        assert_eq!(a["verdict"], "cancelled", "{st:#}");
-        let lease = a["lease_id"].as_str().unwrap();
-        let v = json(&m.renter_home(), &["leases", "--all"]);
-        let l = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["lease_id"] == lease)
-            .unwrap();
-        assert_eq!(l["state"], "settled", "{l:#}");
-        assert_eq!(l["close_reason"], "renter_stop");
+    // A lease per task, then leases that would run three tasks each.
+    for per_lease in [1, 3] {
+        let spec = write_spec(
+            dir.path(),
+            &format!("long-{per_lease}"),
+            &format!(
+                "name: long\nimage: {}\nrun: echo started; sleep 600\ntasks: 5\nconcurrency: 2\ntasks_per_lease: {per_lease}\ntimeout: 15m\n",
+                image.tag
+            ),
+        );
+        let job = m.submit(&spec, &dir.path().join(format!("OUT-{per_lease}")));
+        wait_for(Duration::from_secs(60), "two attempts running", || {
+            attempts(&m.status(&job))
+                .iter()
+                .filter(|(_, a)| a["phase"] == "running")
+                .count()
+                == 2
+        });
+        let o = m.job(&["cancel", &job]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let st = m.wait_over(&job, Duration::from_secs(120));
+        assert_eq!(st["state"], "cancelled", "{st:#}");
+        assert_eq!(st["cancelled"], 5, "{st:#}");
+        for (_, a) in attempts(&st) {
+            assert_eq!(a["verdict"], "cancelled", "{st:#}");
+            let lease = a["lease_id"].as_str().unwrap();
+            let v = json(&m.renter_home(), &["leases", "--all"]);
+            let l = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["lease_id"] == lease)
+                .unwrap();
+            assert_eq!(l["state"], "settled", "{l:#}");
+            assert_eq!(l["close_reason"], "renter_stop");
+        }
+        // Cancelling again says it is over.
+        let o = m.job(&["cancel", &job]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(
+            text(&o.stderr).contains("is over already"),
+            "{}",
+            text(&o.stderr)
+        );
     }
-    // Cancelling again says it is over.
-    let o = m.job(&["cancel", &job]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        text(&o.stderr).contains("is over already"),
-        "{}",
-        text(&o.stderr)
-    );
 }
 
 /// `tasks_per_lease: 3`: six tasks over two leases at a time, each lease running its tasks one
