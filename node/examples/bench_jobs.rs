@@ -16,6 +16,8 @@
 //!   Reported: the medians and their ratio.
 //! - **100 tasks** (TASKS, default 100): one job of TASKS tasks running `true`,
 //!   `concurrency: 4`, timed from the submission until it is over; every task must succeed.
+//!   Run twice: a lease per task, then `tasks_per_lease: TASKS / 4` (each lease runs a
+//!   quarter of the tasks in turn); reported with the leases used and the ratio.
 
 #![allow(
     clippy::unwrap_used,
