@@ -927,7 +927,10 @@ timeout: 20s
     assert_eq!(task(1)["exit_code"], 1, "{st:#}");
     assert_eq!(task(1)["attempts"].as_array().unwrap().len(), 1, "{st:#}");
     assert!(
-        task(1)["message"].as_str().unwrap().contains("bad input"),
+        task(1)["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("exited with code 1; last output:\nbad input"),
         "{st:#}"
     );
     assert_eq!(lease(1, 0), lease(0, 0), "{st:#}");

@@ -397,7 +397,18 @@ async fn exited(
     }
     let mut done = end(sh, a, end_of, why, None, None).await;
     done.lease = Some(after);
+    done.tail = without_worker_lines(&done.tail);
     done
+}
+
+/// A task's output without the worker's own lines (its end, a checkpoint not put in place).
+fn without_worker_lines(tail: &str) -> String {
+    tail.lines()
+        .filter(|l| {
+            !l.starts_with("[gridlease: task attempt ") || !l.contains(" exited with code ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Stops a lease between tasks and waits (bounded) for it to settle: what it cost, when known.
@@ -411,6 +422,13 @@ pub(super) async fn release(sh: &Shared, lease: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_workers_end_line_is_not_part_of_a_tasks_output() {
+        let tail = "bad input\n[gridlease: task attempt 1-1 exited with code 1]";
+        assert_eq!(without_worker_lines(tail), "bad input");
+        assert_eq!(without_worker_lines("a\nb"), "a\nb");
+    }
 
     #[test]
     fn quoted_text_comes_back_the_same_from_the_shell() {
