@@ -118,28 +118,23 @@ pub(super) fn quiet() -> Printer {
 }
 
 impl Shared {
-    /// Whether the container is held for uploads before its command starts: the inputs,
-    /// and with a lease per task the checkpoint (a shared lease is handed each task's).
     fn needs_upload(&self) -> bool {
-        !self.job.inputs.is_empty() || (self.job.checkpoint.is_some() && !self.job.shares_leases())
+        self.job.uploads_first()
     }
 
-    /// Whether the outputs are copied from a finished lease (a shared lease's are copied
-    /// while it runs, after each task).
     fn needs_kept_outputs(&self) -> bool {
-        !self.job.shares_leases() && (!self.job.outputs.is_empty() || self.job.checkpoint.is_some())
+        self.job.copies_after_lease()
     }
 
-    /// Whether `o` can run this job's tasks at all (besides the search's conditions).
-    pub(super) fn eligible(&self, o: &OfferRow) -> bool {
-        // A lease per task lasts exactly the timeout; a shared lease at least the offer's
-        // shortest (this node keeps each task's timeout).
-        let timeout = self.job.spec.timeout.0;
-        o.max_duration_s >= timeout
-            && (self.job.shares_leases() || o.min_duration_s <= timeout)
-            && (!self.needs_upload() || o.upload_hold_s > 0)
-            && (!self.needs_kept_outputs() || o.output_retention_s > 0)
-            && (!self.job.spec.resources.verified || o.verify_window_s > 0)
+    /// Why `o` cannot run this job's tasks (besides the search's conditions), or `None`.
+    pub(super) fn unfit(&self, o: &OfferRow) -> Option<String> {
+        self.job.unfit(&super::spec::OfferTerms {
+            min_duration_s: o.min_duration_s,
+            max_duration_s: o.max_duration_s,
+            upload_hold_s: o.upload_hold_s,
+            output_retention_s: o.output_retention_s,
+            verify_window_s: o.verify_window_s,
+        })
     }
 
     pub(super) async fn save(&self, a: &StoredAttempt) {

@@ -66,6 +66,8 @@ struct Runner {
     released_tx: mpsc::Sender<(String, Option<u64>)>,
     budget_hit: bool,
     no_offer_since: Option<Instant>,
+    /// Why the last search gave no offer to launch on, in words.
+    no_offer_why: String,
 }
 
 /// Runs job `id` until it is over or the node stops.
@@ -108,6 +110,7 @@ pub(super) async fn run(ctx: Ctx, id: &str) -> anyhow::Result<()> {
         released_tx,
         budget_hit: false,
         no_offer_since: None,
+        no_offer_why: String::new(),
     };
     // Attempts in flight when the node stopped: pick each up where its row says.
     let open: Vec<StoredAttempt> = r
@@ -433,6 +436,7 @@ impl Runner {
             };
             let Some(offer) = self.pick(&offers) else {
                 self.no_offer_since.get_or_insert_with(Instant::now);
+                self.no_offer_why = self.why_none(&offers);
                 return;
             };
             self.no_offer_since = None;
@@ -488,7 +492,7 @@ impl Runner {
         offers
             .iter()
             .filter(|o| !self.excluded.contains(&o.provider))
-            .filter(|o| self.shared.eligible(o))
+            .filter(|o| self.shared.unfit(o).is_none())
             .filter(|o| !self.shared.is_holding(&o.provider))
             .find(|o| {
                 let mine = (self
@@ -504,6 +508,32 @@ impl Runner {
                 o.free_gpus >= g && (mine + 1) * g <= o.gpus
             })
             .cloned()
+    }
+
+    /// Why none of `offers` (a search's answer) takes a task now, in words.
+    fn why_none(&self, offers: &[OfferRow]) -> String {
+        if offers.is_empty() {
+            return format!("no offer matches the search `{}`", self.shared.job.query());
+        }
+        let mut why: std::collections::BTreeMap<String, usize> = Default::default();
+        for o in offers {
+            let r = if self.excluded.contains(&o.provider) {
+                "are excluded for this job".to_string()
+            } else if let Some(r) = self.shared.unfit(o) {
+                r
+            } else if self.shared.is_holding(&o.provider) {
+                "hold a container of this job for its uploads".to_string()
+            } else {
+                "have no GPU free for another task".to_string()
+            };
+            *why.entry(r).or_default() += 1;
+        }
+        let parts: Vec<String> = why.iter().map(|(r, n)| format!("{n} {r}")).collect();
+        format!(
+            "{} offer(s) match the search; {}",
+            offers.len(),
+            parts.join(", ")
+        )
     }
 
     /// Decides what an ended attempt's task does next, and stores it with the attempt.
@@ -633,8 +663,9 @@ impl Runner {
                 "failed",
                 "failed",
                 format!(
-                    "no eligible offer for {} s: {} task(s) not run: {}",
+                    "no eligible offer for {} s ({}): {} task(s) not run: {}",
                     OFFER_WAIT.as_secs(),
+                    self.no_offer_why,
                     pending.len(),
                     list(&pending)
                 ),

@@ -428,6 +428,47 @@ impl Job {
         self.spec.tasks_per_lease > 1
     }
 
+    /// Whether a task's container is held for uploads before its command: the inputs, and with
+    /// a lease per task the checkpoint (a shared lease is handed each task's).
+    pub fn uploads_first(&self) -> bool {
+        !self.inputs.is_empty() || (self.checkpoint.is_some() && !self.shares_leases())
+    }
+
+    /// Whether outputs are copied from a finished lease (a shared lease's are copied while it
+    /// runs, after each task).
+    pub fn copies_after_lease(&self) -> bool {
+        !self.shares_leases() && (!self.outputs.is_empty() || self.checkpoint.is_some())
+    }
+
+    /// Why an offer with `terms` cannot run this job's tasks (besides the search's
+    /// conditions), in words; `None` when it can.
+    pub fn unfit(&self, terms: &OfferTerms) -> Option<String> {
+        let timeout = self.spec.timeout.0;
+        if terms.max_duration_s < timeout {
+            return Some(format!(
+                "take no lease as long as the timeout ({timeout} s; longest {} s)",
+                terms.max_duration_s
+            ));
+        }
+        if !self.shares_leases() && terms.min_duration_s > timeout {
+            return Some(format!(
+                "take no lease as short as the timeout ({timeout} s; shortest {} s: a longer \
+                 timeout, or tasks_per_lease above 1, can use them)",
+                terms.min_duration_s
+            ));
+        }
+        if self.uploads_first() && terms.upload_hold_s == 0 {
+            return Some("hold no container for the uploads before the command".into());
+        }
+        if self.copies_after_lease() && terms.output_retention_s == 0 {
+            return Some("keep no outputs after a lease".into());
+        }
+        if self.spec.resources.verified && terms.verify_window_s == 0 {
+            return Some("grant no GPU check (resources.verified)".into());
+        }
+        None
+    }
+
     /// Tasks in the job.
     pub fn task_count(&self) -> u32 {
         self.task_args.len() as u32
@@ -455,6 +496,21 @@ impl Job {
         q.push("sort:price".into());
         q.join(" ")
     }
+}
+
+/// What an offer says that decides whether it can run a job's tasks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OfferTerms {
+    /// Shortest lease, seconds.
+    pub min_duration_s: u32,
+    /// Longest lease, seconds.
+    pub max_duration_s: u32,
+    /// Seconds a created container is held for uploads (0: none).
+    pub upload_hold_s: u32,
+    /// Seconds a finished lease's outputs are kept (0: none).
+    pub output_retention_s: u32,
+    /// Seconds of the unbilled GPU-check window (0: no check).
+    pub verify_window_s: u32,
 }
 
 /// A search value, quoted when it has spaces.

@@ -262,3 +262,84 @@ fn the_schema_refuses_unknown_fields_and_requires_the_essentials() {
         assert!(required.contains(&f), "{f} not required: {required:?}");
     }
 }
+
+#[test]
+fn an_offer_unfit_for_the_job_says_why() {
+    let d = dir();
+    let fit = OfferTerms {
+        min_duration_s: 60,
+        max_duration_s: 86_400,
+        upload_hold_s: 300,
+        output_retention_s: 600,
+        verify_window_s: 30,
+    };
+    let job = load(GOOD, d.path()).unwrap();
+    assert_eq!(job.unfit(&fit), None);
+    let why = |job: &Job, t: OfferTerms| job.unfit(&t).unwrap_or_default();
+    assert!(
+        why(
+            &job,
+            OfferTerms {
+                max_duration_s: 300,
+                ..fit
+            }
+        )
+        .starts_with("take no lease as long as the timeout (600 s; longest 300 s)")
+    );
+    assert!(
+        why(
+            &job,
+            OfferTerms {
+                upload_hold_s: 0,
+                ..fit
+            }
+        )
+        .contains("uploads")
+    );
+    assert!(
+        why(
+            &job,
+            OfferTerms {
+                output_retention_s: 0,
+                ..fit
+            }
+        )
+        .contains("keep no outputs")
+    );
+    // A timeout below the offer's shortest lease rules it out for a lease per task only.
+    let short = load(&GOOD.replace("timeout: 10m", "timeout: 20s"), d.path()).unwrap();
+    assert!(
+        why(&short, fit).starts_with("take no lease as short as the timeout (20 s; shortest 60 s"),
+        "{}",
+        why(&short, fit)
+    );
+    let shared = load(
+        &GOOD.replace("timeout: 10m", "timeout: 20s\ntasks_per_lease: 4"),
+        d.path(),
+    )
+    .unwrap();
+    assert_eq!(shared.unfit(&fit), None);
+    // A shared lease copies its outputs while it runs: it needs no retention.
+    assert_eq!(
+        shared.unfit(&OfferTerms {
+            output_retention_s: 0,
+            ..fit
+        }),
+        None
+    );
+    let verified = load(
+        &GOOD.replace("  gpus: 1", "  gpus: 1\n  verified: true"),
+        d.path(),
+    )
+    .unwrap();
+    assert!(
+        why(
+            &verified,
+            OfferTerms {
+                verify_window_s: 0,
+                ..fit
+            }
+        )
+        .contains("GPU check")
+    );
+}
