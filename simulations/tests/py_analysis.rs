@@ -33,6 +33,22 @@ fn interpreter() -> Result<PathBuf, String> {
     }
 }
 
+/// The interpreter, or `None` (the test skips) when there is none and
+/// `GRIDLEASE_REQUIRE_PY_ANALYSIS=1` is not set (then it fails).
+fn interpreter_or_skip() -> Option<PathBuf> {
+    let required = std::env::var("GRIDLEASE_REQUIRE_PY_ANALYSIS").is_ok_and(|v| v == "1");
+    match interpreter() {
+        Ok(py) => Some(py),
+        Err(why) if required => {
+            panic!("GRIDLEASE_REQUIRE_PY_ANALYSIS=1 but no usable interpreter: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipped (set GRIDLEASE_REQUIRE_PY_ANALYSIS=1 to fail instead): {why}");
+            None
+        }
+    }
+}
+
 /// The value in column `col` (0-based, after the row label) of the row labelled `label` in
 /// one of the script's printed tables.
 fn printed(stdout: &str, label: &str, col: usize) -> f64 {
@@ -75,16 +91,8 @@ fn analyse(py: &Path, out: &Path, extra: &[&str]) -> String {
 
 #[test]
 fn the_analysis_example_reads_a_small_output_and_writes_a_plot_and_a_table() {
-    let required = std::env::var("GRIDLEASE_REQUIRE_PY_ANALYSIS").is_ok_and(|v| v == "1");
-    let py = match interpreter() {
-        Ok(py) => py,
-        Err(why) if required => {
-            panic!("GRIDLEASE_REQUIRE_PY_ANALYSIS=1 but no usable interpreter: {why}")
-        }
-        Err(why) => {
-            eprintln!("skipped (set GRIDLEASE_REQUIRE_PY_ANALYSIS=1 to fail instead): {why}");
-            return;
-        }
+    let Some(py) = interpreter_or_skip() else {
+        return;
     };
     // A small run: the no-show market for 6 hours, 2 replications, with a trace.
     let tmp = tempfile::tempdir().unwrap();
@@ -156,16 +164,8 @@ fn the_analysis_example_reads_a_small_output_and_writes_a_plot_and_a_table() {
 /// variance. A Morris design of the same keys ranks them the same way.
 #[test]
 fn a_sobol_design_swept_in_shards_gives_salib_indices() {
-    let required = std::env::var("GRIDLEASE_REQUIRE_PY_ANALYSIS").is_ok_and(|v| v == "1");
-    let py = match interpreter() {
-        Ok(py) => py,
-        Err(why) if required => {
-            panic!("GRIDLEASE_REQUIRE_PY_ANALYSIS=1 but no usable interpreter: {why}")
-        }
-        Err(why) => {
-            eprintln!("skipped (set GRIDLEASE_REQUIRE_PY_ANALYSIS=1 to fail instead): {why}");
-            return;
-        }
+    let Some(py) = interpreter_or_skip() else {
+        return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

@@ -269,6 +269,13 @@ impl Runner {
         }
     }
 
+    /// The index of the first pending task with no attempt in flight.
+    fn next_pending(&self) -> Option<usize> {
+        self.tasks
+            .iter()
+            .position(|t| t.state == "pending" && !self.live.contains_key(&t.task))
+    }
+
     /// Marks task `task` (its index) running with a new attempt, `make` filling in the lease
     /// fields of a blank one, and stores both before anything is rented or handed over. `None`
     /// (the task pending again) when the store fails.
@@ -352,11 +359,7 @@ impl Runner {
             if !usable {
                 continue;
             }
-            let Some(task) = self
-                .tasks
-                .iter()
-                .position(|t| t.state == "pending" && !self.live.contains_key(&t.task))
-            else {
+            let Some(task) = self.next_pending() else {
                 return;
             };
             let Some(owner) = self.owner_of_lease(&lease).cloned() else {
@@ -420,11 +423,7 @@ impl Runner {
     async fn launch(&mut self, concurrency: usize) {
         self.hand_over(concurrency).await;
         while self.live.len() < concurrency && !self.budget_hit {
-            let Some(task) = self
-                .tasks
-                .iter()
-                .position(|t| t.state == "pending" && !self.live.contains_key(&t.task))
-            else {
+            let Some(task) = self.next_pending() else {
                 return;
             };
             let offers = match self.search().await {
