@@ -173,6 +173,39 @@ impl JobMarket {
         v["job_id"].as_str().unwrap().to_string()
     }
 
+    /// Asserts the renter's ledger and the running providers' agree lease by lease; the
+    /// renter's ledger.
+    fn assert_ledgers_agree(&self) -> Value {
+        let mut provider_totals = std::collections::HashMap::new();
+        for p in self.providers.iter().filter(|p| p.daemon.is_some()) {
+            for s in json(&p.home, &["ledger"])["leases"].as_array().unwrap() {
+                provider_totals.insert(
+                    s["lease_id"].as_str().unwrap().to_string(),
+                    s["total"].clone(),
+                );
+            }
+        }
+        let renter = json(&self.renter_home(), &["ledger"]);
+        let leases = renter["leases"].as_array().unwrap();
+        assert_eq!(leases.len(), provider_totals.len(), "{renter:#}");
+        for s in leases {
+            let id = s["lease_id"].as_str().unwrap();
+            assert_eq!(Some(&s["total"]), provider_totals.get(id), "lease {id}");
+        }
+        renter
+    }
+
+    /// The renter's view of lease `id` (`leases --all`).
+    fn renter_lease(&self, id: &str) -> Value {
+        json(&self.renter_home(), &["leases", "--all"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lease_id"] == id)
+            .unwrap()
+            .clone()
+    }
+
     fn wait_over(&self, job: &str, limit: Duration) -> Value {
         let mut last = Value::Null;
         wait_for(limit, "the job to end", || {
@@ -626,7 +659,6 @@ timeout: 2m
     // The providers' own records: each lease's task (its first output line) and when it ran.
     // No two leases of one task overlap.
     let mut runs: Vec<(u64, u64, u64)> = Vec::new();
-    let mut provider_totals = std::collections::HashMap::new();
     for p in m.providers.iter().filter(|p| p.daemon.is_some()) {
         for l in json(&p.home, &["leases", "--all"]).as_array().unwrap() {
             let id = l["lease_id"].as_str().unwrap();
@@ -639,12 +671,6 @@ timeout: 2m
             let started = l["started_at"].as_u64().unwrap();
             let closed = l["closed_at"].as_u64().unwrap_or(u64::MAX);
             runs.push((task, started, closed));
-        }
-        for s in json(&p.home, &["ledger"])["leases"].as_array().unwrap() {
-            provider_totals.insert(
-                s["lease_id"].as_str().unwrap().to_string(),
-                s["total"].clone(),
-            );
         }
     }
     runs.sort();
@@ -660,13 +686,7 @@ timeout: 2m
     let tasks: std::collections::BTreeSet<u64> = runs.iter().map(|r| r.0).collect();
     assert_eq!(tasks.len(), 6, "{runs:?}");
     // Both sides' ledgers agree, lease by lease.
-    let renter = json(&m.renter_home(), &["ledger"]);
-    let leases = renter["leases"].as_array().unwrap();
-    assert_eq!(leases.len(), provider_totals.len(), "{renter:#}");
-    for s in leases {
-        let id = s["lease_id"].as_str().unwrap();
-        assert_eq!(Some(&s["total"]), provider_totals.get(id), "lease {id}");
-    }
+    m.assert_ledgers_agree();
 }
 
 /// `job cancel` stops every lease of the job (a lease per task, and shared leases) and each
@@ -703,14 +723,7 @@ fn a_cancelled_job_stops_and_settles_every_lease() {
         assert_eq!(st["cancelled"], 5, "{st:#}");
         for (_, a) in attempts(&st) {
             assert_eq!(a["verdict"], "cancelled", "{st:#}");
-            let lease = a["lease_id"].as_str().unwrap();
-            let v = json(&m.renter_home(), &["leases", "--all"]);
-            let l = v
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|l| l["lease_id"] == lease)
-                .unwrap();
+            let l = m.renter_lease(a["lease_id"].as_str().unwrap());
             assert_eq!(l["state"], "settled", "{l:#}");
             assert_eq!(l["close_reason"], "renter_stop");
         }
@@ -830,7 +843,6 @@ timeout: 1m
     }
     // The providers' own records: every task began once, and a lease's tasks never overlapped.
     let mut began = std::collections::BTreeMap::new();
-    let mut provider_totals = std::collections::HashMap::new();
     for p in &m.providers {
         for l in json(&p.home, &["leases", "--all"]).as_array().unwrap() {
             let id = l["lease_id"].as_str().unwrap();
@@ -852,25 +864,14 @@ timeout: 1m
                 }
             }
         }
-        for s in json(&p.home, &["ledger"])["leases"].as_array().unwrap() {
-            provider_totals.insert(
-                s["lease_id"].as_str().unwrap().to_string(),
-                s["total"].clone(),
-            );
-        }
     }
     assert_eq!(began.len(), 6, "{began:?}");
     assert!(
         began.values().all(|n| *n == 1),
         "a task ran twice: {began:?}"
     );
-    let renter = json(&m.renter_home(), &["ledger"]);
+    let renter = m.assert_ledgers_agree();
     let leases = renter["leases"].as_array().unwrap();
-    assert_eq!(leases.len(), provider_totals.len(), "{renter:#}");
-    for s in leases {
-        let id = s["lease_id"].as_str().unwrap();
-        assert_eq!(Some(&s["total"]), provider_totals.get(id), "lease {id}");
-    }
     // What the job says it spent is what its leases settled at.
     let settled: u64 = leases.iter().map(|s| s["total"].as_u64().unwrap()).sum();
     assert_eq!(st["spent"].as_u64().unwrap(), settled, "{st:#}\n{renter:#}");
@@ -951,13 +952,7 @@ timeout: 20s
     assert_eq!(st["excluded"][0]["provider"], t2[0]["provider"], "{st:#}");
     assert_eq!(task(3)["state"], "succeeded", "{st:#}");
     // The first lease was stopped and settled; the job's spend is its leases' settlements.
-    let renter = json(&m.renter_home(), &["leases", "--all"]);
-    let first = renter
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["lease_id"] == lease(0, 0).as_str())
-        .unwrap();
+    let first = m.renter_lease(&lease(0, 0));
     assert_eq!(first["state"], "settled", "{first:#}");
     assert_eq!(first["close_reason"], "renter_stop", "{first:#}");
     let ledger = json(&m.renter_home(), &["ledger"]);

@@ -435,7 +435,15 @@ async fn a_probe_killed_mid_way_leaves_nothing_after_the_next_one() {
     let mut gone = Command::new("true").spawn().unwrap();
     let dead = gone.id();
     gone.wait().unwrap();
-    let mut alive = Command::new("sleep").arg("60").spawn().unwrap();
+    /// The sleeping child, killed even when the test fails.
+    struct Child(std::process::Child);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let alive = Child(Command::new("sleep").arg("60").spawn().unwrap());
     let attach = |pid: u32| {
         let dir = home.join(format!(".doctor-{pid}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -454,7 +462,7 @@ async fn a_probe_killed_mid_way_leaves_nothing_after_the_next_one() {
         );
         img
     };
-    let (dead_img, live_img) = (attach(dead), attach(alive.id()));
+    let (dead_img, live_img) = (attach(dead), attach(alive.0.id()));
     // The killed probe's file may be gone already (it removes it last): the device stays.
     std::fs::remove_file(&dead_img).unwrap();
     assert!(attached_loops().iter().any(|(_, b)| *b == dead_img));
@@ -471,8 +479,6 @@ async fn a_probe_killed_mid_way_leaves_nothing_after_the_next_one() {
         left.iter().any(|(_, b)| *b == live_img),
         "a live process's probe was detached"
     );
-    let _ = alive.kill();
-    let _ = alive.wait();
 }
 
 #[tokio::test]

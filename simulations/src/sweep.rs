@@ -155,15 +155,16 @@ pub fn points(base: &Scenario, axes: &[Axis]) -> Result<Vec<Point>, SweepError> 
             })
             .collect();
     }
-    let mut out = Vec::with_capacity(combos.len());
-    for params in combos {
-        let mut scenario = base.clone();
-        for (k, v) in &params {
-            scenario.set_param(k, v)?;
-        }
-        out.push(Point { params, scenario });
+    combos.into_iter().map(|p| point(base, p)).collect()
+}
+
+/// `base` with `params` applied.
+fn point(base: &Scenario, params: Vec<(String, String)>) -> Result<Point, SweepError> {
+    let mut scenario = base.clone();
+    for (k, v) in &params {
+        scenario.set_param(k, v)?;
     }
-    Ok(out)
+    Ok(Point { params, scenario })
 }
 
 /// The points of a points file (`crate::design`), in its order: each row's values for
@@ -173,16 +174,14 @@ pub fn points_from_rows(
     keys: &[String],
     rows: &[Vec<String>],
 ) -> Result<Vec<Point>, SweepError> {
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let params: Vec<(String, String)> = keys.iter().cloned().zip(row.iter().cloned()).collect();
-        let mut scenario = base.clone();
-        for (k, v) in &params {
-            scenario.set_param(k, v)?;
-        }
-        out.push(Point { params, scenario });
-    }
-    Ok(out)
+    rows.iter()
+        .map(|row| {
+            point(
+                base,
+                keys.iter().cloned().zip(row.iter().cloned()).collect(),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

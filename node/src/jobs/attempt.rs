@@ -118,14 +118,6 @@ pub(super) fn quiet() -> Printer {
 }
 
 impl Shared {
-    fn needs_upload(&self) -> bool {
-        self.job.uploads_first()
-    }
-
-    fn needs_kept_outputs(&self) -> bool {
-        self.job.copies_after_lease()
-    }
-
     /// Why `o` cannot run this job's tasks (besides the search's conditions), or `None`.
     pub(super) fn unfit(&self, o: &OfferRow) -> Option<String> {
         self.job.unfit(&super::spec::OfferTerms {
@@ -186,7 +178,7 @@ impl Drop for Hold<'_> {
 /// While alive, `provider` counts as holding a created container of this job for its uploads
 /// (`None` when the job uploads nothing before its command).
 pub(super) fn hold<'a>(sh: &'a Shared, provider: &str) -> Option<Hold<'a>> {
-    sh.needs_upload().then(|| {
+    sh.job.uploads_first().then(|| {
         sh.holds().insert(provider.to_string());
         Hold(sh, provider.to_string())
     })
@@ -291,9 +283,8 @@ pub(super) async fn run(
         .close_reason
         .as_deref()
         .and_then(crate::store::lease::parse_reason);
-    let end_of = end_of_lease(&sh, &view);
+    let mut end_of = end_of_lease(&sh, &view);
     let mut why = describe(&view);
-    let mut end_of = end_of;
     if view.outputs_until.is_some() && matches!(reason, Some(CloseReason::ContainerExited)) {
         if let Some(rel) = &sh.job.checkpoint
             && let Err(e) = pull_checkpoint(&sh, a.task, &lease, rel).await
@@ -474,12 +465,12 @@ async fn rent(
         env,
         max_total: Some(gridlease_contracts::Money::from_micros(a.cap)),
         network: gridlease_protocol::NetworkPolicy::None,
-        keep_outputs_s: if sh.needs_kept_outputs() {
+        keep_outputs_s: if sh.job.copies_after_lease() {
             offer.output_retention_s.min(KEEP_OUTPUTS_S)
         } else {
             0
         },
-        upload_hold_s: if sh.needs_upload() {
+        upload_hold_s: if sh.job.uploads_first() {
             offer.upload_hold_s.min(HOLD_S)
         } else {
             0
@@ -527,7 +518,7 @@ pub(super) async fn start(sh: &Shared, lease: &str, task: u32) -> Result<(), Sta
         }
         tokio::time::sleep(START_POLL).await;
     };
-    if !held && sh.needs_upload() {
+    if !held && sh.job.uploads_first() {
         return Err(Start::Failed(
             "the provider started the command before the uploads (its hold ran out)".into(),
         ));

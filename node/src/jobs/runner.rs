@@ -126,18 +126,18 @@ pub(super) async fn run(ctx: Ctx, id: &str) -> anyhow::Result<()> {
     }
     // Shared leases between tasks when the node stopped, not settled: stopped (the tasks
     // waiting go to leases this run sees start).
-    let unsettled: Vec<(String, String)> = r
-        .attempts
-        .iter()
-        .filter(|a| a.phase == "ended" && a.spent.is_none())
-        .filter_map(|a| Some((a.lease_id.clone()?, a.provider.clone())))
-        .filter(|(l, _)| {
-            !r.live
-                .values()
-                .any(|x| x.lease_id.as_deref() == Some(l.as_str()))
-        })
-        .collect();
     if r.shared.job.shares_leases() {
+        let unsettled: Vec<(String, String)> = r
+            .attempts
+            .iter()
+            .filter(|a| a.phase == "ended" && a.spent.is_none())
+            .filter_map(|a| Some((a.lease_id.clone()?, a.provider.clone())))
+            .filter(|(l, _)| {
+                !r.live
+                    .values()
+                    .any(|x| x.lease_id.as_deref() == Some(l.as_str()))
+            })
+            .collect();
         for (lease, provider) in unsettled {
             if !r.between.contains_key(&lease)
                 && r.owner_of_lease(&lease).is_some_and(|o| o.spent.is_none())

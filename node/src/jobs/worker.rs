@@ -191,11 +191,11 @@ async fn hand_over(sh: &Shared, a: &StoredAttempt, lease: &str) -> Result<(), St
             std::fs::write(go, b"")
         })
         .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r)
     };
-    match prepared {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(format!("the task's files could not be written here: {e}")),
-        Err(e) => return Err(format!("the task's files could not be written here: {e}")),
+    if let Err(e) = prepared {
+        return Err(format!("the task's files could not be written here: {e}"));
     }
     let dir = format!("/workspace/{}", run_dir(a));
     crate::commands::cp::upload(api, &quiet(), &files, lease, &dir)
@@ -274,13 +274,12 @@ async fn follow(sh: &Shared, a: StoredAttempt, lease: &str, owner: (u32, u32)) -
             return None;
         }
         if sh.ctx.cancel.is_cancelled() {
-            let _ = api.stop(lease).await;
-            let v = settled(sh, lease).await;
+            let spent = release(sh, lease).await;
             let _ = pull_log(sh, lease, &log, offset).await;
-            let spent = v.as_ref().map(spent_of);
             let why = "the job was cancelled".to_string();
             return Some(over(sh, a, AttemptEnd::Cancelled, why, spent).await);
         }
+        let before = offset;
         offset = pull_log(sh, lease, &log, offset).await;
         let view = match api.lease(lease).await {
             Ok(v) => v,
@@ -307,7 +306,7 @@ async fn follow(sh: &Shared, a: StoredAttempt, lease: &str, owner: (u32, u32)) -
             let end_of = end_of_lease(sh, &view);
             return Some(over(sh, a, end_of, why, Some(spent_of(&view))).await);
         }
-        let said = log_says(&log, &sentinel);
+        let said = offset > before && log_says(&log, &sentinel);
         if said || last_exit_poll.is_none_or(|t| t.elapsed() >= EXIT_POLL) {
             last_exit_poll = Some(Instant::now());
             if let Some(code) = exit_code(sh, &a, lease).await {
@@ -324,8 +323,7 @@ async fn follow(sh: &Shared, a: StoredAttempt, lease: &str, owner: (u32, u32)) -
         }
         if super::now_ms().saturating_sub(run_at) > timeout_ms {
             tracing::warn!(job = %sh.job_id, task = a.task, lease, "task ran past its timeout; stopping its lease");
-            let _ = api.stop(lease).await;
-            let v = settled(sh, lease).await;
+            let spent = release(sh, lease).await;
             let why = format!(
                 "the task ran past its timeout of {} s",
                 sh.job.spec.timeout.0
@@ -334,7 +332,7 @@ async fn follow(sh: &Shared, a: StoredAttempt, lease: &str, owner: (u32, u32)) -
                 reason: CloseReason::Expired,
                 exit_code: None,
             };
-            return Some(over(sh, a, end_of, why, v.as_ref().map(spent_of)).await);
+            return Some(over(sh, a, end_of, why, spent).await);
         }
         if let (Some(every), Some(rel)) = (every, &sh.job.checkpoint)
             && last_ckpt.elapsed() >= every
