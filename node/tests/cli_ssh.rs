@@ -295,6 +295,28 @@ fn ssh_exec_exit_codes_stdin_and_a_terminal() {
         (out.status.code(), text(&out.stdout), text(&out.stderr)),
         (Some(3), "out\n".to_string(), "err\n".to_string())
     );
+    // Without `ProxyUseFdpass` (an entry written by an older gridlease, or typed by hand),
+    // ssh-proxy copies the node's connection to its stdio: the same server answers.
+    let proxy = format!(
+        "ProxyCommand '{}' --home '{}' ssh-proxy {id}",
+        assert_cmd::cargo::cargo_bin("gridlease").display(),
+        rh.display()
+    );
+    let out = s.ssh(
+        &["-v", "-o", "ProxyUseFdpass=no", "-o", &proxy, "echo piped; exit 9"],
+        b"",
+    );
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&format!("ssh-proxy {id}")) && !said.contains("--fdpass"),
+        "{said}"
+    );
+    assert_eq!(
+        (out.status.code(), text(&out.stdout)),
+        (Some(9), "piped\n".to_string()),
+        "{}",
+        text(&out.stderr)
+    );
 
     // A terminal: ssh allocates a pty (tmux is one).
     let t = Tmux::start("ssh");

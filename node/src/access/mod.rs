@@ -25,6 +25,7 @@ mod files;
 pub mod frames;
 mod serve;
 mod sftp;
+pub mod ssh;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -228,6 +229,21 @@ pub async fn open(
         Some(Some(p)) => p,
     };
     open_to(client, provider, req).await
+}
+
+/// [`open`], tried again as [`open_retries`] says while the provider cannot be reached (a
+/// refusal is final): what the node's own openings (a `listen`ed connection, an SSH channel)
+/// use.
+pub async fn open_retrying(
+    client: &Client,
+    leases: &LeaseService,
+    req: AccessRequest,
+) -> Result<libp2p::Stream, OpenError> {
+    use backon::Retryable;
+    (|| async { open(client, leases, req.clone()).await })
+        .retry(open_retries())
+        .when(|e| matches!(e, OpenError::Unreachable(_)))
+        .await
 }
 
 /// Opens an access stream for `req` to `provider` and returns it once granted (the renter

@@ -217,6 +217,28 @@ impl ApiClient {
         Err(ClientError::from_answer(status, &body))
     }
 
+    /// [`ApiClient::upgrade`], answering the control socket itself (for a process that hands
+    /// the connection on, as `ssh-proxy` hands it to `ssh`). Fails if the daemon wrote past its
+    /// 101 before this end spoke (those bytes would be lost with hyper's buffer).
+    pub async fn upgrade_socket<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<tokio::net::UnixStream, ClientError> {
+        let up = self.upgrade(path, body).await?.into_inner();
+        let parts = up
+            .downcast::<TokioIo<tokio::net::UnixStream>>()
+            .map_err(|_| {
+                ClientError::Transport("the upgraded connection is not the socket".into())
+            })?;
+        if !parts.read_buf.is_empty() {
+            return Err(ClientError::Transport(
+                "the node spoke before the client after switching protocols".into(),
+            ));
+        }
+        Ok(parts.io.into_inner())
+    }
+
     /// `GET path`.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.call(Method::GET, path, None::<&()>).await

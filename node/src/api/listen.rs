@@ -64,22 +64,7 @@ pub(super) async fn listen(
     }
     let lease_id = resolve_lease(&s, &id).await?;
     // Only a lease this node rents: nothing is bound for any other.
-    match s
-        .leases
-        .provider_of(lease_id)
-        .await
-        .map_err(ApiError::internal)?
-    {
-        None => {
-            let e = OpenError::Unknown(lease_id);
-            return Err(ApiError::new(P::UnknownLease, e.to_string()));
-        }
-        Some(None) => {
-            let e = OpenError::NotRenter(lease_id);
-            return Err(ApiError::new(P::NotRenter, e.to_string()));
-        }
-        Some(Some(_)) => {}
-    }
+    rented_here(&s, lease_id).await?;
     let bind = SocketAddr::new(body.address, body.port);
     let listener = tokio::net::TcpListener::bind(bind)
         .await
@@ -93,6 +78,30 @@ pub(super) async fn listen(
         serve(s, lease_id, port, listener, local, cli).await;
     });
     super::access::switching_protocols()
+}
+
+/// Refuses a lease this node does not rent (unknown here, or provided by this node): what
+/// the node serves itself for a lease (a listener, an SSH server) is only for its renter.
+pub(super) async fn rented_here(
+    s: &ApiState,
+    lease_id: gridlease_protocol::LeaseId,
+) -> Result<(), ApiError> {
+    match s
+        .leases
+        .provider_of(lease_id)
+        .await
+        .map_err(ApiError::internal)?
+    {
+        None => {
+            let e = OpenError::Unknown(lease_id);
+            Err(ApiError::new(P::UnknownLease, e.to_string()))
+        }
+        Some(None) => {
+            let e = OpenError::NotRenter(lease_id);
+            Err(ApiError::new(P::NotRenter, e.to_string()))
+        }
+        Some(Some(_)) => Ok(()),
+    }
 }
 
 /// Accepts and forwards until the CLI's connection closes.
@@ -166,17 +175,11 @@ async fn carry(
     port: u16,
     mut tcp: tokio::net::TcpStream,
 ) -> Result<(), OpenError> {
-    use backon::Retryable;
-    let stream = (|| async {
-        crate::access::open(
-            &s.client,
-            &s.leases,
-            AccessRequest::Forward { lease_id, port },
-        )
-        .await
-    })
-    .retry(crate::access::open_retries())
-    .when(|e| matches!(e, OpenError::Unreachable(_)))
+    let stream = crate::access::open_retrying(
+        &s.client,
+        &s.leases,
+        AccessRequest::Forward { lease_id, port },
+    )
     .await;
     let stream = match stream {
         Ok(st) => st,

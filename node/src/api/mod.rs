@@ -22,6 +22,7 @@ mod provide;
 mod refusals;
 mod resolve;
 mod router;
+mod ssh;
 mod volumes;
 
 use std::sync::Arc;
@@ -54,4 +55,6 @@ pub struct ApiState {
     pub leases: LeaseService,
     /// Jobs: batches of tasks over leases.
     pub jobs: crate::jobs::JobService,
+    /// The node's home (the SSH host keys' seed lives under it).
+    pub home: Arc<std::path::Path>,
 }

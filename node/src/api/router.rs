@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 
 use super::{
     ApiState, access, jobs, leases, listen, node, offers, openapi, problem, provide, socket_path,
-    types, volumes,
+    ssh, types, volumes,
 };
 
 /// The document's root: title, version, servers, tags. The paths and schemas come from the
@@ -94,6 +94,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(access::download))
         .routes(routes!(access::sftp))
         .routes(routes!(listen::listen))
+        .routes(routes!(ssh::ssh))
         .routes(routes!(leases::statement))
         .routes(routes!(leases::ledger))
 }

@@ -308,24 +308,6 @@ pub async fn start_forward(
     })
 }
 
-/// Opens one forwarded connection; a lost or unreachable connection to the provider is tried
-/// again (3 attempts in all, 200 ms, then 400 ms apart), a refusal is not.
-pub(crate) async fn open_with_retry(
-    api: &ApiClient,
-    path: &str,
-) -> Result<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>, ClientError> {
-    use backon::Retryable;
-    (|| async { api.upgrade(path, &()).await })
-        .retry(crate::access::open_retries())
-        .when(|e| {
-            matches!(
-                e,
-                ClientError::Transport(_) | ClientError::Api { status: 502, .. }
-            )
-        })
-        .await
-}
-
 /// `gridlease forward LEASE [LOCAL:]REMOTE..`: forwards until Ctrl-C or the lease ends.
 pub async fn run_forward(api: &ApiClient, out: &Printer, a: &ForwardArgs) -> anyhow::Result<u8> {
     // The lease must exist here before anything listens.

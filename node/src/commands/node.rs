@@ -411,6 +411,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         gpus,
         leases: leases.clone(),
         jobs: jobs.clone(),
+        home: Arc::from(std::path::absolute(home).unwrap_or_else(|_| home.to_path_buf())),
     };
     // Metrics first: once the control API answers, everything the node serves is listening
     // (a client that waits for the API may scrape at once).

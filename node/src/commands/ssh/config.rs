@@ -5,29 +5,22 @@
 //!   `ProxyCommand` that runs `gridlease ssh-proxy LEASE` and a `HostKeyAlias`, so OpenSSH
 //!   checks the lease's host key against `<home>/ssh/known_hosts` and never asks;
 //! - `<home>/ssh/known_hosts`: one line per entry, the lease's host key ([`host_key`]);
-//! - `<home>/ssh/host-key.seed`: 32 random bytes (0600), from which every lease's host key is
-//!   derived. The key only stops OpenSSH from asking: the SSH connection runs over the pipes
-//!   between `ssh` and its own `ssh-proxy` child, never over a network, so there is nothing
-//!   for a host key to authenticate. What authorizes access is the node's control socket and
-//!   the provider's check that the lease's renter asks.
+//! - `<home>/ssh/host-key.seed`: the secret every lease's host key is derived from
+//!   ([`crate::access::ssh`], where the node's SSH server presents them).
 //!
 //! Both files are regenerated whole from the set of leases they hold (entries are marked with
 //! `# lease <id>` lines), written to a temporary file and renamed.
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use gridlease_protocol::LeaseId;
-use russh::keys::PrivateKey;
-use russh::keys::ssh_key::private::Ed25519Keypair;
 
-/// The directory under the node's home.
-pub fn ssh_dir(home: &Path) -> PathBuf {
-    home.join("ssh")
-}
+use crate::access::ssh::make_dir;
+pub use crate::access::ssh::{host_key, ssh_dir};
 
 /// `<home>/ssh/config`.
 pub fn config_path(home: &Path) -> PathBuf {
@@ -44,10 +37,6 @@ pub fn alias(lease: &LeaseId) -> String {
     format!("gl-{}", lease.short())
 }
 
-const SEED_FILE: &str = "host-key.seed";
-const SEED_LEN: usize = 32;
-/// Key-derivation context of the host keys (BLAKE3 `derive_key`).
-const KEY_CONTEXT: &str = "gridlease ssh-proxy host key v1";
 /// The ciphers an entry asks for, in order: the SSH connection runs between `ssh` and its
 /// own child, so the cheapest authenticated cipher wins (AES-GCM with AES-NI), ChaCha20 where
 /// the other is missing.
@@ -55,50 +44,6 @@ pub const CIPHERS: &str =
     "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com";
 /// The marker line before each entry.
 const MARK: &str = "# lease ";
-
-/// The secret the host keys are derived from: read, or made (0600) on first use.
-fn host_seed(home: &Path) -> anyhow::Result<[u8; SEED_LEN]> {
-    let dir = ssh_dir(home);
-    make_dir(&dir)?;
-    let path = dir.join(SEED_FILE);
-    let mut fresh = [0u8; SEED_LEN];
-    getrandom::fill(&mut fresh)
-        .map_err(|e| anyhow::anyhow!("no randomness for a host key: {e}"))?;
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-    {
-        Ok(mut f) => {
-            f.write_all(&fresh)
-                .and_then(|()| f.sync_all())
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            return Ok(fresh);
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e).with_context(|| format!("cannot create {}", path.display())),
-    }
-    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    bytes.try_into().map_err(|_| {
-        anyhow::anyhow!(
-            "{} is not {SEED_LEN} bytes: delete it and run `gridlease ssh-config` again",
-            path.display()
-        )
-    })
-}
-
-/// The SSH host key of `lease` for this home: an Ed25519 key derived from the home's seed and
-/// the lease id, so `ssh-config` (the known_hosts line) and `ssh-proxy` (the server) agree
-/// without storing a key per lease.
-pub fn host_key(home: &Path, lease: &LeaseId) -> anyhow::Result<PrivateKey> {
-    let seed = host_seed(home)?;
-    let mut input = Vec::with_capacity(SEED_LEN + 32);
-    input.extend_from_slice(&seed);
-    input.extend_from_slice(&lease.0.0);
-    let key = blake3::derive_key(KEY_CONTEXT, &input);
-    Ok(PrivateKey::from(Ed25519Keypair::from_seed(&key)))
-}
 
 /// The known_hosts line of `lease`.
 pub fn known_hosts_line(home: &Path, lease: &LeaseId) -> anyhow::Result<String> {
@@ -146,7 +91,8 @@ pub fn entry(exe: &Path, home: &Path, lease: &LeaseId) -> anyhow::Result<String>
          Host {name}\n\
          \x20   HostName {name}\n\
          \x20   HostKeyAlias {name}\n\
-         \x20   ProxyCommand {} --home {} ssh-proxy {lease}\n\
+         \x20   ProxyCommand {} --home {} ssh-proxy --fdpass {lease}\n\
+         \x20   ProxyUseFdpass yes\n\
          \x20   UserKnownHostsFile {known}\n\
          \x20   StrictHostKeyChecking yes\n\
          \x20   Ciphers {CIPHERS}\n\
@@ -232,14 +178,6 @@ pub fn ensure_include(user_config: &Path, home: &Path) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-fn make_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))
-}
-
 fn replace(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     replace_with_mode(path, bytes, 0o600)
 }
@@ -277,7 +215,7 @@ mod tests {
             ka.starts_with(&format!("gl-{} ssh-ed25519 ", a.short())),
             "{ka}"
         );
-        let mode = std::fs::metadata(home.path().join("ssh").join(SEED_FILE))
+        let mode = std::fs::metadata(home.path().join("ssh").join(crate::access::ssh::SEED_FILE))
             .unwrap()
             .permissions()
             .mode();
@@ -297,7 +235,10 @@ mod tests {
             &LeaseId(Digest([3; 32])),
         )
         .unwrap();
-        assert!(e.contains("ProxyCommand '/usr/bin/gridlease' --home '/h o/me' ssh-proxy 0303"));
+        assert!(e.contains(
+            "ProxyCommand '/usr/bin/gridlease' --home '/h o/me' ssh-proxy --fdpass 0303"
+        ));
+        assert!(e.contains("ProxyUseFdpass yes"));
         assert!(e.contains("UserKnownHostsFile \"/h o/me/ssh/known_hosts\""));
         assert!(e.contains("StrictHostKeyChecking yes"));
     }

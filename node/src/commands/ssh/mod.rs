@@ -1,13 +1,13 @@
 //! OpenSSH on a lease (issue 45): `gridlease ssh-config`, `gridlease ssh` and
 //! `gridlease ssh-proxy`. The user's own `ssh`, `scp`, `sftp`, `rsync -e ssh`, `ssh -L` and
 //! VS Code Remote-SSH reach a running lease's container through a `Host gl-<lease>` entry
-//! whose `ProxyCommand` is `gridlease ssh-proxy LEASE`: an SSH server in that process, on its
-//! stdin and stdout, maps each SSH channel onto one of the lease's access streams ([`proxy`]).
-//! No sshd in the image, no key to upload, no port open anywhere, no host key prompt
-//! ([`config`]).
+//! whose `ProxyCommand` is `gridlease ssh-proxy --fdpass LEASE`: it opens the node's SSH
+//! server for the lease on the control socket and hands ssh that connection
+//! (`ProxyUseFdpass`); the node maps each SSH channel onto one of the lease's access streams
+//! ([`crate::access::ssh`]). No sshd in the image, no key to upload, no port open anywhere, no
+//! host key prompt ([`config`]).
 
 pub mod config;
-pub mod proxy;
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
@@ -54,6 +54,10 @@ pub struct SshProxyArgs {
     /// Lease id (or a unique prefix).
     #[arg(value_name = "LEASE")]
     pub lease: String,
+    /// Hand ssh the node's connection and exit (stdout must be the socket OpenSSH's
+    /// `ProxyUseFdpass yes` gives); without it, copy the connection to stdin and stdout.
+    #[arg(long)]
+    pub fdpass: bool,
 }
 
 /// The user's `~/.ssh/config`.
@@ -159,15 +163,58 @@ pub async fn run_ssh(api: &ApiClient, _out: &Printer, a: &SshArgs) -> anyhow::Re
     })
 }
 
-/// `gridlease ssh-proxy LEASE`: the SSH server on stdin/stdout. Refuses before any SSH byte
+/// `gridlease ssh-proxy [--fdpass] LEASE`: opens the node's SSH server for the lease (`POST
+/// /v1/leases/{id}/ssh`), then hands ssh that connection (`--fdpass`: ssh speaks to the node
+/// directly, this process exits) or copies it to stdin and stdout. Refuses before any SSH byte
 /// when the lease is not one this node rents or is over, so `ssh` prints the reason at once.
 pub async fn run_ssh_proxy(api: &ApiClient, a: &SshProxyArgs) -> anyhow::Result<u8> {
     let lease = reachable(&api.lease(&a.lease).await?)?;
-    let home = std::path::absolute(api.home()).unwrap_or_else(|_| api.home().to_path_buf());
-    let key = config::host_key(&home, &lease)?;
-    let io = stdio()?;
-    proxy::serve(api.clone(), lease.to_string(), key, io).await?;
+    let path = format!("/v1/leases/{lease}/ssh");
+    if a.fdpass {
+        let socket = api.upgrade_socket(&path, &()).await?.into_std()?;
+        pass_fd(&socket)?;
+        return Ok(0);
+    }
+    let mut node = api.upgrade(&path, &()).await?;
+    let mut io = stdio()?;
+    // Either side's end ends the session (ssh closes its pipes; the node closes the socket).
+    let _ = tokio::io::copy_bidirectional_with_sizes(
+        &mut io,
+        &mut node,
+        crate::access::SPLICE_BUFFER,
+        crate::access::SPLICE_BUFFER,
+    )
+    .await;
     Ok(0)
+}
+
+/// Sends `socket` to ssh over stdout, as `ProxyUseFdpass` expects: one byte with the
+/// descriptor attached (`SCM_RIGHTS`).
+fn pass_fd(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    use std::os::fd::AsFd;
+    // ssh uses the descriptor as it would a socket it connected itself: blocking.
+    socket.set_nonblocking(false)?;
+    let fds = [socket.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    anyhow::ensure!(
+        control.push(SendAncillaryMessage::ScmRights(&fds)),
+        "no room for the descriptor"
+    );
+    let stdout = std::io::stdout();
+    sendmsg(
+        stdout.as_fd(),
+        &[std::io::IoSlice::new(&[0])],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "cannot hand the connection to ssh ({e}): --fdpass needs `ProxyUseFdpass yes` (run `gridlease ssh-config` again)"
+        )
+    })?;
+    Ok(())
 }
 
 /// This process's stdin and stdout as one async stream: non-blocking pipes when they are

@@ -1,10 +1,10 @@
-//! `gridlease ssh-proxy LEASE`: an SSH server speaking to the user's own OpenSSH client over
-//! this process's stdin and stdout (the client runs it as its `ProxyCommand`). Every SSH
-//! channel becomes one access stream of the lease, opened through the local daemon exactly as
-//! `gridlease shell`, `exec`, `forward` and `cp` open theirs (so the provider authorizes and
-//! counts it the same way: only the lease's renter, only while the lease runs):
+//! The SSH server of a lease, run by the renter's node on a connection from `gridlease
+//! ssh-proxy` (the user's OpenSSH client runs the proxy as its `ProxyCommand`). Every SSH
+//! channel becomes one access stream of the lease, opened by this node exactly as `gridlease
+//! shell`, `exec`, `forward` and `cp` open theirs (so the provider authorizes and counts it the
+//! same way: only the lease's renter, only while the lease runs):
 //!
-//! | SSH                                   | access stream (control API)                     |
+//! | SSH                                   | access stream                                   |
 //! |---------------------------------------|-------------------------------------------------|
 //! | `pty-req` + `shell`                   | exec with a terminal: the container's shell     |
 //! | `shell` without a pty                 | exec with pipes: the container's shell          |
@@ -16,27 +16,32 @@
 //! Refused: `direct-tcpip` to any other host (the container's own ports only, as `forward`),
 //! remote forwarding (`ssh -R`), agent and X11 forwarding, other subsystems. Ctrl-C and the
 //! other keys a terminal turns into signals travel as keys to the remote terminal; SSH
-//! `signal` requests (which OpenSSH's client does not send) are ignored.
+//! `signal` requests (which OpenSSH's client does not send) are ignored. Why a session channel
+//! failed reaches the user as the channel's stderr (and exit status 255); a refused channel
+//! open carries only SSH's reason code, so why is in this node's log.
 //!
-//! Authentication: the `none` method is accepted. The SSH connection lives on the pipes
-//! between `ssh` and this process; whoever can run this process can already use the node's
-//! control socket, which is what authorizes (see `config` for the host key).
+//! Authentication: the `none` method is accepted. The connection comes from the node's control
+//! socket, which only this node's user can open: that is what authorizes (see the parent module
+//! for the host key).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gridlease_protocol::LeaseId;
+use gridlease_protocol::access::AccessRequest;
 use gridlease_protocol::access::{
     ExecInput, ExecOutput, MAX_ENV, MAX_EXEC_CHUNK, MAX_EXEC_FRAME, TermSize,
 };
 use russh::server::{Auth, ChannelOpenHandle, Handler, Msg, Session};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelOpenFailure, ChannelWriteHalf};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::Semaphore;
+use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt};
 
-use crate::access::frames;
-use crate::api::client::ApiClient;
-use crate::api::types::ExecBody;
+use crate::access::{OpenError, frames};
+use crate::lease::LeaseService;
+use crate::net::Client;
 
 /// Most session channels (shells, commands, SFTP) open at once.
 pub const MAX_SESSIONS: usize = 64;
@@ -85,19 +90,65 @@ pub fn server_config(key: russh::keys::PrivateKey) -> russh::server::Config {
     }
 }
 
-/// Runs the SSH server on `io` for `lease` (its full id) until the client disconnects.
+/// Where a lease's SSH channels open their access streams: this node's network and leases.
+#[derive(Clone)]
+pub struct Opener {
+    /// The network actor (streams to the provider).
+    pub client: Client,
+    /// The leases (which provider serves a lease).
+    pub leases: LeaseService,
+}
+
+impl Opener {
+    /// Opens an access stream once (an exec: a command is not started twice).
+    async fn open(&self, req: AccessRequest) -> Result<Compat<libp2p::Stream>, OpenError> {
+        Ok(crate::access::open(&self.client, &self.leases, req)
+            .await?
+            .compat())
+    }
+
+    /// Opens an access stream, trying again while the provider cannot be reached.
+    async fn open_retrying(&self, req: AccessRequest) -> Result<Compat<libp2p::Stream>, OpenError> {
+        Ok(
+            crate::access::open_retrying(&self.client, &self.leases, req)
+                .await?
+                .compat(),
+        )
+    }
+}
+
+/// Most bytes read from the client before the server speaks (its identification line; more
+/// is read as SSH data).
+const FIRST_READ: usize = 512;
+
+/// Runs the SSH server on `io` for `lease` until the client disconnects.
+///
+/// The server writes nothing before the client's first bytes: `ssh-proxy` may still be reading
+/// the HTTP 101 that switched this connection, and must find no SSH byte after it when it
+/// hands the bare socket to `ssh` (OpenSSH's client sends its identification first).
 pub async fn serve<S>(
-    api: ApiClient,
-    lease: String,
+    opener: Opener,
+    lease: LeaseId,
     key: russh::keys::PrivateKey,
-    io: S,
+    mut io: S,
 ) -> anyhow::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let handler = Proxy {
-        api,
-        lease: Arc::from(lease.as_str()),
+    let mut first = vec![0u8; FIRST_READ];
+    let n = io.read(&mut first).await?;
+    if n == 0 {
+        return Ok(());
+    }
+    first.truncate(n);
+    let io = Prefixed {
+        first,
+        at: 0,
+        inner: io,
+    };
+    let handler = Server {
+        opener,
+        lease,
         pending: HashMap::new(),
         sessions: Arc::new(Semaphore::new(MAX_SESSIONS)),
         forwards: Arc::new(Semaphore::new(MAX_FORWARDS)),
@@ -110,6 +161,70 @@ where
         // The client went away: its own message says why.
         Err(russh::Error::Disconnect | russh::Error::HUP | russh::Error::IO(_)) => Ok(()),
         Err(e) => Err(anyhow::anyhow!("ssh: {e}")),
+    }
+}
+
+/// A connection whose first bytes were already read: they are read again first.
+struct Prefixed<S> {
+    first: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.at < this.first.len() {
+            let n = (this.first.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.first[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.first.len() {
+                this.first = Vec::new();
+                this.at = 0;
+            }
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -127,21 +242,21 @@ enum Start {
     Sftp,
 }
 
-struct Proxy {
-    api: ApiClient,
-    lease: Arc<str>,
+struct Server {
+    opener: Opener,
+    lease: LeaseId,
     pending: HashMap<ChannelId, Pending>,
     sessions: Arc<Semaphore>,
     forwards: Arc<Semaphore>,
 }
 
-/// A line for the user's terminal (ssh shows a ProxyCommand's stderr as it comes).
-fn say(message: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "gridlease ssh-proxy: {message}");
+/// A line for this node's log about a lease's SSH connection (what the client is told is
+/// only SSH's reason code).
+fn note(lease: LeaseId, message: &str) {
+    tracing::info!(lease = %lease.short(), "ssh: {message}");
 }
 
-impl Proxy {
+impl Server {
     fn start(
         &mut self,
         id: ChannelId,
@@ -152,21 +267,22 @@ impl Proxy {
             return session.channel_failure(id);
         };
         let Ok(permit) = self.sessions.clone().try_acquire_owned() else {
-            say(&format!(
-                "more than {MAX_SESSIONS} sessions at once; refused one"
-            ));
+            note(
+                self.lease,
+                &format!("more than {MAX_SESSIONS} sessions at once; refused one"),
+            );
             return session.channel_failure(id);
         };
         session.channel_success(id)?;
-        let api = self.api.clone();
-        let lease = self.lease.clone();
+        let opener = self.opener.clone();
+        let lease = self.lease;
         tokio::spawn(async move {
             match what {
-                Start::Sftp => sftp(&api, &lease, p.channel).await,
-                Start::Shell => exec(&api, &lease, p.channel, Vec::new(), p.env, p.pty).await,
+                Start::Sftp => sftp(&opener, lease, p.channel).await,
+                Start::Shell => exec(&opener, lease, p.channel, Vec::new(), p.env, p.pty).await,
                 Start::Exec(cmd) => {
                     let argv = vec!["/bin/sh".to_string(), "-c".to_string(), cmd];
-                    exec(&api, &lease, p.channel, argv, p.env, p.pty).await;
+                    exec(&opener, lease, p.channel, argv, p.env, p.pty).await;
                 }
             }
             drop(permit);
@@ -175,7 +291,7 @@ impl Proxy {
     }
 }
 
-impl Handler for Proxy {
+impl Handler for Server {
     type Error = russh::Error;
 
     async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
@@ -277,7 +393,7 @@ impl Handler for Proxy {
                 self.start(channel, Start::Exec(cmd.to_string()), session)
             }
             _ => {
-                say("the command is not UTF-8 text; refused");
+                note(self.lease, "a command that is not UTF-8 text; refused");
                 session.channel_failure(channel)
             }
         }
@@ -292,7 +408,10 @@ impl Handler for Proxy {
         if name == "sftp" {
             self.start(channel, Start::Sftp, session)
         } else {
-            say(&format!("subsystem {name:?} is not offered (only sftp)"));
+            note(
+                self.lease,
+                &format!("subsystem {name:?} is not offered (only sftp)"),
+            );
             session.channel_failure(channel)
         }
     }
@@ -311,9 +430,12 @@ impl Handler for Proxy {
         let port = match u16::try_from(port) {
             Ok(p) if p != 0 && LOOPBACK.contains(&host) => p,
             _ => {
-                say(&format!(
-                    "forwarding reaches only the container's own ports (localhost:PORT), not {host}:{port}"
-                ));
+                note(
+                    self.lease,
+                    &format!(
+                        "forwarding reaches only the container's own ports (localhost:PORT), not {host}:{port}"
+                    ),
+                );
                 reply
                     .reject(ChannelOpenFailure::AdministrativelyProhibited)
                     .await;
@@ -321,16 +443,18 @@ impl Handler for Proxy {
             }
         };
         let Ok(permit) = self.forwards.clone().try_acquire_owned() else {
-            say(&format!(
-                "more than {MAX_FORWARDS} forwarded connections at once; refused one"
-            ));
+            note(
+                self.lease,
+                &format!("more than {MAX_FORWARDS} forwarded connections at once; refused one"),
+            );
             reply.reject(ChannelOpenFailure::ResourceShortage).await;
             return Ok(());
         };
-        let api = self.api.clone();
-        let path = format!("/v1/leases/{}/forward/{port}", self.lease);
+        let opener = self.opener.clone();
+        let lease_id = self.lease;
         tokio::spawn(async move {
-            match super::super::access::open_with_retry(&api, &path).await {
+            let req = AccessRequest::Forward { lease_id, port };
+            match opener.open_retrying(req).await {
                 Ok(mut remote) => {
                     reply.accept().await;
                     let mut local = channel.into_stream();
@@ -343,7 +467,7 @@ impl Handler for Proxy {
                     .await;
                 }
                 Err(e) => {
-                    say(&format!("forward to port {port}: {e}"));
+                    note(lease_id, &format!("forward to port {port}: {e}"));
                     reply.reject(ChannelOpenFailure::ConnectFailed).await;
                 }
             }
@@ -373,9 +497,11 @@ fn valid_value(value: &str) -> bool {
     value.len() <= 4096 && !value.contains('\0')
 }
 
-/// Tells the client why its channel failed (on stderr, with exit status 255) and closes it.
+/// Tells the client why its channel failed (on the channel's stderr, with exit status 255) and
+/// closes it.
 async fn fail(wr: &ChannelWriteHalf<Msg>, message: &str) {
-    say(message);
+    let line = format!("gridlease: {message}\n");
+    let _ = wr.extended_data_bytes(1, line.into_bytes()).await;
     let _ = wr.exit_status(EXIT_UNKNOWN).await;
     let _ = wr.eof().await;
     let _ = wr.close().await;
@@ -385,19 +511,21 @@ async fn fail(wr: &ChannelWriteHalf<Msg>, message: &str) {
 /// the command's output comes back as channel data (stdout) and extended data 1 (stderr), its
 /// exit code as the channel's exit status.
 async fn exec(
-    api: &ApiClient,
-    lease: &str,
+    opener: &Opener,
+    lease_id: LeaseId,
     channel: Channel<Msg>,
     argv: Vec<String>,
     env: Vec<String>,
     tty: Option<TermSize>,
 ) {
     let (mut rd, wr) = channel.split();
-    let body = ExecBody { argv, env, tty };
-    let io = match api
-        .upgrade(&format!("/v1/leases/{lease}/exec"), &body)
-        .await
-    {
+    let req = AccessRequest::Exec {
+        lease_id,
+        argv,
+        env,
+        tty,
+    };
+    let io = match opener.open(req).await {
         Ok(io) => io,
         Err(e) => return fail(&wr, &e.to_string()).await,
     };
@@ -479,11 +607,10 @@ async fn exec(
 /// serves the SFTP protocol on the lease's `/workspace`); exit status 0 once the session ended
 /// (OpenSSH's `ssh`, and with it `scp` and `sftp`, count a channel closed without one as a
 /// failure).
-async fn sftp(api: &ApiClient, lease: &str, channel: Channel<Msg>) {
+async fn sftp(opener: &Opener, lease_id: LeaseId, channel: Channel<Msg>) {
     use tokio::io::AsyncWriteExt;
     let (mut rd, wr) = channel.split();
-    let path = format!("/v1/leases/{lease}/sftp");
-    let remote = match super::super::access::open_with_retry(api, &path).await {
+    let remote = match opener.open_retrying(AccessRequest::Sftp { lease_id }).await {
         Ok(io) => io,
         Err(e) => return fail(&wr, &format!("sftp: {e}")).await,
     };
