@@ -60,12 +60,82 @@ pub enum IdentityError {
         /// Its permission bits.
         mode: u32,
     },
+    /// A wallet key file whose 32 bytes are not a secp256k1 secret (zero, or not below the
+    /// group order).
+    #[error("{path} does not hold a valid secp256k1 key")]
+    BadSecret {
+        /// The file.
+        path: PathBuf,
+    },
     /// Bytes that are not a valid ed25519 public key.
     #[error("not a valid ed25519 public key")]
     BadPublicKey,
     /// A peer id that does not embed an ed25519 public key.
     #[error("peer id {0} does not embed an ed25519 public key")]
     NotEd25519PeerId(String),
+}
+
+/// Writes a new 32-byte secret key file with mode 0600. Fails if the file exists (an
+/// identity or a wallet key is never overwritten).
+pub(crate) fn write_secret_file(
+    path: &Path,
+    secret: &[u8; SECRET_KEY_LEN],
+) -> Result<(), IdentityError> {
+    let io_err = |source| IdentityError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut opts = fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    opts.mode(0o600);
+    let mut file = opts.open(path).map_err(|e| {
+        if e.kind() == io::ErrorKind::AlreadyExists {
+            IdentityError::AlreadyExists {
+                path: path.to_path_buf(),
+            }
+        } else {
+            io_err(e)
+        }
+    })?;
+    file.write_all(secret).map_err(io_err)?;
+    file.sync_all().map_err(io_err)
+}
+
+/// Reads a 32-byte secret key file, refusing wrong lengths and files readable by group or
+/// others.
+pub(crate) fn read_secret_file(path: &Path) -> Result<[u8; SECRET_KEY_LEN], IdentityError> {
+    let io_err = |source| IdentityError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = fs::metadata(path).map_err(io_err)?;
+    #[cfg(unix)]
+    {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(IdentityError::Permissions {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+    }
+    if meta.len() != SECRET_KEY_LEN as u64 {
+        return Err(IdentityError::BadLength {
+            path: path.to_path_buf(),
+            len: meta.len(),
+        });
+    }
+    let bytes = fs::read(path).map_err(io_err)?;
+    let secret: [u8; SECRET_KEY_LEN] =
+        bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| IdentityError::BadLength {
+                path: path.to_path_buf(),
+                len: bytes.len() as u64,
+            })?;
+    Ok(secret)
 }
 
 /// A node's secret identity. Never serialized; persisted only through [`NodeKey::create_file`].
@@ -96,60 +166,12 @@ impl NodeKey {
 
     /// Writes a new key file with mode 0600. Fails if the file exists.
     pub fn create_file(&self, path: &Path) -> Result<(), IdentityError> {
-        let io_err = |source| IdentityError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut opts = fs::OpenOptions::new();
-        opts.write(true).create_new(true);
-        #[cfg(unix)]
-        opts.mode(0o600);
-        let mut file = opts.open(path).map_err(|e| {
-            if e.kind() == io::ErrorKind::AlreadyExists {
-                IdentityError::AlreadyExists {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                io_err(e)
-            }
-        })?;
-        file.write_all(&self.signing.to_bytes()).map_err(io_err)?;
-        file.sync_all().map_err(io_err)
+        write_secret_file(path, &self.signing.to_bytes())
     }
 
     /// Loads a key file, refusing wrong lengths and files readable by group or others.
     pub fn load_file(path: &Path) -> Result<Self, IdentityError> {
-        let io_err = |source| IdentityError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let meta = fs::metadata(path).map_err(io_err)?;
-        #[cfg(unix)]
-        {
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(IdentityError::Permissions {
-                    path: path.to_path_buf(),
-                    mode,
-                });
-            }
-        }
-        if meta.len() != SECRET_KEY_LEN as u64 {
-            return Err(IdentityError::BadLength {
-                path: path.to_path_buf(),
-                len: meta.len(),
-            });
-        }
-        let bytes = fs::read(path).map_err(io_err)?;
-        let secret: [u8; SECRET_KEY_LEN] =
-            bytes
-                .as_slice()
-                .try_into()
-                .map_err(|_| IdentityError::BadLength {
-                    path: path.to_path_buf(),
-                    len: bytes.len() as u64,
-                })?;
-        Ok(Self::from_secret(secret))
+        read_secret_file(path).map(Self::from_secret)
     }
 
     /// The public half.

@@ -23,6 +23,7 @@ pub mod telemetry;
 pub mod text;
 pub mod transfer;
 pub mod types;
+pub mod wallet;
 
 pub use codec::CodecError;
 pub use envelope::{
