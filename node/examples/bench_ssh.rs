@@ -26,8 +26,12 @@
 //!   reaches the same servers on the same loopback; the client's ports are reached through the
 //!   namespace as well;
 //! - **ssh -L via gridlease ssh-proxy**: `gridlease ssh-config LEASE` writes an ssh config whose
-//!   host `gl-<12 hex digits>` has `gridlease ssh-proxy` as its ProxyCommand; `ssh -F CONFIG -N -L ...`
-//!   on the host. Skipped, with a note, where `gridlease ssh-config` fails (not there yet).
+//!   host `gl-<12 hex digits>` has `gridlease ssh-proxy --fdpass` as its ProxyCommand (with
+//!   `ProxyUseFdpass yes`: ssh speaks SSH to the renter's node over the control socket);
+//!   `ssh -F CONFIG -N -L ...` on the host. Skipped, with a note, where `gridlease ssh-config`
+//!   fails (a build without it);
+//! - **the same on stdio**: the entry's ProxyCommand without `--fdpass` and `ProxyUseFdpass
+//!   no` (`ssh-proxy` copies the node's connection to its stdin and stdout).
 //!
 //! Each round measures every path in turn (the first path rotates from round to round): a GET
 //! of the file (download), MIB MiB sent into the sink (upload), and 200 round trips of 64
@@ -196,6 +200,12 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(256);
     let bytes = mib << 20;
+    // Every tool is looked for before anything is started (a panic later would leave the
+    // lease's container behind).
+    let sshd_bin = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("sshd (apt-get install openssh-server)");
     let sb = Sandbox::connect().await.expect("Docker is needed");
     sb.ensure_probe_image().await.unwrap();
     let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)");
@@ -341,10 +351,6 @@ async fn main() {
     )
     .unwrap();
     std::fs::create_dir_all("/run/sshd").unwrap();
-    let sshd_bin = ["/usr/sbin/sshd", "/usr/bin/sshd"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("sshd (apt-get install openssh-server)");
     let sshd = Command::new("nsenter")
         .arg(format!("--net=/proc/{pid}/ns/net"))
         .args([sshd_bin, "-D", "-e", "-f"])
@@ -409,18 +415,32 @@ async fn main() {
                 .unwrap()
                 .port()
         };
-        let ports = [free(), free(), free()];
         let config = rh.join("ssh").join("config").display().to_string();
         let host = format!("gl-{}", &id[..12]);
-        keep.push(ssh_forward(None, ports, &["-F", &config, &host]));
-        for p in ports {
-            wait_port(&connect, false, p);
+        // As `ssh-config` writes the entry (ssh speaks to the node over the socket ssh-proxy
+        // hands it), and without `ProxyUseFdpass` (ssh-proxy copies that socket to its stdio:
+        // one process more on the path, what older entries do).
+        let piped = format!(
+            "ProxyCommand '{}' --home '{}' ssh-proxy {id}",
+            gridlease_bin().display(),
+            rh.display()
+        );
+        for (name, extra) in [
+            ("`ssh -L` via `gridlease ssh-proxy`", vec![]),
+            (
+                "`ssh -L` via `gridlease ssh-proxy` on stdio (no fdpass)",
+                vec!["-o", "ProxyUseFdpass=no", "-o", &piped],
+            ),
+        ] {
+            let ports = [free(), free(), free()];
+            let mut args = extra;
+            args.extend(["-F", &config, &host]);
+            keep.push(ssh_forward(None, ports, &args));
+            for p in ports {
+                wait_port(&connect, false, p);
+            }
+            routes.push(Route::new(name, false, ports));
         }
-        routes.push(Route::new(
-            "`ssh -L` via `gridlease ssh-proxy`",
-            false,
-            ports,
-        ));
     } else {
         eprintln!(
             "note: `gridlease ssh-config` failed, so `ssh -L` through `gridlease ssh-proxy` is \

@@ -303,7 +303,14 @@ fn ssh_exec_exit_codes_stdin_and_a_terminal() {
         rh.display()
     );
     let out = s.ssh(
-        &["-v", "-o", "ProxyUseFdpass=no", "-o", &proxy, "echo piped; exit 9"],
+        &[
+            "-v",
+            "-o",
+            "ProxyUseFdpass=no",
+            "-o",
+            &proxy,
+            "echo piped; exit 9",
+        ],
         b"",
     );
     let said = text(&out.stderr);

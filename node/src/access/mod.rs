@@ -63,6 +63,17 @@ pub const MAX_STREAMS_PER_LEASE: usize = 128;
 pub const MAX_STREAMS_PER_PEER: usize = 128;
 /// Copy buffer, each way, where the renter's node splices a CLI connection to a stream.
 pub const SPLICE_BUFFER: usize = 256 * 1024;
+/// Copies bytes both ways between `a` and `b` until both directions ended, each direction's
+/// end passed on as a half-close, with [`SPLICE_BUFFER`] each way: how the renter's node (and
+/// `ssh-proxy`) carries a byte stream onto another.
+pub async fn splice<A, B>(a: &mut A, b: &mut B) -> std::io::Result<(u64, u64)>
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+{
+    tokio::io::copy_bidirectional_with_sizes(a, b, SPLICE_BUFFER, SPLICE_BUFFER).await
+}
+
 /// How long a provider waits for the opening request of a stream (the renter's node sends it
 /// as it opens the stream).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);

@@ -318,14 +318,9 @@ pub(super) async fn splice(
         let mut stream = tokio_util::compat::FuturesAsyncReadCompatExt::compat(stream);
         let r = if raw {
             // Each direction's half-close travels on its own.
-            tokio::io::copy_bidirectional_with_sizes(
-                &mut up,
-                &mut stream,
-                crate::access::SPLICE_BUFFER,
-                crate::access::SPLICE_BUFFER,
-            )
-            .await
-            .map(|_| ())
+            crate::access::splice(&mut up, &mut stream)
+                .await
+                .map(|_| ())
         } else {
             until_provider_ends(&mut up, &mut stream).await
         };

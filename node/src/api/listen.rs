@@ -189,12 +189,6 @@ async fn carry(
         }
     };
     let mut stream = tokio_util::compat::FuturesAsyncReadCompatExt::compat(stream);
-    let _ = tokio::io::copy_bidirectional_with_sizes(
-        &mut tcp,
-        &mut stream,
-        crate::access::SPLICE_BUFFER,
-        crate::access::SPLICE_BUFFER,
-    )
-    .await;
+    let _ = crate::access::splice(&mut tcp, &mut stream).await;
     Ok(())
 }

@@ -11,7 +11,7 @@ use super::access::{AccessHeaders, AccessProblems, require_upgrade, switching_pr
 use super::listen::rented_here;
 use super::problem::{ApiError, ApiPath};
 use super::resolve::resolve_lease;
-use crate::access::ssh::server::{Opener, serve};
+use crate::access::ssh::server::{Opener, Prefixed, serve};
 
 /// `POST /v1/leases/{id}/ssh` with `Upgrade: gridlease-access`: an SSH server for the lease on
 /// the upgraded connection, each SSH channel one access stream of the lease.
@@ -46,8 +46,16 @@ pub(super) async fn ssh(
         let Ok(up) = upgrade.await else {
             return;
         };
-        let io = hyper_util::rt::TokioIo::new(up);
-        if let Err(e) = serve(opener, lease_id, key, io).await {
+        // The socket itself where it is one (what `axum::serve` hands hyper), without hyper's
+        // layers on every read and write; what hyper read past the request is read first.
+        let ended = match up.downcast::<hyper_util::rt::TokioIo<tokio::net::UnixStream>>() {
+            Ok(parts) => {
+                let io = Prefixed::new(parts.read_buf.to_vec(), parts.io.into_inner());
+                serve(opener, lease_id, key, io).await
+            }
+            Err(up) => serve(opener, lease_id, key, hyper_util::rt::TokioIo::new(up)).await,
+        };
+        if let Err(e) = ended {
             tracing::info!(lease = %lease_id.short(), "ssh connection ended: {e:#}");
         }
     });

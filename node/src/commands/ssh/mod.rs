@@ -178,13 +178,7 @@ pub async fn run_ssh_proxy(api: &ApiClient, a: &SshProxyArgs) -> anyhow::Result<
     let mut node = api.upgrade(&path, &()).await?;
     let mut io = stdio()?;
     // Either side's end ends the session (ssh closes its pipes; the node closes the socket).
-    let _ = tokio::io::copy_bidirectional_with_sizes(
-        &mut io,
-        &mut node,
-        crate::access::SPLICE_BUFFER,
-        crate::access::SPLICE_BUFFER,
-    )
-    .await;
+    let _ = crate::access::splice(&mut io, &mut node).await;
     Ok(0)
 }
 
