@@ -2,6 +2,9 @@
 //!
 //! ```text
 //! <home>/identity.key   ed25519 secret, mode 0600 (refuses to load if group/other can read)
+//! <home>/wallet.key     secp256k1 secret of the settlement wallet, mode 0600, same rules
+//!                       (made by `init`; a home made before it gets one when its node
+//!                       next starts, as the user the node runs as)
 //! <home>/network        the network id, one line
 //! <home>/gridlease.db   SQLite store (see `store`)
 //! ```
@@ -10,12 +13,15 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use gridlease_protocol::envelope::InvalidNetworkId;
+use gridlease_protocol::wallet::WalletKey;
 use gridlease_protocol::{IdentityError, NetworkId, NodeKey};
 
 use crate::store::{Store, StoreError};
 
 /// Key file name inside the home.
 pub const IDENTITY_FILE: &str = "identity.key";
+/// Wallet key file name inside the home.
+pub const WALLET_FILE: &str = "wallet.key";
 /// Network file name inside the home.
 pub const NETWORK_FILE: &str = "network";
 /// Database file name inside the home.
@@ -89,6 +95,29 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> HomeError + '_ {
     }
 }
 
+/// The home's wallet key: loaded, or made (0600) where there is none yet. Two processes
+/// opening a home at once agree: one makes the file, the other loads it.
+fn load_or_make_wallet(dir: &Path) -> Result<WalletKey, HomeError> {
+    let path = dir.join(WALLET_FILE);
+    match WalletKey::load_file(&path) {
+        Err(IdentityError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            let key = WalletKey::generate().map_err(|e| HomeError::Io {
+                path: path.clone(),
+                source: std::io::Error::other(format!("no randomness for a wallet key: {e}")),
+            })?;
+            match key.create_file(&path) {
+                Ok(()) => {
+                    tracing::info!(address = %key.address(), "made the settlement wallet key {}", path.display());
+                    Ok(key)
+                }
+                Err(IdentityError::AlreadyExists { .. }) => Ok(WalletKey::load_file(&path)?),
+                Err(e) => Err(e.into()),
+            }
+        }
+        other => Ok(other?),
+    }
+}
+
 impl Home {
     /// Creates a new identity in `dir` (creating the directory) on `network`, and the database.
     pub fn init(dir: &Path, network: &NetworkId) -> Result<Self, HomeError> {
@@ -107,6 +136,7 @@ impl Home {
             IdentityError::AlreadyExists { path } => HomeError::AlreadyInitialized { path },
             other => HomeError::Identity(other),
         })?;
+        load_or_make_wallet(dir)?;
         let net_path = dir.join(NETWORK_FILE);
         fs::write(&net_path, format!("{network}\n")).map_err(io_err(&net_path))?;
         let mut store = Store::open(&dir.join(DB_FILE))?;
@@ -141,6 +171,13 @@ impl Home {
         })
     }
 
+    /// The settlement wallet's key: loaded, or made where the home has none yet (a home made
+    /// before wallets). Only the node (and `init`) call it, as the user the node runs as, so
+    /// the file is that user's.
+    pub fn wallet(&self) -> Result<WalletKey, HomeError> {
+        load_or_make_wallet(&self.dir)
+    }
+
     /// The database path.
     pub fn db_path(&self) -> PathBuf {
         self.dir.join(DB_FILE)
@@ -167,6 +204,20 @@ mod tests {
         let b = Home::open(&home).unwrap();
         assert_eq!(a.key.public(), b.key.public());
         assert_eq!(b.network, net);
+        // `init` made the wallet; it is the same key every time, and a home without one
+        // (made before wallets) gets one, private.
+        let w = a.wallet().unwrap().address();
+        assert_eq!(b.wallet().unwrap().address(), w);
+        std::fs::remove_file(home.join(WALLET_FILE)).unwrap();
+        let fresh = b.wallet().unwrap().address();
+        assert_ne!(fresh, w);
+        assert_eq!(b.wallet().unwrap().address(), fresh);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(home.join(WALLET_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
         let empty = dir.path().join("none");
         assert!(matches!(
             Home::open(&empty).unwrap_err(),

@@ -38,13 +38,30 @@ fn init_twice_refuses_to_overwrite_the_identity() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("network testnet"), "{stdout}");
     assert!(stdout.contains("peer id 12D3"), "{stdout}");
+    // The settlement wallet: its address printed, its key private.
+    let address = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("wallet  "))
+        .unwrap_or_else(|| panic!("no wallet line: {stdout}"));
+    assert!(
+        address.starts_with("0x") && address.len() == 42,
+        "{address}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(home.join("wallet.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
     let key = std::fs::read(home.join("identity.key")).unwrap();
+    let wallet = std::fs::read(home.join("wallet.key")).unwrap();
 
     let out = bin().args(["init", "--home"]).arg(&home).output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("refusing to overwrite"), "{stderr}");
     assert_eq!(std::fs::read(home.join("identity.key")).unwrap(), key);
+    assert_eq!(std::fs::read(home.join("wallet.key")).unwrap(), wallet);
 }
 
 #[test]

@@ -186,6 +186,11 @@ fn daemon_serves_status_search_and_gpus_on_a_private_socket() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(s["peer_id"].as_str().unwrap().starts_with("12D3"));
+    // The wallet the node runs with is the home's key file's.
+    let wallet = gridlease_protocol::wallet::WalletKey::load_file(&home.join("wallet.key"))
+        .unwrap()
+        .address();
+    assert_eq!(s["wallet"], wallet.to_string());
     assert_eq!(s["network"], "devnet");
     assert_eq!(s["own_offer"]["gpus"], 2);
     assert_eq!(s["own_offer"]["price_per_gpu_hour"], "0.40");

@@ -63,6 +63,8 @@ pub enum MessageKind {
     ProofReport,
     /// The provider's signature over a passed report.
     ProofAck,
+    /// A node's binding of its wallet address (`crate::wallet`).
+    WalletBinding,
 }
 
 impl MessageKind {
@@ -86,6 +88,7 @@ impl MessageKind {
             Self::ProofOpening => "gridlease/v1/proof-opening",
             Self::ProofReport => "gridlease/v1/proof-report",
             Self::ProofAck => "gridlease/v1/proof-ack",
+            Self::WalletBinding => "gridlease/v1/wallet-binding",
         }
     }
 }

@@ -20,9 +20,12 @@ use std::fmt;
 use std::path::Path;
 
 use k256::ecdsa::{RecoveryId, Signature, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
 use sha3::{Digest, Keccak256};
 
-use crate::identity::{IdentityError, read_secret_file, write_secret_file};
+use crate::envelope::{EnvelopeError, MessageKind, NetworkId, Signed, wire_message};
+use crate::identity::{IdentityError, NodeKey, PublicKey, read_secret_file, write_secret_file};
+use crate::messages::{Shape, ShapeError};
 
 /// The EIP-712 domain name of the channel contract.
 pub const DOMAIN_NAME: &str = "gridlease channels";
@@ -123,9 +126,15 @@ impl std::str::FromStr for Address {
 }
 
 /// A node's wallet key (secp256k1). Never serialized; persisted only through
-/// [`WalletKey::create_file`].
+/// [`WalletKey::create_file`]; `Debug` shows only its address.
 pub struct WalletKey {
     signing: SigningKey,
+}
+
+impl fmt::Debug for WalletKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WalletKey({})", self.address())
+    }
 }
 
 impl WalletKey {
@@ -269,6 +278,118 @@ impl Voucher {
     }
 }
 
+/// Cap on an encoded [`WalletBinding`].
+pub const MAX_WALLET_BINDING_BYTES: usize = 256;
+/// What the wallet key signs to show it belongs to the node (with the network and the node's
+/// public key after it, hashed with Keccak-256).
+const POSSESSION_TAG: &[u8] = b"gridlease/v1/wallet-possession";
+
+/// A node's binding of a wallet address to its identity: signed by the identity (as a
+/// [`Signed`] envelope), and holding the wallet's own signature over the node's public key
+/// and network, so neither key can be claimed by a node that does not hold both. Offers and
+/// leases are to carry it, so a voucher is bound to the lease's renter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalletBinding {
+    /// The wallet's address.
+    pub address: [u8; 20],
+    /// The wallet key's signature (65 bytes) over [`possession_digest`].
+    #[serde(with = "serde_bytes")]
+    pub possession: Vec<u8>,
+}
+
+impl Shape for WalletBinding {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        if self.possession.len() != SIGNATURE_LEN {
+            return Err(ShapeError {
+                field: "possession",
+                problem: format!("{} bytes, a signature is 65", self.possession.len()),
+            });
+        }
+        Ok(())
+    }
+}
+
+wire_message!(
+    WalletBinding,
+    MessageKind::WalletBinding,
+    MAX_WALLET_BINDING_BYTES
+);
+
+/// What the wallet key signs for a [`WalletBinding`]: Keccak-256 of the tag, the network and
+/// the node's public key.
+pub fn possession_digest(network: &NetworkId, node: &PublicKey) -> [u8; 32] {
+    let mut h = Keccak256::new();
+    h.update(POSSESSION_TAG);
+    h.update([0]);
+    h.update(network.as_str().as_bytes());
+    h.update([0]);
+    h.update(node.0);
+    h.finalize().into()
+}
+
+impl WalletBinding {
+    /// The node `node` binds `wallet` on `network`.
+    pub fn sign(
+        node: &NodeKey,
+        wallet: &WalletKey,
+        network: &NetworkId,
+    ) -> Result<Signed<Self>, crate::codec::CodecError> {
+        let possession = wallet.sign_digest(&possession_digest(network, &node.public()));
+        let binding = Self {
+            address: wallet.address().0,
+            possession: possession.to_vec(),
+        };
+        Signed::sign(node, network, &binding)
+    }
+}
+
+/// Why a wallet binding does not stand.
+#[derive(Debug, thiserror::Error)]
+pub enum BindingError {
+    /// The identity's envelope does not verify.
+    #[error("wallet binding: {0}")]
+    Envelope(#[from] EnvelopeError),
+    /// The wallet's signature is not the address's, over this node and network.
+    #[error("wallet binding: the wallet's signature is not {address}'s over this node: {why}")]
+    Possession {
+        /// The address claimed.
+        address: Address,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Checks a binding: the identity signed it on `network`, and the address's key signed the
+/// identity. Returns the signer's public key and the address.
+pub fn verify_binding(
+    signed: &Signed<WalletBinding>,
+    network: &NetworkId,
+) -> Result<(PublicKey, Address), BindingError> {
+    let verified = signed.verify(network)?;
+    let node = verified.signer;
+    let binding = verified.message;
+    let address = Address(binding.address);
+    binding
+        .check_shape()
+        .map_err(|e| BindingError::Possession {
+            address,
+            why: e.to_string(),
+        })?;
+    let got = recover(&possession_digest(network, &node), &binding.possession).map_err(|e| {
+        BindingError::Possession {
+            address,
+            why: e.to_string(),
+        }
+    })?;
+    if got != address {
+        return Err(BindingError::Possession {
+            address,
+            why: format!("it recovers {got}"),
+        });
+    }
+    Ok((node, address))
+}
+
 /// A `uint256` ABI word of a value that fits in 128 bits (big-endian, left-padded).
 fn u256_word(v: u128) -> [u8; 32] {
     let mut w = [0u8; 32];
@@ -359,6 +480,45 @@ mod tests {
             voucher.verify(&domain, &sig[..64]),
             Err(WalletError::Length(64))
         );
+    }
+
+    #[test]
+    fn a_binding_holds_both_keys_and_nothing_else() {
+        let net = NetworkId::devnet();
+        let node = NodeKey::from_secret([7; 32]);
+        let wallet = key(0x1001);
+        let signed = WalletBinding::sign(&node, &wallet, &net).unwrap();
+        let (who, address) = verify_binding(&signed, &net).unwrap();
+        assert_eq!((who, address), (node.public(), wallet.address()));
+        // Another network: the envelope does not verify.
+        let other_net = NetworkId::new("other").unwrap();
+        assert!(matches!(
+            verify_binding(&signed, &other_net),
+            Err(BindingError::Envelope(_))
+        ));
+        // A node claiming someone else's address with its own wallet's signature, or
+        // replaying another node's possession signature: refused.
+        let thief = NodeKey::from_secret([8; 32]);
+        let stolen = WalletBinding {
+            address: wallet.address().0,
+            possession: signed.verify(&net).unwrap().message.possession,
+        };
+        let replayed = Signed::sign(&thief, &net, &stolen).unwrap();
+        assert!(matches!(
+            verify_binding(&replayed, &net),
+            Err(BindingError::Possession { .. })
+        ));
+        let claimed = WalletBinding {
+            address: wallet.address().0,
+            possession: key(0x3003)
+                .sign_digest(&possession_digest(&net, &thief.public()))
+                .to_vec(),
+        };
+        let claimed = Signed::sign(&thief, &net, &claimed).unwrap();
+        assert!(matches!(
+            verify_binding(&claimed, &net),
+            Err(BindingError::Possession { .. })
+        ));
     }
 
     #[test]

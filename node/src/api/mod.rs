@@ -57,4 +57,6 @@ pub struct ApiState {
     pub jobs: crate::jobs::JobService,
     /// The node's home (the SSH host keys' seed lives under it).
     pub home: Arc<std::path::Path>,
+    /// The settlement wallet's address (`<home>/wallet.key`).
+    pub wallet: gridlease_protocol::wallet::Address,
 }

@@ -79,6 +79,7 @@ pub(super) async fn status(State(s): State<ApiState>) -> Result<Json<StatusView>
             max_bytes: limits.max_bytes,
         },
         peer_id: c.peer_id().to_string(),
+        wallet: s.wallet.to_string(),
         network: c.network().to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_s: s.started.elapsed().as_secs(),

@@ -14,6 +14,10 @@ pub use super::problem::Problem;
 pub struct StatusView {
     /// This node's peer id.
     pub peer_id: String,
+    /// The address of its settlement wallet (`<home>/wallet.key`, EIP-55). No chain is
+    /// configured yet: leases settle in GLU.
+    #[serde(default)]
+    pub wallet: String,
     /// The network it is on.
     pub network: String,
     /// Crate version.

@@ -21,10 +21,14 @@ pub fn run(home: &Path, args: &InitArgs) -> anyhow::Result<String> {
     let network = NetworkId::new(&args.network)?;
     let h = Home::init(home, &network)
         .with_context(|| format!("cannot initialize {}", home.display()))?;
+    let wallet = h
+        .wallet()
+        .with_context(|| format!("cannot make the wallet key in {}", home.display()))?;
     Ok(format!(
-        "initialized {} on network {}\npeer id {}",
+        "initialized {} on network {}\npeer id {}\nwallet  {}",
         h.dir.display(),
         h.network,
-        h.key.peer_id()
+        h.key.peer_id(),
+        wallet.address()
     ))
 }

@@ -208,6 +208,7 @@ async fn check_isolation(config: &Config) -> anyhow::Result<Option<String>> {
 pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
     crate::api::ensure_not_running(home).await?;
+    let wallet = h.wallet()?.address();
     // `gridlease doctor`'s checks, in the background: what is not ok is logged with its fix.
     {
         let (home, config) = (home.to_path_buf(), config.clone());
@@ -412,6 +413,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         leases: leases.clone(),
         jobs: jobs.clone(),
         home: Arc::from(std::path::absolute(home).unwrap_or_else(|_| home.to_path_buf())),
+        wallet,
     };
     // Metrics first: once the control API answers, everything the node serves is listening
     // (a client that waits for the API may scrape at once).

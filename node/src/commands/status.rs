@@ -15,6 +15,12 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &StatusArgs) -> anyhow::
     let s = api.status().await?;
     out.emit(&s, |p| {
         p.line(&format!("peer id      {}", s.peer_id));
+        if !s.wallet.is_empty() {
+            p.line(&format!(
+                "wallet       {}  (no chain configured: leases settle in GLU)",
+                s.wallet
+            ));
+        }
         p.line(&format!("network      {}", s.network));
         p.line(&format!(
             "version      {}  (up {} s)",
