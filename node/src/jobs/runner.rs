@@ -20,9 +20,6 @@ use super::worker;
 use crate::api::types::OfferRow;
 use crate::store::jobs::{StoredAttempt, StoredTask};
 
-/// How long a job with nothing running waits for an eligible offer before its pending tasks
-/// fail.
-pub(super) const OFFER_WAIT: Duration = Duration::from_secs(300);
 /// How often the runner looks again at the book and its tasks when nothing happened.
 const TICK: Duration = Duration::from_secs(1);
 /// Most offers one search reads.
@@ -65,8 +62,11 @@ struct Runner {
     /// Stopped shared leases settle here: the lease and what it cost, when known.
     released_tx: mpsc::Sender<(String, Option<u64>)>,
     budget_hit: bool,
+    /// Since when no offer took a pending task while none of the job's tasks was in flight
+    /// (its own tasks holding the offers is no reason to give up).
     no_offer_since: Option<Instant>,
-    /// Why the last search gave no offer to launch on, in words.
+    /// Why the last search gave no offer to launch on, in words (the job's message while it
+    /// waits with nothing in flight).
     no_offer_why: String,
 }
 
@@ -434,11 +434,11 @@ impl Runner {
                 }
             };
             let Some(offer) = self.pick(&offers) else {
-                self.no_offer_since.get_or_insert_with(Instant::now);
-                self.no_offer_why = self.why_none(&offers);
+                let why = self.why_none(&offers);
+                self.waiting_for_offers(why).await;
                 return;
             };
-            self.no_offer_since = None;
+            self.offers_found().await;
             let price: Money = match offer.price_per_gpu_hour.parse() {
                 Ok(p) => p,
                 Err(_) => return,
@@ -507,6 +507,48 @@ impl Runner {
                 o.free_gpus >= g && (mine + 1) * g <= o.gpus
             })
             .cloned()
+    }
+
+    /// No offer took a pending task. With some of the job's tasks in flight it waits for
+    /// them (they hold the offers, and free them as they end); with none, the wait is timed
+    /// (`offer_wait`) and the job's message says why it waits.
+    async fn waiting_for_offers(&mut self, why: String) {
+        if !self.live.is_empty() || !self.between.is_empty() {
+            self.no_offer_since = None;
+            return;
+        }
+        self.no_offer_since.get_or_insert_with(Instant::now);
+        if why != self.no_offer_why {
+            let message = format!(
+                "waiting for an eligible offer ({why}); the job ends if none comes within {} s",
+                self.shared.job.spec.offer_wait.0
+            );
+            self.no_offer_why = why;
+            self.set_running_message(Some(message)).await;
+        }
+    }
+
+    /// An offer took a task: the wait (if any) is over and its message gone.
+    async fn offers_found(&mut self) {
+        self.no_offer_since = None;
+        if !self.no_offer_why.is_empty() {
+            self.no_offer_why.clear();
+            self.set_running_message(None).await;
+        }
+    }
+
+    /// The message of the running job (what `job status` shows beside its state).
+    async fn set_running_message(&self, message: Option<String>) {
+        let id = self.id.clone();
+        let stored = self
+            .shared
+            .ctx
+            .store
+            .call(move |s| s.set_job_state(&id, "running", None, message.as_deref()))
+            .await;
+        if let Err(e) = stored {
+            tracing::warn!(job = %self.id, error = %e, "cannot store the job's message");
+        }
     }
 
     /// Why none of `offers` (a search's answer) takes a task now, in words.
@@ -631,9 +673,8 @@ impl Runner {
             .filter(|t| t.state == "pending")
             .map(|t| t.task)
             .collect();
-        let waited_out = self
-            .no_offer_since
-            .is_some_and(|t| t.elapsed() >= OFFER_WAIT);
+        let wait = std::time::Duration::from_secs(u64::from(self.shared.job.spec.offer_wait.0));
+        let waited_out = self.no_offer_since.is_some_and(|t| t.elapsed() >= wait);
         let (state, left_state, message) = if cancelling {
             ("cancelled", "cancelled", "cancelled".to_string())
         } else if pending.is_empty() {
@@ -663,7 +704,7 @@ impl Runner {
                 "failed",
                 format!(
                     "no eligible offer for {} s ({}): {} task(s) not run: {}",
-                    OFFER_WAIT.as_secs(),
+                    wait.as_secs(),
                     self.no_offer_why,
                     pending.len(),
                     list(&pending)

@@ -25,6 +25,10 @@ pub const MAX_RETRIES: u32 = 100;
 pub const MIN_TIMEOUT_S: u32 = 10;
 /// Longest task timeout, seconds (one week).
 pub const MAX_TIMEOUT_S: u32 = 7 * 24 * 3600;
+/// How long a job waits for an eligible offer by default, seconds.
+pub const DEFAULT_OFFER_WAIT_S: u32 = 300;
+/// Longest wait for an eligible offer, seconds (one week).
+pub const MAX_OFFER_WAIT_S: u32 = 7 * 24 * 3600;
 /// Shortest checkpoint interval, seconds.
 pub const MIN_CHECKPOINT_EVERY_S: u32 = 2;
 /// Most bytes of a spec file.
@@ -98,10 +102,19 @@ pub struct JobSpec {
     /// The job's spending cap.
     #[serde(default)]
     pub budget: Option<Budget>,
+    /// How long the job waits for an eligible offer while none of its tasks is in flight
+    /// before it ends, the tasks left failed (default `5m`; 1 s to 7 days). While its own
+    /// tasks hold the offers it waits for them, however long they run.
+    #[serde(default = "default_offer_wait")]
+    pub offer_wait: Duration,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn default_offer_wait() -> Duration {
+    Duration(DEFAULT_OFFER_WAIT_S)
 }
 
 /// What a task's lease needs.
@@ -727,6 +740,16 @@ fn check(spec: &JobSpec, dir: &Path) -> Result<Job, (String, String)> {
                 "{} s: {MIN_TIMEOUT_S} s to {} days",
                 spec.timeout.0,
                 MAX_TIMEOUT_S / 86_400
+            ),
+        ));
+    }
+    if !(1..=MAX_OFFER_WAIT_S).contains(&spec.offer_wait.0) {
+        return Err(f(
+            "offer_wait",
+            format!(
+                "{} s: 1 s to {} days",
+                spec.offer_wait.0,
+                MAX_OFFER_WAIT_S / 86_400
             ),
         ));
     }

@@ -343,3 +343,16 @@ fn an_offer_unfit_for_the_job_says_why() {
         .contains("GPU check")
     );
 }
+
+#[test]
+fn the_offer_wait_defaults_to_five_minutes_and_is_bounded() {
+    let d = dir();
+    assert_eq!(load(GOOD, d.path()).unwrap().spec.offer_wait.0, 300);
+    let with = GOOD.replace("concurrency: 3", "concurrency: 3\noffer_wait: 90s");
+    assert_eq!(load(&with, d.path()).unwrap().spec.offer_wait.0, 90);
+    for bad in ["offer_wait: 0", "offer_wait: 8d"] {
+        let e = refused(&GOOD.replace("concurrency: 3", &format!("concurrency: 3\n{bad}")));
+        assert_eq!(e.field, "offer_wait", "{bad}: {e}");
+        assert!(e.to_string().contains("1 s to 7 days"), "{bad}: {e}");
+    }
+}
