@@ -211,6 +211,11 @@ async fn main() {
     let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)");
     let tag = format!("gridlease-bench-busybox-{}:1", std::process::id());
     sb.import_busybox_image(&tag, &busybox).await.unwrap();
+    // Dropped last (declared before the daemons): removes what the run made, even on a panic.
+    let mut leftovers = Leftovers {
+        image: tag.clone(),
+        provider: None,
+    };
     let dir = tempfile::tempdir().unwrap();
     let (ph, rh) = (dir.path().join("p"), dir.path().join("r"));
     let provider = daemon(
@@ -227,6 +232,7 @@ async fn main() {
     let status = cli(&ph, &["status"]);
     let addr = status["listen_addrs"][0].as_str().unwrap().to_string();
     let provider_peer = status["peer_id"].as_str().unwrap().to_string();
+    leftovers.provider = Some(provider_peer.clone());
     let renter = daemon(&rh, &["--bootstrap", &addr]);
     let mut offer = String::new();
     wait(Duration::from_secs(30), || {
@@ -511,7 +517,43 @@ async fn main() {
         .output();
     drop(renter);
     drop(provider);
-    let _ = sb.remove(&container).await;
-    let _ = sb.remove_node_workspaces(&provider_peer).await;
-    let _ = sb.remove_image(&tag).await;
+    drop(leftovers);
+}
+
+/// What a run leaves on the host: the provider's containers and workspaces, and the image.
+/// Removed when dropped, on a panic too (on a thread of its own: the bench's runtime may be
+/// unwinding).
+struct Leftovers {
+    image: String,
+    provider: Option<String>,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        let (image, provider) = (self.image.clone(), self.provider.take());
+        let cleanup = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Runtime::new() else {
+                return;
+            };
+            rt.block_on(async {
+                let Ok(sb) = Sandbox::connect().await else {
+                    return;
+                };
+                if let Some(peer) = provider {
+                    let label = format!("label={}={peer}", gridlease_sandbox::spec::LABEL_NODE);
+                    let ids = Command::new("docker")
+                        .args(["ps", "-aq", "--filter", &label])
+                        .output()
+                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                        .unwrap_or_default();
+                    for id in ids.split_whitespace() {
+                        let _ = sb.remove(id).await;
+                    }
+                    let _ = sb.remove_node_workspaces(&peer).await;
+                }
+                let _ = sb.remove_image(&image).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
 }
