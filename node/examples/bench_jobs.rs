@@ -3,8 +3,12 @@
 //!
 //! `cargo build --release -p gridlease-node --bins --examples && sudo target/release/examples/bench_jobs [ROUNDS] [TASKS]`
 //!
-//! Needs Docker and `/bin/busybox` (Debian `busybox-static`). Set-up: four real `gridlease
-//! node` providers (`--dev-gpus`, prices 0.40 to 0.70, usage reports every 2 s) and a renter
+//! Needs Docker and `/bin/busybox` (Debian `busybox-static`). `BENCH_JOBS_VERIFY_WINDOW=S`
+//! passes `--verify-window-secs S` to the providers (0: they offer no GPU check; unset: the
+//! node's default, so every lease runs the check, as the published numbers did).
+//!
+//! Set-up: four real `gridlease node` providers (`--dev-gpus`, prices 0.40 to 0.70, usage
+//! reports every 2 s) and a renter
 //! on loopback, all bootstrapped from the first; a from-scratch busybox image imported under a
 //! per-run tag and removed at the end.
 //!
@@ -130,12 +134,16 @@ async fn main() {
     let mut nodes: Vec<Kill> = Vec::new();
     let mut peers = Vec::new();
     let mut bootstrap = String::new();
+    let window = std::env::var("BENCH_JOBS_VERIFY_WINDOW").ok();
     for (i, price) in ["0.40", "0.50", "0.60", "0.70"].iter().enumerate() {
         let home = dir.path().join(format!("p{i}"));
         std::fs::create_dir_all(&home).unwrap();
         std::fs::write(home.join("config.toml"), "usage_interval_secs = 2\n").unwrap();
         let gpus = format!("RTX 4090:24GiB:{price}");
         let mut args = vec!["--dev-gpus", &gpus, "--local-image", &locals];
+        if let Some(w) = &window {
+            args.extend(["--verify-window-secs", w]);
+        }
         if i > 0 {
             args.extend(["--bootstrap", &bootstrap]);
         }
