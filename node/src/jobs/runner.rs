@@ -434,8 +434,7 @@ impl Runner {
                 }
             };
             let Some(offer) = self.pick(&offers) else {
-                let why = self.why_none(&offers);
-                self.waiting_for_offers(why).await;
+                self.waiting_for_offers(&offers).await;
                 return;
             };
             self.offers_found().await;
@@ -512,12 +511,14 @@ impl Runner {
     /// No offer took a pending task. With some of the job's tasks in flight it waits for
     /// them (they hold the offers, and free them as they end); with none, the wait is timed
     /// (`offer_wait`) and the job's message says why it waits.
-    async fn waiting_for_offers(&mut self, why: String) {
+    async fn waiting_for_offers(&mut self, offers: &[OfferRow]) {
         if !self.live.is_empty() || !self.between.is_empty() {
             self.no_offer_since = None;
             return;
         }
         self.no_offer_since.get_or_insert_with(Instant::now);
+        // Said only while it matters (nothing in flight), not on every pick while tasks run.
+        let why = self.why_none(offers);
         if why != self.no_offer_why {
             let message = format!(
                 "waiting for an eligible offer ({why}); the job ends if none comes within {} s",
