@@ -667,6 +667,15 @@ fn an_offer_handle_stays_the_same_across_re_signs_and_restarts() {
             serde_json::from_slice(&cli(rh, &["--json", "leases", "--all"]).stdout).unwrap();
         v.as_array().unwrap().len()
     };
+    // The renter holds the provider's current offer (its own `status` says which), and it
+    // has a free GPU. A stale offer the renter still holds (one signed before the last lease
+    // took the GPU, say from a book restored after a restart) can show a free GPU the
+    // provider no longer has.
+    let current_and_free = |rh: &std::path::Path| {
+        let own = json(&ph, &["status"])["own_offer"]["id"].clone();
+        let seen = json(rh, &["offer", &short]);
+        own.is_string() && seen["id"] == own && seen["free_gpus"] == 1
+    };
     assert_eq!(rent(&rh), 1);
     // The lease took the GPU and gave it back: the provider re-signed its offer twice.
     wait_for(
@@ -674,7 +683,9 @@ fn an_offer_handle_stays_the_same_across_re_signs_and_restarts() {
         "a re-signed offer with a free GPU",
         || {
             let rows = json(&rh, &["search"]);
-            rows[0]["id"].as_str().is_some_and(|id| id != id0) && rows[0]["handle"] == *handle
+            rows[0]["id"].as_str().is_some_and(|id| id != id0)
+                && rows[0]["handle"] == *handle
+                && current_and_free(&rh)
         },
     );
     assert_eq!(rent(&rh), 2, "the same handle rents the re-signed offer");
@@ -694,8 +705,8 @@ fn an_offer_handle_stays_the_same_across_re_signs_and_restarts() {
     assert!(shown.contains(&handle), "offer prints the handle: {shown}");
     wait_for(
         Duration::from_secs(60),
-        "the provider's GPU free again",
-        || json(&rh, &["offer", &short])["free_gpus"] == 1,
+        "the provider's current offer, with its GPU free again",
+        || current_and_free(&rh),
     );
     assert_eq!(rent(&rh), 3, "the handle rents after a restart");
 }
