@@ -1650,9 +1650,19 @@ mod tests {
         assert_eq!(ids("verified>=3", &book), vec![30_000]);
         assert_eq!(ids("verified=true", &book), vec![10_000, 30_000]);
         assert_eq!(ids("verified=false", &book), vec![20_000, 40_000]);
+        // 20_000 and 40_000 tie (nothing verified): by offer id.
+        let tied = {
+            let mut t: Vec<(OfferId, u64)> = book
+                .search(&Query::parse("verified=0").unwrap(), T0, 100)
+                .iter()
+                .map(|e| (e.id, e.offer.price_per_gpu_hour))
+                .collect();
+            t.sort();
+            t.into_iter().map(|(_, p)| p)
+        };
         assert_eq!(
             ids("sort:-verified", &book),
-            vec![30_000, 10_000, 20_000, 40_000]
+            [30_000, 10_000].into_iter().chain(tied).collect::<Vec<_>>()
         );
         // A provider's next offer keeps its reputation.
         admit(&mut book, &keys[3], 2, 5_000).unwrap();

@@ -74,6 +74,10 @@ pub enum ReceiptError {
         /// Budget.
         cap: Money,
     },
+    /// The on-chain voucher is missing, unexpected or not the renter wallet's
+    /// ([`crate::settlement::check_voucher`]).
+    #[error(transparent)]
+    Voucher(#[from] crate::settlement::VoucherError),
 }
 
 /// What the provider should do now.
@@ -98,6 +102,8 @@ pub struct ProviderChannel {
     bound: Result<Money, MoneyError>,
     last: Option<PaymentReceipt>,
     last_heard: Timestamp,
+    /// The lease's on-chain settlement: every receipt's voucher is checked against it.
+    settlement: Option<Box<gridlease_protocol::wallet::LeaseSettlement>>,
 }
 
 impl ProviderChannel {
@@ -113,6 +119,7 @@ impl ProviderChannel {
             grace_s: terms.grace_s,
             last: None,
             last_heard: started_at,
+            settlement: terms.settlement.clone().map(Box::new),
         }
     }
 
@@ -175,6 +182,7 @@ impl ProviderChannel {
                 cap: self.tariff.max_total,
             });
         }
+        crate::settlement::check_voucher(self.settlement.as_deref(), receipt)?;
         // Field by field, each scalar read on its own (`black_box` keeps the compiler from
         // merging the reads into 16-byte loads): a receipt built a moment ago (the simulator
         // hands it over at once) was stored one 8-byte field at a time, and a wider load
@@ -187,6 +195,7 @@ impl ProviderChannel {
             covers_wall_ms: std::hint::black_box(receipt.covers_wall_ms),
             usage_seq: std::hint::black_box(receipt.usage_seq),
             issued_at: std::hint::black_box(receipt.issued_at),
+            voucher: receipt.voucher.clone(),
         });
         self.last_heard = self.last_heard.max(now);
         Ok(got.saturating_sub(last_total))
@@ -578,6 +587,7 @@ impl RenterChannel {
             covers_wall_ms,
             usage_seq,
             issued_at: now,
+            voucher: None,
         };
         self.last_receipt = Some(receipt.clone());
         Some(receipt)

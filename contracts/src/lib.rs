@@ -25,6 +25,7 @@ pub mod money;
 pub mod proof;
 pub mod query;
 pub mod schedule;
+pub mod settlement;
 pub mod statement;
 pub mod terms;
 pub mod volume;

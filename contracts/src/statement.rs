@@ -254,6 +254,9 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
             if r.lease_id != lease_id {
                 return fail("the receipt", format!("is for lease {}", r.lease_id));
             }
+            if let Err(e) = crate::settlement::check_voucher(terms.settlement.as_ref(), &r) {
+                return fail("the receipt", e);
+            }
             let paid = Money::from_micros(r.total_paid);
             let cap = Money::from_micros(in_force.max_total);
             if paid > cap {
@@ -441,6 +444,7 @@ mod tests {
                 covers_wall_ms: u.wall_ms,
                 usage_seq: u.seq,
                 issued_at: u.interval_end,
+                voucher: None,
             };
             Signed::sign(&p.renter, &p.net, &r).unwrap()
         });
@@ -573,6 +577,7 @@ mod tests {
             covers_wall_ms: r3.wall_ms,
             usage_seq: 3,
             issued_at: r3.interval_end,
+            voucher: None,
         };
         s.receipt = Some(Signed::sign(&p.renter, &p.net, &receipt).unwrap());
         s.usage.push(r4);

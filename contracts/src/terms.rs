@@ -229,6 +229,7 @@ pub fn check_request(
             });
         }
         check_channel_terms(offer, t)?;
+        crate::settlement::check_terms(view.network, offer, t)?;
         crate::volume::check_volume_terms(offer, t, v)?;
         return Ok(lease_id);
     }
@@ -270,6 +271,7 @@ pub fn check_request(
         return Err(mismatch("verify_window_s"));
     }
     check_channel_terms(offer, t)?;
+    crate::settlement::check_terms(view.network, offer, t)?;
     if !t.per_gpu.fits_within(&offer.per_gpu) {
         return Err(mismatch("per_gpu"));
     }

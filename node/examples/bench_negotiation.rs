@@ -76,6 +76,7 @@ async fn main() {
             let terms = LeaseTerms {
                 volume: None,
                 mounts: Vec::new(),
+                settlement: None,
                 verify_window_s: 0,
                 network: NetworkId::devnet(),
                 offer_id: own.id,

@@ -153,6 +153,18 @@ pub struct Config {
     pub max_volumes: u32,
     /// Longest keep period of a volume, days (advertised). Default: 30.
     pub max_volume_keep_days: u32,
+    /// On-chain settlement (issue 50, `docs/billing.md`): the EIP-155 id of the chain leases
+    /// settle on. With `token` and `channel_contract` it makes offers name the chain and
+    /// receipts carry EIP-712 vouchers; all three or none. Default: none (GLU only).
+    pub chain_id: Option<u64>,
+    /// The ERC-20 token leases settle in (`0x` and 40 hex digits). Default: none.
+    pub token: Option<String>,
+    /// The token's decimals (its ERC-20 `decimals()`, 6 to 24): a micro-unit of a price is
+    /// `10^(decimals - 6)` of its smallest units. Default: 6 (a USDC-like stablecoin).
+    pub token_decimals: u8,
+    /// The payment channel contract (`settlement/contracts/GridleaseChannels.vy`) on that
+    /// chain. Default: none.
+    pub channel_contract: Option<String>,
 }
 
 impl Config {
@@ -242,6 +254,10 @@ impl Default for Config {
             max_volume_gib: 500,
             max_volumes: 16,
             max_volume_keep_days: 30,
+            chain_id: None,
+            token: None,
+            token_decimals: 6,
+            channel_contract: None,
         }
     }
 }
@@ -354,6 +370,22 @@ pub struct Overrides {
     #[arg(long, value_name = "DAYS", env = env_vars::GRIDLEASE_MAX_VOLUME_KEEP_DAYS)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_volume_keep_days: Option<u32>,
+    /// Settle on this chain (EIP-155 id; with --token and --channel-contract).
+    #[arg(long, value_name = "ID", env = env_vars::GRIDLEASE_CHAIN_ID)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_id: Option<u64>,
+    /// The ERC-20 token settled in (0x address).
+    #[arg(long, value_name = "ADDRESS", env = env_vars::GRIDLEASE_TOKEN)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// The token's decimals, 6 to 24 (default 6).
+    #[arg(long, value_name = "N", env = env_vars::GRIDLEASE_TOKEN_DECIMALS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_decimals: Option<u8>,
+    /// The payment channel contract (0x address).
+    #[arg(long, value_name = "ADDRESS", env = env_vars::GRIDLEASE_CHANNEL_CONTRACT)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel_contract: Option<String>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]
@@ -575,7 +607,57 @@ impl Config {
         }
     }
 
+    /// The chain, token and contract this node settles on (`None`: GLU only), checked:
+    /// all three of `chain_id`, `token` and `channel_contract` or none, addresses that parse,
+    /// decimals in range.
+    pub fn chain(&self) -> Result<Option<gridlease_protocol::wallet::ChainTerms>, ConfigError> {
+        use gridlease_protocol::wallet::{
+            Address, ChainTerms, MAX_TOKEN_DECIMALS, MIN_TOKEN_DECIMALS,
+        };
+        let (id, token, contract) = match (self.chain_id, &self.token, &self.channel_contract) {
+            (None, None, None) => return Ok(None),
+            (Some(id), Some(t), Some(c)) => (id, t, c),
+            _ => {
+                return Err(ConfigError::Invalid {
+                    field: "chain_id, token, channel_contract",
+                    problem: "on-chain settlement needs all three (or none: GLU only)".into(),
+                });
+            }
+        };
+        let address = |field, text: &str| {
+            text.trim()
+                .parse::<Address>()
+                .map_err(|e| ConfigError::Invalid {
+                    field,
+                    problem: e.to_string(),
+                })
+        };
+        let chain = ChainTerms {
+            chain_id: id,
+            token: address("token", token)?.0,
+            token_decimals: self.token_decimals,
+            channel_contract: address("channel_contract", contract)?.0,
+        };
+        if id == 0 {
+            return Err(ConfigError::Invalid {
+                field: "chain_id",
+                problem: "0 is no chain".into(),
+            });
+        }
+        if !(MIN_TOKEN_DECIMALS..=MAX_TOKEN_DECIMALS).contains(&self.token_decimals) {
+            return Err(ConfigError::Invalid {
+                field: "token_decimals",
+                problem: format!(
+                    "{} is not in {MIN_TOKEN_DECIMALS}..={MAX_TOKEN_DECIMALS}",
+                    self.token_decimals
+                ),
+            });
+        }
+        Ok(Some(chain))
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
+        self.chain()?;
         if let Err(e) = self.volume_price.parse::<gridlease_contracts::Money>() {
             return Err(ConfigError::Invalid {
                 field: "volume_price",
@@ -753,176 +835,4 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    /// `gridlease node`'s settings as clap parses them (flags only: environment variables are
-    /// covered through the binary in `tests/cli_api.rs`).
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        s: Overrides,
-    }
-
-    fn flags(args: &[&str]) -> Overrides {
-        Cli::try_parse_from(std::iter::once("node").chain(args.iter().copied()))
-            .unwrap()
-            .s
-    }
-
-    #[test]
-    fn defaults_are_documented_values() {
-        let c = Config::resolve(None, &Overrides::default()).unwrap();
-        assert_eq!(c, Config::default());
-        assert_eq!(c.announce_secs, 60);
-        assert!(c.mdns);
-    }
-
-    #[test]
-    fn precedence_is_defaults_file_flags() {
-        let file = "announce_secs = 10\nmdns = false\nmetrics = \"127.0.0.1:9000\"\n";
-        let c = Config::resolve(Some(("f", file)), &Overrides::default()).unwrap();
-        assert_eq!(c.announce_secs, 10, "file beats default");
-        assert!(!c.mdns);
-        assert_eq!(c.listen, Config::default().listen, "default kept");
-        let c = Config::resolve(
-            Some(("f", file)),
-            &flags(&[
-                "--announce-secs",
-                "30",
-                "--mdns",
-                "--listen",
-                "/ip4/127.0.0.1/tcp/1,/ip4/127.0.0.1/tcp/2",
-            ]),
-        )
-        .unwrap();
-        assert_eq!(c.announce_secs, 30, "flag beats file");
-        assert!(c.mdns, "--mdns alone means true");
-        assert_eq!(c.listen.len(), 2, "comma-separated lists");
-        assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:9000"), "file kept");
-        let c = Config::resolve(None, &flags(&["--no-mdns", "--relay-server"])).unwrap();
-        assert!(!c.mdns && c.relay_server);
-    }
-
-    #[test]
-    fn unknown_keys_and_bad_values_are_clear_errors() {
-        let err = Config::resolve(
-            Some(("cfg.toml", "annouce_secs = 5\n")),
-            &Overrides::default(),
-        )
-        .unwrap_err();
-        let msg = err.to_string();
-        assert!(
-            msg.contains("cfg.toml") && msg.contains("annouce_secs"),
-            "{msg}"
-        );
-        let err = Cli::try_parse_from(["node", "--mdns=maybe"]).err().unwrap();
-        assert!(err.to_string().contains("maybe"), "{err}");
-        let err = Cli::try_parse_from(["node", "--listen", "not-an-addr"])
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("not-an-addr"), "{err}");
-        let err = Config::resolve(None, &flags(&["--announce-secs", "0"])).unwrap_err();
-        assert!(err.to_string().contains("announce_secs"), "{err}");
-    }
-
-    #[test]
-    fn followed_classes_are_written_as_the_protocol_writes_them() {
-        let c = Config::resolve(
-            Some(("f", "follow = [\"a100-sxm4-80gb\"]\n")),
-            &flags(&[
-                "--follow",
-                "NVIDIA GeForce RTX 4090,rtx-4090",
-                "--follow",
-                "RTX 3090",
-            ]),
-        )
-        .unwrap();
-        assert_eq!(
-            c.follow,
-            ["rtx-4090", "rtx-3090"],
-            "flags replace the file; once each"
-        );
-        let c = Config::resolve(
-            Some(("f", "follow = [\"A100 SXM4 80GB\"]\n")),
-            &Overrides::default(),
-        )
-        .unwrap();
-        assert_eq!(c.follow, ["a100-sxm4-80gb"]);
-        let err = Config::resolve(None, &flags(&["--follow", "!!"])).unwrap_err();
-        assert!(err.to_string().contains("names no GPU class"), "{err}");
-        let many: Vec<String> = (0..17).map(|i| format!("c{i}")).collect();
-        let err = Config::resolve(None, &flags(&["--follow", &many.join(",")])).unwrap_err();
-        assert!(err.to_string().contains("at most 16"), "{err}");
-    }
-
-    #[test]
-    fn host_reserve_and_per_gpu_settings_come_from_file_and_flags() {
-        let file = "reserve_ram_mib = 4096\nper_gpu_ram_mib = 128\n";
-        let c = Config::resolve(
-            Some(("f", file)),
-            &flags(&[
-                "--reserve-cpu-millicores",
-                "500",
-                "--per-gpu-ram-mib",
-                "256",
-            ]),
-        )
-        .unwrap();
-        assert_eq!(c.reserve_ram_mib, Some(4096));
-        assert_eq!(c.reserve_cpu_millicores, Some(500));
-        assert_eq!(c.per_gpu_ram_mib, Some(256), "flag beats file");
-        assert_eq!(c.reserve_disk_gib, None, "default: derived from the host");
-        let r = c.host_reserve();
-        assert_eq!(
-            (r.ram_mib, r.cpu_millicores, r.disk_gib),
-            (Some(4096), Some(500), Some(10 + 2)),
-            "the disk reserve holds the lease logs' budget (2 GiB) too"
-        );
-        assert_eq!(c.per_gpu_limit().ram_mib, Some(256));
-        let c = Config::resolve(
-            None,
-            &flags(&["--reserve-disk-gib", "20", "--lease-logs-gib", "5"]),
-        )
-        .unwrap();
-        assert_eq!(c.host_reserve().disk_gib, Some(25));
-        assert_eq!(c.log_retention().max_bytes, 5 << 30);
-        let err = Config::resolve(None, &flags(&["--lease-log-days", "4000"])).unwrap_err();
-        assert!(err.to_string().contains("lease_log_days"), "{err}");
-    }
-
-    #[test]
-    fn dump_round_trips() {
-        let c = Config {
-            dev_gpus: Some("RTX 4090:24GiB:0.40".into()),
-            reserve_ram_mib: Some(1024),
-            per_gpu_cpu_millicores: Some(250),
-            ..Config::default()
-        };
-        let again = Config::resolve(Some(("x", &c.to_toml())), &Overrides::default()).unwrap();
-        assert_eq!(again, c);
-    }
-
-    #[test]
-    fn the_packaged_config_is_every_default_commented() {
-        let shipped = include_str!("../../packaging/deb/config.toml");
-        assert_eq!(
-            shipped,
-            Config::commented_defaults(),
-            "regenerate: cargo run -p gridlease-node --example default_config > packaging/deb/config.toml"
-        );
-        // Read as it ships, it is the defaults.
-        let c = Config::resolve(Some(("shipped", shipped)), &Overrides::default()).unwrap();
-        assert_eq!(c, Config::resolve(None, &Overrides::default()).unwrap());
-        // Uncommented (the header is everything before the first blank line), it is the same
-        // configuration.
-        let (_, body) = shipped.split_once("\n\n").unwrap();
-        let open: String = body
-            .lines()
-            .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or(l)))
-            .collect();
-        let c2 = Config::resolve(Some(("open", &open)), &Overrides::default()).unwrap();
-        assert_eq!(c2, c);
-    }
-}
+mod tests;

@@ -96,3 +96,11 @@ pub const GRIDLEASE_LEASE_LOGS_GIB: &str = "GRIDLEASE_LEASE_LOGS_GIB";
 pub const GRIDLEASE_PAY_AHEAD_SECS: &str = "GRIDLEASE_PAY_AHEAD_SECS";
 /// Seconds (config key `renter_grace_secs`).
 pub const GRIDLEASE_RENTER_GRACE_SECS: &str = "GRIDLEASE_RENTER_GRACE_SECS";
+/// EIP-155 chain id of on-chain settlement (config key `chain_id`).
+pub const GRIDLEASE_CHAIN_ID: &str = "GRIDLEASE_CHAIN_ID";
+/// ERC-20 token address settled in (config key `token`).
+pub const GRIDLEASE_TOKEN: &str = "GRIDLEASE_TOKEN";
+/// The token's decimals (config key `token_decimals`).
+pub const GRIDLEASE_TOKEN_DECIMALS: &str = "GRIDLEASE_TOKEN_DECIMALS";
+/// The payment channel contract's address (config key `channel_contract`).
+pub const GRIDLEASE_CHANNEL_CONTRACT: &str = "GRIDLEASE_CHANNEL_CONTRACT";

@@ -12,7 +12,8 @@ use gridlease_protocol::{LeaseTerms, NetworkId, NetworkPolicy, PublicKey, Timest
 /// network `req` asks for (the provider refuses one its offer does not allow), the
 /// renter's grace (at least one usage interval) and `nonce`, and the budget cap asked for or,
 /// by default, the cost of the whole duration (or of the minimum billed time, if longer).
-/// Fails only when that cost overflows.
+/// Fails only when that cost overflows. No on-chain settlement: the lease service adds it
+/// where both sides settle on the same chain ([`crate::lease::LeaseService::settlement_for`]).
 pub fn terms_for(
     network: &NetworkId,
     entry: &BookEntry,
@@ -73,6 +74,7 @@ pub fn terms_for(
         } else {
             0
         },
+        settlement: None,
     })
 }
 
@@ -128,6 +130,7 @@ fn volume_terms_for(
         upload_hold_s: 0,
         prepay_s: req.prepay_s,
         verify_window_s: 0,
+        settlement: None,
     })
 }
 

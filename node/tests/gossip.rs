@@ -795,6 +795,21 @@ async fn an_offer_at_every_shape_limit_fits_the_gossip_size_cap() {
     offer.sandbox.image_prefixes = vec!["i".repeat(MAX_IMAGE_LEN); MAX_IMAGE_PREFIXES];
     offer.addrs = vec!["a".repeat(MAX_ADDR_LEN); MAX_OFFER_ADDRS];
     offer.region = "r".repeat(MAX_REGION_LEN);
+    // On-chain settlement: the chain and the provider wallet's binding.
+    let wallet = gridlease_protocol::wallet::WalletKey::from_secret([78; 32]).unwrap();
+    offer.settlement = Some(gridlease_protocol::wallet::OfferSettlement {
+        chain: gridlease_protocol::wallet::ChainTerms {
+            chain_id: u64::MAX,
+            token: [0xff; 20],
+            token_decimals: 24,
+            channel_contract: [0xff; 20],
+        },
+        wallet: gridlease_protocol::wallet::WalletBinding::possession(
+            &key.public(),
+            &wallet,
+            &net(),
+        ),
+    });
     let payload = offer.encode_payload().unwrap().len();
     assert!(payload <= MAX_OFFER_BYTES, "{payload} bytes");
     let signed = Signed::sign(&key, &net(), &offer).unwrap();

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{EnvelopeError, MessageKind, NetworkId, Signed, wire_message};
 use crate::identity::PublicKey;
-use crate::messages::{Shape, ShapeError};
+use crate::shape::{Shape, ShapeError};
 use crate::types::{LeaseId, Timestamp};
 
 /// Cap on an encoded [`Completion`] (and so on a [`CompletionAck`]).

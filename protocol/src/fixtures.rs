@@ -76,6 +76,7 @@ pub fn offer(provider: PublicKey, seq: u64, gpus: u8, price: u64) -> Offer {
         region: "eu-west".into(),
         free_gpus: u16::from(gpus),
         interruptible: false,
+        settlement: None,
     }
 }
 
@@ -114,6 +115,7 @@ pub fn terms(
         output_retention_s: 0,
         upload_hold_s: 0,
         prepay_s: 0,
+        settlement: None,
     }
 }
 
@@ -180,6 +182,7 @@ pub fn receipt(
         covers_wall_ms,
         usage_seq: seq,
         issued_at: T0.plus_ms(covers_wall_ms),
+        voucher: None,
     }
 }
 

@@ -17,6 +17,7 @@ pub mod identity;
 pub mod messages;
 pub mod proof;
 pub mod session;
+pub mod shape;
 pub mod statement;
 pub mod sync;
 pub mod telemetry;

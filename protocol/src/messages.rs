@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{MessageKind, NetworkId, wire_message};
 use crate::identity::PublicKey;
+pub use crate::shape::{Shape, ShapeError};
+use crate::shape::{max_count, max_len, non_empty, non_zero};
 use crate::types::{Digest, LeaseId, OfferId, Timestamp};
 
 /// Cap on an encoded [`Offer`].
@@ -79,62 +81,6 @@ pub const MAX_VOLUME_GIB: u32 = 65_535;
 pub const MAX_MOUNTS: usize = 4;
 /// Longest mount path.
 pub const MAX_MOUNT_PATH_LEN: usize = 128;
-
-/// A message whose counts or string lengths are out of bounds.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("field `{field}`: {problem}")]
-pub struct ShapeError {
-    /// The offending field.
-    pub field: &'static str,
-    /// What is wrong with it.
-    pub problem: String,
-}
-
-/// Structural bounds of a message: counts and string lengths, nothing market-specific.
-pub trait Shape {
-    /// Checks the bounds.
-    fn check_shape(&self) -> Result<(), ShapeError>;
-}
-
-fn max_len(field: &'static str, s: &str, max: usize) -> Result<(), ShapeError> {
-    if s.len() > max {
-        return Err(ShapeError {
-            field,
-            problem: format!("{} bytes, at most {max} allowed", s.len()),
-        });
-    }
-    Ok(())
-}
-
-fn non_empty(field: &'static str, s: &str) -> Result<(), ShapeError> {
-    if s.trim().is_empty() {
-        return Err(ShapeError {
-            field,
-            problem: "must not be empty".into(),
-        });
-    }
-    Ok(())
-}
-
-fn max_count(field: &'static str, n: usize, max: usize) -> Result<(), ShapeError> {
-    if n > max {
-        return Err(ShapeError {
-            field,
-            problem: format!("{n} entries, at most {max} allowed"),
-        });
-    }
-    Ok(())
-}
-
-fn non_zero(field: &'static str, v: u64) -> Result<(), ShapeError> {
-    if v == 0 {
-        return Err(ShapeError {
-            field,
-            problem: "must not be zero".into(),
-        });
-    }
-    Ok(())
-}
 
 /// CUDA compute capability, e.g. 8.9 for Ada.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -502,6 +448,9 @@ pub struct Offer {
     /// Proof of GPU: the unbilled verification window this provider grants, the backend that
     /// answers, its claimed rate (`crate::proof`).
     pub proof: crate::types::ProofPolicy,
+    /// On-chain settlement (issue 50): the chain, token and channel contract this provider
+    /// is paid through, and its wallet. `None`: GLU only.
+    pub settlement: Option<crate::wallet::OfferSettlement>,
 }
 
 impl Shape for Offer {
@@ -546,6 +495,9 @@ impl Shape for Offer {
             max_len("addrs", a, MAX_ADDR_LEN)?;
         }
         max_len("region", &self.region, MAX_REGION_LEN)?;
+        if let Some(st) = &self.settlement {
+            st.check_shape()?;
+        }
         non_zero("usage_interval_s", u64::from(self.usage_interval_s))?;
         non_zero("max_duration_s", u64::from(self.max_duration_s))
     }
@@ -622,6 +574,10 @@ pub struct LeaseTerms {
     /// The renter's volumes on this provider mounted into this lease's container (at most
     /// [`MAX_MOUNTS`], distinct volumes and paths; none in a volume lease).
     pub mounts: Vec<VolumeMount>,
+    /// On-chain settlement (issue 50), when the offer has it and the renter settles on the
+    /// same chain, token and contract: every receipt then carries the renter's EIP-712
+    /// voucher for its total. `None`: GLU only.
+    pub settlement: Option<crate::wallet::LeaseSettlement>,
 }
 
 /// [`LeaseTerms::prepay_s`] for "the whole lease": the first receipt pays `max_total`.
@@ -631,6 +587,9 @@ impl Shape for LeaseTerms {
     fn check_shape(&self) -> Result<(), ShapeError> {
         non_zero("duration_s", u64::from(self.duration_s))?;
         non_zero("usage_interval_s", u64::from(self.usage_interval_s))?;
+        if let Some(st) = &self.settlement {
+            st.check_shape()?;
+        }
         if let Some(v) = &self.volume {
             return self.check_volume_shape(v);
         }
@@ -1111,10 +1070,23 @@ pub struct PaymentReceipt {
     pub usage_seq: u64,
     /// When the renter signed it.
     pub issued_at: Timestamp,
+    /// On a lease settled on chain: the renter wallet's EIP-712 signature (65 bytes) of the
+    /// voucher for `total_paid` ([`crate::wallet::LeaseSettlement::voucher`]), which the
+    /// channel contract redeems. `None` on a GLU-only lease.
+    #[serde(with = "serde_bytes")]
+    pub voucher: Option<Vec<u8>>,
 }
 
 impl Shape for PaymentReceipt {
     fn check_shape(&self) -> Result<(), ShapeError> {
+        if let Some(v) = &self.voucher
+            && v.len() != crate::wallet::SIGNATURE_LEN
+        {
+            return Err(ShapeError {
+                field: "voucher",
+                problem: format!("{} bytes, a signature is 65", v.len()),
+            });
+        }
         non_zero("seq", self.seq)
     }
 }

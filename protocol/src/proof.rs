@@ -23,7 +23,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::{ENVELOPE_OVERHEAD, MessageKind, Signed, wire_message};
-use crate::messages::{Shape, ShapeError};
+use crate::shape::{Shape, ShapeError};
 use crate::types::{Digest, LeaseId, Timestamp};
 pub use crate::types::{ProofBackend, ProofPolicy};
 

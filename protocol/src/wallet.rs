@@ -25,7 +25,7 @@ use sha3::{Digest, Keccak256};
 
 use crate::envelope::{EnvelopeError, MessageKind, NetworkId, Signed, wire_message};
 use crate::identity::{IdentityError, NodeKey, PublicKey, read_secret_file, write_secret_file};
-use crate::messages::{Shape, ShapeError};
+use crate::shape::{Shape, ShapeError};
 
 /// The EIP-712 domain name of the channel contract.
 pub const DOMAIN_NAME: &str = "gridlease channels";
@@ -328,18 +328,28 @@ pub fn possession_digest(network: &NetworkId, node: &PublicKey) -> [u8; 32] {
 }
 
 impl WalletBinding {
+    /// `wallet`'s half of its binding to the node `node` on `network`: its address and its
+    /// signature over the node's key (carried inside a message the node signs, such as its
+    /// offer or a lease's terms, that signature is the other half).
+    pub fn possession(node: &PublicKey, wallet: &WalletKey, network: &NetworkId) -> Self {
+        let possession = wallet.sign_digest(&possession_digest(network, node));
+        Self {
+            address: wallet.address().0,
+            possession: possession.to_vec(),
+        }
+    }
+
     /// The node `node` binds `wallet` on `network`.
     pub fn sign(
         node: &NodeKey,
         wallet: &WalletKey,
         network: &NetworkId,
     ) -> Result<Signed<Self>, crate::codec::CodecError> {
-        let possession = wallet.sign_digest(&possession_digest(network, &node.public()));
-        let binding = Self {
-            address: wallet.address().0,
-            possession: possession.to_vec(),
-        };
-        Signed::sign(node, network, &binding)
+        Signed::sign(
+            node,
+            network,
+            &Self::possession(&node.public(), wallet, network),
+        )
     }
 }
 
@@ -367,27 +377,163 @@ pub fn verify_binding(
 ) -> Result<(PublicKey, Address), BindingError> {
     let verified = signed.verify(network)?;
     let node = verified.signer;
-    let binding = verified.message;
-    let address = Address(binding.address);
-    binding
-        .check_shape()
-        .map_err(|e| BindingError::Possession {
+    let address = verified.message.possessed_by(network, &node)?;
+    Ok((node, address))
+}
+
+impl WalletBinding {
+    /// Whether the address's key signed `node` on `network` (the possession half of a
+    /// binding; a binding carried inside a message `node` signed, such as its offer or a
+    /// lease's terms, has the other half from that signature). Returns the address.
+    pub fn possessed_by(
+        &self,
+        network: &NetworkId,
+        node: &PublicKey,
+    ) -> Result<Address, BindingError> {
+        let address = Address(self.address);
+        self.check_shape().map_err(|e| BindingError::Possession {
             address,
             why: e.to_string(),
         })?;
-    let got = recover(&possession_digest(network, &node), &binding.possession).map_err(|e| {
-        BindingError::Possession {
-            address,
-            why: e.to_string(),
+        let got = recover(&possession_digest(network, node), &self.possession).map_err(|e| {
+            BindingError::Possession {
+                address,
+                why: e.to_string(),
+            }
+        })?;
+        if got != address {
+            return Err(BindingError::Possession {
+                address,
+                why: format!("it recovers {got}"),
+            });
         }
-    })?;
-    if got != address {
-        return Err(BindingError::Possession {
-            address,
-            why: format!("it recovers {got}"),
-        });
+        Ok(address)
     }
-    Ok((node, address))
+}
+
+/// The fewest decimals a settlement token may have: a price's micro-unit must be a whole
+/// number of the token's smallest units.
+pub const MIN_TOKEN_DECIMALS: u8 = 6;
+/// The most decimals a settlement token may have: any `u64` of micro-units converts into a
+/// `u128` of token units.
+pub const MAX_TOKEN_DECIMALS: u8 = 24;
+
+/// A chain, an ERC-20 token on it and the channel contract (`GridleaseChannels.vy`) a node
+/// settles through (issue 50). Two nodes settle a lease on chain only when these are equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ChainTerms {
+    /// The chain's id (EIP-155).
+    pub chain_id: u64,
+    /// The token's address.
+    pub token: [u8; 20],
+    /// The token's decimals (ERC-20 `decimals()`): one micro-unit of a price is
+    /// `10^(decimals - 6)` of its smallest units.
+    pub token_decimals: u8,
+    /// The channel contract's address.
+    pub channel_contract: [u8; 20],
+}
+
+impl ChainTerms {
+    /// The EIP-712 domain of its vouchers.
+    pub fn domain(&self) -> Domain {
+        Domain {
+            chain_id: self.chain_id,
+            contract: Address(self.channel_contract),
+        }
+    }
+
+    /// `micros` micro-units in the token's smallest units (exact; the shape check keeps the
+    /// decimals where it cannot overflow).
+    pub fn token_amount(&self, micros: u64) -> u128 {
+        let scale = 10u128.pow(u32::from(
+            self.token_decimals.saturating_sub(MIN_TOKEN_DECIMALS),
+        ));
+        u128::from(micros).saturating_mul(scale)
+    }
+
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        if !(MIN_TOKEN_DECIMALS..=MAX_TOKEN_DECIMALS).contains(&self.token_decimals) {
+            return Err(ShapeError {
+                field: "settlement.chain.token_decimals",
+                problem: format!(
+                    "{}; {MIN_TOKEN_DECIMALS} to {MAX_TOKEN_DECIMALS}",
+                    self.token_decimals
+                ),
+            });
+        }
+        if self.chain_id == 0 {
+            return Err(ShapeError {
+                field: "settlement.chain.chain_id",
+                problem: "0 is no chain".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ChainTerms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "chain {} token {} channel contract {}",
+            self.chain_id,
+            Address(self.token),
+            Address(self.channel_contract)
+        )
+    }
+}
+
+/// What an offer says about on-chain settlement: the chain it accepts and the provider's
+/// wallet (the possession half of its binding; the offer's own signature is the other).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferSettlement {
+    /// The chain, token and contract.
+    pub chain: ChainTerms,
+    /// The provider's wallet, which redeems.
+    pub wallet: WalletBinding,
+}
+
+impl Shape for OfferSettlement {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        self.chain.check_shape()?;
+        self.wallet.check_shape()
+    }
+}
+
+/// What a lease's terms say about on-chain settlement: each receipt carries an EIP-712
+/// voucher ([`LeaseSettlement::voucher`]) by the renter's wallet on lane = the lease id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseSettlement {
+    /// The chain, token and contract (the offer's).
+    pub chain: ChainTerms,
+    /// The renter's wallet (the channel's depositor, the vouchers' signer), bound to the
+    /// renter by the terms' signature and its own possession signature.
+    pub renter_wallet: WalletBinding,
+    /// The provider's wallet address (the offer's).
+    pub provider_wallet: [u8; 20],
+    /// The renter's channel epoch with that provider when it asked (the contract voids the
+    /// vouchers of earlier epochs).
+    pub epoch: u64,
+}
+
+impl Shape for LeaseSettlement {
+    fn check_shape(&self) -> Result<(), ShapeError> {
+        self.chain.check_shape()?;
+        self.renter_wallet.check_shape()
+    }
+}
+
+impl LeaseSettlement {
+    /// The voucher a receipt of `lease` paying `total_paid` micro-units carries.
+    pub fn voucher(&self, lease: &crate::types::LeaseId, total_paid: u64) -> Voucher {
+        Voucher {
+            renter: Address(self.renter_wallet.address),
+            provider: Address(self.provider_wallet),
+            epoch: self.epoch,
+            lane: lease.0.0,
+            cumulative_amount: self.chain.token_amount(total_paid),
+        }
+    }
 }
 
 /// A `uint256` ABI word of a value that fits in 128 bits (big-endian, left-padded).

@@ -163,6 +163,7 @@ fn offer() -> impl Strategy<Value = Offer> {
                 },
                 free_gpus: 0,
                 interruptible: seq % 2 == 1,
+                settlement: None,
                 addrs,
                 region,
             },
@@ -204,6 +205,7 @@ fn terms() -> impl Strategy<Value = LeaseTerms> {
                     volume: None,
                     mounts: Vec::new(),
                     verify_window_s: 0,
+                    settlement: None,
                     network,
                     offer_id: OfferId(offer),
                     offer_seq,
@@ -335,6 +337,7 @@ fn receipt() -> impl Strategy<Value = PaymentReceipt> {
             covers_wall_ms: covers,
             usage_seq: useq,
             issued_at,
+            voucher: None,
         },
     )
 }

@@ -1463,6 +1463,7 @@ impl<'s> Market<'s> {
         let terms = LeaseTerms {
             volume: None,
             mounts: Vec::new(),
+            settlement: None,
             verify_window_s: 0,
             network,
             offer_id: offer_id_of(vis.identity, vis.seq),

@@ -154,15 +154,27 @@ pub(super) async fn rent(
         };
         req.mounts = super::volumes::resolve_mounts(&s, &provider, &req.volumes).await?;
     }
-    // Renters learn before the container starts that the owner may take the GPU back.
-    if let Ok(Some(e)) = s.client.offer(offer).await
-        && e.offer.interruptible
-    {
-        let says = "this offer is interruptible: the provider's owner may stop the lease when they want the GPU back (billed to the second it stops; `search interruptible=false` for offers that are not)";
-        note = Some(match note {
+    let mut add = |says: String| {
+        note = Some(match note.take() {
             Some(n) => format!("{n}; {says}"),
-            None => says.to_string(),
+            None => says,
         });
+    };
+    if let Ok(Some(e)) = s.client.offer(offer).await {
+        // Renters learn before the container starts that the owner may take the GPU back.
+        if e.offer.interruptible {
+            add("this offer is interruptible: the provider's owner may stop the lease when they want the GPU back (billed to the second it stops; `search interruptible=false` for offers that are not)".into());
+        }
+        // And how it is paid, where either side names a chain (issue 50).
+        match s.leases.settlement_for(&e.offer) {
+            Ok(st) => add(format!(
+                "this lease settles on {}: every receipt carries your wallet's voucher",
+                st.chain
+            )),
+            Err(gridlease_contracts::settlement::GluOnly::OfferHasNone)
+                if !s.leases.settles_on_chain() => {}
+            Err(why) => add(format!("this lease settles in GLU only: {why}")),
+        }
     }
     match s.leases.rent(req).await {
         Ok(id) => Ok(Json(RentedView {

@@ -208,7 +208,15 @@ async fn check_isolation(config: &Config) -> anyhow::Result<Option<String>> {
 pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let h = Home::open(home)?;
     crate::api::ensure_not_running(home).await?;
-    let wallet = h.wallet()?.address();
+    let wallet_key = h.wallet()?;
+    let wallet = wallet_key.address();
+    // On-chain settlement (issue 50): offers name the chain, renters sign vouchers.
+    let settlement = config.chain()?.map(|chain| {
+        crate::lease::config::ChainSettlement::new(chain, &h.key, &h.network, wallet_key)
+    });
+    if let Some(s) = &settlement {
+        tracing::info!(wallet = %wallet, "settling on {}", s.chain);
+    }
     // `gridlease doctor`'s checks, in the background: what is not ok is logged with its fix.
     {
         let (home, config) = (home.to_path_buf(), config.clone());
@@ -345,6 +353,9 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     }
     // What the operator last asked for with `provide` wins over the start-up default, before
     // the first announcement.
+    for t in [&mut net.offer, &mut driver_template].into_iter().flatten() {
+        t.settlement = settlement.as_ref().map(|s| s.offer());
+    }
     let base_template = net.offer.clone().or(driver_template);
     match ProvideSettings::load(&ProvideSettings::path(home)) {
         Ok(Some(saved)) => match saved.template(base_template.as_ref()) {
@@ -372,6 +383,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     };
     (lease_config.limits.isolation, lease_config.limits.runtime) = runtime;
     lease_config.prover = prover;
+    lease_config.settlement = settlement;
     let config = net;
     let network = h.network.clone();
 

@@ -80,6 +80,11 @@ pub struct LeaseServiceConfig {
     pub logs_sweep: Duration,
     /// Provider: what volumes (issue 47) may take of this host.
     pub volumes: VolumeLimits,
+    /// On-chain settlement (issue 50): the chain this node settles on and its wallet. A
+    /// renter proposes it on offers naming the same chain and signs each receipt's voucher
+    /// with the wallet; `None`: GLU only. (A provider advertises its chain in its offer
+    /// template; it needs no key to check vouchers.)
+    pub settlement: Option<ChainSettlement>,
     /// What sessions, silence detection and holds read as "now" ([`clock::SystemClock`] in a
     /// daemon; a [`clock::ManualClock`] in tests of grace periods and expiry).
     pub clock: SharedClock,
@@ -89,6 +94,46 @@ pub struct LeaseServiceConfig {
     #[cfg(feature = "faults")]
     #[doc(hidden)]
     pub faults: Faults,
+}
+
+/// This node's on-chain settlement: the chain, its wallet's binding to the node's identity
+/// (the possession signature over the node's key on its network) and the wallet key.
+#[derive(Clone, Debug)]
+pub struct ChainSettlement {
+    /// The chain, token and contract.
+    pub chain: gridlease_protocol::wallet::ChainTerms,
+    /// The wallet's binding to this node.
+    pub binding: gridlease_protocol::wallet::WalletBinding,
+    /// The wallet key that signs vouchers.
+    pub wallet: std::sync::Arc<gridlease_protocol::wallet::WalletKey>,
+}
+
+impl ChainSettlement {
+    /// The settlement of `key`'s node on `network` with `wallet` on `chain`.
+    pub fn new(
+        chain: gridlease_protocol::wallet::ChainTerms,
+        key: &gridlease_protocol::NodeKey,
+        network: &gridlease_protocol::NetworkId,
+        wallet: gridlease_protocol::wallet::WalletKey,
+    ) -> Self {
+        Self {
+            chain,
+            binding: gridlease_protocol::wallet::WalletBinding::possession(
+                &key.public(),
+                &wallet,
+                network,
+            ),
+            wallet: std::sync::Arc::new(wallet),
+        }
+    }
+
+    /// What a provider's offer says of it.
+    pub fn offer(&self) -> gridlease_protocol::wallet::OfferSettlement {
+        gridlease_protocol::wallet::OfferSettlement {
+            chain: self.chain,
+            wallet: self.binding.clone(),
+        }
+    }
 }
 
 /// A GPU sampler shared by lease sessions, with the id it knows each offered GPU by.
@@ -134,6 +179,7 @@ impl LeaseServiceConfig {
             log_retention: LogRetention::default(),
             logs_sweep: LOGS_SWEEP,
             volumes: VolumeLimits::default(),
+            settlement: None,
             clock: clock::system(),
             #[cfg(feature = "faults")]
             faults: Faults::default(),

@@ -227,6 +227,28 @@ impl LeaseService {
         self.negotiate_and_register(req, entry).await
     }
 
+    /// How a lease on `offer` would settle: on chain where this node and the offer name the
+    /// same chain, token and contract (the offer's wallet checked); GLU only, and why,
+    /// otherwise. The channel's epoch is 0 until the node reads it from the chain.
+    pub fn settlement_for(
+        &self,
+        offer: &gridlease_protocol::Offer,
+    ) -> Result<gridlease_protocol::wallet::LeaseSettlement, gridlease_contracts::settlement::GluOnly>
+    {
+        let ours = self.ctx.config.settlement.as_ref();
+        gridlease_contracts::settlement::choose(
+            self.ctx.client.network(),
+            offer,
+            ours.map(|s| (&s.chain, &s.binding)),
+            0,
+        )
+    }
+
+    /// Whether this node settles on a chain (its configuration names one).
+    pub fn settles_on_chain(&self) -> bool {
+        self.ctx.config.settlement.is_some()
+    }
+
     /// The terms for `req` on `entry`, negotiated with its provider; an accepted lease is
     /// stored and its renter session started.
     async fn negotiate_and_register(
@@ -237,7 +259,7 @@ impl LeaseService {
         let client = &self.ctx.client;
         let grace_s = self.ctx.config.renter_grace_s;
         let now = self.ctx.now();
-        let terms = terms_for(
+        let mut terms = terms_for(
             client.network(),
             &entry,
             client.key().public(),
@@ -246,6 +268,10 @@ impl LeaseService {
             fresh_nonce(),
             now,
         )?;
+        match self.settlement_for(&entry.offer) {
+            Ok(s) => terms.settlement = Some(s),
+            Err(why) => tracing::info!(offer = %entry.id, "this lease settles in GLU only: {why}"),
+        }
         let clock = &*self.ctx.config.clock;
         let outcome =
             negotiate::negotiate(client, clock, terms, now.plus_secs(30), offer_addrs(&entry))

@@ -45,6 +45,9 @@ pub struct OfferTemplate {
     /// Proof of GPU: the verification window, the backend and its claimed rate (none by
     /// default; the daemon sets it when its prover passed its self-test).
     pub proof: gridlease_protocol::proof::ProofPolicy,
+    /// On-chain settlement: the chain this provider is paid on and its wallet binding (none:
+    /// GLU only; the daemon sets it from the chain configuration).
+    pub settlement: Option<gridlease_protocol::wallet::OfferSettlement>,
 }
 
 impl OfferTemplate {
@@ -79,6 +82,7 @@ impl OfferTemplate {
             region: String::new(),
             interruptible: false,
             proof: gridlease_protocol::proof::ProofPolicy::default(),
+            settlement: None,
         }
     }
 
@@ -127,6 +131,7 @@ impl OfferTemplate {
             region: self.region.clone(),
             free_gpus: free.map_or(all, |f| f.min(all)),
             interruptible: self.interruptible,
+            settlement: self.settlement.clone(),
         }
     }
 }

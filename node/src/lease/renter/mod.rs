@@ -332,6 +332,20 @@ impl Session {
         usage: Option<(u64, Vec<u8>)>,
         now: Timestamp,
     ) -> Option<Signed<PaymentReceipt>> {
+        // A lease settled on chain: the receipt carries the renter wallet's voucher for its
+        // total, which the provider redeems on chain.
+        let mut receipt = receipt.clone();
+        if let Some(s) = &self.lease.terms.settlement {
+            let Some(ours) = &self.ctx.config.settlement else {
+                tracing::error!(
+                    "the lease settles on chain and this node has no wallet configured for it; not paying"
+                );
+                return None;
+            };
+            let voucher = s.voucher(&self.lease.id, receipt.total_paid);
+            receipt.voucher = Some(voucher.sign(&s.chain.domain(), &ours.wallet).to_vec());
+        }
+        let receipt = &receipt;
         let rs = sign(&self.ctx, receipt)?;
         let rbytes = rs.to_bytes().ok()?;
         let (id, provider, rc) = (self.lease.id, self.provider, receipt.clone());
