@@ -175,6 +175,23 @@ mod tests {
         renter_wallet: WalletKey,
     }
 
+    impl World {
+        /// Terms of a lease on the offer, settled on its chain, and their settlement.
+        fn terms(&self) -> (LeaseTerms, LeaseSettlement) {
+            let b = binding(&self.renter, &self.renter_wallet, &self.net);
+            let s = choose(&self.net, &self.offer, Some((&chain(), &b)), 0).unwrap();
+            let mut t = fixtures::terms(
+                OfferId(gridlease_protocol::Digest([1; 32])),
+                &self.offer,
+                self.renter.public(),
+                1,
+                600,
+            );
+            t.settlement = Some(s.clone());
+            (t, s)
+        }
+    }
+
     fn world() -> World {
         let net = NetworkId::devnet();
         let (provider, renter) = (NodeKey::generate(), NodeKey::generate());
@@ -229,20 +246,16 @@ mod tests {
     #[test]
     fn the_provider_refuses_terms_off_its_chain_or_with_another_renters_wallet() {
         let w = world();
-        let b = binding(&w.renter, &w.renter_wallet, &w.net);
-        let mut t = fixtures::terms(
-            OfferId(gridlease_protocol::Digest([1; 32])),
-            &w.offer,
-            w.renter.public(),
-            1,
-            600,
-        );
+        let (t, _) = w.terms();
+        let glu = LeaseTerms {
+            settlement: None,
+            ..t.clone()
+        };
         assert_eq!(
-            check_terms(&w.net, &w.offer, &t),
+            check_terms(&w.net, &w.offer, &glu),
             Ok(()),
             "GLU only is fine"
         );
-        t.settlement = Some(choose(&w.net, &w.offer, Some((&chain(), &b)), 0).unwrap());
         assert_eq!(check_terms(&w.net, &w.offer, &t), Ok(()));
         let mut off = t.clone();
         off.settlement.as_mut().unwrap().chain.chain_id = 1;
@@ -269,16 +282,7 @@ mod tests {
     #[test]
     fn the_providers_channel_books_a_receipt_only_with_the_renters_voucher() {
         let w = world();
-        let b = binding(&w.renter, &w.renter_wallet, &w.net);
-        let mut t = fixtures::terms(
-            OfferId(gridlease_protocol::Digest([1; 32])),
-            &w.offer,
-            w.renter.public(),
-            1,
-            600,
-        );
-        let s = choose(&w.net, &w.offer, Some((&chain(), &b)), 0).unwrap();
-        t.settlement = Some(s.clone());
+        let (t, s) = w.terms();
         let id = t.lease_id().unwrap();
         let mut ch = crate::ProviderChannel::new(id, &t, fixtures::T0);
         let mut r = fixtures::receipt(id, 1, 1_000, 10_000);
