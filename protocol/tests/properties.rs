@@ -110,6 +110,32 @@ fn net_policy() -> impl Strategy<Value = NetworkPolicy> {
     prop_oneof![Just(NetworkPolicy::None), Just(NetworkPolicy::Egress)]
 }
 
+fn chain_terms() -> impl Strategy<Value = gridlease_protocol::wallet::ChainTerms> {
+    (any::<u64>(), any::<[u8; 20]>(), 6u8..=24, any::<[u8; 20]>()).prop_map(
+        |(chain_id, token, token_decimals, channel_contract)| {
+            gridlease_protocol::wallet::ChainTerms {
+                chain_id,
+                token,
+                token_decimals,
+                channel_contract,
+            }
+        },
+    )
+}
+
+fn wallet_binding() -> impl Strategy<Value = gridlease_protocol::wallet::WalletBinding> {
+    (
+        any::<[u8; 20]>(),
+        proptest::collection::vec(any::<u8>(), 65..=65),
+    )
+        .prop_map(
+            |(address, possession)| gridlease_protocol::wallet::WalletBinding {
+                address,
+                possession,
+            },
+        )
+}
+
 fn offer() -> impl Strategy<Value = Offer> {
     (
         (
@@ -129,13 +155,14 @@ fn offer() -> impl Strategy<Value = Offer> {
             proptest::collection::vec(text(12), 0..3),
             proptest::collection::vec(text(30), 0..3),
             text(8),
+            proptest::option::of((chain_terms(), wallet_binding())),
         ),
     )
         .prop_map(
             |(
                 (provider, seq, created_at, expires_at, gpus),
                 (per_gpu, price, d),
-                (network, image_prefixes, addrs, region),
+                (network, image_prefixes, addrs, region, settlement),
             )| Offer {
                 proof: Default::default(),
                 provider,
@@ -163,7 +190,9 @@ fn offer() -> impl Strategy<Value = Offer> {
                 },
                 free_gpus: 0,
                 interruptible: seq % 2 == 1,
-                settlement: None,
+                settlement: settlement.map(|(chain, wallet)| {
+                    gridlease_protocol::wallet::OfferSettlement { chain, wallet }
+                }),
                 addrs,
                 region,
             },
@@ -192,20 +221,36 @@ fn terms() -> impl Strategy<Value = LeaseTerms> {
             proptest::collection::vec(text(12), 0..5),
             proptest::collection::btree_map(text(8), text(12), 0..4),
         ),
-        (any::<u64>(), ts()),
+        (
+            any::<u64>(),
+            ts(),
+            proptest::option::of((
+                chain_terms(),
+                wallet_binding(),
+                any::<[u8; 20]>(),
+                any::<u64>(),
+            )),
+        ),
     )
         .prop_map(
             |(
                 (network, offer, offer_seq, provider, renter, gpu_count, per_gpu),
                 (price, d, max_total, network_policy),
                 (image, command, env),
-                (nonce, created_at),
+                (nonce, created_at, settlement),
             )| {
                 LeaseTerms {
                     volume: None,
                     mounts: Vec::new(),
                     verify_window_s: 0,
-                    settlement: None,
+                    settlement: settlement.map(|(chain, renter_wallet, provider_wallet, epoch)| {
+                        gridlease_protocol::wallet::LeaseSettlement {
+                            chain,
+                            renter_wallet,
+                            provider_wallet,
+                            epoch,
+                        }
+                    }),
                     network,
                     offer_id: OfferId(offer),
                     offer_seq,
@@ -329,17 +374,23 @@ fn usage() -> impl Strategy<Value = UsageReport> {
 }
 
 fn receipt() -> impl Strategy<Value = PaymentReceipt> {
-    (digest(), any::<(u64, u64, u64, u64)>(), ts()).prop_map(
-        |(id, (seq, total, covers, useq), issued_at)| PaymentReceipt {
-            lease_id: LeaseId(id),
-            seq,
-            total_paid: total,
-            covers_wall_ms: covers,
-            usage_seq: useq,
-            issued_at,
-            voucher: None,
-        },
+    (
+        digest(),
+        any::<(u64, u64, u64, u64)>(),
+        ts(),
+        proptest::option::of(proptest::collection::vec(any::<u8>(), 65..=65)),
     )
+        .prop_map(
+            |(id, (seq, total, covers, useq), issued_at, voucher)| PaymentReceipt {
+                lease_id: LeaseId(id),
+                seq,
+                total_paid: total,
+                covers_wall_ms: covers,
+                usage_seq: useq,
+                issued_at,
+                voucher,
+            },
+        )
 }
 
 fn amendment() -> impl Strategy<Value = LeaseAmendment> {
