@@ -168,6 +168,32 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
         );
     }
     assert_eq!(vouchers[0], vouchers[1], "both sides hold the same voucher");
+    // `gridlease wallet` shows the chain and the same voucher on both sides: the provider's
+    // to redeem, the renter's as signed.
+    for (home, role) in [(&ph, "provider"), (&rh, "renter")] {
+        let w = json(home, &["wallet"]);
+        assert_eq!(w["address"], json(home, &["status"])["wallet"], "{w}");
+        assert_eq!(w["chain"]["chain_id"], chain["chain_id"], "{w}");
+        assert_eq!(w["chain"]["token_decimals"], 18, "{w}");
+        let v = &w["vouchers"][0];
+        assert_eq!(w["vouchers"].as_array().map(Vec::len), Some(1), "{w}");
+        assert_eq!(v["role"], role, "{w}");
+        assert_eq!(v["state"], "settled", "{w}");
+        for (k, sk) in [
+            ("amount", "voucher_amount"),
+            ("signature", "voucher_signature"),
+            ("lane", "lane"),
+            ("renter_wallet", "renter_wallet"),
+            ("provider_wallet", "provider_wallet"),
+        ] {
+            assert_eq!(v[k], vouchers[0][sk], "{k}: {w}");
+        }
+        let shown = text(&cli_support::cli(home, &["wallet"]).stdout);
+        assert!(
+            shown.contains("settles on chain") && shown.contains(v["amount"].as_str().unwrap()),
+            "{shown}"
+        );
+    }
 
     // The contract pays the provider's wallet exactly the voucher, from the renter's deposit.
     let s = &vouchers[0];
@@ -248,4 +274,9 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
     );
     let v = verify(&f);
     assert_eq!(v["settlement"], Value::Null, "{v}");
+    let w = json(&gh, &["wallet"]);
+    assert_eq!(w["chain"], Value::Null, "{w}");
+    assert_eq!(w["vouchers"], serde_json::json!([]), "{w}");
+    let shown = text(&cli_support::cli(&gh, &["wallet"]).stdout);
+    assert!(shown.contains("settles in GLU only"), "{shown}");
 }

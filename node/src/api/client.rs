@@ -182,6 +182,11 @@ impl ApiClient {
         self.get("/v1/ledger").await
     }
 
+    /// `GET /v1/wallet`.
+    pub async fn wallet(&self) -> Result<crate::lease::wallet::WalletView, ClientError> {
+        self.get("/v1/wallet").await
+    }
+
     /// `POST path` with a JSON body and `Upgrade: gridlease-access`: answers the upgraded
     /// connection once the daemon switched protocols (an interactive access stream), or the
     /// daemon's error (a refusal is [`ClientError::Api`] with status 409).

@@ -170,3 +170,30 @@ pub(super) async fn peers(State(s): State<ApiState>) -> Result<Json<Vec<PeerView
 pub(super) async fn gpus(State(s): State<ApiState>) -> Json<GpusView> {
     Json((*s.gpus).clone())
 }
+
+/// `GET /v1/wallet`.
+#[utoipa::path(
+    get,
+    path = "/v1/wallet",
+    operation_id = "getWallet",
+    tag = "node",
+    summary = "The settlement wallet, the chain it settles on, and the on-chain vouchers of its leases",
+    responses(
+        (status = 200, description = "The wallet: address, chain (null: GLU only) and the last voucher of each lease settled on chain", body = crate::lease::wallet::WalletView),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+pub(super) async fn wallet(
+    State(s): State<ApiState>,
+) -> Result<Json<crate::lease::wallet::WalletView>, ApiError> {
+    let vouchers = s.leases.vouchers().await.map_err(ApiError::internal)?;
+    Ok(Json(crate::lease::wallet::WalletView {
+        address: s.wallet.to_string(),
+        chain: s
+            .leases
+            .chain()
+            .as_ref()
+            .map(crate::lease::wallet::ChainView::of),
+        vouchers,
+    }))
+}

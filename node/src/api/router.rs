@@ -97,6 +97,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(ssh::ssh))
         .routes(routes!(leases::statement))
         .routes(routes!(leases::ledger))
+        .routes(routes!(node::wallet))
 }
 
 /// The router with every route; unknown paths and methods answer problems too.

@@ -33,6 +33,7 @@ pub mod stop;
 pub mod top;
 pub mod verify_gpu;
 pub mod volume;
+pub mod wallet;
 pub mod watchdog;
 
 use std::path::PathBuf;
@@ -167,6 +168,9 @@ pub enum Command {
     Dashboard(dashboard::DashboardArgs),
     /// Earnings and spend, per lease and in total.
     Ledger(ledger::LedgerArgs),
+    /// The settlement wallet: its address, the chain it settles on, and the last on-chain
+    /// voucher of each lease (what the channel contract's redeem takes).
+    Wallet(wallet::WalletArgs),
     /// Write a lease's statement: every signed message that says what is owed, in one file.
     ///
     /// `statement LEASE --out FILE`; anyone checks it with `gridlease verify FILE`.

@@ -92,6 +92,7 @@ pub mod session;
 mod settings;
 pub mod telemetry;
 pub mod view;
+pub mod wallet;
 pub mod watchdog;
 pub mod wire;
 

@@ -244,9 +244,20 @@ impl LeaseService {
         )
     }
 
+    /// The chain this node settles on (`None`: GLU only).
+    pub fn chain(&self) -> Option<gridlease_protocol::wallet::ChainTerms> {
+        self.ctx.config.settlement.as_ref().map(|s| s.chain)
+    }
+
     /// Whether this node settles on a chain (its configuration names one).
     pub fn settles_on_chain(&self) -> bool {
-        self.ctx.config.settlement.is_some()
+        self.chain().is_some()
+    }
+
+    /// The last voucher of each of this node's leases settled on chain (`gridlease wallet`).
+    pub async fn vouchers(&self) -> Result<Vec<super::wallet::VoucherView>, LeaseError> {
+        let leases = self.ctx.store.call(|s| s.leases_with_records()).await?;
+        Ok(super::wallet::vouchers(&leases))
     }
 
     /// The terms for `req` on `entry`, negotiated with its provider; an accepted lease is
