@@ -4,8 +4,9 @@
 //! `gridlease verify` checks and shows; and the channel contract, compiled by the pinned Vyper
 //! and run on a real EVM (py-evm through eth-tester, `settlement/tests/redeem_voucher.py`),
 //! pays the provider exactly that voucher: the settled amount to the micro-unit, in an
-//! 18-decimals token. A renter on no chain leases from the same provider in GLU only, and the
-//! statement says so.
+//! 18-decimals token. `gridlease wallet` shows the chain and that voucher on both sides. A
+//! renter on no chain leases from the same provider in GLU only, and `rent`, the statement and
+//! its wallet say so.
 //!
 //! Needs Docker and `target/settlement-venv` (both made by `.ci/run`): with
 //! `GRIDLEASE_REQUIRE_DOCKER=1` it fails when either is missing.
