@@ -359,7 +359,11 @@ fn forward_serves_a_big_file_and_many_connections_and_only_the_renter_gets_in() 
     assert!(stderr.contains("the lease is not running"), "{stderr}");
     let shell = cli(&rh, &["shell", &id]);
     assert_eq!(shell.status.code(), Some(4), "{}", text(&shell.stderr));
-    assert!(text(&shell.stderr).contains("not running"));
+    assert!(
+        text(&shell.stderr).contains("the lease is not running"),
+        "{}",
+        text(&shell.stderr)
+    );
     // A forward asked of the renter's node now: the provider refuses it (409, the reason).
     let refused = Command::new("curl")
         .args(["-sS", "-X", "POST", "-w", "\n%{http_code}"])
@@ -401,6 +405,17 @@ fn forward_serves_a_big_file_and_many_connections_and_only_the_renter_gets_in() 
         errors.contains("-> 9: nothing listens on port 9 in the container"),
         "{errors}"
     );
+    // Once the provider's access gate has dropped the renter (it refreshes every 5 s), the
+    // renter of the ended lease is still told the lease's own reason, not "you are not the
+    // renter", and is never blocked as a stranger would be.
+    std::thread::sleep(Duration::from_secs(6));
+    for _ in 0..3 {
+        let (code, _, stderr) = exec(&rh, &id, &["id"], b"");
+        assert_eq!(code, 4, "{stderr}");
+        assert!(stderr.contains("the lease is not running"), "{stderr}");
+    }
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(!logged.contains("peer blocked"), "{logged}");
     drop(m);
 }
 

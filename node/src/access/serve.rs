@@ -24,6 +24,7 @@ use super::{
 };
 use crate::lease::LeaseService;
 use crate::net::Client;
+use crate::store::Role;
 
 type Io = Compat<libp2p::Stream>;
 
@@ -348,6 +349,24 @@ impl Server {
         }
     }
 
+    /// Why a request of a peer the gate does not know is refused: the lease's own reason
+    /// when the peer is its renter (it has ended: "not running"), else
+    /// [`AccessRefusal::NotRenter`], the same for a lease that does not exist, so a stranger
+    /// learns nothing of the leases here.
+    async fn refusal_of_no_lease(&self, peer: &PeerId, req: &AccessRequest) -> AccessRefusal {
+        let view = match self.leases.lease(req.lease_id()).await {
+            Ok(Some(v)) if v.role == Role::Provider && v.counterparty == peer.to_string() => v,
+            _ => return AccessRefusal::NotRenter,
+        };
+        match authorize(peer, req, Some(&view), self.policy, self.leases.now()) {
+            // The gate's cache lags a lease that has just started: the next try is admitted.
+            Ok(()) => AccessRefusal::Failed {
+                message: "the lease has only just started here; retry in a few seconds".into(),
+            },
+            Err(r) => r,
+        }
+    }
+
     /// Logs (within the budget) a stream dropped before its request was read.
     fn dropped(&self, peer: &PeerId, why: &str) {
         if let Some(unlogged) = self.log.allow() {
@@ -368,25 +387,30 @@ impl Server {
         if vet.is_some() {
             self.gate.refresh(GATE_REFILL_ON_MISS).await;
             if !self.gate.knows(&peer) {
-                // A stranger: told so (its request read within a short time, for the log and
-                // the counters), never given a slot.
-                self.strike(peer);
+                // No running lease of this peer here: its request (read within a short time)
+                // is refused, never given a slot.
                 let req = tokio::time::timeout(
                     STRANGER_TIMEOUT,
                     frames::read::<AccessRequest, MAX_REQUEST_FRAME, _>(&mut io),
                 )
                 .await;
-                if let Ok(Ok(Some(req))) = req {
-                    self.stats.refuse(req.kind());
-                    if let Some(unlogged) = self.log.allow() {
-                        tracing::warn!(%peer, lease = %req.lease_id(), kind = req.kind().name(), reason = %AccessRefusal::NotRenter, unlogged, "access refused");
+                let refusal = match req {
+                    Ok(Ok(Some(req))) => {
+                        let refusal = self.refusal_of_no_lease(&peer, &req).await;
+                        self.stats.refuse(req.kind());
+                        if let Some(unlogged) = self.log.allow() {
+                            tracing::warn!(%peer, lease = %req.lease_id(), kind = req.kind().name(), reason = %refusal, unlogged, "access refused");
+                        }
+                        refusal
                     }
+                    _ => AccessRefusal::NotRenter,
+                };
+                // A stranger counts towards a block; the renter of a lease that has ended
+                // (told so: "the lease is not running") does not.
+                if refusal == AccessRefusal::NotRenter {
+                    self.strike(peer);
                 }
-                let _ = tokio::time::timeout(
-                    STRANGER_TIMEOUT,
-                    refuse(&mut io, AccessRefusal::NotRenter),
-                )
-                .await;
+                let _ = tokio::time::timeout(STRANGER_TIMEOUT, refuse(&mut io, refusal)).await;
                 return;
             }
         }
