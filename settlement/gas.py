@@ -23,12 +23,12 @@ def main() -> None:
     gas("deposit (opens the channel)", f.deposit(p.address, 1_000_000), r)
     gas("deposit (top-up)", f.deposit(p.address, 1_000_000), r)
     lane = b"\x01" * 32
-    gas("redeem (a lane's first)", f.redeem(r.address, lane, 1_000, c.sign(r, p, lane, 1_000)), p)
-    gas("redeem (the same lane again)", f.redeem(r.address, lane, 2_000, c.sign(r, p, lane, 2_000)), p)
+    gas("redeem (a lane's first)", f.redeem(r.address, lane, 1_000, 1_000, c.sign(r, p, lane, 1_000)), p)
+    gas("redeem (the same lane again)", f.redeem(r.address, lane, 2_000, 2_000, c.sign(r, p, lane, 2_000)), p)
     batch = []
     for i in range(2, 12):
         lane = bytes([i]) * 32
-        batch.append((r.address, lane, 1_000, c.sign(r, p, lane, 1_000)))
+        batch.append((r.address, lane, 1_000, 1_000, c.sign(r, p, lane, 1_000)))
     receipt = c.send(f.redeem_batch(batch), p)
     rows.append(("redeem_batch of 10 new lanes, per voucher", receipt.gasUsed // 10))
     gas("start_close", f.start_close(p.address), r)

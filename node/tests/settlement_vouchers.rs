@@ -143,15 +143,17 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
         );
         let v = verify(&f);
         let s = &v["settlement"];
-        assert_eq!(s["chain_id"], chain["chain_id"], "{who}: {v}");
+        assert_eq!(s["chain"]["chain_id"], chain["chain_id"], "{who}: {v}");
         assert_eq!(
-            s["channel_contract"], chain["channel_contract"],
+            s["chain"]["channel_contract"], chain["channel_contract"],
             "{who}: {v}"
         );
         assert_eq!(s["lane"], format!("0x{id}"), "{who}: {v}");
         assert_eq!(s["epoch"], 0, "{who}: {v}");
-        let amount: u128 = s["voucher_amount"].as_str().unwrap().parse().unwrap();
+        let amount: u128 = s["voucher"]["amount"].as_str().unwrap().parse().unwrap();
         assert_eq!(amount, u128::from(settled) * scale, "{who}: {v}");
+        // In arrears (no prepay) the provider claims the whole voucher.
+        assert_eq!(s["voucher"]["claim"], s["voucher"]["amount"], "{who}: {v}");
         vouchers.push(s.clone());
         let shown = text(
             &bin()
@@ -180,14 +182,11 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
         assert_eq!(w["vouchers"].as_array().map(Vec::len), Some(1), "{w}");
         assert_eq!(v["role"], role, "{w}");
         assert_eq!(v["state"], "settled", "{w}");
-        for (k, sk) in [
-            ("amount", "voucher_amount"),
-            ("signature", "voucher_signature"),
-            ("lane", "lane"),
-            ("renter_wallet", "renter_wallet"),
-            ("provider_wallet", "provider_wallet"),
-        ] {
-            assert_eq!(v[k], vouchers[0][sk], "{k}: {w}");
+        for k in ["amount", "claim", "signature"] {
+            assert_eq!(v[k], vouchers[0]["voucher"][k], "{k}: {w}");
+        }
+        for k in ["chain", "lane", "epoch", "renter_wallet", "provider_wallet"] {
+            assert_eq!(v[k], vouchers[0][k], "{k}: {w}");
         }
         let shown = text(&cli_support::cli(home, &["wallet"]).stdout);
         assert!(
@@ -198,7 +197,7 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
 
     // The contract pays the provider's wallet exactly the voucher, from the renter's deposit.
     let s = &vouchers[0];
-    let amount = s["voucher_amount"].as_str().unwrap();
+    let amount = s["voucher"]["amount"].as_str().unwrap();
     let deposit = (u128::from(settled) * scale + 5 * scale).to_string();
     let paid = redeem_voucher(
         &py,
@@ -214,8 +213,10 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
             s["lane"].as_str().unwrap(),
             "--amount",
             amount,
+            "--claim",
+            s["voucher"]["claim"].as_str().unwrap(),
             "--signature",
-            s["voucher_signature"].as_str().unwrap(),
+            s["voucher"]["signature"].as_str().unwrap(),
         ],
     );
     let amount: u128 = amount.parse().unwrap();

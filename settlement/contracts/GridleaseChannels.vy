@@ -5,7 +5,9 @@
 @notice Unidirectional ERC-20 payment channels from renters to providers. A renter deposits
         once per provider; every lease is a lane of that channel; the renter signs cumulative
         vouchers (EIP-712) as it pays by the second; the provider redeems a lane's last voucher
-        and is paid the difference from what that lane already redeemed. A renter ends a
+        and is paid the difference from what that lane already redeemed, up to the amount it
+        claims (at most the voucher's: a prepaid voucher authorises more than was used, and
+        the provider claims what the lease's statement owes). A renter ends a
         channel with a close that waits out a challenge period, during which the provider can
         still redeem; after it the unredeemed deposit returns to the renter.
 
@@ -37,7 +39,10 @@ struct Channel:
 struct Voucher:
     renter: address
     lane: bytes32
+    # What the renter signed: the most this lane can ever be paid.
     cumulative_amount: uint256
+    # What the provider takes on this lane in all, at most `cumulative_amount`.
+    claim: uint256
     signature: Bytes[65]
 
 event Deposited:
@@ -53,6 +58,7 @@ event Redeemed:
     lane: indexed(bytes32)
     epoch: uint256
     cumulative_amount: uint256
+    claim: uint256
     paid: uint256
     unpaid: uint256
 
@@ -170,9 +176,10 @@ def _redeem(provider: address, v: Voucher) -> uint256:
         self._digest(v.renter, provider, c.epoch, v.lane, v.cumulative_amount), v.signature
     )
     assert signer == v.renter and signer != empty(address), "not signed by the renter"
+    assert v.claim <= v.cumulative_amount, "claim beyond the voucher"
     already: uint256 = self.lane_redeemed[v.renter][provider][c.epoch][v.lane]
-    assert v.cumulative_amount > already, "nothing new on this lane"
-    owed: uint256 = v.cumulative_amount - already
+    assert v.claim > already, "nothing new on this lane"
+    owed: uint256 = v.claim - already
     pay: uint256 = min(owed, c.deposit - c.redeemed)
     assert pay > 0, "channel is empty"
     self.lane_redeemed[v.renter][provider][c.epoch][v.lane] = already + pay
@@ -183,6 +190,7 @@ def _redeem(provider: address, v: Voucher) -> uint256:
         lane=v.lane,
         epoch=c.epoch,
         cumulative_amount=v.cumulative_amount,
+        claim=v.claim,
         paid=pay,
         unpaid=owed - pay,
     )
@@ -191,15 +199,24 @@ def _redeem(provider: address, v: Voucher) -> uint256:
 
 @external
 @nonreentrant
-def redeem(renter: address, lane: bytes32, cumulative_amount: uint256, signature: Bytes[65]) -> uint256:
+def redeem(
+    renter: address, lane: bytes32, cumulative_amount: uint256, claim: uint256, signature: Bytes[65]
+) -> uint256:
     """
-    @notice The caller (the provider) redeems `renter`'s voucher for `lane`: it is paid what
-            the voucher says beyond what the lane already redeemed, as far as the deposit goes
-            (the rest stays redeemable after a top-up). Returns what it was paid.
+    @notice The caller (the provider) redeems `renter`'s voucher for `lane`, signed for
+            `cumulative_amount`: it is paid `claim` (at most the voucher's amount) beyond what
+            the lane already redeemed, as far as the deposit goes (the rest stays redeemable
+            after a top-up). Returns what it was paid.
     """
     pay: uint256 = self._redeem(
         msg.sender,
-        Voucher(renter=renter, lane=lane, cumulative_amount=cumulative_amount, signature=signature),
+        Voucher(
+            renter=renter,
+            lane=lane,
+            cumulative_amount=cumulative_amount,
+            claim=claim,
+            signature=signature,
+        ),
     )
     assert extcall TOKEN.transfer(msg.sender, pay, default_return_value=True), "transfer failed"
     return pay

@@ -9,7 +9,7 @@ same nonces, so they have the same addresses on every fresh chain: the nodes are
 with them before the lease, and the redeem runs on a fresh chain after it.
 
     python settlement/tests/redeem_voucher.py redeem --renter-key HEX --provider-key HEX \
-        --deposit N --lane 0x.. --amount N --signature 0x..
+        --deposit N --lane 0x.. --amount N [--claim N] --signature 0x..
         -> {"paid": N, "provider": N, "renter": N, "channel": N, "minted": N}
 
 The renter (its wallet key from its node's home) deposits `deposit` token units into its
@@ -67,6 +67,7 @@ def main() -> int:
         r.add_argument(flag, required=True)
     r.add_argument("--deposit", type=int, required=True)
     r.add_argument("--amount", type=int, required=True)
+    r.add_argument("--claim", type=int, help="what the provider claims (default: the amount)")
     args = ap.parse_args()
     tester, w3, token, channels = fresh_chain()
     if args.cmd == "addresses":
@@ -80,7 +81,8 @@ def main() -> int:
     send(w3, channels.functions.deposit(provider, args.deposit), renter)
     lane = bytes.fromhex(args.lane.removeprefix("0x"))
     sig = bytes.fromhex(args.signature.removeprefix("0x"))
-    rx = send(w3, channels.functions.redeem(renter, lane, args.amount, sig), provider)
+    claim = args.amount if args.claim is None else args.claim
+    rx = send(w3, channels.functions.redeem(renter, lane, args.amount, claim, sig), provider)
     (red,) = channels.events.Redeemed().process_receipt(rx, errors=DISCARD)
     print(json.dumps({
         "paid": red.args.paid,

@@ -26,9 +26,10 @@ def reverts(chain: Chain, fn, sender, reason: str):
     assert reason in str(e.value), str(e.value)
 
 
-def redeem(chain, lane, amount, sig, provider=None, renter=None):
+def redeem(chain, lane, amount, sig, provider=None, renter=None, claim=None):
     renter = renter or chain.renter
-    return chain.channels.functions.redeem(renter.address, lane, amount, sig), (
+    claim = amount if claim is None else claim
+    return chain.channels.functions.redeem(renter.address, lane, amount, claim, sig), (
         provider or chain.provider
     )
 
@@ -144,12 +145,35 @@ def test_a_batch_pays_several_lanes_at_once(chain):
     c, r, p = chain, chain.renter, chain.provider
     c.send(c.channels.functions.deposit(p.address, 10_000), r)
     lanes = [bytes([i]) * 32 for i in range(1, 6)]
-    batch = [(r.address, lane, 100 * i, c.sign(r, p, lane, 100 * i)) for i, lane in enumerate(lanes, 1)]
+    batch = [
+        (r.address, lane, 100 * i, 100 * i, c.sign(r, p, lane, 100 * i))
+        for i, lane in enumerate(lanes, 1)
+    ]
     rx = c.send(c.channels.functions.redeem_batch(batch), p)
     assert len(events(c, "Redeemed", rx)) == 5
     assert c.balance(p) == 1_500
     # One stale voucher fails the whole batch.
     reverts(c, c.channels.functions.redeem_batch(batch[:1]), p, "nothing new on this lane")
+
+
+def test_a_provider_claims_what_was_used_of_a_prepaid_voucher_and_never_beyond_it(chain):
+    c, r, p = chain, chain.renter, chain.provider
+    c.send(c.channels.functions.deposit(p.address, 10_000), r)
+    # A prepaid voucher authorises 5,000; the lease used 3,200 of it: the provider claims that.
+    v = c.sign(r, p, LANE_A, 5_000)
+    rx = c.send(*redeem(c, LANE_A, 5_000, v, claim=3_200))
+    (red,) = events(c, "Redeemed", rx)
+    assert (red.args.cumulative_amount, red.args.claim, red.args.paid) == (5_000, 3_200, 3_200)
+    assert c.balance(p) == 3_200
+    # Never beyond what the renter signed; a later, larger claim on the same voucher takes the
+    # difference only.
+    reverts(c, *redeem(c, LANE_A, 5_000, v, claim=5_001), "claim beyond the voucher")
+    reverts(c, *redeem(c, LANE_A, 5_000, v, claim=3_200), "nothing new on this lane")
+    rx = c.send(*redeem(c, LANE_A, 5_000, v, claim=5_000))
+    assert events(c, "Redeemed", rx)[0].args.paid == 1_800
+    assert c.balance(p) == 5_000
+    # The claim is the provider's, never the renter's: a claim does not make a voucher valid.
+    reverts(c, *redeem(c, LANE_B, 9_000, v, claim=100), "not signed by the renter")
 
 
 def test_tokens_that_return_nothing_or_take_a_fee():
@@ -186,7 +210,7 @@ def test_a_token_that_calls_back_cannot_reenter(chain):
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("sign"), st.integers(0, 2), st.integers(1, 4_000)),
-        st.tuples(st.just("redeem"), st.integers(0, 2), st.integers(0, 50)),
+        st.tuples(st.just("redeem"), st.integers(0, 2), st.integers(0, 50), st.integers(0, 100)),
         st.tuples(st.just("deposit"), st.integers(1, 5_000)),
         st.tuples(st.just("close")),
         st.tuples(st.just("travel"), st.integers(1, 2 * CHALLENGE)),
@@ -201,7 +225,7 @@ OPS = st.lists(
 @given(ops=OPS)
 def test_never_paid_more_than_signed_never_losing_more_than_the_latest_voucher(ops):
     """For any sequence of vouchers (signed in increasing amounts per lane), redeems of any of
-    them (stale ones too), top-ups, closes, waits and withdrawals: per epoch and lane, the
+    them (stale ones too) claiming any share of them (or more), top-ups, closes, waits and withdrawals: per epoch and lane, the
     provider is never paid more than the largest amount the renter signed; the renter never
     loses more than the sum of its latest vouchers; and the contract holds exactly what it owes.
     """
@@ -224,7 +248,9 @@ def test_never_paid_more_than_signed_never_losing_more_than_the_latest_voucher(o
                 vs = signed.get((epoch, lanes[op[1]]))
                 if vs:
                     amount, sig = vs[op[2] % len(vs)]
-                    rx = c.send(*redeem(c, lanes[op[1]], amount, sig))
+                    # The provider claims any share of it (or, past 100 %, more: refused).
+                    claim = amount * op[3] // 99
+                    rx = c.send(*redeem(c, lanes[op[1]], amount, sig, claim=claim))
                     for e in events(c, "Redeemed", rx):
                         k = (e.args.epoch, e.args.lane)
                         paid[k] = paid.get(k, 0) + e.args.paid

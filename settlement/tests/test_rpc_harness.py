@@ -91,7 +91,7 @@ def test_the_channel_over_json_rpc_with_raw_transactions(rpc):
     # The voucher as the node's Rust side signs it (same EIP-712 digest, checked there).
     digest = channels.functions.voucher_digest(renter, provider, 0, b"\x07" * 32, 2_500).call()
     sig = Account._sign_hash(digest, renter_key).signature
-    tx(channels.functions.redeem(renter, b"\x07" * 32, 2_500, bytes(sig)), provider_key)
+    tx(channels.functions.redeem(renter, b"\x07" * 32, 2_500, 2_500, bytes(sig)), provider_key)
     assert token.functions.balanceOf(provider).call() == 2_500
     # Logs are there for a node watching the channel.
     logs = w3.eth.get_logs({"address": channels.address, "fromBlock": 0})

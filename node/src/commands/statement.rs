@@ -13,6 +13,7 @@ use gridlease_protocol::statement::{MAX_STATEMENT_BYTES, Statement};
 use serde::Serialize;
 
 use crate::api::client::ApiClient;
+use crate::lease::wallet::{LaneView, SignedVoucher};
 use crate::output::Printer;
 
 /// Arguments of `gridlease statement`.
@@ -93,63 +94,43 @@ pub struct VerdictView {
 /// A statement's on-chain settlement: what the channel contract redeems.
 #[derive(Debug, Serialize)]
 pub struct SettlementView {
-    /// EIP-155 chain id.
-    pub chain_id: u64,
-    /// The token (EIP-55 address).
-    pub token: String,
-    /// The channel contract.
-    pub channel_contract: String,
-    /// The renter's wallet: the channel's depositor and the vouchers' signer.
-    pub renter_wallet: String,
-    /// The provider's wallet: who redeems.
-    pub provider_wallet: String,
-    /// The renter's channel epoch the vouchers are for.
-    pub epoch: u64,
-    /// The lane (the lease id, as a bytes32).
-    pub lane: String,
-    /// The last receipt's voucher: its cumulative amount in the token's smallest units
-    /// (decimal; none when nothing was paid).
-    pub voucher_amount: Option<String>,
-    /// Its EIP-712 signature (hex, 65 bytes), checked against the renter's wallet.
-    pub voucher_signature: Option<String>,
+    /// Where the lease settles.
+    #[serde(flatten)]
+    pub lane: LaneView,
+    /// The last receipt's voucher, its signature checked against the renter's wallet (none
+    /// when nothing was paid).
+    pub voucher: Option<SignedVoucher>,
 }
 
 impl SettlementView {
     fn of(v: &Verdict) -> Option<Self> {
-        use gridlease_protocol::wallet::Address;
         let s = v.terms.settlement.as_ref()?;
-        let voucher = v.receipt.as_ref().and_then(|r| {
-            let sig = r.voucher.as_ref()?;
-            Some((s.voucher(&v.lease_id, r.total_paid), sig))
-        });
         Some(Self {
-            chain_id: s.chain.chain_id,
-            token: Address(s.chain.token).to_string(),
-            channel_contract: Address(s.chain.channel_contract).to_string(),
-            renter_wallet: Address(s.renter_wallet.address).to_string(),
-            provider_wallet: Address(s.provider_wallet).to_string(),
-            epoch: s.epoch,
-            lane: format!("0x{}", hex::encode(v.lease_id.0.0)),
-            voucher_amount: voucher.map(|(v, _)| v.cumulative_amount.to_string()),
-            voucher_signature: voucher.map(|(_, sig)| format!("0x{}", hex::encode(sig))),
+            lane: LaneView::of(s, &v.lease_id),
+            voucher: v
+                .receipt
+                .as_ref()
+                .and_then(|r| SignedVoucher::of(s, &v.lease_id, r, v.last_report.as_ref())),
         })
     }
 
     fn sentence(&self) -> String {
-        let paid = match &self.voucher_amount {
-            Some(a) => {
-                format!("the last receipt's voucher pays {a} token units (signature checked)")
-            }
+        let paid = match &self.voucher {
+            Some(v) => format!(
+                "the last receipt's voucher signs {} token units, of which the provider claims {} (signature checked)",
+                v.amount, v.claim
+            ),
             None => "no voucher: nothing paid".into(),
         };
+        let l = &self.lane;
         format!(
             "settles on chain {} in token {} through {}: {paid}, from renter wallet {} to provider wallet {}, epoch {}",
-            self.chain_id,
-            self.token,
-            self.channel_contract,
-            self.renter_wallet,
-            self.provider_wallet,
-            self.epoch
+            l.chain.chain_id,
+            l.chain.token,
+            l.chain.channel_contract,
+            l.renter_wallet,
+            l.provider_wallet,
+            l.epoch
         )
     }
 }

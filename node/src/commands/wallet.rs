@@ -36,21 +36,29 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &WalletArgs) -> anyhow::
                     short(&v.lease_id),
                     v.role.as_str().to_string(),
                     v.state.clone(),
-                    v.amount.clone(),
+                    v.voucher.amount.clone(),
+                    v.voucher.claim.clone(),
                     match v.role {
-                        crate::store::Role::Provider => v.renter_wallet.clone(),
-                        crate::store::Role::Renter => v.provider_wallet.clone(),
+                        crate::store::Role::Provider => v.lane.renter_wallet.clone(),
+                        crate::store::Role::Renter => v.lane.provider_wallet.clone(),
                     },
                 ]
             })
             .collect();
         p.table(
-            &["lease", "role", "state", "amount (token units)", "counterparty wallet"],
+            &[
+                "lease",
+                "role",
+                "state",
+                "signed (token units)",
+                "claim",
+                "counterparty wallet",
+            ],
             rows,
-            &[4, 2],
+            &[5, 2],
             false,
         );
-        p.line("`--json wallet` gives each voucher's lane, epoch and signature: what redeem(renter, lane, amount, signature) takes");
+        p.line("`--json wallet` gives each voucher's lane, epoch and signature: what redeem(renter, lane, amount, claim, signature) takes");
     });
     Ok(0)
 }
