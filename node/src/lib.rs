@@ -10,6 +10,7 @@
 
 pub mod access;
 pub mod api;
+pub mod chain;
 pub mod clock;
 pub mod commands;
 pub mod config;

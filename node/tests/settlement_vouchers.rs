@@ -12,39 +12,18 @@
 //! `GRIDLEASE_REQUIRE_DOCKER=1` it fails when either is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+mod chain_support;
 mod cli_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use chain_support::{python_or_skip, workspace};
 use cli_support::{
-    bin, docker_required, json, lease_of, market_configured, probe_image_or_skip, start_node, text,
-    wait_for,
+    bin, json, lease_of, market_configured, probe_image_or_skip, start_node, text, wait_for,
 };
 use serde_json::Value;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// The settlement venv's python, or `None` (skip) where it is missing and not required.
-fn python_or_skip() -> Option<PathBuf> {
-    let py = workspace().join("target/settlement-venv/bin/python");
-    if py.exists() {
-        return Some(py);
-    }
-    assert!(
-        !docker_required(),
-        "{} is missing: `.ci/run` makes it (settlement/requirements.txt)",
-        py.display()
-    );
-    eprintln!("settlement_vouchers: SKIPPED, no {}", py.display());
-    None
-}
 
 fn redeem_voucher(py: &Path, args: &[&str]) -> Value {
     let out = Command::new(py)
@@ -113,7 +92,7 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
     let Some(image) = probe_image_or_skip("settlement_vouchers") else {
         return;
     };
-    let Some(py) = python_or_skip() else {
+    let Some(py) = python_or_skip("settlement_vouchers") else {
         return;
     };
     let chain = redeem_voucher(&py, &["addresses"]);
