@@ -165,6 +165,13 @@ pub struct Config {
     /// The payment channel contract (`settlement/contracts/GridleaseChannels.vy`) on that
     /// chain. Default: none.
     pub channel_contract: Option<String>,
+    /// The chain's JSON-RPC endpoint (`http://` or `https://`): with it the node redeems its
+    /// settled leases' vouchers itself (`crate::settlement`). Needs `chain_id`, `token` and
+    /// `channel_contract`. Default: none (vouchers are kept; `gridlease wallet` lists them).
+    pub chain_rpc: Option<String>,
+    /// Seconds between the settlement service's passes (queue settled leases, redeem, watch
+    /// for closes). Default: 60.
+    pub redeem_interval_secs: u64,
 }
 
 impl Config {
@@ -258,6 +265,8 @@ impl Default for Config {
             token: None,
             token_decimals: 6,
             channel_contract: None,
+            chain_rpc: None,
+            redeem_interval_secs: 60,
         }
     }
 }
@@ -386,6 +395,14 @@ pub struct Overrides {
     #[arg(long, value_name = "ADDRESS", env = env_vars::GRIDLEASE_CHANNEL_CONTRACT)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub channel_contract: Option<String>,
+    /// The chain's JSON-RPC endpoint: the node redeems its vouchers itself.
+    #[arg(long, value_name = "URL", env = env_vars::GRIDLEASE_CHAIN_RPC)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_rpc: Option<String>,
+    /// Seconds between settlement passes (default 60).
+    #[arg(long, value_name = "SECS", env = env_vars::GRIDLEASE_REDEEM_INTERVAL_SECS)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redeem_interval_secs: Option<u64>,
     /// Disable mDNS LAN discovery (same as --mdns=false).
     #[arg(long, conflicts_with = "mdns")]
     #[serde(skip)]
@@ -657,7 +674,28 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        self.chain()?;
+        let chain = self.chain()?;
+        if let Some(rpc) = &self.chain_rpc {
+            if chain.is_none() {
+                return Err(ConfigError::Invalid {
+                    field: "chain_rpc",
+                    problem: "needs chain_id, token and channel_contract".into(),
+                });
+            }
+            let rpc = rpc.trim();
+            if !(rpc.starts_with("http://") || rpc.starts_with("https://")) {
+                return Err(ConfigError::Invalid {
+                    field: "chain_rpc",
+                    problem: "must be an http:// or https:// URL".into(),
+                });
+            }
+        }
+        if !(1..=86_400).contains(&self.redeem_interval_secs) {
+            return Err(ConfigError::Invalid {
+                field: "redeem_interval_secs",
+                problem: format!("{} is not in 1..=86400", self.redeem_interval_secs),
+            });
+        }
         if let Err(e) = self.volume_price.parse::<gridlease_contracts::Money>() {
             return Err(ConfigError::Invalid {
                 field: "volume_price",

@@ -104,3 +104,7 @@ pub const GRIDLEASE_TOKEN: &str = "GRIDLEASE_TOKEN";
 pub const GRIDLEASE_TOKEN_DECIMALS: &str = "GRIDLEASE_TOKEN_DECIMALS";
 /// The payment channel contract's address (config key `channel_contract`).
 pub const GRIDLEASE_CHANNEL_CONTRACT: &str = "GRIDLEASE_CHANNEL_CONTRACT";
+/// The chain's JSON-RPC endpoint (config key `chain_rpc`).
+pub const GRIDLEASE_CHAIN_RPC: &str = "GRIDLEASE_CHAIN_RPC";
+/// Seconds between settlement passes (config key `redeem_interval_secs`).
+pub const GRIDLEASE_REDEEM_INTERVAL_SECS: &str = "GRIDLEASE_REDEEM_INTERVAL_SECS";

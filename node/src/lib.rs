@@ -25,4 +25,5 @@ pub mod output;
 pub mod provider_gpus;
 pub mod provider_proof;
 pub mod renter;
+pub mod settlement;
 pub mod store;

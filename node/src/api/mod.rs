@@ -59,4 +59,6 @@ pub struct ApiState {
     pub home: Arc<std::path::Path>,
     /// The settlement wallet's address (`<home>/wallet.key`).
     pub wallet: gridlease_protocol::wallet::Address,
+    /// The settlement service's status, when it runs (`chain_rpc`).
+    pub settlement: Option<crate::settlement::SharedStatus>,
 }

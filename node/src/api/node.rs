@@ -194,6 +194,10 @@ pub(super) async fn wallet(
             .chain()
             .as_ref()
             .map(crate::lease::wallet::ChainView::of),
+        settlement: s
+            .settlement
+            .as_ref()
+            .and_then(|st| st.lock().ok().map(|g| g.clone())),
         vouchers,
     }))
 }

@@ -217,6 +217,9 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     if let Some(s) = &settlement {
         tracing::info!(wallet = %wallet, "settling on {}", s.chain);
     }
+    let chain_wallet = settlement.as_ref().map(|s| (s.chain, s.wallet.clone()));
+    let chain_rpc = config.chain_rpc.as_ref().map(|r| r.trim().to_string());
+    let redeem_interval = std::time::Duration::from_secs(config.redeem_interval_secs);
     // `gridlease doctor`'s checks, in the background: what is not ok is logged with its fix.
     {
         let (home, config) = (home.to_path_buf(), config.clone());
@@ -418,6 +421,23 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let jobs = crate::jobs::JobService::new(home, node.client.store().clone(), cancel.clone());
+    // On-chain settlement with an endpoint: the node redeems its own vouchers.
+    let settlement_status = match (&chain_rpc, &chain_wallet) {
+        (Some(rpc), Some((chain, key))) => {
+            let (status, _task) = crate::settlement::spawn(
+                crate::settlement::SettlementConfig {
+                    rpc: rpc.clone(),
+                    chain: *chain,
+                    wallet: key.clone(),
+                    interval: redeem_interval,
+                },
+                node.client.store().clone(),
+                cancel.clone(),
+            );
+            Some(status)
+        }
+        _ => None,
+    };
     let api_state = ApiState {
         client: node.client.clone(),
         started: Instant::now(),
@@ -426,6 +446,7 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
         jobs: jobs.clone(),
         home: Arc::from(std::path::absolute(home).unwrap_or_else(|_| home.to_path_buf())),
         wallet,
+        settlement: settlement_status,
     };
     // Metrics first: once the control API answers, everything the node serves is listening
     // (a client that waits for the API may scrape at once).

@@ -5,6 +5,7 @@ use clap::Args;
 
 use crate::api::client::ApiClient;
 use crate::output::{Printer, short};
+use crate::store::redemptions::RedemptionState;
 
 /// Arguments of `gridlease wallet`.
 #[derive(Debug, Args)]
@@ -24,6 +25,26 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &WalletArgs) -> anyhow::
                 "settles in GLU only: no chain configured (chain_id, token, channel_contract; docs/billing.md)",
             ),
         }
+        match (&w.settlement, &w.chain) {
+            (Some(st), _) => {
+                let reached = if st.connected {
+                    "reached"
+                } else {
+                    "not reached"
+                };
+                p.line(&format!(
+                    "redeems through {} ({reached}): {} pending, {} redeemed, {} refused for good",
+                    st.endpoint, st.pending, st.redeemed, st.failed
+                ));
+                if let Some(e) = &st.last_error {
+                    p.line(&format!("last error: {e}"));
+                }
+            }
+            (None, Some(_)) => p.line(
+                "does not redeem by itself (no chain_rpc): the vouchers below are what a redeem takes",
+            ),
+            (None, None) => {}
+        }
         if w.vouchers.is_empty() {
             p.line("no on-chain vouchers yet");
             return;
@@ -38,6 +59,18 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &WalletArgs) -> anyhow::
                     v.state.clone(),
                     v.voucher.amount.clone(),
                     v.voucher.claim.clone(),
+                    match &v.redemption {
+                        None => "-".to_string(),
+                        Some(r) if r.reconciled => format!(
+                            "redeemed {}",
+                            r.tx.as_deref().map_or("(before)".to_string(), short)
+                        ),
+                        Some(r) if r.state == RedemptionState::Redeemed => format!(
+                            "MISMATCH: the chain paid {}",
+                            r.paid.as_deref().unwrap_or("?")
+                        ),
+                        Some(r) => format!("{:?}", r.state).to_lowercase(),
+                    },
                     match v.role {
                         crate::store::Role::Provider => v.lane.renter_wallet.clone(),
                         crate::store::Role::Renter => v.lane.provider_wallet.clone(),
@@ -52,10 +85,11 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &WalletArgs) -> anyhow::
                 "state",
                 "signed (token units)",
                 "claim",
+                "redeem",
                 "counterparty wallet",
             ],
             rows,
-            &[5, 2],
+            &[6, 2],
             false,
         );
         p.line("`--json wallet` gives each voucher's lane, epoch and signature: what redeem(renter, lane, amount, claim, signature) takes");

@@ -170,3 +170,30 @@ fn the_packaged_config_is_every_default_commented() {
     let c2 = Config::resolve(Some(("open", &open)), &Overrides::default()).unwrap();
     assert_eq!(c2, c);
 }
+
+#[test]
+fn a_chain_rpc_needs_a_chain_and_an_http_url() {
+    let chain = "chain_id = 5\ntoken = \"0x1111111111111111111111111111111111111111\"\nchannel_contract = \"0x2222222222222222222222222222222222222222\"\n";
+    let c = Config::resolve(
+        Some(("f", chain)),
+        &flags(&["--chain-rpc", "https://rpc.example/v3/KEY"]),
+    )
+    .unwrap();
+    assert_eq!(c.chain_rpc.as_deref(), Some("https://rpc.example/v3/KEY"));
+    assert_eq!(c.redeem_interval_secs, 60);
+    let err = Config::resolve(None, &flags(&["--chain-rpc", "http://127.0.0.1:8545"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("chain_rpc") && err.contains("chain_id"),
+        "{err}"
+    );
+    let err = Config::resolve(Some(("f", chain)), &flags(&["--chain-rpc", "ws://x:1"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("http:// or https://"), "{err}");
+    let err = Config::resolve(None, &flags(&["--redeem-interval-secs", "0"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("redeem_interval_secs"), "{err}");
+}

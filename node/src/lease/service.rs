@@ -256,7 +256,20 @@ impl LeaseService {
 
     /// The last voucher of each of this node's leases settled on chain (`gridlease wallet`).
     pub async fn vouchers(&self) -> Result<Vec<super::wallet::VoucherView>, LeaseError> {
-        let leases = self.ctx.store.call(|s| s.leases_with_records()).await?;
+        let leases = self
+            .ctx
+            .store
+            .call(|s| {
+                s.leases_with_records()?
+                    .into_iter()
+                    .filter(|(l, _)| l.lease.terms.settlement.is_some())
+                    .map(|(l, rec)| {
+                        let redemption = s.redemption(&l.lease.id)?;
+                        Ok((l, rec, redemption))
+                    })
+                    .collect::<Result<Vec<_>, crate::store::StoreError>>()
+            })
+            .await?;
         Ok(super::wallet::vouchers(&leases))
     }
 

@@ -10,6 +10,7 @@ use gridlease_protocol::wallet::{Address, ChainTerms, LeaseSettlement};
 use serde::{Deserialize, Serialize};
 
 use crate::store::lease::SessionRecord;
+use crate::store::redemptions::{Redemption, RedemptionState};
 use crate::store::{Role, StoredLease};
 
 /// This node's wallet and its on-chain vouchers.
@@ -19,8 +20,65 @@ pub struct WalletView {
     pub address: String,
     /// The chain this node settles on; `null`: GLU only (no chain configured).
     pub chain: Option<ChainView>,
+    /// The settlement service (`chain_rpc`): `null` when the node does not redeem by itself.
+    pub settlement: Option<SettlementStatus>,
     /// The last voucher of every lease of this node settled on chain, oldest lease first.
     pub vouchers: Vec<VoucherView>,
+}
+
+/// What the settlement service shows (`crate::settlement`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SettlementStatus {
+    /// The chain's endpoint (scheme, host, port only).
+    pub endpoint: String,
+    /// Whether the last pass reached the chain.
+    pub connected: bool,
+    /// Vouchers waiting to be redeemed.
+    pub pending: u64,
+    /// Vouchers the contract paid.
+    pub redeemed: u64,
+    /// Vouchers the contract refuses for good.
+    pub failed: u64,
+    /// The last pass's error, if it had one.
+    pub last_error: Option<String>,
+    /// The last redeem transaction.
+    pub last_tx: Option<String>,
+}
+
+/// Where a provider's redeem of a voucher stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RedemptionView {
+    /// `pending`, `redeemed` or `failed`.
+    pub state: RedemptionState,
+    /// The transaction that paid it (none: paid before, unseen).
+    pub tx: Option<String>,
+    /// Its block.
+    pub block: Option<u64>,
+    /// What the chain says the lane was paid in all (token units, decimal).
+    pub paid: Option<String>,
+    /// Whether that equals the claim (the ledger's amount): false is a mismatch to look at.
+    pub reconciled: bool,
+    /// Why it failed, or what it waits for.
+    pub error: Option<String>,
+    /// Redeems tried.
+    pub attempts: u64,
+}
+
+impl RedemptionView {
+    fn of(r: &Redemption, claim: u128) -> Option<Self> {
+        if r.state == RedemptionState::Glu {
+            return None;
+        }
+        Some(Self {
+            state: r.state,
+            tx: r.tx.clone(),
+            block: r.block,
+            paid: r.paid.map(|p| p.to_string()),
+            reconciled: r.state == RedemptionState::Redeemed && r.paid == Some(claim),
+            error: r.error.clone(),
+            attempts: r.attempts,
+        })
+    }
 }
 
 /// A chain, token and channel contract.
@@ -99,17 +157,65 @@ impl SignedVoucher {
         receipt: &PaymentReceipt,
         report: Option<&UsageReport>,
     ) -> Option<Self> {
+        Redeemable::of(s, lease, receipt, report).map(Self::from)
+    }
+}
+
+impl From<Redeemable> for SignedVoucher {
+    fn from(r: Redeemable) -> Self {
+        Self {
+            amount: r.amount.to_string(),
+            claim: r.claim.to_string(),
+            signature: format!("0x{}", hex::encode(&r.signature)),
+        }
+    }
+}
+
+/// A lease's last voucher as the provider redeems it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redeemable {
+    /// The cumulative amount the renter signed (token units).
+    pub amount: u128,
+    /// What the lease owes of it (`channel::owed`, token units): the provider's claim.
+    pub claim: u128,
+    /// The renter's EIP-712 signature.
+    pub signature: Vec<u8>,
+}
+
+impl Redeemable {
+    /// The voucher `receipt` of lease `lease` carries (none without one); `report` is the
+    /// provider's last usage report.
+    pub fn of(
+        s: &LeaseSettlement,
+        lease: &LeaseId,
+        receipt: &PaymentReceipt,
+        report: Option<&UsageReport>,
+    ) -> Option<Self> {
         let signature = receipt.voucher.as_ref()?;
         let owed =
             gridlease_contracts::channel::owed(Money::from_micros(receipt.total_paid), report);
         Some(Self {
-            amount: s
-                .voucher(lease, receipt.total_paid)
-                .cumulative_amount
-                .to_string(),
-            claim: s.chain.token_amount(owed.micros()).to_string(),
-            signature: format!("0x{}", hex::encode(signature)),
+            amount: s.voucher(lease, receipt.total_paid).cumulative_amount,
+            claim: s.chain.token_amount(owed.micros()),
+            signature: signature.clone(),
         })
+    }
+
+    /// The last voucher of a stored lease settled on chain, with its settlement: `None` for a
+    /// lease in GLU only or one nothing was paid on.
+    pub fn of_stored(l: &StoredLease, rec: &SessionRecord) -> Option<(LeaseSettlement, Self)> {
+        let s = l.lease.terms.settlement.as_ref()?;
+        let (_, bytes) = rec.last_receipt.as_ref()?;
+        let (_, receipt) = super::view::decode_receipt(bytes)?;
+        let report = rec
+            .last_usage
+            .as_ref()
+            .and_then(|(_, b)| super::view::decode_usage(b))
+            .map(|(_, r)| r);
+        Some((
+            s.clone(),
+            Self::of(s, &l.lease.id, &receipt, report.as_ref())?,
+        ))
     }
 }
 
@@ -130,14 +236,17 @@ pub struct VoucherView {
     pub voucher: SignedVoucher,
     /// The receipt it rides on.
     pub receipt_seq: u64,
+    /// The provider's redeem of it (a provider's settled lease, once the settlement service
+    /// queued it).
+    pub redemption: Option<RedemptionView>,
 }
 
 /// The last voucher of each of `leases` settled on chain (its last stored receipt's), in the
 /// order given. A lease whose stored receipt does not decode is left out (and logged).
-pub fn vouchers(leases: &[(StoredLease, SessionRecord)]) -> Vec<VoucherView> {
+pub fn vouchers(leases: &[(StoredLease, SessionRecord, Option<Redemption>)]) -> Vec<VoucherView> {
     leases
         .iter()
-        .filter_map(|(l, rec)| {
+        .filter_map(|(l, rec, redemption)| {
             let s = l.lease.terms.settlement.as_ref()?;
             let (_, bytes) = rec.last_receipt.as_ref()?;
             let Some((_, receipt)) = super::view::decode_receipt(bytes) else {
@@ -149,12 +258,16 @@ pub fn vouchers(leases: &[(StoredLease, SessionRecord)]) -> Vec<VoucherView> {
                 .as_ref()
                 .and_then(|(_, b)| super::view::decode_usage(b))
                 .map(|(_, r)| r);
+            let r = Redeemable::of(s, &l.lease.id, &receipt, report.as_ref())?;
             Some(VoucherView {
                 lease_id: l.lease.id.to_string(),
                 role: l.role,
                 state: l.lease.state.as_str().to_string(),
                 lane: LaneView::of(s, &l.lease.id),
-                voucher: SignedVoucher::of(s, &l.lease.id, &receipt, report.as_ref())?,
+                redemption: redemption
+                    .as_ref()
+                    .and_then(|d| RedemptionView::of(d, r.claim)),
+                voucher: SignedVoucher::from(r),
                 receipt_seq: receipt.seq,
             })
         })

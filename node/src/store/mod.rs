@@ -27,6 +27,7 @@ mod leases;
 mod offers;
 mod peers;
 mod proofs;
+pub mod redemptions;
 pub use proofs::CheckCounts;
 mod schema;
 mod sql;

@@ -255,6 +255,30 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE job_attempts ADD COLUMN log_from INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE job_attempts ADD COLUMN run_at INTEGER;
     "#,
+    // 13: on-chain redemptions (issue 50): every settled provider lease, once. A lease that
+    // settles on chain keeps its last voucher and the claim (what its statement owes, in the
+    // token's smallest units, decimal) until the channel contract paid it; one in GLU only is
+    // marked `glu` so it is looked at once.
+    r#"
+    CREATE TABLE redemptions (
+        lease_id   BLOB PRIMARY KEY REFERENCES leases(lease_id),
+        state      TEXT NOT NULL CHECK (state IN ('glu', 'pending', 'redeemed', 'failed')),
+        chain_id   INTEGER,
+        contract   BLOB,
+        renter     BLOB,
+        epoch      INTEGER,
+        amount     TEXT,
+        claim      TEXT,
+        signature  BLOB,
+        attempts   INTEGER NOT NULL DEFAULT 0,
+        tx         TEXT,
+        block      INTEGER,
+        paid       TEXT,
+        error      TEXT,
+        updated_at INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX redemptions_pending ON redemptions(state) WHERE state = 'pending';
+    "#,
 ];
 
 /// The schema version this build writes.

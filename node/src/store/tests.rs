@@ -349,3 +349,90 @@ fn amendments_are_stored_pending_then_accepted_and_set_the_current_terms() {
     assert_eq!(rec.seq, 2);
     assert!(rec.acceptance.is_some());
 }
+
+#[test]
+fn redemptions_queue_each_settled_lease_once_and_keep_what_the_chain_paid() {
+    use super::redemptions::{Queued, RedemptionState};
+    let dir = tempfile::tempdir().unwrap();
+    let net = NetworkId::devnet();
+    let provider = NodeKey::from_secret([1; 32]);
+    let renter = NodeKey::from_secret([2; 32]);
+    let offer = fixtures::offer(provider.public(), 3, 2, 400_000);
+    let mut s = Store::open(&dir.path().join("g.db")).unwrap();
+    let mut ids = Vec::new();
+    for nonce in 1..=3 {
+        let mut terms = fixtures::terms(OfferId(Digest([3; 32])), &offer, renter.public(), 1, 600);
+        terms.nonce = nonce;
+        let lease_id = terms.lease_id().unwrap();
+        let request = Signed::sign(
+            &renter,
+            &net,
+            &LeaseRequest {
+                terms: terms.clone(),
+                expires_at: T0.plus_secs(30),
+            },
+        )
+        .unwrap();
+        s.insert_lease(&StoredLease {
+            role: Role::Provider,
+            lease: Lease::propose(lease_id, terms),
+            request,
+            accept: None,
+            gpus: vec![],
+            created_at: T0,
+        })
+        .unwrap();
+        ids.push(lease_id);
+    }
+    // Only settled leases are looked at.
+    assert!(s.unqueued_settled(10).unwrap().is_empty());
+    s.conn
+        .execute("UPDATE leases SET state = 'settled'", [])
+        .unwrap();
+    assert_eq!(s.unqueued_settled(10).unwrap().len(), 3);
+    let q = |id: LeaseId, contract: [u8; 20]| Queued {
+        lease_id: id,
+        chain_id: 7,
+        contract,
+        renter: [9; 20],
+        epoch: 0,
+        amount: 5 * 10u128.pow(20),
+        claim: 4 * 10u128.pow(20),
+        signature: vec![1; 65],
+    };
+    s.queue_redemption(&q(ids[0], [5; 20]), 10).unwrap();
+    // Queued once: a second queue changes nothing.
+    let mut again = q(ids[0], [5; 20]);
+    again.claim = 1;
+    s.queue_redemption(&again, 11).unwrap();
+    s.queue_redemption(&q(ids[1], [6; 20]), 10).unwrap();
+    s.mark_glu(&ids[2], 10).unwrap();
+    assert!(s.unqueued_settled(10).unwrap().is_empty());
+    // Pending on the configured chain and contract only; amounts beyond u64 kept exactly.
+    let pending = s.pending_redemptions(7, [5; 20], 32).unwrap();
+    assert_eq!(pending, vec![q(ids[0], [5; 20])]);
+    // A passing error keeps it pending; a final one fails it, and then nothing moves it.
+    s.mark_redeem_error(&ids[0], "no channel", false, 12)
+        .unwrap();
+    assert_eq!(s.pending_redemptions(7, [5; 20], 32).unwrap().len(), 1);
+    s.mark_redeemed(&ids[0], Some("0xab"), 40, 4 * 10u128.pow(20), 13)
+        .unwrap();
+    let r = s.redemption(&ids[0]).unwrap().unwrap();
+    assert_eq!(r.state, RedemptionState::Redeemed);
+    assert_eq!(
+        (r.tx.as_deref(), r.block, r.attempts),
+        (Some("0xab"), Some(40), 2)
+    );
+    assert_eq!(r.paid, Some(4 * 10u128.pow(20)));
+    s.mark_redeem_error(&ids[1], "not signed by the renter", true, 12)
+        .unwrap();
+    s.mark_redeem_error(&ids[1], "later", false, 14).unwrap();
+    let r = s.redemption(&ids[1]).unwrap().unwrap();
+    assert_eq!(r.state, RedemptionState::Failed);
+    assert_eq!(r.error.as_deref(), Some("not signed by the renter"));
+    assert_eq!(s.redemption_counts().unwrap(), (0, 1, 1));
+    assert_eq!(
+        s.redemption(&ids[2]).unwrap().unwrap().state,
+        RedemptionState::Glu
+    );
+}
