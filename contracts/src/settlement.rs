@@ -142,6 +142,18 @@ pub fn check_voucher(
     }
 }
 
+/// How much a renter tops its channel up by before a new lease, so the deposit covers every
+/// voucher the provider could redeem in this epoch: the larger of what the channel already
+/// paid and what the renter signed on its ended leases (each ended lease's last voucher),
+/// plus the caps (`max_total`, in token units) of its live leases and the new one. Amounts
+/// in the token's smallest units; 0 when the deposit already covers it.
+pub fn channel_top_up(deposit: u128, redeemed: u128, ended_signed: u128, live_caps: u128) -> u128 {
+    redeemed
+        .max(ended_signed)
+        .saturating_add(live_caps)
+        .saturating_sub(deposit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,5 +349,38 @@ mod tests {
         let mut short = r;
         short.voucher = Some(vec![0; 64]);
         assert!(check_voucher(Some(&s), &short).is_err());
+    }
+
+    #[test]
+    fn a_top_up_covers_every_voucher_the_provider_could_still_redeem() {
+        // A fresh channel: the new lease's cap.
+        assert_eq!(channel_top_up(0, 0, 0, 500), 500);
+        // Enough already: nothing.
+        assert_eq!(channel_top_up(1_000, 0, 300, 500), 0);
+        // An ended lease signed 300, of which 100 is redeemed: 300 stays covered.
+        assert_eq!(channel_top_up(600, 100, 300, 500), 200);
+        // Redeemed more than the ended leases signed (a live lease's lane was paid in part).
+        assert_eq!(channel_top_up(600, 400, 300, 500), 300);
+    }
+
+    proptest::proptest! {
+        /// After the top-up, the deposit left (deposit - redeemed) covers what the ended
+        /// leases' vouchers can still claim plus every live cap, whatever was redeemed.
+        #[test]
+        fn after_a_top_up_the_channel_covers_all_it_may_owe(
+            deposit in 0u128..1u128 << 80,
+            redeemed_share in 0u128..=100,
+            ended in 0u128..1u128 << 80,
+            live in 0u128..1u128 << 80,
+        ) {
+            let redeemed = deposit * redeemed_share / 100;
+            let top = channel_top_up(deposit, redeemed, ended, live);
+            let left = deposit + top - redeemed;
+            proptest::prop_assert!(left >= ended.saturating_sub(redeemed) + live);
+            // Never more than needed: without the top-up's last unit it would not cover it.
+            if top > 0 {
+                proptest::prop_assert!(left - 1 < ended.max(redeemed) - redeemed + live);
+            }
+        }
     }
 }

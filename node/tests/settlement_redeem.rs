@@ -1,8 +1,7 @@
 //! Issue 50, the settlement service end to end: two real nodes configured with a real EVM's
 //! JSON-RPC endpoint (`settlement/rpc_harness.py`: py-evm, the channel contract from its
-//! committed build) run a real lease in Docker. The renter's wallet has deposited into its
-//! channel to the provider (by the chain client, with the key from the renter's home: the
-//! renter's automatic deposit is not built yet).
+//! committed build) run a real lease in Docker. Before it, the renter's node opens its channel
+//! to the provider's wallet by itself: exactly the lease's cap.
 //!
 //! The provider's node redeems only once an hour here, so it has not redeemed when the lease
 //! settles; it is killed with SIGKILL. While it is down the renter starts closing its channel
@@ -10,7 +9,9 @@
 //! redeems the lease's voucher from its store within the challenge period: the chain pays its
 //! wallet exactly the settled amount, equal to both nodes' ledgers to the micro-unit (10^12
 //! token units each, an 18-decimals token), and `gridlease wallet` shows the transaction,
-//! reconciled. After the challenge period the renter takes back the rest of its deposit.
+//! reconciled. After the challenge period the renter takes back the rest of its deposit. The
+//! channel's epoch is now 1: a second lease's terms name it, the renter's node deposits again,
+//! and the provider redeems that lease too.
 //!
 //! Needs Docker and `target/settlement-venv` (both made by `.ci/run`): with
 //! `GRIDLEASE_REQUIRE_DOCKER=1` it fails when either is missing.
@@ -69,8 +70,9 @@ fn the_provider_redeems_from_its_store_after_kill_9_within_a_close_and_the_chain
     for who in [renter_key.address(), provider_wallet] {
         h.fund(&who.to_string());
     }
-    let deposit = 10 * SCALE * 1_000_000; // 10 GLU's worth
-    h.mint(&renter_key.address().to_string(), deposit);
+    let minted = 10 * SCALE * 1_000_000; // 10 GLU's worth
+    h.mint(&renter_key.address().to_string(), minted);
+    // The test's own view of the chain, with the renter's key (its close and withdrawal).
     let renter_chain = block_on(ChainClient::connect(
         &h.url,
         renter_key.clone(),
@@ -78,30 +80,13 @@ fn the_provider_redeems_from_its_store_after_kill_9_within_a_close_and_the_chain
         Duration::from_secs(60),
     ))
     .unwrap();
-    block_on(renter_chain.deposit(provider_wallet, deposit)).unwrap();
 
-    // A real lease; both sides settle.
-    let rented = json(
-        &rh,
-        &[
-            "rent",
-            &m.offer,
-            "--seconds",
-            "60",
-            "--detach",
-            "--image",
-            &image,
-            "--",
-            "sleep",
-            "8",
-        ],
-    );
-    let id = rented["lease_id"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(90), "the lease to settle", || {
-        lease_of(&rh, &id)["state"] == "settled" && lease_of(&ph, &id)["state"] == "settled"
-    });
-    let settled = lease_of(&ph, &id)["settled_total"].as_u64().unwrap();
-    assert!(settled > 0);
+    // A real lease; the renter's node opened the channel for it, by its cap; both settle.
+    let id = rent(&rh, &m.offer, &image);
+    let cap = u128::from(lease_of(&rh, &id)["max_total"].as_u64().unwrap()) * SCALE;
+    let channel = block_on(renter_chain.channel(renter_key.address(), provider_wallet)).unwrap();
+    assert_eq!((channel.deposit, channel.epoch), (cap, 0));
+    let settled = wait_settled(&rh, &ph, &id);
     // Nothing redeemed yet (the provider's next pass is an hour away).
     assert_eq!(
         block_on(renter_chain.token_balance(provider_wallet)).unwrap(),
@@ -164,7 +149,61 @@ fn the_provider_redeems_from_its_store_after_kill_9_within_a_close_and_the_chain
     block_on(renter_chain.withdraw(provider_wallet)).unwrap();
     assert_eq!(
         block_on(renter_chain.token_balance(renter_key.address())).unwrap(),
-        deposit - paid
+        minted - paid
+    );
+
+    // The channel's epoch is 1: the next lease's terms name it, the renter's node deposits
+    // into the new epoch, and the provider (redeeming every second now) redeems it too.
+    let second = rent(&rh, &m.offer, &image);
+    let channel = block_on(renter_chain.channel(renter_key.address(), provider_wallet)).unwrap();
+    assert_eq!(channel.epoch, 1);
+    assert_eq!(
+        channel.deposit,
+        u128::from(lease_of(&rh, &second)["max_total"].as_u64().unwrap()) * SCALE
+    );
+    let settled2 = wait_settled(&rh, &ph, &second);
+    wait_for(Duration::from_secs(60), "the second redeem", || {
+        let w = json(&ph, &["wallet"]);
+        w["vouchers"].as_array().unwrap().iter().any(|v| {
+            v["lease_id"] == second.as_str()
+                && v["epoch"] == 1
+                && v["redemption"]["reconciled"] == true
+        })
+    });
+    assert_eq!(
+        block_on(renter_chain.token_balance(provider_wallet)).unwrap(),
+        paid + u128::from(settled2) * SCALE
     );
     drop(m);
+}
+
+/// Rents the market's offer for a short job; its lease id.
+fn rent(rh: &std::path::Path, offer: &str, image: &str) -> String {
+    let rented = json(
+        rh,
+        &[
+            "rent",
+            offer,
+            "--seconds",
+            "60",
+            "--detach",
+            "--image",
+            image,
+            "--",
+            "sleep",
+            "8",
+        ],
+    );
+    rented["lease_id"].as_str().unwrap().to_string()
+}
+
+/// Waits until both sides settled lease `id`; the settled total (micro-units).
+fn wait_settled(rh: &std::path::Path, ph: &std::path::Path, id: &str) -> u64 {
+    wait_for(Duration::from_secs(90), "the lease to settle", || {
+        lease_of(rh, id)["state"] == "settled" && lease_of(ph, id)["state"] == "settled"
+    });
+    let settled = lease_of(ph, id)["settled_total"].as_u64().unwrap();
+    assert!(settled > 0);
+    assert_eq!(lease_of(rh, id)["settled_total"].as_u64(), Some(settled));
+    settled
 }

@@ -75,6 +75,8 @@ pub enum ProblemType {
     ListenFailed,
     /// The provider could not be reached or gave no usable answer.
     ProviderUnreachable,
+    /// The payment channel could not be read, opened or topped up on the chain.
+    ChainFailed,
     /// A job spec cannot run (`POST /v1/jobs`): `detail` names the field and line.
     InvalidJobSpec,
     /// No job of this node has this id (or prefix).
@@ -89,7 +91,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 30] = [
+    pub const ALL: [Self; 31] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -115,6 +117,7 @@ impl ProblemType {
         Self::NoGpus,
         Self::ListenFailed,
         Self::ProviderUnreachable,
+        Self::ChainFailed,
         Self::InvalidJobSpec,
         Self::UnknownJob,
         Self::JobOver,
@@ -150,6 +153,7 @@ impl ProblemType {
             Self::NoGpus => "no-gpus",
             Self::ListenFailed => "listen-failed",
             Self::ProviderUnreachable => "provider-unreachable",
+            Self::ChainFailed => "chain-failed",
             Self::InvalidJobSpec => "invalid-job-spec",
             Self::UnknownJob => "unknown-job",
             Self::JobOver => "job-over",
@@ -186,6 +190,7 @@ impl ProblemType {
             Self::NoGpus => "no GPU to offer",
             Self::ListenFailed => "the node cannot listen on that address",
             Self::ProviderUnreachable => "the provider is unreachable",
+            Self::ChainFailed => "the payment channel could not be opened or topped up",
             Self::InvalidJobSpec => "the job spec cannot run",
             Self::UnknownJob => "no such job",
             Self::JobOver => "the job is over",
@@ -226,6 +231,7 @@ impl ProblemType {
             | Self::ListenFailed
             | Self::JobOver => StatusCode::CONFLICT,
             Self::ProviderUnreachable => StatusCode::BAD_GATEWAY,
+            Self::ChainFailed => StatusCode::BAD_GATEWAY,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

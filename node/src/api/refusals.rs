@@ -23,6 +23,9 @@ pub(super) fn rent_error(e: RentError) -> ApiError {
             .hint("ask for less with --keep-outputs, or copy results out while it runs"),
         e @ RentError::UploadHold { .. } => ApiError::new(P::BeyondOfferTerms, e.to_string())
             .hint("upload with `gridlease cp` once the lease runs, or pick an offer that holds containers for uploads"),
+        e @ RentError::Chain(_) => ApiError::new(P::ChainFailed, e.to_string()).hint(
+            "check the wallet's token and gas balances (`gridlease wallet`) and chain_rpc, then retry",
+        ),
         e @ RentError::Negotiation(_) => ApiError::new(P::ProviderUnreachable, e.to_string())
             .hint("check `gridlease peers`, then retry"),
         e => ApiError::internal(e),

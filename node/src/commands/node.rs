@@ -212,7 +212,10 @@ pub async fn run(home: &Path, config: Config) -> anyhow::Result<()> {
     let wallet = wallet_key.address();
     // On-chain settlement (issue 50): offers name the chain, renters sign vouchers.
     let settlement = config.chain()?.map(|chain| {
-        crate::lease::config::ChainSettlement::new(chain, &h.key, &h.network, wallet_key)
+        let mut s =
+            crate::lease::config::ChainSettlement::new(chain, &h.key, &h.network, wallet_key);
+        s.rpc = config.chain_rpc.as_ref().map(|r| r.trim().to_string());
+        s
     });
     if let Some(s) = &settlement {
         tracing::info!(wallet = %wallet, "settling on {}", s.chain);

@@ -106,6 +106,9 @@ pub struct ChainSettlement {
     pub binding: gridlease_protocol::wallet::WalletBinding,
     /// The wallet key that signs vouchers.
     pub wallet: std::sync::Arc<gridlease_protocol::wallet::WalletKey>,
+    /// The chain's JSON-RPC endpoint (`chain_rpc`): with it a renter opens or tops up its
+    /// channel before a lease and reads the channel's epoch.
+    pub rpc: Option<String>,
 }
 
 impl ChainSettlement {
@@ -124,6 +127,7 @@ impl ChainSettlement {
                 network,
             ),
             wallet: std::sync::Arc::new(wallet),
+            rpc: None,
         }
     }
 

@@ -28,6 +28,10 @@ pub enum RentError {
     /// Looking the offer up or negotiating with its provider failed.
     #[error(transparent)]
     Negotiation(#[from] NegotiateError),
+    /// The renter's payment channel to the provider could not be read, opened or topped up:
+    /// nothing was signed.
+    #[error("the payment channel: {0}")]
+    Chain(String),
     /// The budget computation overflowed.
     #[error("the price of this lease overflows")]
     Overflow(#[from] gridlease_contracts::MoneyError),

@@ -65,6 +65,7 @@
 
 mod actor;
 mod capacity;
+mod channel;
 pub mod check_view;
 pub(crate) mod completion;
 pub mod config;

@@ -293,7 +293,9 @@ impl LeaseService {
             now,
         )?;
         match self.settlement_for(&entry.offer) {
-            Ok(s) => terms.settlement = Some(s),
+            Ok(s) => {
+                terms.settlement = Some(super::channel::fund(&self.ctx, s, terms.max_total).await?);
+            }
             Err(why) => tracing::info!(offer = %entry.id, "this lease settles in GLU only: {why}"),
         }
         let clock = &*self.ctx.config.clock;
