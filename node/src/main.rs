@@ -88,6 +88,7 @@ fn main() -> ExitCode {
                         Command::VerifyGpu(a) => commands::verify_gpu::run(&api, &out, &a).await,
                         Command::Ledger(a) => commands::ledger::run(&api, &out, &a).await,
                         Command::Wallet(a) => commands::wallet::run(&api, &out, &a).await,
+                        Command::Settle(a) => commands::wallet::settle(&api, &out, &a).await,
                         Command::Job(a) => commands::job::run(&api, &out, &a).await,
                         Command::Doctor(a) => commands::doctor::run(&home, &api, &out, &a).await,
                         Command::Volume(a) => commands::volume::run(&api, &out, &a).await,

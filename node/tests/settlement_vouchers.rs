@@ -150,6 +150,14 @@ fn vouchers_from_a_real_lease_are_checked_and_the_contract_pays_the_settled_amou
         );
     }
     assert_eq!(vouchers[0], vouchers[1], "both sides hold the same voucher");
+    // Without chain_rpc the node does not redeem: `settle` says so (exit 1).
+    let out = cli_support::cli(&ph, &["settle"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no chain_rpc"),
+        "{}",
+        text(&out.stderr)
+    );
     // `gridlease wallet` shows the chain and the same voucher on both sides: the provider's
     // to redeem, the renter's as signed.
     for (home, role) in [(&ph, "provider"), (&rh, "renter")] {

@@ -60,5 +60,5 @@ pub struct ApiState {
     /// The settlement wallet's address (`<home>/wallet.key`).
     pub wallet: gridlease_protocol::wallet::Address,
     /// The settlement service's status, when it runs (`chain_rpc`).
-    pub settlement: Option<crate::settlement::SharedStatus>,
+    pub settlement: Option<crate::settlement::SettlementHandle>,
 }

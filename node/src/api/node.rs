@@ -186,8 +186,19 @@ pub(super) async fn gpus(State(s): State<ApiState>) -> Json<GpusView> {
 pub(super) async fn wallet(
     State(s): State<ApiState>,
 ) -> Result<Json<crate::lease::wallet::WalletView>, ApiError> {
-    let vouchers = s.leases.vouchers().await.map_err(ApiError::internal)?;
-    Ok(Json(crate::lease::wallet::WalletView {
+    wallet_view(&s, None).await.map(Json)
+}
+
+/// The wallet as `GET /v1/wallet` shows it; only lease `only`'s voucher when given.
+async fn wallet_view(
+    s: &ApiState,
+    only: Option<gridlease_protocol::LeaseId>,
+) -> Result<crate::lease::wallet::WalletView, ApiError> {
+    let mut vouchers = s.leases.vouchers().await.map_err(ApiError::internal)?;
+    if let Some(id) = only {
+        vouchers.retain(|v| v.lease_id == id.to_string());
+    }
+    Ok(crate::lease::wallet::WalletView {
         address: s.wallet.to_string(),
         chain: s
             .leases
@@ -197,7 +208,45 @@ pub(super) async fn wallet(
         settlement: s
             .settlement
             .as_ref()
-            .and_then(|st| st.lock().ok().map(|g| g.clone())),
+            .and_then(|h| h.status.lock().ok().map(|g| g.clone())),
         vouchers,
-    }))
+    })
+}
+
+/// `POST /v1/settle`.
+#[utoipa::path(
+    post,
+    path = "/v1/settle",
+    operation_id = "settle",
+    tag = "node",
+    summary = "Runs a settlement pass now: queue settled leases, redeem their vouchers, watch for closes",
+    request_body = crate::api::types::SettleBody,
+    responses(
+        (status = 200, description = "The wallet after the pass (only the lease's voucher when one was named)", body = crate::lease::wallet::WalletView),
+        (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The node does not settle on a chain by itself (`no-chain`)", content_type = "application/problem+json", body = Problem),
+        (status = 502, description = "The chain could not be reached or refused (`chain-failed`)", content_type = "application/problem+json", body = Problem),
+        (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
+    )
+)]
+pub(super) async fn settle(
+    State(s): State<ApiState>,
+    super::problem::ApiJson(body): super::problem::ApiJson<crate::api::types::SettleBody>,
+) -> Result<Json<crate::lease::wallet::WalletView>, ApiError> {
+    let only = match body.lease.as_deref() {
+        Some(prefix) => Some(super::resolve::resolve_lease(&s, prefix).await?),
+        None => None,
+    };
+    let Some(h) = &s.settlement else {
+        return Err(ApiError::new(
+            crate::api::problem::ProblemType::NoChain,
+            "this node does not redeem or settle on a chain by itself: no chain_rpc",
+        )
+        .hint("set chain_rpc (with chain_id, token and channel_contract) and restart the node; `gridlease wallet` lists the vouchers to redeem by hand"));
+    };
+    h.pass_now().await.map_err(|e| {
+        ApiError::new(crate::api::problem::ProblemType::ChainFailed, e)
+            .hint("check chain_rpc and the wallet's gas balance, then retry")
+    })?;
+    wallet_view(&s, only).await.map(Json)
 }

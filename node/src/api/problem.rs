@@ -77,6 +77,8 @@ pub enum ProblemType {
     ProviderUnreachable,
     /// The payment channel could not be read, opened or topped up on the chain.
     ChainFailed,
+    /// This node does not settle on a chain by itself (no `chain_rpc`).
+    NoChain,
     /// A job spec cannot run (`POST /v1/jobs`): `detail` names the field and line.
     InvalidJobSpec,
     /// No job of this node has this id (or prefix).
@@ -91,7 +93,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every kind, in the order `docs/api.md` lists them.
-    pub const ALL: [Self; 31] = [
+    pub const ALL: [Self; 32] = [
         Self::InvalidParameter,
         Self::InvalidQuery,
         Self::MalformedBody,
@@ -118,6 +120,7 @@ impl ProblemType {
         Self::ListenFailed,
         Self::ProviderUnreachable,
         Self::ChainFailed,
+        Self::NoChain,
         Self::InvalidJobSpec,
         Self::UnknownJob,
         Self::JobOver,
@@ -154,6 +157,7 @@ impl ProblemType {
             Self::ListenFailed => "listen-failed",
             Self::ProviderUnreachable => "provider-unreachable",
             Self::ChainFailed => "chain-failed",
+            Self::NoChain => "no-chain",
             Self::InvalidJobSpec => "invalid-job-spec",
             Self::UnknownJob => "unknown-job",
             Self::JobOver => "job-over",
@@ -191,6 +195,7 @@ impl ProblemType {
             Self::ListenFailed => "the node cannot listen on that address",
             Self::ProviderUnreachable => "the provider is unreachable",
             Self::ChainFailed => "the payment channel could not be opened or topped up",
+            Self::NoChain => "this node does not settle on a chain by itself",
             Self::InvalidJobSpec => "the job spec cannot run",
             Self::UnknownJob => "no such job",
             Self::JobOver => "the job is over",
@@ -229,7 +234,8 @@ impl ProblemType {
             | Self::PriceNeeded
             | Self::NoGpus
             | Self::ListenFailed
-            | Self::JobOver => StatusCode::CONFLICT,
+            | Self::JobOver
+            | Self::NoChain => StatusCode::CONFLICT,
             Self::ProviderUnreachable => StatusCode::BAD_GATEWAY,
             Self::ChainFailed => StatusCode::BAD_GATEWAY,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,

@@ -98,6 +98,7 @@ pub fn api_router() -> OpenApiRouter<ApiState> {
         .routes(routes!(leases::statement))
         .routes(routes!(leases::ledger))
         .routes(routes!(node::wallet))
+        .routes(routes!(node::settle))
 }
 
 /// The router with every route; unknown paths and methods answer problems too.

@@ -525,6 +525,16 @@ pub struct ExecBody {
     pub tty: Option<gridlease_protocol::access::TermSize>,
 }
 
+/// Body of `POST /v1/settle` (`gridlease settle [LEASE]`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettleBody {
+    /// Only this lease's voucher in the answer (an id or its first digits); the pass
+    /// redeems every pending voucher either way.
+    #[serde(default)]
+    pub lease: Option<String>,
+}
+
 /// Body of `POST /v1/leases/{id}/listen/{port}` (`gridlease forward`: the node listens).
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ListenBody {

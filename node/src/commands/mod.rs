@@ -171,6 +171,11 @@ pub enum Command {
     /// The settlement wallet: its address, the chain it settles on, and the last on-chain
     /// voucher of each lease (what the channel contract's redeem takes).
     Wallet(wallet::WalletArgs),
+    /// Redeem now: a settlement pass (queue settled leases, redeem their vouchers, watch for
+    /// closes), then the wallet. Needs `chain_rpc`.
+    ///
+    /// `settle LEASE` shows that lease only, and exits 1 when its voucher is not redeemed.
+    Settle(wallet::SettleArgs),
     /// Write a lease's statement: every signed message that says what is owed, in one file.
     ///
     /// `statement LEASE --out FILE`; anyone checks it with `gridlease verify FILE`.

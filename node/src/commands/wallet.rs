@@ -4,6 +4,7 @@
 use clap::Args;
 
 use crate::api::client::ApiClient;
+use crate::lease::wallet::WalletView;
 use crate::output::{Printer, short};
 use crate::store::redemptions::RedemptionState;
 
@@ -11,10 +12,61 @@ use crate::store::redemptions::RedemptionState;
 #[derive(Debug, Args)]
 pub struct WalletArgs {}
 
+/// Arguments of `gridlease settle`.
+#[derive(Debug, Args)]
+pub struct SettleArgs {
+    /// Show only this lease's voucher (an id or its first digits); every pending voucher is
+    /// redeemed either way.
+    #[arg(value_name = "LEASE")]
+    pub lease: Option<String>,
+}
+
 /// Prints the wallet.
 pub async fn run(api: &ApiClient, out: &Printer, _args: &WalletArgs) -> anyhow::Result<u8> {
     let w = api.wallet().await?;
-    out.emit(&w, |p| {
+    out.emit(&w, |p| print(p, &w));
+    Ok(0)
+}
+
+/// `gridlease settle [LEASE]`: a settlement pass now (queue, redeem, watch), then the wallet.
+/// Fails (exit 1) when the named lease's voucher is not redeemed, saying why.
+pub async fn settle(api: &ApiClient, out: &Printer, args: &SettleArgs) -> anyhow::Result<u8> {
+    let body = crate::api::types::SettleBody {
+        lease: args.lease.clone(),
+    };
+    let w: WalletView = api.post("/v1/settle", &body).await?;
+    out.emit(&w, |p| print(p, &w));
+    let Some(prefix) = &args.lease else {
+        return Ok(0);
+    };
+    let unredeemed = match w.vouchers.first() {
+        None => Some(format!(
+            "lease {prefix} has no on-chain voucher: it settles in GLU only, nothing was paid, or it has not started"
+        )),
+        Some(v) if v.role == crate::store::Role::Renter => None,
+        Some(v) => match &v.redemption {
+            Some(r) if r.state == RedemptionState::Redeemed => None,
+            Some(r) => Some(format!(
+                "lease {} is not redeemed ({}): {}",
+                short(&v.lease_id),
+                format!("{:?}", r.state).to_lowercase(),
+                r.error.as_deref().unwrap_or("no reason recorded")
+            )),
+            None => Some(format!(
+                "lease {} is {}: its voucher is redeemed once it settles",
+                short(&v.lease_id),
+                v.state
+            )),
+        },
+    };
+    match unredeemed {
+        Some(why) => anyhow::bail!("{why}"),
+        None => Ok(0),
+    }
+}
+
+fn print(p: &Printer, w: &WalletView) {
+    {
         p.line(&format!("wallet {}", w.address));
         match &w.chain {
             Some(c) => p.line(&format!(
@@ -93,6 +145,5 @@ pub async fn run(api: &ApiClient, out: &Printer, _args: &WalletArgs) -> anyhow::
             false,
         );
         p.line("`--json wallet` gives each voucher's lane, epoch and signature: what redeem(renter, lane, amount, claim, signature) takes");
-    });
-    Ok(0)
+    }
 }

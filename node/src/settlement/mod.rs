@@ -61,37 +61,66 @@ pub struct SettlementConfig {
 /// The status, shared.
 pub type SharedStatus = Arc<Mutex<SettlementStatus>>;
 
+/// Asks for a pass now; answered with that pass's error, if any.
+type PassNow = tokio::sync::oneshot::Sender<Result<(), String>>;
+
+/// The running service: its status, and a way to ask for a pass now (`gridlease settle`).
+#[derive(Clone, Debug)]
+pub struct SettlementHandle {
+    /// What it shows.
+    pub status: SharedStatus,
+    now: tokio::sync::mpsc::Sender<PassNow>,
+}
+
+impl SettlementHandle {
+    /// Runs a pass now (after the one under way, if any) and waits for it: its error, if any.
+    pub async fn pass_now(&self) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.now.try_send(tx).map_err(|_| {
+            "a settlement pass is already asked for; try again in a moment".to_string()
+        })?;
+        rx.await
+            .map_err(|_| "the settlement service has stopped".to_string())?
+    }
+}
+
 /// Starts the service; it runs until `cancel`.
 pub fn spawn(
     config: SettlementConfig,
     store: StoreHandle,
     cancel: CancellationToken,
-) -> (SharedStatus, tokio::task::JoinHandle<()>) {
+) -> (SettlementHandle, tokio::task::JoinHandle<()>) {
     let status: SharedStatus = Arc::new(Mutex::new(SettlementStatus {
         endpoint: endpoint_of(&config.rpc),
         ..SettlementStatus::default()
     }));
+    let (now, mut asked) = tokio::sync::mpsc::channel::<PassNow>(1);
     let shared = status.clone();
     let task = tokio::spawn(async move {
         let mut client: Option<ChainClient> = None;
+        let mut reply: Option<PassNow> = None;
         loop {
             let outcome = pass(&config, &store, &mut client, &shared).await;
             if let Ok(mut s) = shared.lock() {
                 s.connected = client.is_some() && outcome.is_ok();
-                s.last_error = outcome.err();
+                s.last_error = outcome.clone().err();
             }
             if let Ok((pending, redeemed, failed)) = store.call(|s| s.redemption_counts()).await
                 && let Ok(mut s) = shared.lock()
             {
                 (s.pending, s.redeemed, s.failed) = (pending, redeemed, failed);
             }
+            if let Some(r) = reply.take() {
+                let _ = r.send(outcome);
+            }
             tokio::select! {
                 () = cancel.cancelled() => break,
                 () = tokio::time::sleep(config.interval) => {}
+                r = asked.recv() => reply = r,
             }
         }
     });
-    (status, task)
+    (SettlementHandle { status, now }, task)
 }
 
 fn endpoint_of(rpc: &str) -> String {
