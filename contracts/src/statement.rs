@@ -88,6 +88,9 @@ pub struct Verdict {
     pub gpu_check: Option<gridlease_protocol::proof::ProofVerdict>,
     /// The backend the check ran on (what its challenge named).
     pub gpu_backend: Option<gridlease_protocol::proof::ProofBackend>,
+    /// The chain's payment of the last voucher, as the provider's node recorded it (checked
+    /// here only against the terms' chain: the chain itself is its evidence).
+    pub redemption: Option<gridlease_protocol::statement::Redemption>,
 }
 
 fn verified<T: WireMessage>(
@@ -339,7 +342,27 @@ pub fn verify(s: &Statement) -> Result<Verdict, StatementError> {
     let reported_due = last_report
         .as_ref()
         .map_or(Money::ZERO, |r| Money::from_micros(r.amount_due));
+    // 6. The redemption names the terms' chain, and a voucher was paid.
+    if let Some(r) = &s.redemption {
+        match in_force.settlement.as_ref() {
+            Some(st) if st.chain.chain_id == r.chain_id => {}
+            Some(st) => {
+                return fail(
+                    "the redemption",
+                    format!(
+                        "on chain {}, but the lease settles on chain {}",
+                        r.chain_id, st.chain.chain_id
+                    ),
+                );
+            }
+            None => return fail("the redemption", "the lease settles in GLU only"),
+        }
+        if receipt.as_ref().and_then(|x| x.voucher.as_ref()).is_none() {
+            return fail("the redemption", "no receipt with a voucher was paid");
+        }
+    }
     Ok(Verdict {
+        redemption: s.redemption.clone(),
         lease_id,
         network,
         amendments: s.amendments.len(),
@@ -449,6 +472,7 @@ mod tests {
             Signed::sign(&p.renter, &p.net, &r).unwrap()
         });
         let s = Statement {
+            redemption: None,
             proof: Default::default(),
             offer: Some(signed_offer),
             request: Signed::sign(&p.renter, &p.net, &request).unwrap(),
@@ -458,6 +482,25 @@ mod tests {
             receipt,
         };
         (p, s)
+    }
+
+    #[test]
+    fn a_redemption_on_a_lease_in_glu_only_is_refused() {
+        let (_, mut s) = statement(6, true);
+        s.redemption = Some(gridlease_protocol::statement::Redemption {
+            chain_id: 1,
+            tx: Some([7; 32]),
+            block: 9,
+            paid: 60_000,
+        });
+        let e = verify(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("the redemption") && e.contains("GLU only"),
+            "{e}"
+        );
+        // It round-trips in the file (layout 3), and a layout-2 file still reads.
+        let bytes = s.to_bytes().unwrap();
+        assert_eq!(Statement::from_bytes(&bytes).unwrap(), s);
     }
 
     #[test]

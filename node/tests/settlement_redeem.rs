@@ -121,6 +121,27 @@ fn the_provider_redeems_from_its_store_after_kill_9_within_a_close_and_the_chain
         expected.to_string()
     );
 
+    // The provider's statement carries the redemption; `verify` shows it beside the claim.
+    let file = dir.path().join("provider.statement");
+    json(
+        &ph,
+        &["statement", &id[..12], "--out", file.to_str().unwrap()],
+    );
+    let nowhere = tempfile::tempdir().unwrap();
+    let out = cli_support::bin()
+        .arg("--home")
+        .arg(nowhere.path())
+        .args(["--json", "verify"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", cli_support::text(&out.stderr));
+    let verdict: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &verdict["settlement"]["redemption"];
+    assert_eq!(r["tx"], tx, "{verdict}");
+    assert_eq!(r["paid"], expected.to_string(), "{verdict}");
+    assert_eq!(r["equals_claim"], true, "{verdict}");
+
     // The chain paid the provider exactly what both ledgers say, to the micro-unit.
     let paid = block_on(renter_chain.token_balance(provider_wallet)).unwrap();
     assert_eq!(paid, expected);

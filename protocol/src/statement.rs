@@ -14,7 +14,10 @@
 //! the newest; each is cumulative, so the last carries the totals) and the last payment
 //! receipt (the renter's signature over the cumulative amount: the settlement), and the
 //! renter's GPU check at the start (`crate::proof::ProofRecord`: every signed message of it,
-//! co-signed by the provider when it passed). Layout 1 (no GPU check) is still read.
+//! co-signed by the provider when it passed), and, from layout 3, the chain's payment of the
+//! lease's last voucher as the provider's node recorded it ([`Redemption`], issue 50: not a
+//! signed message; its evidence is the chain). Layouts 1 (no GPU check) and 2 (no redemption)
+//! are still read.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,10 +27,28 @@ use crate::messages::{
     AmendAccept, LeaseAccept, LeaseAmendment, LeaseRequest, Offer, PaymentReceipt, UsageReport,
 };
 
-/// First bytes of a statement file: "GLSTMT" and the layout version (2: with the GPU check).
-pub const STATEMENT_MAGIC: [u8; 8] = *b"GLSTMT\x00\x02";
+/// First bytes of a statement file: "GLSTMT" and the layout version (3: with the redemption).
+pub const STATEMENT_MAGIC: [u8; 8] = *b"GLSTMT\x00\x03";
+/// The second layout (with the GPU check, no redemption), still read.
+pub const STATEMENT_MAGIC_V2: [u8; 8] = *b"GLSTMT\x00\x02";
 /// The first layout (no GPU check), still read.
 pub const STATEMENT_MAGIC_V1: [u8; 8] = *b"GLSTMT\x00\x01";
+
+/// The chain's payment of a lease's last voucher, as the provider's node recorded it after
+/// reading the lane's total back from the channel contract (issue 50). Not signed: anyone
+/// checks it against the chain (the transaction, and `lane_redeemed` of the lease's lane).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Redemption {
+    /// The chain's EIP-155 id.
+    pub chain_id: u64,
+    /// The transaction that paid it (`None`: paid before, by one the node did not see
+    /// confirmed).
+    pub tx: Option<[u8; 32]>,
+    /// Its block (0 when the transaction is unknown).
+    pub block: u64,
+    /// What the lane was paid in all, in the token's smallest units.
+    pub paid: u128,
+}
 
 /// Largest statement file accepted (magic included). A 30-day lease reporting every 10 s has
 /// about 260,000 reports of about 330 bytes: some 86 MB.
@@ -60,6 +81,21 @@ pub struct Statement {
     /// The renter's GPU check at the lease's start (`None`: not run, `rent --no-verify` or a
     /// provider without one; the terms' `verify_window_s` says which).
     pub proof: Option<crate::proof::ProofRecord>,
+    /// The chain's payment of the last voucher (a provider's statement of a lease settled on
+    /// chain, once redeemed; `None` otherwise).
+    pub redemption: Option<Redemption>,
+}
+
+/// The second layout, without [`Statement::redemption`].
+#[derive(Deserialize)]
+struct StatementV2 {
+    offer: Option<Signed<Offer>>,
+    request: Signed<LeaseRequest>,
+    accept: Signed<LeaseAccept>,
+    amendments: Vec<SignedAmendment>,
+    usage: Vec<Signed<UsageReport>>,
+    receipt: Option<Signed<PaymentReceipt>>,
+    proof: Option<crate::proof::ProofRecord>,
 }
 
 /// The first layout, without [`Statement::proof`].
@@ -115,6 +151,20 @@ impl Statement {
                 usage: s.usage,
                 receipt: s.receipt,
                 proof: None,
+                redemption: None,
+            });
+        }
+        if let Some(v2) = bytes.strip_prefix(&STATEMENT_MAGIC_V2[..]) {
+            let s = codec::decode::<StatementV2, { MAX_STATEMENT_BYTES - 8 }>(v2)?;
+            return Ok(Self {
+                offer: s.offer,
+                request: s.request,
+                accept: s.accept,
+                amendments: s.amendments,
+                usage: s.usage,
+                receipt: s.receipt,
+                proof: s.proof,
+                redemption: None,
             });
         }
         let body = bytes

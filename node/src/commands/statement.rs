@@ -100,17 +100,43 @@ pub struct SettlementView {
     /// The last receipt's voucher, its signature checked against the renter's wallet (none
     /// when nothing was paid).
     pub voucher: Option<SignedVoucher>,
+    /// The chain's payment of it, as the provider's node recorded it (none: not redeemed, or
+    /// the renter's statement). Not checked against the chain here.
+    pub redemption: Option<RedeemedView>,
+}
+
+/// A statement's redemption.
+#[derive(Debug, Serialize)]
+pub struct RedeemedView {
+    /// The transaction (`0x` and 64 hex digits; none: paid before, by one not seen).
+    pub tx: Option<String>,
+    /// Its block.
+    pub block: u64,
+    /// What the lane was paid in all (token units, decimal).
+    pub paid: String,
+    /// Whether that equals the voucher's claim (what the statement owes).
+    pub equals_claim: bool,
 }
 
 impl SettlementView {
     fn of(v: &Verdict) -> Option<Self> {
         let s = v.terms.settlement.as_ref()?;
+        let voucher = v
+            .receipt
+            .as_ref()
+            .and_then(|r| SignedVoucher::of(s, &v.lease_id, r, v.last_report.as_ref()));
+        let redemption = v.redemption.as_ref().map(|r| RedeemedView {
+            tx: r.tx.map(|t| format!("0x{}", hex::encode(t))),
+            block: r.block,
+            paid: r.paid.to_string(),
+            equals_claim: voucher
+                .as_ref()
+                .is_some_and(|vc| vc.claim == r.paid.to_string()),
+        });
         Some(Self {
             lane: LaneView::of(s, &v.lease_id),
-            voucher: v
-                .receipt
-                .as_ref()
-                .and_then(|r| SignedVoucher::of(s, &v.lease_id, r, v.last_report.as_ref())),
+            voucher,
+            redemption,
         })
     }
 
@@ -123,8 +149,22 @@ impl SettlementView {
             None => "no voucher: nothing paid".into(),
         };
         let l = &self.lane;
+        let redeemed = match &self.redemption {
+            Some(r) => format!(
+                "; redeemed by {} (block {}): the chain paid {} token units{} (per the provider's node; not checked against the chain here)",
+                r.tx.as_deref().unwrap_or("an earlier transaction"),
+                r.block,
+                r.paid,
+                if r.equals_claim {
+                    ", the claim"
+                } else {
+                    ", NOT the claim"
+                }
+            ),
+            None => String::new(),
+        };
         format!(
-            "settles on chain {} in token {} through {}: {paid}, from renter wallet {} to provider wallet {}, epoch {}",
+            "settles on chain {} in token {} through {}: {paid}, from renter wallet {} to provider wallet {}, epoch {}{redeemed}",
             l.chain.chain_id,
             l.chain.token,
             l.chain.channel_contract,

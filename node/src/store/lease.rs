@@ -663,7 +663,9 @@ impl Store {
             "receipt",
         )?;
         let proof = self.proof(id)?;
+        let redemption = self.statement_redemption(id)?;
         Ok(Some(Statement {
+            redemption,
             proof,
             offer,
             request: l.request,

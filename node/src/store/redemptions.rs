@@ -298,6 +298,43 @@ impl Store {
         .transpose()
     }
 
+    /// Lease `id`'s redemption as its statement carries it: only once redeemed.
+    pub fn statement_redemption(
+        &self,
+        id: &LeaseId,
+    ) -> Result<Option<gridlease_protocol::statement::Redemption>, StoreError> {
+        let chain: Option<Option<i64>> = self
+            .conn
+            .query_row(
+                "SELECT chain_id FROM redemptions WHERE lease_id = ?1 AND state = 'redeemed'",
+                [&id.0.0[..]],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.err())?;
+        let (Some(Some(chain_id)), Some(r)) = (chain, self.redemption(id)?) else {
+            return Ok(None);
+        };
+        let tx = match r.tx.as_deref() {
+            None => None,
+            Some(t) => {
+                let bytes = hex::decode(t.trim_start_matches("0x"))
+                    .ok()
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                    .ok_or_else(|| {
+                        self.bad_row("redemption", "a transaction hash is not 32 bytes")
+                    })?;
+                Some(bytes)
+            }
+        };
+        Ok(Some(gridlease_protocol::statement::Redemption {
+            chain_id: u64_of(chain_id),
+            tx,
+            block: r.block.unwrap_or(0),
+            paid: r.paid.unwrap_or(0),
+        }))
+    }
+
     /// How many redemptions are in each state: (pending, redeemed, failed).
     pub fn redemption_counts(&self) -> Result<(u64, u64, u64), StoreError> {
         let count = |state: &str| -> Result<u64, StoreError> {
