@@ -142,6 +142,28 @@ fn the_provider_redeems_from_its_store_after_kill_9_within_a_close_and_the_chain
     assert_eq!(r["paid"], expected.to_string(), "{verdict}");
     assert_eq!(r["equals_claim"], true, "{verdict}");
 
+    // `gridlease wallet` reads the balances and the channel from the chain.
+    let onchain = &wallet["onchain"];
+    assert_eq!(onchain["token"], expected.to_string(), "{wallet}");
+    assert!(
+        onchain["gas"].as_str().unwrap().parse::<u128>().unwrap() > 0,
+        "{wallet}"
+    );
+    assert_eq!(
+        onchain["channels"][0]["redeemed"],
+        expected.to_string(),
+        "{wallet}"
+    );
+    assert_eq!(
+        onchain["channels"][0]["deposit"],
+        cap.to_string(),
+        "{wallet}"
+    );
+    assert!(
+        onchain["channels"][0]["closes_at"].as_u64().unwrap() > 0,
+        "{wallet}"
+    );
+
     // The chain paid the provider exactly what both ledgers say, to the micro-unit.
     let paid = block_on(renter_chain.token_balance(provider_wallet)).unwrap();
     assert_eq!(paid, expected);

@@ -209,8 +209,56 @@ async fn wallet_view(
             .settlement
             .as_ref()
             .and_then(|h| h.status.lock().ok().map(|g| g.clone())),
+        onchain: onchain(s, &vouchers).await,
         vouchers,
     })
+}
+
+/// The wallet's balances and channels, read from the chain now (`None` without `chain_rpc`):
+/// the channels of the (renter, provider) wallet pairs of the vouchers, at most 32.
+async fn onchain(
+    s: &ApiState,
+    vouchers: &[crate::lease::wallet::VoucherView],
+) -> Option<crate::lease::wallet::OnChainView> {
+    use gridlease_protocol::wallet::Address;
+    let mut view = crate::lease::wallet::OnChainView::default();
+    let c = match s.leases.chain_client().await? {
+        Ok(c) => c,
+        Err(e) => {
+            view.error = Some(e.to_string());
+            return Some(view);
+        }
+    };
+    let read = async {
+        view.gas = Some(c.gas_balance().await?.to_string());
+        view.token = Some(c.token_balance(c.wallet()).await?.to_string());
+        let mut pairs: Vec<(String, String)> = vouchers
+            .iter()
+            .map(|v| (v.lane.renter_wallet.clone(), v.lane.provider_wallet.clone()))
+            .collect();
+        pairs.sort();
+        pairs.dedup();
+        for (r, p) in pairs.into_iter().take(32) {
+            let (Ok(ra), Ok(pa)) = (r.parse::<Address>(), p.parse::<Address>()) else {
+                continue;
+            };
+            let ch = c.channel(ra, pa).await?;
+            view.channels.push(crate::lease::wallet::ChannelView {
+                renter_wallet: r,
+                provider_wallet: p,
+                deposit: ch.deposit.to_string(),
+                redeemed: ch.redeemed.to_string(),
+                closes_at: ch.closes_at,
+                epoch: ch.epoch,
+            });
+        }
+        Ok::<(), crate::chain::ChainError>(())
+    }
+    .await;
+    if let Err(e) = read {
+        view.error = Some(e.to_string());
+    }
+    Some(view)
 }
 
 /// `POST /v1/settle`.

@@ -97,6 +97,27 @@ fn print(p: &Printer, w: &WalletView) {
             ),
             (None, None) => {}
         }
+        if let Some(o) = &w.onchain {
+            p.line(&format!(
+                "balances: {} token units, {} wei for gas",
+                o.token.as_deref().unwrap_or("?"),
+                o.gas.as_deref().unwrap_or("?")
+            ));
+            for c in &o.channels {
+                let closing = if c.closes_at == 0 {
+                    String::new()
+                } else {
+                    format!(", closing at chain time {}", c.closes_at)
+                };
+                p.line(&format!(
+                    "channel {} -> {} (epoch {}): deposit {}, redeemed {}{closing}",
+                    c.renter_wallet, c.provider_wallet, c.epoch, c.deposit, c.redeemed
+                ));
+            }
+            if let Some(e) = &o.error {
+                p.line(&format!("the chain could not be read: {e}"));
+            }
+        }
         if w.vouchers.is_empty() {
             p.line("no on-chain vouchers yet");
             return;

@@ -17,6 +17,13 @@ use crate::store::Role;
 /// How long a deposit may wait for its confirmation.
 const CONFIRM: Duration = Duration::from_secs(120);
 
+/// A client of the chain this node settles on, when it has `chain_rpc` (`None` otherwise).
+pub(super) async fn client(ctx: &Ctx) -> Option<Result<ChainClient, crate::chain::ChainError>> {
+    let ours = ctx.config.settlement.as_ref()?;
+    let rpc = ours.rpc.as_deref()?;
+    Some(ChainClient::connect(rpc, ours.wallet.clone(), ours.chain, CONFIRM).await)
+}
+
 /// `s` with the channel's epoch, after the channel covers a new lease capped at `max_total`
 /// micro-units. Nothing happens without `chain_rpc`.
 pub(super) async fn fund(
@@ -24,16 +31,11 @@ pub(super) async fn fund(
     mut s: LeaseSettlement,
     max_total: u64,
 ) -> Result<LeaseSettlement, RentError> {
-    let Some(ours) = ctx.config.settlement.as_ref() else {
-        return Ok(s);
-    };
-    let Some(rpc) = ours.rpc.as_deref() else {
+    let (Some(ours), Some(connected)) = (ctx.config.settlement.as_ref(), client(ctx).await) else {
         return Ok(s);
     };
     let chain_err = |e: crate::chain::ChainError| RentError::Chain(e.to_string());
-    let c = ChainClient::connect(rpc, ours.wallet.clone(), ours.chain, CONFIRM)
-        .await
-        .map_err(chain_err)?;
+    let c = connected.map_err(chain_err)?;
     let me = ours.wallet.address();
     let provider = Address(s.provider_wallet);
     let channel = c.channel(me, provider).await.map_err(chain_err)?;

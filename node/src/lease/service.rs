@@ -249,6 +249,13 @@ impl LeaseService {
         self.ctx.config.settlement.as_ref().map(|s| s.chain)
     }
 
+    /// A client of the chain this node settles on, when it has `chain_rpc`.
+    pub async fn chain_client(
+        &self,
+    ) -> Option<Result<crate::chain::ChainClient, crate::chain::ChainError>> {
+        super::channel::client(&self.ctx).await
+    }
+
     /// Whether this node settles on a chain (its configuration names one).
     pub fn settles_on_chain(&self) -> bool {
         self.chain().is_some()

@@ -22,8 +22,41 @@ pub struct WalletView {
     pub chain: Option<ChainView>,
     /// The settlement service (`chain_rpc`): `null` when the node does not redeem by itself.
     pub settlement: Option<SettlementStatus>,
+    /// The wallet's balances and its channels, read from the chain now (`null` without
+    /// `chain_rpc`).
+    pub onchain: Option<OnChainView>,
     /// The last voucher of every lease of this node settled on chain, oldest lease first.
     pub vouchers: Vec<VoucherView>,
+}
+
+/// The wallet on the chain, read when asked.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OnChainView {
+    /// The chain's own coin (wei, decimal): what pays gas.
+    pub gas: Option<String>,
+    /// The token (its smallest units, decimal).
+    pub token: Option<String>,
+    /// The channels between this wallet and the wallets of its leases' counterparties.
+    pub channels: Vec<ChannelView>,
+    /// Why the chain could not be read (the fields above are then missing or partial).
+    pub error: Option<String>,
+}
+
+/// A channel as the contract holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ChannelView {
+    /// The depositor.
+    pub renter_wallet: String,
+    /// Who redeems.
+    pub provider_wallet: String,
+    /// Deposited in this epoch (token units, decimal).
+    pub deposit: String,
+    /// Paid to the provider in this epoch (token units, decimal).
+    pub redeemed: String,
+    /// When the renter's close ends (chain time, seconds; 0: not closing).
+    pub closes_at: u64,
+    /// The epoch.
+    pub epoch: u64,
 }
 
 /// What the settlement service shows (`crate::settlement`).
