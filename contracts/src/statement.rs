@@ -498,9 +498,52 @@ mod tests {
             e.contains("the redemption") && e.contains("GLU only"),
             "{e}"
         );
-        // It round-trips in the file (layout 3), and a layout-2 file still reads.
+        // It round-trips in the file (layout 3).
         let bytes = s.to_bytes().unwrap();
         assert_eq!(Statement::from_bytes(&bytes).unwrap(), s);
+    }
+
+    #[test]
+    fn statements_of_the_earlier_layouts_still_read() {
+        use gridlease_protocol::codec::encode;
+        use gridlease_protocol::statement::{
+            MAX_STATEMENT_BYTES, STATEMENT_MAGIC_V1, STATEMENT_MAGIC_V2,
+        };
+        const N: usize = MAX_STATEMENT_BYTES - 8;
+        let (_, s) = statement(3, true);
+        // A struct encodes as its fields in order: the earlier layouts are these tuples.
+        let v2 = (
+            &s.offer,
+            &s.request,
+            &s.accept,
+            &s.amendments,
+            &s.usage,
+            &s.receipt,
+            &s.proof,
+        );
+        let v1 = (
+            &s.offer,
+            &s.request,
+            &s.accept,
+            &s.amendments,
+            &s.usage,
+            &s.receipt,
+        );
+        for (magic, body, proof) in [
+            (
+                STATEMENT_MAGIC_V2,
+                encode::<_, N>(&v2).unwrap(),
+                s.proof.clone(),
+            ),
+            (STATEMENT_MAGIC_V1, encode::<_, N>(&v1).unwrap(), None),
+        ] {
+            let read = Statement::from_bytes(&[&magic[..], &body].concat()).unwrap();
+            assert_eq!(read.request, s.request);
+            assert_eq!(read.usage, s.usage);
+            assert_eq!(read.proof, proof);
+            assert_eq!(read.redemption, None);
+            assert_eq!(verify(&read).unwrap().owed, verify(&s).unwrap().owed);
+        }
     }
 
     #[test]

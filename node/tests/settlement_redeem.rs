@@ -24,7 +24,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chain_support::{Harness, python_or_skip};
-use cli_support::{json, lease_of, market_configured, probe_image_or_skip, start_node, wait_for};
+use cli_support::{
+    json, lease_of, market_configured, probe_image_or_skip, rent_sleep, start_node, wait_for,
+    wait_settled,
+};
 use gridlease_node::chain::ChainClient;
 use gridlease_protocol::wallet::{Address, ChainTerms, WalletKey};
 
@@ -213,31 +216,8 @@ fn the_provider_redeems_from_its_store_after_kill_9_within_a_close_and_the_chain
 
 /// Rents the market's offer for a short job; its lease id.
 fn rent(rh: &std::path::Path, offer: &str, image: &str) -> String {
-    let rented = json(
-        rh,
-        &[
-            "rent",
-            offer,
-            "--seconds",
-            "60",
-            "--detach",
-            "--image",
-            image,
-            "--",
-            "sleep",
-            "8",
-        ],
-    );
-    rented["lease_id"].as_str().unwrap().to_string()
-}
-
-/// Waits until both sides settled lease `id`; the settled total (micro-units).
-fn wait_settled(rh: &std::path::Path, ph: &std::path::Path, id: &str) -> u64 {
-    wait_for(Duration::from_secs(90), "the lease to settle", || {
-        lease_of(rh, id)["state"] == "settled" && lease_of(ph, id)["state"] == "settled"
-    });
-    let settled = lease_of(ph, id)["settled_total"].as_u64().unwrap();
-    assert!(settled > 0);
-    assert_eq!(lease_of(rh, id)["settled_total"].as_u64(), Some(settled));
-    settled
+    rent_sleep(rh, offer, image, "8")["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }

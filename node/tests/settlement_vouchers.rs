@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use chain_support::{python_or_skip, workspace};
 use cli_support::{
-    bin, json, lease_of, market_configured, probe_image_or_skip, start_node, text, wait_for,
+    bin, json, market_configured, probe_image_or_skip, rent_sleep, start_node, text, wait_for,
+    wait_settled,
 };
 use serde_json::Value;
 
@@ -56,33 +57,9 @@ fn wallet_key(home: &Path) -> String {
 /// Rents the market's offer for a short job and waits until both sides settled; the lease id,
 /// the settled total (micro-units) and what `rent` noted.
 fn lease(renter: &Path, provider: &Path, offer: &str, image: &str) -> (String, u64, String) {
-    let rented = json(
-        renter,
-        &[
-            "rent",
-            offer,
-            "--seconds",
-            "60",
-            "--detach",
-            "--image",
-            image,
-            "--",
-            "sleep",
-            "12",
-            "exit",
-            "0",
-        ],
-    );
+    let rented = rent_sleep(renter, offer, image, "12");
     let id = rented["lease_id"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(90), "the lease to settle", || {
-        lease_of(renter, &id)["state"] == "settled" && lease_of(provider, &id)["state"] == "settled"
-    });
-    let settled = lease_of(provider, &id)["settled_total"].as_u64().unwrap();
-    assert_eq!(
-        lease_of(renter, &id)["settled_total"].as_u64(),
-        Some(settled)
-    );
-    assert!(settled > 0);
+    let settled = wait_settled(renter, provider, &id);
     let note = rented["note"].as_str().unwrap_or_default().to_string();
     (id, settled, note)
 }

@@ -98,6 +98,35 @@ struct StatementV2 {
     proof: Option<crate::proof::ProofRecord>,
 }
 
+impl From<StatementV1> for StatementV2 {
+    fn from(s: StatementV1) -> Self {
+        Self {
+            offer: s.offer,
+            request: s.request,
+            accept: s.accept,
+            amendments: s.amendments,
+            usage: s.usage,
+            receipt: s.receipt,
+            proof: None,
+        }
+    }
+}
+
+impl From<StatementV2> for Statement {
+    fn from(s: StatementV2) -> Self {
+        Self {
+            offer: s.offer,
+            request: s.request,
+            accept: s.accept,
+            amendments: s.amendments,
+            usage: s.usage,
+            receipt: s.receipt,
+            proof: s.proof,
+            redemption: None,
+        }
+    }
+}
+
 /// The first layout, without [`Statement::proof`].
 #[derive(Deserialize)]
 struct StatementV1 {
@@ -143,29 +172,11 @@ impl Statement {
         }
         if let Some(v1) = bytes.strip_prefix(&STATEMENT_MAGIC_V1[..]) {
             let s = codec::decode::<StatementV1, { MAX_STATEMENT_BYTES - 8 }>(v1)?;
-            return Ok(Self {
-                offer: s.offer,
-                request: s.request,
-                accept: s.accept,
-                amendments: s.amendments,
-                usage: s.usage,
-                receipt: s.receipt,
-                proof: None,
-                redemption: None,
-            });
+            return Ok(StatementV2::from(s).into());
         }
         if let Some(v2) = bytes.strip_prefix(&STATEMENT_MAGIC_V2[..]) {
             let s = codec::decode::<StatementV2, { MAX_STATEMENT_BYTES - 8 }>(v2)?;
-            return Ok(Self {
-                offer: s.offer,
-                request: s.request,
-                accept: s.accept,
-                amendments: s.amendments,
-                usage: s.usage,
-                receipt: s.receipt,
-                proof: s.proof,
-                redemption: None,
-            });
+            return Ok(s.into());
         }
         let body = bytes
             .strip_prefix(&STATEMENT_MAGIC[..])

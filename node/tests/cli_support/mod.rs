@@ -669,3 +669,37 @@ pub fn http_get(port: u16, path: &str) -> Vec<u8> {
     );
     all.split_off(at + 4)
 }
+
+/// `rent OFFER --seconds 60 --detach --image IMAGE -- sleep SLEEP` on `renter`: its answer.
+pub fn rent_sleep(renter: &Path, offer: &str, image: &str, sleep: &str) -> Value {
+    json(
+        renter,
+        &[
+            "rent",
+            offer,
+            "--seconds",
+            "60",
+            "--detach",
+            "--image",
+            image,
+            "--",
+            "sleep",
+            sleep,
+        ],
+    )
+}
+
+/// Waits until both sides settled lease `id`; the settled total (micro-units), the same on
+/// both sides and above 0.
+pub fn wait_settled(renter: &Path, provider: &Path, id: &str) -> u64 {
+    wait_for(Duration::from_secs(90), "the lease to settle", || {
+        lease_of(renter, id)["state"] == "settled" && lease_of(provider, id)["state"] == "settled"
+    });
+    let settled = lease_of(provider, id)["settled_total"].as_u64().unwrap();
+    assert!(settled > 0);
+    assert_eq!(
+        lease_of(renter, id)["settled_total"].as_u64(),
+        Some(settled)
+    );
+    settled
+}
