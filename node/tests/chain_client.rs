@@ -157,7 +157,8 @@ async fn a_node_wallet_deposits_redeems_and_closes_through_json_rpc() {
     // The renter closes; the provider sees it and redeems the rest of lane A in time.
     let from = provider.block().await.unwrap();
     renter.start_close(p).await.unwrap();
-    let closes = provider.closes_since(from).await.unwrap();
+    let head = provider.block().await.unwrap();
+    let closes = provider.closes_between(from, head).await.unwrap();
     assert_eq!(closes.len(), 1, "{closes:?}");
     assert_eq!((closes[0].renter, closes[0].epoch), (r, 0));
     let ch = provider.channel(r, p).await.unwrap();

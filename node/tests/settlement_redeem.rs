@@ -167,6 +167,13 @@ fn the_provider_redeems_from_its_store_after_kill_9_within_a_close_and_the_chain
         "{wallet}"
     );
 
+    // The renter's node reads the lane back too: the chain paid what its ledger owes.
+    let rw = json(&rh, &["wallet"]);
+    let rv = &rw["vouchers"][0];
+    assert_eq!(rv["role"], "renter", "{rw}");
+    assert_eq!(rv["redemption"]["paid"], expected.to_string(), "{rw}");
+    assert_eq!(rv["redemption"]["reconciled"], true, "{rw}");
+
     // The chain paid the provider exactly what both ledgers say, to the micro-unit.
     let paid = block_on(renter_chain.token_balance(provider_wallet)).unwrap();
     assert_eq!(paid, expected);

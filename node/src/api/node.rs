@@ -209,16 +209,18 @@ async fn wallet_view(
             .settlement
             .as_ref()
             .and_then(|h| h.status.lock().ok().map(|g| g.clone())),
-        onchain: onchain(s, &vouchers).await,
+        onchain: onchain(s, &mut vouchers).await,
         vouchers,
     })
 }
 
 /// The wallet's balances and channels, read from the chain now (`None` without `chain_rpc`):
-/// the channels of the (renter, provider) wallet pairs of the vouchers, at most 32.
+/// the channels of the (renter, provider) wallet pairs of the vouchers, at most 32; and, on a
+/// renter, what the chain paid on the lanes of its settled leases (at most 32), reconciled with
+/// the claim its own ledger says is owed.
 async fn onchain(
     s: &ApiState,
-    vouchers: &[crate::lease::wallet::VoucherView],
+    vouchers: &mut [crate::lease::wallet::VoucherView],
 ) -> Option<crate::lease::wallet::OnChainView> {
     use gridlease_protocol::wallet::Address;
     let mut view = crate::lease::wallet::OnChainView::default();
@@ -252,6 +254,7 @@ async fn onchain(
                 epoch: ch.epoch,
             });
         }
+        renter_lanes(&c, vouchers).await?;
         Ok::<(), crate::chain::ChainError>(())
     }
     .await;
@@ -259,6 +262,51 @@ async fn onchain(
         view.error = Some(e.to_string());
     }
     Some(view)
+}
+
+/// A renter's side of reconciliation: each settled lease's lane as the chain paid it, beside
+/// the claim (what this node's ledger owes). More than the claim is a mismatch, logged and
+/// shown; less is a redeem not (fully) made yet.
+async fn renter_lanes(
+    c: &crate::chain::ChainClient,
+    vouchers: &mut [crate::lease::wallet::VoucherView],
+) -> Result<(), crate::chain::ChainError> {
+    use crate::lease::wallet::RedemptionView;
+    use crate::store::redemptions::RedemptionState;
+    use gridlease_protocol::wallet::Address;
+    let settled = vouchers
+        .iter_mut()
+        .filter(|v| v.role == crate::store::Role::Renter && v.state == "settled")
+        .take(32);
+    for v in settled {
+        let (Ok(r), Ok(p), Ok(lane), Ok(claim)) = (
+            v.lane.renter_wallet.parse::<Address>(),
+            v.lane.provider_wallet.parse::<Address>(),
+            v.lease_id.parse::<gridlease_protocol::LeaseId>(),
+            v.voucher.claim.parse::<u128>(),
+        ) else {
+            continue;
+        };
+        let paid = c.lane_redeemed(r, p, v.lane.epoch, lane.0.0).await?;
+        if paid > claim {
+            tracing::error!(lease = %v.lease_id, paid = %paid, claim = %claim, "the provider redeemed more than this node's ledger owes");
+        }
+        v.redemption = Some(RedemptionView {
+            state: if paid == 0 || paid < claim {
+                RedemptionState::Pending
+            } else {
+                RedemptionState::Redeemed
+            },
+            tx: None,
+            block: None,
+            paid: Some(paid.to_string()),
+            reconciled: paid == claim,
+            error: (paid > 0 && paid < claim)
+                .then(|| format!("the chain paid {paid} of the claim {claim} so far")),
+            attempts: 0,
+        });
+    }
+    Ok(())
 }
 
 /// `POST /v1/settle`.
@@ -271,8 +319,11 @@ async fn onchain(
     request_body = crate::api::types::SettleBody,
     responses(
         (status = 200, description = "The wallet after the pass (only the lease's voucher when one was named)", body = crate::lease::wallet::WalletView),
+        (status = 400, description = "The body is not JSON (`malformed-body`), or `lease` is not a lease id (`invalid-parameter`)", content_type = "application/problem+json", body = Problem),
         (status = 404, description = "No such lease (`unknown-lease`)", content_type = "application/problem+json", body = Problem),
-        (status = 409, description = "The node does not settle on a chain by itself (`no-chain`)", content_type = "application/problem+json", body = Problem),
+        (status = 409, description = "The node does not settle on a chain by itself (`no-chain`), or the lease id prefix is ambiguous (`ambiguous-id`)", content_type = "application/problem+json", body = Problem),
+        (status = 415, description = "The body is not application/json (`unsupported-media-type`)", content_type = "application/problem+json", body = Problem),
+        (status = 422, description = "The body is not a valid settle request (`invalid-body`)", content_type = "application/problem+json", body = Problem),
         (status = 502, description = "The chain could not be reached or refused (`chain-failed`)", content_type = "application/problem+json", body = Problem),
         (status = 500, description = "A failure inside the node (`internal`)", content_type = "application/problem+json", body = Problem),
     )

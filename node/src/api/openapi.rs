@@ -283,6 +283,7 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
                 ("max_total", amount.clone()),
             ],
         ),
+        ("SettleBody", vec![("lease", json!({"pattern": LEASE_ID.text}))]),
         (
             "KeepDisk",
             vec![

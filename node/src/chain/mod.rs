@@ -455,10 +455,19 @@ impl ChainClient {
             .0)
     }
 
-    /// The closes renters started on their channels to this wallet from block `from` on.
-    pub async fn closes_since(&self, from: u64) -> Result<Vec<CloseStarted>, ChainError> {
+    /// The closes renters started on their channels to this wallet in blocks `from..=to`
+    /// (endpoints limit a log query's range: ask for a few thousand blocks at a time).
+    pub async fn closes_between(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<CloseStarted>, ChainError> {
         let c = self.channels();
-        let filter = c.CloseStarted_filter().topic2(self.wallet).from_block(from);
+        let filter = c
+            .CloseStarted_filter()
+            .topic2(self.wallet)
+            .from_block(from)
+            .to_block(to);
         let found = self.rpc("eth_getLogs", filter.query()).await?;
         Ok(found
             .into_iter()

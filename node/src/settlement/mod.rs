@@ -16,8 +16,8 @@
 //!    equal the claim (the ledger's amount in token units): a difference is logged as an error
 //!    and shown by `gridlease wallet`, never absorbed.
 //! 4. **watch**: the closes renters started on channels to this wallet since the last pass are
-//!    logged; the next redeem is in this same pass, well inside any challenge period longer than
-//!    the interval.
+//!    logged (at most 2,000 blocks a pass); every pass redeems the pending vouchers anyway, well
+//!    inside any challenge period longer than the interval.
 //!
 //! The status (endpoint, connection, counts, the last error) is shared with the control API.
 
@@ -41,6 +41,9 @@ const QUEUE_PER_PASS: usize = 512;
 
 /// How long a transaction may wait for its confirmation.
 const CONFIRM: Duration = Duration::from_secs(120);
+
+/// Most blocks one close watch reads (endpoints refuse larger log queries).
+const WATCH_BLOCKS: u64 = 2_000;
 
 /// The store's key of the block the close watch has read up to.
 const WATCHED_BLOCK: &str = "settlement.watched_block";
@@ -169,11 +172,12 @@ async fn pass(
     let Some(c) = client.as_ref() else {
         return Ok(());
     };
-    let result = async {
-        watch(c, store).await?;
-        redeem(c, store, config.chain, status).await
+    // Redeem first: a close watch that fails (an endpoint refusing a log query) never holds
+    // up a redeem.
+    let mut result = redeem(c, store, config.chain, status).await;
+    if result.is_ok() {
+        result = watch(c, store).await;
     }
-    .await;
     if let Err(e) = &result
         && matches!(e, ChainError::Rpc { .. })
     {
@@ -218,7 +222,7 @@ async fn queue(store: &StoreHandle, ours: Address) -> Result<(), crate::store::S
         .await
 }
 
-/// Logs the closes renters started since the last pass.
+/// Logs the closes renters started since the last pass (at most [`WATCH_BLOCKS`]).
 async fn watch(c: &ChainClient, store: &StoreHandle) -> Result<(), ChainError> {
     let from = store
         .call(|s| s.meta(WATCHED_BLOCK))
@@ -237,10 +241,13 @@ async fn watch(c: &ChainClient, store: &StoreHandle) -> Result<(), ChainError> {
     if head < from {
         return Ok(());
     }
-    for close in c.closes_since(from).await? {
-        tracing::warn!(renter = %close.renter, epoch = close.epoch, closes_at = close.closes_at, block = close.block, "settlement: a renter started closing its channel; its vouchers are redeemed in this pass");
+    // At most WATCH_BLOCKS a pass: a node back after a long outage catches up over passes
+    // (its vouchers are redeemed every pass anyway).
+    let to = head.min(from.saturating_add(WATCH_BLOCKS - 1));
+    for close in c.closes_between(from, to).await? {
+        tracing::warn!(renter = %close.renter, epoch = close.epoch, closes_at = close.closes_at, block = close.block, "settlement: a renter started closing its channel; its pending vouchers are redeemed every pass");
     }
-    let next = head.saturating_add(1);
+    let next = to.saturating_add(1);
     let _ = store
         .call(move |s| s.set_meta(WATCHED_BLOCK, &next.to_string()))
         .await;
