@@ -283,7 +283,10 @@ pub(super) fn constrain(doc: &mut Value) -> Vec<String> {
                 ("max_total", amount.clone()),
             ],
         ),
-        ("SettleBody", vec![("lease", json!({"pattern": LEASE_ID.text}))]),
+        (
+            "SettleBody",
+            vec![("lease", json!({"pattern": LEASE_ID.text}))],
+        ),
         (
             "KeepDisk",
             vec![
