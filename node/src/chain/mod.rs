@@ -496,11 +496,16 @@ impl ChainClient {
         match tokio::time::timeout(RPC_TIMEOUT, fut.into_future()).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.rpc_error(what, &e)),
-            Err(_) => Err(ChainError::Rpc {
-                endpoint: self.endpoint.clone(),
-                what,
-                message: format!("no answer within {} s", RPC_TIMEOUT.as_secs()),
-            }),
+            Err(_) => Err(self.timed_out(what)),
+        }
+    }
+
+    /// A request that got no answer within [`RPC_TIMEOUT`].
+    fn timed_out(&self, what: &'static str) -> ChainError {
+        ChainError::Rpc {
+            endpoint: self.endpoint.clone(),
+            what,
+            message: format!("no answer within {} s", RPC_TIMEOUT.as_secs()),
         }
     }
 
@@ -531,11 +536,7 @@ impl ChainClient {
         match tokio::time::timeout(RPC_TIMEOUT, fut.into_future()).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.contract_error(what, &e)),
-            Err(_) => Err(ChainError::Rpc {
-                endpoint: self.endpoint.clone(),
-                what,
-                message: format!("no answer within {} s", RPC_TIMEOUT.as_secs()),
-            }),
+            Err(_) => Err(self.timed_out(what)),
         }
     }
 
@@ -590,8 +591,9 @@ impl ChainClient {
     }
 }
 
-/// An RPC address as errors show it: without its path and query (an API key often rides there).
-fn redact(rpc: &str) -> String {
+/// An RPC address as errors, logs and status show it: without its path and query (an API key
+/// often rides there).
+pub fn redact(rpc: &str) -> String {
     match rpc.parse::<alloy::transports::http::reqwest::Url>() {
         Ok(u) => endpoint_of(&u),
         Err(_) => rpc.chars().take(40).collect(),

@@ -94,7 +94,7 @@ pub fn spawn(
     cancel: CancellationToken,
 ) -> (SettlementHandle, tokio::task::JoinHandle<()>) {
     let status: SharedStatus = Arc::new(Mutex::new(SettlementStatus {
-        endpoint: endpoint_of(&config.rpc),
+        endpoint: crate::chain::redact(&config.rpc),
         ..SettlementStatus::default()
     }));
     let (now, mut asked) = tokio::sync::mpsc::channel::<PassNow>(1);
@@ -124,19 +124,6 @@ pub fn spawn(
         }
     });
     (SettlementHandle { status, now }, task)
-}
-
-fn endpoint_of(rpc: &str) -> String {
-    rpc.parse::<alloy::transports::http::reqwest::Url>()
-        .ok()
-        .and_then(|u| {
-            let host = u.host_str()?.to_string();
-            Some(match u.port() {
-                Some(p) => format!("{}://{host}:{p}", u.scheme()),
-                None => format!("{}://{host}", u.scheme()),
-            })
-        })
-        .unwrap_or_default()
 }
 
 fn now_s() -> u64 {
@@ -424,7 +411,7 @@ mod tests {
     #[test]
     fn the_status_shows_no_path_of_the_endpoint() {
         assert_eq!(
-            endpoint_of("https://rpc.example:8443/v3/KEY"),
+            crate::chain::redact("https://rpc.example:8443/v3/KEY"),
             "https://rpc.example:8443"
         );
     }
