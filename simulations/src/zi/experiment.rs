@@ -1,10 +1,11 @@
 //! Double-auction experiments from scenario files: unit schedules, market rules, treatments
-//! (trader type per side), period lengths, periods and replications; results per period and
-//! per replication, and their statistics.
+//! (trader type per side), period lengths (in shouts or in simulated seconds), periods and
+//! replications; results per period, per replication and per transaction index, and their
+//! statistics.
 //!
 //! A replication is one session of `periods` trading periods; every period starts from the full
 //! schedules (fresh endowments), as in Gode & Sunder's sessions. Replication r of treatment t at
-//! period length s draws from its own stream, keyed by (seed, r, t, s), so adding a treatment or
+//! period length l draws from its own stream, keyed by (seed, r, t, l), so adding a treatment or
 //! a period length never changes another cell's results.
 
 use std::collections::BTreeMap;
@@ -13,8 +14,8 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::{Equilibrium, Period, Rules, Schedules, Trader, equilibrium, period};
-use crate::output::Table;
+use super::{Equilibrium, Length, Period, Rules, Schedules, Trader, equilibrium, period};
+use crate::table::Table;
 use crate::rng::{StreamKind, mix64, stream};
 use crate::stats::{self, Summary};
 
@@ -109,6 +110,12 @@ pub struct Experiment {
     /// Period lengths to run, in shouts (default `[500, 2000]`).
     #[serde(default = "default_shouts")]
     pub shouts_per_period: Vec<u32>,
+    /// Period lengths to run, in simulated seconds (timed periods; default none).
+    #[serde(default)]
+    pub seconds_per_period: Vec<u32>,
+    /// In timed periods, shouts per second of each trader with units left (default 1).
+    #[serde(default = "one_f")]
+    pub shout_rate: f64,
     /// Market rules.
     #[serde(default)]
     pub rules: Rules,
@@ -128,6 +135,9 @@ pub struct Experiment {
 
 fn one() -> u64 {
     1
+}
+fn one_f() -> f64 {
+    1.0
 }
 fn two_hundred() -> u64 {
     200
@@ -179,8 +189,35 @@ impl Experiment {
         if self.replications == 0 {
             return bad("replications must be at least 1".into());
         }
-        if self.shouts_per_period.is_empty() || self.shouts_per_period.contains(&0) {
-            return bad("shouts_per_period must list at least one length, each >= 1".into());
+        if self.shouts_per_period.contains(&0) || self.seconds_per_period.contains(&0) {
+            return bad("period lengths must be at least 1 (shout or second)".into());
+        }
+        if self.shouts_per_period.is_empty() && self.seconds_per_period.is_empty() {
+            return bad(
+                "at least one period length: shouts_per_period or seconds_per_period".into(),
+            );
+        }
+        if self.seconds_per_period.iter().any(|&s| s > MAX_SECONDS) {
+            return bad(format!(
+                "seconds_per_period: at most {MAX_SECONDS} seconds a period"
+            ));
+        }
+        if !(self.shout_rate.is_finite() && self.shout_rate > 0.0) {
+            return bad(format!(
+                "shout_rate must be a positive number, got {}",
+                self.shout_rate
+            ));
+        }
+        let traders = (self.buyers.len() + self.sellers.len()) as f64;
+        let longest = self.seconds_per_period.iter().copied().max().unwrap_or(0);
+        if self.shout_rate * f64::from(longest) * traders > MAX_SHOUTS as f64 {
+            return bad(format!(
+                "shout_rate x seconds x traders = {:.0} expected shouts a period: more than {MAX_SHOUTS}",
+                self.shout_rate * f64::from(longest) * traders
+            ));
+        }
+        if self.shouts_per_period.iter().any(|&s| s > MAX_SHOUTS) {
+            return bad(format!("shouts_per_period: at most {MAX_SHOUTS} a period"));
         }
         if self.treatments.is_empty() {
             return bad("at least one [[treatment]]".into());
@@ -230,6 +267,40 @@ impl Experiment {
     pub fn equilibrium(&self) -> Equilibrium {
         equilibrium(&self.schedules())
     }
+
+    /// The period lengths run: those in shouts, then those in seconds.
+    pub fn lengths(&self) -> Vec<Length> {
+        let shouts = self.shouts_per_period.iter().map(|&n| Length::Shouts(n));
+        let timed = self
+            .seconds_per_period
+            .iter()
+            .map(|&seconds| Length::Seconds {
+                seconds,
+                rate: self.shout_rate,
+            });
+        shouts.chain(timed).collect()
+    }
+}
+
+/// Longest timed period, seconds (the stream key keeps a bit for the unit).
+pub const MAX_SECONDS: u32 = 1 << 30;
+/// Most shouts a period may make (in shouts, or expected in a timed period).
+pub const MAX_SHOUTS: u32 = 10_000_000;
+
+/// A period length's two table columns: the number and its unit (`shouts` or `seconds`).
+pub fn length_cells(l: Length) -> [String; 2] {
+    match l {
+        Length::Shouts(n) => [n.to_string(), "shouts".into()],
+        Length::Seconds { seconds, .. } => [seconds.to_string(), "seconds".into()],
+    }
+}
+
+/// A period length as text: `500 shouts`, `30 s`.
+pub fn length_label(l: Length) -> String {
+    match l {
+        Length::Shouts(n) => format!("{n} shouts"),
+        Length::Seconds { seconds, .. } => format!("{seconds} s"),
+    }
 }
 
 /// One replication's periods, for one treatment and period length.
@@ -237,8 +308,8 @@ impl Experiment {
 pub struct Replication {
     /// Treatment index.
     pub treatment: usize,
-    /// Shouts per period.
-    pub shouts: u32,
+    /// The period length.
+    pub length: Length,
     /// Replication index.
     pub replication: u32,
     /// The periods, in order.
@@ -262,6 +333,18 @@ impl Replication {
             / n
     }
 
+    /// Root-mean-square deviation of all the replication's prices from `p0` (NaN without
+    /// trades).
+    pub fn price_rmsd(&self, p0: f64) -> f64 {
+        let all: Vec<u64> = self.prices().collect();
+        super::price_rmsd(&all, p0)
+    }
+
+    /// Every trade's price, period by period.
+    pub fn prices(&self) -> impl Iterator<Item = u64> + '_ {
+        self.periods.iter().flat_map(|p| p.prices.iter().copied())
+    }
+
     /// Mean price over all of the replication's trades (NaN without trades).
     pub fn mean_price(&self) -> f64 {
         let (sum, n) = self.periods.iter().fold((0u64, 0usize), |(s, n), p| {
@@ -275,23 +358,28 @@ impl Replication {
     }
 }
 
-/// The stream of replication `r` of treatment `t` at `shouts` per period.
-fn cell_stream(seed: u64, r: u32, t: usize, shouts: u32) -> rand_pcg::Pcg64Mcg {
-    let index = mix64(((t as u64) << 32) | u64::from(shouts));
+/// The stream of replication `r` of treatment `t` at period length `length` (a length in
+/// seconds sets bit 31 of its key; the rate is not in the key).
+fn cell_stream(seed: u64, r: u32, t: usize, length: Length) -> rand_pcg::Pcg64Mcg {
+    let l = match length {
+        Length::Shouts(n) => u64::from(n),
+        Length::Seconds { seconds, .. } => (1 << 31) | u64::from(seconds),
+    };
+    let index = mix64(((t as u64) << 32) | l);
     stream(seed, u64::from(r), StreamKind::Market, index)
 }
 
 /// Runs one replication.
-pub fn replication(e: &Experiment, t: usize, shouts: u32, r: u32, seed: u64) -> Replication {
+pub fn replication(e: &Experiment, t: usize, length: Length, r: u32, seed: u64) -> Replication {
     let s = e.schedules();
     let tr = &e.treatments[t];
-    let mut rng = cell_stream(seed, r, t, shouts);
+    let mut rng = cell_stream(seed, r, t, length);
     let periods = (0..e.periods)
-        .map(|_| period(&s, e.rules, &tr.buyers, &tr.sellers, shouts, &mut rng))
+        .map(|_| period(&s, e.rules, &tr.buyers, &tr.sellers, length, &mut rng))
         .collect();
     Replication {
         treatment: t,
-        shouts,
+        length,
         replication: r,
         periods,
     }
@@ -299,11 +387,12 @@ pub fn replication(e: &Experiment, t: usize, shouts: u32, r: u32, seed: u64) -> 
 
 /// Runs every (treatment, period length, replication), in parallel; results in that order.
 pub fn run(e: &Experiment, seed: u64) -> Vec<Replication> {
-    let cells: Vec<(usize, u32, u32)> = (0..e.treatments.len())
+    let lengths = e.lengths();
+    let cells: Vec<(usize, Length, u32)> = (0..e.treatments.len())
         .flat_map(|t| {
-            e.shouts_per_period
+            lengths
                 .iter()
-                .flat_map(move |&s| (0..e.replications).map(move |r| (t, s, r)))
+                .flat_map(move |&l| (0..e.replications).map(move |r| (t, l, r)))
         })
         .collect();
     cells
@@ -325,13 +414,17 @@ pub fn periods_table(e: &Experiment, reps: &[Replication]) -> Table {
     let mut t = Table {
         header: [
             "treatment",
-            "shouts",
+            "length",
+            "unit",
             "replication",
             "period",
             "efficiency",
             "surplus",
             "trades",
             "mean_price",
+            "price_rmsd",
+            "alpha",
+            "shouts",
             "admitted_shouts",
             "prices",
         ]
@@ -339,17 +432,23 @@ pub fn periods_table(e: &Experiment, reps: &[Replication]) -> Table {
         .to_vec(),
         rows: Vec::new(),
     };
+    let p0 = e.equilibrium().price();
     for r in reps {
+        let [length, unit] = length_cells(r.length);
         for (k, p) in r.periods.iter().enumerate() {
             t.rows.push(vec![
                 e.treatments[r.treatment].name.clone(),
-                r.shouts.to_string(),
+                length.clone(),
+                unit.clone(),
                 r.replication.to_string(),
                 (k + 1).to_string(),
                 f(p.efficiency),
                 p.surplus.to_string(),
                 p.trades.to_string(),
                 f(p.mean_price()),
+                f(p.price_rmsd(p0)),
+                f(super::alpha(&p.prices, p0)),
+                p.shouts.to_string(),
                 p.admitted.to_string(),
                 p.prices
                     .iter()
@@ -367,24 +466,33 @@ pub fn replications_table(e: &Experiment, reps: &[Replication]) -> Table {
     let mut t = Table {
         header: [
             "treatment",
-            "shouts",
+            "length",
+            "unit",
             "replication",
             "efficiency",
             "volume",
             "mean_price",
+            "price_rmsd",
+            "alpha",
         ]
         .map(String::from)
         .to_vec(),
         rows: Vec::new(),
     };
+    let p0 = e.equilibrium().price();
     for r in reps {
+        let [length, unit] = length_cells(r.length);
+        let rmsd = r.price_rmsd(p0);
         t.rows.push(vec![
             e.treatments[r.treatment].name.clone(),
-            r.shouts.to_string(),
+            length,
+            unit,
             r.replication.to_string(),
             f(r.efficiency()),
             f(r.volume()),
             f(r.mean_price()),
+            f(rmsd),
+            f(100.0 * rmsd / p0),
         ]);
     }
     t
@@ -397,35 +505,37 @@ pub fn replications_table(e: &Experiment, reps: &[Replication]) -> Table {
 pub struct CellSummary {
     /// Treatment name.
     pub treatment: String,
-    /// Shouts per period.
-    pub shouts: u32,
+    /// The period length.
+    pub length: Length,
     /// Period (1-based), or `None` for the whole replication.
     pub period: Option<u32>,
-    /// `efficiency`, `volume` or `mean_price`.
+    /// `efficiency`, `volume`, `mean_price`, `price_rmsd` or `alpha`.
     pub metric: &'static str,
     /// The statistics.
     pub summary: Summary,
 }
 
-/// Statistics of efficiency, volume and mean price per (treatment, shouts): over replications
-/// (`period = None`) and per period index across replications.
+/// Statistics of efficiency, volume, mean price, price RMSD and alpha per (treatment, period
+/// length): over replications (`period = None`) and per period index across replications.
 pub fn summaries(e: &Experiment, reps: &[Replication], seed: u64) -> Vec<CellSummary> {
     let mut out = Vec::new();
+    let p0 = e.equilibrium().price();
     for (ti, tr) in e.treatments.iter().enumerate() {
-        for &shouts in &e.shouts_per_period {
+        for length in e.lengths() {
             let cell: Vec<&Replication> = reps
                 .iter()
-                .filter(|r| r.treatment == ti && r.shouts == shouts)
+                .filter(|r| r.treatment == ti && r.length == length)
                 .collect();
+            // Lengths in shouts keep the keys they had before timed periods existed.
+            let l = match length {
+                Length::Shouts(n) => n.to_string(),
+                Length::Seconds { seconds, .. } => format!("{seconds}s"),
+            };
             let mut push = |period: Option<u32>, metric: &'static str, xs: Vec<f64>| {
-                let key = stats::key(&format!(
-                    "{}/{shouts}/{}/{metric}",
-                    tr.name,
-                    period.unwrap_or(0)
-                ));
+                let key = stats::key(&format!("{}/{l}/{}/{metric}", tr.name, period.unwrap_or(0)));
                 out.push(CellSummary {
                     treatment: tr.name.clone(),
-                    shouts,
+                    length,
                     period,
                     metric,
                     summary: Summary::of(&xs, seed, key, stats::Bounds::of(metric)),
@@ -442,6 +552,10 @@ pub fn summaries(e: &Experiment, reps: &[Replication], seed: u64) -> Vec<CellSum
                 "mean_price",
                 cell.iter().map(|r| r.mean_price()).collect(),
             );
+            let rmsd: Vec<f64> = cell.iter().map(|r| r.price_rmsd(p0)).collect();
+            let alpha = rmsd.iter().map(|x| 100.0 * x / p0).collect();
+            push(None, "price_rmsd", rmsd);
+            push(None, "alpha", alpha);
             for k in 0..e.periods as usize {
                 let at = |g: &dyn Fn(&Period) -> f64| -> Vec<f64> {
                     cell.iter()
@@ -452,6 +566,8 @@ pub fn summaries(e: &Experiment, reps: &[Replication], seed: u64) -> Vec<CellSum
                 push(p, "efficiency", at(&|p| p.efficiency));
                 push(p, "volume", at(&|p| f64::from(p.trades)));
                 push(p, "mean_price", at(&|p| p.mean_price()));
+                push(p, "price_rmsd", at(&|p| p.price_rmsd(p0)));
+                push(p, "alpha", at(&|p| super::alpha(&p.prices, p0)));
             }
         }
     }
@@ -460,7 +576,7 @@ pub fn summaries(e: &Experiment, reps: &[Replication], seed: u64) -> Vec<CellSum
 
 /// `summary.csv`: one row per [`CellSummary`] (`period` empty for the replication level).
 pub fn summary_table(cells: &[CellSummary]) -> Table {
-    let mut header: Vec<String> = ["treatment", "shouts", "period", "metric"]
+    let mut header: Vec<String> = ["treatment", "length", "unit", "period", "metric"]
         .map(String::from)
         .to_vec();
     header.extend(Summary::COLUMNS.iter().map(|c| c.to_string()));
@@ -469,9 +585,11 @@ pub fn summary_table(cells: &[CellSummary]) -> Table {
         rows: Vec::new(),
     };
     for c in cells {
+        let [length, unit] = length_cells(c.length);
         let mut row = vec![
             c.treatment.clone(),
-            c.shouts.to_string(),
+            length,
+            unit,
             c.period.map_or(String::new(), |p| p.to_string()),
             c.metric.to_string(),
         ];
@@ -481,18 +599,79 @@ pub fn summary_table(cells: &[CellSummary]) -> Table {
     t
 }
 
+/// `transactions.csv`: per (treatment, period length, transaction index k within a period),
+/// over every period of every replication: how many periods had a k-th trade, that trade's mean
+/// price with its 95 % percentile-bootstrap interval, and the mean efficiency the period had
+/// realised after its first k trades (a period with fewer trades counts all of its surplus, so
+/// the last rows approach the cell's efficiency).
+pub fn transactions_table(e: &Experiment, reps: &[Replication], seed: u64) -> Table {
+    let mut t = Table {
+        header: [
+            "treatment",
+            "length",
+            "unit",
+            "transaction",
+            "periods",
+            "mean_price",
+            "price_boot95_low",
+            "price_boot95_high",
+            "efficiency_after",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: Vec::new(),
+    };
+    let max = e.equilibrium().max_surplus as f64;
+    for (ti, tr) in e.treatments.iter().enumerate() {
+        for length in e.lengths() {
+            let periods: Vec<&Period> = reps
+                .iter()
+                .filter(|r| r.treatment == ti && r.length == length)
+                .flat_map(|r| r.periods.iter())
+                .collect();
+            let most = periods.iter().map(|p| p.prices.len()).max().unwrap_or(0);
+            let [l, unit] = length_cells(length);
+            for k in 0..most {
+                let prices: Vec<f64> = periods
+                    .iter()
+                    .filter_map(|p| p.prices.get(k).map(|&x| x as f64))
+                    .collect();
+                let key = stats::key(&format!("{}/{l}{unit}/transaction/{k}", tr.name));
+                let s = Summary::of(&prices, seed, key, stats::Bounds::NON_NEGATIVE);
+                let after: Vec<f64> = periods
+                    .iter()
+                    .map(|p| p.gains.iter().take(k + 1).sum::<i64>() as f64 / max)
+                    .collect();
+                let (eff, _) = stats::mean_sd(&after);
+                t.rows.push(vec![
+                    tr.name.clone(),
+                    l.clone(),
+                    unit.clone(),
+                    (k + 1).to_string(),
+                    prices.len().to_string(),
+                    f(s.mean),
+                    f(s.boot95.low),
+                    f(s.boot95.high),
+                    f(eff),
+                ]);
+            }
+        }
+    }
+    t
+}
+
 /// The replication-level summary of `metric` for a treatment and period length.
 pub fn find<'a>(
     cells: &'a [CellSummary],
     treatment: &str,
-    shouts: u32,
+    length: Length,
     metric: &str,
 ) -> Option<&'a Summary> {
     cells
         .iter()
         .find(|c| {
             c.treatment == treatment
-                && c.shouts == shouts
+                && c.length == length
                 && c.period.is_none()
                 && c.metric == metric
         })
@@ -547,8 +726,58 @@ costs = [90]
         assert_eq!(periods_table(&e, &a).rows.len(), 2 * 2 * 3 * 2);
         assert_eq!(replications_table(&e, &a).rows.len(), 12);
         let s = summaries(&e, &a, 9);
-        // 2 treatments x 2 lengths x 3 metrics x (1 + 2 periods)
-        assert_eq!(s.len(), 36);
-        assert_eq!(find(&s, "ZI-C", 100, "efficiency").unwrap().n, 3);
+        // 2 treatments x 2 lengths x 5 metrics x (1 + 2 periods)
+        assert_eq!(s.len(), 60);
+        assert_eq!(
+            find(&s, "ZI-C", Length::Shouts(100), "efficiency")
+                .unwrap()
+                .n,
+            3
+        );
+        // Three units trade at most (two buyers' three values): at most three transaction rows
+        // per cell, the first in every period that traded.
+        let tx = transactions_table(&e, &a, 9);
+        assert!(!tx.rows.is_empty() && tx.rows.len() <= 2 * 2 * 3);
+        assert!(tx.rows.iter().all(|r| r[3] != "1" || r[4] != "0"));
+    }
+
+    #[test]
+    fn timed_periods_run_beside_periods_in_shouts_and_keep_their_cells_apart() {
+        let timed = TEXT.replace(
+            "shouts_per_period = [50, 100]",
+            "shouts_per_period = [50, 100]\nseconds_per_period = [30]\nshout_rate = 0.5",
+        );
+        let e = Experiment::from_toml(&timed).unwrap();
+        assert_eq!(e.lengths().len(), 3);
+        let a = run(&e, 9);
+        assert_eq!(a.len(), 2 * 3 * 3);
+        // Adding the timed length leaves the cells in shouts as they were.
+        let before = run(&Experiment::from_toml(TEXT).unwrap(), 9);
+        let in_shouts: Vec<_> = a
+            .iter()
+            .filter(|r| matches!(r.length, Length::Shouts(_)))
+            .cloned()
+            .collect();
+        assert_eq!(in_shouts, before);
+        let rows = replications_table(&e, &a).rows;
+        assert!(rows.iter().any(|r| r[1] == "30" && r[2] == "seconds"));
+        for (from, to) in [
+            ("shout_rate = 0.5", "shout_rate = 0"),
+            ("shout_rate = 0.5", "shout_rate = nan"),
+            ("seconds_per_period = [30]", "seconds_per_period = [0]"),
+            ("shout_rate = 0.5", "shout_rate = 1e9"),
+        ] {
+            assert!(
+                Experiment::from_toml(&timed.replace(from, to)).is_err(),
+                "{to} accepted"
+            );
+        }
+        let only_timed = timed.replace("shouts_per_period = [50, 100]", "shouts_per_period = []");
+        assert_eq!(
+            Experiment::from_toml(&only_timed).unwrap().lengths().len(),
+            1
+        );
+        let none = only_timed.replace("seconds_per_period = [30]", "seconds_per_period = []");
+        assert!(Experiment::from_toml(&none).is_err());
     }
 }

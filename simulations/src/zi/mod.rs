@@ -14,8 +14,15 @@
 //! a trade clears the book. The book itself is unchanged: a trader's admitted order replaces
 //! its standing one, and crossing is the book's own rule.
 //!
+//! A period is either a number of shouts ([`Length::Shouts`]) or a span of simulated time
+//! ([`Length::Seconds`]): each trader with units left shouts as a Poisson process of its own, so
+//! the market's shout rate falls as traders finish, and a period's length does not depend on
+//! how many traders the market has.
+//!
 //! Allocative efficiency of a period = realised surplus (value - cost of the traded units) /
-//! maximum surplus.
+//! maximum surplus. Price convergence: the root-mean-square deviation of the transaction prices
+//! from the equilibrium price, and Smith's coefficient of convergence alpha = 100 x RMSD /
+//! equilibrium price (Smith 1962).
 
 pub mod experiment;
 
@@ -78,6 +85,43 @@ pub fn equilibrium(s: &Schedules) -> Equilibrium {
         price_high,
         max_surplus,
     }
+}
+
+impl Equilibrium {
+    /// The equilibrium price the convergence metrics measure against: the middle of the
+    /// clearing range.
+    pub fn price(&self) -> f64 {
+        (self.price_low as f64 + self.price_high as f64) / 2.0
+    }
+}
+
+/// Root-mean-square deviation of `prices` from `p0`; NaN without prices.
+pub fn price_rmsd(prices: &[u64], p0: f64) -> f64 {
+    if prices.is_empty() {
+        return f64::NAN;
+    }
+    let ss: f64 = prices.iter().map(|&p| (p as f64 - p0).powi(2)).sum();
+    (ss / prices.len() as f64).sqrt()
+}
+
+/// Smith's coefficient of convergence: 100 x RMSD / `p0`, percent; NaN without prices.
+pub fn alpha(prices: &[u64], p0: f64) -> f64 {
+    100.0 * price_rmsd(prices, p0) / p0
+}
+
+/// How long a trading period lasts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Length {
+    /// This many shouts (a shout the improvement rule discards still counts).
+    Shouts(u32),
+    /// This many simulated seconds, each trader with units left shouting as a Poisson process
+    /// of `rate` shouts per second.
+    Seconds {
+        /// The period, seconds.
+        seconds: u32,
+        /// Shouts per second of each trader with units left.
+        rate: f64,
+    },
 }
 
 /// The maximum total surplus.
@@ -178,6 +222,10 @@ pub struct Period {
     pub trades: u32,
     /// Transaction prices in trade order (the period's price path).
     pub prices: Vec<u64>,
+    /// Per trade, in trade order, the surplus it realised (value - cost).
+    pub gains: Vec<i64>,
+    /// Shouts made (all of a period in shouts, unless one side ran out of units first).
+    pub shouts: u32,
     /// Shouts the improvement rule admitted (of the period's shouts).
     pub admitted: u32,
 }
@@ -191,17 +239,24 @@ impl Period {
             self.prices.iter().sum::<u64>() as f64 / self.prices.len() as f64
         }
     }
+
+    /// Root-mean-square deviation of the prices from `p0`; NaN without trades.
+    pub fn price_rmsd(&self, p0: f64) -> f64 {
+        price_rmsd(&self.prices, p0)
+    }
 }
 
-/// Runs one period of `shouts` shouts: buyers follow `buyer`, sellers `seller`. A shout is one
-/// draw of a trader (with units left) and a price; a shout the improvement rule discards still
-/// counts. The period ends after `shouts` shouts or when one side has no units left.
+/// Runs one period of `length`: buyers follow `buyer`, sellers `seller`. A shout is one draw of
+/// a trader (with units left, uniformly) and a price; a shout the improvement rule discards
+/// still counts. In a period of seconds the next shout comes after an exponential wait with
+/// rate `rate` x the traders with units left. The period ends when its shouts or seconds are
+/// used up, or when one side has no units left.
 pub fn period(
     s: &Schedules,
     rules: Rules,
     buyer: &dyn Strategy,
     seller: &dyn Strategy,
-    shouts: u32,
+    length: Length,
     rng: &mut dyn RngCore,
 ) -> Period {
     let nb = s.buyers.len();
@@ -214,10 +269,18 @@ pub fn period(
     let mut book: DoubleAuction<u32> = DoubleAuction::new();
     let mut surplus: i64 = 0;
     let mut prices = Vec::new();
+    let mut gains = Vec::new();
     let mut admitted = 0u32;
+    let mut shouts = 0u32;
+    let mut clock = 0.0f64;
     let (lo, hi) = (s.min_price, s.max_price.max(s.min_price));
     let mut active: Vec<(Side, usize)> = Vec::with_capacity(nb + ns);
-    for _ in 0..shouts {
+    loop {
+        if let Length::Shouts(n) = length
+            && shouts >= n
+        {
+            break;
+        }
         active.clear();
         active.extend(
             (0..nb)
@@ -233,6 +296,13 @@ pub fn period(
         if buyers_left == 0 || buyers_left == active.len() {
             break;
         }
+        if let Length::Seconds { seconds, rate } = length {
+            clock += crate::rng::exponential(rng, 1.0 / (rate * active.len() as f64));
+            if clock > f64::from(seconds) {
+                break;
+            }
+        }
+        shouts += 1;
         // Draw among traders with units left: buyers first in index order, then sellers.
         let pick = uniform_inclusive(rng, 0, active.len() as u64 - 1) as usize;
         let Some(&(side, i)) = active.get(pick) else {
@@ -274,6 +344,7 @@ pub fn period(
                 let v = s.buyers[b][next_b[b]];
                 let c = s.sellers[sl][next_s[sl]];
                 surplus += v as i64 - c as i64;
+                gains.push(v as i64 - c as i64);
                 next_b[b] += 1;
                 next_s[sl] += 1;
                 prices.push(price);
@@ -293,6 +364,8 @@ pub fn period(
         efficiency: if max > 0.0 { surplus as f64 / max } else { 0.0 },
         trades: prices.len() as u32,
         prices,
+        gains,
+        shouts,
         admitted,
     }
 }
@@ -342,7 +415,7 @@ mod tests {
                         rules,
                         &Trader::Constrained,
                         &Trader::Constrained,
-                        300,
+                        Length::Shouts(300),
                         &mut rng,
                     );
                     // ZI-C: surplus never negative, never above the maximum.
@@ -378,7 +451,7 @@ mod tests {
                         rules,
                         &Trader::Constrained,
                         &Trader::Constrained,
-                        200,
+                        Length::Shouts(200),
                         &mut rng,
                     );
                     (p.surplus, p.prices)
@@ -388,6 +461,94 @@ mod tests {
         assert_eq!(go(Improvement::Own, true), go(Improvement::Market, true));
         assert_ne!(go(Improvement::Own, false), go(Improvement::Market, false));
         assert_ne!(go(Improvement::None, true), go(Improvement::Market, true));
+    }
+
+    #[test]
+    fn convergence_metrics() {
+        // Deviations -2, 0, +2 from 100: RMSD sqrt(8/3), alpha 100 x that / 100.
+        let r = price_rmsd(&[98, 100, 102], 100.0);
+        assert!((r - (8.0f64 / 3.0).sqrt()).abs() < 1e-12);
+        assert!((alpha(&[98, 100, 102], 100.0) - r).abs() < 1e-12);
+        assert!(price_rmsd(&[], 100.0).is_nan());
+        assert_eq!(equilibrium(&tiny()).price(), 105.0);
+    }
+
+    /// A timed period's shouts are a Poisson count: with nobody trading, `n` traders shouting at
+    /// `rate` per second make rate x seconds x n shouts on average, whatever the market's size,
+    /// per second of the period; a period in shouts makes exactly its shouts.
+    #[test]
+    fn timed_periods_make_shouts_at_the_traders_rate() {
+        struct Apart;
+        impl Strategy for Apart {
+            fn shout(&self, side: Side, _: u64, _: u64, _: u64, _: &mut dyn RngCore) -> u64 {
+                match side {
+                    Side::Buyer => 10,
+                    Side::Seller => 190,
+                }
+            }
+        }
+        let mean = |s: &Schedules, length| {
+            let mut rng = stream(2, 0, StreamKind::Market, 0);
+            let n = 400;
+            (0..n)
+                .map(|_| {
+                    let p = period(s, Rules::default(), &Apart, &Apart, length, &mut rng);
+                    assert_eq!(p.trades, 0);
+                    f64::from(p.shouts)
+                })
+                .sum::<f64>()
+                / f64::from(n)
+        };
+        let four = tiny();
+        let mut eight = tiny();
+        eight.buyers.extend(tiny().buyers);
+        eight.sellers.extend(tiny().sellers);
+        let timed = Length::Seconds {
+            seconds: 50,
+            rate: 0.5,
+        };
+        // 0.5 x 50 x 4 = 100 and x 8 = 200; the sd of a mean of 400 Poisson(100) counts is 0.5.
+        assert!(
+            (mean(&four, timed) - 100.0).abs() < 3.0,
+            "{}",
+            mean(&four, timed)
+        );
+        assert!(
+            (mean(&eight, timed) - 200.0).abs() < 4.0,
+            "{}",
+            mean(&eight, timed)
+        );
+        assert_eq!(mean(&four, Length::Shouts(77)), 77.0);
+    }
+
+    /// A timed period ends when one side's units run out: where every pair of units can trade at
+    /// a gain, ZI-C trades them all long before a very long period is over.
+    #[test]
+    fn timed_periods_end_when_the_units_run_out() {
+        let s = Schedules {
+            buyers: vec![vec![150], vec![120]],
+            sellers: vec![vec![40], vec![90]],
+            min_price: 1,
+            max_price: 200,
+        };
+        let mut rng = stream(4, 0, StreamKind::Market, 0);
+        for _ in 0..100 {
+            let p = period(
+                &s,
+                Rules::default(),
+                &Trader::Constrained,
+                &Trader::Constrained,
+                Length::Seconds {
+                    seconds: 100_000,
+                    rate: 1.0,
+                },
+                &mut rng,
+            );
+            assert_eq!((p.trades, p.surplus), (2, 140));
+            // Far fewer shouts than 100,000 s x 4 traders: the period ended with the units.
+            assert!(p.shouts < 100_000, "{}", p.shouts);
+            assert_eq!(p.gains.iter().sum::<i64>(), p.surplus);
+        }
     }
 
     /// With the `market` rule a shout that does not beat the best quote is discarded: a
@@ -409,17 +570,17 @@ mod tests {
             improvement: Improvement::Market,
             clear_after_trade: true,
         };
-        let p = period(&s, market, &Fixed, &Fixed, 100, &mut rng);
+        let p = period(&s, market, &Fixed, &Fixed, Length::Shouts(100), &mut rng);
         assert_eq!((p.admitted, p.trades), (2, 0));
         let own = Rules {
             improvement: Improvement::Own,
             ..market
         };
         // `own`: each of the 4 traders gets its first shout in, then nothing improves.
-        let p = period(&s, own, &Fixed, &Fixed, 100, &mut rng);
+        let p = period(&s, own, &Fixed, &Fixed, Length::Shouts(100), &mut rng);
         assert_eq!((p.admitted, p.trades), (4, 0));
         let none = Rules::default();
-        let p = period(&s, none, &Fixed, &Fixed, 100, &mut rng);
+        let p = period(&s, none, &Fixed, &Fixed, Length::Shouts(100), &mut rng);
         assert_eq!((p.admitted, p.trades), (100, 0));
     }
 }

@@ -7,7 +7,8 @@
 //! point's parameter names and values. Colours are the Okabe-Ito palette (distinguishable
 //! with the common colour-vision deficiencies), cycled with solid, dashed and dotted lines,
 //! so 24 series stay apart. A series with several replications is drawn as the mean over them
-//! with a band for the 95 % Student-t interval of the mean.
+//! with a band for the 95 % percentile-bootstrap interval of the mean. The double-auction
+//! experiments' figures are in [`zi`].
 //!
 //! Text needs a TrueType font, rasterised by pure-Rust `ab_glyph` (no fontconfig or
 //! freetype): the file named by `GRIDLEASE_SIM_FONT`, else the first common system font found.
@@ -406,6 +407,9 @@ macro_rules! on_canvas {
         }
     };
 }
+
+// After `on_canvas!`: a macro is in scope only below its definition.
+pub mod zi;
 
 /// Per (point, t): the values of column `col` over replications, from `buckets.csv`; with
 /// `weight`, only buckets where that column is above zero (a price where leases started).
