@@ -20,7 +20,7 @@ fn load(name: &str) -> Experiment {
 }
 
 fn efficiency(e: &Experiment, seed: u64) -> Vec<(String, Summary, Summary)> {
-    let reps = experiment::run(e, seed);
+    let reps = experiment::run(e, seed).unwrap();
     let cells = experiment::summaries(e, &reps, seed);
     e.lengths()
         .into_iter()

@@ -252,3 +252,69 @@ fn bad_input_gets_one_clear_error_and_writes_nothing() {
         assert!(!d.0.join("o").exists());
     }
 }
+
+/// Your own trader type runs through the whole pipeline from the public API: registered by
+/// name, it is run, tabled, summarised and drawn like the built-in ones; without it the
+/// experiment is refused before anything runs, and the binary (built-in types only) says which
+/// type is missing.
+#[test]
+fn a_custom_trader_type_runs_through_the_pipeline() {
+    use gridlease_sim::zi::experiment::{self, Experiment, ExperimentError, Strategies};
+    use gridlease_sim::zi::{Length, Side, Strategy};
+
+    /// Shouts its own limit: a buyer its value, a seller its cost.
+    struct Truthful;
+    impl Strategy for Truthful {
+        fn shout(&self, _: Side, limit: u64, _: u64, _: u64, _: &mut dyn rand::RngCore) -> u64 {
+            limit
+        }
+    }
+    let mut text = std::fs::read_to_string(scenario("gs-market1")).unwrap();
+    text.push_str(
+        "\n[[treatment]]\nname = \"truthful\"\nbuyers = \"truthful\"\nsellers = \"truthful\"\n",
+    );
+    let mut e = Experiment::from_toml(&text).unwrap();
+    e.replications = 6;
+    match experiment::run(&e, 1) {
+        Err(ExperimentError::UnknownTrader { name, .. }) => assert_eq!(name, "truthful"),
+        other => panic!("not refused: {:?}", other.map(|r| r.len())),
+    }
+    let types = Strategies::builtin().with("truthful", Truthful);
+    assert_eq!(types.names(), ["truthful", "zi-c", "zi-u"]);
+    let reps = experiment::run_with(&e, 1, &types).unwrap();
+    let cells = experiment::summaries(&e, &reps, 1);
+    let eff = |t: &str| {
+        experiment::find(&cells, t, Length::Shouts(500), "efficiency")
+            .unwrap()
+            .mean
+    };
+    // Truthful shouts never lose surplus; the table has its rows like any treatment's.
+    assert!(
+        eff("truthful") > 0.5 && eff("truthful") <= 1.0,
+        "{}",
+        eff("truthful")
+    );
+    let rows = experiment::periods_table(&e, &reps).rows;
+    assert!(rows.iter().filter(|r| r[0] == "truthful").count() == 3 * 6 * 6);
+    let d = Dir::new();
+    std::fs::create_dir_all(&d.0).unwrap();
+    let files = gridlease_sim::plot::zi::prices(&d.0, &e, &reps).unwrap();
+    assert_eq!(files, ["prices.png", "prices.svg"]);
+    let t = texts(&d.0.join("prices.svg"));
+    assert!(
+        t.iter()
+            .any(|x| x.starts_with("truthful, periods of 500 shouts")),
+        "{t:?}"
+    );
+
+    // The binary knows only the built-in types: one error naming the missing one.
+    let file = d.0.join("custom.toml");
+    std::fs::write(&file, &text).unwrap();
+    let out = common::run(&["zi", "--scenario", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no trader type \"truthful\" (known: zi-c, zi-u"),
+        "{err}"
+    );
+}

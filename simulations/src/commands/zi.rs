@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use gridlease_sim::output::{self, Table};
 use gridlease_sim::plot;
-use gridlease_sim::zi::experiment::{self, Experiment, Replication};
+use gridlease_sim::zi::experiment::{self, Experiment, Replication, Strategies};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -108,6 +108,7 @@ fn load(path: &Path, a: &ZiArgs) -> Result<Experiment> {
         e.shout_rate = r;
     }
     e.validate()
+        .and_then(|()| e.sides(&Strategies::builtin()).map(drop))
         .with_context(|| format!("experiment {}", path.display()))?;
     Ok(e)
 }
@@ -138,7 +139,7 @@ pub(crate) fn zi(a: ZiArgs, p: &Printer) -> Result<()> {
     let mut compared = Vec::new();
     let mut table = markets_table();
     for (e, path) in markets.iter().zip(&a.scenario) {
-        let reps = pool.install(|| experiment::run(e, a.seed));
+        let reps = pool.install(|| experiment::run(e, a.seed))?;
         let cells = experiment::summaries(e, &reps, a.seed);
         report(p, e, &cells, a.seed);
         compared.push(plot::zi::MarketEfficiency::of(e, &reps));

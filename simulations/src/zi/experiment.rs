@@ -14,10 +14,10 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::{Equilibrium, Length, Period, Rules, Schedules, Trader, equilibrium, period};
-use crate::table::Table;
+use super::{Equilibrium, Length, Period, Rules, Schedules, Strategy, Trader, equilibrium, period};
 use crate::rng::{StreamKind, mix64, stream};
 use crate::stats::{self, Summary};
+use crate::table::Table;
 
 /// Errors loading an experiment file.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,63 @@ pub enum ExperimentError {
     /// A value is out of range or inconsistent.
     #[error("invalid experiment: {0}")]
     Invalid(String),
+    /// A treatment names a trader type nobody registered.
+    #[error(
+        "treatment {treatment:?}: no trader type {name:?} (known: {known}; others plug in through zi::experiment::Strategies)"
+    )]
+    UnknownTrader {
+        /// The treatment.
+        treatment: String,
+        /// The type it names.
+        name: String,
+        /// The registered types.
+        known: String,
+    },
 }
+
+/// The trader types an experiment may name, by name: the built-in `zi-c` and `zi-u`, and any
+/// [`Strategy`] registered with [`Strategies::with`] (the way to run your own trader type
+/// through the whole pipeline: tables, statistics, figures).
+pub struct Strategies {
+    by_name: BTreeMap<String, Box<dyn Strategy>>,
+}
+
+impl Default for Strategies {
+    fn default() -> Self {
+        Self::builtin()
+    }
+}
+
+impl Strategies {
+    /// `zi-c` ([`Trader::Constrained`]) and `zi-u` ([`Trader::Unconstrained`]).
+    pub fn builtin() -> Self {
+        let mut by_name: BTreeMap<String, Box<dyn Strategy>> = BTreeMap::new();
+        by_name.insert(ZI_C.into(), Box::new(Trader::Constrained));
+        by_name.insert(ZI_U.into(), Box::new(Trader::Unconstrained));
+        Self { by_name }
+    }
+
+    /// These types and `strategy` under `name` (replacing a type of that name).
+    pub fn with(mut self, name: impl Into<String>, strategy: impl Strategy + 'static) -> Self {
+        self.by_name.insert(name.into(), Box::new(strategy));
+        self
+    }
+
+    /// The type called `name`.
+    pub fn get(&self, name: &str) -> Option<&dyn Strategy> {
+        self.by_name.get(name).map(|b| b.as_ref())
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.by_name.keys().map(String::as_str).collect()
+    }
+}
+
+/// The built-in budget-constrained type's name.
+pub const ZI_C: &str = "zi-c";
+/// The built-in unconstrained type's name.
+pub const ZI_U: &str = "zi-u";
 
 /// One buyer: its units' redemption values, in trading order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,29 +111,29 @@ pub struct Seller {
     pub costs: Vec<u64>,
 }
 
-/// A treatment: a label and the trader type on each side.
+/// A treatment: a label and the trader type on each side, by name ([`Strategies`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Treatment {
     /// Label in outputs (`ZI-C`).
     pub name: String,
-    /// Buyers' type.
-    pub buyers: Trader,
+    /// Buyers' type (`zi-c`, `zi-u`, or a registered one).
+    pub buyers: String,
     /// Sellers' type.
-    pub sellers: Trader,
+    pub sellers: String,
 }
 
 fn default_treatments() -> Vec<Treatment> {
     vec![
         Treatment {
             name: "ZI-C".into(),
-            buyers: Trader::Constrained,
-            sellers: Trader::Constrained,
+            buyers: ZI_C.into(),
+            sellers: ZI_C.into(),
         },
         Treatment {
             name: "ZI-U".into(),
-            buyers: Trader::Unconstrained,
-            sellers: Trader::Unconstrained,
+            buyers: ZI_U.into(),
+            sellers: ZI_U.into(),
         },
     ]
 }
@@ -268,6 +324,28 @@ impl Experiment {
         equilibrium(&self.schedules())
     }
 
+    /// Each treatment's (buyers', sellers') types from `strategies`; an error names the first
+    /// type it does not have.
+    pub fn sides<'s>(
+        &self,
+        strategies: &'s Strategies,
+    ) -> Result<Vec<(&'s dyn Strategy, &'s dyn Strategy)>, ExperimentError> {
+        let mut sides = Vec::with_capacity(self.treatments.len());
+        for tr in &self.treatments {
+            let side = |name: &str| {
+                strategies
+                    .get(name)
+                    .ok_or_else(|| ExperimentError::UnknownTrader {
+                        treatment: tr.name.clone(),
+                        name: name.to_string(),
+                        known: strategies.names().join(", "),
+                    })
+            };
+            sides.push((side(&tr.buyers)?, side(&tr.sellers)?));
+        }
+        Ok(sides)
+    }
+
     /// The period lengths run: those in shouts, then those in seconds.
     pub fn lengths(&self) -> Vec<Length> {
         let shouts = self.shouts_per_period.iter().map(|&n| Length::Shouts(n));
@@ -369,13 +447,19 @@ fn cell_stream(seed: u64, r: u32, t: usize, length: Length) -> rand_pcg::Pcg64Mc
     stream(seed, u64::from(r), StreamKind::Market, index)
 }
 
-/// Runs one replication.
-pub fn replication(e: &Experiment, t: usize, length: Length, r: u32, seed: u64) -> Replication {
+/// Runs one replication of treatment `t`, whose sides follow `sides`.
+fn replication(
+    e: &Experiment,
+    sides: (&dyn Strategy, &dyn Strategy),
+    t: usize,
+    length: Length,
+    r: u32,
+    seed: u64,
+) -> Replication {
     let s = e.schedules();
-    let tr = &e.treatments[t];
     let mut rng = cell_stream(seed, r, t, length);
     let periods = (0..e.periods)
-        .map(|_| period(&s, e.rules, &tr.buyers, &tr.sellers, length, &mut rng))
+        .map(|_| period(&s, e.rules, sides.0, sides.1, length, &mut rng))
         .collect();
     Replication {
         treatment: t,
@@ -385,8 +469,21 @@ pub fn replication(e: &Experiment, t: usize, length: Length, r: u32, seed: u64) 
     }
 }
 
-/// Runs every (treatment, period length, replication), in parallel; results in that order.
-pub fn run(e: &Experiment, seed: u64) -> Vec<Replication> {
+/// Runs every (treatment, period length, replication) with the built-in trader types, in
+/// parallel; results in that order.
+pub fn run(e: &Experiment, seed: u64) -> Result<Vec<Replication>, ExperimentError> {
+    run_with(e, seed, &Strategies::builtin())
+}
+
+/// Runs every (treatment, period length, replication), the treatments' types taken from
+/// `strategies`, in parallel; results in that order. A type `strategies` does not have is
+/// refused before anything runs.
+pub fn run_with(
+    e: &Experiment,
+    seed: u64,
+    strategies: &Strategies,
+) -> Result<Vec<Replication>, ExperimentError> {
+    let sides = e.sides(strategies)?;
     let lengths = e.lengths();
     let cells: Vec<(usize, Length, u32)> = (0..e.treatments.len())
         .flat_map(|t| {
@@ -395,10 +492,10 @@ pub fn run(e: &Experiment, seed: u64) -> Vec<Replication> {
                 .flat_map(move |&l| (0..e.replications).map(move |r| (t, l, r)))
         })
         .collect();
-    cells
+    Ok(cells
         .par_iter()
-        .map(|&(t, s, r)| replication(e, t, s, r, seed))
-        .collect()
+        .map(|&(t, s, r)| replication(e, sides[t], t, s, r, seed))
+        .collect())
 }
 
 fn f(x: f64) -> String {
@@ -719,10 +816,10 @@ costs = [90]
     #[test]
     fn tables_have_a_row_per_unit_of_work_and_are_reproducible() {
         let e = Experiment::from_toml(TEXT).unwrap();
-        let a = run(&e, 9);
+        let a = run(&e, 9).unwrap();
         assert_eq!(a.len(), 2 * 2 * 3);
-        assert_eq!(a, run(&e, 9));
-        assert_ne!(a, run(&e, 10));
+        assert_eq!(a, run(&e, 9).unwrap());
+        assert_ne!(a, run(&e, 10).unwrap());
         assert_eq!(periods_table(&e, &a).rows.len(), 2 * 2 * 3 * 2);
         assert_eq!(replications_table(&e, &a).rows.len(), 12);
         let s = summaries(&e, &a, 9);
@@ -749,10 +846,10 @@ costs = [90]
         );
         let e = Experiment::from_toml(&timed).unwrap();
         assert_eq!(e.lengths().len(), 3);
-        let a = run(&e, 9);
+        let a = run(&e, 9).unwrap();
         assert_eq!(a.len(), 2 * 3 * 3);
         // Adding the timed length leaves the cells in shouts as they were.
-        let before = run(&Experiment::from_toml(TEXT).unwrap(), 9);
+        let before = run(&Experiment::from_toml(TEXT).unwrap(), 9).unwrap();
         let in_shouts: Vec<_> = a
             .iter()
             .filter(|r| matches!(r.length, Length::Shouts(_)))
