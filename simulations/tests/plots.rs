@@ -126,10 +126,18 @@ fn sweep_plots_have_units_series_per_parameter_value_and_bands() {
 
     // Waits: one panel per sweep point, bars on a log axis in seconds.
     let (t, svg) = read(&out, "waits");
-    let panels: Vec<&String> = t.iter().filter(|s| s.contains("matched jobs;")).collect();
+    let panels: Vec<&String> = t.iter().filter(|s| s.contains("matched jobs,")).collect();
     assert_eq!(panels.len(), 2, "{t:?}");
     assert!(panels[0].starts_with("renter_rate=0.5: ") && panels[1].starts_with("renter_rate=1: "));
-    assert_eq!(count(&t, "share of matched jobs (%)"), 2);
+    assert_eq!(count(&t, "share of matched jobs (%, log scale)"), 2);
+    // The share with no wait is a grey bar of its own in each panel, and said in the caption.
+    assert_eq!(rects(&svg, "#787878").len(), 2, "{svg}");
+    assert_eq!(
+        t.iter()
+            .filter(|s| s.contains("with no wait (grey bar)"))
+            .count(),
+        2
+    );
     assert_eq!(count(&t, "wait (s, log scale; last bar: over 28800 s)"), 2);
     // 16 bars per panel (the bins above 0 s), each starting where the previous ends (real,
     // adjacent edges), wider for (2, 5] s than for (1, 2] s (log-width of the real edges).
@@ -179,7 +187,7 @@ fn single_run_plots_have_a_replication_axis_and_one_series_per_quantity() {
     let (t, _) = read(&out, "utilization");
     assert_eq!(count(&t, "all providers"), 1);
     let (t, _) = read(&out, "waits");
-    assert_eq!(t.iter().filter(|s| s.contains("matched jobs;")).count(), 1);
+    assert_eq!(t.iter().filter(|s| s.contains("matched jobs,")).count(), 1);
     // Gini: the run's mean over its replications at x = 1 (the replication index is not an
     // axis: its order means nothing), and no other tick.
     let (t, _) = read(&out, "revenue_gini");

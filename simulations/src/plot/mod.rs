@@ -187,14 +187,19 @@ fn range(lo: f64, hi: f64) -> (f64, f64) {
     }
 }
 
-/// Legend width in pixels for these labels (drawn right of the chart, never over data).
+/// Legend width in pixels for these labels (drawn right of the chart, never over data): the
+/// widest label as the font sets it, the key before it and a margin; no wider than that.
 fn legend_width(series: &[Line]) -> u32 {
-    let chars = series
+    let font = ("sans-serif", 14).into_font();
+    let widest = series
         .iter()
-        .map(|l| l.label.chars().count())
+        .map(|l| {
+            font.box_size(&l.label)
+                .map_or(l.label.chars().count() as u32 * 8, |(w, _)| w)
+        })
         .max()
         .unwrap_or(0);
-    (chars as u32 * 8 + 60).clamp(160, 560)
+    (widest + 44 + 16).clamp(100, 640)
 }
 
 /// One panel of a figure: a caption and its series.
@@ -697,6 +702,74 @@ fn wait_panels(waits: &Table, labels: &BTreeMap<u64, String>) -> Vec<WaitPanel> 
         .collect()
 }
 
+/// Where the zero-wait bar is drawn on the log wait axis (seconds; the axis starts at its left
+/// edge and is labelled from 1 s).
+const WAIT_ZERO_SLOT: (f64, f64) = (0.15, 0.45);
+/// The wait figure's lowest share, percent (its log axis cannot start at 0).
+const WAIT_SHARE_FLOOR: f64 = 0.01;
+
+/// `area` below `text`, drawn centred in as many lines of `size` pixels as it needs to fit the
+/// area's width (broken after commas, else at spaces): a caption never runs past its panel.
+fn titled_lines<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    text: &str,
+    size: u32,
+) -> Result<DrawingArea<DB, Shift>, DrawingAreaErrorKind<DB::ErrorType>> {
+    let (w, _) = area.dim_in_pixel();
+    let font = ("sans-serif", size).into_font();
+    let fits = |s: &str| {
+        font.box_size(s)
+            .map_or(s.chars().count() as u32 * size * 6 / 10, |(x, _)| x)
+            + 16
+            <= w
+    };
+    let mut out = area.clone();
+    for line in wrap(text, &fits) {
+        out = out.titled(&line, font.clone())?;
+    }
+    Ok(out)
+}
+
+/// `text` in lines that each `fits`, broken after a comma or semicolon where one does, else at a
+/// space; a single word longer than a line stays whole.
+fn wrap(text: &str, fits: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let words: Vec<&str> = text.split(' ').collect();
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for (i, w) in words.iter().enumerate() {
+        let next = if cur.is_empty() {
+            w.to_string()
+        } else {
+            format!("{cur} {w}")
+        };
+        if fits(&next) || cur.is_empty() {
+            cur = next;
+            continue;
+        }
+        // Break at the last comma or semicolon of this line when there is one.
+        match cur.rfind([',', ';']) {
+            Some(at) if at + 1 < cur.len() && i > 0 => {
+                let rest = cur[at + 1..].trim().to_string();
+                cur.truncate(at + 1);
+                lines.push(std::mem::take(&mut cur));
+                cur = format!("{rest} {w}");
+                if !fits(&cur) {
+                    lines.push(rest);
+                    cur = w.to_string();
+                }
+            }
+            _ => {
+                lines.push(std::mem::take(&mut cur));
+                cur = w.to_string();
+            }
+        }
+    }
+    if !cur.is_empty() {
+        lines.push(cur);
+    }
+    lines
+}
+
 /// Bin `b`'s edges in seconds on the plot: (previous edge, edge]; the open bin is drawn to
 /// twice the last edge. Bin 0 (a wait of exactly 0 s) has no width and is given as text.
 fn bin_edges(b: usize) -> (f64, f64) {
@@ -726,32 +799,19 @@ where
             "1 replication".into()
         }
     );
-    let root = root.titled(&title, ("sans-serif", 20)).map_err(e)?;
+    let root = titled_lines(root, &title, 20).map_err(e)?;
     let cols = (panels.len() as f64).sqrt().ceil().max(1.0) as usize;
     let rows = panels.len().div_ceil(cols).max(1);
     let last = WAIT_BINS_S[WAIT_BINS_S.len() - 1] as f64;
+    // The zero-wait bar's slot, left of the first bin (0 s has no width on a log axis).
+    let zero = (WAIT_ZERO_SLOT.0, WAIT_ZERO_SLOT.1);
     for (k, area) in root.split_evenly((rows, cols)).iter().enumerate() {
         let Some(panel) = panels.get(k) else {
             continue;
         };
         let (color, _) = style_of(k);
-        let ymax = panel
-            .shares
-            .iter()
-            .zip(&panel.pooled)
-            .skip(1)
-            .map(|(s, &p)| {
-                let ci = stats::t_interval(s, 0.95);
-                if ci.high.is_finite() {
-                    ci.high.max(p)
-                } else {
-                    p
-                }
-            })
-            .fold(1.0f64, f64::max)
-            .min(100.0);
         let caption = format!(
-            "{}: {} matched jobs; wait 0 s (no bar): {:.1} %",
+            "{}: {} matched jobs, {:.1} % with no wait (grey bar)",
             if panel.label.is_empty() {
                 "all jobs"
             } else {
@@ -760,44 +820,63 @@ where
             panel.jobs,
             panel.pooled[0]
         );
-        let mut chart = ChartBuilder::on(area)
-            .caption(caption, ("sans-serif", 15))
+        let area = titled_lines(area, &caption, 15).map_err(e)?;
+        // Shares on a log axis from 0.01 %: a bin with one job in ten thousand still shows
+        // beside a zero-wait bar of 99.8 %.
+        let floor = WAIT_SHARE_FLOOR;
+        let mut chart = ChartBuilder::on(&area)
             .margin(10)
             .x_label_area_size(45)
             .y_label_area_size(60)
-            .build_cartesian_2d((0.5f64..2.0 * last).log_scale(), 0.0f64..ymax * 1.1)
+            .build_cartesian_2d(
+                (zero.0..2.0 * last).log_scale(),
+                (floor..100.0f64).log_scale(),
+            )
             .map_err(e)?;
         chart
             .configure_mesh()
             .x_desc("wait (s, log scale; last bar: over 28800 s)")
-            .y_desc("share of matched jobs (%)")
-            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_desc("share of matched jobs (%, log scale)")
+            .x_label_formatter(&|x| {
+                if *x >= 1.0 {
+                    format!("{x:.0}")
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|y| format!("{y}"))
+            .light_line_style(TRANSPARENT)
             .draw()
             .map_err(e)?;
+        // Bin 1, (0 s, 1 s], is drawn from 0.5 s: right of the zero-wait slot.
+        let bar = |b: usize| {
+            let (lo, hi) = bin_edges(b);
+            [(lo.max(0.5), floor), (hi, panel.pooled[b].max(floor))]
+        };
+        let zero_bar = [(zero.0, floor), (zero.1, panel.pooled[0].max(floor))];
         chart
-            .draw_series((1..panel.pooled.len()).map(|b| {
-                let (lo, hi) = bin_edges(b);
-                Rectangle::new(
-                    [(lo.max(0.5), 0.0), (hi, panel.pooled[b])],
-                    color.mix(0.55).filled(),
-                )
-            }))
+            .draw_series(std::iter::once(Rectangle::new(
+                zero_bar,
+                RGBColor(120, 120, 120).mix(0.8).filled(),
+            )))
             .map_err(e)?;
         chart
-            .draw_series((1..panel.pooled.len()).map(|b| {
-                let (lo, hi) = bin_edges(b);
-                Rectangle::new([(lo.max(0.5), 0.0), (hi, panel.pooled[b])], color)
-            }))
+            .draw_series(
+                (1..panel.pooled.len()).map(|b| Rectangle::new(bar(b), color.mix(0.55).filled())),
+            )
+            .map_err(e)?;
+        chart
+            .draw_series((1..panel.pooled.len()).map(|b| Rectangle::new(bar(b), color)))
             .map_err(e)?;
         if reps >= 2 {
             chart
-                .draw_series((1..panel.pooled.len()).filter_map(|b| {
+                .draw_series((0..panel.pooled.len()).filter_map(|b| {
                     let ci = stats::t_interval(&panel.shares[b], 0.95);
-                    let (lo, hi) = bin_edges(b);
-                    let mid = (lo.max(0.5) * hi).sqrt();
-                    (ci.high > ci.low).then(|| {
+                    let (lo, hi) = if b == 0 { zero } else { bin_edges(b) };
+                    let mid = (lo.max(zero.0) * hi).sqrt();
+                    (ci.high > ci.low && ci.high > floor).then(|| {
                         PathElement::new(
-                            vec![(mid, ci.low.max(0.0)), (mid, ci.high.min(100.0))],
+                            vec![(mid, ci.low.clamp(floor, 100.0)), (mid, ci.high.min(100.0))],
                             BLACK.stroke_width(1),
                         )
                     })
@@ -931,4 +1010,23 @@ fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result
 #[allow(clippy::print_stderr)]
 fn tracing_warn(msg: &str) {
     eprintln!("warning: {msg}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrap;
+
+    #[test]
+    fn captions_wrap_after_commas_and_keep_every_word() {
+        let fits = |s: &str| s.chars().count() <= 30;
+        let text = "providers.count=30, renter_rate=0.5: 1537 matched jobs, 99.9 % with no wait";
+        let lines = wrap(text, &fits);
+        assert!(lines.iter().all(|l| fits(l)), "{lines:?}");
+        assert_eq!(lines.join(" "), text);
+        assert_eq!(lines[0], "providers.count=30,");
+        // A word longer than a line stays whole, on its own line.
+        let long = wrap("a very-very-very-very-long-word-indeed b", &fits);
+        assert_eq!(long, ["a", "very-very-very-very-long-word-indeed", "b"]);
+        assert_eq!(wrap("short", &fits), ["short"]);
+    }
 }
