@@ -24,9 +24,13 @@ pub struct PricingInput {
 
 /// A pricing strategy: given what the provider knows (and an RNG for the random ones), the next
 /// ask. Implementations must be deterministic given `input` and the RNG's state.
+///
+/// Object-safe: a simulator or a node holds any strategy as `dyn PricingStrategy`, so a crate of
+/// its own adds one by implementing this trait ([`Pricing`] is the built-in set), e.g. through
+/// the simulator's `Market::with_plugins`.
 pub trait PricingStrategy {
     /// The next ask per GPU-hour; never below `input.cost_floor`.
-    fn quote<R: RngCore + ?Sized>(&self, input: &PricingInput, rng: &mut R) -> Money;
+    fn quote(&self, input: &PricingInput, rng: &mut dyn RngCore) -> Money;
 }
 
 /// A uniform draw in `lo..=hi` (integers), unbiased to within 2^-64 (Lemire's multiply-shift).
@@ -85,7 +89,7 @@ pub enum Pricing {
 }
 
 impl PricingStrategy for Pricing {
-    fn quote<R: RngCore + ?Sized>(&self, input: &PricingInput, rng: &mut R) -> Money {
+    fn quote(&self, input: &PricingInput, rng: &mut dyn RngCore) -> Money {
         let floor = input.cost_floor;
         match *self {
             Self::Fixed { price } => price.max(floor),

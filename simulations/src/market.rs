@@ -21,11 +21,12 @@ pub use self::mechanism::{CallMarket, Candidate, JobView, Mechanism, OfferView, 
 pub use self::trace::{Trace, TraceKind, TraceRow};
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use gridlease_contracts::auction::{DoubleAuction, SealedBid, reverse_auction_winner};
 use gridlease_contracts::image::ImagePolicy;
 use gridlease_contracts::lease::Transition;
-use gridlease_contracts::pricing::{Pricing, PricingInput, PricingStrategy, uniform_inclusive};
+use gridlease_contracts::pricing::{PricingInput, PricingStrategy, uniform_inclusive};
 use gridlease_contracts::reputation::{Outcome, ReputationBook, TrustPolicy};
 use gridlease_contracts::{
     Actor, Decision, Lease, LeaseEvent, Money, ProviderChannel, ProviderView, RenterChannel,
@@ -43,8 +44,20 @@ use self::netrep::{Key, NetRep};
 use crate::engine::EventQueue;
 use crate::metrics::{Bucket, Population, ProviderStats, RenterStats, WaitHistogram, gini};
 use crate::rng::{StreamKind, bernoulli, exponential, lognormal, stream, unit_open};
-use crate::scenario::{Arrivals, Attack, Availability, Scenario};
+use crate::scenario::{Arrivals, Attack, Availability, ProviderGroup, Scenario};
 use gridlease_protocol::completion::CompletionOutcome;
+
+/// A pricing strategy as the market holds it: one per provider group, shared by its providers.
+pub type SharedPricing = Arc<dyn PricingStrategy + Send + Sync>;
+
+/// Which groups price by a strategy of the caller's ([`Market::with_plugins`]): `Some` for a
+/// group replaces the strategy its `pricing` setting names.
+pub type PricingHook = dyn Fn(&ProviderGroup) -> Option<SharedPricing> + Sync;
+
+/// The hook of a market with only the built-in strategies.
+pub fn no_pricing(_: &ProviderGroup) -> Option<SharedPricing> {
+    None
+}
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
@@ -118,7 +131,8 @@ struct Provider {
     /// The ask (posted price; in auction modes the bid/ask it quotes).
     ask: Money,
     cost_floor: Money,
-    pricing: Pricing,
+    /// The group's strategy (shared by its providers; each quotes with its own stream).
+    pricing: Arc<dyn PricingStrategy + Send + Sync>,
     rng: Pcg64Mcg,
     next_off_at: u64,
     next_crash_at: u64,
@@ -447,6 +461,42 @@ impl<'s> Market<'s> {
         replication: u64,
         mech: Box<dyn Mechanism>,
     ) -> Self {
+        Self::with_plugins(sc, seed, replication, mech, &no_pricing)
+    }
+
+    /// As [`Market::with_mechanism`], and each provider group's pricing strategy is what
+    /// `pricing` returns for it, where it returns one (a researcher's own
+    /// [`PricingStrategy`]); the group's `pricing` setting still gives the providers' first
+    /// ask. Where it returns `None` the group prices as its setting says.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use gridlease_contracts::Money;
+    /// use gridlease_contracts::pricing::{PricingInput, PricingStrategy};
+    /// use gridlease_sim::market::{Market, builtin};
+    /// use gridlease_sim::scenario::Scenario;
+    ///
+    /// /// Asks twice its cost.
+    /// struct Double;
+    /// impl PricingStrategy for Double {
+    ///     fn quote(&self, input: &PricingInput, _: &mut dyn rand::RngCore) -> Money {
+    ///         Money::from_micros(input.cost_floor.micros().saturating_mul(2))
+    ///     }
+    /// }
+    /// let sc = Scenario::from_toml(include_str!("../scenarios/baseline.toml")).unwrap();
+    /// let double = |g: &gridlease_sim::scenario::ProviderGroup| {
+    ///     (g.name == "home-4090").then(|| Arc::new(Double) as gridlease_sim::market::SharedPricing)
+    /// };
+    /// let res = Market::with_plugins(&sc, 1, 0, builtin(&sc), &double).run();
+    /// assert!(res.leases > 0);
+    /// ```
+    pub fn with_plugins(
+        sc: &'s Scenario,
+        seed: u64,
+        replication: u64,
+        mech: Box<dyn Mechanism>,
+        pricing: &PricingHook,
+    ) -> Self {
         let mut class_order: Vec<usize> = (0..sc.gpu_class.len()).collect();
         class_order.sort_by_key(|&i| (sc.gpu_class[i].vram_gib, i));
         let class_vram: Vec<u32> = sc.gpu_class.iter().map(|c| c.vram_gib).collect();
@@ -461,7 +511,8 @@ impl<'s> Market<'s> {
                 .iter()
                 .position(|k| k.name == g.class)
                 .unwrap_or(0);
-            let (pricing, start) = g.pricing.to_pricing();
+            let (builtin_pricing, start) = g.pricing.to_pricing();
+            let pricing: SharedPricing = pricing(g).unwrap_or_else(|| Arc::new(builtin_pricing));
             for _ in 0..g.count {
                 let idx = providers.len() as u64;
                 let mut rng = stream(seed, replication, StreamKind::Provider, idx);
@@ -497,7 +548,7 @@ impl<'s> Market<'s> {
                     offer_id: offer_id_of(identity, 1),
                     ask: start.max(floor),
                     cost_floor: floor,
-                    pricing,
+                    pricing: Arc::clone(&pricing),
                     rng,
                     next_off_at: u64::MAX,
                     next_crash_at: u64::MAX,

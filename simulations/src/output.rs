@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 pub use crate::manifest::{Manifest, TraceInfo};
-use crate::market::{Market, Mechanism, RunResult, revenue_gini};
+use crate::market::{Market, Mechanism, PricingHook, RunResult, no_pricing, revenue_gini};
 use crate::metrics::{Bucket, Population, WAIT_BINS_S};
 use crate::scenario::{Attack, Scenario};
 use crate::stats::{self, Summary};
@@ -83,7 +83,21 @@ pub fn execute_with(
     tick: &(dyn Fn(u64) + Sync),
     mechanism: &(dyn Fn(&Scenario) -> Box<dyn Mechanism> + Sync),
 ) -> Vec<Record> {
-    run_tasks(points, tasks, seed, tick, mechanism, None)
+    run_tasks(points, tasks, seed, tick, mechanism, &no_pricing, None)
+}
+
+/// [`execute_with`] with pricing strategies of the caller's as well: `pricing` gives a
+/// provider group's strategy where it replaces the group's setting (see
+/// [`Market::with_plugins`]).
+pub fn execute_plugins(
+    points: &[Point],
+    tasks: &[(usize, u64)],
+    seed: u64,
+    tick: &(dyn Fn(u64) + Sync),
+    mechanism: &(dyn Fn(&Scenario) -> Box<dyn Mechanism> + Sync),
+    pricing: &PricingHook,
+) -> Vec<Record> {
+    run_tasks(points, tasks, seed, tick, mechanism, pricing, None)
 }
 
 /// [`execute`] with an event trace ([`trace_table`]) of at most `rows_per_run` rows per run
@@ -101,6 +115,7 @@ pub fn execute_traced(
         seed,
         tick,
         &crate::market::builtin,
+        &no_pricing,
         Some(rows_per_run),
     )
 }
@@ -111,6 +126,7 @@ fn run_tasks(
     seed: u64,
     tick: &(dyn Fn(u64) + Sync),
     mechanism: &(dyn Fn(&Scenario) -> Box<dyn Mechanism> + Sync),
+    pricing: &PricingHook,
     trace: Option<usize>,
 ) -> Vec<Record> {
     let track = tracks_network(points);
@@ -118,7 +134,7 @@ fn run_tasks(
         .par_iter()
         .map(|&(point, replication)| {
             let sc = &points[point].scenario;
-            let mut market = Market::with_mechanism(sc, seed, replication, mechanism(sc));
+            let mut market = Market::with_plugins(sc, seed, replication, mechanism(sc), pricing);
             if track {
                 market = market.track_network_scores();
             }
