@@ -11,6 +11,7 @@
 
 pub mod columnar;
 pub mod design;
+pub mod empirical;
 pub mod engine;
 pub mod manifest;
 pub mod market;

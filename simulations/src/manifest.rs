@@ -48,6 +48,10 @@ pub struct Manifest {
     /// `--trace` only: what `trace.csv` holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceInfo>,
+    /// The data files the scenario read (empirical distributions), each with its BLAKE3; the
+    /// scenario hash covers them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<crate::scenario::DataFile>,
 }
 
 /// Whether `name` is a table (what [`Manifest::tables`] covers): a `.csv` or `.parquet` file.

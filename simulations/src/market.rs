@@ -994,15 +994,17 @@ impl<'s> Market<'s> {
     /// keeps the queue small.)
     fn schedule_group_arrival(&mut self, gi: usize, now: u64) {
         let g = &self.sc.renter[gi];
-        if g.jobs_per_day <= 0.0 || g.count == 0 {
+        if g.count == 0 || (g.jobs_per_day <= 0.0 && g.interarrival_data.is_none()) {
             return;
         }
         let mean = DAY_MS as f64 / (g.jobs_per_day * f64::from(g.count));
         let rng = &mut self.group_rngs[gi];
         let mut t = now as f64;
-        match g.arrivals {
-            Arrivals::Poisson => t += exponential(rng, mean),
-            Arrivals::Diurnal => {
+        match (&g.interarrival_data, g.arrivals) {
+            // A gap of the data, seconds (at least a millisecond: time moves on).
+            (Some(d), _) => t += (d.sample(rng) * 1000.0).max(1.0),
+            (None, Arrivals::Poisson) => t += exponential(rng, mean),
+            (None, Arrivals::Diurnal) => {
                 // Thinning: candidates at the peak rate, kept with rate(t) / peak.
                 let a = g.diurnal_amplitude;
                 let peak_mean = mean / (1.0 + a);
@@ -1265,9 +1267,16 @@ impl<'s> Market<'s> {
     fn new_job(&mut self, r: usize, now: u64) -> u32 {
         let g = &self.sc.renter[self.renters[r].group];
         let rng = &mut self.renters[r].rng;
-        let dur_min = lognormal(rng, g.duration_median_minutes, g.duration_sigma);
+        let dur_min = match &g.duration_data {
+            Some(d) => d.sample(rng),
+            None => lognormal(rng, g.duration_median_minutes, g.duration_sigma),
+        };
         let duration_s = ((dur_min * 60.0) as u64).clamp(60, MAX_OFFER_DURATION_S) as u32;
-        let val = lognormal(rng, g.valuation_median.0.micros() as f64, g.valuation_sigma);
+        let val = match &g.valuation_data {
+            // GLU per GPU-hour -> micro-units.
+            Some(d) => (d.sample(rng) * 1e6).min(u64::MAX as f64 / 2.0),
+            None => lognormal(rng, g.valuation_median.0.micros() as f64, g.valuation_sigma),
+        };
         let defaults = bernoulli(rng, g.default_probability);
         let job = Job {
             renter: r as u32,

@@ -9,6 +9,8 @@ use gridlease_contracts::Money;
 use gridlease_contracts::pricing::Pricing;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::empirical::Empirical;
+
 /// A money amount written as a decimal string (`"0.35"`), exact to the micro-unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Amount(pub Money);
@@ -446,6 +448,54 @@ pub struct RenterGroup {
     /// false class).
     #[serde(skip_serializing_if = "skip_bench_s")]
     pub benchmark_s: u32,
+    /// Job durations from data, minutes: replaces the lognormal of `duration_median_minutes`
+    /// and `duration_sigma`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_data: Option<Empirical>,
+    /// Valuations from data, GLU per GPU-hour: replaces the lognormal of `valuation_median`
+    /// and `valuation_sigma`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valuation_data: Option<Empirical>,
+    /// Gaps between the group's job arrivals from data, seconds: replaces the Poisson process
+    /// of `jobs_per_day` (the group's arrivals are then a renewal process of these gaps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interarrival_data: Option<Empirical>,
+}
+
+impl RenterGroup {
+    /// The group's data distributions with their field names.
+    pub fn data(&self) -> [(&'static str, Option<&Empirical>); 3] {
+        [
+            ("duration_data", self.duration_data.as_ref()),
+            ("valuation_data", self.valuation_data.as_ref()),
+            ("interarrival_data", self.interarrival_data.as_ref()),
+        ]
+    }
+
+    fn data_mut(&mut self) -> [(&'static str, Option<&mut Empirical>); 3] {
+        [
+            ("duration_data", self.duration_data.as_mut()),
+            ("valuation_data", self.valuation_data.as_mut()),
+            ("interarrival_data", self.interarrival_data.as_mut()),
+        ]
+    }
+}
+
+/// A data file a scenario reads, for the manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataFile {
+    /// The renter group.
+    pub group: String,
+    /// The field (`duration_data`, ...).
+    pub field: String,
+    /// The file as the scenario names it.
+    pub file: String,
+    /// The column.
+    pub column: String,
+    /// BLAKE3 (hex) of the file.
+    pub blake3: String,
+    /// Values read.
+    pub rows: usize,
 }
 
 impl Default for Scenario {
@@ -571,6 +621,9 @@ impl Default for RenterGroup {
             default_probability: 0.0,
             benchmark_probability: 0.0,
             benchmark_s: DEFAULT_BENCHMARK_S,
+            duration_data: None,
+            valuation_data: None,
+            interarrival_data: None,
         }
     }
 }
@@ -583,13 +636,56 @@ impl Scenario {
         Ok(s)
     }
 
-    /// Reads, parses and validates a file.
+    /// Reads, parses and validates a file, and reads the data files it names (relative to its
+    /// directory).
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
         let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_toml(&text)
+        Self::from_toml_in(&text, path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Parses TOML text whose data files are relative to `dir`, reads them, and validates.
+    pub fn from_toml_in(text: &str, dir: &Path) -> Result<Self, ScenarioError> {
+        let mut s: Self = toml::from_str(text)?;
+        s.load_data(dir)?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Reads every data file the renter groups name, relative to `dir`.
+    pub fn load_data(&mut self, dir: &Path) -> Result<(), ScenarioError> {
+        for g in &mut self.renter {
+            let name = g.name.clone();
+            for (field, e) in g.data_mut() {
+                if let Some(e) = e {
+                    e.load(dir, &format!("renter group {name:?} {field}"))
+                        .map_err(ScenarioError::Invalid)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The data files read, for the manifest.
+    pub fn data_files(&self) -> Vec<DataFile> {
+        let mut out = Vec::new();
+        for g in &self.renter {
+            for (field, e) in g.data() {
+                if let Some(e) = e {
+                    out.push(DataFile {
+                        group: g.name.clone(),
+                        field: field.into(),
+                        file: e.file.clone(),
+                        column: e.column.clone(),
+                        blake3: e.blake3.clone(),
+                        rows: e.values.len(),
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// The canonical TOML of this scenario (what the hash covers). Fields added after a
@@ -682,6 +778,23 @@ impl Scenario {
             {
                 return bad(format!("renter group {:?}: out-of-range field", r.name));
             }
+            for (field, e) in r.data() {
+                if e.is_some_and(|e| !e.loaded()) {
+                    return bad(format!(
+                        "renter group {:?}: {field} names {:?}, which was not read: load the \
+                         scenario from its file (Scenario::load) or with Scenario::from_toml_in",
+                        r.name,
+                        e.map_or("", |e| e.file.as_str())
+                    ));
+                }
+            }
+            if r.interarrival_data.is_some() && r.arrivals == Arrivals::Diurnal {
+                return bad(format!(
+                    "renter group {:?}: interarrival_data gives the arrivals; arrivals = \
+                     \"diurnal\" cannot also shape them",
+                    r.name
+                ));
+            }
         }
         Ok(())
     }
@@ -724,6 +837,7 @@ impl Scenario {
             ));
         }
         let text = toml::to_string(&tree).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
+        let before = std::mem::take(&mut self.renter);
         *self = match toml::from_str::<Self>(&text) {
             Ok(s) => s,
             Err(e) => {
@@ -734,9 +848,30 @@ impl Scenario {
                          provider.0.pricing='{ strategy = \"fixed\", price = \"0.40\" }'",
                     );
                 }
+                self.renter = before;
                 return Err(invalid(m));
             }
         };
+        // Data files are read once, from the scenario's directory: a parameter cannot name
+        // another file, and the values read are kept.
+        for (g, old) in self.renter.iter_mut().zip(&before) {
+            let name = g.name.clone();
+            for ((field, new), (_, old)) in g.data_mut().into_iter().zip(old.data()) {
+                match (new, old) {
+                    (None, None) => {}
+                    (Some(n), Some(o)) if *n == *o => n.values = o.values.clone(),
+                    _ => {
+                        return Err(invalid(format!(
+                            "renter group {name:?}: {field} cannot be swept (data files are \
+                             read with the scenario)"
+                        )));
+                    }
+                }
+            }
+        }
+        if self.renter.len() != before.len() {
+            return Err(invalid("the renter groups cannot change".into()));
+        }
         self.validate().map_err(|e| match e {
             ScenarioError::Invalid(m) => invalid(m),
             other => other,

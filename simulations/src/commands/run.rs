@@ -232,6 +232,7 @@ fn execute(
         merged_from: Vec::new(),
         coverage: None,
         trace,
+        data: base.data_files(),
     };
     write_manifest(&a.out, &manifest)?;
     p.result(
