@@ -124,7 +124,8 @@ impl Empirical {
         self.values.get(i).copied().unwrap_or(1.0)
     }
 
-    /// Mean and median of the values (NaN when not read).
+    /// Mean and median of the values (NaN when not read; the median of an even count is the
+    /// mean of the middle two).
     pub fn moments(&self) -> (f64, f64) {
         if self.values.is_empty() {
             return (f64::NAN, f64::NAN);
@@ -139,6 +140,19 @@ impl Empirical {
             (s[n / 2 - 1] + s[n / 2]) / 2.0
         };
         (mean, median)
+    }
+}
+
+/// As a provider's pricing strategy: each re-pricing (and auction bid) asks a value of the
+/// column, GLU per GPU-hour, never below the cost floor.
+impl gridlease_contracts::pricing::PricingStrategy for Empirical {
+    fn quote(
+        &self,
+        input: &gridlease_contracts::pricing::PricingInput,
+        rng: &mut dyn RngCore,
+    ) -> gridlease_contracts::Money {
+        let micros = (self.sample(rng) * 1e6).min(u64::MAX as f64 / 2.0) as u64;
+        gridlease_contracts::Money::from_micros(micros).max(input.cost_floor)
     }
 }
 

@@ -511,8 +511,8 @@ impl<'s> Market<'s> {
                 .iter()
                 .position(|k| k.name == g.class)
                 .unwrap_or(0);
-            let (builtin_pricing, start) = g.pricing.to_pricing();
-            let pricing: SharedPricing = pricing(g).unwrap_or_else(|| Arc::new(builtin_pricing));
+            let (builtin_pricing, start) = g.pricing.strategy();
+            let pricing: SharedPricing = pricing(g).unwrap_or(builtin_pricing);
             for _ in 0..g.count {
                 let idx = providers.len() as u64;
                 let mut rng = stream(seed, replication, StreamKind::Provider, idx);

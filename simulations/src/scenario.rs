@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 use gridlease_contracts::Money;
-use gridlease_contracts::pricing::Pricing;
+use gridlease_contracts::pricing::{Pricing, PricingStrategy};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use crate::empirical::Empirical;
@@ -296,9 +296,27 @@ pub enum PricingConfig {
         /// Highest ask.
         ceiling: Amount,
     },
+    /// An ask drawn from data at each re-pricing: a value of a CSV column, GLU per GPU-hour
+    /// (`{ strategy = "empirical", file, column }`), never below the cost floor; the first ask
+    /// is the column's median.
+    Empirical(Empirical),
 }
 
 impl PricingConfig {
+    /// The strategy as the market runs it, and the starting ask.
+    pub fn strategy(&self) -> (std::sync::Arc<dyn PricingStrategy + Send + Sync>, Money) {
+        match self {
+            Self::Empirical(e) => {
+                let median = Money::from_micros((e.moments().1 * 1e6) as u64);
+                (std::sync::Arc::new(e.clone()), median)
+            }
+            other => {
+                let (p, start) = other.to_pricing();
+                (std::sync::Arc::new(p), start)
+            }
+        }
+    }
+
     /// The contracts strategy and the starting ask.
     pub fn to_pricing(&self) -> (Pricing, Money) {
         match self {
@@ -327,6 +345,12 @@ impl PricingConfig {
             ),
             Self::ZeroIntelligence { ceiling } => {
                 (Pricing::ZeroIntelligence { ceiling: ceiling.0 }, ceiling.0)
+            }
+            // Not a contracts strategy: [`PricingConfig::strategy`] runs it. As a built-in it
+            // would be a fixed ask at the median.
+            Self::Empirical(e) => {
+                let median = Money::from_micros((e.moments().1 * 1e6) as u64);
+                (Pricing::Fixed { price: median }, median)
             }
         }
     }
@@ -654,35 +678,63 @@ impl Scenario {
         Ok(s)
     }
 
-    /// Reads every data file the renter groups name, relative to `dir`.
+    /// Reads every data file the groups name, relative to `dir`.
     pub fn load_data(&mut self, dir: &Path) -> Result<(), ScenarioError> {
-        for g in &mut self.renter {
-            let name = g.name.clone();
-            for (field, e) in g.data_mut() {
-                if let Some(e) = e {
-                    e.load(dir, &format!("renter group {name:?} {field}"))
-                        .map_err(ScenarioError::Invalid)?;
-                }
-            }
+        for (label, field, e) in self.data_slots_mut() {
+            e.load(dir, &format!("{label} {field}"))
+                .map_err(ScenarioError::Invalid)?;
         }
         Ok(())
     }
 
     /// The data files read, for the manifest.
     pub fn data_files(&self) -> Vec<DataFile> {
+        self.data_slots()
+            .into_iter()
+            .map(|(label, field, e)| DataFile {
+                group: label,
+                field: field.into(),
+                file: e.file.clone(),
+                column: e.column.clone(),
+                blake3: e.blake3.clone(),
+                rows: e.values.len(),
+            })
+            .collect()
+    }
+
+    /// Every data distribution the scenario names: (`renter group "x"` or `provider group
+    /// "y"`, field, distribution), renters first, in file order.
+    pub fn data_slots(&self) -> Vec<(String, &'static str, &Empirical)> {
         let mut out = Vec::new();
         for g in &self.renter {
             for (field, e) in g.data() {
                 if let Some(e) = e {
-                    out.push(DataFile {
-                        group: g.name.clone(),
-                        field: field.into(),
-                        file: e.file.clone(),
-                        column: e.column.clone(),
-                        blake3: e.blake3.clone(),
-                        rows: e.values.len(),
-                    });
+                    out.push((format!("renter group {:?}", g.name), field, e));
                 }
+            }
+        }
+        for g in &self.provider {
+            if let PricingConfig::Empirical(e) = &g.pricing {
+                out.push((format!("provider group {:?}", g.name), "pricing", e));
+            }
+        }
+        out
+    }
+
+    fn data_slots_mut(&mut self) -> Vec<(String, &'static str, &mut Empirical)> {
+        let mut out = Vec::new();
+        for g in &mut self.renter {
+            let label = format!("renter group {:?}", g.name);
+            for (field, e) in g.data_mut() {
+                if let Some(e) = e {
+                    out.push((label.clone(), field, e));
+                }
+            }
+        }
+        for g in &mut self.provider {
+            let label = format!("provider group {:?}", g.name);
+            if let PricingConfig::Empirical(e) = &mut g.pricing {
+                out.push((label, "pricing", e));
             }
         }
         out
@@ -778,21 +830,20 @@ impl Scenario {
             {
                 return bad(format!("renter group {:?}: out-of-range field", r.name));
             }
-            for (field, e) in r.data() {
-                if e.is_some_and(|e| !e.loaded()) {
-                    return bad(format!(
-                        "renter group {:?}: {field} names {:?}, which was not read: load the \
-                         scenario from its file (Scenario::load) or with Scenario::from_toml_in",
-                        r.name,
-                        e.map_or("", |e| e.file.as_str())
-                    ));
-                }
-            }
             if r.interarrival_data.is_some() && r.arrivals == Arrivals::Diurnal {
                 return bad(format!(
                     "renter group {:?}: interarrival_data gives the arrivals; arrivals = \
                      \"diurnal\" cannot also shape them",
                     r.name
+                ));
+            }
+        }
+        for (label, field, e) in self.data_slots() {
+            if !e.loaded() {
+                return bad(format!(
+                    "{label}: {field} names {:?}, which was not read: load the scenario from \
+                     its file (Scenario::load) or with Scenario::from_toml_in",
+                    e.file
                 ));
             }
         }
@@ -837,7 +888,11 @@ impl Scenario {
             ));
         }
         let text = toml::to_string(&tree).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
-        let before = std::mem::take(&mut self.renter);
+        let before: Vec<(String, &'static str, Empirical)> = self
+            .data_slots()
+            .into_iter()
+            .map(|(l, f, e)| (l, f, e.clone()))
+            .collect();
         *self = match toml::from_str::<Self>(&text) {
             Ok(s) => s,
             Err(e) => {
@@ -848,29 +903,30 @@ impl Scenario {
                          provider.0.pricing='{ strategy = \"fixed\", price = \"0.40\" }'",
                     );
                 }
-                self.renter = before;
                 return Err(invalid(m));
             }
         };
         // Data files are read once, from the scenario's directory: a parameter cannot name
         // another file, and the values read are kept.
-        for (g, old) in self.renter.iter_mut().zip(&before) {
-            let name = g.name.clone();
-            for ((field, new), (_, old)) in g.data_mut().into_iter().zip(old.data()) {
-                match (new, old) {
-                    (None, None) => {}
-                    (Some(n), Some(o)) if *n == *o => n.values = o.values.clone(),
-                    _ => {
-                        return Err(invalid(format!(
-                            "renter group {name:?}: {field} cannot be swept (data files are \
-                             read with the scenario)"
-                        )));
-                    }
-                }
-            }
+        let mut after = self.data_slots_mut();
+        let swept = |label: &str, field: &str| {
+            invalid(format!(
+                "{label}: {field} cannot be swept (data files are read with the scenario)"
+            ))
+        };
+        if after.len() != before.len() {
+            let (label, field) = after
+                .first()
+                .map(|(l, f, _)| (l.clone(), *f))
+                .or_else(|| before.first().map(|(l, f, _)| (l.clone(), *f)))
+                .unwrap_or_default();
+            return Err(swept(&label, field));
         }
-        if self.renter.len() != before.len() {
-            return Err(invalid("the renter groups cannot change".into()));
+        for ((label, field, new), (old_label, old_field, old)) in after.iter_mut().zip(&before) {
+            if label != old_label || field != old_field || **new != *old {
+                return Err(swept(label, field));
+            }
+            new.values = old.values.clone();
         }
         self.validate().map_err(|e| match e {
             ScenarioError::Invalid(m) => invalid(m),

@@ -247,3 +247,44 @@ fn a_bad_data_file_is_refused_with_its_line_before_anything_runs() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("but the scenario pins"));
 }
+
+/// A provider group priced from data: every ask is a value of the column, never below the
+/// group's cost floor.
+#[test]
+fn a_provider_group_prices_from_data() {
+    let d = dir("prices");
+    setup(&d.0, &["0.80"]);
+    let with_prices = |prices: &str| {
+        std::fs::write(d.0.join("data/prices.csv"), format!("price\n{prices}\n")).unwrap();
+        let text = SCENARIO.replace(
+            r#"pricing = { strategy = "fixed", price = "0.40" }"#,
+            r#"pricing = { strategy = "empirical", file = "data/prices.csv", column = "price" }"#,
+        );
+        let path = d.0.join("p.toml");
+        std::fs::write(&path, text).unwrap();
+        let o = d.0.join("o");
+        let _ = std::fs::remove_dir_all(&o);
+        ok(&[
+            "run",
+            path.to_str().unwrap(),
+            "--reps",
+            "1",
+            "--no-plots",
+            "--out",
+            o.to_str().unwrap(),
+            "-q",
+        ]);
+        let m = manifest(&o);
+        assert_eq!(m["data"][3]["field"], "pricing");
+        assert_eq!(m["data"][3]["group"], "provider group \"p\"");
+        cell(&o, "runs.csv", "honest_price_rtx4090")[0]
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert!((with_prices("0.25\n0.25") - 0.25).abs() < 1e-9);
+    // Below the cost floor (0.10): the floor is asked.
+    assert!((with_prices("0.05") - 0.10).abs() < 1e-9);
+    // Two prices drawn at each re-pricing: the mean lease price lies between them.
+    let mixed = with_prices("0.20\n0.60");
+    assert!(mixed > 0.2 && mixed < 0.6, "{mixed}");
+}
