@@ -70,6 +70,8 @@ pub(crate) struct SweepArgs {
     /// row of values per point) run in its order instead of a grid.
     #[arg(long, value_name = "FILE")]
     points: Option<PathBuf>,
+    #[command(flatten)]
+    slurm: super::slurm::SlurmArgs,
 }
 
 fn parse_shard(s: &str) -> Result<(u64, u64)> {
@@ -92,6 +94,9 @@ pub(crate) fn run(a: RunArgs, p: &Printer) -> Result<()> {
 
 pub(crate) fn sweep(a: SweepArgs, p: &Printer) -> Result<()> {
     let base = Scenario::load(&a.run.scenario)?;
+    if a.slurm.slurm {
+        return submit(&a, &base, p);
+    }
     if let Some(file) = &a.points {
         let (keys, rows) = gridlease_sim::design::read_points(file)?;
         let points = sweep::points_from_rows(&base, &keys, &rows)
@@ -108,6 +113,42 @@ pub(crate) fn sweep(a: SweepArgs, p: &Printer) -> Result<()> {
     let points = sweep::points(&base, &axes)?;
     let axes = axes.into_iter().map(|ax| (ax.key, ax.values)).collect();
     execute(&a.run, &base, points, axes, p)
+}
+
+/// `sweep --slurm`: the study is checked here as it would be run (scenario, parameters or
+/// points, replications), then submitted.
+fn submit(a: &SweepArgs, base: &Scenario, p: &Printer) -> Result<()> {
+    if a.run.shard.is_some() {
+        bail!("--shard and --slurm: --slurm shards the sweep itself (--shards N)");
+    }
+    if a.run.trace {
+        bail!("--trace and --slurm: trace one shard by hand with --shard instead");
+    }
+    if a.run.reps == 0 {
+        bail!("--reps 0: nothing to run (need at least 1 replication)");
+    }
+    let points = match &a.points {
+        Some(file) => {
+            let (keys, rows) = gridlease_sim::design::read_points(file)?;
+            sweep::points_from_rows(base, &keys, &rows)
+                .with_context(|| format!("points file {}", file.display()))?
+                .len()
+        }
+        None => sweep::points(base, &sweep::parse_params(&a.params)?)?.len(),
+    };
+    let study = super::slurm::Study {
+        scenario: &a.run.scenario,
+        params: &a.params,
+        points: a.points.as_deref(),
+        reps: a.run.reps,
+        seed: a.run.seed,
+        threads: a.run.threads,
+        parquet: a.run.parquet,
+        plots: !a.run.no_plots,
+        out: &a.run.out,
+        runs: points as u64 * a.run.reps,
+    };
+    super::slurm::submit(&study, &a.slurm, p)
 }
 
 fn execute(
