@@ -24,4 +24,5 @@ pub mod shards;
 pub mod stats;
 pub mod sweep;
 pub mod table;
+pub mod welfare;
 pub mod zi;

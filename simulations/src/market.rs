@@ -16,6 +16,7 @@ mod book;
 mod mechanism;
 mod netrep;
 mod trace;
+mod welfare;
 
 pub use self::mechanism::{CallMarket, Candidate, JobView, Mechanism, OfferView, Rules, builtin};
 pub use self::trace::{Trace, TraceKind, TraceRow};
@@ -381,6 +382,8 @@ pub struct Market<'s> {
     online_gpus: [u64; 2],
     integrated_to: u64,
     buckets: Vec<Bucket>,
+    /// The welfare accounts of the periods (buckets).
+    acc: welfare::Accounts,
     bucket_ms: u64,
     waits: WaitHistogram,
     scratch: Vec<(u64, u32)>,
@@ -648,6 +651,13 @@ impl<'s> Market<'s> {
             online_gpus: [0; 2],
             integrated_to: 0,
             buckets: (0..n_buckets).map(|_| Bucket::new(classes)).collect(),
+            acc: welfare::Accounts::new(
+                n_buckets,
+                sc.provider
+                    .iter()
+                    .map(|g| g.cost_floor.0.micros())
+                    .collect(),
+            ),
             bucket_ms,
             waits: WaitHistogram::new(),
             scratch: Vec::new(),
@@ -829,6 +839,8 @@ impl<'s> Market<'s> {
                 if self.net.is_some() {
                     (self.buckets[i].score, self.buckets[i].group_score) = self.score_means();
                 }
+                self.integrated_to = edge;
+                self.close_period(i, edge);
             }
             self.integrated_to = edge;
         }
@@ -906,13 +918,16 @@ impl<'s> Market<'s> {
         let was = self.providers[p].available();
         let g = u64::from(self.providers[p].gpus);
         let k = Population::of(self.providers[p].attacker) as usize;
+        let group = self.providers[p].group;
         if was && !available {
             self.online_gpus[k] -= g;
             let st = &mut self.pstats[p];
             st.online_ms += now.saturating_sub(st.online_since);
+            self.supply_changed(group, now, -(g as i64));
         } else if !was && available {
             self.online_gpus[k] += g;
             self.pstats[p].online_since = now;
+            self.supply_changed(group, now, g as i64);
         }
     }
 
@@ -1098,6 +1113,7 @@ impl<'s> Market<'s> {
             }
         }
         self.integrate(self.horizon);
+        self.close_all();
         if let Some(net) = &self.net {
             let means = self.score_means();
             if let Some(last) = self.buckets.last_mut() {
@@ -1411,6 +1427,7 @@ impl<'s> Market<'s> {
             self.rstats[j.renter as usize].jobs_abandoned += 1;
         }
         self.with_mech(|mech, m| mech.withdraw(m, job));
+        self.account_abandon(&j, now);
         self.release_job(job);
     }
 
@@ -1704,6 +1721,12 @@ impl<'s> Market<'s> {
             amount: Some(price),
             ..TraceRow::at(now, TraceKind::LeaseStart)
         });
+        let delivered = if kind == LeaseKind::FalseClassUndetected {
+            ga.delivered_permille
+        } else {
+            1000
+        };
+        self.account_lease(&j, p, now, &out, delivered);
         let rec = LeaseRec {
             seq,
             kind,

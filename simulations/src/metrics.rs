@@ -170,6 +170,9 @@ pub struct Bucket {
     /// What renters of undetected false-class leases valued but did not get (their valuation
     /// of the advertised class's throughput minus that of the delivered class), micro-units.
     pub false_class_shortfall: u64,
+    /// The period's welfare: realised, the most it could have been, and the losses
+    /// ([`crate::welfare`]).
+    pub welfare: crate::welfare::Welfare,
 }
 
 impl Bucket {
@@ -203,6 +206,7 @@ impl Bucket {
         self.wait_sum_ms += other.wait_sum_ms;
         self.resubmission_wait_sum_ms += other.resubmission_wait_sum_ms;
         self.queue_len = other.queue_len;
+        self.welfare.absorb(&other.welfare);
         for (a, b) in self.pop.iter_mut().zip(&other.pop) {
             for (x, y) in a.price_gpu_sum.iter_mut().zip(&b.price_gpu_sum) {
                 *x += y;

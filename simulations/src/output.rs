@@ -306,6 +306,28 @@ fn bucket_cells(b: &Bucket, classes: &[String]) -> Vec<(String, String)> {
     push("attacker_unpaid", money(a.unpaid));
     push("attacker_profit", signed_money(b.attacker_profit));
     push("inflation_caught", b.caught.to_string());
+    // Welfare (crate::welfare), GLU: realised + the five losses = the maximum.
+    let w = &b.welfare;
+    let glu = |micros: f64| f(micros / 1e6);
+    push("welfare_max", glu(w.max));
+    push("welfare_realised_surplus", glu(w.realised));
+    push(
+        "welfare_efficiency",
+        w.efficiency().map_or(String::new(), f),
+    );
+    push("welfare_renter_surplus", glu(w.renter));
+    push("welfare_provider_surplus", glu(w.provider));
+    push("welfare_lost_unserved", glu(w.unserved));
+    push(
+        "welfare_lost_extramarginal_demand",
+        glu(w.extramarginal_demand),
+    );
+    push("welfare_lost_idle_supply", glu(w.idle_supply));
+    push(
+        "welfare_lost_extramarginal_supply",
+        glu(w.extramarginal_supply),
+    );
+    push("welfare_lost_delivery", glu(w.delivery));
     c
 }
 

@@ -247,7 +247,7 @@ fn sweep_figures_with_long_labels_keep_their_text_apart() {
     ]);
     check(
         std::slice::from_ref(&d.0),
-        &["price", "utilization", "waits", "revenue_gini"],
+        &["price", "utilization", "waits", "revenue_gini", "welfare"],
     );
 }
 

@@ -280,14 +280,24 @@ where
     } else {
         range(xs.0, xs.1)
     };
-    let y_lo = all()
-        .map(|p| clip(p.low.min(p.mean)))
-        .fold(0.0f64, f64::min);
+    // Metrics bounded below (>= 0) keep 0 on the axis; others (an efficiency, which can be
+    // below 0) start at their lowest value, so that close values stay apart.
+    let floor = if y_range.0.is_finite() {
+        0.0f64
+    } else {
+        f64::INFINITY
+    };
+    let y_lo = all().map(|p| clip(p.low.min(p.mean))).fold(floor, f64::min);
     let y_hi = all()
         .map(|p| clip(p.high.max(p.mean)))
         .fold(f64::MIN, f64::max);
     let (y0, y1) = range(y_lo, y_hi);
     let y1 = y1 + (y1 - y0) * 0.05;
+    let y0 = if floor == 0.0 {
+        y0
+    } else {
+        y0 - (y1 - y0) * 0.05
+    };
     let mut chart = ChartBuilder::on(&plot)
         .margin(12)
         .x_label_area_size(45)
@@ -594,6 +604,7 @@ pub fn all(dir: &Path, runs: &Table, buckets: &Table, waits: &Table) -> Result<V
 
     files.extend(wait_plot(dir, waits, &labels)?);
     files.extend(gini_plot(dir, runs, &labels)?);
+    files.extend(welfare_plot(dir, runs, &labels)?);
     files.extend(reputation_plot(dir, buckets, &labels, &note)?);
     Ok(files)
 }
@@ -912,21 +923,75 @@ fn wait_plot(dir: &Path, waits: &Table, labels: &BTreeMap<u64, String>) -> Resul
 /// interval as a whisker, one series per point (no plot against the replication index: its
 /// order means nothing).
 fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result<Vec<String>> {
+    point_plot(
+        dir,
+        runs,
+        labels,
+        &PointPlot {
+            column: "revenue_gini",
+            stem: "revenue_gini",
+            title: "Revenue Gini across honest providers (0 = equal, 1 = one takes all)",
+            y: "Gini coefficient (ratio)",
+            bounds: (0.0, 1.0),
+        },
+    )
+}
+
+/// Allocative efficiency of each run (realised / maximum surplus, `crate::welfare`), drawn as
+/// the Gini is: against the first swept value, or a dot per sweep point with its interval.
+fn welfare_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result<Vec<String>> {
+    point_plot(
+        dir,
+        runs,
+        labels,
+        &PointPlot {
+            column: "welfare_efficiency",
+            stem: "welfare",
+            title: "Allocative efficiency (realised / maximum surplus of each period's GPU-hour market)",
+            y: "efficiency (ratio)",
+            bounds: (f64::NEG_INFINITY, 1.0),
+        },
+    )
+}
+
+/// A per-run metric plotted per sweep point.
+struct PointPlot<'a> {
+    column: &'a str,
+    stem: &'a str,
+    title: &'a str,
+    y: &'a str,
+    bounds: (f64, f64),
+}
+
+/// `what`'s column of `runs.csv` per sweep point: against the first swept value when it is a
+/// number with several values (a series per setting of the other keys, the mean over
+/// replications with its band), else a dot per point with its interval as a whisker. Runs
+/// without a value (an empty cell) are left out.
+fn point_plot(
+    dir: &Path,
+    runs: &Table,
+    labels: &BTreeMap<u64, String>,
+    what: &PointPlot<'_>,
+) -> Result<Vec<String>> {
     let (Some(pi), Some(ri), Some(gi)) = (
         runs.col("point"),
         runs.col("replication"),
-        runs.col("revenue_gini"),
+        runs.col(what.column),
     ) else {
         return Ok(Vec::new());
     };
-    let gini = |r: &Vec<String>| r[gi].parse::<f64>().unwrap_or(0.0);
-    let first_numeric = ri > pi + 1 && runs.rows.iter().all(|r| r[pi + 1].parse::<f64>().is_ok());
+    let rows: Vec<&Vec<String>> = runs
+        .rows
+        .iter()
+        .filter(|r| r[gi].parse::<f64>().is_ok())
+        .collect();
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let value = |r: &Vec<String>| r[gi].parse::<f64>().unwrap_or(0.0);
+    let first_numeric = ri > pi + 1 && rows.iter().all(|r| r[pi + 1].parse::<f64>().is_ok());
     let distinct = {
-        let mut v: Vec<&str> = runs
-            .rows
-            .iter()
-            .map(|r| r[(pi + 1).min(ri)].as_str())
-            .collect();
+        let mut v: Vec<&str> = rows.iter().map(|r| r[(pi + 1).min(ri)].as_str()).collect();
         v.sort_unstable();
         v.dedup();
         v.len()
@@ -936,7 +1001,7 @@ fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result
         let key = runs.header[pi + 1].clone();
         // other keys' setting -> x -> values
         let mut acc: BTreeMap<String, BTreeMap<u64, (f64, Vec<f64>)>> = BTreeMap::new();
-        for r in &runs.rows {
+        for r in &rows {
             let rest = (pi + 2..ri)
                 .map(|c| format!("{}={}", runs.header[c], r[c]))
                 .collect::<Vec<_>>()
@@ -947,7 +1012,7 @@ fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result
                 .entry(x.to_bits())
                 .or_insert((x, Vec::new()))
                 .1
-                .push(gini(r));
+                .push(value(r));
         }
         for (rest, by_x) in acc {
             let mut pts: Vec<Stat> = by_x.values().map(|(x, gs)| Stat::of(*x, gs)).collect();
@@ -964,9 +1029,9 @@ fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result
         (format!("{key} (swept value)"), false)
     } else {
         let mut by_point: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        for r in &runs.rows {
+        for r in &rows {
             let p: u64 = r[pi].parse().unwrap_or(0);
-            by_point.entry(p).or_default().push(gini(r));
+            by_point.entry(p).or_default().push(value(r));
         }
         let points = by_point.len();
         for (k, (p, gs)) in by_point.into_iter().enumerate() {
@@ -987,22 +1052,22 @@ fn gini_plot(dir: &Path, runs: &Table, labels: &BTreeMap<u64, String>) -> Result
         };
         (x.to_string(), true)
     };
-    let title = "Revenue Gini across honest providers (0 = equal, 1 = one takes all)";
+    let title = what.title;
     let panels = [Panel {
         caption: String::new(),
         lines: series,
     }];
-    both(dir, "revenue_gini", figure_size(&panels), &|canvas| {
+    both(dir, what.stem, figure_size(&panels), &|canvas| {
         on_canvas!(canvas, |root| line_figure(
             &root,
             &Labels {
                 title,
                 x: &x_label,
-                y: "Gini coefficient (ratio)",
+                y: what.y,
             },
             &panels,
             markers_only,
-            (0.0, 1.0),
+            what.bounds,
         ))
     })
 }
