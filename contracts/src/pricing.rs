@@ -90,6 +90,15 @@ pub enum Pricing {
 
 impl PricingStrategy for Pricing {
     fn quote(&self, input: &PricingInput, rng: &mut dyn RngCore) -> Money {
+        self.quote_with(input, rng)
+    }
+}
+
+impl Pricing {
+    /// [`PricingStrategy::quote`] for any RNG type: monomorphised, so a caller that knows its
+    /// generator (the simulator, once per provider and re-pricing) pays no virtual calls.
+    #[inline]
+    pub fn quote_with<R: RngCore + ?Sized>(&self, input: &PricingInput, rng: &mut R) -> Money {
         let floor = input.cost_floor;
         match *self {
             Self::Fixed { price } => price.max(floor),

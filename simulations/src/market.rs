@@ -51,6 +51,14 @@ use gridlease_protocol::completion::CompletionOutcome;
 /// A pricing strategy as the market holds it: one per provider group, shared by its providers.
 pub type SharedPricing = Arc<dyn PricingStrategy + Send + Sync>;
 
+/// A provider's next ask: its group's shared strategy where it has one, else its built-in one.
+fn quote(custom: &[Option<SharedPricing>], pr: &mut Provider, input: &PricingInput) -> Money {
+    match custom.get(pr.group).and_then(Option::as_ref) {
+        Some(s) => s.quote(input, &mut pr.rng),
+        None => pr.pricing.quote_with(input, &mut pr.rng),
+    }
+}
+
 /// Which groups price by a strategy of the caller's ([`Market::with_plugins`]): `Some` for a
 /// group replaces the strategy its `pricing` setting names.
 pub type PricingHook = dyn Fn(&ProviderGroup) -> Option<SharedPricing> + Sync;
@@ -133,7 +141,8 @@ struct Provider {
     ask: Money,
     cost_floor: Money,
     /// The group's strategy (shared by its providers; each quotes with its own stream).
-    pricing: Arc<dyn PricingStrategy + Send + Sync>,
+    /// The group's built-in strategy (a caller's own is in `Market::custom_pricing`).
+    pricing: gridlease_contracts::pricing::Pricing,
     rng: Pcg64Mcg,
     next_off_at: u64,
     next_crash_at: u64,
@@ -384,6 +393,9 @@ pub struct Market<'s> {
     buckets: Vec<Bucket>,
     /// The welfare accounts of the periods (buckets).
     acc: welfare::Accounts,
+    /// Per provider group: the strategy it prices by when not a built-in one (a caller's own
+    /// through [`Market::with_plugins`], or prices from data).
+    custom_pricing: Vec<Option<SharedPricing>>,
     bucket_ms: u64,
     waits: WaitHistogram,
     scratch: Vec<(u64, u32)>,
@@ -506,6 +518,7 @@ impl<'s> Market<'s> {
         let classes = sc.gpu_class.len();
         let c = &sc.channel;
         let mut providers = Vec::new();
+        let mut custom_pricing = Vec::with_capacity(sc.provider.len());
         let mut floors = vec![(0u128, 0u64); classes];
         let mut next_identity = 0u32;
         for (gi, g) in sc.provider.iter().enumerate() {
@@ -514,8 +527,15 @@ impl<'s> Market<'s> {
                 .iter()
                 .position(|k| k.name == g.class)
                 .unwrap_or(0);
-            let (builtin_pricing, start) = g.pricing.strategy();
-            let pricing: SharedPricing = pricing(g).unwrap_or(builtin_pricing);
+            // A built-in strategy stays in the provider (matched in place: every provider
+            // re-prices every period); any other is shared through `custom_pricing`.
+            let (shared, start) = g.pricing.strategy();
+            let custom = pricing(g).or(match &g.pricing {
+                crate::scenario::PricingConfig::Empirical(_) => Some(shared),
+                _ => None,
+            });
+            let builtin = g.pricing.to_pricing().0;
+            custom_pricing.push(custom);
             for _ in 0..g.count {
                 let idx = providers.len() as u64;
                 let mut rng = stream(seed, replication, StreamKind::Provider, idx);
@@ -551,7 +571,7 @@ impl<'s> Market<'s> {
                     offer_id: offer_id_of(identity, 1),
                     ask: start.max(floor),
                     cost_floor: floor,
-                    pricing: Arc::clone(&pricing),
+                    pricing: builtin,
                     rng,
                     next_off_at: u64::MAX,
                     next_crash_at: u64::MAX,
@@ -651,6 +671,7 @@ impl<'s> Market<'s> {
             online_gpus: [0; 2],
             integrated_to: 0,
             buckets: (0..n_buckets).map(|_| Bucket::new(classes)).collect(),
+            custom_pricing,
             acc: welfare::Accounts::new(
                 n_buckets,
                 sc.provider
@@ -1264,7 +1285,7 @@ impl<'s> Market<'s> {
                 utilization_permille: util as u16,
                 cheapest_competitor: cheapest,
             };
-            let ask = pr.pricing.quote(&input, &mut pr.rng);
+            let ask = quote(&self.custom_pricing, pr, &input);
             let changed = ask != pr.ask;
             if changed {
                 pr.ask = ask;
@@ -2142,7 +2163,7 @@ impl<'s> Market<'s> {
                 utilization_permille: 0,
                 cheapest_competitor: None,
             };
-            let price = pr.pricing.quote(&input, &mut pr.rng);
+            let price = quote(&self.custom_pricing, pr, &input);
             bids.push(SealedBid { owner: p, price });
         }
         self.scratch = cands;
@@ -2312,7 +2333,7 @@ impl Market<'_> {
             utilization_permille: 0,
             cheapest_competitor: None,
         };
-        pr.pricing.quote(&input, &mut pr.rng)
+        quote(&self.custom_pricing, pr, &input)
     }
 
     /// The renter of `job` asks `provider` for a lease at `price` per GPU-hour; the provider

@@ -34,24 +34,39 @@ impl Accounts {
     }
 }
 
-impl Market<'_> {
+/// How time is cut into periods: their length, how many, and the horizon.
+#[derive(Clone, Copy)]
+struct Periods {
+    ms: u64,
+    count: usize,
+    horizon: u64,
+}
+
+impl Periods {
     /// The periods `[from, to)` overlaps, each with the overlap in ms (within the horizon).
-    fn spans(&self, from: u64, to: u64) -> impl Iterator<Item = (usize, u64)> + use<> {
-        let (ms, last) = (self.bucket_ms, self.buckets.len().saturating_sub(1));
+    fn spans(self, from: u64, to: u64) -> impl Iterator<Item = (usize, u64)> {
         let to = to.min(self.horizon);
-        let first = (from / ms) as usize;
-        let end = if to > from {
-            ((to - 1) / ms) as usize
+        let first = (from / self.ms) as usize;
+        let n = if to > from {
+            (((to - 1) / self.ms) as usize).min(self.count.saturating_sub(1)) + 1
         } else {
-            0
+            first
         };
-        (first..=end.min(last))
-            .filter(move |_| to > from)
-            .map(move |b| {
-                let (s, e) = (b as u64 * ms, (b as u64 + 1) * ms);
-                (b, to.min(e).saturating_sub(from.max(s)))
-            })
-            .filter(|&(_, o)| o > 0)
+        (first..n).filter_map(move |b| {
+            let (s, e) = (b as u64 * self.ms, (b as u64 + 1) * self.ms);
+            let o = to.min(e).saturating_sub(from.max(s));
+            (o > 0).then_some((b, o))
+        })
+    }
+}
+
+impl Market<'_> {
+    fn periods(&self) -> Periods {
+        Periods {
+            ms: self.bucket_ms,
+            count: self.acc.periods.len(),
+            horizon: self.horizon,
+        }
     }
 
     /// The start of the first open period: a departing job's presence before it is already in
@@ -60,12 +75,17 @@ impl Market<'_> {
         self.acc.closed as u64 * self.bucket_ms
     }
 
-    /// A job's presence `[from, to)` as one demand per period, with its use per period.
-    fn present(&mut self, j: &Job, from: u64, to: u64, used: &[(usize, u64)], delivered: u32) {
+    /// A job's presence `[from, to)` as one demand per period, with its real use `used` (an
+    /// empty span for a job that did not run).
+    fn present(&mut self, j: &Job, (from, to): (u64, u64), used: (u64, u64), delivered: u32) {
         let dur = u64::from(j.duration_s) * 1000;
         let gpus = u64::from(j.gpus);
-        for (b, o) in self.spans(from, to).collect::<Vec<_>>() {
-            let used_ms = used.iter().find(|u| u.0 == b).map_or(0, |u| u.1);
+        let periods = self.periods();
+        for (b, o) in periods.spans(from, to) {
+            let used_ms = periods
+                .spans(used.0, used.1)
+                .find(|u| u.0 == b)
+                .map_or(0, |u| u.1);
             self.acc.periods[b].demand.push(Demand {
                 value: j.valuation.micros(),
                 cap_ms: gpus * o.min(dur),
@@ -82,7 +102,7 @@ impl Market<'_> {
             return;
         }
         if gpus > 0 {
-            for (b, o) in self.spans(from, to).collect::<Vec<_>>() {
+            for (b, o) in self.periods().spans(from, to) {
                 self.acc.periods[b].online_ms[g] += gpus * o;
             }
         }
@@ -99,7 +119,7 @@ impl Market<'_> {
     pub(super) fn account_abandon(&mut self, j: &Job, now: u64) {
         self.integrate(now);
         let from = j.arrived.max(self.open_from());
-        self.present(j, from, now, &[], 1000);
+        self.present(j, (from, now), (0, 0), 1000);
     }
 
     /// A job got a lease on provider `p` at `now` whose channel ends as `out` says: its
@@ -115,9 +135,9 @@ impl Market<'_> {
         self.integrate(now);
         let g = self.providers[p].group;
         let gpus = u64::from(j.gpus);
-        let used: Vec<(usize, u64)> = self.spans(now, now + out.real_wall_ms).collect();
+        let used = (now, now + out.real_wall_ms);
         let from = j.arrived.max(self.open_from());
-        self.present(j, from, now + out.end_ms, &used, delivered);
+        self.present(j, (from, now + out.end_ms), used, delivered);
         // Value and cost of the whole real use; payments are transfers between the two sides.
         let use_h = (gpus * out.real_wall_ms) as f64 / 3_600_000.0;
         let value = j.valuation.micros() as f64 * f64::from(delivered.min(1000)) / 1000.0 * use_h;
@@ -131,7 +151,7 @@ impl Market<'_> {
             }
             return;
         }
-        for (b, o) in used {
+        for (b, o) in self.periods().spans(used.0, used.1) {
             let share = o as f64 / out.real_wall_ms as f64;
             let a = &mut self.acc.periods[b];
             a.sold_ms[g] += gpus * o;
@@ -147,14 +167,11 @@ impl Market<'_> {
             return;
         }
         let start = b as u64 * self.bucket_ms;
-        let waiting: Vec<Job> = self
-            .jobs
-            .iter()
-            .filter(|j| j.state != JobState::Free && j.arrived < end)
-            .copied()
-            .collect();
-        for j in &waiting {
-            self.present(j, j.arrived.max(start), end, &[], 1000);
+        for i in 0..self.jobs.len() {
+            let j = self.jobs[i];
+            if j.state != JobState::Free && j.arrived < end {
+                self.present(&j, (j.arrived.max(start), end), (0, 0), 1000);
+            }
         }
         for g in 0..self.acc.cost.len() {
             self.flush_supply(g, end);
