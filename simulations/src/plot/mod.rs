@@ -361,31 +361,32 @@ where
                 .map_err(e)?,
         };
     }
-    // The legend, right of the chart: one entry per series in drawing order.
+    draw_legend(&legend, series, markers_only).map_err(e)
+}
+
+/// The legend, right of a chart: one entry per series in drawing order (a dot for markers,
+/// else the series' line style) and its label.
+fn draw_legend<DB: DrawingBackend>(
+    legend: &DrawingArea<DB, Shift>,
+    series: &[Line],
+    markers_only: bool,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     for (i, line) in series.iter().enumerate() {
         let (color, dash) = style_of(i);
         let y = 30 + 20 * i as i32;
         let stroke = color.stroke_width(2);
         let seg = vec![(8, y), (36, y)];
         match (markers_only, dash) {
-            (true, _) => legend
-                .draw(&Circle::new((22, y), 4, color.filled()))
-                .map_err(e)?,
-            (false, Dash::Solid) => legend.draw(&PathElement::new(seg, stroke)).map_err(e)?,
-            (false, Dash::Dashed) => legend
-                .draw(&DashedPathElement::new(seg, 9, 5, stroke))
-                .map_err(e)?,
-            (false, Dash::Dotted) => legend
-                .draw(&DashedPathElement::new(seg, 2, 4, stroke))
-                .map_err(e)?,
+            (true, _) => legend.draw(&Circle::new((22, y), 4, color.filled()))?,
+            (false, Dash::Solid) => legend.draw(&PathElement::new(seg, stroke))?,
+            (false, Dash::Dashed) => legend.draw(&DashedPathElement::new(seg, 9, 5, stroke))?,
+            (false, Dash::Dotted) => legend.draw(&DashedPathElement::new(seg, 2, 4, stroke))?,
         }
-        legend
-            .draw(&Text::new(
-                line.label.clone(),
-                (44, y - 7),
-                ("sans-serif", 14).into_font(),
-            ))
-            .map_err(e)?;
+        legend.draw(&Text::new(
+            line.label.clone(),
+            (44, y - 7),
+            ("sans-serif", 14).into_font(),
+        ))?;
     }
     Ok(())
 }

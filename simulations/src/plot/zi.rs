@@ -292,19 +292,5 @@ where
             )
             .map_err(e)?;
     }
-    for (i, line) in lines.iter().enumerate() {
-        let (color, _) = style_of(i);
-        let y = 30 + 20 * i as i32;
-        legend
-            .draw(&Circle::new((22, y), 4, color.filled()))
-            .map_err(e)?;
-        legend
-            .draw(&Text::new(
-                line.label.clone(),
-                (44, y - 7),
-                ("sans-serif", 14).into_font(),
-            ))
-            .map_err(e)?;
-    }
-    Ok(())
+    super::draw_legend(&legend, lines, true).map_err(e)
 }
