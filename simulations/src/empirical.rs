@@ -124,6 +124,12 @@ impl Empirical {
         self.values.get(i).copied().unwrap_or(1.0)
     }
 
+    /// The column's median as an ask (GLU per GPU-hour -> micro-units): a data-priced group's
+    /// first ask.
+    pub fn median_ask(&self) -> gridlease_contracts::Money {
+        gridlease_contracts::Money::from_micros((self.moments().1 * 1e6) as u64)
+    }
+
     /// Mean and median of the values (NaN when not read; the median of an even count is the
     /// mean of the middle two).
     pub fn moments(&self) -> (f64, f64) {

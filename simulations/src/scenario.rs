@@ -306,10 +306,7 @@ impl PricingConfig {
     /// The strategy as the market runs it, and the starting ask.
     pub fn strategy(&self) -> (std::sync::Arc<dyn PricingStrategy + Send + Sync>, Money) {
         match self {
-            Self::Empirical(e) => {
-                let median = Money::from_micros((e.moments().1 * 1e6) as u64);
-                (std::sync::Arc::new(e.clone()), median)
-            }
+            Self::Empirical(e) => (std::sync::Arc::new(e.clone()), e.median_ask()),
             other => {
                 let (p, start) = other.to_pricing();
                 (std::sync::Arc::new(p), start)
@@ -349,7 +346,7 @@ impl PricingConfig {
             // Not a contracts strategy: [`PricingConfig::strategy`] runs it. As a built-in it
             // would be a fixed ask at the median.
             Self::Empirical(e) => {
-                let median = Money::from_micros((e.moments().1 * 1e6) as u64);
+                let median = e.median_ask();
                 (Pricing::Fixed { price: median }, median)
             }
         }

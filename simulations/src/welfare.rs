@@ -95,11 +95,18 @@ pub struct Welfare {
 impl Welfare {
     /// All five losses.
     pub fn lost(&self) -> f64 {
-        self.unserved
-            + self.extramarginal_demand
-            + self.idle_supply
-            + self.extramarginal_supply
-            + self.delivery
+        self.losses().iter().map(|(_, x)| x).sum()
+    }
+
+    /// The five losses by name.
+    pub fn losses(&self) -> [(&'static str, f64); 5] {
+        [
+            ("unserved", self.unserved),
+            ("extramarginal_demand", self.extramarginal_demand),
+            ("idle_supply", self.idle_supply),
+            ("extramarginal_supply", self.extramarginal_supply),
+            ("delivery", self.delivery),
+        ]
     }
 
     /// Realised / maximum; `None` when nothing could be gained.
@@ -244,13 +251,7 @@ mod tests {
             (w.realised + w.lost() - w.max).abs() < 1e-6 * w.max.max(1.0),
             "{w:?}"
         );
-        for x in [
-            w.unserved,
-            w.extramarginal_demand,
-            w.idle_supply,
-            w.extramarginal_supply,
-            w.delivery,
-        ] {
+        for (_, x) in w.losses() {
             assert!(x >= -1e-9, "{w:?}");
         }
     }
@@ -363,13 +364,7 @@ mod tests {
                         "{:?}",
                         w
                     );
-                    for x in [
-                        w.unserved,
-                        w.extramarginal_demand,
-                        w.idle_supply,
-                        w.extramarginal_supply,
-                        w.delivery,
-                    ] {
+                    for (_, x) in w.losses() {
                         prop_assert!(x >= -1e-6 * w.max.max(1.0), "{:?}", w);
                     }
                     Ok(())

@@ -34,13 +34,7 @@ fn check(what: &str, w: &Welfare) {
         w.lost(),
         w.max
     );
-    for (name, x) in [
-        ("unserved", w.unserved),
-        ("extramarginal_demand", w.extramarginal_demand),
-        ("idle_supply", w.idle_supply),
-        ("extramarginal_supply", w.extramarginal_supply),
-        ("delivery", w.delivery),
-    ] {
+    for (name, x) in w.losses() {
         assert!(x >= -tol, "{what}: {name} = {x}");
     }
     assert!(

@@ -321,14 +321,7 @@ where
         let (color, dash) = style_of(i);
         if markers_only {
             // Categories, not a line: each mean's interval as a whisker.
-            chart
-                .draw_series(line.pts.iter().filter(|p| p.high > p.low).map(|p| {
-                    PathElement::new(
-                        vec![(p.x, clip(p.low)), (p.x, clip(p.high))],
-                        color.stroke_width(2),
-                    )
-                }))
-                .map_err(e)?;
+            chart.draw_series(whiskers(line, color, clip)).map_err(e)?;
         } else if line.pts.iter().any(|p| p.n >= 2) {
             let mut poly: Vec<(f64, f64)> = line.pts.iter().map(|p| (p.x, clip(p.high))).collect();
             poly.extend(line.pts.iter().rev().map(|p| (p.x, clip(p.low))));
@@ -362,6 +355,20 @@ where
         };
     }
     draw_legend(&legend, series, markers_only).map_err(e)
+}
+
+/// Each point's interval of `line` as a vertical whisker (points without one: none), clipped.
+fn whiskers<'a>(
+    line: &'a Line,
+    color: RGBColor,
+    clip: impl Fn(f64) -> f64 + 'a,
+) -> impl Iterator<Item = PathElement<(f64, f64)>> + 'a {
+    line.pts.iter().filter(|p| p.high > p.low).map(move |p| {
+        PathElement::new(
+            vec![(p.x, clip(p.low)), (p.x, clip(p.high))],
+            color.stroke_width(2),
+        )
+    })
 }
 
 /// The legend, right of a chart: one entry per series in drawing order (a dot for markers,

@@ -277,12 +277,7 @@ where
         let (color, _) = style_of(i);
         let clip = |v: f64| v.clamp(y0, 1.0);
         chart
-            .draw_series(line.pts.iter().filter(|p| p.high > p.low).map(|p| {
-                PathElement::new(
-                    vec![(p.x, clip(p.low)), (p.x, clip(p.high))],
-                    color.stroke_width(2),
-                )
-            }))
+            .draw_series(super::whiskers(line, color, clip))
             .map_err(e)?;
         chart
             .draw_series(
