@@ -529,12 +529,13 @@ impl<'s> Market<'s> {
                 .unwrap_or(0);
             // A built-in strategy stays in the provider (matched in place: every provider
             // re-prices every period); any other is shared through `custom_pricing`.
-            let (shared, start) = g.pricing.strategy();
-            let custom = pricing(g).or(match &g.pricing {
-                crate::scenario::PricingConfig::Empirical(_) => Some(shared),
+            let (builtin, start) = g.pricing.to_pricing();
+            let custom = pricing(g).or_else(|| match &g.pricing {
+                crate::scenario::PricingConfig::Empirical(e) => {
+                    Some(Arc::new(e.clone()) as SharedPricing)
+                }
                 _ => None,
             });
-            let builtin = g.pricing.to_pricing().0;
             custom_pricing.push(custom);
             for _ in 0..g.count {
                 let idx = providers.len() as u64;

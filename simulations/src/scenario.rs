@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 use gridlease_contracts::Money;
-use gridlease_contracts::pricing::{Pricing, PricingStrategy};
+use gridlease_contracts::pricing::Pricing;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use crate::empirical::Empirical;
@@ -303,17 +303,6 @@ pub enum PricingConfig {
 }
 
 impl PricingConfig {
-    /// The strategy as the market runs it, and the starting ask.
-    pub fn strategy(&self) -> (std::sync::Arc<dyn PricingStrategy + Send + Sync>, Money) {
-        match self {
-            Self::Empirical(e) => (std::sync::Arc::new(e.clone()), e.median_ask()),
-            other => {
-                let (p, start) = other.to_pricing();
-                (std::sync::Arc::new(p), start)
-            }
-        }
-    }
-
     /// The contracts strategy and the starting ask.
     pub fn to_pricing(&self) -> (Pricing, Money) {
         match self {
@@ -343,8 +332,8 @@ impl PricingConfig {
             Self::ZeroIntelligence { ceiling } => {
                 (Pricing::ZeroIntelligence { ceiling: ceiling.0 }, ceiling.0)
             }
-            // Not a contracts strategy: [`PricingConfig::strategy`] runs it. As a built-in it
-            // would be a fixed ask at the median.
+            // Not a contracts strategy: the market runs the column itself (`Empirical` is a
+            // `PricingStrategy`); the median is its first ask.
             Self::Empirical(e) => {
                 let median = e.median_ask();
                 (Pricing::Fixed { price: median }, median)
